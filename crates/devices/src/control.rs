@@ -1,0 +1,94 @@
+//! insight's platform control port: how the guest tells the hypervisor
+//! that it powered off, panicked, reached `/init`, or what its command
+//! exited with.
+//!
+//! Protocol (shared with the guest kernel patch and `/init`): 32-bit
+//! writes to port 0x0f00; bits 31..24 are the code, bits 23..0 the
+//! argument. Reads return `CONTROL_SIGNATURE` so a guest can detect insight.
+
+pub const CONTROL_PORT: u16 = 0x0f00;
+/// Ports the device decodes (one 32-bit register).
+pub const CONTROL_PORTS: u16 = 4;
+/// Read value: "INSG".
+pub const CONTROL_SIGNATURE: u32 = 0x4753_4e49;
+
+const CODE_INIT_REACHED: u8 = 0x01;
+const CODE_EXIT_STATUS: u8 = 0x02;
+const CODE_POWER_OFF: u8 = 0x03;
+const CODE_PANIC: u8 = 0x04;
+
+/// A message from the guest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ControlMessage {
+    /// User space `/init` started.
+    InitReached,
+    /// The guest command finished with this status (0..=255).
+    ExitStatus(u8),
+    /// The guest kernel powered off.
+    PowerOff,
+    /// The guest kernel panicked.
+    Panic,
+    /// A write this version does not understand.
+    Unknown(u32),
+}
+
+impl ControlMessage {
+    pub fn decode(value: u32) -> Self {
+        let arg = value & 0x00ff_ffff;
+        match (value >> 24) as u8 {
+            CODE_INIT_REACHED => ControlMessage::InitReached,
+            CODE_EXIT_STATUS if arg <= 0xff => ControlMessage::ExitStatus(arg as u8),
+            CODE_POWER_OFF => ControlMessage::PowerOff,
+            CODE_PANIC => ControlMessage::Panic,
+            _ => ControlMessage::Unknown(value),
+        }
+    }
+}
+
+/// Decodes a port write of any width at `offset` into the register.
+/// Only full 32-bit writes at offset 0 carry a message.
+pub fn decode_write(offset: u16, data: &[u8]) -> Option<ControlMessage> {
+    let bytes: [u8; 4] = data.try_into().ok()?;
+    (offset == 0).then(|| ControlMessage::decode(u32::from_le_bytes(bytes)))
+}
+
+/// The bytes a read of `len` bytes at `offset` returns.
+pub fn read(offset: u16, data: &mut [u8]) {
+    let sig = CONTROL_SIGNATURE.to_le_bytes();
+    for (i, b) in data.iter_mut().enumerate() {
+        *b = sig.get(usize::from(offset) + i).copied().unwrap_or(0xff);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decodes_the_guest_protocol() {
+        assert_eq!(ControlMessage::decode(0x0100_0000), ControlMessage::InitReached);
+        assert_eq!(ControlMessage::decode(0x0200_0003), ControlMessage::ExitStatus(3));
+        assert_eq!(ControlMessage::decode(0x0200_00ff), ControlMessage::ExitStatus(255));
+        assert_eq!(ControlMessage::decode(0x0200_0100), ControlMessage::Unknown(0x0200_0100));
+        assert_eq!(ControlMessage::decode(0x0300_0000), ControlMessage::PowerOff);
+        assert_eq!(ControlMessage::decode(0x0400_0000), ControlMessage::Panic);
+        assert_eq!(ControlMessage::decode(0x7700_0000), ControlMessage::Unknown(0x7700_0000));
+    }
+
+    #[test]
+    fn only_aligned_dword_writes_carry_messages() {
+        assert_eq!(decode_write(0, &[3, 0, 0, 2]), Some(ControlMessage::ExitStatus(3)));
+        assert_eq!(decode_write(0, &[3]), None);
+        assert_eq!(decode_write(1, &[0, 0, 0, 3]), None);
+    }
+
+    #[test]
+    fn reads_return_the_signature() {
+        let mut d = [0u8; 4];
+        read(0, &mut d);
+        assert_eq!(&d, b"INSG");
+        let mut b = [0u8; 1];
+        read(3, &mut b);
+        assert_eq!(b[0], b'G');
+    }
+}

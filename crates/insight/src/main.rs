@@ -1,0 +1,15 @@
+//! `insight`: record, replay and diagnose a Linux VM.
+
+mod cli;
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    match cli::main() {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("insight: error: {}", cli::error_chain(&err));
+            ExitCode::from(cli::EXIT_INSIGHT_ERROR)
+        }
+    }
+}

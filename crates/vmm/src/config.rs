@@ -1,0 +1,303 @@
+//! The VM configuration file (TOML), documented in docs/config.md.
+//!
+//! ```toml
+//! kernel = "/path/to/vmlinux"          # default: the built guest image
+//! initramfs = "/path/to/initramfs.cpio"
+//! memory_mib = 256
+//! cmdline = "loglevel=7"               # appended to insight's own
+//! command = ["sh", "-c", "echo hi"]    # or a string run by `sh -c`
+//!
+//! [[files]]                            # host files to add to the guest
+//! host = "build/myprog"                # relative to this file
+//! guest = "/usr/local/bin/myprog"
+//! ```
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// Limits on guest memory (MiB). The upper bound keeps RAM below the
+/// 32-bit MMIO hole.
+pub const MIN_MEMORY_MIB: u64 = 32;
+pub const MAX_MEMORY_MIB: u64 = 3072;
+pub const DEFAULT_MEMORY_MIB: u64 = 256;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("config {path} is not valid: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("config {path}: {message}")]
+    Invalid { path: PathBuf, message: String },
+}
+
+/// The guest command: an argv, or a string for `sh -c`.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(untagged)]
+enum CommandSpec {
+    Shell(String),
+    Argv(Vec<String>),
+}
+
+/// A host file or directory to place in the guest.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct FileSpec {
+    /// Host path; relative paths are relative to the config file.
+    pub host: PathBuf,
+    /// Absolute path in the guest.
+    pub guest: PathBuf,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    kernel: Option<PathBuf>,
+    initramfs: Option<PathBuf>,
+    memory_mib: Option<u64>,
+    cmdline: Option<String>,
+    command: Option<CommandSpec>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    #[serde(default)]
+    files: Vec<FileSpec>,
+}
+
+/// A validated VM configuration. Paths are absolute or relative to the
+/// current directory.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct VmConfig {
+    /// `None`: the built guest kernel.
+    pub kernel: Option<PathBuf>,
+    /// `None`: the built guest initramfs.
+    pub initramfs: Option<PathBuf>,
+    pub memory_mib: u64,
+    /// Extra kernel command line, appended to insight's.
+    pub cmdline: String,
+    /// The guest command; empty means the image's default.
+    pub command: Vec<String>,
+    /// Environment for the guest command.
+    pub env: BTreeMap<String, String>,
+    pub files: Vec<FileSpec>,
+}
+
+impl VmConfig {
+    /// The configuration used when no file is given.
+    pub fn builtin() -> Self {
+        VmConfig {
+            memory_mib: DEFAULT_MEMORY_MIB,
+            ..Default::default()
+        }
+    }
+
+    /// Reads and validates a config file.
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        Self::parse(&text, base).map_err(|e| match e {
+            ParseError::Syntax(message) => ConfigError::Parse {
+                path: path.to_owned(),
+                message,
+            },
+            ParseError::Invalid(message) => ConfigError::Invalid {
+                path: path.to_owned(),
+                message,
+            },
+        })
+    }
+
+    /// Parses config text; relative paths are resolved against `base`.
+    fn parse(text: &str, base: &Path) -> Result<Self, ParseError> {
+        let raw: RawConfig =
+            toml::from_str(text).map_err(|e| ParseError::Syntax(one_line(&e)))?;
+        let resolve = |p: PathBuf| if p.is_relative() { base.join(p) } else { p };
+
+        let memory_mib = raw.memory_mib.unwrap_or(DEFAULT_MEMORY_MIB);
+        check_memory(memory_mib).map_err(ParseError::Invalid)?;
+        let command = match raw.command {
+            None => Vec::new(),
+            Some(CommandSpec::Shell(s)) => vec!["sh".into(), "-c".into(), s],
+            Some(CommandSpec::Argv(v)) => {
+                if v.first().is_none_or(|a| a.is_empty()) {
+                    return Err(ParseError::Invalid(
+                        "command must name a program".to_string(),
+                    ));
+                }
+                v
+            }
+        };
+        for arg in &command {
+            check_no_nul("command", arg)?;
+        }
+        for (k, v) in &raw.env {
+            if k.is_empty() || k.contains('=') {
+                return Err(ParseError::Invalid(format!(
+                    "env: invalid variable name {k:?}"
+                )));
+            }
+            check_no_nul("env", k)?;
+            check_no_nul("env", v)?;
+        }
+        let cmdline = raw.cmdline.unwrap_or_default();
+        if cmdline.contains(['\n', '\0']) {
+            return Err(ParseError::Invalid(
+                "cmdline must be a single line".to_string(),
+            ));
+        }
+        let mut files = Vec::with_capacity(raw.files.len());
+        for f in raw.files {
+            if !f.guest.is_absolute() {
+                return Err(ParseError::Invalid(format!(
+                    "files: guest path {} must be absolute",
+                    f.guest.display()
+                )));
+            }
+            files.push(FileSpec {
+                host: resolve(f.host),
+                guest: f.guest,
+            });
+        }
+        Ok(VmConfig {
+            kernel: raw.kernel.map(resolve),
+            initramfs: raw.initramfs.map(resolve),
+            memory_mib,
+            cmdline,
+            command,
+            env: raw.env,
+            files,
+        })
+    }
+}
+
+fn check_memory(mib: u64) -> Result<(), String> {
+    if (MIN_MEMORY_MIB..=MAX_MEMORY_MIB).contains(&mib) {
+        Ok(())
+    } else {
+        Err(format!(
+            "memory_mib = {mib} is outside {MIN_MEMORY_MIB}..={MAX_MEMORY_MIB}"
+        ))
+    }
+}
+
+/// A memory size set outside a config file is out of range.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct MemoryRangeError(String);
+
+impl VmConfig {
+    /// Checks `memory_mib` after it was changed outside a config file.
+    pub fn validate_memory(&self) -> Result<(), MemoryRangeError> {
+        check_memory(self.memory_mib).map_err(MemoryRangeError)
+    }
+}
+
+enum ParseError {
+    Syntax(String),
+    Invalid(String),
+}
+
+fn check_no_nul(what: &str, s: &str) -> Result<(), ParseError> {
+    if s.contains('\0') {
+        return Err(ParseError::Invalid(format!("{what}: NUL byte in {s:?}")));
+    }
+    Ok(())
+}
+
+/// toml's messages span several lines: position, source excerpt, caret,
+/// problem. Fold them into one: "position: problem (in `excerpt`)".
+fn one_line(e: &impl fmt::Display) -> String {
+    let text = e.to_string();
+    let lines: Vec<&str> = text.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    let first = lines.first().copied().unwrap_or("");
+    let last = lines.last().copied().unwrap_or("");
+    let excerpt = lines
+        .iter()
+        .filter_map(|l| l.split_once(" | ").map(|(_, code)| code.trim()))
+        .find(|code| !code.is_empty() && !code.chars().all(|c| c == '^' || c == ' '));
+    let mut out = first.to_string();
+    if last != first {
+        out = format!("{out}: {last}");
+    }
+    if let Some(code) = excerpt {
+        out = format!("{out} (in `{code}`)");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<VmConfig, String> {
+        VmConfig::parse(text, Path::new("/cfg")).map_err(|e| match e {
+            ParseError::Syntax(m) | ParseError::Invalid(m) => m,
+        })
+    }
+
+    #[test]
+    fn empty_config_takes_defaults() {
+        let c = parse("").unwrap();
+        assert_eq!(c, VmConfig::builtin());
+    }
+
+    #[test]
+    fn full_config() {
+        let c = parse(
+            r#"
+            kernel = "k/vmlinux"
+            initramfs = "/abs/initrd.cpio"
+            memory_mib = 512
+            cmdline = "loglevel=7"
+            command = ["/usr/local/bin/prog", "--flag"]
+            env = { RUST_LOG = "debug" }
+            [[files]]
+            host = "build/prog"
+            guest = "/usr/local/bin/prog"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.kernel.as_deref(), Some(Path::new("/cfg/k/vmlinux")));
+        assert_eq!(c.initramfs.as_deref(), Some(Path::new("/abs/initrd.cpio")));
+        assert_eq!(c.memory_mib, 512);
+        assert_eq!(c.cmdline, "loglevel=7");
+        assert_eq!(c.command, ["/usr/local/bin/prog", "--flag"]);
+        assert_eq!(c.env["RUST_LOG"], "debug");
+        assert_eq!(c.files[0].host, Path::new("/cfg/build/prog"));
+    }
+
+    #[test]
+    fn string_command_runs_through_the_shell() {
+        let c = parse(r#"command = "echo hi; exit 3""#).unwrap();
+        assert_eq!(c.command, ["sh", "-c", "echo hi; exit 3"]);
+    }
+
+    #[test]
+    fn rejects_bad_values_with_the_cause() {
+        assert!(parse("memory_mib = 4").unwrap_err().contains("memory_mib = 4"));
+        assert!(parse("memory_mib = 99999999").unwrap_err().contains("outside"));
+        assert!(parse("command = []").unwrap_err().contains("command"));
+        assert!(parse("colour = 3").unwrap_err().contains("colour"));
+        assert!(parse("memory_mib = \"lots\"").unwrap_err().contains("memory_mib"));
+        assert!(parse("[[files]]\nhost = \"a\"\nguest = \"rel\"")
+            .unwrap_err()
+            .contains("absolute"));
+        assert!(parse("env = { \"A=B\" = \"x\" }").unwrap_err().contains("A=B"));
+        assert!(parse("kernel = ").unwrap_err().contains("line 1"));
+    }
+
+    #[test]
+    fn missing_file_names_the_path() {
+        let err = VmConfig::from_file(Path::new("/nonexistent/vm.toml")).unwrap_err();
+        assert!(err.to_string().contains("/nonexistent/vm.toml"));
+    }
+}

@@ -1,0 +1,488 @@
+//! What this host's KVM can do, measured with tiny hand-assembled guests,
+//! and the strategy insight chooses from it.
+//!
+//! Each probe boots a 4 MiB guest straight into 64-bit mode with a GDT
+//! (kernel and user segments), a TSS, an IDT whose handlers report their
+//! vector, and identity page tables open to user mode. Guest code signals
+//! progress by writing a marker byte to port 0xf1; the probe reads the
+//! marker and the privilege level it was written at.
+
+use kvm_bindings::{
+    kvm_cpuid_entry2, kvm_guest_debug, kvm_msr_entry, kvm_segment, CpuId, Msrs,
+    KVM_GUESTDBG_ENABLE, KVM_GUESTDBG_SINGLESTEP, KVM_GUESTDBG_USE_HW_BP, KVM_GUESTDBG_USE_SW_BP,
+    KVM_MAX_CPUID_ENTRIES,
+};
+use kvm_ioctls::{Kvm, VcpuExit, VcpuFd, VmFd};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+
+use crate::{cpuid, kvm_ext, sys};
+
+const MEM_SIZE: usize = 4 << 20;
+const GDT: u64 = 0x500;
+const TSS: u64 = 0x600;
+const IDT: u64 = 0x2000;
+const HANDLERS: u64 = 0x3000;
+const KERNEL_CODE: u64 = 0x4000;
+const USER_CODE: u64 = 0x5000;
+const LSTAR_CODE: u64 = 0x6000;
+const KERNEL_STACK: u64 = 0x7000;
+const USER_STACK: u64 = 0x8000;
+const PML4: u64 = 0x9000;
+const PDPT: u64 = 0xa000;
+const PD: u64 = 0xb000;
+const MARKER_PORT: u16 = 0xf1;
+
+const KERNEL_CS: u16 = 0x08;
+const KERNEL_DS: u16 = 0x10;
+const USER_DS: u16 = 0x18;
+const USER_CS: u16 = 0x20;
+const TSS_SEL: u16 = 0x28;
+
+const MSR_STAR: u32 = 0xc000_0081;
+const MSR_LSTAR: u32 = 0xc000_0082;
+const MSR_SFMASK: u32 = 0xc000_0084;
+const EFER_SCE: u64 = 1;
+const CR4_TSD: u64 = 1 << 2;
+
+/// Markers the probe programs write.
+const M_LSTAR: u8 = 0x01;
+const M_AFTER: u8 = 0x02;
+/// Handlers write 0x80 | vector.
+const M_VECTOR: u8 = 0x80;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    #[error("cannot open /dev/kvm (is KVM available and accessible?)")]
+    OpenKvm(#[source] kvm_ioctls::Error),
+    #[error("KVM {op} failed in a host probe")]
+    Kvm {
+        op: &'static str,
+        #[source]
+        source: kvm_ioctls::Error,
+    },
+    #[error("host probe guest memory: {0}")]
+    Memory(String),
+}
+
+fn kvm_err(op: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> ProbeError {
+    move |source| ProbeError::Kvm { op, source }
+}
+
+/// What a probe guest did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Event {
+    /// Wrote `marker` to the marker port at privilege level `cpl`.
+    Marker { marker: u8, cpl: u8 },
+    /// KVM reported a debug exit (breakpoint or single-step).
+    Debug { exception: u32, pc: u64, cpl: u8 },
+    Halted,
+    TripleFault,
+    Other,
+}
+
+/// One probe guest.
+struct ProbeVm {
+    vcpu: VcpuFd,
+    _vm: VmFd,
+    _mem: GuestMemoryMmap,
+}
+
+/// Machine code for "write marker `m` to the marker port; halt".
+fn marker_code(m: u8) -> [u8; 5] {
+    [0xb0, m, 0xe6, MARKER_PORT as u8, 0xf4]
+}
+
+/// Kernel code that enters user mode at USER_CODE with IOPL 3 (so user
+/// code may write the marker port), via IRETQ.
+fn enter_user_code() -> Vec<u8> {
+    let mut c = vec![0x6a, (USER_DS | 3) as u8]; // push ss
+    c.extend([0x68]); // push imm32 rsp
+    c.extend((USER_STACK as u32).to_le_bytes());
+    c.extend([0x68]); // push imm32 rflags: IOPL 3, IF 0
+    c.extend(0x3002u32.to_le_bytes());
+    c.extend([0x6a, (USER_CS | 3) as u8]); // push cs
+    c.extend([0x68]); // push imm32 rip
+    c.extend((USER_CODE as u32).to_le_bytes());
+    c.extend([0x48, 0xcf]); // iretq
+    c
+}
+
+fn gdt_entry(flags: u64, base: u64, limit: u64) -> u64 {
+    ((base & 0xff00_0000) << 32)
+        | ((base & 0x00ff_ffff) << 16)
+        | (limit & 0xffff)
+        | ((limit & 0xf_0000) << 32)
+        | ((flags & 0xf0ff) << 40)
+}
+
+fn seg(selector: u16, type_: u8, dpl: u8, l: u8, db: u8, s: u8, base: u64, limit: u32, g: u8) -> kvm_segment {
+    kvm_segment {
+        base,
+        limit,
+        selector,
+        type_,
+        present: 1,
+        dpl,
+        db,
+        s,
+        l,
+        g,
+        avl: 0,
+        unusable: 0,
+        padding: 0,
+    }
+}
+
+impl ProbeVm {
+    fn new(kvm: &Kvm, kernel_code: &[u8], user_code: &[u8], lstar_code: &[u8], tsd: bool) -> Result<Self, ProbeError> {
+        let vm = kvm.create_vm().map_err(kvm_err("CREATE_VM"))?;
+        vm.set_tss_address(0xfffb_d000).map_err(kvm_err("SET_TSS_ADDR"))?;
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), MEM_SIZE)])
+            .map_err(|e| ProbeError::Memory(e.to_string()))?;
+        let w = |addr: u64, bytes: &[u8]| {
+            mem.write_slice(bytes, GuestAddress(addr))
+                .map_err(|e| ProbeError::Memory(e.to_string()))
+        };
+        // GDT: null, kernel code/data, user data/code, 16-byte TSS.
+        let gdt = [
+            0,
+            gdt_entry(0xa09b, 0, 0xfffff),
+            gdt_entry(0xc093, 0, 0xfffff),
+            gdt_entry(0xc0f3, 0, 0xfffff),
+            gdt_entry(0xa0fb, 0, 0xfffff),
+            gdt_entry(0x0089, TSS, 0x67),
+            0,
+        ];
+        for (i, e) in gdt.iter().enumerate() {
+            w(GDT + 8 * i as u64, &e.to_le_bytes())?;
+        }
+        // TSS: RSP0 for entries from user mode.
+        w(TSS + 4, &KERNEL_STACK.to_le_bytes())?;
+        // IDT: every vector's handler reports 0x80|vector. Gates are DPL 3
+        // so that `int3` from user mode reaches its handler.
+        for v in 0..32u64 {
+            let handler = HANDLERS + v * 8;
+            w(handler, &marker_code(M_VECTOR | v as u8))?;
+            let lo = (handler & 0xffff)
+                | (u64::from(KERNEL_CS) << 16)
+                | (0xeeu64 << 40)
+                | ((handler >> 16) & 0xffff) << 48;
+            w(IDT + v * 16, &lo.to_le_bytes())?;
+            w(IDT + v * 16 + 8, &(handler >> 32).to_le_bytes())?;
+        }
+        w(KERNEL_CODE, kernel_code)?;
+        w(USER_CODE, user_code)?;
+        w(LSTAR_CODE, lstar_code)?;
+        // Identity map of the first 4 MiB, user-accessible.
+        w(PML4, &(PDPT | 7).to_le_bytes())?;
+        w(PDPT, &(PD | 7).to_le_bytes())?;
+        w(PD, &(0x87u64).to_le_bytes())?;
+        w(PD + 8, &((1u64 << 21) | 0x87).to_le_bytes())?;
+
+        for region in mem.iter() {
+            let host = region
+                .get_host_address(vm_memory::MemoryRegionAddress(0))
+                .map_err(|e| ProbeError::Memory(e.to_string()))?;
+            kvm_ext::map_guest_ram(&vm, 0, 0, region.len(), host).map_err(|e| ProbeError::Kvm {
+                op: "SET_USER_MEMORY_REGION",
+                source: kvm_ioctls::Error::new(e.raw_os_error().unwrap_or(libc::EINVAL)),
+            })?;
+        }
+
+        let vcpu = vm.create_vcpu(0).map_err(kvm_err("CREATE_VCPU"))?;
+        let mut supported = kvm
+            .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+            .map_err(kvm_err("GET_SUPPORTED_CPUID"))?;
+        let mut entries: Vec<kvm_cpuid_entry2> = supported.as_mut_slice().to_vec();
+        cpuid::shape(&mut entries);
+        let shaped = CpuId::from_entries(&entries)
+            .map_err(|_| ProbeError::Memory("too many CPUID entries".into()))?;
+        vcpu.set_cpuid2(&shaped).map_err(kvm_err("SET_CPUID2"))?;
+
+        let mut sregs = vcpu.get_sregs().map_err(kvm_err("GET_SREGS"))?;
+        sregs.gdt.base = GDT;
+        sregs.gdt.limit = (gdt.len() * 8 - 1) as u16;
+        sregs.idt.base = IDT;
+        sregs.idt.limit = 32 * 16 - 1;
+        sregs.cs = seg(KERNEL_CS, 0xb, 0, 1, 0, 1, 0, 0xffff_ffff, 1);
+        let ds = seg(KERNEL_DS, 0x3, 0, 0, 1, 1, 0, 0xffff_ffff, 1);
+        (sregs.ds, sregs.es, sregs.fs, sregs.gs, sregs.ss) = (ds, ds, ds, ds, ds);
+        sregs.tr = seg(TSS_SEL, 0xb, 0, 0, 0, 0, TSS, 0x67, 0);
+        sregs.cr3 = PML4;
+        sregs.cr4 = (1 << 5) | if tsd { CR4_TSD } else { 0 };
+        sregs.cr0 = 0x8000_0011;
+        sregs.efer = (1 << 8) | (1 << 10) | EFER_SCE;
+        vcpu.set_sregs(&sregs).map_err(kvm_err("SET_SREGS"))?;
+        let regs = kvm_bindings::kvm_regs {
+            rip: KERNEL_CODE,
+            rsp: KERNEL_STACK,
+            rflags: 2,
+            ..Default::default()
+        };
+        vcpu.set_regs(&regs).map_err(kvm_err("SET_REGS"))?;
+        let star = (u64::from(USER_DS - 8) << 48) | (u64::from(KERNEL_CS) << 32);
+        let msrs = Msrs::from_entries(&[
+            kvm_msr_entry { index: MSR_STAR, data: star, ..Default::default() },
+            kvm_msr_entry { index: MSR_LSTAR, data: LSTAR_CODE, ..Default::default() },
+            kvm_msr_entry { index: MSR_SFMASK, data: 0, ..Default::default() },
+        ])
+        .map_err(|_| ProbeError::Memory("MSR list".into()))?;
+        vcpu.set_msrs(&msrs).map_err(kvm_err("SET_MSRS"))?;
+        Ok(ProbeVm { vcpu, _vm: vm, _mem: mem })
+    }
+
+    fn debug(&self, control: u32, dr0: Option<u64>) -> Result<(), ProbeError> {
+        let mut dbg = kvm_guest_debug {
+            control,
+            ..Default::default()
+        };
+        if let Some(addr) = dr0 {
+            dbg.arch.debugreg[0] = addr;
+            dbg.arch.debugreg[7] = 0x1; // L0, execute, 1 byte
+        }
+        self.vcpu.set_guest_debug(&dbg).map_err(kvm_err("SET_GUEST_DEBUG"))
+    }
+
+    fn cpl(&self) -> u8 {
+        self.vcpu.get_sregs().map(|s| (s.cs.selector & 3) as u8).unwrap_or(0xff)
+    }
+
+    /// Runs to the next event of interest.
+    fn next_event(&mut self) -> Result<Event, ProbeError> {
+        for _ in 0..1000 {
+            let exit = self.vcpu.run();
+            let event = match exit {
+                Ok(VcpuExit::IoOut(port, data)) if port == MARKER_PORT => {
+                    let marker = data.first().copied().unwrap_or(0);
+                    Event::Marker { marker, cpl: 0 }
+                }
+                Ok(VcpuExit::Debug(arch)) => Event::Debug {
+                    exception: arch.exception,
+                    pc: arch.pc,
+                    cpl: 0,
+                },
+                Ok(VcpuExit::Hlt) => Event::Halted,
+                Ok(VcpuExit::Shutdown) => Event::TripleFault,
+                Ok(VcpuExit::IoOut(..)) | Ok(VcpuExit::IoIn(..)) | Ok(VcpuExit::IrqWindowOpen) => continue,
+                Ok(_) => Event::Other,
+                Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => continue,
+                Err(e) => return Err(kvm_err("RUN")(e)),
+            };
+            return Ok(match event {
+                Event::Marker { marker, .. } => Event::Marker { marker, cpl: self.cpl() },
+                Event::Debug { exception, pc, .. } => Event::Debug { exception, pc, cpl: self.cpl() },
+                e => e,
+            });
+        }
+        Ok(Event::Other)
+    }
+}
+
+/// Where a user-mode SYSCALL lands.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SyscallBehaviour {
+    /// At MSR_LSTAR in ring 0, as the architecture says.
+    EntersKernel,
+    /// At MSR_LSTAR but still in ring 3 (KVM's nested "PVM" mode for
+    /// non-PVM guests): the guest kernel needs insight's syscall trap.
+    StaysInUserMode,
+    /// Something else happened; the text says what.
+    Unknown(String),
+}
+
+fn open_kvm() -> Result<Kvm, ProbeError> {
+    Kvm::new().map_err(ProbeError::OpenKvm)
+}
+
+/// Executes SYSCALL in user mode and reports where it lands.
+pub fn probe_syscall() -> Result<SyscallBehaviour, ProbeError> {
+    let kvm = open_kvm()?;
+    let mut user = vec![0x0f, 0x05]; // syscall
+    user.extend(marker_code(M_AFTER));
+    let mut vm = ProbeVm::new(&kvm, &enter_user_code(), &user, &marker_code(M_LSTAR), false)?;
+    Ok(match vm.next_event()? {
+        Event::Marker { marker: M_LSTAR, cpl: 0 } => SyscallBehaviour::EntersKernel,
+        Event::Marker { marker: M_LSTAR, cpl: 3 } => SyscallBehaviour::StaysInUserMode,
+        other => SyscallBehaviour::Unknown(format!("{other:?}")),
+    })
+}
+
+/// Mode of guest execution a probe targets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Kernel,
+    User,
+}
+
+/// Code that runs `body` in `mode` and then writes M_AFTER: returns
+/// (kernel code, user code).
+fn in_mode(mode: Mode, body: &[u8]) -> (Vec<u8>, Vec<u8>) {
+    let mut code = body.to_vec();
+    code.extend(marker_code(M_AFTER));
+    match mode {
+        Mode::Kernel => (code, marker_code(0x7f).to_vec()),
+        Mode::User => (enter_user_code(), code),
+    }
+}
+
+fn body_addr(mode: Mode) -> u64 {
+    match mode {
+        Mode::Kernel => KERNEL_CODE,
+        Mode::User => USER_CODE,
+    }
+}
+
+/// How an `int3` executed by the guest is handled with
+/// `KVM_GUESTDBG_USE_SW_BP` set.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Int3Behaviour {
+    /// KVM exits to the VMM: probes can be invisible to the guest.
+    Intercepted,
+    /// The guest's own #BP handler runs.
+    GuestHandler,
+    Unknown(String),
+}
+
+pub fn probe_sw_breakpoint(mode: Mode) -> Result<Int3Behaviour, ProbeError> {
+    let kvm = open_kvm()?;
+    let (k, u) = in_mode(mode, &[0xcc]);
+    let mut vm = ProbeVm::new(&kvm, &k, &u, &marker_code(M_LSTAR), false)?;
+    vm.debug(KVM_GUESTDBG_ENABLE | KVM_GUESTDBG_USE_SW_BP, None)?;
+    Ok(match vm.next_event()? {
+        Event::Debug { exception: 3, .. } => Int3Behaviour::Intercepted,
+        Event::Marker { marker, .. } if marker == M_VECTOR | 3 => Int3Behaviour::GuestHandler,
+        other => Int3Behaviour::Unknown(format!("{other:?}")),
+    })
+}
+
+/// Whether a hardware execution breakpoint on a guest instruction exits.
+pub fn probe_hw_breakpoint(mode: Mode) -> Result<bool, ProbeError> {
+    let kvm = open_kvm()?;
+    let (k, u) = in_mode(mode, &[0x90, 0x90, 0x90]);
+    let mut vm = ProbeVm::new(&kvm, &k, &u, &marker_code(M_LSTAR), false)?;
+    let target = body_addr(mode) + 1;
+    vm.debug(KVM_GUESTDBG_ENABLE | KVM_GUESTDBG_USE_HW_BP, Some(target))?;
+    loop {
+        match vm.next_event()? {
+            Event::Debug { pc, .. } if pc == target => return Ok(true),
+            Event::Debug { .. } => continue,
+            _ => return Ok(false),
+        }
+    }
+}
+
+/// Whether single-stepping reports steps inside code running in `mode`.
+pub fn probe_single_step(mode: Mode) -> Result<bool, ProbeError> {
+    let kvm = open_kvm()?;
+    let (k, u) = in_mode(mode, &[0x90, 0x90, 0x90]);
+    let mut vm = ProbeVm::new(&kvm, &k, &u, &marker_code(M_LSTAR), false)?;
+    vm.debug(KVM_GUESTDBG_ENABLE | KVM_GUESTDBG_SINGLESTEP, None)?;
+    let body = body_addr(mode);
+    for _ in 0..64 {
+        match vm.next_event()? {
+            Event::Debug { pc, .. } if (body..body + 3).contains(&pc) && pc != body => {
+                return Ok(true)
+            }
+            Event::Debug { .. } => continue,
+            _ => return Ok(false),
+        }
+    }
+    Ok(false)
+}
+
+/// Whether user-mode RDTSC faults when the guest sets CR4.TSD.
+pub fn probe_user_tsd() -> Result<bool, ProbeError> {
+    let kvm = open_kvm()?;
+    let (k, u) = in_mode(Mode::User, &[0x0f, 0x31]);
+    let mut vm = ProbeVm::new(&kvm, &k, &u, &marker_code(M_LSTAR), true)?;
+    Ok(matches!(vm.next_event()?, Event::Marker { marker, .. } if marker == M_VECTOR | 13))
+}
+
+/// Whether user-mode port I/O exits to the VMM (the marker arrives from
+/// ring 3).
+pub fn probe_user_port_io() -> Result<bool, ProbeError> {
+    let kvm = open_kvm()?;
+    let (k, u) = in_mode(Mode::User, &[]);
+    let mut vm = ProbeVm::new(&kvm, &k, &u, &marker_code(M_LSTAR), false)?;
+    Ok(matches!(vm.next_event()?, Event::Marker { marker: M_AFTER, cpl: 3 }))
+}
+
+/// Performance counters: on the host, and offered to guests by KVM.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PmuSupport {
+    /// `Err` text when perf_event_open of a hardware branch counter fails.
+    pub host_branch_counter: Result<(), String>,
+    /// General-purpose counters KVM offers guests (CPUID leaf 0xA).
+    pub guest_counters: u32,
+}
+
+pub fn probe_pmu() -> Result<PmuSupport, ProbeError> {
+    let kvm = open_kvm()?;
+    let cpuid = kvm
+        .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+        .map_err(kvm_err("GET_SUPPORTED_CPUID"))?;
+    let guest_counters = cpuid
+        .as_slice()
+        .iter()
+        .find(|e| e.function == 0xa)
+        .map(|e| (e.eax >> 8) & 0xff)
+        .unwrap_or(0);
+    Ok(PmuSupport {
+        host_branch_counter: sys::hardware_branch_counter().map_err(|e| e.to_string()),
+        guest_counters,
+    })
+}
+
+/// Everything `insight host-check` reports.
+#[derive(Clone, Debug)]
+pub struct HostReport {
+    pub syscall: SyscallBehaviour,
+    pub user_port_io: bool,
+    pub int3_kernel: Int3Behaviour,
+    pub int3_user: Int3Behaviour,
+    pub hw_breakpoint_kernel: bool,
+    pub hw_breakpoint_user: bool,
+    pub single_step_kernel: bool,
+    pub single_step_user: bool,
+    pub user_tsd: bool,
+    pub pmu: PmuSupport,
+}
+
+/// The timestamp clock record/replay will use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClockKind {
+    /// Retired guest branches counted by the PMU.
+    Branch,
+    /// Ordinals of deterministic VM exits.
+    Exit,
+}
+
+impl HostReport {
+    pub fn measure() -> Result<Self, ProbeError> {
+        Ok(HostReport {
+            syscall: probe_syscall()?,
+            user_port_io: probe_user_port_io()?,
+            int3_kernel: probe_sw_breakpoint(Mode::Kernel)?,
+            int3_user: probe_sw_breakpoint(Mode::User)?,
+            hw_breakpoint_kernel: probe_hw_breakpoint(Mode::Kernel)?,
+            hw_breakpoint_user: probe_hw_breakpoint(Mode::User)?,
+            single_step_kernel: probe_single_step(Mode::Kernel)?,
+            single_step_user: probe_single_step(Mode::User)?,
+            user_tsd: probe_user_tsd()?,
+            pmu: probe_pmu()?,
+        })
+    }
+
+    /// Whether insight can boot its guest here at all.
+    pub fn can_run(&self) -> bool {
+        !matches!(self.syscall, SyscallBehaviour::Unknown(_))
+    }
+
+    pub fn clock(&self) -> ClockKind {
+        if self.pmu.host_branch_counter.is_ok() && self.pmu.guest_counters > 0 {
+            ClockKind::Branch
+        } else {
+            ClockKind::Exit
+        }
+    }
+}

@@ -1,0 +1,110 @@
+//! Where the built guest image lives, and the kernel command line insight
+//! boots it with.
+
+use std::path::{Path, PathBuf};
+
+/// The cache directory `tools/build-guest` writes to.
+pub fn cache_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("INSIGHT_CACHE_DIR").filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir);
+    }
+    if let Some(dir) = std::env::var_os("XDG_CACHE_HOME").filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir).join("insight");
+    }
+    let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
+    PathBuf::from(home).join(".cache/insight")
+}
+
+/// The default guest kernel and initramfs (links to the last build).
+pub fn default_kernel() -> PathBuf {
+    cache_dir().join("default/vmlinux")
+}
+
+pub fn default_initramfs() -> PathBuf {
+    cache_dir().join("default/initramfs.cpio")
+}
+
+/// How this host's KVM makes the guest kernel behave.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GuestQuirks {
+    /// SYSCALL from user mode does not enter ring 0: the guest kernel must
+    /// take system calls through its page-fault trap.
+    pub syscall_trap: bool,
+}
+
+impl GuestQuirks {
+    /// The quirks of this host, measured by tiny probe guests.
+    pub fn for_this_host() -> Result<Self, crate::host_check::ProbeError> {
+        let syscall = crate::host_check::probe_syscall()?;
+        Ok(GuestQuirks {
+            syscall_trap: syscall == crate::host_check::SyscallBehaviour::StaysInUserMode,
+        })
+    }
+}
+
+/// The command line insight boots the guest with, before the user's
+/// additions. Every flag is there for a reason:
+/// - `noapic nolapic`: interrupts come from the user-space 8259 PIC;
+/// - `clearcpuid=...,tsc`: no TSC (not trappable, not replayable); the
+///   kernel keeps time with jiffies from the PIT; the others are
+///   instructions the host's emulator cannot run in ring 0;
+/// - `noxsave`: no XSAVE in ring 0; the insight patch restricts XCR0 to
+///   x87/SSE so user code cannot use state the kernel does not save;
+/// - `lpj=`: skips delay-loop calibration;
+/// - `io_delay=none`: no port 0x80 writes for I/O delays;
+/// - `insight.platform`: power-off and panic reach the control port.
+pub fn kernel_cmdline(quirks: GuestQuirks, quiet: bool, extra: &str) -> String {
+    let mut parts = vec![
+        "console=ttyS0",
+        "noapic",
+        "nolapic",
+        "noxsave",
+        "clearcpuid=smap,popcnt,ssse3,rdpid,tsc",
+        "nofsgsbase",
+        "noinvpcid",
+        "mitigations=off",
+        "lpj=5000",
+        "io_delay=none",
+        "panic=-1",
+        "insight.platform",
+    ];
+    if quirks.syscall_trap {
+        parts.push("insight.syscall=pf");
+    }
+    if quiet {
+        parts.push("quiet");
+    }
+    let extra = extra.trim();
+    if !extra.is_empty() {
+        parts.push(extra);
+    }
+    parts.join(" ")
+}
+
+/// Whether `path` exists, for a friendly message before trying to boot.
+pub fn require(path: &Path, what: &str) -> Result<(), String> {
+    if path.exists() {
+        Ok(())
+    } else {
+        Err(format!(
+            "no {what} at {}: build the guest image with tools/build-guest, or name one in the config",
+            path.display()
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cmdline_carries_quirks_and_user_text_last() {
+        let c = kernel_cmdline(GuestQuirks { syscall_trap: true }, true, " loglevel=7 ");
+        assert!(c.starts_with("console=ttyS0 "));
+        assert!(c.contains(" insight.syscall=pf "));
+        assert!(c.ends_with(" quiet loglevel=7"));
+        let c = kernel_cmdline(GuestQuirks { syscall_trap: false }, false, "");
+        assert!(!c.contains("insight.syscall"));
+        assert!(!c.contains("quiet"));
+    }
+}

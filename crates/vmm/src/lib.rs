@@ -1,0 +1,21 @@
+//! The insight virtual machine monitor.
+//!
+//! Boots a Linux guest on KVM with a user-space interrupt controller and
+//! timer, so that every asynchronous input passes through one place (see
+//! docs/ARCHITECTURE.md).
+
+pub mod boot;
+pub mod config;
+pub mod cpuid;
+pub mod emulation;
+pub mod guest;
+pub mod host_check;
+pub mod gva;
+pub mod image;
+pub mod initramfs;
+mod kvm_ext;
+mod sys;
+pub mod vm;
+
+pub use config::VmConfig;
+pub use vm::{RunOutcome, StopReason, Vm, VmError, VmSpec};

@@ -1,0 +1,59 @@
+//! Host system calls the standard library and the KVM crates do not wrap.
+//! Every `unsafe` block outside `kvm_ext` lives here.
+
+use std::io;
+
+/// `perf_event_attr` as of its first ABI version (64 bytes); the kernel
+/// accepts any published size.
+#[repr(C)]
+#[derive(Default)]
+struct PerfEventAttrV0 {
+    kind: u32,
+    size: u32,
+    config: u64,
+    sample_period: u64,
+    sample_type: u64,
+    read_format: u64,
+    flags: u64,
+    wakeup_events: u32,
+    bp_type: u32,
+    config1: u64,
+}
+
+const PERF_TYPE_HARDWARE: u32 = 0;
+const PERF_COUNT_HW_BRANCH_INSTRUCTIONS: u64 = 4;
+const FLAG_DISABLED: u64 = 1 << 0;
+const FLAG_EXCLUDE_KERNEL: u64 = 1 << 5;
+const FLAG_EXCLUDE_HV: u64 = 1 << 6;
+
+/// Whether this host can count retired branches with a hardware counter
+/// (the prerequisite of the branch clock). Opens and closes a counter on
+/// the calling thread.
+pub fn hardware_branch_counter() -> io::Result<()> {
+    let attr = PerfEventAttrV0 {
+        kind: PERF_TYPE_HARDWARE,
+        size: std::mem::size_of::<PerfEventAttrV0>() as u32,
+        config: PERF_COUNT_HW_BRANCH_INSTRUCTIONS,
+        flags: FLAG_DISABLED | FLAG_EXCLUDE_KERNEL | FLAG_EXCLUDE_HV,
+        ..Default::default()
+    };
+    // SAFETY: perf_event_open reads `attr.size` bytes of a live, fully
+    // initialized struct; the other arguments are plain integers.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_perf_event_open,
+            &attr as *const PerfEventAttrV0,
+            0 as libc::pid_t,
+            -1 as libc::c_int,
+            -1 as libc::c_int,
+            0 as libc::c_ulong,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just returned by the kernel and is owned by nobody
+    // else; closing it once is correct.
+    unsafe { libc::close(fd as libc::c_int) };
+    Ok(())
+}

@@ -1,0 +1,478 @@
+//! A running VM: KVM objects, guest memory, the legacy platform, and the
+//! vCPU loop with its single exit dispatch.
+//!
+//! Threads: the vCPU runs on its own thread and owns every device; the
+//! calling thread only kicks it (a signal) when a timer interrupt is due
+//! while the guest runs without exiting. Interrupts are injected from here
+//! with `KVM_INTERRUPT`; KVM has no irqchip and no PIT of its own.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use devices::{ControlMessage, LegacyPlatform, PlatformStats};
+use kvm_bindings::{kvm_cpuid_entry2, CpuId, KVM_MAX_CPUID_ENTRIES};
+use kvm_ioctls::{Kvm, VcpuExit, VcpuFd, VmFd};
+use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
+
+use crate::boot::{self, BootError};
+use crate::emulation::{self, Completion};
+use crate::gva;
+use crate::kvm_ext;
+use crate::{cpuid, initramfs};
+
+/// KVM_INTERNAL_ERROR_EMULATION.
+const INTERNAL_ERROR_EMULATION: u32 = 1;
+/// Longest x86 instruction.
+const MAX_INSN_LEN: usize = 15;
+/// The vCPU id of the (only) vCPU.
+pub const BOOT_VCPU: u8 = 0;
+
+/// Where the guest's console output goes.
+pub type Console = Box<dyn Write + Send>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum VmError {
+    #[error("cannot open /dev/kvm (is KVM available and accessible?)")]
+    OpenKvm(#[source] kvm_ioctls::Error),
+    #[error("KVM {op} failed")]
+    Kvm {
+        op: &'static str,
+        #[source]
+        source: kvm_ioctls::Error,
+    },
+    #[error("cannot allocate {mib} MiB of guest memory")]
+    Memory { mib: u64 },
+    #[error(transparent)]
+    Boot(#[from] BootError),
+    #[error("cannot add files to the guest")]
+    Files(#[from] initramfs::InitramfsError),
+    #[error("cannot start the vCPU thread")]
+    Thread(#[source] std::io::Error),
+    #[error("guest {reason} at RIP {rip:#x}{detail}")]
+    GuestFault {
+        reason: String,
+        rip: u64,
+        detail: String,
+    },
+    #[error("guest kernel panicked (its message is in the console output above)")]
+    GuestPanic,
+    #[error("guest halted with interrupts disabled at RIP {rip:#x}; it can never run again")]
+    GuestHalted { rip: u64 },
+}
+
+fn kvm_err(op: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
+    move |source| VmError::Kvm { op, source }
+}
+
+/// Why the guest stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopReason {
+    PowerOff,
+}
+
+/// Counts of VM exits by kind, and other run statistics.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ExitCounts {
+    pub port_io: u64,
+    pub mmio: u64,
+    pub halts: u64,
+    pub interrupts_injected: u64,
+    pub kicks: u64,
+    pub emulation_completions: u64,
+}
+
+/// The result of a guest run that ended by the guest's own choice.
+#[derive(Clone, Debug)]
+pub struct RunOutcome {
+    pub stop: StopReason,
+    /// Status of the guest command, if `/init` reported one.
+    pub exit_status: Option<u8>,
+    /// VM time at which user space `/init` started.
+    pub init_reached: Option<Duration>,
+    /// VM time at the end.
+    pub elapsed: Duration,
+    pub exits: ExitCounts,
+    pub platform: PlatformStats,
+}
+
+/// Everything needed to boot a VM.
+#[derive(Debug)]
+pub struct VmSpec {
+    pub kernel: PathBuf,
+    /// The base initramfs image, followed by archives generated at boot.
+    pub initramfs: Vec<u8>,
+    pub cmdline: String,
+    pub memory_mib: u64,
+}
+
+/// VM time: nanoseconds since the VM was created, from the host's
+/// monotonic clock.
+#[derive(Clone, Copy, Debug)]
+pub struct VmClock {
+    start: Instant,
+}
+
+impl VmClock {
+    pub fn new() -> Self {
+        VmClock {
+            start: Instant::now(),
+        }
+    }
+
+    pub fn now_ns(&self) -> u64 {
+        self.start.elapsed().as_nanos() as u64
+    }
+}
+
+impl Default for VmClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// State the vCPU thread shares with the thread that kicks it.
+struct KickState {
+    /// VM time at which the vCPU must be out of KVM_RUN (u64::MAX: none).
+    deadline_ns: AtomicU64,
+    done: AtomicBool,
+}
+
+/// A created VM, ready to run.
+pub struct Vm {
+    // Field order is drop order: the vCPU and VM fds go before the memory
+    // they map.
+    vcpu: VcpuFd,
+    _vm: VmFd,
+    _kvm: Kvm,
+    mem: GuestMemoryMmap,
+    platform: LegacyPlatform<Console>,
+    clock: VmClock,
+    exits: ExitCounts,
+    exit_status: Option<u8>,
+    init_reached: Option<Duration>,
+}
+
+/// What the vCPU loop does after an exit.
+enum Next {
+    Continue,
+    WaitForInterrupt,
+    InternalError,
+}
+
+extern "C" fn on_kick(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    // Nothing to do: the signal's only job is to make KVM_RUN return.
+}
+
+impl Vm {
+    /// Creates the VM, loads the guest and sets the boot vCPU's registers.
+    pub fn new(spec: &VmSpec, console: Console) -> Result<Self, VmError> {
+        let kvm = Kvm::new().map_err(VmError::OpenKvm)?;
+        let vm = kvm.create_vm().map_err(kvm_err("CREATE_VM"))?;
+        vm.set_tss_address(0xfffb_d000).map_err(kvm_err("SET_TSS_ADDR"))?;
+
+        let ram_size = spec.memory_mib << 20;
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), ram_size as usize)])
+            .map_err(|_| VmError::Memory {
+                mib: spec.memory_mib,
+            })?;
+        for (slot, region) in mem.iter().enumerate() {
+            let host = region
+                .get_host_address(vm_memory::MemoryRegionAddress(0))
+                .map_err(|_| VmError::Memory {
+                    mib: spec.memory_mib,
+                })?;
+            kvm_ext::map_guest_ram(&vm, slot as u32, region.start_addr().0, region.len(), host)
+                .map_err(|e| VmError::Kvm {
+                    op: "SET_USER_MEMORY_REGION",
+                    source: kvm_ioctls::Error::new(e.raw_os_error().unwrap_or(libc::EINVAL)),
+                })?;
+        }
+
+        let layout = boot::load_guest(&mem, ram_size, &spec.kernel, &spec.initramfs, &spec.cmdline)?;
+
+        let vcpu = vm.create_vcpu(u64::from(BOOT_VCPU)).map_err(kvm_err("CREATE_VCPU"))?;
+        let mut supported = kvm
+            .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+            .map_err(kvm_err("GET_SUPPORTED_CPUID"))?;
+        let mut entries: Vec<kvm_cpuid_entry2> = supported.as_mut_slice().to_vec();
+        cpuid::shape(&mut entries);
+        let shaped = CpuId::from_entries(&entries).map_err(|_| VmError::Kvm {
+            op: "SET_CPUID2",
+            source: kvm_ioctls::Error::new(libc::E2BIG),
+        })?;
+        vcpu.set_cpuid2(&shaped).map_err(kvm_err("SET_CPUID2"))?;
+
+        let sregs = vcpu.get_sregs().map_err(kvm_err("GET_SREGS"))?;
+        vcpu.set_sregs(&boot::boot_sregs(sregs)).map_err(kvm_err("SET_SREGS"))?;
+        vcpu.set_regs(&boot::boot_regs(layout.entry)).map_err(kvm_err("SET_REGS"))?;
+        vcpu.set_fpu(&boot::boot_fpu()).map_err(kvm_err("SET_FPU"))?;
+
+        let boot_unix_secs = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        Ok(Vm {
+            vcpu,
+            _vm: vm,
+            _kvm: kvm,
+            mem,
+            platform: LegacyPlatform::new(boot_unix_secs, console),
+            clock: VmClock::new(),
+            exits: ExitCounts::default(),
+            exit_status: None,
+            init_reached: None,
+        })
+    }
+
+    /// Runs the guest until it powers off or fails. The vCPU runs on a
+    /// thread of its own; this thread kicks it when timers come due.
+    pub fn run(self) -> Result<RunOutcome, VmError> {
+        register_signal_handler(SIGRTMIN(), on_kick).map_err(|e| VmError::Kvm {
+            op: "signal handler registration",
+            source: e,
+        })?;
+        let kick = Arc::new(KickState {
+            deadline_ns: AtomicU64::new(u64::MAX),
+            done: AtomicBool::new(false),
+        });
+        let clock = self.clock;
+        let shared = Arc::clone(&kick);
+        let handle = std::thread::Builder::new()
+            .name("vcpu0".into())
+            .spawn(move || {
+                let mut vm = self;
+                let result = vm.run_vcpu(&shared);
+                shared.done.store(true, Ordering::Release);
+                result
+            })
+            .map_err(VmError::Thread)?;
+
+        while !kick.done.load(Ordering::Acquire) {
+            let now = clock.now_ns();
+            let deadline = kick.deadline_ns.load(Ordering::Acquire);
+            if deadline <= now {
+                // A kick that lands while the vCPU is outside KVM_RUN is
+                // harmless; the next one follows within a millisecond.
+                let _ = handle.kill(SIGRTMIN());
+                std::thread::sleep(Duration::from_millis(1));
+            } else {
+                let wait = (deadline - now).min(5_000_000);
+                std::thread::sleep(Duration::from_nanos(wait));
+            }
+        }
+        handle.join().unwrap_or_else(|_| {
+            Err(VmError::GuestFault {
+                reason: "vCPU thread crashed".into(),
+                rip: 0,
+                detail: String::new(),
+            })
+        })
+    }
+
+    fn run_vcpu(&mut self, kick: &KickState) -> Result<RunOutcome, VmError> {
+        loop {
+            let now = self.clock.now_ns();
+            self.platform.advance_to(now);
+            self.inject_interrupts()?;
+            let deadline = self.platform.next_timer_ns().unwrap_or(u64::MAX);
+            kick.deadline_ns.store(deadline, Ordering::Release);
+
+            let next = match self.vcpu.run() {
+                Ok(exit) => dispatch(&mut self.platform, &self.clock, &mut self.exits, BOOT_VCPU, exit)?,
+                Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
+                    self.exits.kicks += 1;
+                    Next::Continue
+                }
+                Err(e) => return Err(kvm_err("RUN")(e)),
+            };
+            // Messages from the guest's control port.
+            for message in self.platform.take_messages() {
+                match message {
+                    ControlMessage::InitReached => {
+                        self.init_reached = Some(Duration::from_nanos(self.clock.now_ns()))
+                    }
+                    ControlMessage::ExitStatus(s) => self.exit_status = Some(s),
+                    ControlMessage::PowerOff => return Ok(self.outcome(StopReason::PowerOff)),
+                    ControlMessage::Panic => return Err(VmError::GuestPanic),
+                    ControlMessage::Unknown(_) => {}
+                }
+            }
+            match next {
+                Next::Continue => {}
+                Next::WaitForInterrupt => self.wait_for_interrupt()?,
+                Next::InternalError => self.complete_unemulated()?,
+            }
+        }
+    }
+
+    fn outcome(&mut self, stop: StopReason) -> RunOutcome {
+        let _ = self.platform.serial.writer_mut().flush();
+        RunOutcome {
+            stop,
+            exit_status: self.exit_status,
+            init_reached: self.init_reached,
+            elapsed: Duration::from_nanos(self.clock.now_ns()),
+            exits: self.exits,
+            platform: self.platform.stats(),
+        }
+    }
+
+    /// Injects the PIC's pending interrupt if the vCPU can take it now,
+    /// otherwise asks KVM to exit as soon as it can.
+    fn inject_interrupts(&mut self) -> Result<(), VmError> {
+        let pending = self.platform.pic.has_pending();
+        let run = self.vcpu.get_kvm_run();
+        let can_inject = run.ready_for_interrupt_injection != 0 && run.if_flag != 0;
+        run.request_interrupt_window = u8::from(pending && !can_inject);
+        if pending && can_inject {
+            if let Some(vector) = self.platform.pic.acknowledge() {
+                kvm_ext::inject_interrupt(&self.vcpu, vector).map_err(|e| VmError::Kvm {
+                    op: "INTERRUPT",
+                    source: kvm_ioctls::Error::new(e.raw_os_error().unwrap_or(libc::EINVAL)),
+                })?;
+                self.exits.interrupts_injected += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// The guest executed HLT: sleep until an interrupt is due.
+    fn wait_for_interrupt(&mut self) -> Result<(), VmError> {
+        if self.vcpu.get_kvm_run().if_flag == 0 {
+            let rip = self.vcpu.get_regs().map(|r| r.rip).unwrap_or(0);
+            return Err(VmError::GuestHalted { rip });
+        }
+        loop {
+            let now = self.clock.now_ns();
+            self.platform.advance_to(now);
+            if self.platform.pic.has_pending() {
+                return Ok(());
+            }
+            match self.platform.next_timer_ns() {
+                Some(due) => std::thread::sleep(Duration::from_nanos(due.saturating_sub(now))),
+                None => {
+                    let rip = self.vcpu.get_regs().map(|r| r.rip).unwrap_or(0);
+                    return Err(VmError::GuestHalted { rip });
+                }
+            }
+        }
+    }
+
+    /// KVM could not emulate a guest instruction: complete it if it is one
+    /// the VMM knows, otherwise stop with its bytes.
+    fn complete_unemulated(&mut self) -> Result<(), VmError> {
+        let (suberror, data) = kvm_ext::internal_error(self.vcpu.get_kvm_run());
+        let mut regs = self.vcpu.get_regs().map_err(kvm_err("GET_REGS"))?;
+        if suberror != INTERNAL_ERROR_EMULATION {
+            return Err(VmError::GuestFault {
+                reason: format!("KVM internal error {suberror}"),
+                rip: regs.rip,
+                detail: format!(" (data {data:x?})"),
+            });
+        }
+        let sregs = self.vcpu.get_sregs().map_err(kvm_err("GET_SREGS"))?;
+        let mut insn = [0u8; MAX_INSN_LEN];
+        let fetched = gva::read_virt(&self.mem, sregs.cr3, sregs.cs.base + regs.rip, &mut insn);
+        let completion = fetched.as_ref().ok().and_then(|_| emulation::complete(&insn));
+        match completion {
+            Some(Completion::Skip(len)) => {
+                regs.rip += len;
+                self.vcpu.set_regs(&regs).map_err(kvm_err("SET_REGS"))?;
+            }
+            Some(Completion::Trap { len, vector }) => {
+                regs.rip += len;
+                self.vcpu.set_regs(&regs).map_err(kvm_err("SET_REGS"))?;
+                let mut events = self.vcpu.get_vcpu_events().map_err(kvm_err("GET_VCPU_EVENTS"))?;
+                events.exception.injected = 1;
+                events.exception.nr = vector;
+                events.exception.has_error_code = 0;
+                events.exception.error_code = 0;
+                self.vcpu.set_vcpu_events(&events).map_err(kvm_err("SET_VCPU_EVENTS"))?;
+            }
+            None => {}
+        }
+        if completion.is_some() {
+            self.exits.emulation_completions += 1;
+            return Ok(());
+        }
+        Err(VmError::GuestFault {
+            reason: "instruction the host cannot emulate".into(),
+            rip: regs.rip,
+            detail: match fetched {
+                Ok(()) => format!(" (bytes {})", emulation::hex_bytes(&insn)),
+                Err(e) => format!(" ({e})"),
+            },
+        })
+    }
+}
+
+/// The single choke point for VM exits: every exit of every vCPU passes
+/// here with the vCPU's id. Recording and replay hook in here only.
+fn dispatch<W: Write>(
+    platform: &mut LegacyPlatform<W>,
+    clock: &VmClock,
+    counts: &mut ExitCounts,
+    _vcpu: u8,
+    exit: VcpuExit<'_>,
+) -> Result<Next, VmError> {
+    Ok(match exit {
+        VcpuExit::IoIn(port, data) => {
+            counts.port_io += 1;
+            platform.port_read(port, data, clock.now_ns());
+            Next::Continue
+        }
+        VcpuExit::IoOut(port, data) => {
+            counts.port_io += 1;
+            platform.port_write(port, data, clock.now_ns());
+            Next::Continue
+        }
+        VcpuExit::MmioRead(_, data) => {
+            // No MMIO devices yet: reads see an empty bus.
+            counts.mmio += 1;
+            data.fill(0xff);
+            Next::Continue
+        }
+        VcpuExit::MmioWrite(..) => {
+            counts.mmio += 1;
+            Next::Continue
+        }
+        VcpuExit::Hlt => {
+            counts.halts += 1;
+            Next::WaitForInterrupt
+        }
+        VcpuExit::IrqWindowOpen | VcpuExit::Intr => Next::Continue,
+        VcpuExit::InternalError => Next::InternalError,
+        VcpuExit::Shutdown => {
+            return Err(VmError::GuestFault {
+                reason: "triple fault (shutdown)".into(),
+                rip: 0,
+                detail: String::new(),
+            })
+        }
+        VcpuExit::FailEntry(reason, _) => {
+            return Err(VmError::GuestFault {
+                reason: "entry failure".into(),
+                rip: 0,
+                detail: format!(" (hardware reason {reason:#x})"),
+            })
+        }
+        VcpuExit::SystemEvent(kind, _) => {
+            return Err(VmError::GuestFault {
+                reason: format!("system event {kind}"),
+                rip: 0,
+                detail: String::new(),
+            })
+        }
+        other => {
+            return Err(VmError::GuestFault {
+                reason: format!("unexpected exit {other:?}"),
+                rip: 0,
+                detail: String::new(),
+            })
+        }
+    })
+}

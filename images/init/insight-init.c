@@ -1,0 +1,172 @@
+/*
+ * /init of the insight guest.
+ *
+ * Mounts the usual file systems, runs the guest command that the host put
+ * in /etc/insight/command (NUL-separated argv, appended to the initramfs at
+ * boot), reaps orphans while it runs, and reports the command's exit status
+ * to the hypervisor's platform control port before powering off.
+ *
+ * Exit status as a shell reports it: the code of a normal exit, 128+N for
+ * death by signal N.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/io.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/reboot.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* The protocol of the platform control port (see docs/ARCHITECTURE.md). */
+#define CTL_PORT 0x0f00
+#define CTL_INIT_REACHED 0x01
+#define CTL_EXIT_STATUS 0x02
+#define CTL_MSG(code, arg) (((unsigned)(code) << 24) | ((unsigned)(arg) & 0xffffff))
+
+#define COMMAND_FILE "/etc/insight/command"
+#define ENV_FILE "/etc/insight/env"
+#define MAX_ARGS 4096
+
+static int have_port;
+
+static void ctl(unsigned code, unsigned arg)
+{
+	if (have_port)
+		outl(CTL_MSG(code, arg), CTL_PORT);
+}
+
+static void die(const char *what)
+{
+	fprintf(stderr, "insight-init: %s: %s\n", what, strerror(errno));
+	ctl(CTL_EXIT_STATUS, 127);
+	sync();
+	reboot(RB_POWER_OFF);
+	for (;;)
+		pause();
+}
+
+static void mount_or_warn(const char *src, const char *dst, const char *type,
+			  unsigned long flags)
+{
+	mkdir(dst, 0755);
+	if (mount(src, dst, type, flags, NULL) != 0 && errno != EBUSY)
+		fprintf(stderr, "insight-init: mount %s on %s: %s\n", type, dst,
+			strerror(errno));
+}
+
+/*
+ * Reads a file of NUL-separated strings into vec (at most max entries,
+ * NULL-terminated); returns the count, 0 if the file is absent or empty.
+ */
+static size_t read_strings(const char *path, char *buf, size_t size, char **vec, size_t max)
+{
+	size_t len = 0, count = 0;
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+
+	if (fd < 0)
+		return 0;
+	for (;;) {
+		ssize_t n = read(fd, buf + len, size - 1 - len);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			die(path);
+		if (n == 0)
+			break;
+		len += (size_t)n;
+		if (len == size - 1) {
+			errno = E2BIG;
+			die(path);
+		}
+	}
+	close(fd);
+	buf[len] = '\0';
+	for (size_t pos = 0; pos < len && count < max;) {
+		vec[count++] = buf + pos;
+		pos += strlen(buf + pos) + 1;
+	}
+	vec[count] = NULL;
+	return count;
+}
+
+/* The argv the host provided; a shell if none. */
+static char **read_command(void)
+{
+	static char *fallback[] = { "/bin/sh", NULL };
+	static char *argv[MAX_ARGS + 1];
+	static char buf[256 * 1024];
+
+	return read_strings(COMMAND_FILE, buf, sizeof(buf), argv, MAX_ARGS) ? argv : fallback;
+}
+
+/* KEY=VALUE entries the host provided for the command's environment. */
+static void read_env(void)
+{
+	static char *vars[MAX_ARGS + 1];
+	static char buf[64 * 1024];
+	size_t n = read_strings(ENV_FILE, buf, sizeof(buf), vars, MAX_ARGS);
+
+	for (size_t i = 0; i < n; i++)
+		putenv(vars[i]);
+}
+
+int main(void)
+{
+	have_port = ioperm(CTL_PORT, 4, 1) == 0;
+	ctl(CTL_INIT_REACHED, 0);
+
+	mount_or_warn("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC);
+	mount_or_warn("sysfs", "/sys", "sysfs", MS_NOSUID | MS_NODEV | MS_NOEXEC);
+	mount_or_warn("devtmpfs", "/dev", "devtmpfs", MS_NOSUID);
+	mount_or_warn("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV);
+	mount_or_warn("tmpfs", "/run", "tmpfs", MS_NOSUID | MS_NODEV);
+
+	setenv("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", 1);
+	setenv("HOME", "/root", 1);
+	setenv("TERM", "linux", 0);
+	read_env();
+	if (chdir("/root") != 0 && chdir("/") != 0)
+		die("chdir");
+
+	char **argv = read_command();
+	pid_t child = fork();
+	if (child < 0)
+		die("fork");
+	if (child == 0) {
+		/* A session of its own, with the console as controlling tty. */
+		setsid();
+		ioctl(STDIN_FILENO, TIOCSCTTY, 1);
+		execvp(argv[0], argv);
+		fprintf(stderr, "insight-init: cannot run %s: %s\n", argv[0],
+			strerror(errno));
+		_exit(errno == ENOENT ? 127 : 126);
+	}
+
+	int status = 0, code;
+	for (;;) {
+		pid_t pid = wait(&status);
+		if (pid == child)
+			break;
+		if (pid < 0 && errno != EINTR)
+			die("wait");
+	}
+	if (WIFEXITED(status))
+		code = WEXITSTATUS(status);
+	else if (WIFSIGNALED(status))
+		code = 128 + WTERMSIG(status);
+	else
+		code = 125;
+
+	sync();
+	ctl(CTL_EXIT_STATUS, (unsigned)code);
+	reboot(RB_POWER_OFF);
+	die("reboot");
+	return 1;
+}
