@@ -22,6 +22,7 @@
 #include <sys/reboot.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <termios.h>
 #include <unistd.h>
 
 /* The protocol of the platform control port (see docs/ARCHITECTURE.md). */
@@ -141,8 +142,15 @@ int main(void)
 		die("fork");
 	if (child == 0) {
 		/* A session of its own, with the console as controlling tty. */
+		struct termios t;
+
 		setsid();
 		ioctl(STDIN_FILENO, TIOCSCTTY, 1);
+		/* Plain "\n" line ends: the host's terminal adds its own "\r". */
+		if (tcgetattr(STDOUT_FILENO, &t) == 0) {
+			t.c_oflag &= ~(tcflag_t)ONLCR;
+			tcsetattr(STDOUT_FILENO, TCSANOW, &t);
+		}
 		execvp(argv[0], argv);
 		fprintf(stderr, "insight-init: cannot run %s: %s\n", argv[0],
 			strerror(errno));

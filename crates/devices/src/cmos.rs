@@ -136,12 +136,28 @@ mod tests {
     fn civil_time_known_dates() {
         assert_eq!(
             CivilTime::from_unix(0),
-            CivilTime { year: 1970, month: 1, day: 1, hour: 0, minute: 0, second: 0, weekday: 4 }
+            CivilTime {
+                year: 1970,
+                month: 1,
+                day: 1,
+                hour: 0,
+                minute: 0,
+                second: 0,
+                weekday: 4
+            }
         );
         // 2024-02-29T12:34:56Z, a Thursday.
         assert_eq!(
             CivilTime::from_unix(1_709_210_096),
-            CivilTime { year: 2024, month: 2, day: 29, hour: 12, minute: 34, second: 56, weekday: 4 }
+            CivilTime {
+                year: 2024,
+                month: 2,
+                day: 29,
+                hour: 12,
+                minute: 34,
+                second: 56,
+                weekday: 4
+            }
         );
     }
 

@@ -66,18 +66,39 @@ mod tests {
 
     #[test]
     fn decodes_the_guest_protocol() {
-        assert_eq!(ControlMessage::decode(0x0100_0000), ControlMessage::InitReached);
-        assert_eq!(ControlMessage::decode(0x0200_0003), ControlMessage::ExitStatus(3));
-        assert_eq!(ControlMessage::decode(0x0200_00ff), ControlMessage::ExitStatus(255));
-        assert_eq!(ControlMessage::decode(0x0200_0100), ControlMessage::Unknown(0x0200_0100));
-        assert_eq!(ControlMessage::decode(0x0300_0000), ControlMessage::PowerOff);
+        assert_eq!(
+            ControlMessage::decode(0x0100_0000),
+            ControlMessage::InitReached
+        );
+        assert_eq!(
+            ControlMessage::decode(0x0200_0003),
+            ControlMessage::ExitStatus(3)
+        );
+        assert_eq!(
+            ControlMessage::decode(0x0200_00ff),
+            ControlMessage::ExitStatus(255)
+        );
+        assert_eq!(
+            ControlMessage::decode(0x0200_0100),
+            ControlMessage::Unknown(0x0200_0100)
+        );
+        assert_eq!(
+            ControlMessage::decode(0x0300_0000),
+            ControlMessage::PowerOff
+        );
         assert_eq!(ControlMessage::decode(0x0400_0000), ControlMessage::Panic);
-        assert_eq!(ControlMessage::decode(0x7700_0000), ControlMessage::Unknown(0x7700_0000));
+        assert_eq!(
+            ControlMessage::decode(0x7700_0000),
+            ControlMessage::Unknown(0x7700_0000)
+        );
     }
 
     #[test]
     fn only_aligned_dword_writes_carry_messages() {
-        assert_eq!(decode_write(0, &[3, 0, 0, 2]), Some(ControlMessage::ExitStatus(3)));
+        assert_eq!(
+            decode_write(0, &[3, 0, 0, 2]),
+            Some(ControlMessage::ExitStatus(3))
+        );
         assert_eq!(decode_write(0, &[3]), None);
         assert_eq!(decode_write(1, &[0, 0, 0, 3]), None);
     }

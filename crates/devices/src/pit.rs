@@ -237,7 +237,11 @@ impl Pit {
             },
         };
         if let Some(count) = count {
-            ch.reload = if count == 0 { 0x10000 } else { u32::from(count) };
+            ch.reload = if count == 0 {
+                0x10000
+            } else {
+                u32::from(count)
+            };
             ch.loaded_at_ns = now_ns;
             ch.running = true;
             if index == 0 {

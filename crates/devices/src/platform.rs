@@ -115,9 +115,7 @@ impl<W: Write> LegacyPlatform<W> {
             PortOwner::Cmos => self.cmos.write(port, value),
             PortOwner::Serial(offset) => self.serial.write(offset, value),
             PortOwner::Control(offset) => match control::decode_write(offset, data) {
-                Some(ControlMessage::Unknown(_)) | None => {
-                    self.stats.unknown_control_messages += 1
-                }
+                Some(ControlMessage::Unknown(_)) | None => self.stats.unknown_control_messages += 1,
                 Some(message) => self.messages.push(message),
             },
             PortOwner::Post => {}
@@ -162,7 +160,13 @@ mod tests {
 
     fn platform() -> LegacyPlatform<Vec<u8>> {
         let mut p = LegacyPlatform::new(0, Vec::new());
-        for (port, v) in [(0x20, 0x11), (0x21, 0x30), (0x21, 0x04), (0x21, 0x01), (0x21, 0x00)] {
+        for (port, v) in [
+            (0x20, 0x11),
+            (0x21, 0x30),
+            (0x21, 0x04),
+            (0x21, 0x01),
+            (0x21, 0x00),
+        ] {
             p.port_write(port, &[v], 0);
         }
         p
@@ -212,7 +216,11 @@ mod tests {
         assert_eq!(d, [0xff, 0xff]);
         assert_eq!(
             p.stats(),
-            PlatformStats { unassigned_reads: 1, unassigned_writes: 0, unknown_control_messages: 1 }
+            PlatformStats {
+                unassigned_reads: 1,
+                unassigned_writes: 0,
+                unknown_control_messages: 1
+            }
         );
     }
 }

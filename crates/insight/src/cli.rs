@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use vmm::guest::{self, BootOptions};
+use vmm::host_check::{ClockKind, HostReport, Int3Behaviour, SyscallBehaviour};
 use vmm::image::GuestQuirks;
 use vmm::{Vm, VmConfig};
 
@@ -44,6 +45,16 @@ insight run my-vm.toml                       # your kernel, files, command\n  \
 insight run my-vm.toml -- /usr/local/bin/prog --flag\n\n\
 The config file format is described in docs/config.md.")]
     Run(RunArgs),
+    /// Measure what this host's KVM supports and which strategy insight uses.
+    #[command(
+        long_about = "Measure what this host's KVM supports, with tiny probe guests, \
+and print which strategy insight will use.\n\n\
+Probes: where a user-mode SYSCALL lands; whether user-mode port I/O exits; whether `int3`, \
+hardware breakpoints and single-step are intercepted in kernel and user mode; whether \
+CR4.TSD makes user-mode RDTSC fault; whether a hardware branch counter (PMU) exists.\n\n\
+Exit status 0 when insight can run its guest on this host, 1 otherwise."
+    )]
+    HostCheck,
 }
 
 #[derive(Parser)]
@@ -71,6 +82,7 @@ pub fn main() -> Result<ExitCode> {
     let cli = Cli::parse();
     match cli.command {
         Command::Run(args) => run(args),
+        Command::HostCheck => host_check(),
     }
 }
 
@@ -129,4 +141,108 @@ fn run(args: RunArgs) -> Result<ExitCode> {
         );
     }
     Ok(ExitCode::from(outcome.exit_status.unwrap_or(0)))
+}
+
+fn yes_no(b: bool) -> &'static str {
+    if b {
+        "yes"
+    } else {
+        "no"
+    }
+}
+
+fn int3_text(b: &Int3Behaviour) -> String {
+    match b {
+        Int3Behaviour::Intercepted => "intercepted by the VMM".into(),
+        Int3Behaviour::GuestHandler => "goes to the guest's #BP handler".into(),
+        Int3Behaviour::NotEmulated => "not emulated by KVM; insight injects #BP itself".into(),
+        Int3Behaviour::Unknown(what) => format!("unexpected: {what}"),
+    }
+}
+
+fn host_check() -> Result<ExitCode> {
+    let r = HostReport::measure()?;
+    let syscall = match &r.syscall {
+        SyscallBehaviour::EntersKernel => "enters ring 0 (architectural)".to_string(),
+        SyscallBehaviour::StaysInUserMode => {
+            "stays in ring 3 -> guest kernel uses its page-fault syscall trap".to_string()
+        }
+        SyscallBehaviour::Unknown(what) => format!("unexpected: {what}"),
+    };
+    let pmu = match &r.pmu.host_branch_counter {
+        Ok(()) => "available".to_string(),
+        Err(e) => format!("not available ({e})"),
+    };
+    println!("insight host check");
+    println!("  user-mode SYSCALL:               {syscall}");
+    println!(
+        "  user-mode port I/O exits:        {}",
+        yes_no(r.user_port_io)
+    );
+    println!(
+        "  int3 in kernel mode:             {}",
+        int3_text(&r.int3_kernel)
+    );
+    println!(
+        "  int3 in user mode:               {}",
+        int3_text(&r.int3_user)
+    );
+    println!(
+        "  hardware breakpoint, kernel:     {}",
+        yes_no(r.hw_breakpoint_kernel)
+    );
+    println!(
+        "  hardware breakpoint, user:       {}",
+        yes_no(r.hw_breakpoint_user)
+    );
+    println!(
+        "  single-step, kernel:             {}",
+        yes_no(r.single_step_kernel)
+    );
+    println!(
+        "  single-step, user:               {}",
+        yes_no(r.single_step_user)
+    );
+    println!("  CR4.TSD traps user RDTSC:        {}", yes_no(r.user_tsd));
+    println!(
+        "  user-mode XCR0 (guest set 0x3):   {:#x}{}",
+        r.user_xcr0,
+        if r.user_xcr0 == 3 {
+            ""
+        } else {
+            " (host's: the VMM completes XSAVE/XRSTOR for the guest kernel)"
+        }
+    );
+    println!("  host branch counter (PMU):       {pmu}");
+    println!(
+        "  PMU counters offered to guests:  {}",
+        r.pmu.guest_counters
+    );
+    println!("strategy");
+    match r.clock() {
+        ClockKind::Branch => {
+            println!("  clock: branch (guest retired branches, exact positions anywhere)")
+        }
+        ClockKind::Exit => println!(
+            "  clock: exit (no usable PMU: asynchronous events land at deterministic VM exits)"
+        ),
+    }
+    println!(
+        "  probes: {}",
+        if r.int3_user == Int3Behaviour::Intercepted {
+            "int3 intercepted by the VMM, patched to nop after the first hit"
+        } else {
+            "int3 handled by the guest kernel, forwarded to the VMM with a deterministic exit"
+        }
+    );
+    if !r.user_tsd {
+        println!("  user-mode RDTSC cannot be trapped here: recordings report it, never hide it");
+    }
+    if r.can_run() {
+        println!("insight can run on this host.");
+        Ok(ExitCode::SUCCESS)
+    } else {
+        println!("insight cannot run on this host: the SYSCALL behaviour is not one it knows.");
+        Ok(ExitCode::from(1))
+    }
 }

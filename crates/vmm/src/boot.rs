@@ -13,6 +13,8 @@ use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryMmap};
 
 /// Guest-physical layout of the boot structures (below 1 MiB).
 pub const GDT_ADDR: u64 = 0x500;
+/// setup_data entries (the RNG seed), linked from the zero page.
+pub const SETUP_DATA_ADDR: u64 = 0x6000;
 pub const ZERO_PAGE_ADDR: u64 = 0x7000;
 pub const BOOT_STACK_ADDR: u64 = 0x8ff0;
 pub const PML4_ADDR: u64 = 0x9000;
@@ -26,6 +28,11 @@ pub const CMDLINE_MAX: usize = 2048;
 pub const LOW_RAM_END: u64 = 0x9fc00;
 /// Start of high memory: the kernel must load at or above it.
 pub const HIGH_RAM_START: u64 = 0x10_0000;
+
+/// setup_data type of a seed for the kernel's random number generator.
+const SETUP_RNG_SEED: u32 = 9;
+/// Bytes of seed handed to the kernel.
+pub const RNG_SEED_LEN: usize = 32;
 
 const E820_RAM: u32 = 1;
 const E820_RESERVED: u32 = 2;
@@ -85,25 +92,33 @@ pub struct BootLayout {
 }
 
 /// Loads `kernel` (ELF vmlinux), the initramfs parts (concatenated, each
-/// padded to 4 bytes as the kernel's unpacker allows), the command line and
-/// the zero page into `mem`.
+/// padded to 4 bytes as the kernel's unpacker allows), the command line,
+/// the RNG seed and the zero page into `mem`.
+///
+/// The seed makes the guest's random number generator ready at once: a
+/// kernel without one recomputes its entropy pool hash on every request
+/// until enough interrupts have been seen, which costs tens of seconds
+/// when the kernel is interpreted. It is an input of the run like any
+/// other, so a replay can give the same one.
 pub fn load_guest(
     mem: &GuestMemoryMmap,
     ram_size: u64,
     kernel: &Path,
     initramfs: &[u8],
     cmdline: &str,
+    rng_seed: &[u8; RNG_SEED_LEN],
 ) -> Result<BootLayout, BootError> {
     let mut file = File::open(kernel).map_err(|source| BootError::OpenKernel {
         path: kernel.to_owned(),
         source,
     })?;
-    let loaded = Elf::load(mem, None, &mut file, Some(GuestAddress(HIGH_RAM_START))).map_err(
-        |source| BootError::LoadKernel {
-            path: kernel.to_owned(),
-            source,
-        },
-    )?;
+    let loaded =
+        Elf::load(mem, None, &mut file, Some(GuestAddress(HIGH_RAM_START))).map_err(|source| {
+            BootError::LoadKernel {
+                path: kernel.to_owned(),
+                source,
+            }
+        })?;
     let kernel_end = loaded.kernel_end;
 
     // The initramfs goes at the top of RAM, page-aligned.
@@ -125,12 +140,21 @@ pub fn load_guest(
     let mut cl = Cmdline::new(CMDLINE_MAX).map_err(BootError::Cmdline)?;
     cl.insert_str(cmdline).map_err(BootError::Cmdline)?;
     load_cmdline(mem, GuestAddress(CMDLINE_ADDR), &cl).map_err(|_| {
-        BootError::GuestMemory(vm_memory::GuestMemoryError::InvalidGuestAddress(GuestAddress(
-            CMDLINE_ADDR,
-        )))
+        BootError::GuestMemory(vm_memory::GuestMemoryError::InvalidGuestAddress(
+            GuestAddress(CMDLINE_ADDR),
+        ))
     })?;
 
-    let params = zero_page(ram_size, cmdline.len(), initrd_addr, initrd_size);
+    // struct setup_data { u64 next; u32 type; u32 len; u8 data[]; }
+    let mut setup = Vec::with_capacity(16 + RNG_SEED_LEN);
+    setup.extend_from_slice(&0u64.to_le_bytes());
+    setup.extend_from_slice(&SETUP_RNG_SEED.to_le_bytes());
+    setup.extend_from_slice(&(RNG_SEED_LEN as u32).to_le_bytes());
+    setup.extend_from_slice(rng_seed);
+    mem.write_slice(&setup, GuestAddress(SETUP_DATA_ADDR))?;
+
+    let mut params = zero_page(ram_size, cmdline.len(), initrd_addr, initrd_size);
+    params.hdr.setup_data = SETUP_DATA_ADDR;
     mem.write_obj(params, GuestAddress(ZERO_PAGE_ADDR))?;
     write_gdt(mem)?;
     write_page_tables(mem, ram_size)?;
@@ -161,7 +185,11 @@ fn zero_page(ram_size: u64, cmdline_len: usize, initrd_addr: u64, initrd_size: u
         (HIGH_RAM_START, ram_size - HIGH_RAM_START, E820_RAM),
     ];
     for (i, (addr, size, kind)) in map.into_iter().enumerate() {
-        p.e820_table[i] = boot_e820_entry { addr, size, r#type: kind };
+        p.e820_table[i] = boot_e820_entry {
+            addr,
+            size,
+            r#type: kind,
+        };
     }
     p.e820_entries = map.len() as u8;
     p
@@ -169,7 +197,7 @@ fn zero_page(ram_size: u64, cmdline_len: usize, initrd_addr: u64, initrd_size: u
 
 /// Packs a GDT descriptor from flags (the 0xF0FF bits of the access and
 /// flags bytes), base and limit.
-fn gdt_entry(flags: u16, base: u32, limit: u32) -> u64 {
+pub(crate) fn gdt_entry(flags: u16, base: u32, limit: u32) -> u64 {
     let (flags, base, limit) = (u64::from(flags), u64::from(base), u64::from(limit));
     ((base & 0xff00_0000) << 32)
         | ((base & 0x00ff_ffff) << 16)
@@ -187,7 +215,10 @@ const GDT: [(u16, u32, u32); 4] = [
 
 fn write_gdt(mem: &GuestMemoryMmap) -> Result<(), BootError> {
     for (i, (flags, base, limit)) in GDT.iter().enumerate() {
-        mem.write_obj(gdt_entry(*flags, *base, *limit), GuestAddress(GDT_ADDR + 8 * i as u64))?;
+        mem.write_obj(
+            gdt_entry(*flags, *base, *limit),
+            GuestAddress(GDT_ADDR + 8 * i as u64),
+        )?;
     }
     Ok(())
 }
@@ -210,8 +241,13 @@ fn write_page_tables(mem: &GuestMemoryMmap, ram_size: u64) -> Result<(), BootErr
 }
 
 fn segment(selector: u16) -> kvm_segment {
-    let index = usize::from(selector >> 3);
-    let (flags, base, limit) = GDT[index];
+    let (flags, base, limit) = GDT[usize::from(selector >> 3)];
+    descriptor_segment(selector, flags, base, limit)
+}
+
+/// The `kvm_segment` a descriptor with these flags, base and limit (as
+/// for [`gdt_entry`]) loads into a segment register.
+pub(crate) fn descriptor_segment(selector: u16, flags: u16, base: u32, limit: u32) -> kvm_segment {
     let g = (flags >> 15) & 1;
     kvm_segment {
         base: u64::from(base),
@@ -282,7 +318,10 @@ mod tests {
         assert_eq!(gdt_entry(0xa09b, 0, 0xfffff), 0x00af_9b00_0000_ffff);
         assert_eq!(gdt_entry(0xc093, 0, 0xfffff), 0x00cf_9300_0000_ffff);
         let cs = segment(CODE_SELECTOR);
-        assert_eq!((cs.l, cs.db, cs.type_, cs.g, cs.limit), (1, 0, 0xb, 1, 0xffff_ffff));
+        assert_eq!(
+            (cs.l, cs.db, cs.type_, cs.g, cs.limit),
+            (1, 0, 0xb, 1, 0xffff_ffff)
+        );
     }
 
     #[test]
@@ -301,7 +340,10 @@ mod tests {
         assert_eq!(p.e820_entries, 3);
         let last = p.e820_table[2];
         let (addr, size, kind) = (last.addr, last.size, last.r#type);
-        assert_eq!((addr, size, kind), (HIGH_RAM_START, (128 << 20) - HIGH_RAM_START, E820_RAM));
+        assert_eq!(
+            (addr, size, kind),
+            (HIGH_RAM_START, (128 << 20) - HIGH_RAM_START, E820_RAM)
+        );
         let ramdisk = p.hdr.ramdisk_image;
         assert_eq!(ramdisk, 0x700_0000);
     }
@@ -309,7 +351,15 @@ mod tests {
     #[test]
     fn missing_kernel_is_named() {
         let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 64 << 20)]).unwrap();
-        let err = load_guest(&mem, 64 << 20, Path::new("/no/such/vmlinux"), &[], "").unwrap_err();
+        let err = load_guest(
+            &mem,
+            64 << 20,
+            Path::new("/no/such/vmlinux"),
+            &[],
+            "",
+            &[0; 32],
+        )
+        .unwrap_err();
         assert!(err.to_string().contains("/no/such/vmlinux"), "{err}");
     }
 
@@ -320,7 +370,7 @@ mod tests {
         let k = dir.join("bzImage");
         std::fs::write(&k, b"MZ not an elf file at all").unwrap();
         let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 64 << 20)]).unwrap();
-        let err = load_guest(&mem, 64 << 20, &k, &[], "").unwrap_err();
+        let err = load_guest(&mem, 64 << 20, &k, &[], "", &[0; 32]).unwrap_err();
         assert!(err.to_string().contains("ELF"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -3,7 +3,7 @@
 //! ```toml
 //! kernel = "/path/to/vmlinux"          # default: the built guest image
 //! initramfs = "/path/to/initramfs.cpio"
-//! memory_mib = 256
+//! memory_mib = 128
 //! cmdline = "loglevel=7"               # appended to insight's own
 //! command = ["sh", "-c", "echo hi"]    # or a string run by `sh -c`
 //!
@@ -22,7 +22,9 @@ use serde::Deserialize;
 /// 32-bit MMIO hole.
 pub const MIN_MEMORY_MIB: u64 = 32;
 pub const MAX_MEMORY_MIB: u64 = 3072;
-pub const DEFAULT_MEMORY_MIB: u64 = 256;
+/// Boot time grows with memory (the kernel initializes and frees every
+/// page while interpreted), so the default is modest.
+pub const DEFAULT_MEMORY_MIB: u64 = 128;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -118,8 +120,7 @@ impl VmConfig {
 
     /// Parses config text; relative paths are resolved against `base`.
     fn parse(text: &str, base: &Path) -> Result<Self, ParseError> {
-        let raw: RawConfig =
-            toml::from_str(text).map_err(|e| ParseError::Syntax(one_line(&e)))?;
+        let raw: RawConfig = toml::from_str(text).map_err(|e| ParseError::Syntax(one_line(&e)))?;
         let resolve = |p: PathBuf| if p.is_relative() { base.join(p) } else { p };
 
         let memory_mib = raw.memory_mib.unwrap_or(DEFAULT_MEMORY_MIB);
@@ -217,7 +218,11 @@ fn check_no_nul(what: &str, s: &str) -> Result<(), ParseError> {
 /// problem. Fold them into one: "position: problem (in `excerpt`)".
 fn one_line(e: &impl fmt::Display) -> String {
     let text = e.to_string();
-    let lines: Vec<&str> = text.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    let lines: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
     let first = lines.first().copied().unwrap_or("");
     let last = lines.last().copied().unwrap_or("");
     let excerpt = lines
@@ -283,15 +288,23 @@ mod tests {
 
     #[test]
     fn rejects_bad_values_with_the_cause() {
-        assert!(parse("memory_mib = 4").unwrap_err().contains("memory_mib = 4"));
-        assert!(parse("memory_mib = 99999999").unwrap_err().contains("outside"));
+        assert!(parse("memory_mib = 4")
+            .unwrap_err()
+            .contains("memory_mib = 4"));
+        assert!(parse("memory_mib = 99999999")
+            .unwrap_err()
+            .contains("outside"));
         assert!(parse("command = []").unwrap_err().contains("command"));
         assert!(parse("colour = 3").unwrap_err().contains("colour"));
-        assert!(parse("memory_mib = \"lots\"").unwrap_err().contains("memory_mib"));
+        assert!(parse("memory_mib = \"lots\"")
+            .unwrap_err()
+            .contains("memory_mib"));
         assert!(parse("[[files]]\nhost = \"a\"\nguest = \"rel\"")
             .unwrap_err()
             .contains("absolute"));
-        assert!(parse("env = { \"A=B\" = \"x\" }").unwrap_err().contains("A=B"));
+        assert!(parse("env = { \"A=B\" = \"x\" }")
+            .unwrap_err()
+            .contains("A=B"));
         assert!(parse("kernel = ").unwrap_err().contains("line 1"));
     }
 

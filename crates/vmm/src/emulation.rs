@@ -45,7 +45,10 @@ mod tests {
     #[test]
     fn fwait_is_skipped_and_others_are_not_guessed() {
         assert_eq!(complete(&[0x9b, 0x90]), Some(Completion::Skip(1)));
-        assert_eq!(complete(&[0xcc]), Some(Completion::Trap { len: 1, vector: 3 }));
+        assert_eq!(
+            complete(&[0xcc]),
+            Some(Completion::Trap { len: 1, vector: 3 })
+        );
         // lock cmpxchg16b, xsave, clac: not completable.
         assert_eq!(complete(&[0xf0, 0x48, 0x0f, 0xc7, 0x0e]), None);
         assert_eq!(complete(&[0x0f, 0xae, 0x27]), None);

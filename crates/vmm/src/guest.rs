@@ -28,6 +28,18 @@ pub enum GuestError {
     },
     #[error(transparent)]
     Files(#[from] InitramfsError),
+    #[error("cannot read a random seed from /dev/urandom")]
+    Seed(#[source] std::io::Error),
+}
+
+/// A fresh seed for the guest's random number generator.
+fn random_seed() -> Result<[u8; crate::boot::RNG_SEED_LEN], GuestError> {
+    use std::io::Read;
+    let mut seed = [0u8; crate::boot::RNG_SEED_LEN];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut seed))
+        .map_err(GuestError::Seed)?;
+    Ok(seed)
 }
 
 /// Options that do not come from the config file.
@@ -52,7 +64,10 @@ fn nul_separated<'a>(items: impl IntoIterator<Item = &'a str>) -> Vec<u8> {
 pub fn prepare(config: &VmConfig, options: &BootOptions) -> Result<VmSpec, GuestError> {
     let kernel = config.kernel.clone().unwrap_or_else(image::default_kernel);
     image::require(&kernel, "guest kernel").map_err(GuestError::MissingImage)?;
-    let initramfs_path = config.initramfs.clone().unwrap_or_else(image::default_initramfs);
+    let initramfs_path = config
+        .initramfs
+        .clone()
+        .unwrap_or_else(image::default_initramfs);
     image::require(&initramfs_path, "guest initramfs").map_err(GuestError::MissingImage)?;
     let mut initramfs =
         std::fs::read(&initramfs_path).map_err(|source| GuestError::ReadInitramfs {
@@ -71,7 +86,11 @@ pub fn prepare(config: &VmConfig, options: &BootOptions) -> Result<VmSpec, Guest
     };
     extra.add_file(COMMAND_FILE.as_ref(), 0o644, &nul_separated(command))?;
     let env: Vec<String> = config.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    extra.add_file(ENV_FILE.as_ref(), 0o644, &nul_separated(env.iter().map(String::as_str)))?;
+    extra.add_file(
+        ENV_FILE.as_ref(),
+        0o644,
+        &nul_separated(env.iter().map(String::as_str)),
+    )?;
 
     // Concatenated archives must each start 4-byte aligned.
     initramfs.resize(initramfs.len().next_multiple_of(4), 0);
@@ -82,6 +101,7 @@ pub fn prepare(config: &VmConfig, options: &BootOptions) -> Result<VmSpec, Guest
         initramfs,
         cmdline: image::kernel_cmdline(options.quirks, options.quiet, &config.cmdline),
         memory_mib: config.memory_mib,
+        rng_seed: random_seed()?,
     })
 }
 
@@ -96,11 +116,16 @@ mod tests {
             ..VmConfig::builtin()
         };
         let opts = BootOptions {
-            quirks: GuestQuirks { syscall_trap: false },
+            quirks: GuestQuirks {
+                syscall_trap: false,
+            },
             quiet: true,
         };
         let err = prepare(&config, &opts).unwrap_err().to_string();
-        assert!(err.contains("/no/such/vmlinux") && err.contains("tools/build-guest"), "{err}");
+        assert!(
+            err.contains("/no/such/vmlinux") && err.contains("tools/build-guest"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -7,6 +7,7 @@
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 const PRESENT: u64 = 1;
+const WRITABLE: u64 = 1 << 1;
 const HUGE: u64 = 1 << 7;
 const ADDR_MASK: u64 = 0x000f_ffff_ffff_f000;
 
@@ -14,6 +15,8 @@ const ADDR_MASK: u64 = 0x000f_ffff_ffff_f000;
 pub enum TranslateError {
     #[error("guest virtual address {0:#x} is not mapped")]
     NotMapped(u64),
+    #[error("guest virtual address {0:#x} is not writable")]
+    NotWritable(u64),
     #[error("guest page table at {0:#x} is outside guest memory")]
     TableOutsideMemory(u64),
     #[error("guest virtual address {0:#x} maps outside guest memory")]
@@ -22,7 +25,20 @@ pub enum TranslateError {
 
 /// Translates `gva` with page-table root `cr3` (4-level paging).
 pub fn translate(mem: &GuestMemoryMmap, cr3: u64, gva: u64) -> Result<u64, TranslateError> {
+    translate_access(mem, cr3, gva, false)
+}
+
+/// Translates `gva` for a read or a write. Writes need every level
+/// writable, as for a supervisor access with CR0.WP set (Linux's setting):
+/// a copy-on-write page must fault, not be written behind the guest's back.
+pub fn translate_access(
+    mem: &GuestMemoryMmap,
+    cr3: u64,
+    gva: u64,
+    write: bool,
+) -> Result<u64, TranslateError> {
     let mut table = cr3 & ADDR_MASK;
+    let mut writable = true;
     // Levels: PML4 (bits 47..39), PDPT (38..30), PD (29..21), PT (20..12).
     for level in (0..4).rev() {
         let shift = 12 + 9 * level;
@@ -34,8 +50,12 @@ pub fn translate(mem: &GuestMemoryMmap, cr3: u64, gva: u64) -> Result<u64, Trans
         if entry & PRESENT == 0 {
             return Err(TranslateError::NotMapped(gva));
         }
+        writable &= entry & WRITABLE != 0;
         let page_mask = (1u64 << shift) - 1;
         if level == 0 || (entry & HUGE != 0 && (level == 1 || level == 2)) {
+            if write && !writable {
+                return Err(TranslateError::NotWritable(gva));
+            }
             return Ok((entry & ADDR_MASK & !page_mask) | (gva & page_mask));
         }
         table = entry & ADDR_MASK;
@@ -57,6 +77,27 @@ pub fn read_virt(
         let n = in_page.min(buf.len() - done);
         let pa = translate(mem, cr3, va)?;
         mem.read_slice(&mut buf[done..done + n], GuestAddress(pa))
+            .map_err(|_| TranslateError::OutsideMemory(va))?;
+        done += n;
+    }
+    Ok(())
+}
+
+/// Writes `buf` at `gva`, page by page; fails on the first page that is
+/// absent or read-only (earlier pages stay written, as with hardware).
+pub fn write_virt(
+    mem: &GuestMemoryMmap,
+    cr3: u64,
+    gva: u64,
+    buf: &[u8],
+) -> Result<(), TranslateError> {
+    let mut done = 0;
+    while done < buf.len() {
+        let va = gva.wrapping_add(done as u64);
+        let in_page = (0x1000 - (va & 0xfff)) as usize;
+        let n = in_page.min(buf.len() - done);
+        let pa = translate_access(mem, cr3, va, true)?;
+        mem.write_slice(&buf[done..done + n], GuestAddress(pa))
             .map_err(|_| TranslateError::OutsideMemory(va))?;
         done += n;
     }
@@ -85,6 +126,8 @@ mod tests {
         put(m, 0x4000 + 5 * 8, 0x10_0000 | 3);
         // A 2 MiB page right after.
         put(m, 0x3000 + (((va >> 21) & 0x1ff) + 1) * 8, 0x20_0000 | 0x83);
+        // A read-only 4 KiB page.
+        put(m, 0x4000 + 7 * 8, 0x11_0000 | 1);
     }
 
     #[test]
@@ -93,10 +136,29 @@ mod tests {
         tables(&m);
         let base = 0xffff_8000_0040_0000u64;
         assert_eq!(translate(&m, 0x1000, base + 0x5123), Ok(0x10_0123));
-        assert_eq!(translate(&m, 0x1000, base + 0x20_0000 + 0x1234), Ok(0x20_1234));
+        assert_eq!(
+            translate(&m, 0x1000, base + 0x20_0000 + 0x1234),
+            Ok(0x20_1234)
+        );
         assert_eq!(
             translate(&m, 0x1000, base + 0x6000),
             Err(TranslateError::NotMapped(base + 0x6000))
+        );
+    }
+
+    #[test]
+    fn writes_need_writable_pages() {
+        let m = mem();
+        tables(&m);
+        let base = 0xffff_8000_0040_0000u64;
+        write_virt(&m, 0x1000, base + 0x5ffe, b"ok").unwrap();
+        let mut buf = [0u8; 2];
+        m.read_slice(&mut buf, GuestAddress(0x10_0ffe)).unwrap();
+        assert_eq!(&buf, b"ok");
+        assert_eq!(translate(&m, 0x1000, base + 0x7000), Ok(0x11_0000));
+        assert_eq!(
+            write_virt(&m, 0x1000, base + 0x7000, b"x"),
+            Err(TranslateError::NotWritable(base + 0x7000))
         );
     }
 

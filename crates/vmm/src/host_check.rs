@@ -8,13 +8,13 @@
 //! marker and the privilege level it was written at.
 
 use kvm_bindings::{
-    kvm_cpuid_entry2, kvm_guest_debug, kvm_msr_entry, kvm_segment, CpuId, Msrs,
-    KVM_GUESTDBG_ENABLE, KVM_GUESTDBG_SINGLESTEP, KVM_GUESTDBG_USE_HW_BP, KVM_GUESTDBG_USE_SW_BP,
-    KVM_MAX_CPUID_ENTRIES,
+    kvm_guest_debug, kvm_msr_entry, Msrs, KVM_GUESTDBG_ENABLE, KVM_GUESTDBG_SINGLESTEP,
+    KVM_GUESTDBG_USE_HW_BP, KVM_GUESTDBG_USE_SW_BP, KVM_MAX_CPUID_ENTRIES,
 };
 use kvm_ioctls::{Kvm, VcpuExit, VcpuFd, VmFd};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
+use crate::boot::{descriptor_segment, gdt_entry};
 use crate::{cpuid, kvm_ext, sys};
 
 const MEM_SIZE: usize = 4 << 20;
@@ -72,11 +72,20 @@ fn kvm_err(op: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> ProbeError {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Event {
     /// Wrote `marker` to the marker port at privilege level `cpl`.
-    Marker { marker: u8, cpl: u8 },
+    Marker {
+        marker: u8,
+        cpl: u8,
+    },
     /// KVM reported a debug exit (breakpoint or single-step).
-    Debug { exception: u32, pc: u64, cpl: u8 },
+    Debug {
+        exception: u32,
+        pc: u64,
+        cpl: u8,
+    },
     Halted,
     TripleFault,
+    /// KVM's instruction emulator could not execute an instruction.
+    EmulationFailure,
     Other,
 }
 
@@ -107,36 +116,25 @@ fn enter_user_code() -> Vec<u8> {
     c
 }
 
-fn gdt_entry(flags: u64, base: u64, limit: u64) -> u64 {
-    ((base & 0xff00_0000) << 32)
-        | ((base & 0x00ff_ffff) << 16)
-        | (limit & 0xffff)
-        | ((limit & 0xf_0000) << 32)
-        | ((flags & 0xf0ff) << 40)
-}
-
-fn seg(selector: u16, type_: u8, dpl: u8, l: u8, db: u8, s: u8, base: u64, limit: u32, g: u8) -> kvm_segment {
-    kvm_segment {
-        base,
-        limit,
-        selector,
-        type_,
-        present: 1,
-        dpl,
-        db,
-        s,
-        l,
-        g,
-        avl: 0,
-        unusable: 0,
-        padding: 0,
-    }
-}
+/// Descriptors of the probe GDT: (selector, flags, base, limit).
+const KERNEL_CODE_DESC: (u16, u16, u32, u32) = (KERNEL_CS, 0xa09b, 0, 0xfffff);
+const KERNEL_DATA_DESC: (u16, u16, u32, u32) = (KERNEL_DS, 0xc093, 0, 0xfffff);
+const USER_DATA_DESC: (u16, u16, u32, u32) = (USER_DS, 0xc0f3, 0, 0xfffff);
+const USER_CODE_DESC: (u16, u16, u32, u32) = (USER_CS, 0xa0fb, 0, 0xfffff);
+/// 64-bit TSS (available), byte-granular limit.
+const TSS_DESC: (u16, u16, u32, u32) = (TSS_SEL, 0x0089, TSS as u32, 0x67);
 
 impl ProbeVm {
-    fn new(kvm: &Kvm, kernel_code: &[u8], user_code: &[u8], lstar_code: &[u8], tsd: bool) -> Result<Self, ProbeError> {
+    fn new(
+        kvm: &Kvm,
+        kernel_code: &[u8],
+        user_code: &[u8],
+        lstar_code: &[u8],
+        tsd: bool,
+    ) -> Result<Self, ProbeError> {
         let vm = kvm.create_vm().map_err(kvm_err("CREATE_VM"))?;
-        vm.set_tss_address(0xfffb_d000).map_err(kvm_err("SET_TSS_ADDR"))?;
+        vm.set_tss_address(0xfffb_d000)
+            .map_err(kvm_err("SET_TSS_ADDR"))?;
         let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), MEM_SIZE)])
             .map_err(|e| ProbeError::Memory(e.to_string()))?;
         let w = |addr: u64, bytes: &[u8]| {
@@ -144,14 +142,15 @@ impl ProbeVm {
                 .map_err(|e| ProbeError::Memory(e.to_string()))
         };
         // GDT: null, kernel code/data, user data/code, 16-byte TSS.
+        let entry = |(_, flags, base, limit): (u16, u16, u32, u32)| gdt_entry(flags, base, limit);
         let gdt = [
             0,
-            gdt_entry(0xa09b, 0, 0xfffff),
-            gdt_entry(0xc093, 0, 0xfffff),
-            gdt_entry(0xc0f3, 0, 0xfffff),
-            gdt_entry(0xa0fb, 0, 0xfffff),
-            gdt_entry(0x0089, TSS, 0x67),
-            0,
+            entry(KERNEL_CODE_DESC),
+            entry(KERNEL_DATA_DESC),
+            entry(USER_DATA_DESC),
+            entry(USER_CODE_DESC),
+            entry(TSS_DESC),
+            0, // upper half of the 16-byte TSS descriptor
         ];
         for (i, e) in gdt.iter().enumerate() {
             w(GDT + 8 * i as u64, &e.to_le_bytes())?;
@@ -179,35 +178,25 @@ impl ProbeVm {
         w(PD, &(0x87u64).to_le_bytes())?;
         w(PD + 8, &((1u64 << 21) | 0x87).to_le_bytes())?;
 
-        for region in mem.iter() {
-            let host = region
-                .get_host_address(vm_memory::MemoryRegionAddress(0))
-                .map_err(|e| ProbeError::Memory(e.to_string()))?;
-            kvm_ext::map_guest_ram(&vm, 0, 0, region.len(), host).map_err(|e| ProbeError::Kvm {
-                op: "SET_USER_MEMORY_REGION",
-                source: kvm_ioctls::Error::new(e.raw_os_error().unwrap_or(libc::EINVAL)),
-            })?;
-        }
+        kvm_ext::map_guest_memory(&vm, &mem).map_err(kvm_err("SET_USER_MEMORY_REGION"))?;
 
         let vcpu = vm.create_vcpu(0).map_err(kvm_err("CREATE_VCPU"))?;
-        let mut supported = kvm
-            .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
-            .map_err(kvm_err("GET_SUPPORTED_CPUID"))?;
-        let mut entries: Vec<kvm_cpuid_entry2> = supported.as_mut_slice().to_vec();
-        cpuid::shape(&mut entries);
-        let shaped = CpuId::from_entries(&entries)
-            .map_err(|_| ProbeError::Memory("too many CPUID entries".into()))?;
-        vcpu.set_cpuid2(&shaped).map_err(kvm_err("SET_CPUID2"))?;
+        cpuid::apply(kvm, &vcpu).map_err(kvm_err("SET_CPUID2"))?;
 
         let mut sregs = vcpu.get_sregs().map_err(kvm_err("GET_SREGS"))?;
         sregs.gdt.base = GDT;
         sregs.gdt.limit = (gdt.len() * 8 - 1) as u16;
         sregs.idt.base = IDT;
         sregs.idt.limit = 32 * 16 - 1;
-        sregs.cs = seg(KERNEL_CS, 0xb, 0, 1, 0, 1, 0, 0xffff_ffff, 1);
-        let ds = seg(KERNEL_DS, 0x3, 0, 0, 1, 1, 0, 0xffff_ffff, 1);
+        let load = |(sel, flags, base, limit): (u16, u16, u32, u32)| {
+            descriptor_segment(sel, flags, base, limit)
+        };
+        sregs.cs = load(KERNEL_CODE_DESC);
+        let ds = load(KERNEL_DATA_DESC);
         (sregs.ds, sregs.es, sregs.fs, sregs.gs, sregs.ss) = (ds, ds, ds, ds, ds);
-        sregs.tr = seg(TSS_SEL, 0xb, 0, 0, 0, 0, TSS, 0x67, 0);
+        let mut tr = load(TSS_DESC);
+        tr.type_ = 0xb; // loaded TSS is busy
+        sregs.tr = tr;
         sregs.cr3 = PML4;
         sregs.cr4 = (1 << 5) | if tsd { CR4_TSD } else { 0 };
         sregs.cr0 = 0x8000_0011;
@@ -222,13 +211,29 @@ impl ProbeVm {
         vcpu.set_regs(&regs).map_err(kvm_err("SET_REGS"))?;
         let star = (u64::from(USER_DS - 8) << 48) | (u64::from(KERNEL_CS) << 32);
         let msrs = Msrs::from_entries(&[
-            kvm_msr_entry { index: MSR_STAR, data: star, ..Default::default() },
-            kvm_msr_entry { index: MSR_LSTAR, data: LSTAR_CODE, ..Default::default() },
-            kvm_msr_entry { index: MSR_SFMASK, data: 0, ..Default::default() },
+            kvm_msr_entry {
+                index: MSR_STAR,
+                data: star,
+                ..Default::default()
+            },
+            kvm_msr_entry {
+                index: MSR_LSTAR,
+                data: LSTAR_CODE,
+                ..Default::default()
+            },
+            kvm_msr_entry {
+                index: MSR_SFMASK,
+                data: 0,
+                ..Default::default()
+            },
         ])
         .map_err(|_| ProbeError::Memory("MSR list".into()))?;
         vcpu.set_msrs(&msrs).map_err(kvm_err("SET_MSRS"))?;
-        Ok(ProbeVm { vcpu, _vm: vm, _mem: mem })
+        Ok(ProbeVm {
+            vcpu,
+            _vm: vm,
+            _mem: mem,
+        })
     }
 
     fn debug(&self, control: u32, dr0: Option<u64>) -> Result<(), ProbeError> {
@@ -240,11 +245,16 @@ impl ProbeVm {
             dbg.arch.debugreg[0] = addr;
             dbg.arch.debugreg[7] = 0x1; // L0, execute, 1 byte
         }
-        self.vcpu.set_guest_debug(&dbg).map_err(kvm_err("SET_GUEST_DEBUG"))
+        self.vcpu
+            .set_guest_debug(&dbg)
+            .map_err(kvm_err("SET_GUEST_DEBUG"))
     }
 
     fn cpl(&self) -> u8 {
-        self.vcpu.get_sregs().map(|s| (s.cs.selector & 3) as u8).unwrap_or(0xff)
+        self.vcpu
+            .get_sregs()
+            .map(|s| (s.cs.selector & 3) as u8)
+            .unwrap_or(0xff)
     }
 
     /// Runs to the next event of interest.
@@ -263,14 +273,24 @@ impl ProbeVm {
                 },
                 Ok(VcpuExit::Hlt) => Event::Halted,
                 Ok(VcpuExit::Shutdown) => Event::TripleFault,
-                Ok(VcpuExit::IoOut(..)) | Ok(VcpuExit::IoIn(..)) | Ok(VcpuExit::IrqWindowOpen) => continue,
+                Ok(VcpuExit::InternalError) => Event::EmulationFailure,
+                Ok(VcpuExit::IoOut(..)) | Ok(VcpuExit::IoIn(..)) | Ok(VcpuExit::IrqWindowOpen) => {
+                    continue
+                }
                 Ok(_) => Event::Other,
                 Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => continue,
                 Err(e) => return Err(kvm_err("RUN")(e)),
             };
             return Ok(match event {
-                Event::Marker { marker, .. } => Event::Marker { marker, cpl: self.cpl() },
-                Event::Debug { exception, pc, .. } => Event::Debug { exception, pc, cpl: self.cpl() },
+                Event::Marker { marker, .. } => Event::Marker {
+                    marker,
+                    cpl: self.cpl(),
+                },
+                Event::Debug { exception, pc, .. } => Event::Debug {
+                    exception,
+                    pc,
+                    cpl: self.cpl(),
+                },
                 e => e,
             });
         }
@@ -299,10 +319,22 @@ pub fn probe_syscall() -> Result<SyscallBehaviour, ProbeError> {
     let kvm = open_kvm()?;
     let mut user = vec![0x0f, 0x05]; // syscall
     user.extend(marker_code(M_AFTER));
-    let mut vm = ProbeVm::new(&kvm, &enter_user_code(), &user, &marker_code(M_LSTAR), false)?;
+    let mut vm = ProbeVm::new(
+        &kvm,
+        &enter_user_code(),
+        &user,
+        &marker_code(M_LSTAR),
+        false,
+    )?;
     Ok(match vm.next_event()? {
-        Event::Marker { marker: M_LSTAR, cpl: 0 } => SyscallBehaviour::EntersKernel,
-        Event::Marker { marker: M_LSTAR, cpl: 3 } => SyscallBehaviour::StaysInUserMode,
+        Event::Marker {
+            marker: M_LSTAR,
+            cpl: 0,
+        } => SyscallBehaviour::EntersKernel,
+        Event::Marker {
+            marker: M_LSTAR,
+            cpl: 3,
+        } => SyscallBehaviour::StaysInUserMode,
         other => SyscallBehaviour::Unknown(format!("{other:?}")),
     })
 }
@@ -340,6 +372,9 @@ pub enum Int3Behaviour {
     Intercepted,
     /// The guest's own #BP handler runs.
     GuestHandler,
+    /// KVM cannot execute it at all (interpreted guest kernel); the VMM
+    /// completes it by injecting #BP.
+    NotEmulated,
     Unknown(String),
 }
 
@@ -351,6 +386,7 @@ pub fn probe_sw_breakpoint(mode: Mode) -> Result<Int3Behaviour, ProbeError> {
     Ok(match vm.next_event()? {
         Event::Debug { exception: 3, .. } => Int3Behaviour::Intercepted,
         Event::Marker { marker, .. } if marker == M_VECTOR | 3 => Int3Behaviour::GuestHandler,
+        Event::EmulationFailure => Int3Behaviour::NotEmulated,
         other => Int3Behaviour::Unknown(format!("{other:?}")),
     })
 }
@@ -404,7 +440,42 @@ pub fn probe_user_port_io() -> Result<bool, ProbeError> {
     let kvm = open_kvm()?;
     let (k, u) = in_mode(Mode::User, &[]);
     let mut vm = ProbeVm::new(&kvm, &k, &u, &marker_code(M_LSTAR), false)?;
-    Ok(matches!(vm.next_event()?, Event::Marker { marker: M_AFTER, cpl: 3 }))
+    Ok(matches!(
+        vm.next_event()?,
+        Event::Marker {
+            marker: M_AFTER,
+            cpl: 3
+        }
+    ))
+}
+
+/// XCR0 as guest user code reads it with XGETBV (low byte) after the
+/// guest enabled CR4.OSXSAVE with XCR0 = x87|SSE. 3 where the host honours
+/// the guest's XCR0; the host's own value where it does not (guest user
+/// code can then use AVX state whatever the guest kernel enabled).
+pub fn probe_user_xcr0() -> Result<u8, ProbeError> {
+    let kvm = open_kvm()?;
+    // xor ecx, ecx; xgetbv; out 0xf1, al; hlt
+    let user = [0x31, 0xc9, 0x0f, 0x01, 0xd0, 0xe6, MARKER_PORT as u8, 0xf4];
+    let mut vm = ProbeVm::new(
+        &kvm,
+        &enter_user_code(),
+        &user,
+        &marker_code(M_LSTAR),
+        false,
+    )?;
+    let mut sregs = vm.vcpu.get_sregs().map_err(kvm_err("GET_SREGS"))?;
+    sregs.cr4 |= 1 << 18; // OSXSAVE
+    vm.vcpu.set_sregs(&sregs).map_err(kvm_err("SET_SREGS"))?;
+    let mut xcrs = vm.vcpu.get_xcrs().map_err(kvm_err("GET_XCRS"))?;
+    xcrs.nr_xcrs = 1;
+    xcrs.xcrs[0].xcr = 0;
+    xcrs.xcrs[0].value = 3;
+    vm.vcpu.set_xcrs(&xcrs).map_err(kvm_err("SET_XCRS"))?;
+    match vm.next_event()? {
+        Event::Marker { marker, .. } => Ok(marker),
+        _ => Ok(0),
+    }
 }
 
 /// Performance counters: on the host, and offered to guests by KVM.
@@ -445,6 +516,8 @@ pub struct HostReport {
     pub single_step_kernel: bool,
     pub single_step_user: bool,
     pub user_tsd: bool,
+    /// Low byte of XCR0 as guest user code sees it (see probe_user_xcr0).
+    pub user_xcr0: u8,
     pub pmu: PmuSupport,
 }
 
@@ -469,6 +542,7 @@ impl HostReport {
             single_step_kernel: probe_single_step(Mode::Kernel)?,
             single_step_user: probe_single_step(Mode::User)?,
             user_tsd: probe_user_tsd()?,
+            user_xcr0: probe_user_xcr0()?,
             pmu: probe_pmu()?,
         })
     }

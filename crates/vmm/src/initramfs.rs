@@ -69,7 +69,7 @@ impl CpioWriter {
     }
 
     fn pad(&mut self) {
-        while self.buf.len() % 4 != 0 {
+        while !self.buf.len().is_multiple_of(4) {
             self.buf.push(0);
         }
     }
@@ -110,7 +110,11 @@ impl CpioWriter {
             let target = fs::read_link(host).map_err(read_err)?;
             let name = archive_name(guest)?;
             self.add_parents(&name);
-            self.entry(&name, S_IFLNK | 0o777, target.as_os_str().as_encoded_bytes());
+            self.entry(
+                &name,
+                S_IFLNK | 0o777,
+                target.as_os_str().as_encoded_bytes(),
+            );
         } else if meta.is_file() {
             let data = fs::read(host).map_err(read_err)?;
             self.add_file(guest, mode, &data)?;
@@ -193,7 +197,8 @@ mod tests {
     #[test]
     fn round_trips_files_with_parents() {
         let mut w = CpioWriter::new();
-        w.add_file(Path::new("/etc/insight/command"), 0o644, b"sh\0-c\0true\0").unwrap();
+        w.add_file(Path::new("/etc/insight/command"), 0o644, b"sh\0-c\0true\0")
+            .unwrap();
         let entries = parse(&w.finish());
         let names: Vec<_> = entries.iter().map(|e| e.0.as_str()).collect();
         assert_eq!(names, ["etc", "etc/insight", "etc/insight/command"]);
@@ -230,7 +235,9 @@ mod tests {
     #[test]
     fn missing_host_file_is_named() {
         let mut w = CpioWriter::new();
-        let err = w.add_host_path(Path::new("/no/such/file"), Path::new("/x")).unwrap_err();
+        let err = w
+            .add_host_path(Path::new("/no/such/file"), Path::new("/x"))
+            .unwrap_err();
         assert!(err.to_string().contains("/no/such/file"));
     }
 }

@@ -3,8 +3,9 @@
 
 use std::io;
 
-use kvm_bindings::{kvm_interrupt, kvm_run, kvm_userspace_memory_region, KVMIO};
+use kvm_bindings::{kvm_interrupt, kvm_run, kvm_userspace_memory_region, kvm_xsave, KVMIO};
 use kvm_ioctls::{VcpuFd, VmFd};
+use vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, MemoryRegionAddress};
 use vmm_sys_util::ioctl::ioctl_with_ref;
 use vmm_sys_util::ioctl_iow_nr;
 
@@ -25,12 +26,24 @@ pub fn inject_interrupt(vcpu: &VcpuFd, vector: u8) -> io::Result<()> {
     Ok(())
 }
 
+/// Registers every region of `mem` as guest RAM, one memory slot each.
+///
+/// The caller keeps `mem` alive for as long as the VM exists (the VMM
+/// structs own both and drop the VM first).
+pub fn map_guest_memory(vm: &VmFd, mem: &GuestMemoryMmap) -> Result<(), kvm_ioctls::Error> {
+    for (slot, region) in mem.iter().enumerate() {
+        let host = region
+            .get_host_address(MemoryRegionAddress(0))
+            .map_err(|_| kvm_ioctls::Error::new(libc::EFAULT))?;
+        map_guest_ram(vm, slot as u32, region.start_addr().0, region.len(), host)
+            .map_err(|e| kvm_ioctls::Error::new(e.raw_os_error().unwrap_or(libc::EINVAL)))?;
+    }
+    Ok(())
+}
+
 /// Maps `len` bytes of host memory at `host_addr` as guest RAM at
 /// `guest_addr` in memory slot `slot`.
-///
-/// The caller keeps the mapping alive for as long as the VM exists: the
-/// VMM owns both the guest memory and the `VmFd`, and drops the VM first.
-pub fn map_guest_ram(
+fn map_guest_ram(
     vm: &VmFd,
     slot: u32,
     guest_addr: u64,
@@ -57,4 +70,20 @@ pub fn internal_error(run: &kvm_run) -> (u32, Vec<u64>) {
     let internal = unsafe { run.__bindgen_anon_1.internal };
     let n = (internal.ndata as usize).min(internal.data.len());
     (internal.suberror, internal.data[..n].to_vec())
+}
+
+/// `KVM_SET_XSAVE` with the 4096-byte legacy buffer. `state_size` is the
+/// size of the largest state the guest can enable (from its CPUID); it
+/// must fit the buffer, or KVM would read past it.
+pub fn set_xsave(
+    vcpu: &VcpuFd,
+    xsave: &kvm_xsave,
+    state_size: usize,
+) -> Result<(), kvm_ioctls::Error> {
+    if state_size > std::mem::size_of_val(&xsave.region) {
+        return Err(kvm_ioctls::Error::new(libc::E2BIG));
+    }
+    // SAFETY: KVM reads at most the guest's enabled XSAVE state, which is
+    // `state_size` bytes or fewer, all within `xsave.region` (checked above).
+    unsafe { vcpu.set_xsave(xsave) }
 }

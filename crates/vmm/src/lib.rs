@@ -9,13 +9,14 @@ pub mod config;
 pub mod cpuid;
 pub mod emulation;
 pub mod guest;
-pub mod host_check;
 pub mod gva;
+pub mod host_check;
 pub mod image;
 pub mod initramfs;
 mod kvm_ext;
 mod sys;
 pub mod vm;
+pub mod xstate;
 
 pub use config::VmConfig;
 pub use vm::{RunOutcome, StopReason, Vm, VmError, VmSpec};

@@ -13,15 +13,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use devices::{ControlMessage, LegacyPlatform, PlatformStats};
-use kvm_bindings::{kvm_cpuid_entry2, CpuId, KVM_MAX_CPUID_ENTRIES};
 use kvm_ioctls::{Kvm, VcpuExit, VcpuFd, VmFd};
-use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use vm_memory::{GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
 
 use crate::boot::{self, BootError};
 use crate::emulation::{self, Completion};
 use crate::gva;
 use crate::kvm_ext;
+use crate::xstate::{self, XOp, XsaveLayout, XstateFault};
 use crate::{cpuid, initramfs};
 
 /// KVM_INTERNAL_ERROR_EMULATION.
@@ -62,6 +62,10 @@ pub enum VmError {
     GuestPanic,
     #[error("guest halted with interrupts disabled at RIP {rip:#x}; it can never run again")]
     GuestHalted { rip: u64 },
+    #[error(
+        "the host's extended CPU state (XCR0 {xcr0:#x}) does not fit KVM's 4 KiB XSAVE buffer"
+    )]
+    XsaveTooLarge { xcr0: u64 },
 }
 
 fn kvm_err(op: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
@@ -71,6 +75,10 @@ fn kvm_err(op: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
 /// Why the guest stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StopReason {
+    /// `/init` reported the guest command's exit status (after syncing):
+    /// the run is over, nothing the guest does later can matter.
+    CommandExited,
+    /// The guest kernel powered off.
     PowerOff,
 }
 
@@ -107,6 +115,8 @@ pub struct VmSpec {
     pub initramfs: Vec<u8>,
     pub cmdline: String,
     pub memory_mib: u64,
+    /// Seed for the guest kernel's random number generator.
+    pub rng_seed: [u8; boot::RNG_SEED_LEN],
 }
 
 /// VM time: nanoseconds since the VM was created, from the host's
@@ -154,6 +164,10 @@ pub struct Vm {
     exits: ExitCounts,
     exit_status: Option<u8>,
     init_reached: Option<Duration>,
+    /// Where each extended state component lives in an XSAVE area.
+    xsave_layout: XsaveLayout,
+    /// Size of the largest XSAVE state the guest can enable.
+    xsave_max_size: usize,
 }
 
 /// What the vCPU loop does after an exit.
@@ -161,6 +175,8 @@ enum Next {
     Continue,
     WaitForInterrupt,
     InternalError,
+    /// The guest cannot continue: what happened, and details.
+    Fault(String, String),
 }
 
 extern "C" fn on_kick(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
@@ -172,44 +188,54 @@ impl Vm {
     pub fn new(spec: &VmSpec, console: Console) -> Result<Self, VmError> {
         let kvm = Kvm::new().map_err(VmError::OpenKvm)?;
         let vm = kvm.create_vm().map_err(kvm_err("CREATE_VM"))?;
-        vm.set_tss_address(0xfffb_d000).map_err(kvm_err("SET_TSS_ADDR"))?;
+        vm.set_tss_address(0xfffb_d000)
+            .map_err(kvm_err("SET_TSS_ADDR"))?;
 
         let ram_size = spec.memory_mib << 20;
         let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), ram_size as usize)])
             .map_err(|_| VmError::Memory {
                 mib: spec.memory_mib,
             })?;
-        for (slot, region) in mem.iter().enumerate() {
-            let host = region
-                .get_host_address(vm_memory::MemoryRegionAddress(0))
-                .map_err(|_| VmError::Memory {
-                    mib: spec.memory_mib,
-                })?;
-            kvm_ext::map_guest_ram(&vm, slot as u32, region.start_addr().0, region.len(), host)
-                .map_err(|e| VmError::Kvm {
-                    op: "SET_USER_MEMORY_REGION",
-                    source: kvm_ioctls::Error::new(e.raw_os_error().unwrap_or(libc::EINVAL)),
-                })?;
-        }
+        kvm_ext::map_guest_memory(&vm, &mem).map_err(kvm_err("SET_USER_MEMORY_REGION"))?;
 
-        let layout = boot::load_guest(&mem, ram_size, &spec.kernel, &spec.initramfs, &spec.cmdline)?;
+        let layout = boot::load_guest(
+            &mem,
+            ram_size,
+            &spec.kernel,
+            &spec.initramfs,
+            &spec.cmdline,
+            &spec.rng_seed,
+        )?;
 
-        let vcpu = vm.create_vcpu(u64::from(BOOT_VCPU)).map_err(kvm_err("CREATE_VCPU"))?;
-        let mut supported = kvm
-            .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
-            .map_err(kvm_err("GET_SUPPORTED_CPUID"))?;
-        let mut entries: Vec<kvm_cpuid_entry2> = supported.as_mut_slice().to_vec();
-        cpuid::shape(&mut entries);
-        let shaped = CpuId::from_entries(&entries).map_err(|_| VmError::Kvm {
-            op: "SET_CPUID2",
-            source: kvm_ioctls::Error::new(libc::E2BIG),
-        })?;
-        vcpu.set_cpuid2(&shaped).map_err(kvm_err("SET_CPUID2"))?;
+        let vcpu = vm
+            .create_vcpu(u64::from(BOOT_VCPU))
+            .map_err(kvm_err("CREATE_VCPU"))?;
+        let cpuid = cpuid::apply(&kvm, &vcpu).map_err(kvm_err("SET_CPUID2"))?;
+        let xsave_layout = XsaveLayout::from_cpuid(
+            cpuid
+                .iter()
+                .filter(|e| e.function == 0xd)
+                .map(|e| (e.index, e.eax, e.ebx)),
+        );
+        let supported_xcr0 = cpuid
+            .iter()
+            .find(|e| (e.function, e.index) == (0xd, 0))
+            .map(|e| u64::from(e.eax) | (u64::from(e.edx) << 32))
+            .unwrap_or(0b11);
+        let xsave_max_size =
+            xsave_layout
+                .area_size(supported_xcr0)
+                .ok_or(VmError::XsaveTooLarge {
+                    xcr0: supported_xcr0,
+                })?;
 
         let sregs = vcpu.get_sregs().map_err(kvm_err("GET_SREGS"))?;
-        vcpu.set_sregs(&boot::boot_sregs(sregs)).map_err(kvm_err("SET_SREGS"))?;
-        vcpu.set_regs(&boot::boot_regs(layout.entry)).map_err(kvm_err("SET_REGS"))?;
-        vcpu.set_fpu(&boot::boot_fpu()).map_err(kvm_err("SET_FPU"))?;
+        vcpu.set_sregs(&boot::boot_sregs(sregs))
+            .map_err(kvm_err("SET_SREGS"))?;
+        vcpu.set_regs(&boot::boot_regs(layout.entry))
+            .map_err(kvm_err("SET_REGS"))?;
+        vcpu.set_fpu(&boot::boot_fpu())
+            .map_err(kvm_err("SET_FPU"))?;
 
         let boot_unix_secs = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -225,6 +251,8 @@ impl Vm {
             exits: ExitCounts::default(),
             exit_status: None,
             init_reached: None,
+            xsave_layout,
+            xsave_max_size,
         })
     }
 
@@ -282,7 +310,13 @@ impl Vm {
             kick.deadline_ns.store(deadline, Ordering::Release);
 
             let next = match self.vcpu.run() {
-                Ok(exit) => dispatch(&mut self.platform, &self.clock, &mut self.exits, BOOT_VCPU, exit)?,
+                Ok(exit) => dispatch(
+                    &mut self.platform,
+                    &self.clock,
+                    &mut self.exits,
+                    BOOT_VCPU,
+                    exit,
+                )?,
                 Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
                     self.exits.kicks += 1;
                     Next::Continue
@@ -295,7 +329,10 @@ impl Vm {
                     ControlMessage::InitReached => {
                         self.init_reached = Some(Duration::from_nanos(self.clock.now_ns()))
                     }
-                    ControlMessage::ExitStatus(s) => self.exit_status = Some(s),
+                    ControlMessage::ExitStatus(s) => {
+                        self.exit_status = Some(s);
+                        return Ok(self.outcome(StopReason::CommandExited));
+                    }
                     ControlMessage::PowerOff => return Ok(self.outcome(StopReason::PowerOff)),
                     ControlMessage::Panic => return Err(VmError::GuestPanic),
                     ControlMessage::Unknown(_) => {}
@@ -305,6 +342,14 @@ impl Vm {
                 Next::Continue => {}
                 Next::WaitForInterrupt => self.wait_for_interrupt()?,
                 Next::InternalError => self.complete_unemulated()?,
+                Next::Fault(reason, detail) => {
+                    let rip = self.vcpu.get_regs().map(|r| r.rip).unwrap_or(0);
+                    return Err(VmError::GuestFault {
+                        reason,
+                        rip,
+                        detail,
+                    });
+                }
             }
         }
     }
@@ -377,7 +422,16 @@ impl Vm {
         let sregs = self.vcpu.get_sregs().map_err(kvm_err("GET_SREGS"))?;
         let mut insn = [0u8; MAX_INSN_LEN];
         let fetched = gva::read_virt(&self.mem, sregs.cr3, sregs.cs.base + regs.rip, &mut insn);
-        let completion = fetched.as_ref().ok().and_then(|_| emulation::complete(&insn));
+        if fetched.is_ok() {
+            if let Some(x) = xstate::decode(&insn) {
+                self.exits.emulation_completions += 1;
+                return self.complete_xstate(x, regs, sregs.cr3);
+            }
+        }
+        let completion = fetched
+            .as_ref()
+            .ok()
+            .and_then(|_| emulation::complete(&insn));
         match completion {
             Some(Completion::Skip(len)) => {
                 regs.rip += len;
@@ -386,12 +440,7 @@ impl Vm {
             Some(Completion::Trap { len, vector }) => {
                 regs.rip += len;
                 self.vcpu.set_regs(&regs).map_err(kvm_err("SET_REGS"))?;
-                let mut events = self.vcpu.get_vcpu_events().map_err(kvm_err("GET_VCPU_EVENTS"))?;
-                events.exception.injected = 1;
-                events.exception.nr = vector;
-                events.exception.has_error_code = 0;
-                events.exception.error_code = 0;
-                self.vcpu.set_vcpu_events(&events).map_err(kvm_err("SET_VCPU_EVENTS"))?;
+                self.inject_exception(vector, None)?;
             }
             None => {}
         }
@@ -407,6 +456,117 @@ impl Vm {
                 Err(e) => format!(" ({e})"),
             },
         })
+    }
+}
+
+impl Vm {
+    /// Raises exception `vector` in the guest at the current RIP.
+    fn inject_exception(&mut self, vector: u8, error_code: Option<u32>) -> Result<(), VmError> {
+        let mut events = self
+            .vcpu
+            .get_vcpu_events()
+            .map_err(kvm_err("GET_VCPU_EVENTS"))?;
+        events.exception.injected = 1;
+        events.exception.nr = vector;
+        events.exception.has_error_code = u8::from(error_code.is_some());
+        events.exception.error_code = error_code.unwrap_or(0);
+        self.vcpu
+            .set_vcpu_events(&events)
+            .map_err(kvm_err("SET_VCPU_EVENTS"))
+    }
+
+    /// Raises a page fault for a supervisor access to `addr`.
+    fn inject_page_fault(&mut self, addr: u64, present: bool, write: bool) -> Result<(), VmError> {
+        let mut sregs = self.vcpu.get_sregs().map_err(kvm_err("GET_SREGS"))?;
+        sregs.cr2 = addr;
+        self.vcpu.set_sregs(&sregs).map_err(kvm_err("SET_SREGS"))?;
+        self.inject_exception(14, Some(u32::from(present) | (u32::from(write) << 1)))
+    }
+
+    /// Completes XSAVE/XRSTOR for the guest kernel (see `xstate`).
+    fn complete_xstate(
+        &mut self,
+        x: xstate::XInsn,
+        mut regs: kvm_bindings::kvm_regs,
+        cr3: u64,
+    ) -> Result<(), VmError> {
+        const GP: u8 = 13;
+        let gprs = [
+            regs.rax, regs.rcx, regs.rdx, regs.rbx, regs.rsp, regs.rbp, regs.rsi, regs.rdi,
+            regs.r8, regs.r9, regs.r10, regs.r11, regs.r12, regs.r13, regs.r14, regs.r15,
+        ];
+        let next_rip = regs.rip + x.len;
+        let addr = x.mem.address(&gprs, next_rip);
+        if xstate::check_alignment(addr).is_err() {
+            return self.inject_exception(GP, Some(0));
+        }
+        let xcrs = self.vcpu.get_xcrs().map_err(kvm_err("GET_XCRS"))?;
+        let xcr0 = xcrs.xcrs[..(xcrs.nr_xcrs as usize).min(xcrs.xcrs.len())]
+            .iter()
+            .find(|x| x.xcr == 0)
+            .map(|x| x.value)
+            .unwrap_or(1);
+        let rfbm = ((regs.rdx << 32) | (regs.rax & 0xffff_ffff)) & xcr0;
+        let Some(size) = self.xsave_layout.area_size(rfbm) else {
+            return Err(VmError::GuestFault {
+                reason: format!("XSAVE of state components {rfbm:#x} insight cannot complete"),
+                rip: regs.rip,
+                detail: String::new(),
+            });
+        };
+        let write = x.op == XOp::Save;
+        let mut area = vec![0u8; size];
+        match gva::read_virt(&self.mem, cr3, addr, &mut area) {
+            Ok(()) => {}
+            Err(gva::TranslateError::NotMapped(at)) => {
+                return self.inject_page_fault(at, false, write)
+            }
+            Err(e) => return Err(xsave_memory_fault(&regs, e)),
+        }
+        let mut kvm_state = self.vcpu.get_xsave().map_err(kvm_err("GET_XSAVE"))?;
+        let mut cpu: Vec<u8> = kvm_state
+            .region
+            .iter()
+            .flat_map(|w| w.to_le_bytes())
+            .collect();
+        match x.op {
+            XOp::Save => {
+                xstate::save(&cpu, &mut area, rfbm, &self.xsave_layout);
+                match gva::write_virt(&self.mem, cr3, addr, &area) {
+                    Ok(()) => {}
+                    Err(gva::TranslateError::NotMapped(at)) => {
+                        return self.inject_page_fault(at, false, true)
+                    }
+                    Err(gva::TranslateError::NotWritable(at)) => {
+                        return self.inject_page_fault(at, true, true)
+                    }
+                    Err(e) => return Err(xsave_memory_fault(&regs, e)),
+                }
+            }
+            XOp::Restore => {
+                if let Err(
+                    XstateFault::BadHeader | XstateFault::BadMxcsr | XstateFault::Misaligned,
+                ) = xstate::restore(&mut cpu, &area, rfbm, xcr0, &self.xsave_layout)
+                {
+                    return self.inject_exception(GP, Some(0));
+                }
+                for (word, bytes) in kvm_state.region.iter_mut().zip(cpu.chunks_exact(4)) {
+                    *word = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+                }
+                kvm_ext::set_xsave(&self.vcpu, &kvm_state, self.xsave_max_size)
+                    .map_err(kvm_err("SET_XSAVE"))?;
+            }
+        }
+        regs.rip = next_rip;
+        self.vcpu.set_regs(&regs).map_err(kvm_err("SET_REGS"))
+    }
+}
+
+fn xsave_memory_fault(regs: &kvm_bindings::kvm_regs, e: gva::TranslateError) -> VmError {
+    VmError::GuestFault {
+        reason: "XSAVE area outside guest memory".into(),
+        rip: regs.rip,
+        detail: format!(" ({e})"),
     }
 }
 
@@ -446,33 +606,14 @@ fn dispatch<W: Write>(
         }
         VcpuExit::IrqWindowOpen | VcpuExit::Intr => Next::Continue,
         VcpuExit::InternalError => Next::InternalError,
-        VcpuExit::Shutdown => {
-            return Err(VmError::GuestFault {
-                reason: "triple fault (shutdown)".into(),
-                rip: 0,
-                detail: String::new(),
-            })
-        }
-        VcpuExit::FailEntry(reason, _) => {
-            return Err(VmError::GuestFault {
-                reason: "entry failure".into(),
-                rip: 0,
-                detail: format!(" (hardware reason {reason:#x})"),
-            })
-        }
+        VcpuExit::Shutdown => Next::Fault("triple fault (shutdown)".into(), String::new()),
+        VcpuExit::FailEntry(reason, _) => Next::Fault(
+            "entry failure".into(),
+            format!(" (hardware reason {reason:#x})"),
+        ),
         VcpuExit::SystemEvent(kind, _) => {
-            return Err(VmError::GuestFault {
-                reason: format!("system event {kind}"),
-                rip: 0,
-                detail: String::new(),
-            })
+            Next::Fault(format!("system event {kind}"), String::new())
         }
-        other => {
-            return Err(VmError::GuestFault {
-                reason: format!("unexpected exit {other:?}"),
-                rip: 0,
-                detail: String::new(),
-            })
-        }
+        other => Next::Fault(format!("unexpected exit {other:?}"), String::new()),
     })
 }

@@ -1,0 +1,468 @@
+//! XSAVE and XRSTOR for a guest kernel whose host cannot emulate them.
+//!
+//! On hosts that interpret guest ring 0, KVM's emulator rejects the XSAVE
+//! family, yet guest user code runs natively with the host's XCR0 (AVX and
+//! AVX-512 enabled whatever the guest sets). A guest kernel limited to
+//! FXSAVE then loses user vector state at every context switch. So the
+//! guest kernel uses XSAVE as on hardware, and the VMM completes each
+//! XSAVE/XRSTOR from ring 0: the vCPU's extended state comes from
+//! `KVM_GET_XSAVE` / goes to `KVM_SET_XSAVE`, whose buffer has the standard
+//! (non-compacted) layout the guest uses too. Only the standard form is
+//! supported; the guest's CPUID offers neither XSAVEC nor XSAVES.
+//!
+//! This module is pure: it decodes the instruction and merges state
+//! images; `vm.rs` moves the bytes.
+
+/// Size of the legacy (FXSAVE) region plus the XSAVE header.
+pub const LEGACY_AND_HEADER: usize = 576;
+/// `KVM_GET_XSAVE` buffer size.
+pub const KVM_XSAVE_SIZE: usize = 4096;
+
+const HEADER: usize = 512;
+const MXCSR: std::ops::Range<usize> = 24..28;
+const MXCSR_MASK: std::ops::Range<usize> = 28..32;
+/// x87 state in the legacy region: FCW..FDP and ST0-7 (MXCSR excluded).
+const X87: [std::ops::Range<usize>; 2] = [0..24, 32..160];
+const XMM: std::ops::Range<usize> = 160..416;
+
+/// Which instruction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum XOp {
+    /// XSAVE or XSAVEOPT (the latter may skip unmodified state; saving
+    /// everything is a correct implementation).
+    Save,
+    Restore,
+}
+
+/// A decoded XSAVE-family instruction with a memory operand.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct XInsn {
+    pub op: XOp,
+    pub mem: MemOperand,
+    /// Instruction length in bytes.
+    pub len: u64,
+}
+
+/// A 64-bit ModRM memory operand.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemOperand {
+    /// General register numbers (0 = RAX ... 15 = R15).
+    pub base: Option<u8>,
+    pub index: Option<(u8, u8)>, // (register, scale)
+    pub disp: i64,
+    pub rip_relative: bool,
+}
+
+impl MemOperand {
+    /// The effective address, given the general registers in encoding
+    /// order and the address of the next instruction.
+    pub fn address(&self, gprs: &[u64; 16], next_rip: u64) -> u64 {
+        let mut a = if self.rip_relative { next_rip } else { 0 };
+        if let Some(b) = self.base {
+            a = a.wrapping_add(gprs[usize::from(b)]);
+        }
+        if let Some((i, scale)) = self.index {
+            a = a.wrapping_add(gprs[usize::from(i)].wrapping_mul(u64::from(scale)));
+        }
+        a.wrapping_add(self.disp as u64)
+    }
+}
+
+/// Decodes `[REX] 0F AE /4 (XSAVE), /5 (XRSTOR), /6 (XSAVEOPT)` with a
+/// memory operand. Anything else (other prefixes included) is `None`.
+pub fn decode(bytes: &[u8]) -> Option<XInsn> {
+    let mut i = 0;
+    let mut rex = 0u8;
+    if let Some(&b) = bytes.first() {
+        if (0x40..=0x4f).contains(&b) {
+            rex = b;
+            i = 1;
+        }
+    }
+    if bytes.get(i..i + 2)? != [0x0f, 0xae] {
+        return None;
+    }
+    i += 2;
+    let modrm = *bytes.get(i)?;
+    i += 1;
+    let (md, reg, rm) = (modrm >> 6, (modrm >> 3) & 7, modrm & 7);
+    let op = match reg {
+        4 | 6 => XOp::Save,
+        5 => XOp::Restore,
+        _ => return None,
+    };
+    if md == 3 {
+        return None;
+    }
+    let rex_b = (rex & 1) << 3;
+    let rex_x = (rex & 2) << 2;
+    let mut mem = MemOperand {
+        base: None,
+        index: None,
+        disp: 0,
+        rip_relative: false,
+    };
+    let mut disp_len = match md {
+        1 => 1,
+        2 => 4,
+        _ => 0,
+    };
+    if rm == 4 {
+        let sib = *bytes.get(i)?;
+        i += 1;
+        let (scale, index, base) = (1u8 << (sib >> 6), ((sib >> 3) & 7) | rex_x, sib & 7);
+        if index != 4 {
+            mem.index = Some((index, scale));
+        }
+        if base == 5 && md == 0 {
+            disp_len = 4;
+        } else {
+            mem.base = Some(base | rex_b);
+        }
+    } else if rm == 5 && md == 0 {
+        mem.rip_relative = true;
+        disp_len = 4;
+    } else {
+        mem.base = Some(rm | rex_b);
+    }
+    mem.disp = match disp_len {
+        1 => i64::from(*bytes.get(i)? as i8),
+        4 => i64::from(i32::from_le_bytes(bytes.get(i..i + 4)?.try_into().ok()?)),
+        _ => 0,
+    };
+    i += disp_len;
+    Some(XInsn {
+        op,
+        mem,
+        len: i as u64,
+    })
+}
+
+/// Offset and size of each extended state component (index >= 2), from
+/// CPUID leaf 0xD.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct XsaveLayout {
+    components: Vec<(u8, usize, usize)>,
+}
+
+impl XsaveLayout {
+    /// From CPUID 0xD sub-leaves: (index, EAX = size, EBX = offset).
+    pub fn from_cpuid(leaves: impl IntoIterator<Item = (u32, u32, u32)>) -> Self {
+        let mut components: Vec<_> = leaves
+            .into_iter()
+            .filter(|&(i, size, offset)| (2..63).contains(&i) && size > 0 && offset > 0)
+            .map(|(i, size, offset)| (i as u8, offset as usize, size as usize))
+            .collect();
+        components.sort();
+        XsaveLayout { components }
+    }
+
+    fn component(&self, i: u8) -> Option<(usize, usize)> {
+        self.components
+            .iter()
+            .find(|c| c.0 == i)
+            .map(|&(_, off, size)| (off, size))
+    }
+
+    /// Bytes an XSAVE/XRSTOR with this requested-feature bitmap touches,
+    /// from the start of the area. `None` if a requested component is
+    /// unknown or does not fit in KVM's buffer.
+    pub fn area_size(&self, rfbm: u64) -> Option<usize> {
+        let mut end = LEGACY_AND_HEADER;
+        for i in 2..63u8 {
+            if rfbm & (1 << i) != 0 {
+                let (off, size) = self.component(i)?;
+                end = end.max(off + size);
+            }
+        }
+        (end <= KVM_XSAVE_SIZE).then_some(end)
+    }
+}
+
+/// Why the instruction faults (#GP(0) on hardware).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum XstateFault {
+    Misaligned,
+    /// Compacted form, reserved header bits or XSTATE_BV outside XCR0.
+    BadHeader,
+    /// MXCSR with reserved bits set.
+    BadMxcsr,
+}
+
+fn header_bv(area: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(area[at..at + 8].try_into().unwrap_or([0; 8]))
+}
+
+/// Checks what the hardware checks before touching memory.
+pub fn check_alignment(addr: u64) -> Result<(), XstateFault> {
+    if addr.is_multiple_of(64) {
+        Ok(())
+    } else {
+        Err(XstateFault::Misaligned)
+    }
+}
+
+/// XSAVE: writes the requested components of the vCPU state `cpu` (a
+/// `KVM_GET_XSAVE` image) into `area` (the guest's save area, read from
+/// guest memory, `layout.area_size(rfbm)` bytes).
+pub fn save(cpu: &[u8], area: &mut [u8], rfbm: u64, layout: &XsaveLayout) {
+    let cpu_bv = header_bv(cpu, HEADER);
+    if rfbm & 1 != 0 {
+        for r in X87 {
+            area[r.clone()].copy_from_slice(&cpu[r]);
+        }
+    }
+    if rfbm & 0b110 != 0 {
+        area[MXCSR].copy_from_slice(&cpu[MXCSR]);
+        area[MXCSR_MASK].copy_from_slice(&cpu[MXCSR_MASK]);
+    }
+    if rfbm & 0b10 != 0 {
+        area[XMM].copy_from_slice(&cpu[XMM]);
+    }
+    for i in 2..63u8 {
+        if rfbm & (1 << i) == 0 {
+            continue;
+        }
+        if let Some((off, size)) = layout.component(i) {
+            if cpu_bv & (1 << i) != 0 {
+                area[off..off + size].copy_from_slice(&cpu[off..off + size]);
+            } else {
+                area[off..off + size].fill(0);
+            }
+        }
+    }
+    let guest_bv = header_bv(area, HEADER);
+    let bv = (guest_bv & !rfbm) | (cpu_bv & rfbm);
+    area[HEADER..HEADER + 8].copy_from_slice(&bv.to_le_bytes());
+}
+
+/// XRSTOR: loads the requested components from the guest's `area` into
+/// the vCPU state image `cpu`; components the area marks as not in use
+/// get their initial values. `xcr0` bounds XSTATE_BV.
+pub fn restore(
+    cpu: &mut [u8],
+    area: &[u8],
+    rfbm: u64,
+    xcr0: u64,
+    layout: &XsaveLayout,
+) -> Result<(), XstateFault> {
+    let bv = header_bv(area, HEADER);
+    let comp_bv = header_bv(area, HEADER + 8);
+    let reserved_zero = area[HEADER + 16..LEGACY_AND_HEADER].iter().all(|&b| b == 0);
+    if comp_bv != 0 || bv & !xcr0 != 0 || !reserved_zero {
+        return Err(XstateFault::BadHeader);
+    }
+    if rfbm & 0b110 != 0 {
+        let mask = u32::from_le_bytes(cpu[MXCSR_MASK].try_into().unwrap_or([0; 4]));
+        let mask = if mask == 0 { 0xffbf } else { mask };
+        let mxcsr = u32::from_le_bytes(area[MXCSR].try_into().unwrap_or([0; 4]));
+        if mxcsr & !mask != 0 {
+            return Err(XstateFault::BadMxcsr);
+        }
+        cpu[MXCSR].copy_from_slice(&area[MXCSR]);
+    }
+    if rfbm & 1 != 0 {
+        if bv & 1 != 0 {
+            for r in X87 {
+                cpu[r.clone()].copy_from_slice(&area[r]);
+            }
+        } else {
+            for r in X87 {
+                cpu[r].fill(0);
+            }
+            cpu[0..2].copy_from_slice(&0x037fu16.to_le_bytes()); // FCW
+        }
+    }
+    if rfbm & 0b10 != 0 {
+        if bv & 0b10 != 0 {
+            cpu[XMM].copy_from_slice(&area[XMM]);
+        } else {
+            cpu[XMM].fill(0);
+        }
+    }
+    for i in 2..63u8 {
+        if rfbm & (1 << i) == 0 {
+            continue;
+        }
+        if let Some((off, size)) = layout.component(i) {
+            if bv & (1 << i) != 0 {
+                cpu[off..off + size].copy_from_slice(&area[off..off + size]);
+            } else {
+                cpu[off..off + size].fill(0);
+            }
+        }
+    }
+    let cpu_bv = (header_bv(cpu, HEADER) & !rfbm) | (bv & rfbm);
+    cpu[HEADER..HEADER + 8].copy_from_slice(&cpu_bv.to_le_bytes());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mem(base: Option<u8>, index: Option<(u8, u8)>, disp: i64, rip: bool) -> MemOperand {
+        MemOperand {
+            base,
+            index,
+            disp,
+            rip_relative: rip,
+        }
+    }
+
+    #[test]
+    fn decodes_the_forms_linux_uses() {
+        // xrstor64 (%rdi)
+        assert_eq!(
+            decode(&[0x48, 0x0f, 0xae, 0x2f, 0x90]),
+            Some(XInsn {
+                op: XOp::Restore,
+                mem: mem(Some(7), None, 0, false),
+                len: 4
+            })
+        );
+        // xsave64 (%rdi)
+        assert_eq!(decode(&[0x48, 0x0f, 0xae, 0x27]).unwrap().op, XOp::Save);
+        // xsaveopt64 0x40(%r12)
+        assert_eq!(
+            decode(&[0x49, 0x0f, 0xae, 0x74, 0x24, 0x40]),
+            Some(XInsn {
+                op: XOp::Save,
+                mem: mem(Some(12), None, 0x40, false),
+                len: 6
+            })
+        );
+        // xrstor -0x10(%rax,%rcx,8)
+        assert_eq!(
+            decode(&[0x0f, 0xae, 0x6c, 0xc8, 0xf0]),
+            Some(XInsn {
+                op: XOp::Restore,
+                mem: mem(Some(0), Some((1, 8)), -0x10, false),
+                len: 5
+            })
+        );
+        // xsave 0x1234(%rip)
+        let x = decode(&[0x0f, 0xae, 0x25, 0x34, 0x12, 0, 0]).unwrap();
+        assert_eq!(x.mem, mem(None, None, 0x1234, true));
+        assert_eq!(x.len, 7);
+        assert_eq!(x.mem.address(&[0; 16], 0x1000), 0x2234);
+    }
+
+    #[test]
+    fn rejects_other_instructions() {
+        assert_eq!(decode(&[0x0f, 0xae, 0xe8]), None); // lfence (register form)
+        assert_eq!(decode(&[0x0f, 0xae, 0x00]), None); // fxsave
+        assert_eq!(decode(&[0x0f, 0xc7, 0x27]), None); // xsavec
+        assert_eq!(decode(&[0x66, 0x0f, 0xae, 0x27]), None);
+        assert_eq!(decode(&[0x0f, 0xae]), None); // truncated
+        assert_eq!(decode(&[0x0f, 0xae, 0x64, 0x24]), None); // truncated disp8
+    }
+
+    #[test]
+    fn effective_address_uses_registers() {
+        let mut gprs = [0u64; 16];
+        gprs[0] = 0x1000;
+        gprs[1] = 3;
+        let x = decode(&[0x0f, 0xae, 0x6c, 0xc8, 0xf0]).unwrap();
+        assert_eq!(x.mem.address(&gprs, 0), 0x1000 + 24 - 0x10);
+    }
+
+    fn layout() -> XsaveLayout {
+        // AVX (2) at 576, 256 bytes; opmask (5) at 1088, 64 bytes.
+        XsaveLayout::from_cpuid([(2, 256, 576), (5, 64, 1088), (0, 0, 0)])
+    }
+
+    fn cpu_image() -> Vec<u8> {
+        let mut cpu = vec![0u8; KVM_XSAVE_SIZE];
+        for (i, b) in cpu.iter_mut().enumerate().take(1152) {
+            *b = (i % 251) as u8 | 1;
+        }
+        cpu[MXCSR].copy_from_slice(&0x1f80u32.to_le_bytes());
+        cpu[MXCSR_MASK].copy_from_slice(&0xffffu32.to_le_bytes());
+        cpu[HEADER..HEADER + 64].fill(0);
+        cpu[HEADER..HEADER + 8].copy_from_slice(&0b100111u64.to_le_bytes());
+        cpu
+    }
+
+    #[test]
+    fn area_size_covers_requested_components() {
+        let l = layout();
+        assert_eq!(l.area_size(0b11), Some(576));
+        assert_eq!(l.area_size(0b111), Some(832));
+        assert_eq!(l.area_size(0b100111), Some(1152));
+        assert_eq!(l.area_size(1 << 9), None, "unknown component");
+    }
+
+    #[test]
+    fn save_then_restore_round_trips() {
+        let l = layout();
+        let cpu = cpu_image();
+        let rfbm = 0b100111;
+        let mut area = vec![0u8; l.area_size(rfbm).unwrap()];
+        save(&cpu, &mut area, rfbm, &l);
+        assert_eq!(&area[576..832], &cpu[576..832]);
+        assert_eq!(header_bv(&area, HEADER), 0b100111);
+
+        let mut other = vec![0u8; KVM_XSAVE_SIZE];
+        other[MXCSR_MASK].copy_from_slice(&0xffffu32.to_le_bytes());
+        restore(&mut other, &area, rfbm, 0xe7, &l).unwrap();
+        for r in [0..24, 24..28, 32..416, 576..832, 1088..1152] {
+            assert_eq!(&other[r.clone()], &cpu[r.clone()], "{r:?}");
+        }
+        assert_eq!(header_bv(&other, HEADER), 0b100111);
+    }
+
+    #[test]
+    fn save_leaves_unrequested_state_and_header_bits_alone() {
+        let l = layout();
+        let cpu = cpu_image();
+        let mut area = vec![0xaa; 1152];
+        area[HEADER..HEADER + 64].fill(0);
+        area[HEADER..HEADER + 8].copy_from_slice(&(1u64 << 5).to_le_bytes());
+        save(&cpu, &mut area, 0b11, &l);
+        assert!(
+            area[576..832].iter().all(|&b| b == 0xaa),
+            "AVX not requested"
+        );
+        assert_eq!(header_bv(&area, HEADER), 0b100011);
+    }
+
+    #[test]
+    fn restore_of_unused_components_gives_initial_state() {
+        let l = layout();
+        let mut cpu = cpu_image();
+        let mut area = vec![0u8; 1152];
+        area[MXCSR].copy_from_slice(&0x1f80u32.to_le_bytes());
+        restore(&mut cpu, &area, 0b100111, 0xe7, &l).unwrap();
+        assert_eq!(&cpu[0..2], &[0x7f, 0x03], "FCW init");
+        assert!(cpu[160..416].iter().all(|&b| b == 0));
+        assert!(cpu[576..832].iter().all(|&b| b == 0));
+        assert_eq!(header_bv(&cpu, HEADER), 0);
+    }
+
+    #[test]
+    fn restore_faults_like_hardware() {
+        let l = layout();
+        let mut cpu = cpu_image();
+        let mut area = vec![0u8; 1152];
+        area[HEADER + 8..HEADER + 16].copy_from_slice(&(1u64 << 63).to_le_bytes());
+        assert_eq!(
+            restore(&mut cpu, &area, 3, 0xe7, &l),
+            Err(XstateFault::BadHeader)
+        );
+        let mut area = vec![0u8; 1152];
+        area[HEADER..HEADER + 8].copy_from_slice(&(1u64 << 9).to_le_bytes());
+        assert_eq!(
+            restore(&mut cpu, &area, 3, 0xe7, &l),
+            Err(XstateFault::BadHeader)
+        );
+        let mut area = vec![0u8; 1152];
+        area[MXCSR].copy_from_slice(&0xffff_0000u32.to_le_bytes());
+        assert_eq!(
+            restore(&mut cpu, &area, 3, 0xe7, &l),
+            Err(XstateFault::BadMxcsr)
+        );
+        assert_eq!(check_alignment(0x1008), Err(XstateFault::Misaligned));
+        assert_eq!(check_alignment(0x1040), Ok(()));
+    }
+}
