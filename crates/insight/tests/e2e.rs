@@ -40,6 +40,21 @@ fn text(out: &Output) -> (String, String) {
     )
 }
 
+/// Runs `insight` with `args`; asserts its exit status; returns stdout.
+fn run_expecting<S: AsRef<std::ffi::OsStr>>(
+    args: impl IntoIterator<Item = S>,
+    status: i32,
+) -> String {
+    let out = insight().args(args).output().unwrap();
+    let (stdout, stderr) = text(&out);
+    assert_eq!(
+        out.status.code(),
+        Some(status),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    stdout
+}
+
 fn host_has_avx() -> bool {
     std::fs::read_to_string("/proc/cpuinfo")
         .map(|c| c.split_whitespace().any(|w| w == "avx"))
@@ -51,15 +66,9 @@ fn exit_status_and_output_pass_through() {
     if !guest_ready() {
         return;
     }
-    let out = insight()
-        .args(["run", "--", "sh", "-c", "echo insight-ok; uname -r; exit 3"])
-        .output()
-        .unwrap();
-    let (stdout, stderr) = text(&out);
-    assert_eq!(
-        out.status.code(),
-        Some(3),
-        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    let stdout = run_expecting(
+        ["run", "--", "sh", "-c", "echo insight-ok; uname -r; exit 3"],
+        3,
     );
     assert!(stdout.contains("insight-ok\n"), "{stdout}");
     assert!(
@@ -96,14 +105,8 @@ guest = "/usr/local/bin/pthread_hello"
 "#,
     )
     .unwrap();
-    let out = insight().arg("run").arg(&cfg).output().unwrap();
-    let (stdout, stderr) = text(&out);
+    let stdout = run_expecting([Path::new("run"), &cfg], 3);
     std::fs::remove_dir_all(&dir).unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(3),
-        "stdout:\n{stdout}\nstderr:\n{stderr}"
-    );
     assert!(stdout.contains("insight-ok\n"), "{stdout}");
     assert!(
         stdout.contains("pthread_hello: 8 threads, sum 36\n"),
@@ -126,16 +129,7 @@ fn concurrent_processes_and_threads_are_correct() {
                       cat /proc/version | head -1 >/dev/null || echo head-failed; \
                   done; \
                   thread_check 16 2000; vector_check 4 2 30";
-    let out = insight()
-        .args(["run", "--", "sh", "-c", script])
-        .output()
-        .unwrap();
-    let (stdout, stderr) = text(&out);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "stdout:\n{stdout}\nstderr:\n{stderr}"
-    );
+    let stdout = run_expecting(["run", "--", "sh", "-c", script], 0);
 
     let host_seq = Command::new("sh")
         .args(["-c", "seq 1 300000 | md5sum"])

@@ -63,6 +63,28 @@ pub fn translate_access(
     Err(TranslateError::NotMapped(gva))
 }
 
+/// Calls `f(offset, len, physical address)` for each page-sized piece of
+/// `len` bytes at `gva`, translating for a read or a write; stops at the
+/// first piece that does not translate.
+fn for_each_page(
+    mem: &GuestMemoryMmap,
+    cr3: u64,
+    gva: u64,
+    len: usize,
+    write: bool,
+    mut f: impl FnMut(usize, usize, u64) -> Result<(), TranslateError>,
+) -> Result<(), TranslateError> {
+    let mut done = 0;
+    while done < len {
+        let va = gva.wrapping_add(done as u64);
+        let n = ((0x1000 - (va & 0xfff)) as usize).min(len - done);
+        let pa = translate_access(mem, cr3, va, write)?;
+        f(done, n, pa).map_err(|_| TranslateError::OutsideMemory(va))?;
+        done += n;
+    }
+    Ok(())
+}
+
 /// Reads `buf.len()` bytes at `gva`, page by page.
 pub fn read_virt(
     mem: &GuestMemoryMmap,
@@ -70,17 +92,11 @@ pub fn read_virt(
     gva: u64,
     buf: &mut [u8],
 ) -> Result<(), TranslateError> {
-    let mut done = 0;
-    while done < buf.len() {
-        let va = gva.wrapping_add(done as u64);
-        let in_page = (0x1000 - (va & 0xfff)) as usize;
-        let n = in_page.min(buf.len() - done);
-        let pa = translate(mem, cr3, va)?;
-        mem.read_slice(&mut buf[done..done + n], GuestAddress(pa))
-            .map_err(|_| TranslateError::OutsideMemory(va))?;
-        done += n;
-    }
-    Ok(())
+    let len = buf.len();
+    for_each_page(mem, cr3, gva, len, false, |off, n, pa| {
+        mem.read_slice(&mut buf[off..off + n], GuestAddress(pa))
+            .map_err(|_| TranslateError::OutsideMemory(pa))
+    })
 }
 
 /// Writes `buf` at `gva`, page by page; fails on the first page that is
@@ -91,17 +107,10 @@ pub fn write_virt(
     gva: u64,
     buf: &[u8],
 ) -> Result<(), TranslateError> {
-    let mut done = 0;
-    while done < buf.len() {
-        let va = gva.wrapping_add(done as u64);
-        let in_page = (0x1000 - (va & 0xfff)) as usize;
-        let n = in_page.min(buf.len() - done);
-        let pa = translate_access(mem, cr3, va, true)?;
-        mem.write_slice(&buf[done..done + n], GuestAddress(pa))
-            .map_err(|_| TranslateError::OutsideMemory(va))?;
-        done += n;
-    }
-    Ok(())
+    for_each_page(mem, cr3, gva, buf.len(), true, |off, n, pa| {
+        mem.write_slice(&buf[off..off + n], GuestAddress(pa))
+            .map_err(|_| TranslateError::OutsideMemory(pa))
+    })
 }
 
 #[cfg(test)]

@@ -125,6 +125,18 @@ const USER_CODE_DESC: (u16, u16, u32, u32) = (USER_CS, 0xa0fb, 0, 0xfffff);
 const TSS_DESC: (u16, u16, u32, u32) = (TSS_SEL, 0x0089, TSS as u32, 0x67);
 
 impl ProbeVm {
+    /// A probe that enters user mode and runs `user`; a SYSCALL lands on
+    /// the M_LSTAR marker.
+    fn user(kvm: &Kvm, user: &[u8], tsd: bool) -> Result<Self, ProbeError> {
+        ProbeVm::new(kvm, &enter_user_code(), user, &marker_code(M_LSTAR), tsd)
+    }
+
+    /// A probe that runs `body` in `mode`, then writes M_AFTER.
+    fn running(kvm: &Kvm, mode: Mode, body: &[u8], tsd: bool) -> Result<Self, ProbeError> {
+        let (k, u) = in_mode(mode, body);
+        ProbeVm::new(kvm, &k, &u, &marker_code(M_LSTAR), tsd)
+    }
+
     fn new(
         kvm: &Kvm,
         kernel_code: &[u8],
@@ -319,13 +331,7 @@ pub fn probe_syscall() -> Result<SyscallBehaviour, ProbeError> {
     let kvm = open_kvm()?;
     let mut user = vec![0x0f, 0x05]; // syscall
     user.extend(marker_code(M_AFTER));
-    let mut vm = ProbeVm::new(
-        &kvm,
-        &enter_user_code(),
-        &user,
-        &marker_code(M_LSTAR),
-        false,
-    )?;
+    let mut vm = ProbeVm::user(&kvm, &user, false)?;
     Ok(match vm.next_event()? {
         Event::Marker {
             marker: M_LSTAR,
@@ -380,8 +386,7 @@ pub enum Int3Behaviour {
 
 pub fn probe_sw_breakpoint(mode: Mode) -> Result<Int3Behaviour, ProbeError> {
     let kvm = open_kvm()?;
-    let (k, u) = in_mode(mode, &[0xcc]);
-    let mut vm = ProbeVm::new(&kvm, &k, &u, &marker_code(M_LSTAR), false)?;
+    let mut vm = ProbeVm::running(&kvm, mode, &[0xcc], false)?;
     vm.debug(KVM_GUESTDBG_ENABLE | KVM_GUESTDBG_USE_SW_BP, None)?;
     Ok(match vm.next_event()? {
         Event::Debug { exception: 3, .. } => Int3Behaviour::Intercepted,
@@ -394,8 +399,7 @@ pub fn probe_sw_breakpoint(mode: Mode) -> Result<Int3Behaviour, ProbeError> {
 /// Whether a hardware execution breakpoint on a guest instruction exits.
 pub fn probe_hw_breakpoint(mode: Mode) -> Result<bool, ProbeError> {
     let kvm = open_kvm()?;
-    let (k, u) = in_mode(mode, &[0x90, 0x90, 0x90]);
-    let mut vm = ProbeVm::new(&kvm, &k, &u, &marker_code(M_LSTAR), false)?;
+    let mut vm = ProbeVm::running(&kvm, mode, &[0x90, 0x90, 0x90], false)?;
     let target = body_addr(mode) + 1;
     vm.debug(KVM_GUESTDBG_ENABLE | KVM_GUESTDBG_USE_HW_BP, Some(target))?;
     loop {
@@ -410,8 +414,7 @@ pub fn probe_hw_breakpoint(mode: Mode) -> Result<bool, ProbeError> {
 /// Whether single-stepping reports steps inside code running in `mode`.
 pub fn probe_single_step(mode: Mode) -> Result<bool, ProbeError> {
     let kvm = open_kvm()?;
-    let (k, u) = in_mode(mode, &[0x90, 0x90, 0x90]);
-    let mut vm = ProbeVm::new(&kvm, &k, &u, &marker_code(M_LSTAR), false)?;
+    let mut vm = ProbeVm::running(&kvm, mode, &[0x90, 0x90, 0x90], false)?;
     vm.debug(KVM_GUESTDBG_ENABLE | KVM_GUESTDBG_SINGLESTEP, None)?;
     let body = body_addr(mode);
     for _ in 0..64 {
@@ -429,8 +432,7 @@ pub fn probe_single_step(mode: Mode) -> Result<bool, ProbeError> {
 /// Whether user-mode RDTSC faults when the guest sets CR4.TSD.
 pub fn probe_user_tsd() -> Result<bool, ProbeError> {
     let kvm = open_kvm()?;
-    let (k, u) = in_mode(Mode::User, &[0x0f, 0x31]);
-    let mut vm = ProbeVm::new(&kvm, &k, &u, &marker_code(M_LSTAR), true)?;
+    let mut vm = ProbeVm::running(&kvm, Mode::User, &[0x0f, 0x31], true)?;
     Ok(matches!(vm.next_event()?, Event::Marker { marker, .. } if marker == M_VECTOR | 13))
 }
 
@@ -438,8 +440,7 @@ pub fn probe_user_tsd() -> Result<bool, ProbeError> {
 /// ring 3).
 pub fn probe_user_port_io() -> Result<bool, ProbeError> {
     let kvm = open_kvm()?;
-    let (k, u) = in_mode(Mode::User, &[]);
-    let mut vm = ProbeVm::new(&kvm, &k, &u, &marker_code(M_LSTAR), false)?;
+    let mut vm = ProbeVm::running(&kvm, Mode::User, &[], false)?;
     Ok(matches!(
         vm.next_event()?,
         Event::Marker {
@@ -457,13 +458,7 @@ pub fn probe_user_xcr0() -> Result<u8, ProbeError> {
     let kvm = open_kvm()?;
     // xor ecx, ecx; xgetbv; out 0xf1, al; hlt
     let user = [0x31, 0xc9, 0x0f, 0x01, 0xd0, 0xe6, MARKER_PORT as u8, 0xf4];
-    let mut vm = ProbeVm::new(
-        &kvm,
-        &enter_user_code(),
-        &user,
-        &marker_code(M_LSTAR),
-        false,
-    )?;
+    let mut vm = ProbeVm::user(&kvm, &user, false)?;
     let mut sregs = vm.vcpu.get_sregs().map_err(kvm_err("GET_SREGS"))?;
     sregs.cr4 |= 1 << 18; // OSXSAVE
     vm.vcpu.set_sregs(&sregs).map_err(kvm_err("SET_SREGS"))?;

@@ -52,6 +52,8 @@ pub enum VmError {
     Files(#[from] initramfs::InitramfsError),
     #[error("cannot start the vCPU thread")]
     Thread(#[source] std::io::Error),
+    #[error("the vCPU thread panicked (a bug in insight; please report it)")]
+    VcpuThreadPanicked,
     #[error("guest {reason} at RIP {rip:#x}{detail}")]
     GuestFault {
         reason: String,
@@ -292,13 +294,7 @@ impl Vm {
                 std::thread::sleep(Duration::from_nanos(wait));
             }
         }
-        handle.join().unwrap_or_else(|_| {
-            Err(VmError::GuestFault {
-                reason: "vCPU thread crashed".into(),
-                rip: 0,
-                detail: String::new(),
-            })
-        })
+        handle.join().unwrap_or(Err(VmError::VcpuThreadPanicked))
     }
 
     fn run_vcpu(&mut self, kick: &KickState) -> Result<RunOutcome, VmError> {
