@@ -139,6 +139,13 @@ impl<W: Write> LegacyPlatform<W> {
         }
     }
 
+    /// Host input for the serial console (at most `serial.input_room()`
+    /// bytes are taken).
+    pub fn receive_input(&mut self, bytes: &[u8]) {
+        self.serial.enqueue_input(bytes);
+        self.route_interrupts();
+    }
+
     /// When a timer will next raise an interrupt, in VM time.
     pub fn next_timer_ns(&self) -> Option<u64> {
         self.pit.next_irq_ns()

@@ -71,6 +71,11 @@ impl<W: Write> SerialConsole<W> {
             .unwrap_or(0)
     }
 
+    /// How many input bytes the receive FIFO can take now.
+    pub fn input_room(&self) -> usize {
+        self.uart.fifo_capacity()
+    }
+
     /// Whether the UART raised its interrupt since the last call.
     pub fn take_irq(&mut self) -> bool {
         self.irq.take()

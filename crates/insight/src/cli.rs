@@ -6,14 +6,17 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
+use vmm::console::ConsoleInput;
 use vmm::guest::{self, BootOptions};
 use vmm::host_check::{ClockKind, HostReport, Int3Behaviour, SyscallBehaviour};
 use vmm::image::GuestQuirks;
-use vmm::{Vm, VmConfig};
+use vmm::{Vm, VmConfig, VmError};
 
 /// Exit status when insight itself fails (bad config, no KVM, the guest
 /// crashed); guest command statuses pass through unchanged otherwise.
 pub const EXIT_INSIGHT_ERROR: u8 = 125;
+/// Exit status when the user stopped the VM from the terminal.
+pub const EXIT_STOPPED_BY_USER: u8 = 130;
 
 #[derive(Parser)]
 #[command(
@@ -36,10 +39,13 @@ struct Cli {
 enum Command {
     /// Boot a guest and run a command in it.
     #[command(long_about = "Boot a guest and run a command in it.\n\n\
-The guest's console is this terminal's standard output. insight exits with the guest \
-command's exit status (128+N if a signal N killed it).\n\n\
+The guest's console is this terminal: its output goes to standard output, and standard \
+input is forwarded to it (on a terminal, keys go to the guest raw, Ctrl-C included; \
+Ctrl-A x stops the VM, Ctrl-A Ctrl-A sends Ctrl-A). insight exits with the guest \
+command's exit status (128+N if a signal N killed it; 130 if you stopped the VM).\n\n\
 Examples:\n  \
 insight run                                  # built-in guest, demo workload\n  \
+insight run -- sh                            # an interactive shell in the guest\n  \
 insight run -- sh -c 'uname -r; exit 3'      # exits with status 3\n  \
 insight run my-vm.toml                       # your kernel, files, command\n  \
 insight run my-vm.toml -- /usr/local/bin/prog --flag\n\n\
@@ -73,6 +79,9 @@ struct RunArgs {
     /// Print boot and run timings and exit counts on standard error.
     #[arg(long)]
     timings: bool,
+    /// Do not forward standard input to the guest console.
+    #[arg(long)]
+    no_stdin: bool,
     /// Command to run in the guest instead of the config's.
     #[arg(last = true, value_name = "COMMAND")]
     command: Vec<String>,
@@ -119,8 +128,22 @@ fn run(args: RunArgs) -> Result<ExitCode> {
     };
     let spec = guest::prepare(&config, &options)?;
     let console: vmm::vm::Console = Box::new(std::io::stdout());
-    let vm = Vm::new(&spec, console)?;
-    let outcome = vm.run()?;
+    let mut vm = Vm::new(&spec, console)?;
+    // Keeps the terminal in raw mode until the run ends.
+    let _terminal = if args.no_stdin {
+        None
+    } else {
+        let (input, guard) = ConsoleInput::from_stdin();
+        vm.attach_input(input);
+        Some(guard)
+    };
+    let outcome = match vm.run() {
+        Err(VmError::StoppedByUser) => {
+            eprintln!("\ninsight: stopped by the user (Ctrl-A x)");
+            return Ok(ExitCode::from(EXIT_STOPPED_BY_USER));
+        }
+        other => other?,
+    };
     if args.timings {
         let mut err = std::io::stderr().lock();
         let init = outcome

@@ -253,3 +253,30 @@ fn guest_faults_give_one_line_errors_with_rip() {
     let out = run_with_kernel("emul", Some(&tiny_elf(&[0x0f, 0xae, 0x20, 0x0f, 0x0b])), "");
     assert_one_line_error(&out, &["RIP 0x100000"]);
 }
+
+#[test]
+fn standard_input_reaches_the_guest_console() {
+    if !guest_ready() {
+        return;
+    }
+    let mut child = insight()
+        .args(["run", "--", "sh"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(b"echo piped-$((6*7))\nexit 5\n").unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = text(&out);
+    assert_eq!(
+        out.status.code(),
+        Some(5),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert!(stdout.contains("piped-42\n"), "{stdout}");
+}

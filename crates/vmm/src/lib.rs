@@ -6,6 +6,7 @@
 
 pub mod boot;
 pub mod config;
+pub mod console;
 pub mod cpuid;
 pub mod emulation;
 pub mod guest;

@@ -57,3 +57,44 @@ pub fn hardware_branch_counter() -> io::Result<()> {
     unsafe { libc::close(fd as libc::c_int) };
     Ok(())
 }
+
+/// The host terminal on standard input, switched to raw input (no line
+/// editing, echo or signal keys; output processing untouched so the
+/// guest's "\n" still starts a new line). Restores the old mode on drop.
+pub struct RawStdin {
+    saved: libc::termios,
+}
+
+impl RawStdin {
+    /// `None` when standard input is not a terminal.
+    pub fn enter() -> Option<Self> {
+        // SAFETY: isatty only inspects the descriptor.
+        if unsafe { libc::isatty(libc::STDIN_FILENO) } != 1 {
+            return None;
+        }
+        // SAFETY: termios is plain data; tcgetattr fills it and we check
+        // the result before using it.
+        let mut saved: libc::termios = unsafe { std::mem::zeroed() };
+        // SAFETY: `saved` is a valid, writable termios.
+        if unsafe { libc::tcgetattr(libc::STDIN_FILENO, &mut saved) } != 0 {
+            return None;
+        }
+        let mut raw = saved;
+        raw.c_iflag &= !(libc::ICRNL | libc::IXON | libc::INLCR | libc::IGNCR);
+        raw.c_lflag &= !(libc::ICANON | libc::ECHO | libc::ISIG | libc::IEXTEN);
+        raw.c_cc[libc::VMIN] = 1;
+        raw.c_cc[libc::VTIME] = 0;
+        // SAFETY: `raw` is a valid termios derived from the current one.
+        if unsafe { libc::tcsetattr(libc::STDIN_FILENO, libc::TCSANOW, &raw) } != 0 {
+            return None;
+        }
+        Some(RawStdin { saved })
+    }
+}
+
+impl Drop for RawStdin {
+    fn drop(&mut self) {
+        // SAFETY: restores the termios read in `enter` on the same fd.
+        unsafe { libc::tcsetattr(libc::STDIN_FILENO, libc::TCSANOW, &self.saved) };
+    }
+}

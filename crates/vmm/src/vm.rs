@@ -18,6 +18,7 @@ use vm_memory::{GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
 
 use crate::boot::{self, BootError};
+use crate::console::ConsoleInput;
 use crate::emulation::{self, Completion};
 use crate::gva;
 use crate::kvm_ext;
@@ -54,6 +55,8 @@ pub enum VmError {
     Thread(#[source] std::io::Error),
     #[error("the vCPU thread panicked (a bug in insight; please report it)")]
     VcpuThreadPanicked,
+    #[error("stopped by the user (Ctrl-A x)")]
+    StoppedByUser,
     #[error("guest {reason} at RIP {rip:#x}{detail}")]
     GuestFault {
         reason: String,
@@ -170,6 +173,8 @@ pub struct Vm {
     xsave_layout: XsaveLayout,
     /// Size of the largest XSAVE state the guest can enable.
     xsave_max_size: usize,
+    /// Host input for the serial console, if attached.
+    input: Option<ConsoleInput>,
 }
 
 /// What the vCPU loop does after an exit.
@@ -255,7 +260,33 @@ impl Vm {
             init_reached: None,
             xsave_layout,
             xsave_max_size,
+            input: None,
         })
+    }
+
+    /// Feeds host input to the guest's serial console.
+    pub fn attach_input(&mut self, input: ConsoleInput) {
+        self.input = Some(input);
+    }
+
+    /// Moves pending host input into the UART, as far as its FIFO has room.
+    /// Input waits until `/init` runs: the console tty is open by then, and
+    /// the kernel's serial driver resets the FIFO while it starts.
+    fn feed_input(&mut self) -> Result<(), VmError> {
+        let Some(input) = &self.input else {
+            return Ok(());
+        };
+        if input.quit_requested() {
+            return Err(VmError::StoppedByUser);
+        }
+        if self.init_reached.is_none() {
+            return Ok(());
+        }
+        let bytes = input.take(self.platform.serial.input_room());
+        if !bytes.is_empty() {
+            self.platform.receive_input(&bytes);
+        }
+        Ok(())
     }
 
     /// Runs the guest until it powers off or fails. The vCPU runs on a
@@ -299,6 +330,7 @@ impl Vm {
 
     fn run_vcpu(&mut self, kick: &KickState) -> Result<RunOutcome, VmError> {
         loop {
+            self.feed_input()?;
             let now = self.clock.now_ns();
             self.platform.advance_to(now);
             self.inject_interrupts()?;
@@ -388,13 +420,22 @@ impl Vm {
             return Err(VmError::GuestHalted { rip });
         }
         loop {
+            self.feed_input()?;
             let now = self.clock.now_ns();
             self.platform.advance_to(now);
             if self.platform.pic.has_pending() {
                 return Ok(());
             }
+            // With input attached, look for keys every few milliseconds.
+            let max_sleep = if self.input.is_some() {
+                5_000_000
+            } else {
+                u64::MAX
+            };
             match self.platform.next_timer_ns() {
-                Some(due) => std::thread::sleep(Duration::from_nanos(due.saturating_sub(now))),
+                Some(due) => {
+                    std::thread::sleep(Duration::from_nanos(due.saturating_sub(now).min(max_sleep)))
+                }
                 None => {
                     let rip = self.vcpu.get_regs().map(|r| r.rip).unwrap_or(0);
                     return Err(VmError::GuestHalted { rip });
