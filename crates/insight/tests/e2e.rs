@@ -280,3 +280,40 @@ fn standard_input_reaches_the_guest_console() {
     );
     assert!(stdout.contains("piped-42\n"), "{stdout}");
 }
+
+#[test]
+fn vector_check_detects_state_an_fxsave_only_kernel_loses() {
+    if !guest_ready() {
+        return;
+    }
+    // Only meaningful where guest user code runs with the host's XCR0
+    // whatever the guest sets: there, a guest kernel booted with `noxsave`
+    // saves only FXSAVE state while user code uses AVX. This shows that the
+    // check in concurrent_processes_and_threads_are_correct can fail.
+    let user_xcr0 = vmm::host_check::probe_user_xcr0().unwrap();
+    if user_xcr0 & 0x4 == 0 {
+        eprintln!("SKIPPED: guest user code cannot use AVX state on this host ({user_xcr0:#x})");
+        return;
+    }
+    let out = insight()
+        .args([
+            "run",
+            "--no-stdin",
+            "--cmdline",
+            "noxsave",
+            "--",
+            "vector_check",
+            "4",
+            "2",
+            "30",
+        ])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert!(stdout.contains("vector_check: FAILED"), "{stdout}");
+}
