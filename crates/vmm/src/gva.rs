@@ -156,6 +156,30 @@ mod tests {
     }
 
     #[test]
+    fn random_page_tables_never_panic() {
+        let m = mem();
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        // Guest-controlled garbage in the first 64 KiB, tables pointing
+        // anywhere (often outside guest memory).
+        for i in 0..8192u64 {
+            put(&m, i * 8, next());
+        }
+        let mut buf = [0u8; 64];
+        for _ in 0..20_000 {
+            let cr3 = next() & 0xf000;
+            let va = next();
+            let _ = translate(&m, cr3, va);
+            let _ = read_virt(&m, cr3, va, &mut buf);
+        }
+    }
+
+    #[test]
     fn writes_need_writable_pages() {
         let m = mem();
         tables(&m);

@@ -458,7 +458,12 @@ impl Vm {
         }
         let sregs = self.vcpu.get_sregs().map_err(kvm_err("GET_SREGS"))?;
         let mut insn = [0u8; MAX_INSN_LEN];
-        let fetched = gva::read_virt(&self.mem, sregs.cr3, sregs.cs.base + regs.rip, &mut insn);
+        let fetched = gva::read_virt(
+            &self.mem,
+            sregs.cr3,
+            sregs.cs.base.wrapping_add(regs.rip),
+            &mut insn,
+        );
         if fetched.is_ok() {
             if let Some(x) = xstate::decode(&insn) {
                 self.exits.emulation_completions += 1;
@@ -471,11 +476,11 @@ impl Vm {
             .and_then(|_| emulation::complete(&insn));
         match completion {
             Some(Completion::Skip(len)) => {
-                regs.rip += len;
+                regs.rip = regs.rip.wrapping_add(len);
                 self.vcpu.set_regs(&regs).map_err(kvm_err("SET_REGS"))?;
             }
             Some(Completion::Trap { len, vector }) => {
-                regs.rip += len;
+                regs.rip = regs.rip.wrapping_add(len);
                 self.vcpu.set_regs(&regs).map_err(kvm_err("SET_REGS"))?;
                 self.inject_exception(vector, None)?;
             }
@@ -532,7 +537,7 @@ impl Vm {
             regs.rax, regs.rcx, regs.rdx, regs.rbx, regs.rsp, regs.rbp, regs.rsi, regs.rdi,
             regs.r8, regs.r9, regs.r10, regs.r11, regs.r12, regs.r13, regs.r14, regs.r15,
         ];
-        let next_rip = regs.rip + x.len;
+        let next_rip = regs.rip.wrapping_add(x.len);
         let addr = x.mem.address(&gprs, next_rip);
         if xstate::check_alignment(addr).is_err() {
             return self.inject_exception(GP, Some(0));

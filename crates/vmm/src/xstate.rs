@@ -358,6 +358,48 @@ mod tests {
         assert_eq!(decode(&[0x0f, 0xae, 0x64, 0x24]), None); // truncated disp8
     }
 
+    /// A small xorshift generator: reproducible pseudo-random inputs.
+    fn xorshift(state: &mut u64) -> u64 {
+        *state ^= *state << 13;
+        *state ^= *state >> 7;
+        *state ^= *state << 17;
+        *state
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic_and_lengths_stay_in_bounds() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15;
+        for _ in 0..200_000 {
+            let r = xorshift(&mut seed);
+            let len = (r % 16) as usize;
+            let mut bytes: Vec<u8> = (0..len).map(|_| xorshift(&mut seed) as u8).collect();
+            // Bias towards the opcode so that the operand decoder is reached.
+            if len >= 3 && r & 1 == 0 {
+                bytes[0] = 0x48;
+                bytes[1] = 0x0f;
+                bytes[2] = 0xae;
+            }
+            if let Some(x) = decode(&bytes) {
+                assert!(x.len as usize <= bytes.len(), "{bytes:x?} -> {x:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn restore_of_arbitrary_areas_never_panics() {
+        let l = layout();
+        let mut seed = 7;
+        for _ in 0..2_000 {
+            let mut area: Vec<u8> = (0..1152).map(|_| xorshift(&mut seed) as u8).collect();
+            if xorshift(&mut seed) & 1 == 0 {
+                area[HEADER + 8..LEGACY_AND_HEADER].fill(0);
+            }
+            let mut cpu = cpu_image();
+            let rfbm = xorshift(&mut seed) & 0b100111;
+            let _ = restore(&mut cpu, &area, rfbm, 0xe7, &l);
+        }
+    }
+
     #[test]
     fn effective_address_uses_registers() {
         let mut gprs = [0u64; 16];
