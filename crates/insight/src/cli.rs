@@ -153,7 +153,8 @@ fn run(args: RunArgs) -> Result<ExitCode> {
         let _ = writeln!(
             err,
             "insight: /init reached at {init}; guest ran {:.3} s; exits: {} port I/O, {} MMIO, \
-             {} HLT, {} kicks; {} interrupts injected; {} instructions completed for the emulator",
+             {} HLT, {} kicks; {} interrupts injected; {} instructions completed for the emulator; \
+             {} reads and {} writes of unassigned ports",
             outcome.elapsed.as_secs_f64(),
             outcome.exits.port_io,
             outcome.exits.mmio,
@@ -161,6 +162,8 @@ fn run(args: RunArgs) -> Result<ExitCode> {
             outcome.exits.kicks,
             outcome.exits.interrupts_injected,
             outcome.exits.emulation_completions,
+            outcome.platform.unassigned_reads,
+            outcome.platform.unassigned_writes,
         );
     }
     Ok(ExitCode::from(outcome.exit_status.unwrap_or(0)))
