@@ -8,6 +8,8 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 const PRESENT: u64 = 1;
 const WRITABLE: u64 = 1 << 1;
+const ACCESSED: u64 = 1 << 5;
+const DIRTY: u64 = 1 << 6;
 const HUGE: u64 = 1 << 7;
 const ADDR_MASK: u64 = 0x000f_ffff_ffff_f000;
 
@@ -31,6 +33,7 @@ pub fn translate(mem: &GuestMemoryMmap, cr3: u64, gva: u64) -> Result<u64, Trans
 /// Translates `gva` for a read or a write. Writes need every level
 /// writable, as for a supervisor access with CR0.WP set (Linux's setting):
 /// a copy-on-write page must fault, not be written behind the guest's back.
+/// Does not touch the accessed and dirty bits; see [`access`].
 pub fn translate_access(
     mem: &GuestMemoryMmap,
     cr3: u64,
@@ -66,6 +69,42 @@ pub fn translate_access(
 /// Calls `f(offset, len, physical address)` for each page-sized piece of
 /// `len` bytes at `gva`, translating for a read or a write; stops at the
 /// first piece that does not translate.
+/// Translates `gva` like [`translate_access`] and, as the CPU does for an
+/// access it performs, sets the accessed bit at every level and, for a
+/// write, the dirty bit of the leaf (Linux relies on it, e.g. to keep a
+/// lazily freed page that was written). The vCPU is stopped while this
+/// runs, so plain read-modify-writes of the entries are safe.
+pub fn access(
+    mem: &GuestMemoryMmap,
+    cr3: u64,
+    gva: u64,
+    write: bool,
+) -> Result<u64, TranslateError> {
+    let pa = translate_access(mem, cr3, gva, write)?;
+    let mut table = cr3 & ADDR_MASK;
+    for level in (0..4).rev() {
+        let shift = 12 + 9 * level;
+        let entry_addr = table + ((gva >> shift) & 0x1ff) * 8;
+        let entry: u64 = mem
+            .read_obj(GuestAddress(entry_addr))
+            .map_err(|_| TranslateError::TableOutsideMemory(entry_addr))?;
+        let leaf = level == 0 || (entry & HUGE != 0 && (level == 1 || level == 2));
+        let mut updated = entry | ACCESSED;
+        if leaf && write {
+            updated |= DIRTY;
+        }
+        if updated != entry {
+            mem.write_obj(updated, GuestAddress(entry_addr))
+                .map_err(|_| TranslateError::TableOutsideMemory(entry_addr))?;
+        }
+        if leaf {
+            break;
+        }
+        table = entry & ADDR_MASK;
+    }
+    Ok(pa)
+}
+
 fn for_each_page(
     mem: &GuestMemoryMmap,
     cr3: u64,
@@ -78,7 +117,7 @@ fn for_each_page(
     while done < len {
         let va = gva.wrapping_add(done as u64);
         let n = ((0x1000 - (va & 0xfff)) as usize).min(len - done);
-        let pa = translate_access(mem, cr3, va, write)?;
+        let pa = access(mem, cr3, va, write)?;
         f(done, n, pa).map_err(|_| TranslateError::OutsideMemory(va))?;
         done += n;
     }
@@ -177,6 +216,28 @@ mod tests {
             let _ = translate(&m, cr3, va);
             let _ = read_virt(&m, cr3, va, &mut buf);
         }
+    }
+
+    #[test]
+    fn accesses_set_accessed_and_dirty_bits() {
+        let m = mem();
+        tables(&m);
+        let base = 0xffff_8000_0040_0000u64;
+        let mut buf = [0u8; 1];
+        read_virt(&m, 0x1000, base + 0x5000, &mut buf).unwrap();
+        let pte: u64 = m.read_obj(GuestAddress(0x4000 + 5 * 8)).unwrap();
+        assert_eq!(pte & (ACCESSED | DIRTY), ACCESSED);
+        write_virt(&m, 0x1000, base + 0x5000, b"x").unwrap();
+        let pte: u64 = m.read_obj(GuestAddress(0x4000 + 5 * 8)).unwrap();
+        assert_eq!(pte & (ACCESSED | DIRTY), ACCESSED | DIRTY);
+        let pml4e: u64 = m
+            .read_obj(GuestAddress(0x1000 + ((base >> 39) & 0x1ff) * 8))
+            .unwrap();
+        assert_eq!(
+            pml4e & (ACCESSED | DIRTY),
+            ACCESSED,
+            "only the leaf gets dirty"
+        );
     }
 
     #[test]

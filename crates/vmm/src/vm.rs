@@ -175,6 +175,9 @@ pub struct Vm {
     xsave_max_size: usize,
     /// Host input for the serial console, if attached.
     input: Option<ConsoleInput>,
+    /// An exception was injected since the last KVM_RUN: KVM would drop an
+    /// interrupt injected alongside it, so interrupts wait for the window.
+    exception_pending: bool,
 }
 
 /// What the vCPU loop does after an exit.
@@ -261,6 +264,7 @@ impl Vm {
             xsave_layout,
             xsave_max_size,
             input: None,
+            exception_pending: false,
         })
     }
 
@@ -398,8 +402,12 @@ impl Vm {
     /// otherwise asks KVM to exit as soon as it can.
     fn inject_interrupts(&mut self) -> Result<(), VmError> {
         let pending = self.platform.pic.has_pending();
+        let exception_pending = std::mem::take(&mut self.exception_pending);
         let run = self.vcpu.get_kvm_run();
-        let can_inject = run.ready_for_interrupt_injection != 0 && run.if_flag != 0;
+        // The flags describe the vCPU at the last exit, before any
+        // exception the VMM injected since.
+        let can_inject =
+            !exception_pending && run.ready_for_interrupt_injection != 0 && run.if_flag != 0;
         run.request_interrupt_window = u8::from(pending && !can_inject);
         if pending && can_inject {
             if let Some(vector) = self.platform.pic.acknowledge() {
@@ -457,13 +465,16 @@ impl Vm {
             });
         }
         let sregs = self.vcpu.get_sregs().map_err(kvm_err("GET_SREGS"))?;
+        // The bytes up to the end of the page must be readable; those on
+        // the next page only if the instruction continues there.
         let mut insn = [0u8; MAX_INSN_LEN];
-        let fetched = gva::read_virt(
-            &self.mem,
-            sregs.cr3,
-            sregs.cs.base.wrapping_add(regs.rip),
-            &mut insn,
-        );
+        let pc = sregs.cs.base.wrapping_add(regs.rip);
+        let in_page = MAX_INSN_LEN.min((0x1000 - (pc & 0xfff)) as usize);
+        let fetched = gva::read_virt(&self.mem, sregs.cr3, pc, &mut insn[..in_page]);
+        if fetched.is_ok() && in_page < MAX_INSN_LEN {
+            let rest = pc.wrapping_add(in_page as u64);
+            let _ = gva::read_virt(&self.mem, sregs.cr3, rest, &mut insn[in_page..]);
+        }
         if fetched.is_ok() {
             if let Some(x) = xstate::decode(&insn) {
                 self.exits.emulation_completions += 1;
@@ -512,6 +523,7 @@ impl Vm {
         events.exception.nr = vector;
         events.exception.has_error_code = u8::from(error_code.is_some());
         events.exception.error_code = error_code.unwrap_or(0);
+        self.exception_pending = true;
         self.vcpu
             .set_vcpu_events(&events)
             .map_err(kvm_err("SET_VCPU_EVENTS"))
@@ -557,8 +569,25 @@ impl Vm {
             });
         };
         let write = x.op == XOp::Save;
+        // XRSTOR reads the legacy area and header, then only the
+        // components the header marks as in use; XSAVE writes them all.
         let mut area = vec![0u8; size];
-        match gva::read_virt(&self.mem, cr3, addr, &mut area) {
+        let read =
+            |len: usize, area: &mut [u8]| gva::read_virt(&self.mem, cr3, addr, &mut area[..len]);
+        let mut result = read(size.min(xstate::LEGACY_AND_HEADER), &mut area);
+        if result.is_ok() && size > xstate::LEGACY_AND_HEADER {
+            let needed = match x.op {
+                XOp::Save => size,
+                XOp::Restore => self
+                    .xsave_layout
+                    .area_size(rfbm & xstate::header_xstate_bv(&area))
+                    .unwrap_or(size),
+            };
+            if needed > xstate::LEGACY_AND_HEADER {
+                result = read(needed, &mut area);
+            }
+        }
+        match result {
             Ok(()) => {}
             Err(gva::TranslateError::NotMapped(at)) => {
                 return self.inject_page_fault(at, false, write)

@@ -189,6 +189,11 @@ pub enum XstateFault {
     BadMxcsr,
 }
 
+/// XSTATE_BV of a save area (0 if the area is too short).
+pub fn header_xstate_bv(area: &[u8]) -> u64 {
+    header_bv(area, HEADER)
+}
+
 fn header_bv(area: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(area[at..at + 8].try_into().unwrap_or([0; 8]))
 }
@@ -292,7 +297,13 @@ pub fn restore(
             }
         }
     }
-    let cpu_bv = (header_bv(cpu, HEADER) & !rfbm) | (bv & rfbm);
+    let mut cpu_bv = (header_bv(cpu, HEADER) & !rfbm) | (bv & rfbm);
+    if rfbm & 0b110 != 0 {
+        // MXCSR was loaded even if SSE state is not in use, but KVM_SET_XSAVE
+        // takes MXCSR only with a component that covers it: mark SSE in use
+        // (its registers already hold their initial values).
+        cpu_bv |= 0b10;
+    }
     cpu[HEADER..HEADER + 8].copy_from_slice(&cpu_bv.to_le_bytes());
     Ok(())
 }
@@ -479,7 +490,9 @@ mod tests {
         assert_eq!(&cpu[0..2], &[0x7f, 0x03], "FCW init");
         assert!(cpu[160..416].iter().all(|&b| b == 0));
         assert!(cpu[576..832].iter().all(|&b| b == 0));
-        assert_eq!(header_bv(&cpu, HEADER), 0);
+        // Only SSE stays marked, so that KVM takes the MXCSR loaded.
+        assert_eq!(header_bv(&cpu, HEADER), 0b10);
+        assert_eq!(&cpu[MXCSR], &0x1f80u32.to_le_bytes());
     }
 
     #[test]
