@@ -40,19 +40,23 @@ fn text(out: &Output) -> (String, String) {
     )
 }
 
-/// Runs `insight` with `args`; asserts its exit status; returns stdout.
-fn run_expecting<S: AsRef<std::ffi::OsStr>>(
-    args: impl IntoIterator<Item = S>,
-    status: i32,
-) -> String {
-    let out = insight().args(args).output().unwrap();
-    let (stdout, stderr) = text(&out);
+/// Asserts the exit status of a finished `insight`; returns its stdout.
+fn expect_status(out: &Output, status: i32) -> String {
+    let (stdout, stderr) = text(out);
     assert_eq!(
         out.status.code(),
         Some(status),
         "stdout:\n{stdout}\nstderr:\n{stderr}"
     );
     stdout
+}
+
+/// Runs `insight` with `args`; asserts its exit status; returns stdout.
+fn run_expecting<S: AsRef<std::ffi::OsStr>>(
+    args: impl IntoIterator<Item = S>,
+    status: i32,
+) -> String {
+    expect_status(&insight().args(args).output().unwrap(), status)
 }
 
 fn host_has_avx() -> bool {
@@ -271,13 +275,7 @@ fn standard_input_reaches_the_guest_console() {
         let mut stdin = child.stdin.take().unwrap();
         stdin.write_all(b"echo piped-$((6*7))\nexit 5\n").unwrap();
     }
-    let out = child.wait_with_output().unwrap();
-    let (stdout, stderr) = text(&out);
-    assert_eq!(
-        out.status.code(),
-        Some(5),
-        "stdout:\n{stdout}\nstderr:\n{stderr}"
-    );
+    let stdout = expect_status(&child.wait_with_output().unwrap(), 5);
     assert!(stdout.contains("piped-42\n"), "{stdout}");
 }
 
@@ -295,25 +293,7 @@ fn vector_check_detects_state_an_fxsave_only_kernel_loses() {
         eprintln!("SKIPPED: guest user code cannot use AVX state on this host ({user_xcr0:#x})");
         return;
     }
-    let out = insight()
-        .args([
-            "run",
-            "--no-stdin",
-            "--cmdline",
-            "noxsave",
-            "--",
-            "vector_check",
-            "4",
-            "2",
-            "30",
-        ])
-        .output()
-        .unwrap();
-    let (stdout, stderr) = text(&out);
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "stdout:\n{stdout}\nstderr:\n{stderr}"
-    );
+    let args = ["run", "--no-stdin", "--cmdline", "noxsave", "--"];
+    let stdout = run_expecting(args.iter().chain(&["vector_check", "4", "2", "30"]), 1);
     assert!(stdout.contains("vector_check: FAILED"), "{stdout}");
 }
