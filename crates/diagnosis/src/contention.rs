@@ -1,0 +1,449 @@
+//! Lock contention, modelled on mutrace: the lock state is simulated from
+//! the request/return/release events of every thread, in time order.
+//!
+//! Definitions (per lock):
+//! - *requests*: calls to lock, trylock or timedlock;
+//! - *acquisitions*: calls that returned 0;
+//! - *blocked*: requests made while another thread held the lock (a
+//!   failed trylock is counted as a trylock failure, not as blocked);
+//! - *contended*: acquisitions whose request was blocked;
+//! - *ownership changes*: acquisitions by a thread other than the previous
+//!   owner;
+//! - *hold time*: acquisition to release; *wait time*: request to
+//!   acquisition, in replay time units.
+//!
+//! Anything inconsistent (a release by a non-owner, a return without a
+//! request, time going backwards) is counted as an anomaly, not trusted.
+
+use std::collections::HashMap;
+
+use crate::lock_events::{LockEvent, LockEventKind, LockOp, ETIMEDOUT};
+
+/// Totals and extremes of a duration.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Durations {
+    pub total: u64,
+    pub max: u64,
+    pub count: u64,
+}
+
+impl Durations {
+    fn add(&mut self, d: u64) {
+        self.total = self.total.saturating_add(d);
+        self.max = self.max.max(d);
+        self.count += 1;
+    }
+
+    /// Mean, 0 when empty.
+    pub fn avg(&self) -> u64 {
+        self.total.checked_div(self.count).unwrap_or(0)
+    }
+}
+
+/// Statistics of one lock (or of one thread's use of it).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LockStats {
+    pub requests: u64,
+    pub acquisitions: u64,
+    pub blocked: u64,
+    pub contended: u64,
+    pub ownership_changes: u64,
+    pub trylock_failures: u64,
+    pub timedlock_timeouts: u64,
+    pub hold: Durations,
+    pub wait: Durations,
+}
+
+impl LockStats {
+    /// Blocked requests as a percentage of requests.
+    pub fn blocked_percent(&self) -> f64 {
+        percent(self.blocked, self.requests)
+    }
+
+    /// Ownership changes as a percentage of acquisitions.
+    pub fn ownership_change_percent(&self) -> f64 {
+        percent(self.ownership_changes, self.acquisitions)
+    }
+}
+
+fn percent(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        100.0 * part as f64 / whole as f64
+    }
+}
+
+/// Events that contradict the lock model.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Anomalies {
+    /// Release of a lock the thread did not hold.
+    pub release_without_hold: u64,
+    /// A return with no request pending from that thread, or a request
+    /// while the thread had one pending.
+    pub return_without_request: u64,
+    /// A successful acquisition while another thread held the lock.
+    pub acquired_while_held: u64,
+    /// An event earlier than the previous one.
+    pub out_of_order: u64,
+}
+
+#[derive(Default)]
+struct LockState {
+    owner: Option<u32>,
+    depth: u32,
+    acquired_at: u64,
+    last_owner: Option<u32>,
+    /// Pending requests: thread -> (time, op, found the lock held).
+    pending: HashMap<u32, (u64, LockOp, bool)>,
+}
+
+/// The result of the analysis.
+#[derive(Clone, Debug, Default)]
+pub struct ContentionReport {
+    pub locks: HashMap<u64, LockStats>,
+    pub per_thread: HashMap<(u64, u32), LockStats>,
+    pub anomalies: Anomalies,
+}
+
+impl ContentionReport {
+    /// Locks sorted by blocked requests, then total wait, then address;
+    /// at most `limit`.
+    pub fn ranked(&self, limit: usize) -> Vec<(u64, &LockStats)> {
+        let mut v: Vec<_> = self.locks.iter().map(|(&a, s)| (a, s)).collect();
+        v.sort_by(|a, b| {
+            (b.1.blocked, b.1.wait.total, a.0).cmp(&(a.1.blocked, a.1.wait.total, b.0))
+        });
+        v.truncate(limit);
+        v
+    }
+}
+
+/// Runs the analysis over events in time order.
+pub fn analyze<'a>(events: impl IntoIterator<Item = &'a LockEvent>) -> ContentionReport {
+    let mut report = ContentionReport::default();
+    let mut states: HashMap<u64, LockState> = HashMap::new();
+    let mut last_time = 0u64;
+    for ev in events {
+        if ev.time < last_time {
+            report.anomalies.out_of_order += 1;
+        }
+        last_time = last_time.max(ev.time);
+        let state = states.entry(ev.lock).or_default();
+        match ev.kind {
+            LockEventKind::Request(op) => {
+                let held_by_other = state.owner.is_some_and(|o| o != ev.thread);
+                // A trylock never waits: it fails instead of blocking.
+                let blocks = held_by_other && op != LockOp::TryLock;
+                if state
+                    .pending
+                    .insert(ev.thread, (ev.time, op, blocks))
+                    .is_some()
+                {
+                    report.anomalies.return_without_request += 1;
+                }
+                let (l, t) = stats_pair(&mut report, ev.lock, ev.thread);
+                for s in [l, t] {
+                    s.requests += 1;
+                    s.blocked += u64::from(blocks);
+                }
+            }
+            LockEventKind::Return(op, result) => {
+                let Some((requested_at, _, was_blocked)) = state.pending.remove(&ev.thread) else {
+                    report.anomalies.return_without_request += 1;
+                    continue;
+                };
+                if result != 0 {
+                    let (l, t) = stats_pair(&mut report, ev.lock, ev.thread);
+                    match op {
+                        LockOp::TryLock => {
+                            l.trylock_failures += 1;
+                            t.trylock_failures += 1;
+                        }
+                        LockOp::TimedLock if result == ETIMEDOUT => {
+                            l.timedlock_timeouts += 1;
+                            t.timedlock_timeouts += 1;
+                        }
+                        _ => {}
+                    }
+                    continue;
+                }
+                match state.owner {
+                    Some(o) if o == ev.thread => state.depth += 1,
+                    Some(_) => {
+                        report.anomalies.acquired_while_held += 1;
+                        continue;
+                    }
+                    None => {
+                        state.owner = Some(ev.thread);
+                        state.depth = 1;
+                        state.acquired_at = ev.time;
+                    }
+                }
+                let changed = state.last_owner.is_some_and(|o| o != ev.thread);
+                state.last_owner = Some(ev.thread);
+                let wait = ev.time.saturating_sub(requested_at);
+                let (l, t) = stats_pair(&mut report, ev.lock, ev.thread);
+                for s in [l, t] {
+                    s.acquisitions += 1;
+                    s.wait.add(wait);
+                    if was_blocked {
+                        s.contended += 1;
+                    }
+                    if changed {
+                        s.ownership_changes += 1;
+                    }
+                }
+            }
+            LockEventKind::Release => {
+                if state.owner != Some(ev.thread) {
+                    report.anomalies.release_without_hold += 1;
+                    continue;
+                }
+                state.depth -= 1;
+                if state.depth == 0 {
+                    state.owner = None;
+                    let held = ev.time.saturating_sub(state.acquired_at);
+                    let (l, t) = stats_pair(&mut report, ev.lock, ev.thread);
+                    l.hold.add(held);
+                    t.hold.add(held);
+                }
+            }
+        }
+    }
+    report
+}
+
+fn stats_pair(
+    report: &mut ContentionReport,
+    lock: u64,
+    thread: u32,
+) -> (&mut LockStats, &mut LockStats) {
+    let l = report.locks.entry(lock).or_default();
+    let t = report.per_thread.entry((lock, thread)).or_default();
+    (l, t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Stream(Vec<LockEvent>, u64);
+
+    impl Stream {
+        fn new() -> Self {
+            Stream(Vec::new(), 0)
+        }
+        fn at(&mut self, time: u64) -> &mut Self {
+            self.1 = time;
+            self
+        }
+        fn ev(&mut self, thread: u32, lock: u64, kind: LockEventKind) -> &mut Self {
+            self.0.push(LockEvent {
+                time: self.1,
+                thread,
+                lock,
+                kind,
+            });
+            self
+        }
+        fn req(&mut self, t: u32, l: u64) -> &mut Self {
+            self.ev(t, l, LockEventKind::Request(LockOp::Lock))
+        }
+        fn got(&mut self, t: u32, l: u64) -> &mut Self {
+            self.ev(t, l, LockEventKind::Return(LockOp::Lock, 0))
+        }
+        fn rel(&mut self, t: u32, l: u64) -> &mut Self {
+            self.ev(t, l, LockEventKind::Release)
+        }
+    }
+
+    #[test]
+    fn uncontended_lock() {
+        let mut s = Stream::new();
+        s.at(0).req(1, 0xa).got(1, 0xa).at(10).rel(1, 0xa);
+        s.at(20).req(1, 0xa).got(1, 0xa).at(25).rel(1, 0xa);
+        let r = analyze(&s.0);
+        let l = &r.locks[&0xa];
+        assert_eq!(
+            (l.requests, l.acquisitions, l.blocked, l.contended),
+            (2, 2, 0, 0)
+        );
+        assert_eq!(l.ownership_changes, 0);
+        assert_eq!((l.hold.total, l.hold.max, l.hold.avg()), (15, 10, 7));
+        assert_eq!(r.anomalies, Anomalies::default());
+    }
+
+    #[test]
+    fn blocked_request_waits_and_changes_owner() {
+        let mut s = Stream::new();
+        s.at(0).req(1, 0xa).got(1, 0xa);
+        s.at(5).req(2, 0xa); // blocks: thread 1 holds it
+        s.at(30).rel(1, 0xa).at(31).got(2, 0xa).at(40).rel(2, 0xa);
+        let r = analyze(&s.0);
+        let l = &r.locks[&0xa];
+        assert_eq!(
+            (l.requests, l.acquisitions, l.blocked, l.contended),
+            (2, 2, 1, 1)
+        );
+        assert_eq!(l.ownership_changes, 1);
+        assert_eq!(l.blocked_percent(), 50.0);
+        assert_eq!(l.ownership_change_percent(), 50.0);
+        assert_eq!((l.wait.total, l.wait.max), (26, 26));
+        let t2 = &r.per_thread[&(0xa, 2)];
+        assert_eq!((t2.blocked, t2.contended, t2.wait.total), (1, 1, 26));
+    }
+
+    #[test]
+    fn trylock_failures_and_timedlock_timeouts_are_not_blocks() {
+        let mut s = Stream::new();
+        s.at(0).req(1, 0xa).got(1, 0xa);
+        s.at(1)
+            .ev(2, 0xa, LockEventKind::Request(LockOp::TryLock))
+            .ev(2, 0xa, LockEventKind::Return(LockOp::TryLock, 16));
+        s.at(2)
+            .ev(3, 0xa, LockEventKind::Request(LockOp::TimedLock));
+        s.at(9)
+            .ev(3, 0xa, LockEventKind::Return(LockOp::TimedLock, ETIMEDOUT));
+        s.at(10).rel(1, 0xa);
+        let r = analyze(&s.0);
+        let l = &r.locks[&0xa];
+        assert_eq!((l.requests, l.acquisitions), (3, 1));
+        assert_eq!((l.trylock_failures, l.timedlock_timeouts), (1, 1));
+        assert_eq!(l.blocked, 1, "the timed lock blocked; the trylock did not");
+    }
+
+    #[test]
+    fn recursive_locking_holds_until_the_last_release() {
+        let mut s = Stream::new();
+        s.at(0)
+            .req(1, 0xa)
+            .got(1, 0xa)
+            .at(1)
+            .req(1, 0xa)
+            .got(1, 0xa);
+        s.at(2)
+            .rel(1, 0xa)
+            .at(3)
+            .req(2, 0xa)
+            .at(9)
+            .rel(1, 0xa)
+            .got(2, 0xa)
+            .rel(2, 0xa);
+        let r = analyze(&s.0);
+        let l = &r.locks[&0xa];
+        assert_eq!((l.blocked, l.contended), (1, 1));
+        assert_eq!(l.hold.max, 9);
+    }
+
+    #[test]
+    fn inconsistent_streams_are_counted_not_trusted() {
+        let mut s = Stream::new();
+        s.at(5).rel(1, 0xa); // release without hold
+        s.at(6).got(1, 0xa); // return without request
+        s.at(7).req(1, 0xa).got(1, 0xa);
+        s.at(8).req(2, 0xa).got(2, 0xa); // acquired while held
+        s.at(1).rel(1, 0xa); // out of order
+        let r = analyze(&s.0);
+        assert_eq!(
+            r.anomalies,
+            Anomalies {
+                release_without_hold: 1,
+                return_without_request: 1,
+                acquired_while_held: 1,
+                out_of_order: 1,
+            }
+        );
+    }
+
+    /// The paper's Syn_cont shape: level-1 locks shared by 2 threads,
+    /// level-2 by 8, round-robin scheduling with a quantum that preempts
+    /// threads inside critical sections.
+    #[test]
+    fn syn_cont_shape_level2_more_contended_than_level1() {
+        const THREADS: u32 = 16;
+        const ITER: u32 = 50;
+        let l1 = |t: u32| 0x1000 + u64::from(t / 2);
+        let l2 = |t: u32| 0x2000 + u64::from(t / 8);
+        let mut s = Stream::new();
+        let mut time = 0;
+        // Each thread: lock l2, lock l1, work, unlock l1, unlock l2. Threads
+        // interleave one step at a time, and a thread that cannot take a lock
+        // retries at its next turn: a uniprocessor round robin.
+        #[derive(Clone, Copy, PartialEq)]
+        enum Step {
+            ReqL2,
+            GotL2,
+            ReqL1,
+            GotL1,
+            RelL1,
+            RelL2,
+        }
+        let mut step = vec![Step::ReqL2; THREADS as usize];
+        let mut done = vec![0u32; THREADS as usize];
+        let mut owner: HashMap<u64, u32> = HashMap::new();
+        while done.iter().any(|&d| d < ITER) {
+            for t in 0..THREADS {
+                if done[t as usize] == ITER {
+                    continue;
+                }
+                time += 1;
+                s.at(time);
+                let st = step[t as usize];
+                step[t as usize] = match st {
+                    Step::ReqL2 => {
+                        s.req(t, l2(t));
+                        Step::GotL2
+                    }
+                    Step::GotL2 if owner.contains_key(&l2(t)) => Step::GotL2,
+                    Step::GotL2 => {
+                        owner.insert(l2(t), t);
+                        s.got(t, l2(t));
+                        Step::ReqL1
+                    }
+                    Step::ReqL1 => {
+                        s.req(t, l1(t));
+                        Step::GotL1
+                    }
+                    Step::GotL1 if owner.contains_key(&l1(t)) => Step::GotL1,
+                    Step::GotL1 => {
+                        owner.insert(l1(t), t);
+                        s.got(t, l1(t));
+                        Step::RelL1
+                    }
+                    Step::RelL1 => {
+                        owner.remove(&l1(t));
+                        s.rel(t, l1(t));
+                        Step::RelL2
+                    }
+                    Step::RelL2 => {
+                        owner.remove(&l2(t));
+                        s.rel(t, l2(t));
+                        done[t as usize] += 1;
+                        Step::ReqL2
+                    }
+                };
+            }
+        }
+        let r = analyze(&s.0);
+        assert_eq!(r.anomalies, Anomalies::default());
+        let sum = |base: u64, n: u64| {
+            let mut total = LockStats::default();
+            for a in base..base + n {
+                let l = &r.locks[&a];
+                total.requests += l.requests;
+                total.blocked += l.blocked;
+                total.ownership_changes += l.ownership_changes;
+                total.acquisitions += l.acquisitions;
+            }
+            total
+        };
+        let (level1, level2) = (sum(0x1000, 8), sum(0x2000, 2));
+        // Requests: each level-1 lock 2 threads x ITER, each level-2 lock 8 x ITER.
+        assert_eq!(r.locks[&0x1000].requests, u64::from(2 * ITER));
+        assert_eq!(r.locks[&0x2000].requests, u64::from(8 * ITER));
+        assert!(level2.blocked_percent() > level1.blocked_percent());
+        assert!(level2.ownership_change_percent() > level1.ownership_change_percent());
+        assert_eq!(r.ranked(1)[0].0 >> 12, 2, "a level-2 lock ranks first");
+    }
+}

@@ -1,0 +1,8 @@
+//! Diagnosis over the events a replay collects.
+//!
+//! The analyses work on plain event streams, so they can be built and
+//! tested on synthetic streams; the event database feeds them in
+//! production.
+
+pub mod contention;
+pub mod lock_events;
