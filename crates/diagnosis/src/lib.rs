@@ -5,4 +5,5 @@
 //! production.
 
 pub mod contention;
+pub mod deadlock;
 pub mod lock_events;
