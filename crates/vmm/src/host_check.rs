@@ -62,6 +62,8 @@ pub enum ProbeError {
     },
     #[error("host probe guest memory: {0}")]
     Memory(String),
+    #[error("this host's KVM runs a user-mode SYSCALL in a way insight does not know ({0}); see `insight host-check`")]
+    UnknownSyscall(String),
 }
 
 fn kvm_err(op: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> ProbeError {

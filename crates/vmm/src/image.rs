@@ -35,10 +35,13 @@ pub struct GuestQuirks {
 impl GuestQuirks {
     /// The quirks of this host, measured by tiny probe guests.
     pub fn for_this_host() -> Result<Self, crate::host_check::ProbeError> {
-        let syscall = crate::host_check::probe_syscall()?;
-        Ok(GuestQuirks {
-            syscall_trap: syscall == crate::host_check::SyscallBehaviour::StaysInUserMode,
-        })
+        use crate::host_check::{probe_syscall, ProbeError, SyscallBehaviour};
+        let syscall_trap = match probe_syscall()? {
+            SyscallBehaviour::EntersKernel => false,
+            SyscallBehaviour::StaysInUserMode => true,
+            SyscallBehaviour::Unknown(what) => return Err(ProbeError::UnknownSyscall(what)),
+        };
+        Ok(GuestQuirks { syscall_trap })
     }
 }
 
