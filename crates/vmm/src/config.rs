@@ -26,6 +26,10 @@ pub const MAX_MEMORY_MIB: u64 = 3072;
 /// page while interpreted), so the default is modest.
 pub const DEFAULT_MEMORY_MIB: u64 = 128;
 
+/// Directories the guest's /init mounts file systems on: files placed
+/// there in the initramfs would be hidden.
+pub const MOUNTED_AT_BOOT: [&str; 5] = ["/proc", "/sys", "/dev", "/tmp", "/run"];
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read config {path}")]
@@ -160,6 +164,12 @@ impl VmConfig {
             if !f.guest.is_absolute() {
                 return Err(ParseError::Invalid(format!(
                     "files: guest path {} must be absolute",
+                    f.guest.display()
+                )));
+            }
+            if let Some(mount) = MOUNTED_AT_BOOT.iter().find(|m| f.guest.starts_with(m)) {
+                return Err(ParseError::Invalid(format!(
+                    "files: guest path {} would be hidden by the file system /init mounts on {mount}",
                     f.guest.display()
                 )));
             }
@@ -305,6 +315,9 @@ mod tests {
         assert!(parse("env = { \"A=B\" = \"x\" }")
             .unwrap_err()
             .contains("A=B"));
+        assert!(parse("[[files]]\nhost = \"a\"\nguest = \"/tmp/a\"")
+            .unwrap_err()
+            .contains("hidden"));
         assert!(parse("kernel = ").unwrap_err().contains("line 1"));
     }
 
