@@ -4,9 +4,14 @@
 //! Only instructions whose effect the VMM can reproduce exactly belong
 //! here; anything else stops the VM with the instruction bytes and RIP.
 
+use crate::xstate::{self, XInsn};
+
 /// What the VMM does for an instruction the emulator rejected.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Completion {
+    /// XSAVE/XRSTOR: move extended state between guest memory and the
+    /// vCPU (see `xstate`).
+    Xstate(XInsn),
     /// Advance RIP by this many bytes: the instruction has no effect the
     /// guest can observe here.
     Skip(u64),
@@ -17,6 +22,9 @@ pub enum Completion {
 
 /// Decides how to complete the instruction starting with `bytes`.
 pub fn complete(bytes: &[u8]) -> Option<Completion> {
+    if let Some(x) = xstate::decode(bytes) {
+        return Some(Completion::Xstate(x));
+    }
     match bytes {
         // FWAIT: waits for pending x87 exceptions. Linux issues it only to
         // discard a dying task's pending exceptions (fpu__drop), and the
@@ -49,9 +57,16 @@ mod tests {
             complete(&[0xcc]),
             Some(Completion::Trap { len: 1, vector: 3 })
         );
-        // lock cmpxchg16b, xsave, clac: not completable.
+        // xsave and xrstor go to the extended-state completion.
+        for insn in [[0x0f, 0xae, 0x27], [0x0f, 0xae, 0x2f]] {
+            assert!(
+                matches!(complete(&insn), Some(Completion::Xstate(_))),
+                "{insn:x?}"
+            );
+        }
+        // lock cmpxchg16b, fxsave, clac: not completable.
         assert_eq!(complete(&[0xf0, 0x48, 0x0f, 0xc7, 0x0e]), None);
-        assert_eq!(complete(&[0x0f, 0xae, 0x27]), None);
+        assert_eq!(complete(&[0x0f, 0xae, 0x00]), None);
         assert_eq!(complete(&[0x0f, 0x01, 0xca]), None);
         assert_eq!(complete(&[]), None);
         assert_eq!(hex_bytes(&[0x0f, 0xae]), "0f ae");

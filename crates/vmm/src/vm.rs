@@ -475,31 +475,24 @@ impl Vm {
             let rest = pc.wrapping_add(in_page as u64);
             let _ = gva::read_virt(&self.mem, sregs.cr3, rest, &mut insn[in_page..]);
         }
-        if fetched.is_ok() {
-            if let Some(x) = xstate::decode(&insn) {
-                self.exits.emulation_completions += 1;
-                return self.complete_xstate(x, regs, sregs.cr3);
-            }
-        }
         let completion = fetched
             .as_ref()
             .ok()
             .and_then(|_| emulation::complete(&insn));
-        match completion {
-            Some(Completion::Skip(len)) => {
-                regs.rip = regs.rip.wrapping_add(len);
-                self.vcpu.set_regs(&regs).map_err(kvm_err("SET_REGS"))?;
-            }
-            Some(Completion::Trap { len, vector }) => {
-                regs.rip = regs.rip.wrapping_add(len);
-                self.vcpu.set_regs(&regs).map_err(kvm_err("SET_REGS"))?;
-                self.inject_exception(vector, None)?;
-            }
-            None => {}
-        }
-        if completion.is_some() {
+        if let Some(completion) = completion {
             self.exits.emulation_completions += 1;
-            return Ok(());
+            return match completion {
+                Completion::Xstate(x) => self.complete_xstate(x, regs, sregs.cr3),
+                Completion::Skip(len) => {
+                    regs.rip = regs.rip.wrapping_add(len);
+                    self.vcpu.set_regs(&regs).map_err(kvm_err("SET_REGS"))
+                }
+                Completion::Trap { len, vector } => {
+                    regs.rip = regs.rip.wrapping_add(len);
+                    self.vcpu.set_regs(&regs).map_err(kvm_err("SET_REGS"))?;
+                    self.inject_exception(vector, None)
+                }
+            };
         }
         Err(VmError::GuestFault {
             reason: "instruction the host cannot emulate".into(),
