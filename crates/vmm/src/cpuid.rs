@@ -96,6 +96,11 @@ pub fn shape(entries: &mut Vec<kvm_cpuid_entry2>) {
                 e.ecx &= !EXT1_ECX_HIDE;
                 e.edx &= !EXT1_EDX_HIDE;
             }
+            // x2APIC ID (topology leaves) and extended APIC ID: KVM fills
+            // in the host CPU the VMM happens to run on; the guest's one
+            // CPU is 0, in every run.
+            (0xb, _) | (0x1f, _) => e.edx = 0,
+            (0x8000_001e, _) => e.eax = 0,
             _ => {}
         }
     }
@@ -128,8 +133,19 @@ mod tests {
             entry(0x4000_0000, 0, u32::MAX),
             entry(0x4000_0001, 0, u32::MAX),
             entry(0x8000_0001, 0, u32::MAX),
+            entry(0xb, 0, u32::MAX),
+            entry(0x1f, 1, u32::MAX),
+            entry(0x8000_001e, 0, u32::MAX),
         ];
         shape(&mut v);
+        for (function, index) in [(0xb, 0), (0x1f, 1)] {
+            let e = v
+                .iter()
+                .find(|e| (e.function, e.index) == (function, index));
+            assert_eq!(e.unwrap().edx, 0, "x2APIC ID of leaf {function:#x}");
+        }
+        let ext = v.iter().find(|e| e.function == 0x8000_001e).unwrap();
+        assert_eq!(ext.eax, 0, "extended APIC ID");
         assert!(v
             .iter()
             .all(|e| e.function < 0x4000_0000 || e.function >= 0x8000_0000));

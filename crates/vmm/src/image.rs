@@ -49,7 +49,10 @@ impl GuestQuirks {
 /// additions. Every flag is there for a reason:
 /// - `noapic nolapic`: interrupts come from the user-space 8259 PIC;
 /// - `clearcpuid=`: `tsc`: no TSC (not trappable, not replayable), the
-///   kernel keeps time with jiffies from the PIT; `erms,fsrm`: string
+///   kernel keeps time with the paravirtual clock; `rdrand,rdseed`: KVM
+///   shows them to the kernel whatever CPUID says, and their values would
+///   reach the random pool without a VM exit, so replay could not repeat
+///   them; `erms,fsrm`: string
 ///   operations by qword, 8x fewer emulated iterations; `xsaveopt,xsavec,
 ///   xsaves`: only the standard-format XSAVE/XRSTOR the VMM completes (KVM
 ///   shows these to the kernel whatever CPUID says); the others are
@@ -62,7 +65,7 @@ pub fn kernel_cmdline(quirks: GuestQuirks, quiet: bool, extra: &str) -> String {
         "console=ttyS0",
         "noapic",
         "nolapic",
-        "clearcpuid=smap,popcnt,ssse3,rdpid,tsc,erms,fsrm,xsaveopt,xsavec,xsaves",
+        "clearcpuid=smap,popcnt,ssse3,rdpid,tsc,rdrand,rdseed,erms,fsrm,xsaveopt,xsavec,xsaves",
         "nofsgsbase",
         "noinvpcid",
         "mitigations=off",
