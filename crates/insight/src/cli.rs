@@ -57,14 +57,55 @@ The config file format is described in docs/config.md.")]
 and print which strategy insight will use.\n\n\
 Probes: where a user-mode SYSCALL lands; whether user-mode port I/O exits; whether `int3`, \
 hardware breakpoints and single-step are intercepted in kernel and user mode; whether \
-CR4.TSD makes user-mode RDTSC fault; whether a hardware branch counter (PMU) exists.\n\n\
+CR4.TSD makes user-mode RDTSC fault; whether an interrupt injected at a VM exit reaches \
+the guest before its next instruction (what the exit clock rests on); whether a hardware \
+branch counter (PMU) exists.\n\n\
 Exit status 0 when insight can run its guest on this host, 1 otherwise."
     )]
     HostCheck,
+    /// Boot a guest, run a command in it, and record the run into a trace.
+    #[command(
+        long_about = "Boot a guest, run a command in it, and record the run into a \
+trace directory that `insight replay` re-executes exactly.\n\n\
+Takes the same config, options and command as `insight run`; the console works the same \
+way, and what you type is recorded. Only the guest's non-deterministic inputs are logged: \
+the values it reads from devices and the paravirtual clock, and where each interrupt was \
+delivered. Asynchronous input reaches the guest only at deterministic VM exits (the exit \
+clock), so the guest may take interrupts a little later than in `insight run`.\n\n\
+The trace is written as the run goes; if the recorder dies, what it wrote is still a \
+replayable prefix. On a terminal a status line shows guest time, exits and trace size.\n\n\
+Examples:\n  \
+insight record -o t1 -- syn_cont             # record a workload of the built-in guest\n  \
+insight record my-vm.toml -o t2              # record your guest\n  \
+insight replay t1                            # re-execute it\n\n\
+Exit status: the guest command's, as for `run`. The trace format is in \
+docs/trace-format.md."
+    )]
+    Record(crate::journal_cmds::RecordArgs),
+    /// Re-execute a recorded trace, checking every step against the log.
+    #[command(
+        long_about = "Re-execute a recorded trace from the same initial state with \
+the recorded inputs, checking every deterministic exit against the log (kind, port or \
+address, RIP, value written; a register digest every 64 exits by default). The guest's console \
+output is printed again. Guest idle time is skipped.\n\n\
+The first mismatch stops the replay with its position (exit ordinal) and both states.\n\n\
+Exit status: 0 when the replay matched the whole recording; 1 when it diverged; 4 when \
+the trace is incomplete (its recorder did not finish) and its whole prefix replayed \
+faithfully; 125 when insight could not replay (missing or changed image, unreadable \
+trace, different host CPU)."
+    )]
+    Replay(crate::journal_cmds::ReplayArgs),
+    /// Print a trace's header and event log (text or JSON lines).
+    #[command(long_about = "Print a trace's header and event log.\n\n\
+Text: one line per log entry, deterministic exits numbered by ordinal, interrupts and \
+register digests under the exit they follow. --json: one JSON object per line, \
+{\"exit\": N, \"event\": {...}}, after a first line holding the header.")]
+    Dump(crate::journal_cmds::DumpArgs),
 }
 
-#[derive(Parser)]
-struct RunArgs {
+/// What to boot: shared by `run` and `record`.
+#[derive(clap::Args)]
+pub struct GuestArgs {
     /// VM config file (TOML); default: the built-in guest.
     config: Option<PathBuf>,
     /// Guest memory in MiB (overrides the config).
@@ -76,15 +117,21 @@ struct RunArgs {
     /// Show the kernel's boot messages (no `quiet`).
     #[arg(long)]
     verbose_boot: bool,
-    /// Print boot and run timings and exit counts on standard error.
-    #[arg(long)]
-    timings: bool,
     /// Do not forward standard input to the guest console.
     #[arg(long)]
-    no_stdin: bool,
+    pub no_stdin: bool,
     /// Command to run in the guest instead of the config's.
     #[arg(last = true, value_name = "COMMAND")]
     command: Vec<String>,
+}
+
+#[derive(Parser)]
+struct RunArgs {
+    #[command(flatten)]
+    guest: GuestArgs,
+    /// Print boot and run timings and exit counts on standard error.
+    #[arg(long)]
+    timings: bool,
 }
 
 pub fn main() -> Result<ExitCode> {
@@ -92,6 +139,9 @@ pub fn main() -> Result<ExitCode> {
     match cli.command {
         Command::Run(args) => run(args),
         Command::HostCheck => host_check(),
+        Command::Record(args) => crate::journal_cmds::record(args),
+        Command::Replay(args) => crate::journal_cmds::replay(args),
+        Command::Dump(args) => crate::journal_cmds::dump(args),
     }
 }
 
@@ -110,16 +160,18 @@ fn load_config(path: Option<&PathBuf>) -> Result<VmConfig> {
     })
 }
 
-fn run(args: RunArgs) -> Result<ExitCode> {
+/// The boot specification for `args`, and a description of the config
+/// for trace headers.
+pub fn prepare_guest(args: &GuestArgs) -> Result<(vmm::VmSpec, String)> {
     let mut config = load_config(args.config.as_ref())?;
     if !args.command.is_empty() {
-        config.command = args.command;
+        config.command = args.command.clone();
     }
     if let Some(mib) = args.memory {
         config.memory_mib = mib;
         config.validate_memory().context("--memory")?;
     }
-    if let Some(extra) = args.cmdline {
+    if let Some(extra) = &args.cmdline {
         config.cmdline = format!("{} {}", config.cmdline, extra);
     }
     let options = BootOptions {
@@ -127,16 +179,36 @@ fn run(args: RunArgs) -> Result<ExitCode> {
         quiet: !args.verbose_boot,
     };
     let spec = guest::prepare(&config, &options)?;
+    let description = match &args.config {
+        Some(path) => format!(
+            "# {}\n{}",
+            path.display(),
+            std::fs::read_to_string(path).unwrap_or_default()
+        ),
+        None => "# built-in guest\n".to_string(),
+    };
+    Ok((
+        spec,
+        format!("{description}# command: {:?}\n", config.command),
+    ))
+}
+
+/// Forwards standard input to the guest unless told not to; the guard
+/// keeps the terminal raw until the run ends.
+pub fn attach_stdin(vm: &mut Vm, no_stdin: bool) -> Option<vmm::console::TerminalGuard> {
+    if no_stdin {
+        return None;
+    }
+    let (input, guard) = ConsoleInput::from_stdin();
+    vm.attach_input(input);
+    Some(guard)
+}
+
+fn run(args: RunArgs) -> Result<ExitCode> {
+    let (spec, _) = prepare_guest(&args.guest)?;
     let console: vmm::vm::Console = Box::new(std::io::stdout());
     let mut vm = Vm::new(&spec, console)?;
-    // Keeps the terminal in raw mode until the run ends.
-    let _terminal = if args.no_stdin {
-        None
-    } else {
-        let (input, guard) = ConsoleInput::from_stdin();
-        vm.attach_input(input);
-        Some(guard)
-    };
+    let _terminal = attach_stdin(&mut vm, args.guest.no_stdin);
     let outcome = match vm.run() {
         Err(VmError::StoppedByUser) => {
             eprintln!("\ninsight: stopped by the user (Ctrl-A x)");
@@ -239,6 +311,22 @@ fn host_check() -> Result<ExitCode> {
             " (host's: the VMM completes XSAVE/XRSTOR for the guest kernel)"
         }
     );
+    println!(
+        "  interrupt at exit, delivered:    {}",
+        if r.delivery.exact == r.delivery.rounds {
+            format!(
+                "before the next instruction ({} of {})",
+                r.delivery.exact, r.delivery.rounds
+            )
+        } else {
+            format!(
+                "late in {} of {} tries (up to {} instructions): recordings are not exact here",
+                r.delivery.rounds - r.delivery.exact,
+                r.delivery.rounds,
+                r.delivery.max_late
+            )
+        }
+    );
     println!("  host branch counter (PMU):       {pmu}");
     println!(
         "  PMU counters offered to guests:  {}",
@@ -262,7 +350,10 @@ fn host_check() -> Result<ExitCode> {
         }
     );
     if !r.user_tsd {
-        println!("  user-mode RDTSC cannot be trapped here: recordings report it, never hide it");
+        println!(
+            "  user-mode RDTSC cannot be trapped here: a program that reads the TSC (or RDRAND) \
+             directly is not replayed faithfully (glibc, busybox and the guest image do not)"
+        );
     }
     if r.can_run() {
         println!("insight can run on this host.");

@@ -1,6 +1,8 @@
 //! `insight`: record, replay and diagnose a Linux VM.
 
 mod cli;
+mod journal_cmds;
+mod status;
 
 use std::process::ExitCode;
 

@@ -4,66 +4,12 @@
 //! (the test command builds it first). Without /dev/kvm they say so and do
 //! nothing else; a missing image is a failure.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::Path;
 use std::process::{Command, Output};
 
-fn insight() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_insight"))
-}
-
-/// Whether guest tests can run here; panics if KVM exists but the image
-/// does not (the test command builds it).
-fn guest_ready() -> bool {
-    if !Path::new("/dev/kvm").exists() {
-        eprintln!("SKIPPED: /dev/kvm does not exist on this machine");
-        return false;
-    }
-    let kernel = vmm::image::default_kernel();
-    assert!(
-        kernel.exists(),
-        "no guest image at {}: run tools/build-guest first",
-        kernel.display()
-    );
-    true
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("insight-e2e-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-fn text(out: &Output) -> (String, String) {
-    (
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-/// Asserts the exit status of a finished `insight`; returns its stdout.
-fn expect_status(out: &Output, status: i32) -> String {
-    let (stdout, stderr) = text(out);
-    assert_eq!(
-        out.status.code(),
-        Some(status),
-        "stdout:\n{stdout}\nstderr:\n{stderr}"
-    );
-    stdout
-}
-
-/// Runs `insight` with `args`; asserts its exit status; returns stdout.
-fn run_expecting<S: AsRef<std::ffi::OsStr>>(
-    args: impl IntoIterator<Item = S>,
-    status: i32,
-) -> String {
-    expect_status(&insight().args(args).output().unwrap(), status)
-}
-
-fn host_has_avx() -> bool {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .map(|c| c.split_whitespace().any(|w| w == "avx"))
-        .unwrap_or(false)
-}
+use common::*;
 
 #[test]
 fn exit_status_and_output_pass_through() {

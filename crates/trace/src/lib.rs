@@ -103,9 +103,30 @@ pub struct Header {
     pub guest_cpuid: Vec<(u32, u32, u32, u32, u32, u32)>,
     /// KVM capabilities that matter to the recording: (capability, value).
     pub kvm_caps: Vec<(u32, i32)>,
-    /// The VM configuration, as TOML.
+    /// The VM configuration the recording was made from, for people: the
+    /// config file's text, or a description of the built-in guest.
     pub config: String,
+    /// Files the initial state is made of (kernel, base initramfs), with
+    /// their SHA-256: replay refuses files whose content differs.
     pub images: Vec<ImageDigest>,
+    /// Everything else the initial state is made of.
+    pub boot: BootParams,
+    /// A register digest is logged at every deterministic exit whose
+    /// ordinal is a multiple of this.
+    pub digest_interval: u64,
+}
+
+/// The guest's initial state besides the image files.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BootParams {
+    /// Kernel command line.
+    pub cmdline: String,
+    pub memory_mib: u64,
+    /// Seed handed to the guest kernel's random number generator.
+    pub rng_seed: Vec<u8>,
+    /// The archive appended to the base initramfs (command, environment,
+    /// the user's files).
+    pub extra_initramfs: Vec<u8>,
 }
 
 /// A large payload in the payload stream.
@@ -120,6 +141,8 @@ pub struct PayloadRef {
 pub struct Summary {
     pub events: u64,
     pub frames: u64,
+    /// Size of the compressed event stream, frame headers included.
+    pub event_bytes: u64,
     pub payload_bytes: u64,
 }
 
@@ -214,6 +237,7 @@ impl<E: Serialize> TraceWriter<E> {
             frame.extend_from_slice(&count.to_le_bytes());
             frame.extend_from_slice(&compressed);
             self.events.write_all(&frame).map_err(io_err(&path))?;
+            self.summary.event_bytes += frame.len() as u64;
             self.summary.events += u64::from(count);
             self.summary.frames += 1;
             self.pending.clear();
@@ -238,6 +262,11 @@ impl<E: Serialize> TraceWriter<E> {
 
     pub fn summary(&self) -> Summary {
         self.summary
+    }
+
+    /// Bytes of events and payloads written out so far.
+    pub fn bytes_written(&self) -> u64 {
+        self.summary.event_bytes + self.summary.payload_bytes
     }
 }
 
@@ -432,6 +461,13 @@ mod tests {
                 path: "/x/vmlinux".into(),
                 digest: "abc".into(),
             }],
+            boot: BootParams {
+                cmdline: "console=ttyS0".into(),
+                memory_mib: 128,
+                rng_seed: vec![7; 32],
+                extra_initramfs: b"070701".to_vec(),
+            },
+            digest_interval: 64,
         }
     }
 

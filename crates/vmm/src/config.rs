@@ -74,6 +74,7 @@ struct RawConfig {
     env: BTreeMap<String, String>,
     #[serde(default)]
     files: Vec<FileSpec>,
+    disk: Option<PathBuf>,
 }
 
 /// A validated VM configuration. Paths are absolute or relative to the
@@ -92,6 +93,8 @@ pub struct VmConfig {
     /// Environment for the guest command.
     pub env: BTreeMap<String, String>,
     pub files: Vec<FileSpec>,
+    /// Base image of the guest's virtio disk (`/dev/vda`), never written.
+    pub disk: Option<PathBuf>,
 }
 
 impl VmConfig {
@@ -186,6 +189,7 @@ impl VmConfig {
             command,
             env: raw.env,
             files,
+            disk: raw.disk.map(resolve),
         })
     }
 }

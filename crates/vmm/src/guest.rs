@@ -30,6 +30,23 @@ pub enum GuestError {
     Files(#[from] InitramfsError),
     #[error("cannot read a random seed from /dev/urandom")]
     Seed(#[source] std::io::Error),
+    #[error("cannot read {path}")]
+    ReadImage {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the trace was recorded with {role} {path} of SHA-256 {recorded}, but that file now has SHA-256 {found}: replay needs the exact image the recording booted (rebuild or restore it)")]
+    ImageChanged {
+        role: String,
+        path: String,
+        recorded: String,
+        found: String,
+    },
+    #[error("the trace header names no {0} image")]
+    MissingRole(&'static str),
+    #[error("the trace's random seed has {0} bytes, not {len}", len = crate::boot::RNG_SEED_LEN)]
+    BadSeed(usize),
 }
 
 /// A fresh seed for the guest's random number generator.
@@ -92,17 +109,144 @@ pub fn prepare(config: &VmConfig, options: &BootOptions) -> Result<VmSpec, Guest
         &nul_separated(env.iter().map(String::as_str)),
     )?;
 
-    // Concatenated archives must each start 4-byte aligned.
-    initramfs.resize(initramfs.len().next_multiple_of(4), 0);
-    initramfs.extend_from_slice(&extra.finish());
-
+    let extra = extra.finish();
+    append_archive(&mut initramfs, &extra);
+    let mut cmdline = image::kernel_cmdline(options.quirks, options.quiet, &config.cmdline);
+    if let Some(disk) = &config.disk {
+        image::require(disk, "disk image").map_err(GuestError::MissingImage)?;
+        cmdline = format!("{cmdline} {}", devices::virtio_blk::kernel_cmdline());
+    }
     Ok(VmSpec {
         kernel,
         initramfs,
-        cmdline: image::kernel_cmdline(options.quirks, options.quiet, &config.cmdline),
+        initramfs_path,
+        extra_initramfs: extra,
+        disk: config.disk.clone(),
+        cmdline,
         memory_mib: config.memory_mib,
         rng_seed: random_seed()?,
     })
+}
+
+fn append_archive(initramfs: &mut Vec<u8>, extra: &[u8]) {
+    // Concatenated archives must each start 4-byte aligned.
+    initramfs.resize(initramfs.len().next_multiple_of(4), 0);
+    initramfs.extend_from_slice(extra);
+}
+
+/// SHA-256 of `bytes`, in hex.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn read_image(path: &std::path::Path) -> Result<Vec<u8>, GuestError> {
+    std::fs::read(path).map_err(|source| GuestError::ReadImage {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// The images and boot parameters of `spec`, for a trace header.
+pub fn trace_images(
+    spec: &VmSpec,
+) -> Result<(Vec<trace::ImageDigest>, trace::BootParams), GuestError> {
+    let kernel = read_image(&spec.kernel)?;
+    let initramfs = read_image(&spec.initramfs_path)?;
+    // The resolved paths: the cache's `default` links move with rebuilds,
+    // the content-keyed directories they point to do not.
+    let resolved = |p: &std::path::Path| {
+        std::fs::canonicalize(p)
+            .unwrap_or_else(|_| p.to_owned())
+            .display()
+            .to_string()
+    };
+    let mut images = vec![
+        trace::ImageDigest {
+            role: "kernel".into(),
+            path: resolved(&spec.kernel),
+            digest: sha256_hex(&kernel),
+        },
+        trace::ImageDigest {
+            role: "initramfs".into(),
+            path: resolved(&spec.initramfs_path),
+            digest: sha256_hex(&initramfs),
+        },
+    ];
+    if let Some(disk) = &spec.disk {
+        images.push(trace::ImageDigest {
+            role: "disk".into(),
+            path: resolved(disk),
+            digest: sha256_hex(&read_image(disk)?),
+        });
+    }
+    let boot = trace::BootParams {
+        cmdline: spec.cmdline.clone(),
+        memory_mib: spec.memory_mib,
+        rng_seed: spec.rng_seed.to_vec(),
+        extra_initramfs: spec.extra_initramfs.clone(),
+    };
+    Ok((images, boot))
+}
+
+/// Rebuilds the boot specification a trace was recorded with, checking
+/// that the image files are the ones it booted.
+pub fn from_trace(header: &trace::Header) -> Result<VmSpec, GuestError> {
+    let image = |role: &'static str| -> Result<(PathBuf, Vec<u8>), GuestError> {
+        let d = header
+            .images
+            .iter()
+            .find(|i| i.role == role)
+            .ok_or(GuestError::MissingRole(role))?;
+        image_checked(d, role)
+    };
+    let (kernel, _) = image("kernel")?;
+    let (initramfs_path, mut initramfs) = image("initramfs")?;
+    let disk = match header.images.iter().find(|i| i.role == "disk") {
+        Some(d) => Some(image_checked(d, "disk")?.0),
+        None => None,
+    };
+    append_archive(&mut initramfs, &header.boot.extra_initramfs);
+    let rng_seed = header
+        .boot
+        .rng_seed
+        .as_slice()
+        .try_into()
+        .map_err(|_| GuestError::BadSeed(header.boot.rng_seed.len()))?;
+    Ok(VmSpec {
+        kernel,
+        initramfs,
+        initramfs_path,
+        extra_initramfs: header.boot.extra_initramfs.clone(),
+        disk,
+        cmdline: header.boot.cmdline.clone(),
+        memory_mib: header.boot.memory_mib,
+        rng_seed,
+    })
+}
+
+/// Reads an image a trace names and checks its content.
+fn image_checked(
+    d: &trace::ImageDigest,
+    role: &'static str,
+) -> Result<(PathBuf, Vec<u8>), GuestError> {
+    {
+        let path = PathBuf::from(&d.path);
+        let bytes = read_image(&path)?;
+        let found = sha256_hex(&bytes);
+        if found != d.digest {
+            return Err(GuestError::ImageChanged {
+                role: role.into(),
+                path: d.path.clone(),
+                recorded: d.digest.clone(),
+                found,
+            });
+        }
+        Ok((path, bytes))
+    }
 }
 
 #[cfg(test)]

@@ -431,6 +431,74 @@ pub fn probe_single_step(mode: Mode) -> Result<bool, ProbeError> {
     Ok(false)
 }
 
+/// Where interrupts injected at a VM exit reach the guest, over `rounds`
+/// tries: the guest enables interrupts, writes a marker (the exit at which
+/// the VMM injects vector 31) and counts in RAX; the handler reports, and
+/// the interrupt frame on its stack says where the guest was.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeliveryReport {
+    pub rounds: u32,
+    /// Deliveries at the instruction right after the exiting one.
+    pub exact: u32,
+    /// The most instructions the guest ran between exit and delivery.
+    pub max_late: u64,
+}
+
+pub fn probe_interrupt_delivery(rounds: u32) -> Result<DeliveryReport, ProbeError> {
+    const LOOP: u32 = 4000;
+    let kvm = open_kvm()?;
+    let mut report = DeliveryReport {
+        rounds,
+        exact: 0,
+        max_late: 0,
+    };
+    // sti; nop; out MARKER, al (al = M_AFTER); then LOOP x `inc rax`.
+    let mut body = vec![0xfb, 0x90, 0xb0, M_AFTER, 0xe6, MARKER_PORT as u8];
+    let after_out = KERNEL_CODE + body.len() as u64;
+    for _ in 0..LOOP {
+        body.extend([0x48, 0xff, 0xc0]);
+    }
+    for _ in 0..rounds {
+        let mut vm = ProbeVm::new(
+            &kvm,
+            &body,
+            &marker_code(0x7f),
+            &marker_code(M_LSTAR),
+            false,
+        )?;
+        match vm.next_event()? {
+            Event::Marker {
+                marker: M_AFTER, ..
+            } => {}
+            _ => return Ok(report),
+        }
+        kvm_ext::inject_interrupt(&vm.vcpu, 31).map_err(|e| ProbeError::Kvm {
+            op: "INTERRUPT",
+            source: kvm_ioctls::Error::new(e.raw_os_error().unwrap_or(libc::EINVAL)),
+        })?;
+        if vm.next_event()?
+            != (Event::Marker {
+                marker: M_VECTOR | 31,
+                cpl: 0,
+            })
+        {
+            return Ok(report);
+        }
+        // The frame: RIP, CS, RFLAGS, RSP, SS below the stack top.
+        let mut rip = [0u8; 8];
+        vm._mem
+            .read_slice(&mut rip, GuestAddress(KERNEL_STACK - 40))
+            .map_err(|e| ProbeError::Memory(e.to_string()))?;
+        let rip = u64::from_le_bytes(rip);
+        if rip == after_out {
+            report.exact += 1;
+        } else {
+            report.max_late = report.max_late.max(rip.saturating_sub(after_out) / 3);
+        }
+    }
+    Ok(report)
+}
+
 /// Whether user-mode RDTSC faults when the guest sets CR4.TSD.
 pub fn probe_user_tsd() -> Result<bool, ProbeError> {
     let kvm = open_kvm()?;
@@ -516,6 +584,8 @@ pub struct HostReport {
     /// Low byte of XCR0 as guest user code sees it (see probe_user_xcr0).
     pub user_xcr0: u8,
     pub pmu: PmuSupport,
+    /// Where interrupts injected at an exit arrive (exit clock premise).
+    pub delivery: DeliveryReport,
 }
 
 /// The timestamp clock record/replay will use.
@@ -541,6 +611,7 @@ impl HostReport {
             user_tsd: probe_user_tsd()?,
             user_xcr0: probe_user_xcr0()?,
             pmu: probe_pmu()?,
+            delivery: probe_interrupt_delivery(20)?,
         })
     }
 

@@ -14,6 +14,7 @@ pub mod gva;
 pub mod host_check;
 pub mod image;
 pub mod initramfs;
+pub mod journal;
 mod kvm_ext;
 mod sys;
 pub mod vm;

@@ -12,6 +12,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use devices::cow_disk::{CowDisk, DiskError};
+use devices::virtio_blk::{self, BlockError, BlockStats, VirtioBlock};
 use devices::{ControlMessage, LegacyPlatform, PlatformStats};
 use kvm_ioctls::{Kvm, VcpuExit, VcpuFd, VmFd};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
@@ -21,6 +23,7 @@ use crate::boot::{self, BootError};
 use crate::console::ConsoleInput;
 use crate::emulation::{self, Completion};
 use crate::gva;
+use crate::journal::{self, EndReason, Event, Journal, JournalError, Progress};
 use crate::kvm_ext;
 use crate::xstate::{self, XOp, XsaveLayout, XstateFault};
 use crate::{cpuid, initramfs};
@@ -71,6 +74,12 @@ pub enum VmError {
         "the host's extended CPU state (XCR0 {xcr0:#x}) does not fit KVM's 4 KiB XSAVE buffer"
     )]
     XsaveTooLarge { xcr0: u64 },
+    #[error(transparent)]
+    Journal(#[from] JournalError),
+    #[error(transparent)]
+    Disk(#[from] DiskError),
+    #[error("disk")]
+    Block(#[from] BlockError),
 }
 
 fn kvm_err(op: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
@@ -78,13 +87,18 @@ fn kvm_err(op: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
 }
 
 /// Why the guest stopped.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StopReason {
     /// `/init` reported the guest command's exit status (after syncing):
     /// the run is over, nothing the guest does later can matter.
     CommandExited,
     /// The guest kernel powered off.
     PowerOff,
+    /// Replay reached the point where the recording ended for a reason
+    /// outside the guest (the user stopped it, the recorder failed).
+    RecordingEnded(EndReason),
+    /// Replay of an incomplete trace reached the end of its log.
+    TraceEnded,
 }
 
 /// Counts of VM exits by kind, and other run statistics.
@@ -93,6 +107,7 @@ pub struct ExitCounts {
     pub port_io: u64,
     pub mmio: u64,
     pub halts: u64,
+    pub msr: u64,
     pub interrupts_injected: u64,
     pub kicks: u64,
     pub emulation_completions: u64,
@@ -110,6 +125,12 @@ pub struct RunOutcome {
     pub elapsed: Duration,
     pub exits: ExitCounts,
     pub platform: PlatformStats,
+    /// Deterministic exits, log entries, guest time, trace size.
+    pub journal: Progress,
+    /// The virtio disk's counts, if the guest has one.
+    pub disk: Option<BlockStats>,
+    /// The finished trace, when recording.
+    pub trace: Option<trace::Summary>,
 }
 
 /// Everything needed to boot a VM.
@@ -118,6 +139,12 @@ pub struct VmSpec {
     pub kernel: PathBuf,
     /// The base initramfs image, followed by archives generated at boot.
     pub initramfs: Vec<u8>,
+    /// Where the base initramfs image came from.
+    pub initramfs_path: PathBuf,
+    /// The archive appended to it (already part of `initramfs`).
+    pub extra_initramfs: Vec<u8>,
+    /// Base image of the virtio disk, if the guest has one.
+    pub disk: Option<PathBuf>,
     pub cmdline: String,
     pub memory_mib: u64,
     /// Seed for the guest kernel's random number generator.
@@ -178,7 +205,32 @@ pub struct Vm {
     /// An exception was injected since the last KVM_RUN: KVM would drop an
     /// interrupt injected alongside it, so interrupts wait for the window.
     exception_pending: bool,
+    /// Recording, replay, or neither.
+    journal: Journal,
+    /// The virtio disk.
+    block: Option<VirtioBlock>,
+    /// The last KVM_RUN ended in a deterministic exit: under the exit clock
+    /// the only moment an interrupt may be injected.
+    at_deterministic_exit: bool,
+    /// Called with the journal's counts about twice a second.
+    progress: Option<ProgressFn>,
+    last_progress: Instant,
+    trace_summary: Option<trace::Summary>,
+    /// CPUID as given to the guest: (function, index, eax, ebx, ecx, edx).
+    guest_cpuid: Vec<(u32, u32, u32, u32, u32, u32)>,
+    /// KVM capabilities the run depends on: (capability, value).
+    kvm_caps: Vec<(u32, i32)>,
 }
+
+/// Receives progress counts while a recording or replay runs.
+pub type ProgressFn = Box<dyn FnMut(&Progress) + Send>;
+
+/// How often the progress callback runs.
+const PROGRESS_INTERVAL: Duration = Duration::from_millis(500);
+
+/// Under the exit clock the kick thread only wakes the vCPU for
+/// housekeeping (progress, flushing the trace, the user's stop key).
+const HOUSEKEEPING_NS: u64 = 100_000_000;
 
 /// What the vCPU loop does after an exit.
 enum Next {
@@ -227,6 +279,20 @@ impl Vm {
                 .filter(|e| e.function == 0xd)
                 .map(|e| (e.index, e.eax, e.ebx)),
         );
+        let guest_cpuid = cpuid
+            .as_slice()
+            .iter()
+            .map(|e| (e.function, e.index, e.eax, e.ebx, e.ecx, e.edx))
+            .collect();
+        let kvm_caps = [
+            kvm_bindings::KVM_CAP_X86_USER_SPACE_MSR,
+            kvm_bindings::KVM_CAP_SYNC_REGS,
+            kvm_bindings::KVM_CAP_XSAVE,
+            kvm_bindings::KVM_CAP_IMMEDIATE_EXIT,
+        ]
+        .iter()
+        .map(|&c| (c, vm.check_extension_raw(u64::from(c))))
+        .collect();
         let supported_xcr0 = cpuid
             .iter()
             .find(|e| (e.function, e.index) == (0xd, 0))
@@ -239,6 +305,18 @@ impl Vm {
                     xcr0: supported_xcr0,
                 })?;
 
+        // MSRs KVM does not know exit to the VMM: the paravirtual clock.
+        let mut cap = kvm_bindings::kvm_enable_cap {
+            cap: kvm_bindings::KVM_CAP_X86_USER_SPACE_MSR,
+            ..Default::default()
+        };
+        cap.args[0] = u64::from(kvm_bindings::KVM_MSR_EXIT_REASON_UNKNOWN);
+        vm.enable_cap(&cap)
+            .map_err(kvm_err("ENABLE_CAP(X86_USER_SPACE_MSR)"))?;
+
+        let mut vcpu = vcpu;
+        // Registers come with every exit in kvm_run, for the journal.
+        vcpu.set_sync_valid_reg(kvm_ioctls::SyncReg::Register);
         let sregs = vcpu.get_sregs().map_err(kvm_err("GET_SREGS"))?;
         vcpu.set_sregs(&boot::boot_sregs(sregs))
             .map_err(kvm_err("SET_SREGS"))?;
@@ -246,6 +324,14 @@ impl Vm {
             .map_err(kvm_err("SET_REGS"))?;
         vcpu.set_fpu(&boot::boot_fpu())
             .map_err(kvm_err("SET_FPU"))?;
+
+        let block = match &spec.disk {
+            Some(base) => Some(VirtioBlock::new(CowDisk::open(
+                base,
+                &std::env::temp_dir(),
+            )?)?),
+            None => None,
+        };
 
         let boot_unix_secs = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -265,7 +351,35 @@ impl Vm {
             xsave_max_size,
             input: None,
             exception_pending: false,
+            journal: Journal::Live,
+            block,
+            at_deterministic_exit: false,
+            progress: None,
+            last_progress: Instant::now(),
+            trace_summary: None,
+            guest_cpuid,
+            kvm_caps,
         })
+    }
+
+    /// CPUID as the guest sees it in kernel mode.
+    pub fn guest_cpuid(&self) -> &[(u32, u32, u32, u32, u32, u32)] {
+        &self.guest_cpuid
+    }
+
+    /// The KVM capabilities recordings depend on, with their values.
+    pub fn kvm_caps(&self) -> &[(u32, i32)] {
+        &self.kvm_caps
+    }
+
+    /// Records or replays this run (before `run`).
+    pub fn set_journal(&mut self, journal: Journal) {
+        self.journal = journal;
+    }
+
+    /// Reports progress while the run goes on.
+    pub fn on_progress(&mut self, progress: ProgressFn) {
+        self.progress = Some(progress);
     }
 
     /// Feeds host input to the guest's serial console.
@@ -311,6 +425,8 @@ impl Vm {
             .spawn(move || {
                 let mut vm = self;
                 let result = vm.run_vcpu(&shared);
+                let result = vm.end_journal(result);
+                let result = vm.describe_divergence(result);
                 shared.done.store(true, Ordering::Release);
                 result
             })
@@ -337,13 +453,32 @@ impl Vm {
             self.feed_input()?;
             let now = self.clock.now_ns();
             self.platform.advance_to(now);
+            self.housekeeping()?;
+            if let Journal::Replay(r) = &mut self.journal {
+                if let Some(reason) = r.end_reached()? {
+                    return Ok(self.outcome(StopReason::RecordingEnded(reason)));
+                }
+                if r.log_exhausted()? {
+                    return Ok(self.outcome(StopReason::TraceEnded));
+                }
+            }
+            self.publish_disk()?;
             self.inject_interrupts()?;
-            let deadline = self.platform.next_timer_ns().unwrap_or(u64::MAX);
+            let deadline = if self.journal.exit_clock() {
+                now + HOUSEKEEPING_NS
+            } else {
+                self.platform.next_timer_ns().unwrap_or(u64::MAX)
+            };
             kick.deadline_ns.store(deadline, Ordering::Release);
 
-            let next = match self.vcpu.run() {
+            let (next, observed) = match self.vcpu.run() {
                 Ok(exit) => dispatch(
-                    &mut self.platform,
+                    &mut Bus {
+                        platform: &mut self.platform,
+                        block: self.block.as_mut(),
+                        mem: &self.mem,
+                    },
+                    &mut self.journal,
                     &self.clock,
                     &mut self.exits,
                     BOOT_VCPU,
@@ -351,10 +486,24 @@ impl Vm {
                 )?,
                 Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
                     self.exits.kicks += 1;
-                    Next::Continue
+                    (Next::Continue, None)
                 }
                 Err(e) => return Err(kvm_err("RUN")(e)),
             };
+            self.at_deterministic_exit = observed.is_some();
+            if let Some(event) = observed {
+                // KVM raises #GP for a refused MSR access when the vCPU
+                // resumes; an interrupt injected with it would reach the
+                // guest at a point that depends on timing.
+                if matches!(
+                    event,
+                    Event::RdMsr { fault: true, .. } | Event::WrMsr { fault: true, .. }
+                ) {
+                    self.exception_pending = true;
+                }
+                let regs = self.vcpu.sync_regs().regs;
+                self.journal.exit(event.with_rip(regs.rip), &regs)?;
+            }
             // Messages from the guest's control port.
             for message in self.platform.take_messages() {
                 match message {
@@ -363,15 +512,31 @@ impl Vm {
                     }
                     ControlMessage::ExitStatus(s) => {
                         self.exit_status = Some(s);
+                        self.journal.replay_end(&EndReason::CommandExited(s))?;
                         return Ok(self.outcome(StopReason::CommandExited));
                     }
-                    ControlMessage::PowerOff => return Ok(self.outcome(StopReason::PowerOff)),
+                    ControlMessage::PowerOff => {
+                        self.journal.replay_end(&EndReason::PowerOff)?;
+                        return Ok(self.outcome(StopReason::PowerOff));
+                    }
                     ControlMessage::Panic => return Err(VmError::GuestPanic),
                     ControlMessage::Unknown(_) => {}
                 }
             }
             match next {
                 Next::Continue => {}
+                Next::WaitForInterrupt if self.journal.is_replay() => {
+                    // Idle time is skipped: the interrupt that ended it is
+                    // due at once.
+                    if self.vcpu.get_kvm_run().if_flag == 0 {
+                        let rip = self.vcpu.get_regs().map(|r| r.rip).unwrap_or(0);
+                        return Err(VmError::GuestHalted { rip });
+                    }
+                    if !self.journal.replay_wakeup_due()? {
+                        let rip = self.vcpu.get_regs().map(|r| r.rip).unwrap_or(0);
+                        return Err(self.journal.halted_without_interrupt(rip).into());
+                    }
+                }
                 Next::WaitForInterrupt => self.wait_for_interrupt()?,
                 Next::InternalError => self.complete_unemulated()?,
                 Next::Fault(reason, detail) => {
@@ -395,29 +560,162 @@ impl Vm {
             elapsed: Duration::from_nanos(self.clock.now_ns()),
             exits: self.exits,
             platform: self.platform.stats(),
+            journal: self.journal.progress(),
+            trace: self.trace_summary,
+            disk: self.block.as_ref().map(|b| b.stats()),
         }
+    }
+
+    /// Makes finished disk requests visible to the guest: at any time when
+    /// not recording; right after a deterministic exit when recording
+    /// (logged); where the log says when replaying (waiting for the disk
+    /// if needed).
+    fn publish_disk(&mut self) -> Result<(), VmError> {
+        let Some(block) = &mut self.block else {
+            return Ok(());
+        };
+        match &mut self.journal {
+            Journal::Live => {
+                let n = block.publishable();
+                block.publish(n, &self.mem);
+            }
+            Journal::Record(_) => {
+                if self.at_deterministic_exit {
+                    let n = block.publishable();
+                    if block.publish(n, &self.mem) > 0 {
+                        self.journal.record_disk_done(block.published())?;
+                    }
+                }
+            }
+            Journal::Replay(_) => {
+                if self.at_deterministic_exit {
+                    if let Some(completed) = self.journal.replay_disk_done()? {
+                        if completed <= block.published() || completed > block.submitted() {
+                            let submitted = block.submitted();
+                            return Err(self
+                                .journal
+                                .impossible_disk_done(completed, submitted)
+                                .into());
+                        }
+                        let count = completed - block.published();
+                        block.wait_publishable(count)?;
+                        block.publish(count, &self.mem);
+                    }
+                }
+            }
+        }
+        if block.take_irq() {
+            self.platform.pic.pulse_irq(virtio_blk::IRQ);
+        }
+        Ok(())
+    }
+
+    /// Flushes the trace now and then and reports progress.
+    fn housekeeping(&mut self) -> Result<(), VmError> {
+        self.journal.housekeeping()?;
+        if let Some(progress) = &mut self.progress {
+            if self.last_progress.elapsed() >= PROGRESS_INTERVAL {
+                progress(&self.journal.progress());
+                self.last_progress = Instant::now();
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds the vCPU's registers to a divergence report.
+    fn describe_divergence(
+        &mut self,
+        result: Result<RunOutcome, VmError>,
+    ) -> Result<RunOutcome, VmError> {
+        match result {
+            Err(VmError::Journal(JournalError::Diverged(mut d))) => {
+                if let Ok(regs) = self.vcpu.get_regs() {
+                    d.state = journal::regs_text(&regs);
+                }
+                Err(VmError::Journal(JournalError::Diverged(d)))
+            }
+            other => other,
+        }
+    }
+
+    /// Ends the recording, if this run is one, the way the run ended: the
+    /// trace is marked complete whatever the reason, since everything up
+    /// to this point is in it.
+    fn end_journal(&mut self, result: Result<RunOutcome, VmError>) -> Result<RunOutcome, VmError> {
+        let Journal::Record(_) = self.journal else {
+            return result;
+        };
+        let progress = self.journal.progress();
+        let Journal::Record(recorder) = std::mem::replace(&mut self.journal, Journal::Live) else {
+            return result;
+        };
+        let reason = match &result {
+            Ok(o) => match o.stop {
+                StopReason::CommandExited => EndReason::CommandExited(o.exit_status.unwrap_or(0)),
+                _ => EndReason::PowerOff,
+            },
+            Err(VmError::StoppedByUser) => EndReason::StoppedByUser,
+            Err(e) => EndReason::Failed(e.to_string()),
+        };
+        let summary = recorder.finish(reason)?;
+        self.trace_summary = Some(summary);
+        result.map(|mut o| {
+            o.trace = Some(summary);
+            o.journal = progress;
+            o
+        })
     }
 
     /// Injects the PIC's pending interrupt if the vCPU can take it now,
     /// otherwise asks KVM to exit as soon as it can.
+    ///
+    /// Under the exit clock (recording, replay) interrupts are injected only
+    /// right after a deterministic exit and the vCPU never asks for a
+    /// window: the window exit is not a deterministic point.
     fn inject_interrupts(&mut self) -> Result<(), VmError> {
-        let pending = self.platform.pic.has_pending();
+        let exit_clock = self.journal.exit_clock();
+        let at_exit = std::mem::take(&mut self.at_deterministic_exit);
         let exception_pending = std::mem::take(&mut self.exception_pending);
         let run = self.vcpu.get_kvm_run();
         // The flags describe the vCPU at the last exit, before any
         // exception the VMM injected since.
-        let can_inject =
-            !exception_pending && run.ready_for_interrupt_injection != 0 && run.if_flag != 0;
-        run.request_interrupt_window = u8::from(pending && !can_inject);
+        let can_inject = !exception_pending
+            && run.ready_for_interrupt_injection != 0
+            && run.if_flag != 0
+            && (at_exit || !exit_clock);
+        if self.journal.is_replay() {
+            run.request_interrupt_window = 0;
+            if !at_exit {
+                return Ok(());
+            }
+            if let Some(vector) = self.journal.replay_interrupt()? {
+                if !can_inject {
+                    return Err(self
+                        .journal
+                        .replay_uninjectable(vector, exception_pending)
+                        .into());
+                }
+                self.inject(vector)?;
+            }
+            return Ok(());
+        }
+        let pending = self.platform.pic.has_pending();
+        run.request_interrupt_window = u8::from(pending && !can_inject && !exit_clock);
         if pending && can_inject {
             if let Some(vector) = self.platform.pic.acknowledge() {
-                kvm_ext::inject_interrupt(&self.vcpu, vector).map_err(|e| VmError::Kvm {
-                    op: "INTERRUPT",
-                    source: kvm_ioctls::Error::new(e.raw_os_error().unwrap_or(libc::EINVAL)),
-                })?;
-                self.exits.interrupts_injected += 1;
+                self.inject(vector)?;
+                self.journal.record_interrupt(vector)?;
             }
         }
+        Ok(())
+    }
+
+    fn inject(&mut self, vector: u8) -> Result<(), VmError> {
+        kvm_ext::inject_interrupt(&self.vcpu, vector).map_err(|e| VmError::Kvm {
+            op: "INTERRUPT",
+            source: kvm_ioctls::Error::new(e.raw_os_error().unwrap_or(libc::EINVAL)),
+        })?;
+        self.exits.interrupts_injected += 1;
         Ok(())
     }
 
@@ -429,14 +727,21 @@ impl Vm {
         }
         loop {
             self.feed_input()?;
+            self.housekeeping()?;
             let now = self.clock.now_ns();
             self.platform.advance_to(now);
+            self.publish_disk()?;
             if self.platform.pic.has_pending() {
                 return Ok(());
             }
-            // With input attached, look for keys every few milliseconds.
-            let max_sleep = if self.input.is_some() {
+            // With input attached, look for keys every few milliseconds;
+            // with disk requests in flight, for their completion.
+            let max_sleep = if self.block.as_ref().is_some_and(|b| b.busy()) {
+                1_000_000
+            } else if self.input.is_some() {
                 5_000_000
+            } else if self.journal.exit_clock() {
+                HOUSEKEEPING_NS
             } else {
                 u64::MAX
             };
@@ -635,49 +940,188 @@ fn xsave_memory_fault(regs: &kvm_bindings::kvm_regs, e: gva::TranslateError) -> 
 }
 
 /// The single choke point for VM exits: every exit of every vCPU passes
-/// here with the vCPU's id. Recording and replay hook in here only.
+/// here with the vCPU's id. Recording and replay hook in here only: a
+/// deterministic exit comes back as the event it is (its RIP still to be
+/// filled in), and at replay every value the guest reads comes from the
+/// log instead of the devices.
 fn dispatch<W: Write>(
-    platform: &mut LegacyPlatform<W>,
+    bus: &mut Bus<'_, W>,
+    journal: &mut Journal,
     clock: &VmClock,
     counts: &mut ExitCounts,
     _vcpu: u8,
     exit: VcpuExit<'_>,
-) -> Result<Next, VmError> {
+) -> Result<(Next, Option<Event>), VmError> {
+    let platform = &mut *bus.platform;
     Ok(match exit {
         VcpuExit::IoIn(port, data) => {
             counts.port_io += 1;
-            platform.port_read(port, data, clock.now_ns());
-            Next::Continue
+            let size = data.len() as u8;
+            let observed = Event::In {
+                port,
+                size,
+                rip: 0,
+                value: 0,
+            };
+            let value = match journal.replay_read(&observed)? {
+                Some(Event::In { value, .. }) => value,
+                _ => {
+                    platform.port_read(port, data, clock.now_ns());
+                    le_value(data) as u32
+                }
+            };
+            fill_le(data, u64::from(value));
+            (
+                Next::Continue,
+                Some(Event::In {
+                    port,
+                    size,
+                    rip: 0,
+                    value,
+                }),
+            )
         }
         VcpuExit::IoOut(port, data) => {
             counts.port_io += 1;
             platform.port_write(port, data, clock.now_ns());
-            Next::Continue
+            let event = Event::Out {
+                port,
+                size: data.len() as u8,
+                rip: 0,
+                value: le_value(data) as u32,
+            };
+            (Next::Continue, Some(event))
         }
-        VcpuExit::MmioRead(_, data) => {
-            // No MMIO devices yet: reads see an empty bus.
+        VcpuExit::MmioRead(addr, data) => {
             counts.mmio += 1;
-            data.fill(0xff);
-            Next::Continue
+            let size = data.len() as u8;
+            let observed = Event::MmioRead {
+                addr,
+                size,
+                rip: 0,
+                value: 0,
+            };
+            let value = match journal.replay_read(&observed)? {
+                Some(Event::MmioRead { value, .. }) => value,
+                _ => {
+                    match (bus.block.as_deref_mut(), mmio_offset(addr)) {
+                        (Some(block), Some(offset)) => block.mmio_read(offset, data),
+                        // Nothing else is mapped: reads see an empty bus.
+                        _ => data.fill(0xff),
+                    }
+                    le_value(data)
+                }
+            };
+            fill_le(data, value);
+            (
+                Next::Continue,
+                Some(Event::MmioRead {
+                    addr,
+                    size,
+                    rip: 0,
+                    value,
+                }),
+            )
         }
-        VcpuExit::MmioWrite(..) => {
+        VcpuExit::MmioWrite(addr, data) => {
             counts.mmio += 1;
-            Next::Continue
+            if let (Some(block), Some(offset)) = (bus.block.as_deref_mut(), mmio_offset(addr)) {
+                block.mmio_write(offset, data, bus.mem);
+            }
+            let event = Event::MmioWrite {
+                addr,
+                size: data.len() as u8,
+                rip: 0,
+                value: le_value(data),
+            };
+            (Next::Continue, Some(event))
+        }
+        VcpuExit::X86Rdmsr(msr) => {
+            counts.msr += 1;
+            let observed = Event::RdMsr {
+                index: msr.index,
+                rip: 0,
+                value: 0,
+                fault: false,
+            };
+            let (value, fault) = match journal.replay_read(&observed)? {
+                Some(Event::RdMsr { value, fault, .. }) => (value, fault),
+                _ if msr.index == journal::MSR_INSIGHT_CLOCK => (clock.now_ns(), false),
+                // Anything else KVM does not know faults, as on hardware.
+                _ => (0, true),
+            };
+            *msr.data = value;
+            *msr.error = u8::from(fault);
+            let event = Event::RdMsr {
+                index: msr.index,
+                rip: 0,
+                value,
+                fault,
+            };
+            (Next::Continue, Some(event))
+        }
+        VcpuExit::X86Wrmsr(msr) => {
+            counts.msr += 1;
+            *msr.error = 1;
+            let event = Event::WrMsr {
+                index: msr.index,
+                rip: 0,
+                value: msr.data,
+                fault: true,
+            };
+            (Next::Continue, Some(event))
         }
         VcpuExit::Hlt => {
             counts.halts += 1;
-            Next::WaitForInterrupt
+            (Next::WaitForInterrupt, Some(Event::Halt { rip: 0 }))
         }
-        VcpuExit::IrqWindowOpen | VcpuExit::Intr => Next::Continue,
-        VcpuExit::InternalError => Next::InternalError,
-        VcpuExit::Shutdown => Next::Fault("triple fault (shutdown)".into(), String::new()),
-        VcpuExit::FailEntry(reason, _) => Next::Fault(
-            "entry failure".into(),
-            format!(" (hardware reason {reason:#x})"),
+        VcpuExit::IrqWindowOpen | VcpuExit::Intr => (Next::Continue, None),
+        VcpuExit::InternalError => (Next::InternalError, Some(Event::Completed { rip: 0 })),
+        VcpuExit::Shutdown => (
+            Next::Fault("triple fault (shutdown)".into(), String::new()),
+            None,
         ),
-        VcpuExit::SystemEvent(kind, _) => {
-            Next::Fault(format!("system event {kind}"), String::new())
-        }
-        other => Next::Fault(format!("unexpected exit {other:?}"), String::new()),
+        VcpuExit::FailEntry(reason, _) => (
+            Next::Fault(
+                "entry failure".into(),
+                format!(" (hardware reason {reason:#x})"),
+            ),
+            None,
+        ),
+        VcpuExit::SystemEvent(kind, _) => (
+            Next::Fault(format!("system event {kind}"), String::new()),
+            None,
+        ),
+        other => (
+            Next::Fault(format!("unexpected exit {other:?}"), String::new()),
+            None,
+        ),
     })
+}
+
+/// The devices an exit can reach.
+struct Bus<'a, W: Write> {
+    platform: &'a mut LegacyPlatform<W>,
+    block: Option<&'a mut VirtioBlock>,
+    mem: &'a GuestMemoryMmap,
+}
+
+/// The offset of `addr` in the virtio disk's register window.
+fn mmio_offset(addr: u64) -> Option<u64> {
+    let offset = addr.checked_sub(virtio_blk::MMIO_BASE)?;
+    (offset < virtio_blk::MMIO_SIZE).then_some(offset)
+}
+
+/// The little-endian value of up to 8 bytes.
+fn le_value(data: &[u8]) -> u64 {
+    let mut bytes = [0u8; 8];
+    let n = data.len().min(8);
+    bytes[..n].copy_from_slice(&data[..n]);
+    u64::from_le_bytes(bytes)
+}
+
+/// Stores `value` little-endian into `data` (up to 8 bytes).
+fn fill_le(data: &mut [u8], value: u64) {
+    let n = data.len().min(8);
+    data[..n].copy_from_slice(&value.to_le_bytes()[..n]);
 }

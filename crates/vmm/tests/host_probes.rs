@@ -86,3 +86,14 @@ fn user_mode_xcr0_is_measured() {
     let xcr0 = host_check::probe_user_xcr0().unwrap();
     assert_eq!(xcr0 & 3, 3, "{xcr0:#x}");
 }
+
+#[test]
+fn interrupts_injected_at_an_exit_arrive_before_the_next_instruction() {
+    if !kvm_present() {
+        return;
+    }
+    // The exit clock depends on this: an interrupt injected at a
+    // deterministic exit must reach the guest at exactly that point.
+    let r = host_check::probe_interrupt_delivery(50).unwrap();
+    assert_eq!(r.exact, r.rounds, "{r:?}");
+}

@@ -1,0 +1,652 @@
+//! A virtio block device on the virtio-mmio transport (version 2), over a
+//! [`CowDisk`], with completions made visible only when the VMM says so.
+//!
+//! Requests are taken from the queue when the guest notifies it (a VM
+//! exit), and the data of writes is copied out of guest memory right then.
+//! An I/O thread does the disk work. Its results are *not* given to the
+//! guest when they are ready: [`VirtioBlock::publish`] copies read data
+//! into guest memory, writes the status bytes, fills used-ring entries and
+//! raises the interrupt, for the oldest finished requests, in submission
+//! order, at a moment the caller chooses. The caller (the VMM) chooses a
+//! deterministic VM exit and logs the number of completions published so
+//! far (the paper's ADMA count); at replay it publishes up to the logged
+//! count (RDMA) at the same exit, waiting for the disk if it is slower.
+//! Nothing the I/O thread does is visible to the guest in between.
+//!
+//! Everything read from guest memory (descriptor chains, addresses) is
+//! validated; a malformed request completes with an error status, or is
+//! dropped when it has no status byte, and is counted.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use virtio_queue::{Queue, QueueOwnedT, QueueT};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+use crate::cow_disk::{CowDisk, SECTOR_SIZE};
+
+/// Where the device's registers are in guest physical memory.
+pub const MMIO_BASE: u64 = 0xd000_0000;
+pub const MMIO_SIZE: u64 = 0x200;
+/// Its PIC line.
+pub const IRQ: u8 = 5;
+const QUEUE_SIZE: u16 = 128;
+/// The kernel command-line text that declares the device.
+pub fn kernel_cmdline() -> String {
+    format!("virtio_mmio.device={MMIO_SIZE:#x}@{MMIO_BASE:#x}:{IRQ}")
+}
+
+const VIRTIO_F_VERSION_1: u64 = 1 << 32;
+const VIRTIO_BLK_F_SEG_MAX: u64 = 1 << 2;
+const VIRTIO_BLK_F_FLUSH: u64 = 1 << 9;
+const DEVICE_FEATURES: u64 = VIRTIO_F_VERSION_1 | VIRTIO_BLK_F_SEG_MAX | VIRTIO_BLK_F_FLUSH;
+/// Data segments per request the driver may use.
+const SEG_MAX: u32 = 126;
+
+const REQ_IN: u32 = 0;
+const REQ_OUT: u32 = 1;
+const REQ_FLUSH: u32 = 4;
+const REQ_GET_ID: u32 = 8;
+const STATUS_OK: u8 = 0;
+const STATUS_IOERR: u8 = 1;
+const STATUS_UNSUPP: u8 = 2;
+/// Largest request accepted (bounds host allocations).
+const MAX_REQUEST_BYTES: u64 = 4 << 20;
+
+/// Device status bits.
+const STATUS_FAILED: u32 = 0x80;
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BlockStats {
+    pub requests: u64,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    /// Requests the guest formed wrongly (counted, answered with an error).
+    pub bad_requests: u64,
+    /// Requests the disk failed.
+    pub io_errors: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BlockError {
+    #[error("the disk I/O thread stopped")]
+    WorkerGone,
+    #[error("cannot start the disk I/O thread")]
+    Thread(#[source] std::io::Error),
+}
+
+enum Job {
+    Read { id: u64, sector: u64, len: usize },
+    Write { id: u64, sector: u64, data: Vec<u8> },
+}
+
+struct Done {
+    id: u64,
+    /// Read data (empty for writes), or the failure.
+    result: std::io::Result<Vec<u8>>,
+}
+
+/// A request taken from the queue, in submission order.
+struct InFlight {
+    id: u64,
+    head: u16,
+    /// Device-writable buffers for read data.
+    read_into: Vec<(GuestAddress, u32)>,
+    /// Where the status byte goes (None: malformed, no status byte).
+    status_at: Option<GuestAddress>,
+    /// Known at submission (errors, flush, GET_ID): no disk work.
+    immediate: Option<(u8, Vec<u8>)>,
+}
+
+pub struct VirtioBlock {
+    device_features_sel: u32,
+    driver_features_sel: u32,
+    driver_features: u64,
+    status: u32,
+    interrupt_status: u32,
+    queue_sel: u32,
+    queue: Queue,
+    sectors: u64,
+    jobs: Option<Sender<Job>>,
+    done: Receiver<Done>,
+    worker: Option<JoinHandle<()>>,
+    in_flight: VecDeque<InFlight>,
+    /// Results from the I/O thread, by request id.
+    ready: BTreeMap<u64, std::io::Result<Vec<u8>>>,
+    next_id: u64,
+    /// Completions made visible to the guest so far (ADMA).
+    published: u64,
+    irq: bool,
+    stats: BlockStats,
+}
+
+impl VirtioBlock {
+    pub fn new(disk: CowDisk) -> Result<Self, BlockError> {
+        let sectors = disk.sectors();
+        let (jobs_tx, jobs_rx) = mpsc::channel::<Job>();
+        let (done_tx, done_rx) = mpsc::channel::<Done>();
+        let worker = std::thread::Builder::new()
+            .name("disk-io".into())
+            .spawn(move || io_thread(disk, jobs_rx, done_tx))
+            .map_err(BlockError::Thread)?;
+        Ok(VirtioBlock {
+            device_features_sel: 0,
+            driver_features_sel: 0,
+            driver_features: 0,
+            status: 0,
+            interrupt_status: 0,
+            queue_sel: 0,
+            queue: Queue::new(QUEUE_SIZE).expect("queue size is a power of two"),
+            sectors,
+            jobs: Some(jobs_tx),
+            done: done_rx,
+            worker: Some(worker),
+            in_flight: VecDeque::new(),
+            ready: BTreeMap::new(),
+            next_id: 0,
+            published: 0,
+            irq: false,
+            stats: BlockStats::default(),
+        })
+    }
+
+    pub fn stats(&self) -> BlockStats {
+        self.stats
+    }
+
+    /// Completions made visible to the guest so far.
+    pub fn published(&self) -> u64 {
+        self.published
+    }
+
+    /// Requests taken from the queue so far.
+    pub fn submitted(&self) -> u64 {
+        self.next_id
+    }
+
+    /// Whether the device raised its interrupt since the last call.
+    pub fn take_irq(&mut self) -> bool {
+        std::mem::take(&mut self.irq)
+    }
+
+    /// Whether requests are still waiting for the disk or for publication.
+    pub fn busy(&self) -> bool {
+        !self.in_flight.is_empty()
+    }
+
+    pub fn mmio_read(&mut self, offset: u64, data: &mut [u8]) {
+        let value: u32 = match offset {
+            0x000 => 0x7472_6976, // "virt"
+            0x004 => 2,           // version
+            0x008 => 2,           // block device
+            0x00c => 0x5347_4e49, // vendor "INSG"
+            0x010 => match self.device_features_sel {
+                0 => DEVICE_FEATURES as u32,
+                1 => (DEVICE_FEATURES >> 32) as u32,
+                _ => 0,
+            },
+            0x034 if self.queue_sel == 0 => u32::from(QUEUE_SIZE),
+            0x044 => u32::from(self.queue_sel == 0 && self.queue.ready()),
+            0x060 => self.interrupt_status,
+            0x070 => self.status,
+            0x0fc => 0, // config generation: the config never changes
+            0x100.. => {
+                let config = self.config_space();
+                let start = (offset - 0x100) as usize;
+                for (i, b) in data.iter_mut().enumerate() {
+                    *b = config.get(start + i).copied().unwrap_or(0);
+                }
+                return;
+            }
+            _ => 0,
+        };
+        let bytes = value.to_le_bytes();
+        for (i, b) in data.iter_mut().enumerate() {
+            *b = bytes.get(i).copied().unwrap_or(0);
+        }
+    }
+
+    fn config_space(&self) -> [u8; 16] {
+        let mut c = [0u8; 16];
+        c[..8].copy_from_slice(&self.sectors.to_le_bytes());
+        // size_max (unused without its feature), then seg_max.
+        c[12..16].copy_from_slice(&SEG_MAX.to_le_bytes());
+        c
+    }
+
+    pub fn mmio_write(&mut self, offset: u64, data: &[u8], mem: &GuestMemoryMmap) {
+        if data.len() != 4 {
+            return; // registers are 32-bit; config space is read-only
+        }
+        let v = u32::from_le_bytes([data[0], data[1], data[2], data[3]]);
+        let q = self.queue_sel == 0;
+        match offset {
+            0x014 => self.device_features_sel = v,
+            0x020 => match self.driver_features_sel {
+                0 => self.driver_features = (self.driver_features & !0xffff_ffff) | u64::from(v),
+                1 => {
+                    self.driver_features =
+                        (self.driver_features & 0xffff_ffff) | (u64::from(v) << 32)
+                }
+                _ => {}
+            },
+            0x024 => self.driver_features_sel = v,
+            0x030 => self.queue_sel = v,
+            0x038 if q => self.queue.set_size(v.min(u32::from(QUEUE_SIZE)) as u16),
+            0x044 if q => {
+                self.queue.set_ready(v == 1);
+                if v == 1 && !self.queue.is_valid(mem) {
+                    // A queue outside guest memory: the device fails.
+                    self.queue.set_ready(false);
+                    self.status |= STATUS_FAILED;
+                }
+            }
+            0x050 if v == 0 => self.submit(mem),
+            0x064 => self.interrupt_status &= !v,
+            0x070 => {
+                if v == 0 {
+                    self.reset();
+                } else {
+                    self.status = v;
+                }
+            }
+            0x080 if q => self.queue.set_desc_table_address(Some(v), None),
+            0x084 if q => self.queue.set_desc_table_address(None, Some(v)),
+            0x090 if q => self.queue.set_avail_ring_address(Some(v), None),
+            0x094 if q => self.queue.set_avail_ring_address(None, Some(v)),
+            0x0a0 if q => self.queue.set_used_ring_address(Some(v), None),
+            0x0a4 if q => self.queue.set_used_ring_address(None, Some(v)),
+            _ => {}
+        }
+    }
+
+    /// Device reset by the driver. Requests in flight still finish on the
+    /// disk (their results are dropped), so ids stay in step.
+    fn reset(&mut self) {
+        self.status = 0;
+        self.interrupt_status = 0;
+        self.driver_features = 0;
+        self.queue.reset();
+        self.published += self.in_flight.len() as u64;
+        for r in self.in_flight.drain(..) {
+            self.ready.remove(&r.id);
+        }
+    }
+
+    /// Takes every available request from the queue.
+    fn submit(&mut self, mem: &GuestMemoryMmap) {
+        if !self.queue.ready() {
+            return;
+        }
+        let mut chains = Vec::new();
+        match self.queue.iter(mem) {
+            Ok(iter) => {
+                for chain in iter {
+                    let head = chain.head_index();
+                    let descs: Vec<(GuestAddress, u32, bool)> = chain
+                        .map(|d| (d.addr(), d.len(), d.is_write_only()))
+                        .collect();
+                    chains.push((head, descs));
+                }
+            }
+            Err(_) => {
+                self.stats.bad_requests += 1;
+                return;
+            }
+        }
+        for (head, descs) in chains {
+            self.stats.requests += 1;
+            let id = self.next_id;
+            self.next_id += 1;
+            let request = self.parse(id, head, &descs, mem);
+            self.in_flight.push_back(request);
+        }
+    }
+
+    /// Turns a descriptor chain into a request: a disk job, or an
+    /// immediate answer.
+    fn parse(
+        &mut self,
+        id: u64,
+        head: u16,
+        descs: &[(GuestAddress, u32, bool)],
+        mem: &GuestMemoryMmap,
+    ) -> InFlight {
+        let mut req = InFlight {
+            id,
+            head,
+            read_into: Vec::new(),
+            status_at: None,
+            immediate: None,
+        };
+        let bad = |req: &mut InFlight, stats: &mut BlockStats| {
+            stats.bad_requests += 1;
+            req.immediate = Some((STATUS_IOERR, Vec::new()));
+        };
+        // Status byte: the last descriptor, device-writable.
+        match descs.last() {
+            Some(&(addr, len, true)) if len >= 1 => req.status_at = Some(addr),
+            _ => {
+                bad(&mut req, &mut self.stats);
+                return req;
+            }
+        }
+        // Header: the first descriptor, device-readable, 16 bytes.
+        let mut header = [0u8; 16];
+        let header_ok = match descs.first() {
+            Some(&(addr, len, false)) if len >= 16 && descs.len() >= 2 => {
+                mem.read_slice(&mut header, addr).is_ok()
+            }
+            _ => false,
+        };
+        if !header_ok {
+            bad(&mut req, &mut self.stats);
+            return req;
+        }
+        let kind = u32::from_le_bytes(header[0..4].try_into().unwrap_or_default());
+        let sector = u64::from_le_bytes(header[8..16].try_into().unwrap_or_default());
+        let data = &descs[1..descs.len() - 1];
+        let total: u64 = data.iter().map(|d| u64::from(d.1)).sum();
+        match kind {
+            REQ_IN | REQ_OUT => {
+                let writable = kind == REQ_IN;
+                let in_disk = sector
+                    .checked_add(total / SECTOR_SIZE)
+                    .is_some_and(|end| end <= self.sectors);
+                if data.iter().any(|d| d.2 != writable)
+                    || total > MAX_REQUEST_BYTES
+                    || !total.is_multiple_of(SECTOR_SIZE)
+                    || !in_disk
+                {
+                    bad(&mut req, &mut self.stats);
+                    return req;
+                }
+                let job = if writable {
+                    req.read_into = data.iter().map(|d| (d.0, d.1)).collect();
+                    Job::Read {
+                        id,
+                        sector,
+                        len: total as usize,
+                    }
+                } else {
+                    // The data is taken now: later guest writes to the
+                    // buffers must not change what reaches the disk.
+                    let mut bytes = vec![0u8; total as usize];
+                    let mut at = 0usize;
+                    for d in data {
+                        let end = at + d.1 as usize;
+                        if mem.read_slice(&mut bytes[at..end], d.0).is_err() {
+                            bad(&mut req, &mut self.stats);
+                            return req;
+                        }
+                        at = end;
+                    }
+                    self.stats.bytes_written += total;
+                    Job::Write {
+                        id,
+                        sector,
+                        data: bytes,
+                    }
+                };
+                match &self.jobs {
+                    Some(jobs) if jobs.send(job).is_ok() => {}
+                    _ => req.immediate = Some((STATUS_IOERR, Vec::new())),
+                }
+            }
+            // Writes reach the overlay in order and the overlay lives only
+            // as long as the run: nothing to flush beyond ordering.
+            REQ_FLUSH => req.immediate = Some((STATUS_OK, Vec::new())),
+            REQ_GET_ID => {
+                req.read_into = data.iter().filter(|d| d.2).map(|d| (d.0, d.1)).collect();
+                let mut id_bytes = b"insight-disk".to_vec();
+                id_bytes.resize(20, 0);
+                req.immediate = Some((STATUS_OK, id_bytes));
+            }
+            _ => req.immediate = Some((STATUS_UNSUPP, Vec::new())),
+        }
+        req
+    }
+
+    /// Moves results from the I/O thread in, without waiting.
+    fn collect(&mut self) {
+        while let Ok(done) = self.done.try_recv() {
+            self.ready.insert(done.id, done.result);
+        }
+    }
+
+    /// How many of the oldest requests are finished and can be published.
+    pub fn publishable(&mut self) -> u64 {
+        self.collect();
+        self.in_flight
+            .iter()
+            .take_while(|r| r.immediate.is_some() || self.ready.contains_key(&r.id))
+            .count() as u64
+    }
+
+    /// Waits until at least `count` requests can be published (replay: the
+    /// recording published them here). Errors if they can never be.
+    pub fn wait_publishable(&mut self, count: u64) -> Result<(), BlockError> {
+        loop {
+            if self.publishable() >= count {
+                return Ok(());
+            }
+            match self.done.recv_timeout(Duration::from_secs(1)) {
+                Ok(done) => {
+                    self.ready.insert(done.id, done.result);
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return Err(BlockError::WorkerGone),
+            }
+        }
+    }
+
+    /// Waits up to `timeout` for the I/O thread to finish something.
+    pub fn wait_any(&mut self, timeout: Duration) {
+        if let Ok(done) = self.done.recv_timeout(timeout) {
+            self.ready.insert(done.id, done.result);
+        }
+    }
+
+    /// Makes the `count` oldest finished requests visible to the guest:
+    /// data, status, used ring, interrupt. Returns how many it published.
+    pub fn publish(&mut self, count: u64, mem: &GuestMemoryMmap) -> u64 {
+        let count = count.min(self.publishable());
+        for _ in 0..count {
+            let Some(req) = self.in_flight.pop_front() else {
+                break;
+            };
+            let (status, data) = match req.immediate {
+                Some(answer) => answer,
+                None => match self.ready.remove(&req.id) {
+                    Some(Ok(data)) => (STATUS_OK, data),
+                    Some(Err(_)) | None => {
+                        self.stats.io_errors += 1;
+                        (STATUS_IOERR, Vec::new())
+                    }
+                },
+            };
+            let mut written = 0u32;
+            if status == STATUS_OK {
+                let mut at = 0usize;
+                for &(addr, len) in &req.read_into {
+                    let end = (at + len as usize).min(data.len());
+                    if at >= end {
+                        break;
+                    }
+                    if mem.write_slice(&data[at..end], addr).is_err() {
+                        self.stats.bad_requests += 1;
+                        break;
+                    }
+                    written += (end - at) as u32;
+                    at = end;
+                }
+                self.stats.bytes_read += u64::from(written);
+            }
+            if let Some(status_at) = req.status_at {
+                if mem.write_obj(status, status_at).is_ok() {
+                    written += 1;
+                }
+                if self.queue.add_used(mem, req.head, written).is_err() {
+                    self.stats.bad_requests += 1;
+                }
+            }
+            self.published += 1;
+        }
+        if count > 0 {
+            self.interrupt_status |= 1;
+            self.irq = true;
+        }
+        count
+    }
+}
+
+impl Drop for VirtioBlock {
+    fn drop(&mut self) {
+        self.jobs = None; // ends the I/O thread's loop
+        if let Some(worker) = self.worker.take() {
+            let _ = worker.join();
+        }
+    }
+}
+
+fn io_thread(mut disk: CowDisk, jobs: Receiver<Job>, done: Sender<Done>) {
+    for job in jobs {
+        let (id, result) = match job {
+            Job::Read { id, sector, len } => {
+                let mut buf = vec![0u8; len];
+                (id, disk.read(sector, &mut buf).map(|()| buf))
+            }
+            Job::Write { id, sector, data } => (id, disk.write(sector, &data).map(|()| Vec::new())),
+        };
+        if done.send(Done { id, result }).is_err() {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    const DESC: u64 = 0x1000;
+    const AVAIL: u64 = 0x2000;
+    const USED: u64 = 0x3000;
+    const HEADER: u64 = 0x4000;
+    const DATA: u64 = 0x5000;
+    const STATUS: u64 = 0x6000;
+
+    fn base(name: &str) -> PathBuf {
+        let path = std::env::temp_dir().join(format!("insight-blk-{}-{name}", std::process::id()));
+        let data: Vec<u8> = (0..8 * 512u32).map(|i| (i / 512) as u8 + 1).collect();
+        std::fs::write(&path, data).unwrap();
+        path
+    }
+
+    fn w32(dev: &mut VirtioBlock, mem: &GuestMemoryMmap, offset: u64, v: u32) {
+        dev.mmio_write(offset, &v.to_le_bytes(), mem);
+    }
+
+    fn setup(name: &str) -> (VirtioBlock, GuestMemoryMmap, PathBuf) {
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap();
+        let path = base(name);
+        let mut dev =
+            VirtioBlock::new(CowDisk::open(&path, &std::env::temp_dir()).unwrap()).unwrap();
+        let mut magic = [0u8; 4];
+        dev.mmio_read(0, &mut magic);
+        assert_eq!(&magic, b"virt");
+        w32(&mut dev, &mem, 0x030, 0);
+        w32(&mut dev, &mem, 0x038, 8);
+        w32(&mut dev, &mem, 0x080, DESC as u32);
+        w32(&mut dev, &mem, 0x090, AVAIL as u32);
+        w32(&mut dev, &mem, 0x0a0, USED as u32);
+        w32(&mut dev, &mem, 0x044, 1);
+        (dev, mem, path)
+    }
+
+    /// Writes descriptor `i` and makes chain head 0 available as entry `n`.
+    fn desc(mem: &GuestMemoryMmap, i: u64, addr: u64, len: u32, write: bool, next: Option<u16>) {
+        let flags: u16 = u16::from(next.is_some()) | if write { 2 } else { 0 };
+        let at = DESC + 16 * i;
+        mem.write_obj(addr, GuestAddress(at)).unwrap();
+        mem.write_obj(len, GuestAddress(at + 8)).unwrap();
+        mem.write_obj(flags, GuestAddress(at + 12)).unwrap();
+        mem.write_obj(next.unwrap_or(0), GuestAddress(at + 14))
+            .unwrap();
+    }
+
+    fn offer(dev: &mut VirtioBlock, mem: &GuestMemoryMmap, n: u16) {
+        mem.write_obj(0u16, GuestAddress(AVAIL + 4 + 2 * u64::from(n)))
+            .unwrap();
+        mem.write_obj(n + 1, GuestAddress(AVAIL + 2)).unwrap();
+        w32(dev, mem, 0x050, 0);
+    }
+
+    fn header(mem: &GuestMemoryMmap, kind: u32, sector: u64) {
+        mem.write_obj(kind, GuestAddress(HEADER)).unwrap();
+        mem.write_obj(sector, GuestAddress(HEADER + 8)).unwrap();
+    }
+
+    fn used_idx(mem: &GuestMemoryMmap) -> u16 {
+        mem.read_obj(GuestAddress(USED + 2)).unwrap()
+    }
+
+    #[test]
+    fn a_read_completes_only_when_published() {
+        let (mut dev, mem, path) = setup("read");
+        header(&mem, REQ_IN, 3);
+        desc(&mem, 0, HEADER, 16, false, Some(1));
+        desc(&mem, 1, DATA, 512, true, Some(2));
+        desc(&mem, 2, STATUS, 1, true, None);
+        mem.write_obj(0xffu8, GuestAddress(STATUS)).unwrap();
+        offer(&mut dev, &mem, 0);
+        assert_eq!(dev.submitted(), 1);
+        dev.wait_publishable(1).unwrap();
+        // Finished on the disk, but the guest sees nothing yet.
+        assert_eq!(used_idx(&mem), 0);
+        assert_eq!(mem.read_obj::<u8>(GuestAddress(DATA)).unwrap(), 0);
+        assert_eq!(dev.publish(1, &mem), 1);
+        assert_eq!(used_idx(&mem), 1);
+        assert_eq!(mem.read_obj::<u8>(GuestAddress(STATUS)).unwrap(), STATUS_OK);
+        assert_eq!(mem.read_obj::<u8>(GuestAddress(DATA + 511)).unwrap(), 4);
+        assert!(dev.take_irq());
+        assert_eq!(dev.published(), 1);
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn malformed_requests_are_counted_never_fatal() {
+        let (mut dev, mem, path) = setup("bad");
+        // Beyond the end of the disk: an I/O error status.
+        header(&mem, REQ_IN, 7);
+        desc(&mem, 0, HEADER, 16, false, Some(1));
+        desc(&mem, 1, DATA, 1024, true, Some(2));
+        desc(&mem, 2, STATUS, 1, true, None);
+        offer(&mut dev, &mem, 0);
+        // No status byte at all: dropped, counted.
+        desc(&mem, 0, HEADER, 16, false, Some(1));
+        desc(&mem, 1, DATA, 512, false, None);
+        offer(&mut dev, &mem, 1);
+        // A descriptor pointing outside guest memory.
+        header(&mem, REQ_OUT, 0);
+        desc(&mem, 0, HEADER, 16, false, Some(1));
+        desc(&mem, 1, 0xffff_0000, 512, false, Some(2));
+        desc(&mem, 2, STATUS, 1, true, None);
+        offer(&mut dev, &mem, 2);
+        dev.wait_publishable(3).unwrap();
+        assert_eq!(dev.publish(3, &mem), 3);
+        assert_eq!(
+            mem.read_obj::<u8>(GuestAddress(STATUS)).unwrap(),
+            STATUS_IOERR
+        );
+        assert_eq!(dev.stats().bad_requests, 3);
+        assert_eq!(
+            used_idx(&mem),
+            2,
+            "the request without status is not returned"
+        );
+        std::fs::remove_file(&path).unwrap();
+    }
+}

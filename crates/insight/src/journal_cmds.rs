@@ -1,0 +1,370 @@
+//! `insight record`, `insight replay` and `insight dump`.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context, Result};
+use trace::{ClockKind, Header, TraceReader, TraceWriter};
+use vmm::journal::{EndReason, Event, Journal, JournalError, Progress, Recorder, Replayer};
+use vmm::{guest, StopReason, Vm, VmError};
+
+use crate::cli::{attach_stdin, prepare_guest, GuestArgs, EXIT_STOPPED_BY_USER};
+use crate::status::{human_bytes, StatusLine};
+
+/// `replay` exit status when the guest did not do what was recorded.
+pub const EXIT_DIVERGED: u8 = 1;
+/// `replay` exit status when an incomplete trace's prefix replayed.
+pub const EXIT_PREFIX_ONLY: u8 = 4;
+
+#[derive(clap::Args)]
+pub struct RecordArgs {
+    /// Trace directory to create (must not exist, or be empty).
+    #[arg(short, long, value_name = "DIR")]
+    output: PathBuf,
+    /// Print a summary of the recording on standard error even when it is
+    /// not a terminal.
+    #[arg(long)]
+    summary: bool,
+    /// Log a digest of the registers every N deterministic exits (1: at
+    /// every exit, finding a divergence exactly; larger: smaller traces).
+    #[arg(long, value_name = "N", default_value_t = vmm::journal::DEFAULT_DIGEST_INTERVAL,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    digest_every: u64,
+    #[command(flatten)]
+    guest: GuestArgs,
+}
+
+#[derive(clap::Args)]
+pub struct ReplayArgs {
+    /// Trace directory written by `insight record`.
+    trace: PathBuf,
+    /// Do not print the guest's console output.
+    #[arg(long)]
+    no_console: bool,
+}
+
+#[derive(clap::Args)]
+pub struct DumpArgs {
+    /// Trace directory written by `insight record`.
+    trace: PathBuf,
+    /// One JSON object per line instead of text.
+    #[arg(long)]
+    json: bool,
+    /// Print the header only.
+    #[arg(long, conflicts_with = "json")]
+    header: bool,
+    /// Stop after this many log entries.
+    #[arg(long, value_name = "N")]
+    limit: Option<u64>,
+}
+
+fn progress_text(verb: &str, p: &Progress, started: Instant) -> String {
+    let mut text = format!(
+        "[{verb}] guest {:.1} s, {} exits, {} events",
+        p.guest_ns as f64 / 1e9,
+        p.exits,
+        p.events
+    );
+    if p.trace_bytes > 0 {
+        text.push_str(&format!(", trace {}", human_bytes(p.trace_bytes)));
+    }
+    text.push_str(&format!(" ({:.0} s)", started.elapsed().as_secs_f64()));
+    text
+}
+
+fn attach_progress(vm: &mut Vm, status: &StatusLine, verb: &'static str) {
+    if !status.enabled() {
+        return;
+    }
+    let status = status.clone();
+    let started = Instant::now();
+    vm.on_progress(Box::new(move |p| {
+        status.show(&progress_text(verb, p, started))
+    }));
+}
+
+pub fn record(args: RecordArgs) -> Result<ExitCode> {
+    let (spec, config) = prepare_guest(&args.guest)?;
+    let status = StatusLine::for_stderr();
+    let mut vm = Vm::new(&spec, status.console(Box::new(std::io::stdout())))?;
+    let (images, boot) = guest::trace_images(&spec)?;
+    let header = Header {
+        clock: ClockKind::Exit,
+        created_unix_secs: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        guest_cpuid: vm.guest_cpuid().to_vec(),
+        kvm_caps: vm.kvm_caps().to_vec(),
+        config,
+        images,
+        boot,
+        digest_interval: args.digest_every,
+    };
+    let writer = TraceWriter::create(&args.output, &header)
+        .with_context(|| format!("cannot create trace {}", args.output.display()))?;
+    vm.set_journal(Journal::Record(Box::new(Recorder::new(
+        writer,
+        args.digest_every,
+    ))));
+    attach_progress(&mut vm, &status, "record");
+    let _terminal = attach_stdin(&mut vm, args.guest.no_stdin);
+    let result = vm.run();
+    status.clear();
+    let outcome = match result {
+        Err(VmError::StoppedByUser) => {
+            eprintln!(
+                "\ninsight: stopped by the user (Ctrl-A x); the trace in {} holds the run up to here",
+                args.output.display()
+            );
+            return Ok(ExitCode::from(EXIT_STOPPED_BY_USER));
+        }
+        other => other.with_context(|| {
+            format!(
+                "recording failed (the trace in {} holds the run up to the failure)",
+                args.output.display()
+            )
+        })?,
+    };
+    if args.summary || status.enabled() {
+        let bytes = outcome
+            .trace
+            .map(|s| s.event_bytes + s.payload_bytes)
+            .unwrap_or(0);
+        eprintln!(
+            "insight: recorded {} deterministic exits, {} log entries, {:.2} s of guest time; \
+             trace {} ({}) in {}",
+            outcome.journal.exits,
+            outcome.journal.events,
+            outcome.journal.guest_ns as f64 / 1e9,
+            human_bytes(bytes),
+            bytes,
+            args.output.display()
+        );
+    }
+    Ok(ExitCode::from(outcome.exit_status.unwrap_or(0)))
+}
+
+fn open_trace(dir: &std::path::Path) -> Result<TraceReader<Event>> {
+    TraceReader::open(dir).with_context(|| format!("cannot open trace {}", dir.display()))
+}
+
+pub fn replay(args: ReplayArgs) -> Result<ExitCode> {
+    let reader = open_trace(&args.trace)?;
+    if reader.header.clock != ClockKind::Exit {
+        bail!(
+            "{} was recorded with the branch clock; this insight replays exit-clock traces only",
+            args.trace.display()
+        );
+    }
+    let complete = reader.complete.is_some();
+    let spec = guest::from_trace(&reader.header)?;
+    let status = StatusLine::for_stderr();
+    let console: Box<dyn Write + Send> = if args.no_console {
+        Box::new(std::io::sink())
+    } else {
+        status.console(Box::new(std::io::stdout()))
+    };
+    let mut vm = Vm::new(&spec, console)?;
+    if let Some(difference) = cpuid_difference(&reader.header.guest_cpuid, vm.guest_cpuid()) {
+        bail!(
+            "this host's CPU differs from the one {} was recorded on ({difference}); the \
+             guest would see a different CPU: replay on the recording host or one with the \
+             same CPU",
+            args.trace.display()
+        );
+    }
+    vm.set_journal(Journal::Replay(Box::new(Replayer::new(reader))));
+    attach_progress(&mut vm, &status, "replay");
+    let result = vm.run();
+    status.clear();
+    let outcome = match result {
+        Err(VmError::Journal(JournalError::Diverged(d))) => {
+            eprintln!("insight: {d}");
+            if !d.state.is_empty() {
+                eprintln!("insight: replay state at the divergence: {}", d.state);
+            }
+            return Ok(ExitCode::from(EXIT_DIVERGED));
+        }
+        other => other?,
+    };
+    let exits = outcome.journal.exits;
+    let code = match &outcome.stop {
+        StopReason::CommandExited | StopReason::PowerOff => {
+            let how = match outcome.exit_status {
+                Some(s) => EndReason::CommandExited(s),
+                None => EndReason::PowerOff,
+            };
+            eprintln!("insight: replay matched the recording: {exits} deterministic exits; {how}");
+            ExitCode::SUCCESS
+        }
+        StopReason::RecordingEnded(reason) => {
+            eprintln!(
+                "insight: replay matched the recording up to its end after {exits} deterministic \
+                 exits (the recording ended there: {reason})"
+            );
+            ExitCode::SUCCESS
+        }
+        StopReason::TraceEnded => {
+            let why = if complete {
+                "its log ends early"
+            } else {
+                "its recorder did not finish"
+            };
+            eprintln!(
+                "insight: the trace is incomplete ({why}): replayed its prefix, all \
+                 {exits} deterministic exits it holds, faithfully"
+            );
+            ExitCode::from(EXIT_PREFIX_ONLY)
+        }
+    };
+    Ok(code)
+}
+
+type CpuidEntry = (u32, u32, u32, u32, u32, u32);
+
+/// The first CPUID entry that differs between a recording and this host.
+fn cpuid_difference(recorded: &[CpuidEntry], now: &[CpuidEntry]) -> Option<String> {
+    let show = |e: &CpuidEntry| {
+        format!(
+            "eax {:#x} ebx {:#x} ecx {:#x} edx {:#x}",
+            e.2, e.3, e.4, e.5
+        )
+    };
+    for r in recorded {
+        match now.iter().find(|n| (n.0, n.1) == (r.0, r.1)) {
+            None => return Some(format!("CPUID leaf {:#x}.{} is gone", r.0, r.1)),
+            Some(n) if n != r => {
+                return Some(format!(
+                    "CPUID leaf {:#x}.{}: recorded {}, now {}",
+                    r.0,
+                    r.1,
+                    show(r),
+                    show(n)
+                ))
+            }
+            Some(_) => {}
+        }
+    }
+    now.iter()
+        .find(|n| !recorded.iter().any(|r| (r.0, r.1) == (n.0, n.1)))
+        .map(|n| format!("CPUID leaf {:#x}.{} is new", n.0, n.1))
+}
+
+pub fn dump(args: DumpArgs) -> Result<ExitCode> {
+    let mut reader = open_trace(&args.trace)?;
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    let h = &reader.header;
+    if args.json {
+        writeln!(
+            out,
+            "{}",
+            serde_json::json!({ "header": header_json(h, &reader) })
+        )?;
+    } else {
+        print_header(&mut out, h, &reader)?;
+        if args.header {
+            return Ok(ExitCode::SUCCESS);
+        }
+        writeln!(out, "log:")?;
+    }
+    let mut exit: u64 = 0;
+    let mut entries: u64 = 0;
+    'frames: while let Some(frame) = reader.next_frame()? {
+        for event in frame {
+            if args.limit.is_some_and(|l| entries >= l) {
+                break 'frames;
+            }
+            entries += 1;
+            if event.is_exit() {
+                exit += 1;
+            }
+            if args.json {
+                writeln!(
+                    out,
+                    "{}",
+                    serde_json::json!({ "exit": exit, "event": event })
+                )?;
+            } else if event.is_exit() {
+                writeln!(out, "{exit:>10}  {event}")?;
+            } else {
+                writeln!(out, "{:>10}  {event}", "")?;
+            }
+        }
+    }
+    if let Some(problem) = &reader.tail_problem {
+        if args.json {
+            writeln!(
+                out,
+                "{}",
+                serde_json::json!({ "tail_problem": format!("{problem:?}") })
+            )?;
+        } else {
+            writeln!(out, "(log ends early: {problem:?})")?;
+        }
+    }
+    out.flush()?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn header_json(h: &Header, reader: &TraceReader<Event>) -> serde_json::Value {
+    serde_json::json!({
+        "format_version": trace::TRACE_VERSION,
+        "clock": format!("{:?}", h.clock),
+        "created_unix_secs": h.created_unix_secs,
+        "complete": reader.complete.is_some(),
+        "summary": reader.complete,
+        "images": h.images,
+        "cmdline": h.boot.cmdline,
+        "memory_mib": h.boot.memory_mib,
+        "extra_initramfs_bytes": h.boot.extra_initramfs.len(),
+        "config": h.config,
+        "guest_cpuid_entries": h.guest_cpuid.len(),
+        "kvm_caps": h.kvm_caps,
+    })
+}
+
+fn print_header(out: &mut impl Write, h: &Header, reader: &TraceReader<Event>) -> Result<()> {
+    writeln!(
+        out,
+        "insight trace, format version {}",
+        trace::TRACE_VERSION
+    )?;
+    writeln!(out, "  clock:      {:?}", h.clock)?;
+    writeln!(out, "  created:    {} (unix seconds)", h.created_unix_secs)?;
+    match &reader.complete {
+        Some(s) => writeln!(
+            out,
+            "  complete:   yes, {} log entries in {} frames, {} of events, {} of payloads",
+            s.events,
+            s.frames,
+            human_bytes(s.event_bytes),
+            human_bytes(s.payload_bytes)
+        )?,
+        None => writeln!(out, "  complete:   no (the recorder did not finish)")?,
+    }
+    for image in &h.images {
+        writeln!(
+            out,
+            "  {:<11} {} (sha256 {})",
+            format!("{}:", image.role),
+            image.path,
+            image.digest
+        )?;
+    }
+    writeln!(out, "  memory:     {} MiB", h.boot.memory_mib)?;
+    writeln!(out, "  cmdline:    {}", h.boot.cmdline)?;
+    writeln!(
+        out,
+        "  extra initramfs: {} bytes (command, environment, files)",
+        h.boot.extra_initramfs.len()
+    )?;
+    writeln!(out, "  CPUID:      {} entries", h.guest_cpuid.len())?;
+    writeln!(out, "  config:")?;
+    for line in h.config.lines() {
+        writeln!(out, "    {line}")?;
+    }
+    Ok(())
+}
