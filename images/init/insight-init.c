@@ -46,6 +46,7 @@ static void ctl(unsigned code, unsigned arg)
 static void die(const char *what)
 {
 	fprintf(stderr, "insight-init: %s: %s\n", what, strerror(errno));
+	tcdrain(STDERR_FILENO);
 	ctl(CTL_EXIT_STATUS, 127);
 	sync();
 	reboot(RB_POWER_OFF);
@@ -118,6 +119,53 @@ static void read_env(void)
 		putenv(vars[i]);
 }
 
+/*
+ * The command's session: this process leads it, with the console as
+ * controlling tty, and runs the command as its child. When a session
+ * leader exits, the kernel hangs up its terminal and discards output not
+ * yet transmitted; waiting here until the console has sent everything the
+ * command wrote keeps the end of its output. Returns the command's status
+ * as a shell reports it.
+ */
+static int session_leader(char **argv)
+{
+	struct termios t;
+	int status;
+	pid_t cmd;
+
+	setsid();
+	ioctl(STDIN_FILENO, TIOCSCTTY, 1);
+	/* Plain "\n" line ends: the host's terminal adds its own "\r". */
+	if (tcgetattr(STDOUT_FILENO, &t) == 0) {
+		t.c_oflag &= ~(tcflag_t)ONLCR;
+		tcsetattr(STDOUT_FILENO, TCSANOW, &t);
+	}
+	cmd = fork();
+	if (cmd < 0)
+		return 125;
+	if (cmd == 0) {
+		execvp(argv[0], argv);
+		fprintf(stderr, "insight-init: cannot run %s: %s\n", argv[0],
+			strerror(errno));
+		_exit(errno == ENOENT ? 127 : 126);
+	}
+	/* Keys typed at the console are for the command, not for us. */
+	signal(SIGINT, SIG_IGN);
+	signal(SIGQUIT, SIG_IGN);
+	signal(SIGTSTP, SIG_IGN);
+	signal(SIGHUP, SIG_IGN);
+	while (waitpid(cmd, &status, 0) < 0) {
+		if (errno != EINTR)
+			return 125;
+	}
+	tcdrain(STDOUT_FILENO);
+	if (WIFEXITED(status))
+		return WEXITSTATUS(status);
+	if (WIFSIGNALED(status))
+		return 128 + WTERMSIG(status);
+	return 125;
+}
+
 int main(void)
 {
 	have_port = ioperm(CTL_PORT, 4, 1) == 0;
@@ -140,22 +188,8 @@ int main(void)
 	pid_t child = fork();
 	if (child < 0)
 		die("fork");
-	if (child == 0) {
-		/* A session of its own, with the console as controlling tty. */
-		struct termios t;
-
-		setsid();
-		ioctl(STDIN_FILENO, TIOCSCTTY, 1);
-		/* Plain "\n" line ends: the host's terminal adds its own "\r". */
-		if (tcgetattr(STDOUT_FILENO, &t) == 0) {
-			t.c_oflag &= ~(tcflag_t)ONLCR;
-			tcsetattr(STDOUT_FILENO, TCSANOW, &t);
-		}
-		execvp(argv[0], argv);
-		fprintf(stderr, "insight-init: cannot run %s: %s\n", argv[0],
-			strerror(errno));
-		_exit(errno == ENOENT ? 127 : 126);
-	}
+	if (child == 0)
+		_exit(session_leader(argv));
 
 	int status = 0, code;
 	for (;;) {
@@ -165,6 +199,7 @@ int main(void)
 		if (pid < 0 && errno != EINTR)
 			die("wait");
 	}
+	/* The session leader reports the command's status as its own. */
 	if (WIFEXITED(status))
 		code = WEXITSTATUS(status);
 	else if (WIFSIGNALED(status))
@@ -172,6 +207,12 @@ int main(void)
 	else
 		code = 125;
 
+	/*
+	 * The run ends with the report: first let the console transmit what
+	 * the command wrote (the UART drains on interrupts, which may still
+	 * be pending), and the file systems reach their disks.
+	 */
+	tcdrain(STDOUT_FILENO);
 	sync();
 	ctl(CTL_EXIT_STATUS, (unsigned)code);
 	reboot(RB_POWER_OFF);

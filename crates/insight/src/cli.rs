@@ -101,6 +101,16 @@ Text: one line per log entry, deterministic exits numbered by ordinal, interrupt
 register digests under the exit they follow. --json: one JSON object per line, \
 {\"exit\": N, \"event\": {...}}, after a first line holding the header.")]
     Dump(crate::journal_cmds::DumpArgs),
+    /// Find the first difference between two traces.
+    #[command(
+        long_about = "Compare two traces: their initial state (images, command \
+line, memory, command) and their logs, entry by entry, and print the first difference \
+with its position (log entry and deterministic exit ordinal). Two recordings of the same \
+workload show where their executions parted (typically the first interrupt delivered at \
+another exit, or a different value read).\n\n\
+Exit status: 0 when the traces are the same run, 1 when they differ."
+    )]
+    Diff(crate::journal_cmds::DiffArgs),
 }
 
 /// What to boot: shared by `run` and `record`.
@@ -142,6 +152,7 @@ pub fn main() -> Result<ExitCode> {
         Command::Record(args) => crate::journal_cmds::record(args),
         Command::Replay(args) => crate::journal_cmds::replay(args),
         Command::Dump(args) => crate::journal_cmds::dump(args),
+        Command::Diff(args) => crate::journal_cmds::diff(args),
     }
 }
 

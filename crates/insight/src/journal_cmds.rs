@@ -46,6 +46,14 @@ pub struct ReplayArgs {
 }
 
 #[derive(clap::Args)]
+pub struct DiffArgs {
+    /// First trace directory.
+    first: PathBuf,
+    /// Second trace directory.
+    second: PathBuf,
+}
+
+#[derive(clap::Args)]
 pub struct DumpArgs {
     /// Trace directory written by `insight record`.
     trace: PathBuf,
@@ -307,6 +315,89 @@ pub fn dump(args: DumpArgs) -> Result<ExitCode> {
     }
     out.flush()?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Reads the next log entry of a trace, across frames.
+struct Entries {
+    reader: TraceReader<Event>,
+    frame: std::vec::IntoIter<Event>,
+}
+
+impl Entries {
+    fn next(&mut self) -> Result<Option<Event>> {
+        loop {
+            if let Some(e) = self.frame.next() {
+                return Ok(Some(e));
+            }
+            match self.reader.next_frame()? {
+                Some(frame) => self.frame = frame.into_iter(),
+                None => return Ok(None),
+            }
+        }
+    }
+}
+
+pub fn diff(args: DiffArgs) -> Result<ExitCode> {
+    let a = open_trace(&args.first)?;
+    let b = open_trace(&args.second)?;
+    let mut same_start = true;
+    if a.header.images != b.header.images {
+        println!("the traces booted different images");
+        same_start = false;
+    }
+    if a.header.boot.cmdline != b.header.boot.cmdline
+        || a.header.boot.memory_mib != b.header.boot.memory_mib
+        || a.header.boot.extra_initramfs != b.header.boot.extra_initramfs
+    {
+        println!("the traces booted with different command lines, memory or commands");
+        same_start = false;
+    }
+    if a.header.boot.rng_seed != b.header.boot.rng_seed {
+        println!("the guests' random seeds differ (every recording has its own)");
+    }
+    let (mut a, mut b) = (
+        Entries {
+            reader: a,
+            frame: Vec::new().into_iter(),
+        },
+        Entries {
+            reader: b,
+            frame: Vec::new().into_iter(),
+        },
+    );
+    let mut exit: u64 = 0;
+    let mut entries: u64 = 0;
+    loop {
+        let (x, y) = (a.next()?, b.next()?);
+        if x.as_ref().is_some_and(Event::is_exit) {
+            exit += 1;
+        }
+        let show = |e: &Option<Event>| match e {
+            Some(e) => e.to_string().trim_start().to_string(),
+            None => "(end of log)".to_string(),
+        };
+        if x != y {
+            println!(
+                "first difference at log entry {}, exit {exit}:\n  {}: {}\n  {}: {}",
+                entries + 1,
+                args.first.display(),
+                show(&x),
+                args.second.display(),
+                show(&y)
+            );
+            return Ok(ExitCode::from(1));
+        }
+        if x.is_none() {
+            break;
+        }
+        entries += 1;
+    }
+    println!("the logs are identical: {entries} entries, {exit} deterministic exits");
+    Ok(if same_start {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }
 
 fn header_json(h: &Header, reader: &TraceReader<Event>) -> serde_json::Value {

@@ -253,6 +253,29 @@ fn tampered_truncated_and_foreign_traces() {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert_eq!(divergence_exit(&stderr), ordinal, "{stderr}");
     assert!(stderr.contains("0xdeadbeef"), "{stderr}");
+    // `insight diff` finds the same place without running anything.
+    let out = insight()
+        .arg("diff")
+        .arg(&trace)
+        .arg(&bad_rip)
+        .output()
+        .unwrap();
+    let (stdout, _) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(
+        stdout.contains(&format!(
+            "first difference at log entry {}, exit {ordinal}:",
+            at + 1
+        )),
+        "{stdout}"
+    );
+    let out = insight()
+        .arg("diff")
+        .arg(&trace)
+        .arg(&trace)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out).0);
 
     // A recorded clock value changed: the guest computes with it, and the
     // register digests (every exit here) catch it within a few exits.

@@ -521,6 +521,8 @@ fn rip_of(e: &Event) -> u64 {
 
 /// MSR index of the guest kernel's paravirtual clock (asm/insight.h).
 pub const MSR_INSIGHT_CLOCK: u32 = 0x4953_4e00;
+/// IA32_TSC, which the VMM filters so that it never returns host time.
+pub const MSR_IA32_TSC: u32 = 0x10;
 
 impl Journal {
     pub fn is_replay(&self) -> bool {

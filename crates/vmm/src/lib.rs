@@ -5,6 +5,7 @@
 //! docs/ARCHITECTURE.md).
 
 pub mod boot;
+pub mod branch_clock;
 pub mod config;
 pub mod console;
 pub mod cpuid;

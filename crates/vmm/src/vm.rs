@@ -305,14 +305,28 @@ impl Vm {
                     xcr0: supported_xcr0,
                 })?;
 
-        // MSRs KVM does not know exit to the VMM: the paravirtual clock.
+        // MSRs KVM does not know exit to the VMM (the paravirtual clock),
+        // and so does the TSC MSR, which KVM would answer with host time.
         let mut cap = kvm_bindings::kvm_enable_cap {
             cap: kvm_bindings::KVM_CAP_X86_USER_SPACE_MSR,
             ..Default::default()
         };
-        cap.args[0] = u64::from(kvm_bindings::KVM_MSR_EXIT_REASON_UNKNOWN);
+        cap.args[0] = u64::from(
+            kvm_bindings::KVM_MSR_EXIT_REASON_UNKNOWN | kvm_bindings::KVM_MSR_EXIT_REASON_FILTER,
+        );
         vm.enable_cap(&cap)
             .map_err(kvm_err("ENABLE_CAP(X86_USER_SPACE_MSR)"))?;
+        vm.set_msr_filter(
+            kvm_ioctls::MsrFilterDefaultAction::ALLOW,
+            &[kvm_ioctls::MsrFilterRange {
+                flags: kvm_ioctls::MsrFilterRangeFlags::READ
+                    | kvm_ioctls::MsrFilterRangeFlags::WRITE,
+                base: journal::MSR_IA32_TSC,
+                msr_count: 1,
+                bitmap: &[0],
+            }],
+        )
+        .map_err(kvm_err("X86_SET_MSR_FILTER"))?;
 
         let mut vcpu = vcpu;
         // Registers come with every exit in kvm_run, for the journal.
@@ -1046,7 +1060,14 @@ fn dispatch<W: Write>(
             };
             let (value, fault) = match journal.replay_read(&observed)? {
                 Some(Event::RdMsr { value, fault, .. }) => (value, fault),
-                _ if msr.index == journal::MSR_INSIGHT_CLOCK => (clock.now_ns(), false),
+                // The paravirtual clock, and the TSC as a 1 GHz counter
+                // of the same time (the guest kernel uses neither TSC
+                // instruction nor MSR, but a guest may).
+                _ if msr.index == journal::MSR_INSIGHT_CLOCK
+                    || msr.index == journal::MSR_IA32_TSC =>
+                {
+                    (clock.now_ns(), false)
+                }
                 // Anything else KVM does not know faults, as on hardware.
                 _ => (0, true),
             };
