@@ -547,6 +547,12 @@ impl Vm {
                         return Err(VmError::GuestHalted { rip });
                     }
                     if !self.journal.replay_wakeup_due()? {
+                        // An incomplete trace may end right after the HLT.
+                        if let Journal::Replay(r) = &mut self.journal {
+                            if r.log_exhausted()? {
+                                return Ok(self.outcome(StopReason::TraceEnded));
+                            }
+                        }
                         let rip = self.vcpu.get_regs().map(|r| r.rip).unwrap_or(0);
                         return Err(self.journal.halted_without_interrupt(rip).into());
                     }
