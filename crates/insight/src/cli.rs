@@ -26,8 +26,10 @@ pub const EXIT_STOPPED_BY_USER: u8 = 130;
     long_about = "insight boots a Linux guest on KVM with every asynchronous input routed \
 through the VMM, so that a run can be recorded once and replayed deterministically.\n\n\
 Start with `insight run` (boots the built-in guest and runs a demo) and \
-`insight host-check` (what this host's KVM can do).",
-    after_help = "Exit status: the guest command's status for `run`; 125 when insight \
+`insight host-check` (what this host's KVM can do); then `insight record -o TRACE -- CMD` \
+and `insight replay TRACE`.",
+    after_help = "Exit status: the guest command's status for `run` and `record`; for \
+`replay` 0 (faithful), 1 (diverged), 4 (prefix of an incomplete trace); 125 when insight \
 itself fails; 2 for usage errors."
 )]
 struct Cli {
