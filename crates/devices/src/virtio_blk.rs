@@ -442,13 +442,6 @@ impl VirtioBlock {
         }
     }
 
-    /// Waits up to `timeout` for the I/O thread to finish something.
-    pub fn wait_any(&mut self, timeout: Duration) {
-        if let Ok(done) = self.done.recv_timeout(timeout) {
-            self.ready.insert(done.id, done.result);
-        }
-    }
-
     /// Makes the `count` oldest finished requests visible to the guest:
     /// data, status, used ring, interrupt. Returns how many it published.
     pub fn publish(&mut self, count: u64, mem: &GuestMemoryMmap) -> u64 {

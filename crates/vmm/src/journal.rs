@@ -17,7 +17,7 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use trace::{Summary, TailProblem, TraceError, TraceReader, TraceWriter};
+use trace::{Summary, TraceError, TraceReader, TraceWriter};
 
 /// Default for how often registers are digested: at every exit whose
 /// ordinal is a multiple of this.
@@ -413,11 +413,6 @@ impl Replayer {
         self.reader.complete.is_some()
     }
 
-    /// What ended the event stream early, if something did.
-    pub fn tail_problem(&self) -> Option<&TailProblem> {
-        self.reader.tail_problem.as_ref()
-    }
-
     fn peek(&mut self) -> Result<Option<&Event>, JournalError> {
         if self.peeked.is_none() && !self.exhausted {
             loop {
@@ -498,10 +493,6 @@ impl Replayer {
     /// Whether the log has run out without an end entry.
     pub fn log_exhausted(&mut self) -> Result<bool, JournalError> {
         Ok(self.peek()?.is_none())
-    }
-
-    pub fn exits(&self) -> u64 {
-        self.exits
     }
 }
 
