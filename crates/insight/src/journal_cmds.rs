@@ -32,8 +32,49 @@ pub struct RecordArgs {
     #[arg(long, value_name = "N", default_value_t = vmm::journal::DEFAULT_DIGEST_INTERVAL,
           value_parser = clap::value_parser!(u64).range(1..))]
     digest_every: u64,
+    /// Timestamp clock: `exit` (deterministic VM exits, works on any host)
+    /// or `branch` (guest retired branches; needs a hardware PMU that KVM
+    /// exposes, see `insight host-check`).
+    #[arg(long, value_enum, default_value_t = ClockChoice::Exit)]
+    clock: ClockChoice,
     #[command(flatten)]
     guest: GuestArgs,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum ClockChoice {
+    Exit,
+    Branch,
+}
+
+/// Checks that the clock asked for can be used here.
+fn choose_clock(choice: ClockChoice) -> Result<ClockKind> {
+    match choice {
+        ClockChoice::Exit => Ok(ClockKind::Exit),
+        ClockChoice::Branch => {
+            let pmu = vmm::host_check::probe_pmu().context("cannot probe the host's PMU")?;
+            let mut missing = Vec::new();
+            if let Err(e) = &pmu.host_branch_counter {
+                missing.push(format!(
+                    "the host cannot count branches (perf_event_open: {e})"
+                ));
+            }
+            if pmu.guest_counters == 0 {
+                missing.push("KVM offers guests no PMU counters".to_owned());
+            }
+            if !missing.is_empty() {
+                bail!(
+                    "--clock branch needs a hardware branch counter, and this host has none: {}; \
+                     record with --clock exit (the default), which needs no PMU",
+                    missing.join("; ")
+                );
+            }
+            bail!(
+                "--clock branch: this host has a PMU, but this version of insight records with \
+                 the exit clock only; record with --clock exit (the default)"
+            )
+        }
+    }
 }
 
 #[derive(clap::Args)]
@@ -94,12 +135,13 @@ fn attach_progress(vm: &mut Vm, status: &StatusLine, verb: &'static str) {
 }
 
 pub fn record(args: RecordArgs) -> Result<ExitCode> {
+    let clock = choose_clock(args.clock)?;
     let (spec, config) = prepare_guest(&args.guest)?;
     let status = StatusLine::for_stderr();
     let mut vm = Vm::new(&spec, status.console(Box::new(std::io::stdout())))?;
     let (images, boot) = guest::trace_images(&spec)?;
     let header = Header {
-        clock: ClockKind::Exit,
+        clock,
         created_unix_secs: SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs())

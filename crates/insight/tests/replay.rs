@@ -448,3 +448,27 @@ fn disk_workload_replays_and_the_base_image_never_changes() {
     assert_eq!(digest(), before, "the base image changed");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn branch_clock_is_refused_with_the_reason() {
+    // The refusal comes before the guest is prepared: only KVM is needed.
+    if !Path::new("/dev/kvm").exists() {
+        eprintln!("SKIPPED: /dev/kvm does not exist on this machine");
+        return;
+    }
+    let (trace, out) = record("branch-clock", &["--clock", "branch"], &["true"]);
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(125), "{stderr}");
+    // On a host without a PMU the reason names what is missing; on one with
+    // a PMU this version still records with the exit clock only.
+    assert!(
+        stderr.contains("this host has none") || stderr.contains("exit clock only"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("--clock exit"), "{stderr}");
+    assert!(
+        !trace.exists(),
+        "a refused recording left {}",
+        trace.display()
+    );
+}
