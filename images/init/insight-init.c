@@ -1,7 +1,9 @@
 /*
  * /init of the insight guest.
  *
- * Mounts the usual file systems, runs the guest command that the host put
+ * Mounts the usual file systems, brings up the loopback interface and, if
+ * the host put an address in /etc/insight/net, eth0; runs the guest
+ * command that the host put
  * in /etc/insight/command (NUL-separated argv, appended to the initramfs at
  * boot), reaps orphans while it runs, and reports the command's exit status
  * to the hypervisor's platform control port before powering off.
@@ -10,8 +12,11 @@
  * death by signal N.
  */
 #define _GNU_SOURCE
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <net/if.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +25,7 @@
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/reboot.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <termios.h>
@@ -33,6 +39,7 @@
 
 #define COMMAND_FILE "/etc/insight/command"
 #define ENV_FILE "/etc/insight/env"
+#define NET_FILE "/etc/insight/net"
 #define MAX_ARGS 4096
 
 static int have_port;
@@ -166,6 +173,67 @@ static int session_leader(char **argv)
 	return 125;
 }
 
+static int set_addr(int sock, struct ifreq *ifr, unsigned long request, in_addr_t addr)
+{
+	struct sockaddr_in *sin = (struct sockaddr_in *)&ifr->ifr_addr;
+	memset(sin, 0, sizeof(*sin));
+	sin->sin_family = AF_INET;
+	sin->sin_addr.s_addr = addr;
+	return ioctl(sock, request, ifr);
+}
+
+/* Brings interface `name` up, with address `addr`/`prefix` unless prefix < 0. */
+static void if_up(int sock, const char *name, in_addr_t addr, int prefix)
+{
+	struct ifreq ifr;
+	memset(&ifr, 0, sizeof(ifr));
+	strncpy(ifr.ifr_name, name, IFNAMSIZ - 1);
+	if (prefix >= 0) {
+		in_addr_t mask = prefix ? htonl(~0u << (32 - prefix)) : 0;
+		if (set_addr(sock, &ifr, SIOCSIFADDR, addr) != 0 ||
+		    set_addr(sock, &ifr, SIOCSIFNETMASK, mask) != 0) {
+			fprintf(stderr, "insight-init: cannot set the address of %s: %s\n",
+				name, strerror(errno));
+			return;
+		}
+	}
+	if (ioctl(sock, SIOCGIFFLAGS, &ifr) != 0)
+		goto fail;
+	ifr.ifr_flags |= IFF_UP;
+	if (ioctl(sock, SIOCSIFFLAGS, &ifr) != 0)
+		goto fail;
+	return;
+fail:
+	fprintf(stderr, "insight-init: cannot bring %s up: %s\n", name, strerror(errno));
+}
+
+/* lo, and eth0 with the address in NET_FILE ("a.b.c.d/len"), if any. */
+static void setup_network(void)
+{
+	int sock = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	if (sock < 0)
+		return; /* a kernel without networking */
+	if_up(sock, "lo", 0, -1);
+	char line[64] = "";
+	FILE *f = fopen(NET_FILE, "r");
+	if (f) {
+		if (!fgets(line, sizeof(line), f))
+			line[0] = 0;
+		fclose(f);
+	}
+	char *slash = strchr(line, '/');
+	if (slash) {
+		*slash = 0;
+		struct in_addr addr;
+		int prefix = atoi(slash + 1);
+		if (inet_pton(AF_INET, line, &addr) == 1 && prefix > 0 && prefix <= 30)
+			if_up(sock, "eth0", addr.s_addr, prefix);
+		else
+			fprintf(stderr, "insight-init: bad address in %s\n", NET_FILE);
+	}
+	close(sock);
+}
+
 int main(void)
 {
 	have_port = ioperm(CTL_PORT, 4, 1) == 0;
@@ -181,6 +249,7 @@ int main(void)
 	setenv("HOME", "/root", 1);
 	setenv("TERM", "linux", 0);
 	read_env();
+	setup_network();
 	if (chdir("/root") != 0 && chdir("/") != 0)
 		die("chdir");
 

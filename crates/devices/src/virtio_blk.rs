@@ -22,10 +22,12 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use virtio_queue::{Queue, QueueOwnedT, QueueT};
+use virtio_queue::QueueT;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::cow_disk::{CowDisk, SECTOR_SIZE};
+use crate::doorbell::Doorbell;
+use crate::virtio_mmio::{self, Access, Desc, MmioTransport, VIRTIO_F_VERSION_1};
 
 /// Where the device's registers are in guest physical memory.
 pub const MMIO_BASE: u64 = 0xd000_0000;
@@ -38,7 +40,6 @@ pub fn kernel_cmdline() -> String {
     format!("virtio_mmio.device={MMIO_SIZE:#x}@{MMIO_BASE:#x}:{IRQ}")
 }
 
-const VIRTIO_F_VERSION_1: u64 = 1 << 32;
 const VIRTIO_BLK_F_SEG_MAX: u64 = 1 << 2;
 const VIRTIO_BLK_F_FLUSH: u64 = 1 << 9;
 const DEVICE_FEATURES: u64 = VIRTIO_F_VERSION_1 | VIRTIO_BLK_F_SEG_MAX | VIRTIO_BLK_F_FLUSH;
@@ -54,9 +55,6 @@ const STATUS_IOERR: u8 = 1;
 const STATUS_UNSUPP: u8 = 2;
 /// Largest request accepted (bounds host allocations).
 const MAX_REQUEST_BYTES: u64 = 4 << 20;
-
-/// Device status bits.
-const STATUS_FAILED: u32 = 0x80;
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct BlockStats {
@@ -101,13 +99,7 @@ struct InFlight {
 }
 
 pub struct VirtioBlock {
-    device_features_sel: u32,
-    driver_features_sel: u32,
-    driver_features: u64,
-    status: u32,
-    interrupt_status: u32,
-    queue_sel: u32,
-    queue: Queue,
+    transport: MmioTransport,
     sectors: u64,
     jobs: Option<Sender<Job>>,
     done: Receiver<Done>,
@@ -123,22 +115,17 @@ pub struct VirtioBlock {
 }
 
 impl VirtioBlock {
-    pub fn new(disk: CowDisk) -> Result<Self, BlockError> {
+    /// The I/O thread rings `doorbell` whenever a request finishes.
+    pub fn new(disk: CowDisk, doorbell: Doorbell) -> Result<Self, BlockError> {
         let sectors = disk.sectors();
         let (jobs_tx, jobs_rx) = mpsc::channel::<Job>();
         let (done_tx, done_rx) = mpsc::channel::<Done>();
         let worker = std::thread::Builder::new()
             .name("disk-io".into())
-            .spawn(move || io_thread(disk, jobs_rx, done_tx))
+            .spawn(move || io_thread(disk, jobs_rx, done_tx, doorbell))
             .map_err(BlockError::Thread)?;
         Ok(VirtioBlock {
-            device_features_sel: 0,
-            driver_features_sel: 0,
-            driver_features: 0,
-            status: 0,
-            interrupt_status: 0,
-            queue_sel: 0,
-            queue: Queue::new(QUEUE_SIZE).expect("queue size is a power of two"),
+            transport: MmioTransport::new(2, DEVICE_FEATURES, &[QUEUE_SIZE]),
             sectors,
             jobs: Some(jobs_tx),
             done: done_rx,
@@ -171,41 +158,8 @@ impl VirtioBlock {
         std::mem::take(&mut self.irq)
     }
 
-    /// Whether requests are still waiting for the disk or for publication.
-    pub fn busy(&self) -> bool {
-        !self.in_flight.is_empty()
-    }
-
     pub fn mmio_read(&mut self, offset: u64, data: &mut [u8]) {
-        let value: u32 = match offset {
-            0x000 => 0x7472_6976, // "virt"
-            0x004 => 2,           // version
-            0x008 => 2,           // block device
-            0x00c => 0x5347_4e49, // vendor "INSG"
-            0x010 => match self.device_features_sel {
-                0 => DEVICE_FEATURES as u32,
-                1 => (DEVICE_FEATURES >> 32) as u32,
-                _ => 0,
-            },
-            0x034 if self.queue_sel == 0 => u32::from(QUEUE_SIZE),
-            0x044 => u32::from(self.queue_sel == 0 && self.queue.ready()),
-            0x060 => self.interrupt_status,
-            0x070 => self.status,
-            0x0fc => 0, // config generation: the config never changes
-            0x100.. => {
-                let config = self.config_space();
-                let start = (offset - 0x100) as usize;
-                for (i, b) in data.iter_mut().enumerate() {
-                    *b = config.get(start + i).copied().unwrap_or(0);
-                }
-                return;
-            }
-            _ => 0,
-        };
-        let bytes = value.to_le_bytes();
-        for (i, b) in data.iter_mut().enumerate() {
-            *b = bytes.get(i).copied().unwrap_or(0);
-        }
+        self.transport.read(offset, data, &self.config_space());
     }
 
     fn config_space(&self) -> [u8; 16] {
@@ -217,47 +171,9 @@ impl VirtioBlock {
     }
 
     pub fn mmio_write(&mut self, offset: u64, data: &[u8], mem: &GuestMemoryMmap) {
-        if data.len() != 4 {
-            return; // registers are 32-bit; config space is read-only
-        }
-        let v = u32::from_le_bytes([data[0], data[1], data[2], data[3]]);
-        let q = self.queue_sel == 0;
-        match offset {
-            0x014 => self.device_features_sel = v,
-            0x020 => match self.driver_features_sel {
-                0 => self.driver_features = (self.driver_features & !0xffff_ffff) | u64::from(v),
-                1 => {
-                    self.driver_features =
-                        (self.driver_features & 0xffff_ffff) | (u64::from(v) << 32)
-                }
-                _ => {}
-            },
-            0x024 => self.driver_features_sel = v,
-            0x030 => self.queue_sel = v,
-            0x038 if q => self.queue.set_size(v.min(u32::from(QUEUE_SIZE)) as u16),
-            0x044 if q => {
-                self.queue.set_ready(v == 1);
-                if v == 1 && !self.queue.is_valid(mem) {
-                    // A queue outside guest memory: the device fails.
-                    self.queue.set_ready(false);
-                    self.status |= STATUS_FAILED;
-                }
-            }
-            0x050 if v == 0 => self.submit(mem),
-            0x064 => self.interrupt_status &= !v,
-            0x070 => {
-                if v == 0 {
-                    self.reset();
-                } else {
-                    self.status = v;
-                }
-            }
-            0x080 if q => self.queue.set_desc_table_address(Some(v), None),
-            0x084 if q => self.queue.set_desc_table_address(None, Some(v)),
-            0x090 if q => self.queue.set_avail_ring_address(Some(v), None),
-            0x094 if q => self.queue.set_avail_ring_address(None, Some(v)),
-            0x0a0 if q => self.queue.set_used_ring_address(Some(v), None),
-            0x0a4 if q => self.queue.set_used_ring_address(None, Some(v)),
+        match self.transport.write(offset, data, mem) {
+            Access::Notify(0) => self.submit(mem),
+            Access::Reset => self.reset(),
             _ => {}
         }
     }
@@ -265,10 +181,6 @@ impl VirtioBlock {
     /// Device reset by the driver. Requests in flight still finish on the
     /// disk (their results are dropped), so ids stay in step.
     fn reset(&mut self) {
-        self.status = 0;
-        self.interrupt_status = 0;
-        self.driver_features = 0;
-        self.queue.reset();
         self.published += self.in_flight.len() as u64;
         for r in self.in_flight.drain(..) {
             self.ready.remove(&r.id);
@@ -277,25 +189,13 @@ impl VirtioBlock {
 
     /// Takes every available request from the queue.
     fn submit(&mut self, mem: &GuestMemoryMmap) {
-        if !self.queue.ready() {
+        let Some(queue) = self.transport.queue(0) else {
             return;
-        }
-        let mut chains = Vec::new();
-        match self.queue.iter(mem) {
-            Ok(iter) => {
-                for chain in iter {
-                    let head = chain.head_index();
-                    let descs: Vec<(GuestAddress, u32, bool)> = chain
-                        .map(|d| (d.addr(), d.len(), d.is_write_only()))
-                        .collect();
-                    chains.push((head, descs));
-                }
-            }
-            Err(_) => {
-                self.stats.bad_requests += 1;
-                return;
-            }
-        }
+        };
+        let Some(chains) = virtio_mmio::pop_chains(queue, mem, usize::MAX) else {
+            self.stats.bad_requests += 1;
+            return;
+        };
         for (head, descs) in chains {
             self.stats.requests += 1;
             let id = self.next_id;
@@ -307,13 +207,7 @@ impl VirtioBlock {
 
     /// Turns a descriptor chain into a request: a disk job, or an
     /// immediate answer.
-    fn parse(
-        &mut self,
-        id: u64,
-        head: u16,
-        descs: &[(GuestAddress, u32, bool)],
-        mem: &GuestMemoryMmap,
-    ) -> InFlight {
+    fn parse(&mut self, id: u64, head: u16, descs: &[Desc], mem: &GuestMemoryMmap) -> InFlight {
         let mut req = InFlight {
             id,
             head,
@@ -481,14 +375,18 @@ impl VirtioBlock {
                 if mem.write_obj(status, status_at).is_ok() {
                     written += 1;
                 }
-                if self.queue.add_used(mem, req.head, written).is_err() {
+                let used = self
+                    .transport
+                    .queue(0)
+                    .map(|q| q.add_used(mem, req.head, written));
+                if !matches!(used, Some(Ok(()))) {
                     self.stats.bad_requests += 1;
                 }
             }
             self.published += 1;
         }
         if count > 0 {
-            self.interrupt_status |= 1;
+            self.transport.signal_used();
             self.irq = true;
         }
         count
@@ -504,7 +402,7 @@ impl Drop for VirtioBlock {
     }
 }
 
-fn io_thread(mut disk: CowDisk, jobs: Receiver<Job>, done: Sender<Done>) {
+fn io_thread(mut disk: CowDisk, jobs: Receiver<Job>, done: Sender<Done>, doorbell: Doorbell) {
     for job in jobs {
         let (id, result) = match job {
             Job::Read { id, sector, len } => {
@@ -516,6 +414,7 @@ fn io_thread(mut disk: CowDisk, jobs: Receiver<Job>, done: Sender<Done>) {
         if done.send(Done { id, result }).is_err() {
             return;
         }
+        doorbell.ring();
     }
 }
 
@@ -545,8 +444,11 @@ mod tests {
     fn setup(name: &str) -> (VirtioBlock, GuestMemoryMmap, PathBuf) {
         let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap();
         let path = base(name);
-        let mut dev =
-            VirtioBlock::new(CowDisk::open(&path, &std::env::temp_dir()).unwrap()).unwrap();
+        let mut dev = VirtioBlock::new(
+            CowDisk::open(&path, &std::env::temp_dir()).unwrap(),
+            Doorbell::new(),
+        )
+        .unwrap();
         let mut magic = [0u8; 4];
         dev.mmio_read(0, &mut magic);
         assert_eq!(&magic, b"virt");

@@ -229,6 +229,9 @@ fn run(args: RunArgs) -> Result<ExitCode> {
         }
         other => other?,
     };
+    if let Some(problems) = net_problems(outcome.net.as_ref()) {
+        eprintln!("insight: {problems}");
+    }
     if args.timings {
         let mut err = std::io::stderr().lock();
         let init = outcome
@@ -252,6 +255,41 @@ fn run(args: RunArgs) -> Result<ExitCode> {
         );
     }
     Ok(ExitCode::from(outcome.exit_status.unwrap_or(0)))
+}
+
+/// What went wrong on the network device, in words (None: nothing did).
+pub fn net_problems(report: Option<&vmm::vm::NetReport>) -> Option<String> {
+    let report = report?;
+    let s = &report.stats;
+    let mut parts = Vec::new();
+    if let Some(failure) = &report.failure {
+        parts.push(format!("the TAP device stopped working ({failure})"));
+    }
+    let counts = [
+        (
+            s.rx_bad_size,
+            "received frames of a size the guest does not accept were dropped",
+        ),
+        (
+            s.rx_overflow,
+            "received frames were dropped while the guest took none",
+        ),
+        (
+            s.rx_bad_chains,
+            "receive buffers from the guest were malformed",
+        ),
+        (
+            s.tx_bad_chains,
+            "transmit requests from the guest were malformed",
+        ),
+        (s.tx_errors, "sent frames were refused by the TAP device"),
+    ];
+    for (n, what) in counts {
+        if n > 0 {
+            parts.push(format!("{n} {what}"));
+        }
+    }
+    (!parts.is_empty()).then(|| format!("network: {}", parts.join("; ")))
 }
 
 fn yes_no(b: bool) -> &'static str {

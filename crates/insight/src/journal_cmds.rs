@@ -1,8 +1,10 @@
 //! `insight record`, `insight replay` and `insight dump`.
 
-use std::io::Write;
-use std::path::PathBuf;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
@@ -10,7 +12,8 @@ use trace::{ClockKind, Header, TraceReader, TraceWriter};
 use vmm::journal::{EndReason, Event, Journal, JournalError, Progress, Recorder, Replayer};
 use vmm::{guest, StopReason, Vm, VmError};
 
-use crate::cli::{attach_stdin, prepare_guest, GuestArgs, EXIT_STOPPED_BY_USER};
+use crate::cli::{attach_stdin, net_problems, prepare_guest, GuestArgs, EXIT_STOPPED_BY_USER};
+use crate::pcap::PcapWriter;
 use crate::status::{human_bytes, StatusLine};
 
 /// `replay` exit status when the guest did not do what was recorded.
@@ -84,6 +87,10 @@ pub struct ReplayArgs {
     /// Do not print the guest's console output.
     #[arg(long)]
     no_console: bool,
+    /// Write the Ethernet frames the guest sends to FILE (pcap). At replay
+    /// they go nowhere else: no network is used.
+    #[arg(long, value_name = "FILE")]
+    tx_pcap: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -107,6 +114,10 @@ pub struct DumpArgs {
     /// Stop after this many log entries.
     #[arg(long, value_name = "N")]
     limit: Option<u64>,
+    /// Write the network frames the recording delivered to the guest to
+    /// FILE (pcap, stamped with guest time) instead of printing the log.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["json", "header", "limit"])]
+    rx_pcap: Option<PathBuf>,
 }
 
 fn progress_text(verb: &str, p: &Progress, started: Instant) -> String {
@@ -178,6 +189,9 @@ pub fn record(args: RecordArgs) -> Result<ExitCode> {
             )
         })?,
     };
+    if let Some(problems) = net_problems(outcome.net.as_ref()) {
+        eprintln!("insight: {problems}");
+    }
     if args.summary || status.enabled() {
         let bytes = outcome
             .trace
@@ -226,10 +240,27 @@ pub fn replay(args: ReplayArgs) -> Result<ExitCode> {
             args.trace.display()
         );
     }
+    let tx_capture = match &args.tx_pcap {
+        Some(path) => Some(capture_tx(&mut vm, path)?),
+        None => None,
+    };
     vm.set_journal(Journal::Replay(Box::new(Replayer::new(reader))));
     attach_progress(&mut vm, &status, "replay");
     let result = vm.run();
     status.clear();
+    if let (Some(capture), Some(path)) = (tx_capture, &args.tx_pcap) {
+        let mut pcap = capture
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match pcap.flush() {
+            Ok(()) => eprintln!(
+                "insight: {} frames the guest sent written to {}",
+                pcap.frames(),
+                path.display()
+            ),
+            Err(e) => eprintln!("insight: cannot write {}: {e}", path.display()),
+        }
+    }
     let outcome = match result {
         Err(VmError::Journal(JournalError::Diverged(d))) => {
             eprintln!("insight: {d}");
@@ -240,6 +271,9 @@ pub fn replay(args: ReplayArgs) -> Result<ExitCode> {
         }
         other => other?,
     };
+    if let Some(problems) = net_problems(outcome.net.as_ref()) {
+        eprintln!("insight: {problems}");
+    }
     let exits = outcome.journal.exits;
     let code = match &outcome.stop {
         StopReason::CommandExited | StopReason::PowerOff => {
@@ -273,6 +307,31 @@ pub fn replay(args: ReplayArgs) -> Result<ExitCode> {
     Ok(code)
 }
 
+type SharedPcap = Arc<Mutex<PcapWriter<BufWriter<File>>>>;
+
+/// Sends the frames the guest transmits to a new pcap file at `path`.
+fn capture_tx(vm: &mut Vm, path: &Path) -> Result<SharedPcap> {
+    if !vm.has_net() {
+        bail!("--tx-pcap: the recorded guest has no network device");
+    }
+    let pcap =
+        PcapWriter::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+    let pcap = Arc::new(Mutex::new(pcap));
+    let sink = Arc::clone(&pcap);
+    let started = Instant::now();
+    let mut failed = false;
+    vm.capture_net_tx(Box::new(move |frame| {
+        let ns = started.elapsed().as_nanos() as u64;
+        let mut pcap = sink
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !failed && pcap.frame(ns, frame).is_err() {
+            failed = true; // reported when the file is flushed at the end
+        }
+    }));
+    Ok(pcap)
+}
+
 type CpuidEntry = (u32, u32, u32, u32, u32, u32);
 
 /// The first CPUID entry that differs between a recording and this host.
@@ -303,8 +362,62 @@ fn cpuid_difference(recorded: &[CpuidEntry], now: &[CpuidEntry]) -> Option<Strin
         .map(|n| format!("CPUID leaf {:#x}.{} is new", n.0, n.1))
 }
 
+/// Writes the frames a recording delivered as a pcap file.
+fn dump_rx_pcap(mut reader: TraceReader<Event>, path: &Path) -> Result<ExitCode> {
+    let mut pcap =
+        PcapWriter::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+    let mut guest_ns = 0;
+    let mut bytes = 0u64;
+    while let Some(frame) = reader.next_frame()? {
+        for event in frame {
+            match event {
+                Event::RdMsr {
+                    index: vmm::journal::MSR_INSIGHT_CLOCK,
+                    value,
+                    fault: false,
+                    ..
+                } => guest_ns = value,
+                Event::NetRx { payload, lens } => {
+                    let data = reader.payload(payload)?;
+                    let mut at = 0usize;
+                    for len in lens {
+                        let end = at.saturating_add(len as usize);
+                        let Some(frame) = data.get(at..end) else {
+                            bail!(
+                                "a network event's frame lengths exceed its payload ({} bytes)",
+                                data.len()
+                            );
+                        };
+                        let ethernet = frame.get(devices::tap::VNET_HDR_LEN..).unwrap_or(&[]);
+                        pcap.frame(guest_ns, ethernet)
+                            .with_context(|| format!("cannot write {}", path.display()))?;
+                        bytes += ethernet.len() as u64;
+                        at = end;
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    pcap.flush()
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    eprintln!(
+        "insight: {} received frames ({}) written to {}",
+        pcap.frames(),
+        human_bytes(bytes),
+        path.display()
+    );
+    if let Some(problem) = &reader.tail_problem {
+        eprintln!("insight: the log ends early: {problem:?}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 pub fn dump(args: DumpArgs) -> Result<ExitCode> {
     let mut reader = open_trace(&args.trace)?;
+    if let Some(path) = &args.rx_pcap {
+        return dump_rx_pcap(reader, path);
+    }
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     let h = &reader.header;
     if args.json {

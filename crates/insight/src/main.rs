@@ -2,6 +2,7 @@
 
 mod cli;
 mod journal_cmds;
+mod pcap;
 mod status;
 
 use std::process::ExitCode;

@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 
 /// Format version, bumped on every change of the layout or of the types
 /// serialized in it.
-pub const TRACE_VERSION: u32 = 1;
+pub const TRACE_VERSION: u32 = 2;
 pub const MAGIC: [u8; 8] = *b"INSIGHT\0";
 
 const HEADER_FILE: &str = "header";
@@ -127,6 +127,14 @@ pub struct BootParams {
     /// The archive appended to the base initramfs (command, environment,
     /// the user's files).
     pub extra_initramfs: Vec<u8>,
+    /// The virtio network device, if the guest had one.
+    pub net: Option<NetParams>,
+}
+
+/// The guest's network device.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetParams {
+    pub mac: [u8; 6],
 }
 
 /// A large payload in the payload stream.
@@ -316,6 +324,8 @@ pub struct TraceReader<E> {
     /// `None` when the recording did not end cleanly.
     pub complete: Option<Summary>,
     events: BufReader<File>,
+    /// Opened at the first payload read.
+    payloads: Option<File>,
     frames_read: u64,
     /// Set when the stream ended on a torn or corrupt frame.
     pub tail_problem: Option<TailProblem>,
@@ -350,6 +360,7 @@ impl<E: DeserializeOwned> TraceReader<E> {
             header,
             complete,
             events: BufReader::new(events),
+            payloads: None,
             frames_read: 0,
             tail_problem: None,
             _events: PhantomData,
@@ -407,20 +418,35 @@ impl<E: DeserializeOwned> TraceReader<E> {
         Ok(None)
     }
 
-    /// Reads a payload the events reference.
-    pub fn payload(&self, at: PayloadRef) -> Result<Vec<u8>, TraceError> {
-        use std::io::{Seek, SeekFrom};
+    /// Reads a payload the events reference (checked against the payload
+    /// file's size before anything is allocated).
+    pub fn payload(&mut self, at: PayloadRef) -> Result<Vec<u8>, TraceError> {
+        use std::os::unix::fs::FileExt;
         let path = self.dir.join(PAYLOADS_FILE);
-        let mut f = File::open(&path).map_err(io_err(&path))?;
-        f.seek(SeekFrom::Start(at.offset)).map_err(io_err(&path))?;
-        let mut buf = vec![0u8; at.len as usize];
-        if read_full(&mut f, &mut buf).map_err(io_err(&path))? < buf.len() {
+        let file = match self.payloads.take() {
+            Some(f) => self.payloads.insert(f),
+            None => self
+                .payloads
+                .insert(File::open(&path).map_err(io_err(&path))?),
+        };
+        let size = file.metadata().map_err(io_err(&path))?.len();
+        if at
+            .offset
+            .checked_add(u64::from(at.len))
+            .is_none_or(|end| end > size)
+        {
             return Err(TraceError::Malformed {
                 path,
                 what: "payload reference",
-                message: format!("{} bytes at {} run past the end", at.len, at.offset),
+                message: format!(
+                    "{} bytes at {} run past the end ({size} bytes)",
+                    at.len, at.offset
+                ),
             });
         }
+        let mut buf = vec![0u8; at.len as usize];
+        file.read_exact_at(&mut buf, at.offset)
+            .map_err(io_err(&path))?;
         Ok(buf)
     }
 }
@@ -466,6 +492,7 @@ mod tests {
                 memory_mib: 128,
                 rng_seed: vec![7; 32],
                 extra_initramfs: b"070701".to_vec(),
+                net: None,
             },
             digest_interval: 64,
         }

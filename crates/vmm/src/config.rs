@@ -10,10 +10,16 @@
 //! [[files]]                            # host files to add to the guest
 //! host = "build/myprog"                # relative to this file
 //! guest = "/usr/local/bin/myprog"
+//!
+//! [net]                                # a virtio network device
+//! tap = "insight0"                     # created if it does not exist
+//! guest_address = "10.0.2.15/24"       # eth0 in the guest
+//! host_address = "10.0.2.2/24"         # given to the TAP device
 //! ```
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
@@ -75,6 +81,91 @@ struct RawConfig {
     #[serde(default)]
     files: Vec<FileSpec>,
     disk: Option<PathBuf>,
+    net: Option<RawNet>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawNet {
+    tap: String,
+    mac: Option<String>,
+    guest_address: Option<String>,
+    host_address: Option<String>,
+}
+
+/// An IPv4 address with a prefix length ("10.0.2.15/24").
+pub type Ipv4Net = (Ipv4Addr, u8);
+
+/// The guest's network device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NetConfig {
+    /// Host TAP device (created if it does not exist).
+    pub tap: String,
+    pub mac: [u8; 6],
+    /// Address `/init` gives the guest's eth0 (none: left unconfigured).
+    pub guest_address: Option<Ipv4Net>,
+    /// Address insight gives the TAP device, bringing it up (none: the
+    /// TAP device is configured by whoever created it).
+    pub host_address: Option<Ipv4Net>,
+}
+
+/// Parses "a.b.c.d/len".
+pub fn parse_ipv4_net(text: &str) -> Result<Ipv4Net, String> {
+    let (addr, len) = text.split_once('/').ok_or_else(|| {
+        format!("{text:?} is not an IPv4 address with a prefix length (a.b.c.d/len)")
+    })?;
+    let addr: Ipv4Addr = addr
+        .parse()
+        .map_err(|_| format!("{addr:?} is not an IPv4 address"))?;
+    match len.parse::<u8>() {
+        Ok(len) if (1..=30).contains(&len) => Ok((addr, len)),
+        _ => Err(format!("prefix length {len:?} must be 1 to 30")),
+    }
+}
+
+/// Parses "52:54:00:12:34:56"; multicast addresses are refused.
+pub fn parse_mac(text: &str) -> Result<[u8; 6], String> {
+    let bad = || format!("{text:?} is not a MAC address (six hex bytes separated by ':')");
+    let parts: Vec<&str> = text.split(':').collect();
+    if parts.len() != 6 {
+        return Err(bad());
+    }
+    let mut mac = [0u8; 6];
+    for (b, p) in mac.iter_mut().zip(parts) {
+        if p.len() != 2 {
+            return Err(bad());
+        }
+        *b = u8::from_str_radix(p, 16).map_err(|_| bad())?;
+    }
+    if mac[0] & 1 != 0 {
+        return Err(format!("{text:?} is a multicast address"));
+    }
+    Ok(mac)
+}
+
+impl RawNet {
+    fn validate(self) -> Result<NetConfig, ParseError> {
+        let invalid = |m: String| ParseError::Invalid(format!("net: {m}"));
+        devices::tap::check_name(&self.tap).map_err(invalid)?;
+        let mac = match &self.mac {
+            Some(m) => parse_mac(m).map_err(invalid)?,
+            None => devices::virtio_net::DEFAULT_MAC,
+        };
+        let net = |a: &Option<String>| a.as_deref().map(parse_ipv4_net).transpose();
+        let guest_address = net(&self.guest_address).map_err(invalid)?;
+        let host_address = net(&self.host_address).map_err(invalid)?;
+        if let (Some(g), Some(h)) = (guest_address, host_address) {
+            if g.0 == h.0 {
+                return Err(invalid(format!("guest and host both have address {}", g.0)));
+            }
+        }
+        Ok(NetConfig {
+            tap: self.tap,
+            mac,
+            guest_address,
+            host_address,
+        })
+    }
 }
 
 /// A validated VM configuration. Paths are absolute or relative to the
@@ -95,6 +186,8 @@ pub struct VmConfig {
     pub files: Vec<FileSpec>,
     /// Base image of the guest's virtio disk (`/dev/vda`), never written.
     pub disk: Option<PathBuf>,
+    /// The guest's network device (`eth0`), if any.
+    pub net: Option<NetConfig>,
 }
 
 impl VmConfig {
@@ -190,6 +283,7 @@ impl VmConfig {
             env: raw.env,
             files,
             disk: raw.disk.map(resolve),
+            net: raw.net.map(RawNet::validate).transpose()?,
         })
     }
 }
@@ -323,6 +417,39 @@ mod tests {
             .unwrap_err()
             .contains("hidden"));
         assert!(parse("kernel = ").unwrap_err().contains("line 1"));
+    }
+
+    #[test]
+    fn net_section() {
+        let c = parse(
+            "[net]\ntap = \"tap7\"\nmac = \"02:00:00:00:00:01\"\n\
+             guest_address = \"10.9.0.2/24\"\nhost_address = \"10.9.0.1/24\"",
+        )
+        .unwrap();
+        let net = c.net.unwrap();
+        assert_eq!(net.tap, "tap7");
+        assert_eq!(net.mac, [2, 0, 0, 0, 0, 1]);
+        assert_eq!(net.guest_address, Some((Ipv4Addr::new(10, 9, 0, 2), 24)));
+        assert_eq!(net.host_address, Some((Ipv4Addr::new(10, 9, 0, 1), 24)));
+        let d = parse("[net]\ntap = \"t\"").unwrap().net.unwrap();
+        assert_eq!(d.mac, devices::virtio_net::DEFAULT_MAC);
+        assert_eq!(d.guest_address, None);
+        for (bad, cause) in [
+            ("[net]\ntap = \"a/b\"", "a/b"),
+            ("[net]\ntap = \"t\"\nmac = \"01:00:00:00:00:01\"", "multicast"),
+            ("[net]\ntap = \"t\"\nmac = \"zz\"", "MAC"),
+            ("[net]\ntap = \"t\"\nguest_address = \"10.0.0.1\"", "prefix"),
+            ("[net]\ntap = \"t\"\nguest_address = \"10.0.0.1/33\"", "1 to 30"),
+            ("[net]\ntap = \"t\"\nhost_address = \"10.0.0.300/24\"", "IPv4"),
+            (
+                "[net]\ntap = \"t\"\nguest_address = \"10.0.0.1/24\"\nhost_address = \"10.0.0.1/24\"",
+                "both",
+            ),
+            ("[net]\ntap = \"t\"\nspeed = 10", "speed"),
+        ] {
+            let err = parse(bad).unwrap_err();
+            assert!(err.contains(cause), "{bad}: {err}");
+        }
     }
 
     #[test]

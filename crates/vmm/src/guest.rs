@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use crate::config::VmConfig;
 use crate::image::{self, GuestQuirks};
 use crate::initramfs::{CpioWriter, InitramfsError};
-use crate::vm::VmSpec;
+use crate::vm::{NetSpec, VmSpec};
 
 /// The command the guest runs when neither the config nor the command line
 /// names one.
@@ -15,6 +15,8 @@ pub const DEFAULT_COMMAND: &str = "insight-demo";
 /// Where `/init` looks for the command and its environment.
 pub const COMMAND_FILE: &str = "/etc/insight/command";
 pub const ENV_FILE: &str = "/etc/insight/env";
+/// Where `/init` looks for the address of eth0 ("a.b.c.d/len").
+pub const NET_FILE: &str = "/etc/insight/net";
 
 #[derive(Debug, thiserror::Error)]
 pub enum GuestError {
@@ -109,6 +111,14 @@ pub fn prepare(config: &VmConfig, options: &BootOptions) -> Result<VmSpec, Guest
         &nul_separated(env.iter().map(String::as_str)),
     )?;
 
+    if let Some((addr, len)) = config.net.as_ref().and_then(|n| n.guest_address) {
+        extra.add_file(
+            NET_FILE.as_ref(),
+            0o644,
+            format!("{addr}/{len}\n").as_bytes(),
+        )?;
+    }
+
     let extra = extra.finish();
     append_archive(&mut initramfs, &extra);
     let mut cmdline = image::kernel_cmdline(options.quirks, options.quiet, &config.cmdline);
@@ -116,12 +126,19 @@ pub fn prepare(config: &VmConfig, options: &BootOptions) -> Result<VmSpec, Guest
         image::require(disk, "disk image").map_err(GuestError::MissingImage)?;
         cmdline = format!("{cmdline} {}", devices::virtio_blk::kernel_cmdline());
     }
+    if config.net.is_some() {
+        cmdline = format!("{cmdline} {}", devices::virtio_net::kernel_cmdline());
+    }
     Ok(VmSpec {
         kernel,
         initramfs,
         initramfs_path,
         extra_initramfs: extra,
         disk: config.disk.clone(),
+        net: config.net.as_ref().map(|n| NetSpec {
+            mac: n.mac,
+            tap: Some((n.tap.clone(), n.host_address)),
+        }),
         cmdline,
         memory_mib: config.memory_mib,
         rng_seed: random_seed()?,
@@ -188,6 +205,7 @@ pub fn trace_images(
         memory_mib: spec.memory_mib,
         rng_seed: spec.rng_seed.to_vec(),
         extra_initramfs: spec.extra_initramfs.clone(),
+        net: spec.net.as_ref().map(|n| trace::NetParams { mac: n.mac }),
     };
     Ok((images, boot))
 }
@@ -222,6 +240,11 @@ pub fn from_trace(header: &trace::Header) -> Result<VmSpec, GuestError> {
         initramfs_path,
         extra_initramfs: header.boot.extra_initramfs.clone(),
         disk,
+        // Replay needs no network: received frames come from the log.
+        net: header.boot.net.as_ref().map(|n| NetSpec {
+            mac: n.mac,
+            tap: None,
+        }),
         cmdline: header.boot.cmdline.clone(),
         memory_mib: header.boot.memory_mib,
         rng_seed,

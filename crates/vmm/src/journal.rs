@@ -17,7 +17,7 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use trace::{Summary, TraceError, TraceReader, TraceWriter};
+use trace::{PayloadRef, Summary, TraceError, TraceReader, TraceWriter};
 
 /// Default for how often registers are digested: at every exit whose
 /// ordinal is a multiple of this.
@@ -85,10 +85,24 @@ pub enum Event {
     /// preceding exit: `completed` is the total so far (the recorded
     /// count, RDMA; the device's own count is ADMA).
     DiskDone { completed: u64 },
+    /// Received network frames were made visible to the guest after the
+    /// preceding exit: their bytes (virtio-net header and Ethernet frame,
+    /// one after the other) are in the payload stream at `payload`, and
+    /// `lens` are the frames' lengths.
+    NetRx { payload: PayloadRef, lens: Vec<u32> },
     /// Digest of the general registers at the preceding exit.
     Registers { digest: u64 },
     /// The recording ended here.
     End(EndReason),
+}
+
+/// An input replay makes visible after an exit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Input {
+    /// Publish disk completions up to this count.
+    Disk(u64),
+    /// Deliver these network frames.
+    Net(Vec<Vec<u8>>),
 }
 
 /// Why a recording ended.
@@ -122,6 +136,7 @@ impl Event {
             self,
             Event::Interrupt { .. }
                 | Event::DiskDone { .. }
+                | Event::NetRx { .. }
                 | Event::Registers { .. }
                 | Event::End(_)
         )
@@ -140,6 +155,7 @@ impl Event {
             | Event::Completed { rip } => *rip = at,
             Event::Interrupt { .. }
             | Event::DiskDone { .. }
+            | Event::NetRx { .. }
             | Event::Registers { .. }
             | Event::End(_) => {}
         }
@@ -250,6 +266,15 @@ impl fmt::Display for Event {
             Event::DiskDone { completed } => {
                 write!(f, "  disk completions published up to {completed}")
             }
+            Event::NetRx { payload, lens } => write!(
+                f,
+                "  net: {} frame{} received, {} bytes (payload {}+{})",
+                lens.len(),
+                if lens.len() == 1 { "" } else { "s" },
+                lens.iter().map(|&l| u64::from(l)).sum::<u64>(),
+                payload.offset,
+                payload.len
+            ),
             Event::Registers { digest } => write!(f, "  registers digest {digest:016x}"),
             Event::End(reason) => write!(f, "end: {reason}"),
         }
@@ -391,6 +416,8 @@ pub struct Replayer {
     guest_ns: u64,
     /// The log ran out (an incomplete trace).
     exhausted: bool,
+    /// The input entry `replay_input` took last.
+    last_input: Option<Event>,
 }
 
 impl Replayer {
@@ -405,6 +432,7 @@ impl Replayer {
             events: 0,
             guest_ns: 0,
             exhausted: false,
+            last_input: None,
         }
     }
 
@@ -641,20 +669,69 @@ impl Journal {
         self.record_after(Event::DiskDone { completed })
     }
 
-    /// At replay, the disk completion count to publish up to after the
-    /// last exit, if the recording published any there.
-    pub fn replay_disk_done(&mut self) -> Result<Option<u64>, JournalError> {
-        self.replay_take(|e| match e {
-            Event::DiskDone { completed } => Some(*completed),
-            _ => None,
-        })
-    }
-
     /// The divergence for a logged disk completion count the device
     /// cannot reach (it never had that many requests).
     pub fn impossible_disk_done(&mut self, completed: u64, submitted: u64) -> JournalError {
         let found = format!("disk has {submitted} requests, cannot complete {completed}");
         self.divergence(Some(Event::DiskDone { completed }), found)
+    }
+
+    /// Records the network frames made visible after the last exit (their
+    /// bytes go to the payload stream).
+    pub fn record_net_rx(&mut self, frames: &[Vec<u8>]) -> Result<(), JournalError> {
+        let Journal::Record(r) = self else {
+            return Ok(());
+        };
+        let bytes = frames.concat();
+        let payload = r.writer.payload(&bytes)?;
+        let lens = frames.iter().map(|f| f.len() as u32).collect();
+        r.push(Event::NetRx { payload, lens })
+    }
+
+    /// At replay, the next input the recording made visible after the last
+    /// exit (disk completions, network frames), if there is one more.
+    pub fn replay_input(&mut self) -> Result<Option<Input>, JournalError> {
+        let Journal::Replay(r) = self else {
+            return Ok(None);
+        };
+        let input = match r.peek()? {
+            Some(Event::DiskDone { completed }) => Input::Disk(*completed),
+            Some(Event::NetRx { payload, lens }) => {
+                let (payload, lens) = (*payload, lens.clone());
+                let bytes = r.reader.payload(payload)?;
+                let total: u64 = lens.iter().map(|&l| u64::from(l)).sum();
+                if total != bytes.len() as u64 {
+                    let found = format!(
+                        "the frames' lengths add up to {total} bytes, the payload has {}",
+                        bytes.len()
+                    );
+                    let expected = r.peeked.clone();
+                    return Err(r.diverged(expected, found));
+                }
+                let mut frames = Vec::with_capacity(lens.len());
+                let mut at = 0usize;
+                for len in lens {
+                    let end = at + len as usize;
+                    frames.push(bytes[at..end].to_vec());
+                    at = end;
+                }
+                Input::Net(frames)
+            }
+            _ => return Ok(None),
+        };
+        r.last_input = r.next()?;
+        Ok(Some(input))
+    }
+
+    /// The divergence for logged network frames the device cannot deliver
+    /// (`why`: too few receive buffers, a size the guest does not accept).
+    pub fn undeliverable_frames(&mut self, frames: &[Vec<u8>], why: String) -> JournalError {
+        let found = format!("{} frames cannot be delivered: {why}", frames.len());
+        let expected = match self {
+            Journal::Replay(r) => r.last_input.clone(),
+            _ => None,
+        };
+        self.divergence(expected, found)
     }
 
     /// Records an interrupt injected after the last exit.
@@ -678,7 +755,7 @@ impl Journal {
         };
         Ok(matches!(
             r.peek()?,
-            Some(Event::Interrupt { .. } | Event::DiskDone { .. })
+            Some(Event::Interrupt { .. } | Event::DiskDone { .. } | Event::NetRx { .. })
         ))
     }
 
@@ -802,6 +879,7 @@ mod tests {
                 memory_mib: 16,
                 rng_seed: vec![0; 32],
                 extra_initramfs: vec![],
+                net: None,
             },
             digest_interval,
         }
@@ -911,6 +989,61 @@ mod tests {
         assert_eq!(r.end_reached().unwrap(), Some(EndReason::CommandExited(3)));
         j.replay_end(&EndReason::CommandExited(3)).unwrap();
         assert_eq!(j.progress().exits, 4);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn inputs_replay_in_their_recorded_order_with_their_payloads() {
+        let dir = temp_trace("inputs");
+        let frames = vec![vec![1u8; 60], vec![2u8; 1514]];
+        {
+            let writer = TraceWriter::create(&dir, &header(64)).unwrap();
+            let mut j = Journal::Record(Box::new(Recorder::new(writer, 64)));
+            j.exit(Event::Halt { rip: 0x300 }, &regs(0x300, 4)).unwrap();
+            j.record_net_rx(&frames).unwrap();
+            j.record_disk_done(1).unwrap();
+            j.record_net_rx(&frames[1..]).unwrap();
+            j.record_interrupt(0x26).unwrap();
+            let Journal::Record(r) = j else {
+                unreachable!()
+            };
+            r.finish(EndReason::PowerOff).unwrap();
+        }
+        let mut j = replayer(&dir);
+        j.exit(Event::Halt { rip: 0x300 }, &regs(0x300, 4)).unwrap();
+        assert!(j.replay_wakeup_due().unwrap());
+        assert_eq!(j.replay_interrupt().unwrap(), None);
+        assert_eq!(j.replay_input().unwrap(), Some(Input::Net(frames.clone())));
+        assert_eq!(j.replay_input().unwrap(), Some(Input::Disk(1)));
+        assert_eq!(
+            j.replay_input().unwrap(),
+            Some(Input::Net(frames[1..].to_vec()))
+        );
+        assert_eq!(j.replay_input().unwrap(), None);
+        assert_eq!(j.replay_interrupt().unwrap(), Some(0x26));
+
+        // A payload cut short: an error naming the payload, no panic.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(dir.join("payloads"))
+            .unwrap()
+            .set_len(100)
+            .unwrap();
+        let mut j = replayer(&dir);
+        j.exit(Event::Halt { rip: 0x300 }, &regs(0x300, 4)).unwrap();
+        match j.replay_input() {
+            Err(JournalError::Trace(e)) => {
+                let text = format!(
+                    "{e}: {}",
+                    std::error::Error::source(&e).map_or(String::new(), |s| s.to_string())
+                );
+                assert!(text.contains("payload"), "{text}");
+            }
+            other => panic!(
+                "a cut payload was accepted: {:?}",
+                other.map(|i| i.is_some())
+            ),
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -13,7 +13,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use devices::cow_disk::{CowDisk, DiskError};
+use devices::doorbell::Doorbell;
 use devices::virtio_blk::{self, BlockError, BlockStats, VirtioBlock};
+use devices::virtio_net::{self, NetBackend, NetError, NetStats, VirtioNet};
 use devices::{ControlMessage, LegacyPlatform, PlatformStats};
 use kvm_ioctls::{Kvm, VcpuExit, VcpuFd, VmFd};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
@@ -23,7 +25,7 @@ use crate::boot::{self, BootError};
 use crate::console::ConsoleInput;
 use crate::emulation::{self, Completion};
 use crate::gva;
-use crate::journal::{self, EndReason, Event, Journal, JournalError, Progress};
+use crate::journal::{self, EndReason, Event, Input, Journal, JournalError, Progress};
 use crate::kvm_ext;
 use crate::xstate::{self, XOp, XsaveLayout, XstateFault};
 use crate::{cpuid, initramfs};
@@ -80,6 +82,8 @@ pub enum VmError {
     Disk(#[from] DiskError),
     #[error("disk")]
     Block(#[from] BlockError),
+    #[error("network")]
+    Net(#[from] NetError),
 }
 
 fn kvm_err(op: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
@@ -129,8 +133,18 @@ pub struct RunOutcome {
     pub journal: Progress,
     /// The virtio disk's counts, if the guest has one.
     pub disk: Option<BlockStats>,
+    /// The network device's counts, if the guest has one.
+    pub net: Option<NetReport>,
     /// The finished trace, when recording.
     pub trace: Option<trace::Summary>,
+}
+
+/// How the network device fared.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NetReport {
+    pub stats: NetStats,
+    /// Why the TAP device stopped working, if it did.
+    pub failure: Option<String>,
 }
 
 /// Everything needed to boot a VM.
@@ -145,10 +159,21 @@ pub struct VmSpec {
     pub extra_initramfs: Vec<u8>,
     /// Base image of the virtio disk, if the guest has one.
     pub disk: Option<PathBuf>,
+    /// The virtio network device, if the guest has one.
+    pub net: Option<NetSpec>,
     pub cmdline: String,
     pub memory_mib: u64,
     /// Seed for the guest kernel's random number generator.
     pub rng_seed: [u8; boot::RNG_SEED_LEN],
+}
+
+/// The guest's network device.
+#[derive(Clone, Debug)]
+pub struct NetSpec {
+    pub mac: [u8; 6],
+    /// The host TAP device and the address to give it; `None` at replay,
+    /// where received frames come from the log and sent ones go nowhere.
+    pub tap: Option<(String, Option<crate::config::Ipv4Net>)>,
 }
 
 /// VM time: nanoseconds since the VM was created, from the host's
@@ -209,6 +234,10 @@ pub struct Vm {
     journal: Journal,
     /// The virtio disk.
     block: Option<VirtioBlock>,
+    /// The virtio network device.
+    net: Option<VirtioNet>,
+    /// Rung by device threads when they have something for the guest.
+    doorbell: Doorbell,
     /// The last KVM_RUN ended in a deterministic exit: under the exit clock
     /// the only moment an interrupt may be injected.
     at_deterministic_exit: bool,
@@ -339,11 +368,25 @@ impl Vm {
         vcpu.set_fpu(&boot::boot_fpu())
             .map_err(kvm_err("SET_FPU"))?;
 
+        let doorbell = Doorbell::new();
         let block = match &spec.disk {
-            Some(base) => Some(VirtioBlock::new(CowDisk::open(
-                base,
-                &std::env::temp_dir(),
-            )?)?),
+            Some(base) => Some(VirtioBlock::new(
+                CowDisk::open(base, &std::env::temp_dir())?,
+                doorbell.clone(),
+            )?),
+            None => None,
+        };
+        let net = match &spec.net {
+            Some(n) => {
+                let backend = match &n.tap {
+                    Some((name, host_address)) => NetBackend::Tap {
+                        name: name.clone(),
+                        host_address: *host_address,
+                    },
+                    None => NetBackend::None,
+                };
+                Some(VirtioNet::new(n.mac, backend, doorbell.clone())?)
+            }
             None => None,
         };
 
@@ -367,6 +410,8 @@ impl Vm {
             exception_pending: false,
             journal: Journal::Live,
             block,
+            net,
+            doorbell,
             at_deterministic_exit: false,
             progress: None,
             last_progress: Instant::now(),
@@ -384,6 +429,18 @@ impl Vm {
     /// The KVM capabilities recordings depend on, with their values.
     pub fn kvm_caps(&self) -> &[(u32, i32)] {
         &self.kvm_caps
+    }
+
+    /// Whether the guest has a network device.
+    pub fn has_net(&self) -> bool {
+        self.net.is_some()
+    }
+
+    /// Also hands every Ethernet frame the guest transmits to `capture`.
+    pub fn capture_net_tx(&mut self, capture: devices::virtio_net::FrameSink) {
+        if let Some(net) = &mut self.net {
+            net.capture_tx(capture);
+        }
     }
 
     /// Records or replays this run (before `run`).
@@ -476,7 +533,7 @@ impl Vm {
                     return Ok(self.outcome(StopReason::TraceEnded));
                 }
             }
-            self.publish_disk()?;
+            self.publish_inputs()?;
             self.inject_interrupts()?;
             let deadline = if self.journal.exit_clock() {
                 now + HOUSEKEEPING_NS
@@ -490,6 +547,7 @@ impl Vm {
                     &mut Bus {
                         platform: &mut self.platform,
                         block: self.block.as_mut(),
+                        net: self.net.as_mut(),
                         mem: &self.mem,
                     },
                     &mut self.journal,
@@ -583,49 +641,89 @@ impl Vm {
             journal: self.journal.progress(),
             trace: self.trace_summary,
             disk: self.block.as_ref().map(|b| b.stats()),
+            net: self.net.as_ref().map(|n| NetReport {
+                stats: n.stats(),
+                failure: n.failure().map(str::to_owned),
+            }),
         }
     }
 
-    /// Makes finished disk requests visible to the guest: at any time when
-    /// not recording; right after a deterministic exit when recording
-    /// (logged); where the log says when replaying (waiting for the disk
-    /// if needed).
-    fn publish_disk(&mut self) -> Result<(), VmError> {
-        let Some(block) = &mut self.block else {
-            return Ok(());
-        };
-        match &mut self.journal {
+    /// Makes what devices received visible to the guest — finished disk
+    /// requests, network frames —: at any time when not recording; right
+    /// after a deterministic exit when recording (logged); where the log
+    /// says when replaying (waiting for the disk if needed).
+    fn publish_inputs(&mut self) -> Result<(), VmError> {
+        match &self.journal {
             Journal::Live => {
-                let n = block.publishable();
-                block.publish(n, &self.mem);
+                if let Some(block) = &mut self.block {
+                    let n = block.publishable();
+                    block.publish(n, &self.mem);
+                }
+                if let Some(net) = &mut self.net {
+                    net.deliver_received(&self.mem);
+                }
             }
-            Journal::Record(_) => {
-                if self.at_deterministic_exit {
+            Journal::Record(_) if self.at_deterministic_exit => {
+                if let Some(block) = &mut self.block {
                     let n = block.publishable();
                     if block.publish(n, &self.mem) > 0 {
                         self.journal.record_disk_done(block.published())?;
                     }
                 }
-            }
-            Journal::Replay(_) => {
-                if self.at_deterministic_exit {
-                    if let Some(completed) = self.journal.replay_disk_done()? {
-                        if completed <= block.published() || completed > block.submitted() {
-                            let submitted = block.submitted();
-                            return Err(self
-                                .journal
-                                .impossible_disk_done(completed, submitted)
-                                .into());
-                        }
-                        let count = completed - block.published();
-                        block.wait_publishable(count)?;
-                        block.publish(count, &self.mem);
+                if let Some(net) = &mut self.net {
+                    let frames = net.deliver_received(&self.mem);
+                    if !frames.is_empty() {
+                        self.journal.record_net_rx(&frames)?;
                     }
                 }
             }
+            Journal::Replay(_) if self.at_deterministic_exit => {
+                while let Some(input) = self.journal.replay_input()? {
+                    self.replay_input(input)?;
+                }
+            }
+            Journal::Record(_) | Journal::Replay(_) => {}
         }
-        if block.take_irq() {
+        if self.block.as_mut().is_some_and(|b| b.take_irq()) {
             self.platform.pic.pulse_irq(virtio_blk::IRQ);
+        }
+        if self.net.as_mut().is_some_and(|n| n.take_irq()) {
+            self.platform.pic.pulse_irq(virtio_net::IRQ);
+        }
+        Ok(())
+    }
+
+    /// Makes visible what the recording made visible here.
+    fn replay_input(&mut self, input: Input) -> Result<(), VmError> {
+        match input {
+            Input::Disk(completed) => {
+                let (published, submitted) = self
+                    .block
+                    .as_ref()
+                    .map_or((0, 0), |b| (b.published(), b.submitted()));
+                let Some(block) = self
+                    .block
+                    .as_mut()
+                    .filter(|_| completed > published && completed <= submitted)
+                else {
+                    return Err(self
+                        .journal
+                        .impossible_disk_done(completed, submitted)
+                        .into());
+                };
+                let count = completed - published;
+                block.wait_publishable(count)?;
+                block.publish(count, &self.mem);
+            }
+            Input::Net(frames) => {
+                let result = match self.net.as_mut() {
+                    Some(net) => net.deliver(&frames, &self.mem).map_err(|e| e.to_string()),
+                    None => Err("the guest has no network device".to_owned()),
+                };
+                if let Err(why) = result {
+                    return Err(self.journal.undeliverable_frames(&frames, why).into());
+                }
+            }
         }
         Ok(())
     }
@@ -750,15 +848,13 @@ impl Vm {
             self.housekeeping()?;
             let now = self.clock.now_ns();
             self.platform.advance_to(now);
-            self.publish_disk()?;
+            self.publish_inputs()?;
             if self.platform.pic.has_pending() {
                 return Ok(());
             }
             // With input attached, look for keys every few milliseconds;
-            // with disk requests in flight, for their completion.
-            let max_sleep = if self.block.as_ref().is_some_and(|b| b.busy()) {
-                1_000_000
-            } else if self.input.is_some() {
+            // devices ring the doorbell when they have something.
+            let max_sleep = if self.input.is_some() {
                 5_000_000
             } else if self.journal.exit_clock() {
                 HOUSEKEEPING_NS
@@ -767,7 +863,8 @@ impl Vm {
             };
             match self.platform.next_timer_ns() {
                 Some(due) => {
-                    std::thread::sleep(Duration::from_nanos(due.saturating_sub(now).min(max_sleep)))
+                    let wait = due.saturating_sub(now).min(max_sleep);
+                    self.doorbell.wait(Duration::from_nanos(wait));
                 }
                 None => {
                     let rip = self.vcpu.get_regs().map(|r| r.rip).unwrap_or(0);
@@ -1024,11 +1121,7 @@ fn dispatch<W: Write>(
             let value = match journal.replay_read(&observed)? {
                 Some(Event::MmioRead { value, .. }) => value,
                 _ => {
-                    match (bus.block.as_deref_mut(), mmio_offset(addr)) {
-                        (Some(block), Some(offset)) => block.mmio_read(offset, data),
-                        // Nothing else is mapped: reads see an empty bus.
-                        _ => data.fill(0xff),
-                    }
+                    bus.mmio_read(addr, data);
                     le_value(data)
                 }
             };
@@ -1045,9 +1138,7 @@ fn dispatch<W: Write>(
         }
         VcpuExit::MmioWrite(addr, data) => {
             counts.mmio += 1;
-            if let (Some(block), Some(offset)) = (bus.block.as_deref_mut(), mmio_offset(addr)) {
-                block.mmio_write(offset, data, bus.mem);
-            }
+            bus.mmio_write(addr, data);
             let event = Event::MmioWrite {
                 addr,
                 size: data.len() as u8,
@@ -1130,13 +1221,44 @@ fn dispatch<W: Write>(
 struct Bus<'a, W: Write> {
     platform: &'a mut LegacyPlatform<W>,
     block: Option<&'a mut VirtioBlock>,
+    net: Option<&'a mut VirtioNet>,
     mem: &'a GuestMemoryMmap,
 }
 
-/// The offset of `addr` in the virtio disk's register window.
-fn mmio_offset(addr: u64) -> Option<u64> {
-    let offset = addr.checked_sub(virtio_blk::MMIO_BASE)?;
-    (offset < virtio_blk::MMIO_SIZE).then_some(offset)
+impl<W: Write> Bus<'_, W> {
+    fn mmio_read(&mut self, addr: u64, data: &mut [u8]) {
+        let block = window(addr, virtio_blk::MMIO_BASE, virtio_blk::MMIO_SIZE);
+        let net = window(addr, virtio_net::MMIO_BASE, virtio_net::MMIO_SIZE);
+        if let (Some(dev), Some(offset)) = (self.block.as_deref_mut(), block) {
+            dev.mmio_read(offset, data);
+        } else if let (Some(dev), Some(offset)) = (self.net.as_deref_mut(), net) {
+            dev.mmio_read(offset, data);
+        } else {
+            // Nothing else is mapped: reads see an empty bus.
+            data.fill(0xff);
+        }
+    }
+
+    fn mmio_write(&mut self, addr: u64, data: &[u8]) {
+        if let (Some(block), Some(offset)) = (
+            self.block.as_deref_mut(),
+            window(addr, virtio_blk::MMIO_BASE, virtio_blk::MMIO_SIZE),
+        ) {
+            block.mmio_write(offset, data, self.mem);
+        }
+        if let (Some(net), Some(offset)) = (
+            self.net.as_deref_mut(),
+            window(addr, virtio_net::MMIO_BASE, virtio_net::MMIO_SIZE),
+        ) {
+            net.mmio_write(offset, data, self.mem);
+        }
+    }
+}
+
+/// The offset of `addr` in the register window at `base`.
+fn window(addr: u64, base: u64, size: u64) -> Option<u64> {
+    let offset = addr.checked_sub(base)?;
+    (offset < size).then_some(offset)
 }
 
 /// The little-endian value of up to 8 bytes.

@@ -1,0 +1,262 @@
+//! The virtio-mmio transport (version 2) shared by insight's virtio
+//! devices: the register block, feature negotiation, device status and
+//! the queues' addresses. The device behind it supplies its config space
+//! and acts on what [`MmioTransport::write`] returns (a queue notification,
+//! a reset).
+//!
+//! Also here: copying bytes in and out of descriptor chains, with every
+//! address and length the guest wrote validated.
+
+use virtio_queue::{Queue, QueueOwnedT, QueueT};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+pub const VIRTIO_F_VERSION_1: u64 = 1 << 32;
+
+/// Device status bits.
+const STATUS_DRIVER_OK: u32 = 0x04;
+const STATUS_FAILED: u32 = 0x80;
+/// Interrupt status: the device used buffers.
+const INT_USED_BUFFER: u32 = 1;
+
+/// What a register write asks of the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    None,
+    /// The driver notified queue `n`.
+    Notify(u16),
+    /// The driver reset the device (the transport already reset itself).
+    Reset,
+    /// The driver set DRIVER_OK: features are final.
+    DriverOk,
+}
+
+pub struct MmioTransport {
+    device_id: u32,
+    device_features: u64,
+    device_features_sel: u32,
+    driver_features_sel: u32,
+    driver_features: u64,
+    status: u32,
+    interrupt_status: u32,
+    queue_sel: u32,
+    queues: Vec<Queue>,
+    max_sizes: Vec<u16>,
+}
+
+impl MmioTransport {
+    /// A transport for device type `device_id` offering `device_features`,
+    /// with one queue per entry of `queue_sizes` (powers of two).
+    pub fn new(device_id: u32, device_features: u64, queue_sizes: &[u16]) -> Self {
+        MmioTransport {
+            device_id,
+            device_features,
+            device_features_sel: 0,
+            driver_features_sel: 0,
+            driver_features: 0,
+            status: 0,
+            interrupt_status: 0,
+            queue_sel: 0,
+            queues: queue_sizes
+                .iter()
+                .map(|&n| Queue::new(n).expect("queue sizes are powers of two"))
+                .collect(),
+            max_sizes: queue_sizes.to_vec(),
+        }
+    }
+
+    /// Whether the driver accepted `feature`.
+    pub fn negotiated(&self, feature: u64) -> bool {
+        self.driver_features & feature == feature
+    }
+
+    /// Whether the driver has set DRIVER_OK (and the device has not failed).
+    pub fn driver_ok(&self) -> bool {
+        self.status & (STATUS_DRIVER_OK | STATUS_FAILED) == STATUS_DRIVER_OK
+    }
+
+    pub fn queue(&mut self, n: usize) -> Option<&mut Queue> {
+        self.queues.get_mut(n).filter(|q| q.ready())
+    }
+
+    /// Marks that buffers were used; the device raises its line.
+    pub fn signal_used(&mut self) {
+        self.interrupt_status |= INT_USED_BUFFER;
+    }
+
+    /// A register read; `config` is the device's configuration space.
+    pub fn read(&self, offset: u64, data: &mut [u8], config: &[u8]) {
+        let queue = self.queues.get(self.queue_sel as usize);
+        let value: u32 = match offset {
+            0x000 => 0x7472_6976, // "virt"
+            0x004 => 2,           // version
+            0x008 => self.device_id,
+            0x00c => 0x5347_4e49, // vendor "INSG"
+            0x010 => match self.device_features_sel {
+                0 => self.device_features as u32,
+                1 => (self.device_features >> 32) as u32,
+                _ => 0,
+            },
+            0x034 => queue.map_or(0, |_| u32::from(self.max_sizes[self.queue_sel as usize])),
+            0x044 => u32::from(queue.is_some_and(|q| q.ready())),
+            0x060 => self.interrupt_status,
+            0x070 => self.status,
+            0x0fc => 0, // config generation: the config never changes
+            0x100.. => {
+                let start = (offset - 0x100) as usize;
+                for (i, b) in data.iter_mut().enumerate() {
+                    *b = config.get(start + i).copied().unwrap_or(0);
+                }
+                return;
+            }
+            _ => 0,
+        };
+        let bytes = value.to_le_bytes();
+        for (i, b) in data.iter_mut().enumerate() {
+            *b = bytes.get(i).copied().unwrap_or(0);
+        }
+    }
+
+    /// A register write (config space is read-only).
+    pub fn write(&mut self, offset: u64, data: &[u8], mem: &GuestMemoryMmap) -> Access {
+        if data.len() != 4 {
+            return Access::None; // registers are 32-bit
+        }
+        let v = u32::from_le_bytes([data[0], data[1], data[2], data[3]]);
+        let sel = self.queue_sel as usize;
+        match offset {
+            0x014 => self.device_features_sel = v,
+            0x020 => match self.driver_features_sel {
+                0 => self.driver_features = (self.driver_features & !0xffff_ffff) | u64::from(v),
+                1 => {
+                    self.driver_features =
+                        (self.driver_features & 0xffff_ffff) | (u64::from(v) << 32)
+                }
+                _ => {}
+            },
+            0x024 => self.driver_features_sel = v,
+            0x030 => self.queue_sel = v,
+            0x050 => {
+                return match u16::try_from(v) {
+                    Ok(n) if usize::from(n) < self.queues.len() => Access::Notify(n),
+                    _ => Access::None,
+                }
+            }
+            0x064 => self.interrupt_status &= !v,
+            0x070 => {
+                if v == 0 {
+                    self.reset();
+                    return Access::Reset;
+                }
+                let newly_ok = v & STATUS_DRIVER_OK != 0 && self.status & STATUS_DRIVER_OK == 0;
+                self.status = v | (self.status & STATUS_FAILED);
+                if newly_ok {
+                    return Access::DriverOk;
+                }
+            }
+            _ => {
+                let max = self.max_sizes.get(sel).copied().unwrap_or(0);
+                let Some(q) = self.queues.get_mut(sel) else {
+                    return Access::None;
+                };
+                match offset {
+                    0x038 => q.set_size(v.min(u32::from(max)) as u16),
+                    0x044 => {
+                        q.set_ready(v == 1);
+                        if v == 1 && !q.is_valid(mem) {
+                            // A queue outside guest memory: the device fails.
+                            q.set_ready(false);
+                            self.status |= STATUS_FAILED;
+                        }
+                    }
+                    0x080 => q.set_desc_table_address(Some(v), None),
+                    0x084 => q.set_desc_table_address(None, Some(v)),
+                    0x090 => q.set_avail_ring_address(Some(v), None),
+                    0x094 => q.set_avail_ring_address(None, Some(v)),
+                    0x0a0 => q.set_used_ring_address(Some(v), None),
+                    0x0a4 => q.set_used_ring_address(None, Some(v)),
+                    _ => {}
+                }
+            }
+        }
+        Access::None
+    }
+
+    fn reset(&mut self) {
+        self.status = 0;
+        self.interrupt_status = 0;
+        self.driver_features = 0;
+        for q in &mut self.queues {
+            q.reset();
+        }
+    }
+}
+
+/// A descriptor: guest address, length, device-writable.
+pub type Desc = (GuestAddress, u32, bool);
+
+/// The chains the guest made available on `queue`, as (head, descriptors);
+/// `None` when the available ring itself is unreadable.
+pub fn pop_chains(
+    queue: &mut Queue,
+    mem: &GuestMemoryMmap,
+    max: usize,
+) -> Option<Vec<(u16, Vec<Desc>)>> {
+    let mut chains = Vec::new();
+    let iter = queue.iter(mem).ok()?;
+    for chain in iter.take(max) {
+        let head = chain.head_index();
+        let descs = chain
+            .map(|d| (d.addr(), d.len(), d.is_write_only()))
+            .collect();
+        chains.push((head, descs));
+    }
+    Some(chains)
+}
+
+/// How many chains the guest has made available on `queue` and the device
+/// has not taken yet (0 when the ring is unreadable).
+pub fn available(queue: &Queue, mem: &GuestMemoryMmap) -> u16 {
+    queue
+        .avail_idx(mem, std::sync::atomic::Ordering::Acquire)
+        .map(|idx| idx.0.wrapping_sub(queue.next_avail()))
+        .unwrap_or(0)
+        .min(queue.size())
+}
+
+/// Copies the device-readable part of a chain out of guest memory, at most
+/// `max` bytes; `None` if a descriptor is device-writable, outside guest
+/// memory, or the total exceeds `max`.
+pub fn read_chain(descs: &[Desc], mem: &GuestMemoryMmap, max: usize) -> Option<Vec<u8>> {
+    let total: u64 = descs.iter().map(|d| u64::from(d.1)).sum();
+    if descs.iter().any(|d| d.2) || total > max as u64 {
+        return None;
+    }
+    let mut bytes = vec![0u8; total as usize];
+    let mut at = 0usize;
+    for &(addr, len, _) in descs {
+        let end = at + len as usize;
+        mem.read_slice(&mut bytes[at..end], addr).ok()?;
+        at = end;
+    }
+    Some(bytes)
+}
+
+/// Copies `data` into the device-writable descriptors of a chain; returns
+/// the bytes written, or `None` if the chain has a device-readable
+/// descriptor, points outside guest memory or is too short for `data`.
+pub fn write_chain(descs: &[Desc], mem: &GuestMemoryMmap, data: &[u8]) -> Option<u32> {
+    let room: u64 = descs.iter().map(|d| u64::from(d.1)).sum();
+    if descs.iter().any(|d| !d.2) || room < data.len() as u64 {
+        return None;
+    }
+    let mut at = 0usize;
+    for &(addr, len, _) in descs {
+        if at == data.len() {
+            break;
+        }
+        let end = (at + len as usize).min(data.len());
+        mem.write_slice(&data[at..end], addr).ok()?;
+        at = end;
+    }
+    u32::try_from(at).ok()
+}

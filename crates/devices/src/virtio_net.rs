@@ -1,0 +1,598 @@
+//! A virtio network device on the virtio-mmio transport (version 2), with
+//! received frames made visible only when the VMM says so.
+//!
+//! Frames from the host (a TAP device, read by a thread of its own) wait in
+//! the device. They reach the guest — written into its receive buffers,
+//! used-ring entries filled, the interrupt raised, all while the vCPU is
+//! stopped — only in [`VirtioNet::deliver_received`] or
+//! [`VirtioNet::deliver`], which the VMM calls at deterministic VM exits:
+//! the "complete bit" of InSight. The VMM logs the frames delivered at each
+//! exit when recording, and at replay hands exactly those to `deliver` at
+//! the same exits, with no TAP device at all.
+//!
+//! Transmission is synchronous: frames are taken when the guest notifies
+//! the transmit queue (itself a deterministic exit) and completed at once,
+//! so the guest sees the same whether they go to a TAP device, nowhere, or
+//! to a capture file.
+//!
+//! Frames carry the 12-byte virtio-net header in front (the TAP device is
+//! opened with the same header), so they pass through unchanged. Everything
+//! from the guest and the host is validated; malformed frames and chains
+//! are counted, never fatal.
+
+use std::collections::VecDeque;
+use std::io::{Read, Write};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use virtio_queue::QueueT;
+use vm_memory::GuestMemoryMmap;
+
+use crate::doorbell::Doorbell;
+use crate::tap::{self, Tap, VNET_HDR_LEN};
+use crate::virtio_mmio::{self, Access, MmioTransport, VIRTIO_F_VERSION_1};
+
+/// Where the device's registers are in guest physical memory (after the
+/// block device's).
+pub const MMIO_BASE: u64 = 0xd000_0200;
+pub const MMIO_SIZE: u64 = 0x200;
+/// Its PIC line.
+pub const IRQ: u8 = 6;
+const QUEUE_SIZE: u16 = 256;
+const RX: usize = 0;
+const TX: usize = 1;
+
+/// The kernel command-line text that declares the device.
+pub fn kernel_cmdline() -> String {
+    format!("virtio_mmio.device={MMIO_SIZE:#x}@{MMIO_BASE:#x}:{IRQ}")
+}
+
+const VIRTIO_NET_F_GUEST_CSUM: u64 = 1 << 1;
+const VIRTIO_NET_F_MAC: u64 = 1 << 5;
+const VIRTIO_NET_F_GUEST_TSO4: u64 = 1 << 7;
+const DEVICE_FEATURES: u64 =
+    VIRTIO_F_VERSION_1 | VIRTIO_NET_F_MAC | VIRTIO_NET_F_GUEST_CSUM | VIRTIO_NET_F_GUEST_TSO4;
+
+/// Ethernet header; frames shorter than it and the virtio header are runts.
+const ETH_HLEN: usize = 14;
+/// Largest frame without receive segmentation offload (with a VLAN tag).
+const MAX_PLAIN_FRAME: usize = 1518;
+/// Largest frame with TSO: a 64 KiB IP packet and its Ethernet header.
+const MAX_GSO_FRAME: usize = 65_550;
+/// Frames buffered while the guest has no receive buffers.
+const MAX_PENDING: usize = 1024;
+/// The TAP reader's read buffer: larger than any frame, so a frame too
+/// large for the guest is seen whole (and dropped), never truncated.
+const READ_BUFFER: usize = 128 << 10;
+
+/// The default MAC address (locally administered).
+pub const DEFAULT_MAC: [u8; 6] = [0x52, 0x54, 0x00, 0x12, 0x34, 0x56];
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NetStats {
+    /// Frames made visible to the guest, and their bytes (headers included).
+    pub rx_frames: u64,
+    pub rx_bytes: u64,
+    /// Frames the guest sent, and their bytes.
+    pub tx_frames: u64,
+    pub tx_bytes: u64,
+    /// Received frames larger than the guest's negotiated size, or shorter
+    /// than an Ethernet header: dropped.
+    pub rx_bad_size: u64,
+    /// Received frames dropped because the guest took none for a while.
+    pub rx_overflow: u64,
+    /// Receive chains the guest formed wrongly (device-readable, outside
+    /// guest memory, too short for the frame): the frame is dropped.
+    pub rx_bad_chains: u64,
+    /// Transmit chains formed wrongly: nothing sent.
+    pub tx_bad_chains: u64,
+    /// Frames the host would not take (the TAP device failed).
+    pub tx_errors: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum NetError {
+    #[error("cannot open TAP device {name}")]
+    Open {
+        name: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot configure TAP device {name}")]
+    Configure {
+        name: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot start the network reader thread")]
+    Thread(#[source] std::io::Error),
+    #[error("the guest has {available} receive buffers, {needed} frames are to be delivered")]
+    NoBuffers { needed: usize, available: usize },
+    #[error("a frame of {len} bytes cannot be delivered (the guest accepts {min} to {max})")]
+    BadFrame { len: usize, min: usize, max: usize },
+}
+
+/// A TAP device and the thread that reads it.
+struct TapBackend {
+    tap: Arc<Tap>,
+    frames: Receiver<std::io::Result<Vec<u8>>>,
+    stop: Arc<AtomicBool>,
+    overflow: Arc<AtomicU64>,
+    reader: Option<JoinHandle<()>>,
+}
+
+impl TapBackend {
+    fn start(tap: Tap, doorbell: Doorbell) -> Result<Self, NetError> {
+        let tap = Arc::new(tap);
+        let (tx, rx) = mpsc::sync_channel(MAX_PENDING);
+        let stop = Arc::new(AtomicBool::new(false));
+        let overflow = Arc::new(AtomicU64::new(0));
+        let reader = {
+            let (tap, stop, overflow) =
+                (Arc::clone(&tap), Arc::clone(&stop), Arc::clone(&overflow));
+            std::thread::Builder::new()
+                .name("net-rx".into())
+                .spawn(move || read_tap(&tap, &tx, &stop, &overflow, &doorbell))
+                .map_err(NetError::Thread)?
+        };
+        Ok(TapBackend {
+            tap,
+            frames: rx,
+            stop,
+            overflow,
+            reader: Some(reader),
+        })
+    }
+}
+
+impl Drop for TapBackend {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(reader) = self.reader.take() {
+            let _ = reader.join();
+        }
+    }
+}
+
+fn read_tap(
+    tap: &Tap,
+    frames: &SyncSender<std::io::Result<Vec<u8>>>,
+    stop: &AtomicBool,
+    overflow: &AtomicU64,
+    doorbell: &Doorbell,
+) {
+    let mut buf = vec![0u8; READ_BUFFER];
+    while !stop.load(Ordering::Acquire) {
+        let item = match tap.wait_readable(Duration::from_millis(100)) {
+            Ok(false) => continue,
+            Ok(true) => match tap.file().read(&mut buf) {
+                Ok(n) => Ok(buf[..n].to_vec()),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => Err(e),
+            },
+            Err(e) => Err(e),
+        };
+        let failed = item.is_err();
+        match frames.try_send(item) {
+            Ok(()) => doorbell.ring(),
+            Err(TrySendError::Full(_)) => {
+                overflow.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(TrySendError::Disconnected(_)) => return,
+        }
+        if failed {
+            doorbell.ring();
+            return;
+        }
+    }
+}
+
+/// Where the device's frames come from and go to.
+pub enum NetBackend {
+    /// A TAP device of the host, created if needed, optionally given an
+    /// IPv4 address and brought up.
+    Tap {
+        name: String,
+        host_address: Option<(std::net::Ipv4Addr, u8)>,
+    },
+    /// Nothing: received frames come only from [`VirtioNet::deliver`]
+    /// (replay), transmitted ones go to the capture, if any.
+    None,
+}
+
+/// Receives Ethernet frames (without the virtio header).
+pub type FrameSink = Box<dyn FnMut(&[u8]) + Send>;
+
+pub struct VirtioNet {
+    transport: MmioTransport,
+    mac: [u8; 6],
+    tap: Option<TapBackend>,
+    /// Frames received, waiting for a deterministic point and a buffer.
+    pending: VecDeque<Vec<u8>>,
+    /// Transmitted frames go here too (Ethernet frames, no virtio header).
+    capture: Option<FrameSink>,
+    irq: bool,
+    stats: NetStats,
+    /// Why the TAP device stopped working, once it has.
+    failure: Option<String>,
+}
+
+impl VirtioNet {
+    pub fn new(mac: [u8; 6], backend: NetBackend, doorbell: Doorbell) -> Result<Self, NetError> {
+        let tap = match backend {
+            NetBackend::Tap { name, host_address } => {
+                let tap = Tap::open(&name).map_err(|source| NetError::Open {
+                    name: name.clone(),
+                    source,
+                })?;
+                if let Some((addr, prefix)) = host_address {
+                    tap.configure(addr, prefix)
+                        .map_err(|source| NetError::Configure { name, source })?;
+                }
+                Some(TapBackend::start(tap, doorbell)?)
+            }
+            NetBackend::None => None,
+        };
+        Ok(VirtioNet {
+            transport: MmioTransport::new(1, DEVICE_FEATURES, &[QUEUE_SIZE, QUEUE_SIZE]),
+            mac,
+            tap,
+            pending: VecDeque::new(),
+            capture: None,
+            irq: false,
+            stats: NetStats::default(),
+            failure: None,
+        })
+    }
+
+    /// Also hands every transmitted Ethernet frame to `capture`.
+    pub fn capture_tx(&mut self, capture: FrameSink) {
+        self.capture = Some(capture);
+    }
+
+    pub fn stats(&self) -> NetStats {
+        let mut stats = self.stats;
+        if let Some(tap) = &self.tap {
+            stats.rx_overflow += tap.overflow.load(Ordering::Relaxed);
+        }
+        stats
+    }
+
+    /// Why the TAP device stopped working, if it did.
+    pub fn failure(&self) -> Option<&str> {
+        self.failure.as_deref()
+    }
+
+    /// Whether the device raised its interrupt since the last call.
+    pub fn take_irq(&mut self) -> bool {
+        std::mem::take(&mut self.irq)
+    }
+
+    /// The largest frame (virtio header included) the guest accepts.
+    pub fn max_frame_len(&self) -> usize {
+        VNET_HDR_LEN
+            + if self.transport.negotiated(VIRTIO_NET_F_GUEST_TSO4) {
+                MAX_GSO_FRAME
+            } else {
+                MAX_PLAIN_FRAME
+            }
+    }
+
+    pub fn mmio_read(&mut self, offset: u64, data: &mut [u8]) {
+        let mut config = [0u8; 8];
+        config[..6].copy_from_slice(&self.mac);
+        self.transport.read(offset, data, &config);
+    }
+
+    pub fn mmio_write(&mut self, offset: u64, data: &[u8], mem: &GuestMemoryMmap) {
+        match self.transport.write(offset, data, mem) {
+            Access::Notify(n) if usize::from(n) == TX => self.transmit(mem),
+            Access::DriverOk => {
+                if let Some(tap) = &self.tap {
+                    let mut offload = 0;
+                    if self.transport.negotiated(VIRTIO_NET_F_GUEST_CSUM) {
+                        offload |= tap::OFFLOAD_CSUM;
+                    }
+                    if self.transport.negotiated(VIRTIO_NET_F_GUEST_TSO4) {
+                        offload |= tap::OFFLOAD_TSO4;
+                    }
+                    if let Err(e) = tap.tap.set_offload(offload) {
+                        self.fail(format!("cannot set offloads: {e}"));
+                    }
+                }
+            }
+            // Buffers the guest added to the receive queue are used at the
+            // next delivery; a reset drops nothing already received.
+            _ => {}
+        }
+    }
+
+    fn fail(&mut self, why: String) {
+        if self.failure.is_none() {
+            self.failure = Some(why);
+        }
+    }
+
+    /// Sends every frame the guest queued for transmission.
+    fn transmit(&mut self, mem: &GuestMemoryMmap) {
+        let Some(queue) = self.transport.queue(TX) else {
+            return;
+        };
+        let Some(chains) = virtio_mmio::pop_chains(queue, mem, usize::MAX) else {
+            self.stats.tx_bad_chains += 1;
+            return;
+        };
+        let mut used = Vec::with_capacity(chains.len());
+        for (head, descs) in chains {
+            used.push(head);
+            let frame = match virtio_mmio::read_chain(&descs, mem, VNET_HDR_LEN + MAX_GSO_FRAME) {
+                Some(f) if f.len() >= VNET_HDR_LEN + ETH_HLEN => f,
+                _ => {
+                    self.stats.tx_bad_chains += 1;
+                    continue;
+                }
+            };
+            self.stats.tx_frames += 1;
+            self.stats.tx_bytes += frame.len() as u64;
+            if let Some(capture) = &mut self.capture {
+                capture(&frame[VNET_HDR_LEN..]);
+            }
+            if let Some(tap) = &self.tap {
+                if let Err(e) = tap.tap.file().write(&frame) {
+                    self.stats.tx_errors += 1;
+                    let why = format!("writing to TAP device {}: {e}", tap.tap.name());
+                    self.fail(why);
+                }
+            }
+        }
+        let Some(queue) = self.transport.queue(TX) else {
+            return;
+        };
+        for head in used {
+            if queue.add_used(mem, head, 0).is_err() {
+                self.stats.tx_bad_chains += 1;
+            }
+        }
+        self.transport.signal_used();
+        self.irq = true;
+    }
+
+    /// Moves frames the TAP reader received into the device, dropping
+    /// those the guest could not take.
+    fn collect(&mut self) {
+        let max = self.max_frame_len();
+        let mut failure = None;
+        if let Some(tap) = &self.tap {
+            while let Ok(item) = tap.frames.try_recv() {
+                match item {
+                    Ok(mut frame) => {
+                        if frame.len() < VNET_HDR_LEN + ETH_HLEN || frame.len() > max {
+                            self.stats.rx_bad_size += 1;
+                        } else if self.pending.len() >= MAX_PENDING {
+                            self.stats.rx_overflow += 1;
+                        } else {
+                            // num_buffers: one buffer per frame.
+                            frame[10..12].copy_from_slice(&1u16.to_le_bytes());
+                            self.pending.push_back(frame);
+                        }
+                    }
+                    Err(e) => failure = Some(format!("reading TAP device {}: {e}", tap.tap.name())),
+                }
+            }
+        }
+        if let Some(why) = failure {
+            self.fail(why);
+        }
+    }
+
+    /// Receive buffers the guest has made available.
+    fn rx_buffers(&mut self, mem: &GuestMemoryMmap) -> usize {
+        if !self.transport.driver_ok() {
+            return 0;
+        }
+        self.transport
+            .queue(RX)
+            .map_or(0, |q| usize::from(virtio_mmio::available(q, mem)))
+    }
+
+    /// Delivers as many received frames as the guest has buffers for, and
+    /// returns them (what a recording logs).
+    pub fn deliver_received(&mut self, mem: &GuestMemoryMmap) -> Vec<Vec<u8>> {
+        self.collect();
+        let n = self.rx_buffers(mem).min(self.pending.len());
+        if n == 0 {
+            return Vec::new();
+        }
+        let frames: Vec<Vec<u8>> = self.pending.drain(..n).collect();
+        // Sizes were checked on arrival and buffers counted just now.
+        let _ = self.deliver(&frames, mem);
+        frames
+    }
+
+    /// Delivers exactly `frames` (each with its virtio header), one per
+    /// receive buffer, and raises the interrupt. Errors, delivering
+    /// nothing, if a frame has a size the guest does not accept or the
+    /// guest has fewer buffers than frames.
+    pub fn deliver(&mut self, frames: &[Vec<u8>], mem: &GuestMemoryMmap) -> Result<(), NetError> {
+        let (min, max) = (VNET_HDR_LEN + ETH_HLEN, self.max_frame_len());
+        if let Some(f) = frames.iter().find(|f| f.len() < min || f.len() > max) {
+            return Err(NetError::BadFrame {
+                len: f.len(),
+                min,
+                max,
+            });
+        }
+        let available = self.rx_buffers(mem);
+        if available < frames.len() {
+            return Err(NetError::NoBuffers {
+                needed: frames.len(),
+                available,
+            });
+        }
+        if frames.is_empty() {
+            return Ok(());
+        }
+        let Some(queue) = self.transport.queue(RX) else {
+            return Ok(());
+        };
+        let chains = virtio_mmio::pop_chains(queue, mem, frames.len()).unwrap_or_default();
+        for (frame, (head, descs)) in frames.iter().zip(&chains) {
+            let len = match virtio_mmio::write_chain(descs, mem, frame) {
+                Some(n) => {
+                    self.stats.rx_frames += 1;
+                    self.stats.rx_bytes += frame.len() as u64;
+                    n
+                }
+                None => {
+                    self.stats.rx_bad_chains += 1;
+                    0
+                }
+            };
+            if queue.add_used(mem, *head, len).is_err() {
+                self.stats.rx_bad_chains += 1;
+            }
+        }
+        self.stats.rx_bad_chains += frames.len().saturating_sub(chains.len()) as u64;
+        self.transport.signal_used();
+        self.irq = true;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vm_memory::{Bytes, GuestAddress};
+
+    const RXQ: [u64; 3] = [0x1000, 0x2000, 0x3000];
+    const TXQ: [u64; 3] = [0x4000, 0x5000, 0x6000];
+    const BUF: u64 = 0x8000;
+
+    fn w32(dev: &mut VirtioNet, mem: &GuestMemoryMmap, offset: u64, v: u32) {
+        dev.mmio_write(offset, &v.to_le_bytes(), mem);
+    }
+
+    fn setup() -> (VirtioNet, GuestMemoryMmap) {
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x40000)]).unwrap();
+        let mut dev = VirtioNet::new(DEFAULT_MAC, NetBackend::None, Doorbell::new()).unwrap();
+        let mut id = [0u8; 4];
+        dev.mmio_read(0x008, &mut id);
+        assert_eq!(u32::from_le_bytes(id), 1);
+        let mut mac = [0u8; 6];
+        dev.mmio_read(0x100, &mut mac);
+        assert_eq!(mac, DEFAULT_MAC);
+        w32(&mut dev, &mem, 0x024, 0);
+        w32(&mut dev, &mem, 0x020, DEVICE_FEATURES as u32);
+        w32(&mut dev, &mem, 0x024, 1);
+        w32(&mut dev, &mem, 0x020, (DEVICE_FEATURES >> 32) as u32);
+        for (n, q) in [RXQ, TXQ].iter().enumerate() {
+            w32(&mut dev, &mem, 0x030, n as u32);
+            w32(&mut dev, &mem, 0x038, 8);
+            w32(&mut dev, &mem, 0x080, q[0] as u32);
+            w32(&mut dev, &mem, 0x090, q[1] as u32);
+            w32(&mut dev, &mem, 0x0a0, q[2] as u32);
+            w32(&mut dev, &mem, 0x044, 1);
+        }
+        w32(&mut dev, &mem, 0x070, 0x0f);
+        (dev, mem)
+    }
+
+    /// Descriptor `i` of queue `q`; offers it as chain number `n`.
+    fn offer(mem: &GuestMemoryMmap, q: [u64; 3], i: u16, n: u16, addr: u64, len: u32, write: bool) {
+        let at = q[0] + 16 * u64::from(i);
+        mem.write_obj(addr, GuestAddress(at)).unwrap();
+        mem.write_obj(len, GuestAddress(at + 8)).unwrap();
+        mem.write_obj(if write { 2u16 } else { 0 }, GuestAddress(at + 12))
+            .unwrap();
+        mem.write_obj(i, GuestAddress(q[1] + 4 + 2 * u64::from(n)))
+            .unwrap();
+        mem.write_obj(n + 1, GuestAddress(q[1] + 2)).unwrap();
+    }
+
+    fn used_idx(mem: &GuestMemoryMmap, q: [u64; 3]) -> u16 {
+        mem.read_obj(GuestAddress(q[2] + 2)).unwrap()
+    }
+
+    fn frame(len: usize, fill: u8) -> Vec<u8> {
+        let mut f = vec![fill; len];
+        f[..VNET_HDR_LEN].fill(0);
+        f
+    }
+
+    #[test]
+    fn frames_are_delivered_only_when_asked_and_only_into_buffers() {
+        let (mut dev, mem) = setup();
+        // No receive buffers: nothing can be delivered, nothing changes.
+        let err = dev.deliver(&[frame(100, 7)], &mem).unwrap_err();
+        assert!(matches!(
+            err,
+            NetError::NoBuffers {
+                needed: 1,
+                available: 0
+            }
+        ));
+        offer(&mem, RXQ, 0, 0, BUF, 2048, true);
+        offer(&mem, RXQ, 1, 1, BUF + 0x1000, 2048, true);
+        assert_eq!(used_idx(&mem, RXQ), 0);
+        dev.deliver(&[frame(100, 7), frame(60, 9)], &mem).unwrap();
+        assert_eq!(used_idx(&mem, RXQ), 2);
+        assert_eq!(mem.read_obj::<u8>(GuestAddress(BUF + 99)).unwrap(), 7);
+        assert_eq!(
+            mem.read_obj::<u8>(GuestAddress(BUF + 0x1000 + 59)).unwrap(),
+            9
+        );
+        let used_len: u32 = mem.read_obj(GuestAddress(RXQ[2] + 4 + 4)).unwrap();
+        assert_eq!(used_len, 100);
+        assert!(dev.take_irq());
+        assert_eq!(dev.stats().rx_frames, 2);
+    }
+
+    #[test]
+    fn bad_frames_and_chains_are_counted_never_fatal() {
+        let (mut dev, mem) = setup();
+        offer(&mem, RXQ, 0, 0, BUF, 2048, true);
+        // Larger than the negotiated size, or a runt: refused.
+        let huge = frame(VNET_HDR_LEN + MAX_GSO_FRAME + 1, 1);
+        assert!(matches!(
+            dev.deliver(&[huge], &mem),
+            Err(NetError::BadFrame { .. })
+        ));
+        assert!(matches!(
+            dev.deliver(&[frame(20, 1)], &mem),
+            Err(NetError::BadFrame { .. })
+        ));
+        assert_eq!(used_idx(&mem, RXQ), 0);
+        // A device-readable receive buffer: the frame is dropped, the
+        // buffer returned empty.
+        offer(&mem, RXQ, 0, 0, BUF, 2048, false);
+        dev.deliver(&[frame(100, 1)], &mem).unwrap();
+        assert_eq!(used_idx(&mem, RXQ), 1);
+        assert_eq!(dev.stats().rx_bad_chains, 1);
+        // A buffer outside guest memory, another too short.
+        offer(&mem, RXQ, 1, 1, 0xffff_0000, 2048, true);
+        offer(&mem, RXQ, 2, 2, BUF, 50, true);
+        dev.deliver(&[frame(100, 1), frame(100, 1)], &mem).unwrap();
+        assert_eq!(dev.stats().rx_bad_chains, 3);
+        // Transmit: a device-writable chain and a runt are bad; a good
+        // frame is captured without its virtio header.
+        let captured = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = Arc::clone(&captured);
+        dev.capture_tx(Box::new(move |f| sink.lock().unwrap().push(f.to_vec())));
+        offer(&mem, TXQ, 0, 0, BUF, 100, true);
+        offer(&mem, TXQ, 1, 1, BUF, 10, false);
+        mem.write_slice(&frame(80, 3), GuestAddress(BUF + 0x2000))
+            .unwrap();
+        offer(&mem, TXQ, 2, 2, BUF + 0x2000, 80, false);
+        w32(&mut dev, &mem, 0x050, 1);
+        assert_eq!(used_idx(&mem, TXQ), 3);
+        assert_eq!(dev.stats().tx_bad_chains, 2);
+        assert_eq!(dev.stats().tx_frames, 1);
+        let captured = captured.lock().unwrap();
+        assert_eq!(captured.len(), 1);
+        assert_eq!(captured[0].len(), 80 - VNET_HDR_LEN);
+    }
+}
