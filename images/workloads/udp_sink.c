@@ -1,7 +1,8 @@
 /*
- * udp_sink PORT SENDERS FILE: receives datagrams on UDP port PORT and
- * appends each to FILE, until SENDERS datagrams reading "end" have come
- * (one per sender) or 30 s (guest time) pass without any. Then prints how
+ * udp_sink PORT SENDERS FILE [IDLE]: receives datagrams on UDP port PORT
+ * and appends each to FILE, until SENDERS datagrams reading "end" have
+ * come (one per sender) or IDLE seconds (guest time, default 30) pass
+ * without any. Then prints how
  * many datagrams came and the SHA-256 of FILE. Two senders interleave
  * differently in every run: the file's checksum tells whether a replay
  * delivered the same datagrams in the same order.
@@ -20,11 +21,14 @@
 
 int main(int argc, char **argv)
 {
-	if (argc != 4) {
-		fprintf(stderr, "usage: udp_sink PORT SENDERS FILE\n");
+	if (argc != 4 && argc != 5) {
+		fprintf(stderr, "usage: udp_sink PORT SENDERS FILE [IDLE_SECONDS]\n");
 		return 2;
 	}
 	int port = atoi(argv[1]), senders = atoi(argv[2]);
+	int idle = argc == 5 ? atoi(argv[4]) : 30;
+	if (idle <= 0)
+		idle = 30;
 	FILE *out = fopen(argv[3], "a");
 	if (!out) {
 		perror(argv[3]);
@@ -43,9 +47,10 @@ int main(int argc, char **argv)
 	unsigned long datagrams = 0;
 	while (ends < senders) {
 		struct pollfd p = { .fd = s, .events = POLLIN };
-		int r = poll(&p, 1, 30000);
+		int r = poll(&p, 1, idle * 1000);
 		if (r == 0) {
-			printf("udp_sink: no datagram for 30 s, %d of %d senders ended\n", ends, senders);
+			printf("udp_sink: no datagram for %d s, %d of %d senders ended\n", idle, ends,
+			       senders);
 			break;
 		}
 		if (r < 0)

@@ -1,0 +1,345 @@
+//! Network record and replay, end to end: traffic from the test's own
+//! network namespace (a TAP device insight creates there, addresses
+//! 10.0.2.2 host side and 10.0.2.15 in the guest) to receivers in the
+//! guest, recorded once and replayed twice with no network at all.
+//!
+//! Every packet stays inside the namespace. The tests need /dev/kvm, the
+//! guest image, and root (network namespaces, TAP devices).
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const GUEST: &str = "10.0.2.15";
+
+/// A network namespace of the test's own, deleted when dropped.
+struct Netns {
+    name: String,
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(2).map(|u| u == "0"))
+        })
+        .unwrap_or(false)
+}
+
+fn ip(args: &[&str]) {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .expect("the ip command (iproute2)");
+    assert!(
+        out.status.success(),
+        "ip {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl Netns {
+    fn new(tag: &str) -> Netns {
+        let name = format!("insight-t{}-{tag}", std::process::id());
+        ip(&["netns", "add", &name]);
+        let ns = Netns { name };
+        ip(&["netns", "exec", &ns.name, "ip", "link", "set", "lo", "up"]);
+        // The host's default congestion control may be BBR, which paces
+        // the sender to the slow ACKs of a guest whose kernel is
+        // interpreted; the namespace's own setting keeps bulk tests short.
+        ip(&[
+            "netns",
+            "exec",
+            &ns.name,
+            "sysctl",
+            "-q",
+            "-w",
+            "net.ipv4.tcp_congestion_control=reno",
+        ]);
+        ns
+    }
+
+    /// `program` run inside the namespace.
+    fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.name]).arg(program);
+        c
+    }
+
+    fn bash(&self, script: &str) -> Output {
+        self.command("bash").args(["-c", script]).output().unwrap()
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+    }
+}
+
+fn network_ready() -> bool {
+    if !guest_ready() {
+        return false;
+    }
+    if !is_root() {
+        eprintln!("SKIPPED: network namespaces and TAP devices need root");
+        return false;
+    }
+    true
+}
+
+/// A config with a TAP device insight creates and configures.
+fn config(dir: &Path, command: &str) -> PathBuf {
+    let path = dir.join("vm.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "command = {command:?}\n[net]\ntap = \"insight0\"\n\
+             guest_address = \"{GUEST}/24\"\nhost_address = \"10.0.2.2/24\"\n"
+        ),
+    )
+    .unwrap();
+    path
+}
+
+/// A recording running in a namespace, its output read as it comes.
+struct Recording {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    stdout: String,
+    stderr: std::thread::JoinHandle<String>,
+}
+
+impl Recording {
+    fn start(ns: &Netns, config: &Path, trace: &Path) -> Recording {
+        let mut child = ns
+            .command(env!("CARGO_BIN_EXE_insight"))
+            .args(["record", "--no-stdin", "-o"])
+            .arg(trace)
+            .arg(config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let mut stderr = child.stderr.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let stderr = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = std::io::Read::read_to_string(&mut stderr, &mut s);
+            s
+        });
+        Recording {
+            child,
+            lines,
+            stdout: String::new(),
+            stderr,
+        }
+    }
+
+    /// Waits for a console line containing `text`.
+    fn wait_for(&mut self, text: &str) {
+        let deadline = Instant::now() + Duration::from_secs(180);
+        while Instant::now() < deadline {
+            match self.lines.recv_timeout(Duration::from_secs(1)) {
+                Ok(line) => {
+                    self.stdout.push_str(&line);
+                    self.stdout.push('\n');
+                    if line.contains(text) {
+                        return;
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            }
+        }
+        let _ = self.child.kill();
+        panic!(
+            "the guest never printed {text:?}; it printed:\n{}",
+            self.stdout
+        );
+    }
+
+    /// Waits for the recording to end; returns exit status, stdout, stderr.
+    fn finish(mut self) -> (Option<i32>, String, String) {
+        let deadline = Instant::now() + Duration::from_secs(900);
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!("the recording did not end; output:\n{}", self.stdout);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        while let Ok(line) = self.lines.recv_timeout(Duration::from_secs(5)) {
+            self.stdout.push_str(&line);
+            self.stdout.push('\n');
+        }
+        (status.code(), self.stdout, self.stderr.join().unwrap())
+    }
+}
+
+/// Replays `trace` twice (outside any namespace: no TAP device exists)
+/// and checks both printed exactly what the recording printed.
+fn assert_replays_identically(trace: &Path, recorded: &str) {
+    for round in 1..=2 {
+        let out = insight()
+            .arg("replay")
+            .arg(trace)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let (stdout, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(0), "replay {round}: {stderr}");
+        assert!(stderr.contains("replay matched the recording"), "{stderr}");
+        assert!(!stderr.contains("network:"), "{stderr}");
+        assert!(
+            stdout == recorded,
+            "replay {round} printed something else.\nrecorded:\n{recorded}\nreplayed:\n{stdout}"
+        );
+    }
+}
+
+#[test]
+fn interleaved_udp_senders_replay_without_a_network() {
+    if !network_ready() {
+        return;
+    }
+    let dir = scratch("udp");
+    let trace = dir.join("trace");
+    let ns = Netns::new("udp");
+    let config = config(&dir, "udp_sink 5000 2 /tmp/in");
+    let mut rec = Recording::start(&ns, &config, &trace);
+    rec.wait_for("udp_sink: listening");
+    // Two senders at once, 50 datagrams each and an "end".
+    let senders = ns.bash(&format!(
+        "for s in a b; do (for i in $(seq 1 50); do echo \"$s $i\" > /dev/udp/{GUEST}/5000; \
+         done; echo end > /dev/udp/{GUEST}/5000) & done; wait"
+    ));
+    assert!(senders.status.success(), "{senders:?}");
+    let (status, stdout, stderr) = rec.finish();
+    assert_eq!(status, Some(0), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("udp_sink: 102 datagrams, sha256 "),
+        "{stdout}"
+    );
+    assert!(!stderr.contains("network:"), "{stderr}");
+    // Replay needs no namespace, no TAP device, no network.
+    drop(ns);
+    assert_replays_identically(&trace, &stdout);
+
+    // The frames can be inspected: a pcap of what the guest received.
+    let pcap = dir.join("rx.pcap");
+    let out = insight()
+        .arg("dump")
+        .arg(&trace)
+        .arg("--rx-pcap")
+        .arg(&pcap)
+        .output()
+        .unwrap();
+    let (_, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    let bytes = std::fs::read(&pcap).unwrap();
+    assert_eq!(&bytes[..4], &[0xd4, 0xc3, 0xb2, 0xa1]);
+    let datagrams = bytes.windows(4).filter(|w| w == b"end\n").count();
+    assert_eq!(datagrams, 2, "the capture holds both senders' ends");
+    let dump = insight().arg("dump").arg(&trace).output().unwrap();
+    assert!(text(&dump).0.contains("frames received"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn tcp_bulk_transfer_replays() {
+    if !network_ready() {
+        return;
+    }
+    let dir = scratch("tcp");
+    let trace = dir.join("trace");
+    // 20 MiB that compress badly (xorshift), and their checksum.
+    let data = dir.join("bulk");
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let bytes: Vec<u8> = (0..20 << 17)
+        .flat_map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x.to_le_bytes()
+        })
+        .collect();
+    std::fs::write(&data, &bytes).unwrap();
+    let sum = Command::new("sha256sum").arg(&data).output().unwrap();
+    let expected = String::from_utf8_lossy(&sum.stdout)[..64].to_string();
+
+    let ns = Netns::new("tcp");
+    let config = config(&dir, "tcp_sink 5001");
+    let mut rec = Recording::start(&ns, &config, &trace);
+    rec.wait_for("tcp_sink: listening");
+    let sender = ns.bash(&format!("cat {} > /dev/tcp/{GUEST}/5001", data.display()));
+    assert!(sender.status.success(), "{sender:?}");
+    let (status, stdout, stderr) = rec.finish();
+    assert_eq!(status, Some(0), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains(&format!(
+            "tcp_sink: {} bytes, sha256 {expected}",
+            bytes.len()
+        )),
+        "{stdout}"
+    );
+    drop(ns);
+    assert_replays_identically(&trace, &stdout);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_tap_device_that_disappears_is_reported_and_the_trace_replays() {
+    if !network_ready() {
+        return;
+    }
+    let dir = scratch("tap-gone");
+    let trace = dir.join("trace");
+    let ns = Netns::new("gone");
+    // One sender that never says "end"; the sink gives up after 5 s.
+    let config = config(&dir, "udp_sink 5000 1 /tmp/in 5");
+    let mut rec = Recording::start(&ns, &config, &trace);
+    rec.wait_for("udp_sink: listening");
+    let sent = ns.bash(&format!(
+        "for i in $(seq 1 10); do echo \"a $i\" > /dev/udp/{GUEST}/5000; done"
+    ));
+    assert!(sent.status.success(), "{sent:?}");
+    std::thread::sleep(Duration::from_millis(500));
+    ip(&["netns", "exec", &ns.name, "ip", "link", "del", "insight0"]);
+    let (status, stdout, stderr) = rec.finish();
+    // The guest command failed (its sender vanished); insight did not.
+    assert_eq!(status, Some(1), "{stdout}\n{stderr}");
+    assert!(stdout.contains("udp_sink: no datagram for 5 s"), "{stdout}");
+    assert!(
+        stderr.contains("network: the TAP device stopped working"),
+        "{stderr}"
+    );
+    drop(ns);
+    // What was logged before the device went away is all there.
+    assert_replays_identically(&trace, &stdout);
+    let _ = std::fs::remove_dir_all(&dir);
+}
