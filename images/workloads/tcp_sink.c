@@ -4,7 +4,9 @@
  * space). With the host sending a file, the checksum proves every byte
  * arrived; recorded and replayed, it proves replay delivered the same.
  *
- * Prints "tcp_sink: listening on port PORT" once it accepts connections.
+ * Prints "tcp_sink: listening on port PORT" once it accepts connections,
+ * and at the end also the time from the first byte to the end of the
+ * stream (guest clock), for throughput measurements.
  * Gives up after 120 s (guest time) without data.
  */
 #include <errno.h>
@@ -14,6 +16,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "sha256.h"
@@ -45,8 +48,11 @@ int main(int argc, char **argv)
 	struct sha256 h;
 	sha256_init(&h);
 	unsigned long long total = 0;
+	struct timespec first = { 0 }, last;
 	for (;;) {
 		ssize_t n = read(s, buf, sizeof(buf));
+		if (total == 0 && n > 0)
+			clock_gettime(CLOCK_MONOTONIC, &first);
 		if (n == 0)
 			break;
 		if (n < 0) {
@@ -58,8 +64,11 @@ int main(int argc, char **argv)
 		sha256_update(&h, buf, (size_t)n);
 		total += (unsigned long long)n;
 	}
+	clock_gettime(CLOCK_MONOTONIC, &last);
 	char hex[65];
 	sha256_hex(&h, hex);
 	printf("tcp_sink: %llu bytes, sha256 %s\n", total, hex);
+	long long ns = (last.tv_sec - first.tv_sec) * 1000000000LL + (last.tv_nsec - first.tv_nsec);
+	printf("tcp_sink: received in %lld ns\n", total ? ns : 0);
 	return 0;
 }
