@@ -407,9 +407,16 @@ impl VirtioNet {
         if n == 0 {
             return Vec::new();
         }
-        let frames: Vec<Vec<u8>> = self.pending.drain(..n).collect();
-        // Sizes were checked on arrival and buffers counted just now.
-        let _ = self.deliver(&frames, mem);
+        // Sizes were checked on arrival, but the guest may have
+        // renegotiated (smaller) since: only what it accepts now goes in.
+        let max = self.max_frame_len();
+        let (frames, refused): (Vec<Vec<u8>>, Vec<Vec<u8>>) =
+            self.pending.drain(..n).partition(|f| f.len() <= max);
+        self.stats.rx_bad_size += refused.len() as u64;
+        // Buffers were counted just now: delivery cannot fail.
+        if self.deliver(&frames, mem).is_err() {
+            return Vec::new();
+        }
         frames
     }
 
