@@ -1,6 +1,6 @@
 //! insight's platform control port: how the guest tells the hypervisor
-//! that it powered off, panicked, reached `/init`, or what its command
-//! exited with.
+//! that it powered off, panicked, reached `/init`, what its command
+//! exited with, and that an event was raised.
 //!
 //! Protocol (shared with the guest kernel patch and `/init`): 32-bit
 //! writes to port 0x0f00; bits 31..24 are the code, bits 23..0 the
@@ -16,6 +16,11 @@ const CODE_INIT_REACHED: u8 = 0x01;
 const CODE_EXIT_STATUS: u8 = 0x02;
 const CODE_POWER_OFF: u8 = 0x03;
 const CODE_PANIC: u8 = 0x04;
+const CODE_SYNC: u8 = 0x05;
+const CODE_EVENT: u8 = 0x06;
+/// Arguments of `CODE_EVENT`: who raised the event.
+const EVENT_FROM_PROBE: u32 = 0;
+const EVENT_FROM_KERNEL: u32 = 1;
 
 /// A message from the guest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -28,6 +33,13 @@ pub enum ControlMessage {
     PowerOff,
     /// The guest kernel panicked.
     Panic,
+    /// A deterministic point the guest kernel adds on entries from user
+    /// mode; nothing else happens.
+    Sync,
+    /// An event was raised (docs/events.md): the buffer's guest virtual
+    /// address is in RSI and the raiser's `tgid << 32 | pid` in RDI.
+    /// `kernel`: the guest kernel's own event, not a probe's.
+    Event { kernel: bool },
     /// A write this version does not understand.
     Unknown(u32),
 }
@@ -40,6 +52,9 @@ impl ControlMessage {
             CODE_EXIT_STATUS if arg <= 0xff => ControlMessage::ExitStatus(arg as u8),
             CODE_POWER_OFF => ControlMessage::PowerOff,
             CODE_PANIC => ControlMessage::Panic,
+            CODE_SYNC => ControlMessage::Sync,
+            CODE_EVENT if arg == EVENT_FROM_PROBE => ControlMessage::Event { kernel: false },
+            CODE_EVENT if arg == EVENT_FROM_KERNEL => ControlMessage::Event { kernel: true },
             _ => ControlMessage::Unknown(value),
         }
     }
@@ -87,6 +102,15 @@ mod tests {
             ControlMessage::PowerOff
         );
         assert_eq!(ControlMessage::decode(0x0400_0000), ControlMessage::Panic);
+        assert_eq!(ControlMessage::decode(0x0500_0000), ControlMessage::Sync);
+        assert_eq!(
+            ControlMessage::decode(0x0600_0001),
+            ControlMessage::Event { kernel: true }
+        );
+        assert_eq!(
+            ControlMessage::decode(0x0600_0002),
+            ControlMessage::Unknown(0x0600_0002)
+        );
         assert_eq!(
             ControlMessage::decode(0x7700_0000),
             ControlMessage::Unknown(0x7700_0000)

@@ -8,6 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
+use events::capture::{Capture, CaptureSummary};
+use events::db::EventWriter;
 use trace::{ClockKind, Header, TraceReader, TraceWriter};
 use vmm::journal::{EndReason, Event, Journal, JournalError, Progress, Recorder, Replayer};
 use vmm::{guest, StopReason, Vm, VmError};
@@ -91,6 +93,12 @@ pub struct ReplayArgs {
     /// they go nowhere else: no network is used.
     #[arg(long, value_name = "FILE")]
     tx_pcap: Option<PathBuf>,
+    /// Collect the events the guest raises (probes preloaded with
+    /// LD_PRELOAD=/usr/lib/libinsight-probes.so, and the guest kernel's
+    /// context switches and exits) into the event database FILE (SQLite,
+    /// docs/events.md). An existing FILE is replaced when replay ends.
+    #[arg(long, value_name = "FILE")]
+    events: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -244,6 +252,22 @@ pub fn replay(args: ReplayArgs) -> Result<ExitCode> {
         Some(path) => Some(capture_tx(&mut vm, path)?),
         None => None,
     };
+    if let Some(path) = &args.events {
+        let meta = [
+            ("trace", args.trace.display().to_string()),
+            (
+                "created_by",
+                format!("insight {}", env!("CARGO_PKG_VERSION")),
+            ),
+            (
+                "time_unit",
+                "ns since the VM started, as recorded".to_owned(),
+            ),
+        ];
+        let db = EventWriter::create(path, &meta)
+            .with_context(|| format!("cannot create the event database {}", path.display()))?;
+        vm.capture_events(Capture::new(db));
+    }
     vm.set_journal(Journal::Replay(Box::new(Replayer::new(reader))));
     attach_progress(&mut vm, &status, "replay");
     let result = vm.run();
@@ -267,12 +291,21 @@ pub fn replay(args: ReplayArgs) -> Result<ExitCode> {
             if !d.state.is_empty() {
                 eprintln!("insight: replay state at the divergence: {}", d.state);
             }
+            if let Some(path) = &args.events {
+                eprintln!(
+                    "insight: {} holds the events raised before the divergence",
+                    path.display()
+                );
+            }
             return Ok(ExitCode::from(EXIT_DIVERGED));
         }
         other => other?,
     };
     if let Some(problems) = net_problems(outcome.net.as_ref()) {
         eprintln!("insight: {problems}");
+    }
+    if let (Some(summary), Some(path)) = (&outcome.events, &args.events) {
+        report_capture(summary, path);
     }
     let exits = outcome.journal.exits;
     let code = match &outcome.stop {
@@ -305,6 +338,28 @@ pub fn replay(args: ReplayArgs) -> Result<ExitCode> {
         }
     };
     Ok(code)
+}
+
+/// What went into the event database, and what the guest got wrong.
+fn report_capture(summary: &CaptureSummary, path: &Path) {
+    let kinds: Vec<String> = summary
+        .per_kind
+        .iter()
+        .map(|(k, n)| format!("{n} {}", k.name()))
+        .collect();
+    eprintln!(
+        "insight: {} events written to {}{}",
+        summary.events,
+        path.display(),
+        if kinds.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", kinds.join(", "))
+        }
+    );
+    for (what, n, example) in &summary.anomalies {
+        eprintln!("insight: event capture: {what}: {n} (first: {example})");
+    }
 }
 
 type SharedPcap = Arc<Mutex<PcapWriter<BufWriter<File>>>>;

@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 
 /// Format version, bumped on every change of the layout or of the types
 /// serialized in it.
-pub const TRACE_VERSION: u32 = 2;
+pub const TRACE_VERSION: u32 = 3;
 pub const MAGIC: [u8; 8] = *b"INSIGHT\0";
 
 const HEADER_FILE: &str = "header";

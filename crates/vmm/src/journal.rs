@@ -90,6 +90,10 @@ pub enum Event {
     /// one after the other) are in the payload stream at `payload`, and
     /// `lens` are the frames' lengths.
     NetRx { payload: PayloadRef, lens: Vec<u32> },
+    /// The preceding exit raised a guest event (docs/events.md) at this
+    /// time of the recording, in nanoseconds since the VM started: the
+    /// time replay gives the event.
+    EventRaised { ns: u64 },
     /// Digest of the general registers at the preceding exit.
     Registers { digest: u64 },
     /// The recording ended here.
@@ -137,6 +141,7 @@ impl Event {
             Event::Interrupt { .. }
                 | Event::DiskDone { .. }
                 | Event::NetRx { .. }
+                | Event::EventRaised { .. }
                 | Event::Registers { .. }
                 | Event::End(_)
         )
@@ -156,6 +161,7 @@ impl Event {
             Event::Interrupt { .. }
             | Event::DiskDone { .. }
             | Event::NetRx { .. }
+            | Event::EventRaised { .. }
             | Event::Registers { .. }
             | Event::End(_) => {}
         }
@@ -275,6 +281,7 @@ impl fmt::Display for Event {
                 payload.offset,
                 payload.len
             ),
+            Event::EventRaised { ns } => write!(f, "  guest event raised at {ns} ns"),
             Event::Registers { digest } => write!(f, "  registers digest {digest:016x}"),
             Event::End(reason) => write!(f, "end: {reason}"),
         }
@@ -660,6 +667,25 @@ impl Journal {
                 found,
                 state: String::new(),
             })),
+        }
+    }
+
+    /// Records when the guest raised an event at the last exit.
+    pub fn record_event_raised(&mut self, ns: u64) -> Result<(), JournalError> {
+        self.record_after(Event::EventRaised { ns })
+    }
+
+    /// At replay, when the recording saw the event the last exit raised.
+    pub fn replay_event_raised(&mut self) -> Result<u64, JournalError> {
+        match self.replay_take(|e| match e {
+            Event::EventRaised { ns } => Some(*ns),
+            _ => None,
+        })? {
+            Some(ns) => Ok(ns),
+            None => {
+                let found = "a guest event that the recording did not see".to_owned();
+                Err(self.divergence(Some(Event::EventRaised { ns: 0 }), found))
+            }
         }
     }
 

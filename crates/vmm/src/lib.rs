@@ -11,6 +11,7 @@ pub mod console;
 pub mod cpuid;
 pub mod emulation;
 pub mod guest;
+pub mod guest_events;
 pub mod gva;
 pub mod host_check;
 pub mod image;

@@ -17,6 +17,9 @@ use devices::doorbell::Doorbell;
 use devices::virtio_blk::{self, BlockError, BlockStats, VirtioBlock};
 use devices::virtio_net::{self, NetBackend, NetError, NetStats, VirtioNet};
 use devices::{ControlMessage, LegacyPlatform, PlatformStats};
+use events::abi::Source;
+use events::capture::{Capture, CaptureSummary};
+use events::db::DbError;
 use kvm_ioctls::{Kvm, VcpuExit, VcpuFd, VmFd};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
@@ -24,6 +27,7 @@ use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
 use crate::boot::{self, BootError};
 use crate::console::ConsoleInput;
 use crate::emulation::{self, Completion};
+use crate::guest_events;
 use crate::gva;
 use crate::journal::{self, EndReason, Event, Input, Journal, JournalError, Progress};
 use crate::kvm_ext;
@@ -84,6 +88,8 @@ pub enum VmError {
     Block(#[from] BlockError),
     #[error("network")]
     Net(#[from] NetError),
+    #[error("event database")]
+    Events(#[from] DbError),
 }
 
 fn kvm_err(op: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
@@ -137,6 +143,8 @@ pub struct RunOutcome {
     pub net: Option<NetReport>,
     /// The finished trace, when recording.
     pub trace: Option<trace::Summary>,
+    /// What the event capture stored, when replaying with one.
+    pub events: Option<CaptureSummary>,
 }
 
 /// How the network device fared.
@@ -236,6 +244,8 @@ pub struct Vm {
     block: Option<VirtioBlock>,
     /// The virtio network device.
     net: Option<VirtioNet>,
+    /// Where the guest's events go at replay.
+    events: Option<Capture>,
     /// Rung by device threads when they have something for the guest.
     doorbell: Doorbell,
     /// The last KVM_RUN ended in a deterministic exit: under the exit clock
@@ -416,6 +426,7 @@ impl Vm {
             progress: None,
             last_progress: Instant::now(),
             trace_summary: None,
+            events: None,
             guest_cpuid,
             kvm_caps,
         })
@@ -441,6 +452,11 @@ impl Vm {
         if let Some(net) = &mut self.net {
             net.capture_tx(capture);
         }
+    }
+
+    /// Stores the events the guest raises during replay in `capture`.
+    pub fn capture_events(&mut self, capture: Capture) {
+        self.events = Some(capture);
     }
 
     /// Records or replays this run (before `run`).
@@ -497,6 +513,7 @@ impl Vm {
                 let mut vm = self;
                 let result = vm.run_vcpu(&shared);
                 let result = vm.end_journal(result);
+                let result = vm.end_events(result);
                 let result = vm.describe_divergence(result);
                 shared.done.store(true, Ordering::Release);
                 result
@@ -592,7 +609,8 @@ impl Vm {
                         return Ok(self.outcome(StopReason::PowerOff));
                     }
                     ControlMessage::Panic => return Err(VmError::GuestPanic),
-                    ControlMessage::Unknown(_) => {}
+                    ControlMessage::Event { kernel } => self.guest_event(kernel)?,
+                    ControlMessage::Sync | ControlMessage::Unknown(_) => {}
                 }
             }
             match next {
@@ -645,6 +663,7 @@ impl Vm {
                 stats: n.stats(),
                 failure: n.failure().map(str::to_owned),
             }),
+            events: self.events.as_ref().map(Capture::summary),
         }
     }
 
@@ -782,6 +801,50 @@ impl Vm {
             o.journal = progress;
             o
         })
+    }
+
+    /// Closes the event database, keeping what was captured even when the
+    /// run failed.
+    fn end_events(&mut self, result: Result<RunOutcome, VmError>) -> Result<RunOutcome, VmError> {
+        let Some(capture) = self.events.take() else {
+            return result;
+        };
+        let finished = capture.finish();
+        let mut outcome = result?;
+        outcome.events = Some(finished?);
+        Ok(outcome)
+    }
+
+    /// The guest raised an event at the last exit (docs/events.md). The
+    /// recording notes when; replay reads the event from guest memory.
+    fn guest_event(&mut self, kernel: bool) -> Result<(), VmError> {
+        match self.journal {
+            Journal::Live => Ok(()),
+            Journal::Record(_) => Ok(self.journal.record_event_raised(self.clock.now_ns())?),
+            Journal::Replay(_) => {
+                let ns = self.journal.replay_event_raised()?;
+                let Some(capture) = &mut self.events else {
+                    return Ok(());
+                };
+                let regs = self.vcpu.sync_regs().regs;
+                let cr3 = self.vcpu.get_sregs().map_err(kvm_err("GET_SREGS"))?.cr3;
+                let buffer = guest_events::read_buffer(&self.mem, cr3, regs.rsi, !kernel);
+                let source = if kernel {
+                    Source::Kernel
+                } else {
+                    Source::Probe
+                };
+                let (pid, lwpid) = ((regs.rdi >> 32) as u32, regs.rdi as u32);
+                capture.raised(
+                    ns,
+                    source,
+                    pid,
+                    lwpid,
+                    buffer.as_deref().map_err(Clone::clone),
+                )?;
+                Ok(())
+            }
+        }
     }
 
     /// Injects the PIC's pending interrupt if the vCPU can take it now,

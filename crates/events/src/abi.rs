@@ -1,0 +1,460 @@
+//! The probe ABI, version 1 (docs/events.md): the bytes a probe or the
+//! guest kernel leaves in an event buffer, parsed and validated.
+//!
+//! Everything here is guest-controlled. A malformed buffer is an
+//! [`AbiError`] naming what is wrong, never a panic.
+
+/// EBX of a probe's int3.
+pub const EVENTNOTIFY: u32 = 0x5456_4e45;
+/// First field of every event: "INSE".
+pub const MAGIC: u32 = 0x4553_4e49;
+pub const VERSION: u16 = 1;
+/// Bytes of the generic header.
+pub const HEADER_LEN: usize = 48;
+/// An event buffer never crosses a page; this is the most the host reads.
+pub const PAGE: usize = 4096;
+
+/// Event kinds, as numbered by the ABI. `Sample` is the host's own and
+/// never comes from a buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u16)]
+pub enum Kind {
+    Lock = 1,
+    LockRet = 2,
+    TryLock = 3,
+    TryLockRet = 4,
+    TimedLock = 5,
+    TimedLockRet = 6,
+    Unlock = 7,
+    LockInit = 8,
+    ThreadCreate = 9,
+    Fork = 10,
+    Exit = 11,
+    Symbol = 12,
+    ContextSwitch = 13,
+    Sample = 14,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 14] = [
+        Kind::Lock,
+        Kind::LockRet,
+        Kind::TryLock,
+        Kind::TryLockRet,
+        Kind::TimedLock,
+        Kind::TimedLockRet,
+        Kind::Unlock,
+        Kind::LockInit,
+        Kind::ThreadCreate,
+        Kind::Fork,
+        Kind::Exit,
+        Kind::Symbol,
+        Kind::ContextSwitch,
+        Kind::Sample,
+    ];
+
+    pub fn from_u16(v: u16) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|k| *k as u16 == v)
+    }
+
+    /// The paper's name of the event.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Lock => "LOCK",
+            Kind::LockRet => "LOCK_RET",
+            Kind::TryLock => "TRYLOCK",
+            Kind::TryLockRet => "TRYLOCK_RET",
+            Kind::TimedLock => "TIMEDLOCK",
+            Kind::TimedLockRet => "TIMEDLOCK_RET",
+            Kind::Unlock => "UNLOCK",
+            Kind::LockInit => "LOCKINIT",
+            Kind::ThreadCreate => "THREADCREATE",
+            Kind::Fork => "FORK",
+            Kind::Exit => "EXIT",
+            Kind::Symbol => "SYMBOL",
+            Kind::ContextSwitch => "CONTEXTSWITCH",
+            Kind::Sample => "SAMPLE",
+        }
+    }
+
+    pub fn is_lock(self) -> bool {
+        (Kind::Lock as u16..=Kind::LockInit as u16).contains(&(self as u16))
+    }
+}
+
+/// Who raised the event: the guest kernel reports probe or kernel with
+/// the exit; SAMPLE events are the host's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Source {
+    /// A probe's int3, forwarded by the kernel.
+    Probe = 0,
+    /// The guest kernel itself.
+    Kernel = 1,
+    /// The hypervisor (SAMPLE).
+    Host = 2,
+}
+
+impl Source {
+    pub fn from_u8(v: u8) -> Option<Source> {
+        [Source::Probe, Source::Kernel, Source::Host]
+            .into_iter()
+            .find(|s| *s as u8 == v)
+    }
+}
+
+/// The event-specific part.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Payload {
+    /// LOCK .. LOCKINIT: the mutex, the return address into its caller,
+    /// and for the *_RET events and LOCKINIT the call's result.
+    Lock {
+        lock: u64,
+        caller: u64,
+        result: i32,
+    },
+    ThreadCreate {
+        parent_lwpid: u32,
+        start_routine: u64,
+    },
+    Fork {
+        parent_pid: u32,
+    },
+    Exit {
+        status: i32,
+    },
+    Symbol {
+        base: u64,
+        path: String,
+    },
+    ContextSwitch {
+        from_pid: u32,
+        from_lwpid: u32,
+        to_pid: u32,
+        to_lwpid: u32,
+        from_comm: String,
+        to_comm: String,
+    },
+}
+
+/// A parsed event. `pid`/`lwpid`/`comm` are what the buffer says; the
+/// host trusts the kernel's identification of the caller instead.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RawEvent {
+    pub kind: Kind,
+    pub pid: u32,
+    pub lwpid: u32,
+    pub comm: String,
+    pub payload: Payload,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum AbiError {
+    #[error("bad magic {0:#010x}")]
+    BadMagic(u32),
+    #[error("ABI version {0}, this insight reads version {VERSION}")]
+    Version(u16),
+    #[error("unknown event kind {0}")]
+    UnknownKind(u16),
+    #[error("event kind {0} cannot come from a guest buffer")]
+    HostKind(u16),
+    #[error("declared size {declared} is outside {min}..={max} bytes")]
+    Size {
+        declared: u32,
+        min: usize,
+        max: usize,
+    },
+    #[error("{0} raised by a probe (only the kernel raises it)")]
+    KernelOnly(&'static str),
+    #[error("SYMBOL path is not UTF-8 or not absolute")]
+    BadPath,
+}
+
+fn u16_at(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    (u64::from(u32_at(b, at + 4)) << 32) | u64::from(u32_at(b, at))
+}
+
+/// A NUL-padded name of at most 16 bytes, lossily decoded.
+fn comm_at(b: &[u8], at: usize) -> String {
+    let raw = &b[at..at + 16];
+    let end = raw.iter().position(|&c| c == 0).unwrap_or(raw.len());
+    String::from_utf8_lossy(&raw[..end]).into_owned()
+}
+
+/// Bytes the payload of `kind` takes (at least, for SYMBOL).
+fn payload_len(kind: Kind) -> usize {
+    match kind {
+        k if k.is_lock() => 24,
+        Kind::ThreadCreate => 16,
+        Kind::Fork | Kind::Exit => 8,
+        Kind::Symbol => 16,
+        Kind::ContextSwitch => 48,
+        _ => 0,
+    }
+}
+
+/// The size field of the header in `head` (at least 12 bytes), so that a
+/// reader can fetch exactly the event: `None` if `head` is too short.
+pub fn declared_size(head: &[u8]) -> Option<u32> {
+    (head.len() >= 12).then(|| u32_at(head, 8))
+}
+
+/// Parses the event at the start of `buf`. `room` is how many bytes the
+/// buffer may span before the page ends; the event must fit in it.
+pub fn parse(buf: &[u8], room: usize, source: Source) -> Result<RawEvent, AbiError> {
+    if buf.len() < HEADER_LEN {
+        return Err(AbiError::Size {
+            declared: buf.len() as u32,
+            min: HEADER_LEN,
+            max: room.min(PAGE),
+        });
+    }
+    let magic = u32_at(buf, 0);
+    if magic != MAGIC {
+        return Err(AbiError::BadMagic(magic));
+    }
+    let version = u16_at(buf, 4);
+    if version != VERSION {
+        return Err(AbiError::Version(version));
+    }
+    let raw_kind = u16_at(buf, 6);
+    let kind = Kind::from_u16(raw_kind).ok_or(AbiError::UnknownKind(raw_kind))?;
+    if kind == Kind::Sample {
+        return Err(AbiError::HostKind(raw_kind));
+    }
+    if kind == Kind::ContextSwitch && source == Source::Probe {
+        return Err(AbiError::KernelOnly(kind.name()));
+    }
+    let size = u32_at(buf, 8);
+    let min = HEADER_LEN + payload_len(kind);
+    let max = room.min(PAGE).min(buf.len());
+    if (size as usize) < min || size as usize > max {
+        return Err(AbiError::Size {
+            declared: size,
+            min,
+            max,
+        });
+    }
+    let p = HEADER_LEN;
+    let payload = match kind {
+        k if k.is_lock() => Payload::Lock {
+            lock: u64_at(buf, p),
+            caller: u64_at(buf, p + 8),
+            result: u32_at(buf, p + 16) as i32,
+        },
+        Kind::ThreadCreate => Payload::ThreadCreate {
+            parent_lwpid: u32_at(buf, p),
+            start_routine: u64_at(buf, p + 8),
+        },
+        Kind::Fork => Payload::Fork {
+            parent_pid: u32_at(buf, p),
+        },
+        Kind::Exit => Payload::Exit {
+            status: u32_at(buf, p) as i32,
+        },
+        Kind::Symbol => {
+            let len = u32_at(buf, p + 8) as usize;
+            let start = p + 16;
+            if start + len > size as usize {
+                return Err(AbiError::Size {
+                    declared: size,
+                    min: start + len,
+                    max,
+                });
+            }
+            let path =
+                std::str::from_utf8(&buf[start..start + len]).map_err(|_| AbiError::BadPath)?;
+            if !path.starts_with('/') {
+                return Err(AbiError::BadPath);
+            }
+            Payload::Symbol {
+                base: u64_at(buf, p),
+                path: path.to_owned(),
+            }
+        }
+        _ => Payload::ContextSwitch {
+            from_pid: u32_at(buf, p),
+            from_lwpid: u32_at(buf, p + 4),
+            to_pid: u32_at(buf, p + 8),
+            to_lwpid: u32_at(buf, p + 12),
+            from_comm: comm_at(buf, p + 16),
+            to_comm: comm_at(buf, p + 32),
+        },
+    };
+    Ok(RawEvent {
+        kind,
+        pid: u32_at(buf, 12),
+        lwpid: u32_at(buf, 16),
+        comm: comm_at(buf, 32),
+        payload,
+    })
+}
+
+/// Builds the bytes of an event as a probe would (tests, fuzzing, tools).
+pub fn encode(kind: u16, pid: u32, lwpid: u32, comm: &str, payload: &[u8]) -> Vec<u8> {
+    let mut b = Vec::with_capacity(HEADER_LEN + payload.len());
+    b.extend_from_slice(&MAGIC.to_le_bytes());
+    b.extend_from_slice(&VERSION.to_le_bytes());
+    b.extend_from_slice(&kind.to_le_bytes());
+    b.extend_from_slice(&((HEADER_LEN + payload.len()) as u32).to_le_bytes());
+    b.extend_from_slice(&pid.to_le_bytes());
+    b.extend_from_slice(&lwpid.to_le_bytes());
+    b.extend_from_slice(&0u32.to_le_bytes());
+    b.extend_from_slice(&0u64.to_le_bytes());
+    let mut name = [0u8; 16];
+    let n = comm.len().min(15);
+    name[..n].copy_from_slice(&comm.as_bytes()[..n]);
+    b.extend_from_slice(&name);
+    b.extend_from_slice(payload);
+    b
+}
+
+/// The payload bytes of a lock event.
+pub fn lock_payload(lock: u64, caller: u64, result: i32) -> Vec<u8> {
+    let mut p = Vec::with_capacity(24);
+    p.extend_from_slice(&lock.to_le_bytes());
+    p.extend_from_slice(&caller.to_le_bytes());
+    p.extend_from_slice(&result.to_le_bytes());
+    p.extend_from_slice(&0u32.to_le_bytes());
+    p
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_what_a_probe_writes() {
+        let b = encode(
+            Kind::LockRet as u16,
+            7,
+            9,
+            "syn_cont",
+            &lock_payload(0x5000, 0x4010, 0),
+        );
+        let e = parse(&b, PAGE, Source::Probe).unwrap();
+        assert_eq!(e.kind, Kind::LockRet);
+        assert_eq!((e.pid, e.lwpid, e.comm.as_str()), (7, 9, "syn_cont"));
+        assert_eq!(
+            e.payload,
+            Payload::Lock {
+                lock: 0x5000,
+                caller: 0x4010,
+                result: 0
+            }
+        );
+    }
+
+    #[test]
+    fn symbol_paths_are_bounded_and_absolute() {
+        let mut p = 0x7f00_0000_0000u64.to_le_bytes().to_vec();
+        p.extend_from_slice(&11u32.to_le_bytes());
+        p.extend_from_slice(&0u32.to_le_bytes());
+        p.extend_from_slice(b"/lib/libc.so");
+        let b = encode(Kind::Symbol as u16, 1, 1, "a", &p);
+        let e = parse(&b, PAGE, Source::Probe).unwrap();
+        assert_eq!(
+            e.payload,
+            Payload::Symbol {
+                base: 0x7f00_0000_0000,
+                path: "/lib/libc.s".into()
+            }
+        );
+        // A path length beyond the event.
+        p[8..12].copy_from_slice(&200u32.to_le_bytes());
+        let b = encode(Kind::Symbol as u16, 1, 1, "a", &p);
+        assert!(matches!(
+            parse(&b, PAGE, Source::Probe),
+            Err(AbiError::Size { .. })
+        ));
+        // A relative path.
+        p[8..12].copy_from_slice(&4u32.to_le_bytes());
+        p[16] = b'x';
+        let b = encode(Kind::Symbol as u16, 1, 1, "a", &p);
+        assert_eq!(parse(&b, PAGE, Source::Probe), Err(AbiError::BadPath));
+    }
+
+    #[test]
+    fn malformed_buffers_are_errors() {
+        let good = encode(Kind::Lock as u16, 1, 1, "a", &lock_payload(1, 2, 0));
+        let mut b = good.clone();
+        b[0] = 0;
+        assert!(matches!(
+            parse(&b, PAGE, Source::Probe),
+            Err(AbiError::BadMagic(_))
+        ));
+        let mut b = good.clone();
+        b[4] = 2;
+        assert_eq!(parse(&b, PAGE, Source::Probe), Err(AbiError::Version(2)));
+        let mut b = good.clone();
+        b[6] = 99;
+        assert_eq!(
+            parse(&b, PAGE, Source::Probe),
+            Err(AbiError::UnknownKind(99))
+        );
+        let mut b = good.clone();
+        b[6] = Kind::Sample as u8;
+        assert!(matches!(
+            parse(&b, PAGE, Source::Probe),
+            Err(AbiError::HostKind(_))
+        ));
+        // Too short for its kind, and larger than the page allows.
+        let mut b = good.clone();
+        b[8] = 50;
+        assert!(matches!(
+            parse(&b, PAGE, Source::Probe),
+            Err(AbiError::Size { .. })
+        ));
+        assert!(matches!(
+            parse(&good, 60, Source::Probe),
+            Err(AbiError::Size { .. })
+        ));
+        assert!(matches!(
+            parse(&good[..20], PAGE, Source::Probe),
+            Err(AbiError::Size { .. })
+        ));
+        // Context switches come from the kernel only.
+        let b = encode(Kind::ContextSwitch as u16, 1, 1, "a", &[0; 48]);
+        assert!(matches!(
+            parse(&b, PAGE, Source::Probe),
+            Err(AbiError::KernelOnly(_))
+        ));
+        assert!(parse(&b, PAGE, Source::Kernel).is_ok());
+    }
+
+    #[test]
+    fn no_input_panics() {
+        // Every prefix and every single-byte corruption of valid events.
+        let mut sym = 0u64.to_le_bytes().to_vec();
+        sym.extend_from_slice(&3u32.to_le_bytes());
+        sym.extend_from_slice(&[0; 4]);
+        sym.extend_from_slice(b"/ab");
+        let samples = [
+            encode(Kind::Lock as u16, 1, 1, "a", &lock_payload(1, 2, 3)),
+            encode(Kind::Symbol as u16, 1, 1, "a", &sym),
+            encode(Kind::ContextSwitch as u16, 1, 1, "a", &[0xff; 48]),
+        ];
+        for s in &samples {
+            for n in 0..=s.len() {
+                let _ = parse(&s[..n], PAGE, Source::Kernel);
+            }
+            for i in 0..s.len() {
+                for v in [0u8, 1, 0x7f, 0xff] {
+                    let mut b = s.clone();
+                    b[i] = v;
+                    for room in [0, 47, 48, 72, PAGE] {
+                        let _ = parse(&b, room, Source::Kernel);
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,318 @@
+//! Capture at replay: each event the guest raises, validated, tracked and
+//! stored in the event database.
+//!
+//! The hypervisor hands over the kernel's identification of the raiser
+//! and the buffer bytes it could read (or why it could not). Problems are
+//! counted per kind with an example, stored in the database's `anomalies`
+//! table, and never stop the replay.
+
+use std::collections::{BTreeMap, HashSet};
+
+use crate::abi::{self, Kind, Payload, RawEvent, Source};
+use crate::db::{DbError, EventWriter, Row};
+
+/// Why the hypervisor could not read an event buffer.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BufferError {
+    #[error("buffer at {0:#x} is not mapped")]
+    Unmapped(u64),
+    #[error("a probe's buffer at {0:#x} is not a user address")]
+    NotUser(u64),
+    #[error("event of {size} bytes at {gva:#x} crosses a page boundary")]
+    CrossesPage { gva: u64, size: u64 },
+}
+
+/// What the capture saw, for the user.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CaptureSummary {
+    pub events: u64,
+    /// Per kind, in kind order.
+    pub per_kind: Vec<(Kind, u64)>,
+    /// (what, count, an example).
+    pub anomalies: Vec<(String, u64, String)>,
+}
+
+/// Turns raised events into database rows.
+pub struct Capture {
+    db: EventWriter,
+    per_kind: BTreeMap<Kind, u64>,
+    anomalies: BTreeMap<&'static str, (u64, String)>,
+    /// Threads of processes that use the probes (the paper's
+    /// `tracked_lwpids`): SAMPLE events are taken only for them.
+    tracked: HashSet<u32>,
+    /// The thread on the CPU, from the last CONTEXTSWITCH.
+    current_lwpid: Option<u32>,
+    named: HashSet<(u32, u32)>,
+}
+
+impl Capture {
+    pub fn new(db: EventWriter) -> Self {
+        Capture {
+            db,
+            per_kind: BTreeMap::new(),
+            anomalies: BTreeMap::new(),
+            tracked: HashSet::new(),
+            current_lwpid: None,
+            named: HashSet::new(),
+        }
+    }
+
+    pub fn current_lwpid(&self) -> Option<u32> {
+        self.current_lwpid
+    }
+
+    pub fn is_tracked(&self, lwpid: u32) -> bool {
+        self.tracked.contains(&lwpid)
+    }
+
+    fn anomaly(&mut self, what: &'static str, example: String) {
+        let entry = self.anomalies.entry(what).or_insert((0, example));
+        entry.0 += 1;
+    }
+
+    /// One raised event: `time` in ns of the recording, `pid`/`lwpid` as
+    /// the guest kernel identified the raiser, `buffer` what could be read.
+    /// Only database failures are errors.
+    pub fn raised(
+        &mut self,
+        time: u64,
+        source: Source,
+        pid: u32,
+        lwpid: u32,
+        buffer: Result<&[u8], BufferError>,
+    ) -> Result<(), DbError> {
+        let bytes = match buffer {
+            Ok(b) => b,
+            Err(e) => {
+                let what = match e {
+                    BufferError::Unmapped(_) => "event buffer not mapped",
+                    BufferError::NotUser(_) => "probe buffer outside user memory",
+                    BufferError::CrossesPage { .. } => "event buffer crosses a page boundary",
+                };
+                self.anomaly(what, format!("lwpid {lwpid}: {e}"));
+                return Ok(());
+            }
+        };
+        let event = match abi::parse(bytes, bytes.len(), source) {
+            Ok(e) => e,
+            Err(e) => {
+                let what = match e {
+                    abi::AbiError::UnknownKind(_) | abi::AbiError::HostKind(_) => {
+                        "unknown event kind"
+                    }
+                    abi::AbiError::BadMagic(_) | abi::AbiError::Version(_) => {
+                        "not an event (bad magic or version)"
+                    }
+                    abi::AbiError::Size { .. } => "event size out of bounds",
+                    abi::AbiError::KernelOnly(_) => "kernel event raised by a probe",
+                    abi::AbiError::BadPath => "bad SYMBOL path",
+                };
+                self.anomaly(what, format!("lwpid {lwpid}: {e}"));
+                return Ok(());
+            }
+        };
+        if source == Source::Probe && (event.pid, event.lwpid) != (pid, lwpid) {
+            self.anomaly(
+                "buffer names another thread",
+                format!(
+                    "lwpid {lwpid} (pid {pid}) raised an event naming lwpid {} (pid {})",
+                    event.lwpid, event.pid
+                ),
+            );
+        }
+        self.store(time, source, pid, lwpid, event)
+    }
+
+    fn store(
+        &mut self,
+        time: u64,
+        source: Source,
+        pid: u32,
+        lwpid: u32,
+        e: RawEvent,
+    ) -> Result<(), DbError> {
+        let kind = e.kind;
+        let (addr, caller, value) = match &e.payload {
+            Payload::Lock {
+                lock,
+                caller,
+                result,
+            } => {
+                let has_result = matches!(
+                    kind,
+                    Kind::LockRet | Kind::TryLockRet | Kind::TimedLockRet | Kind::LockInit
+                );
+                (
+                    Some(*lock),
+                    Some(*caller),
+                    has_result.then_some(i64::from(*result)),
+                )
+            }
+            Payload::ThreadCreate {
+                parent_lwpid,
+                start_routine,
+            } => (Some(*start_routine), None, Some(i64::from(*parent_lwpid))),
+            Payload::Fork { parent_pid } => (None, None, Some(i64::from(*parent_pid))),
+            Payload::Exit { status } => (None, None, Some(i64::from(*status))),
+            Payload::Symbol { base, .. } => (Some(*base), None, None),
+            Payload::ContextSwitch {
+                to_pid, to_lwpid, ..
+            } => (Some(u64::from(*to_pid)), None, Some(i64::from(*to_lwpid))),
+        };
+        // A context switch is the from-thread's event, whoever runs it.
+        let (pid, lwpid) = match &e.payload {
+            Payload::ContextSwitch {
+                from_pid,
+                from_lwpid,
+                ..
+            } => (*from_pid, *from_lwpid),
+            _ => (pid, lwpid),
+        };
+        let seq = self.db.push(&Row {
+            seq: 0,
+            time,
+            kind,
+            source,
+            pid,
+            lwpid,
+            addr,
+            caller,
+            value,
+        })?;
+        *self.per_kind.entry(kind).or_insert(0) += 1;
+        if self.named.insert((pid, lwpid)) {
+            self.db.thread(pid, lwpid, &e.comm, seq)?;
+        }
+        match &e.payload {
+            Payload::ContextSwitch {
+                to_pid,
+                to_lwpid,
+                to_comm,
+                ..
+            } => {
+                self.current_lwpid = Some(*to_lwpid);
+                if self.named.insert((*to_pid, *to_lwpid)) {
+                    self.db.thread(*to_pid, *to_lwpid, to_comm, seq)?;
+                }
+            }
+            Payload::Symbol { base, path } => self.db.object(pid, *base, path, seq)?,
+            Payload::Exit { .. } if source == Source::Kernel => {
+                self.tracked.remove(&lwpid);
+            }
+            _ => {}
+        }
+        if source == Source::Probe && kind != Kind::Exit {
+            self.tracked.insert(lwpid);
+        }
+        Ok(())
+    }
+
+    /// Stores the counters and closes the database under its final name.
+    pub fn finish(mut self) -> Result<CaptureSummary, DbError> {
+        let summary = self.summary();
+        self.db.anomalies(&summary.anomalies)?;
+        self.db.set_meta("events", &summary.events.to_string())?;
+        self.db.finish()?;
+        Ok(summary)
+    }
+
+    pub fn summary(&self) -> CaptureSummary {
+        CaptureSummary {
+            events: self.db.events_written(),
+            per_kind: self.per_kind.iter().map(|(k, n)| (*k, *n)).collect(),
+            anomalies: self
+                .anomalies
+                .iter()
+                .map(|(w, (n, ex))| ((*w).to_owned(), *n, ex.clone()))
+                .collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::abi::{encode, lock_payload};
+    use crate::db::EventDb;
+
+    fn capture(name: &str) -> (Capture, std::path::PathBuf) {
+        let dir = std::env::temp_dir().join(format!("insight-cap-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("events.db");
+        (Capture::new(EventWriter::create(&path, &[]).unwrap()), path)
+    }
+
+    fn switch(from: u32, to: u32) -> Vec<u8> {
+        let mut p = Vec::new();
+        for v in [1, from, 1, to] {
+            p.extend_from_slice(&v.to_le_bytes());
+        }
+        p.extend_from_slice(&[b'a'; 16]);
+        p.extend_from_slice(b"b\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0");
+        encode(Kind::ContextSwitch as u16, 1, from, "a", &p)
+    }
+
+    #[test]
+    fn stores_valid_events_and_counts_the_rest() {
+        let (mut c, path) = capture("mixed");
+        let lock = encode(Kind::Lock as u16, 7, 8, "app", &lock_payload(0x10, 0x20, 0));
+        c.raised(100, Source::Probe, 7, 8, Ok(&lock)).unwrap();
+        assert!(c.is_tracked(8));
+        c.raised(110, Source::Kernel, 7, 8, Ok(&switch(8, 9)))
+            .unwrap();
+        assert_eq!(c.current_lwpid(), Some(9));
+        c.raised(120, Source::Probe, 7, 9, Err(BufferError::Unmapped(0)))
+            .unwrap();
+        c.raised(
+            130,
+            Source::Probe,
+            7,
+            9,
+            Err(BufferError::CrossesPage {
+                gva: 0xff0,
+                size: 72,
+            }),
+        )
+        .unwrap();
+        let mut unknown = lock.clone();
+        unknown[6] = 77;
+        c.raised(140, Source::Probe, 7, 9, Ok(&unknown)).unwrap();
+        // A probe claiming to be another thread: stored as the kernel says.
+        c.raised(150, Source::Probe, 7, 9, Ok(&lock)).unwrap();
+        let summary = c.finish().unwrap();
+        assert_eq!(summary.events, 3);
+        let names: Vec<_> = summary.anomalies.iter().map(|a| a.0.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "buffer names another thread",
+                "event buffer crosses a page boundary",
+                "event buffer not mapped",
+                "unknown event kind"
+            ]
+        );
+        let db = EventDb::open(&path).unwrap();
+        let mut rows = Vec::new();
+        db.for_each(&[], |r| {
+            rows.push(r);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(rows[1].kind, Kind::ContextSwitch);
+        assert_eq!((rows[1].lwpid, rows[1].value), (8, Some(9)));
+        assert_eq!(rows[2].lwpid, 9, "the kernel's identity wins");
+        assert_eq!(db.anomalies().unwrap().len(), 4);
+        assert!(db.threads().unwrap().contains(&(1, 9, "b".into())));
+    }
+
+    #[test]
+    fn kernel_exits_untrack_threads() {
+        let (mut c, _) = capture("exit");
+        let lock = encode(Kind::Lock as u16, 7, 8, "app", &lock_payload(0x10, 0x20, 0));
+        c.raised(1, Source::Probe, 7, 8, Ok(&lock)).unwrap();
+        let exit = encode(Kind::Exit as u16, 7, 8, "app", &[0; 8]);
+        c.raised(2, Source::Kernel, 7, 8, Ok(&exit)).unwrap();
+        assert!(!c.is_tracked(8));
+    }
+}

@@ -1,0 +1,529 @@
+//! The event database: an SQLite file a replay writes and the diagnosis
+//! tools (or `sqlite3`) read. Schema version 1, documented in
+//! docs/events.md; a change to it bumps [`SCHEMA_VERSION`].
+
+use std::path::{Path, PathBuf};
+
+use rusqlite::{params, Connection, OpenFlags};
+
+use crate::abi::{Kind, Source};
+
+/// `PRAGMA user_version` of the databases this insight writes.
+pub const SCHEMA_VERSION: i64 = 1;
+/// `PRAGMA application_id`: "INSG".
+pub const APPLICATION_ID: i64 = 0x494e_5347;
+
+/// Rows per transaction while writing.
+const BATCH: u64 = 20_000;
+
+const SCHEMA: &str = "
+CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE kinds(kind INTEGER PRIMARY KEY, name TEXT NOT NULL);
+CREATE TABLE events(
+    seq INTEGER PRIMARY KEY,
+    time INTEGER NOT NULL,
+    kind INTEGER NOT NULL,
+    source INTEGER NOT NULL,
+    pid INTEGER NOT NULL,
+    lwpid INTEGER NOT NULL,
+    addr INTEGER,
+    caller INTEGER,
+    value INTEGER
+);
+CREATE TABLE threads(
+    lwpid INTEGER NOT NULL,
+    pid INTEGER NOT NULL,
+    comm TEXT NOT NULL,
+    first_seq INTEGER NOT NULL,
+    PRIMARY KEY(lwpid, pid)
+) WITHOUT ROWID;
+CREATE TABLE objects(
+    pid INTEGER NOT NULL,
+    base INTEGER NOT NULL,
+    path TEXT NOT NULL,
+    seq INTEGER NOT NULL
+);
+CREATE TABLE anomalies(what TEXT PRIMARY KEY, count INTEGER NOT NULL, example TEXT);
+CREATE VIEW named_events AS
+    SELECT e.seq, e.time, k.name AS kind,
+        CASE e.source WHEN 0 THEN 'probe' WHEN 1 THEN 'kernel' ELSE 'host' END AS source,
+        e.pid, e.lwpid, e.addr, e.caller, e.value
+    FROM events e JOIN kinds k USING(kind);
+";
+
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    #[error("{path}: {source}")]
+    Sqlite {
+        path: PathBuf,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("{0}: not an insight event database (no such file, or another kind of file)")]
+    Foreign(PathBuf),
+    #[error("{path}: event database schema version {found}; this insight reads version {SCHEMA_VERSION}")]
+    Version { path: PathBuf, found: i64 },
+    #[error("{path}: {what}")]
+    Corrupt { path: PathBuf, what: String },
+    #[error("{0}: cannot replace it: {1}")]
+    Rename(PathBuf, #[source] std::io::Error),
+}
+
+/// One event as stored. Column meanings per kind are in docs/events.md.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Row {
+    pub seq: u64,
+    /// Nanoseconds since the VM started, as the recording saw them.
+    pub time: u64,
+    pub kind: Kind,
+    pub source: Source,
+    pub pid: u32,
+    pub lwpid: u32,
+    pub addr: Option<u64>,
+    pub caller: Option<u64>,
+    pub value: Option<i64>,
+}
+
+/// Writes a database: into `PATH.partial`, renamed over `PATH` by
+/// [`EventWriter::finish`], so a reader never sees half a database; if
+/// the writer is dropped without finishing, the partial file stays with
+/// every committed batch.
+pub struct EventWriter {
+    conn: Connection,
+    partial: PathBuf,
+    path: PathBuf,
+    next_seq: u64,
+    in_batch: u64,
+}
+
+fn sql(path: &Path) -> impl Fn(rusqlite::Error) -> DbError + '_ {
+    move |source| DbError::Sqlite {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+impl EventWriter {
+    pub fn create(path: &Path, meta: &[(&str, String)]) -> Result<Self, DbError> {
+        let mut partial = path.as_os_str().to_owned();
+        partial.push(".partial");
+        let partial = PathBuf::from(partial);
+        let _ = std::fs::remove_file(&partial);
+        let conn = Connection::open(&partial).map_err(sql(&partial))?;
+        conn.execute_batch(&format!(
+            "PRAGMA application_id = {APPLICATION_ID};
+             PRAGMA user_version = {SCHEMA_VERSION};
+             PRAGMA journal_mode = OFF;
+             PRAGMA synchronous = OFF;
+             BEGIN;
+             {SCHEMA}"
+        ))
+        .map_err(sql(&partial))?;
+        for kind in Kind::ALL {
+            conn.execute(
+                "INSERT INTO kinds VALUES (?1, ?2)",
+                params![kind as u16, kind.name()],
+            )
+            .map_err(sql(&partial))?;
+        }
+        let mut w = EventWriter {
+            conn,
+            partial,
+            path: path.to_owned(),
+            next_seq: 1,
+            in_batch: 0,
+        };
+        for (k, v) in meta {
+            w.set_meta(k, v)?;
+        }
+        Ok(w)
+    }
+
+    pub fn set_meta(&mut self, key: &str, value: &str) -> Result<(), DbError> {
+        self.conn
+            .execute(
+                "INSERT OR REPLACE INTO meta VALUES (?1, ?2)",
+                params![key, value],
+            )
+            .map_err(sql(&self.partial))?;
+        Ok(())
+    }
+
+    fn commit_if_due(&mut self) -> Result<(), DbError> {
+        self.in_batch += 1;
+        if self.in_batch >= BATCH {
+            self.in_batch = 0;
+            self.conn
+                .execute_batch("COMMIT; BEGIN;")
+                .map_err(sql(&self.partial))?;
+        }
+        Ok(())
+    }
+
+    /// Appends an event (its `seq` is ignored); returns its sequence
+    /// number.
+    pub fn push(&mut self, e: &Row) -> Result<u64, DbError> {
+        let seq = self.next_seq;
+        self.conn
+            .prepare_cached("INSERT INTO events VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)")
+            .and_then(|mut s| {
+                s.execute(params![
+                    seq,
+                    e.time as i64,
+                    e.kind as u16,
+                    e.source as u8,
+                    e.pid,
+                    e.lwpid,
+                    e.addr.map(|a| a as i64),
+                    e.caller.map(|a| a as i64),
+                    e.value
+                ])
+            })
+            .map_err(sql(&self.partial))?;
+        self.next_seq += 1;
+        self.commit_if_due()?;
+        Ok(seq)
+    }
+
+    /// Notes a thread's name the first time it is seen.
+    pub fn thread(&mut self, pid: u32, lwpid: u32, comm: &str, seq: u64) -> Result<(), DbError> {
+        self.conn
+            .prepare_cached("INSERT OR IGNORE INTO threads VALUES (?1, ?2, ?3, ?4)")
+            .and_then(|mut s| s.execute(params![lwpid, pid, comm, seq]))
+            .map_err(sql(&self.partial))?;
+        Ok(())
+    }
+
+    /// A loaded object of process `pid` (a SYMBOL event).
+    pub fn object(&mut self, pid: u32, base: u64, path: &str, seq: u64) -> Result<(), DbError> {
+        self.conn
+            .prepare_cached("INSERT INTO objects VALUES (?1, ?2, ?3, ?4)")
+            .and_then(|mut s| s.execute(params![pid, base as i64, path, seq]))
+            .map_err(sql(&self.partial))?;
+        Ok(())
+    }
+
+    /// Stores the anomaly counters (what was wrong, how often, an example).
+    pub fn anomalies(&mut self, counts: &[(String, u64, String)]) -> Result<(), DbError> {
+        for (what, n, example) in counts {
+            self.conn
+                .execute(
+                    "INSERT OR REPLACE INTO anomalies VALUES (?1, ?2, ?3)",
+                    params![what, *n as i64, example],
+                )
+                .map_err(sql(&self.partial))?;
+        }
+        Ok(())
+    }
+
+    pub fn events_written(&self) -> u64 {
+        self.next_seq - 1
+    }
+
+    /// Commits and moves the database to its final name.
+    pub fn finish(self) -> Result<PathBuf, DbError> {
+        self.conn
+            .execute_batch("COMMIT;")
+            .map_err(sql(&self.partial))?;
+        let (partial, path) = (self.partial.clone(), self.path.clone());
+        drop(self);
+        std::fs::rename(&partial, &path).map_err(|e| DbError::Rename(path.clone(), e))?;
+        Ok(path)
+    }
+}
+
+impl Drop for EventWriter {
+    fn drop(&mut self) {
+        // Keep what was written: an unfinished writer still commits.
+        let _ = self.conn.execute_batch("COMMIT;");
+    }
+}
+
+/// An open event database.
+pub struct EventDb {
+    conn: Connection,
+    path: PathBuf,
+}
+
+impl EventDb {
+    pub fn open(path: &Path) -> Result<Self, DbError> {
+        if !path.is_file() {
+            return Err(DbError::Foreign(path.to_owned()));
+        }
+        let conn = Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(sql(path))?;
+        let app: i64 = conn
+            .query_row("PRAGMA application_id", [], |r| r.get(0))
+            .map_err(|_| DbError::Foreign(path.to_owned()))?;
+        if app != APPLICATION_ID {
+            return Err(DbError::Foreign(path.to_owned()));
+        }
+        let found: i64 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .map_err(sql(path))?;
+        if found != SCHEMA_VERSION {
+            return Err(DbError::Version {
+                path: path.to_owned(),
+                found,
+            });
+        }
+        Ok(EventDb {
+            conn,
+            path: path.to_owned(),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn meta(&self, key: &str) -> Result<Option<String>, DbError> {
+        use rusqlite::OptionalExtension;
+        self.conn
+            .query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0))
+            .optional()
+            .map_err(sql(&self.path))
+    }
+
+    /// Calls `f` for every event of the given kinds (all if empty), in
+    /// sequence order. A row this version cannot interpret is an error
+    /// that names it.
+    pub fn for_each(
+        &self,
+        kinds: &[Kind],
+        mut f: impl FnMut(Row) -> Result<(), DbError>,
+    ) -> Result<(), DbError> {
+        let filter = if kinds.is_empty() {
+            String::new()
+        } else {
+            let list: Vec<String> = kinds.iter().map(|k| (*k as u16).to_string()).collect();
+            format!("WHERE kind IN ({})", list.join(","))
+        };
+        let mut stmt = self
+            .conn
+            .prepare(&format!(
+                "SELECT seq, time, kind, source, pid, lwpid, addr, caller, value FROM events {filter} ORDER BY seq"
+            ))
+            .map_err(sql(&self.path))?;
+        let mut rows = stmt.query([]).map_err(sql(&self.path))?;
+        while let Some(r) = rows.next().map_err(sql(&self.path))? {
+            let seq: i64 = r.get(0).map_err(sql(&self.path))?;
+            let raw_kind: i64 = r.get(2).map_err(sql(&self.path))?;
+            let kind = u16::try_from(raw_kind)
+                .ok()
+                .and_then(Kind::from_u16)
+                .ok_or_else(|| DbError::Corrupt {
+                    path: self.path.clone(),
+                    what: format!("event {seq} has unknown kind {raw_kind}"),
+                })?;
+            let get_u32 = |i: usize| -> Result<u32, DbError> {
+                let v: i64 = r.get(i).map_err(sql(&self.path))?;
+                u32::try_from(v).map_err(|_| DbError::Corrupt {
+                    path: self.path.clone(),
+                    what: format!("event {seq}: column {i} is {v}, not a thread or process id"),
+                })
+            };
+            let opt = |i: usize| -> Result<Option<i64>, DbError> {
+                r.get::<_, Option<i64>>(i).map_err(sql(&self.path))
+            };
+            let time: i64 = r.get(1).map_err(sql(&self.path))?;
+            let raw_source: i64 = r.get(3).map_err(sql(&self.path))?;
+            let source = u8::try_from(raw_source)
+                .ok()
+                .and_then(Source::from_u8)
+                .ok_or_else(|| DbError::Corrupt {
+                    path: self.path.clone(),
+                    what: format!("event {seq} has unknown source {raw_source}"),
+                })?;
+            f(Row {
+                seq: seq as u64,
+                time: time as u64,
+                kind,
+                source,
+                pid: get_u32(4)?,
+                lwpid: get_u32(5)?,
+                addr: opt(6)?.map(|v| v as u64),
+                caller: opt(7)?.map(|v| v as u64),
+                value: opt(8)?,
+            })?;
+        }
+        Ok(())
+    }
+
+    /// The loaded objects of `pid`: (base, path).
+    pub fn objects(&self, pid: u32) -> Result<Vec<(u64, String)>, DbError> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT base, path FROM objects WHERE pid = ?1 ORDER BY seq")
+            .map_err(sql(&self.path))?;
+        let rows = stmt
+            .query_map([pid], |r| Ok((r.get::<_, i64>(0)? as u64, r.get(1)?)))
+            .map_err(sql(&self.path))?;
+        rows.collect::<Result<_, _>>().map_err(sql(&self.path))
+    }
+
+    /// Thread names: (pid, lwpid, comm).
+    pub fn threads(&self) -> Result<Vec<(u32, u32, String)>, DbError> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT pid, lwpid, comm FROM threads ORDER BY first_seq")
+            .map_err(sql(&self.path))?;
+        let rows = stmt
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .map_err(sql(&self.path))?;
+        rows.collect::<Result<_, _>>().map_err(sql(&self.path))
+    }
+
+    /// Counts per kind.
+    pub fn counts(&self) -> Result<Vec<(Kind, u64)>, DbError> {
+        let mut out = Vec::new();
+        let mut stmt = self
+            .conn
+            .prepare("SELECT kind, count(*) FROM events GROUP BY kind ORDER BY kind")
+            .map_err(sql(&self.path))?;
+        let mut rows = stmt.query([]).map_err(sql(&self.path))?;
+        while let Some(r) = rows.next().map_err(sql(&self.path))? {
+            let k: i64 = r.get(0).map_err(sql(&self.path))?;
+            let n: i64 = r.get(1).map_err(sql(&self.path))?;
+            if let Some(kind) = u16::try_from(k).ok().and_then(Kind::from_u16) {
+                out.push((kind, n as u64));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The anomalies the capture counted: (what, count, example).
+    pub fn anomalies(&self) -> Result<Vec<(String, u64, String)>, DbError> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT what, count, coalesce(example, '') FROM anomalies ORDER BY what")
+            .map_err(sql(&self.path))?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok((r.get(0)?, r.get::<_, i64>(1)? as u64, r.get(2)?))
+            })
+            .map_err(sql(&self.path))?;
+        rows.collect::<Result<_, _>>().map_err(sql(&self.path))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("insight-db-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir.join("events.db")
+    }
+
+    fn row(
+        time: u64,
+        kind: Kind,
+        addr: Option<u64>,
+        caller: Option<u64>,
+        value: Option<i64>,
+    ) -> Row {
+        Row {
+            seq: 0,
+            time,
+            kind,
+            source: Source::Probe,
+            pid: 5,
+            lwpid: 6,
+            addr,
+            caller,
+            value,
+        }
+    }
+
+    #[test]
+    fn writes_and_reads_back_in_order() {
+        let path = temp("roundtrip");
+        let mut w = EventWriter::create(&path, &[("trace", "t".into())]).unwrap();
+        let s1 = w
+            .push(&row(10, Kind::Lock, Some(0x1000), Some(0x400), None))
+            .unwrap();
+        w.thread(5, 6, "syn_cont", s1).unwrap();
+        w.push(&row(20, Kind::LockRet, Some(0x1000), Some(0x400), Some(0)))
+            .unwrap();
+        w.push(&row(30, Kind::Unlock, Some(u64::MAX), None, None))
+            .unwrap();
+        w.object(5, 0x5555_0000, "/usr/bin/syn_cont", s1).unwrap();
+        w.anomalies(&[("unmapped buffer".into(), 2, "at 0x0".into())])
+            .unwrap();
+        assert!(!path.exists(), "only the partial file exists while writing");
+        w.finish().unwrap();
+
+        let db = EventDb::open(&path).unwrap();
+        assert_eq!(db.meta("trace").unwrap().as_deref(), Some("t"));
+        let mut rows = Vec::new();
+        db.for_each(&[], |r| {
+            rows.push(r);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(rows.len(), 3);
+        assert_eq!(rows[1].kind, Kind::LockRet);
+        assert_eq!(rows[1].value, Some(0));
+        assert_eq!(rows[2].addr, Some(u64::MAX), "addresses keep all 64 bits");
+        let mut locks = 0;
+        db.for_each(&[Kind::Unlock], |_| {
+            locks += 1;
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(locks, 1);
+        assert_eq!(
+            db.objects(5).unwrap(),
+            vec![(0x5555_0000, "/usr/bin/syn_cont".into())]
+        );
+        assert_eq!(db.threads().unwrap(), vec![(5, 6, "syn_cont".into())]);
+        assert_eq!(db.anomalies().unwrap()[0].1, 2);
+    }
+
+    #[test]
+    fn foreign_and_future_files_are_refused() {
+        let path = temp("foreign");
+        assert!(matches!(EventDb::open(&path), Err(DbError::Foreign(_))));
+        std::fs::write(&path, b"not a database at all, just some text").unwrap();
+        assert!(matches!(EventDb::open(&path), Err(DbError::Foreign(_))));
+        // A real SQLite file of another application.
+        std::fs::remove_file(&path).unwrap();
+        Connection::open(&path)
+            .unwrap()
+            .execute_batch("CREATE TABLE t(x);")
+            .unwrap();
+        assert!(matches!(EventDb::open(&path), Err(DbError::Foreign(_))));
+        // Ours, from a future version.
+        std::fs::remove_file(&path).unwrap();
+        EventWriter::create(&path, &[]).unwrap().finish().unwrap();
+        Connection::open(&path)
+            .unwrap()
+            .execute_batch("PRAGMA user_version = 99;")
+            .unwrap();
+        assert!(matches!(
+            EventDb::open(&path),
+            Err(DbError::Version { found: 99, .. })
+        ));
+    }
+
+    #[test]
+    fn an_unfinished_writer_leaves_its_committed_events() {
+        let path = temp("unfinished");
+        {
+            let mut w = EventWriter::create(&path, &[]).unwrap();
+            for i in 0..(BATCH + 5) {
+                w.push(&row(i, Kind::Lock, Some(1), None, None)).unwrap();
+            }
+        }
+        let mut partial = path.as_os_str().to_owned();
+        partial.push(".partial");
+        let db = EventDb::open(Path::new(&partial)).unwrap();
+        assert_eq!(db.counts().unwrap(), vec![(Kind::Lock, BATCH + 5)]);
+    }
+}

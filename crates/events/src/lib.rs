@@ -1,0 +1,6 @@
+//! insight's replay events: the probe ABI (what a probe or the guest
+//! kernel leaves in an event buffer) and the event database.
+
+pub mod abi;
+pub mod capture;
+pub mod db;

@@ -1,0 +1,234 @@
+//! Events end to end: programs run with the probe library under `insight
+//! record`, replayed with `--events`, and the event database checked
+//! against what the programs are known to do.
+//!
+//! They need /dev/kvm and the guest image (the test command builds it).
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use common::*;
+use events::abi::{Kind, Source};
+use events::db::{EventDb, Row};
+
+const PRELOAD: &str = "LD_PRELOAD=/usr/lib/libinsight-probes.so";
+
+/// Records `command` with the probes preloaded; returns the trace
+/// directory and the guest's output.
+fn record(name: &str, command: &[&str], status: i32) -> (PathBuf, String) {
+    let trace = scratch(name).join("trace");
+    let out = insight()
+        .args(["record", "--no-stdin", "-o"])
+        .arg(&trace)
+        .args(["--", "env", PRELOAD])
+        .args(command)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    (trace.clone(), expect_status(&out, status))
+}
+
+/// Replays `trace` into the database `db`; returns replay's stderr.
+fn replay_events(trace: &Path, db: &Path) -> String {
+    let out = insight()
+        .arg("replay")
+        .arg(trace)
+        .arg("--events")
+        .arg(db)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("replay matched the recording"), "{stderr}");
+    stderr
+}
+
+fn rows(db: &Path) -> Vec<Row> {
+    let db = EventDb::open(db).unwrap();
+    let mut rows = Vec::new();
+    db.for_each(&[], |r| {
+        rows.push(r);
+        Ok(())
+    })
+    .unwrap();
+    rows
+}
+
+#[test]
+fn syn_cont_yields_exactly_its_lock_events_identically_in_two_replays() {
+    if !guest_ready() {
+        return;
+    }
+    let (trace, stdout) = record("ev-syn", &["syn_cont", "1000", "2000"], 0);
+    assert!(stdout.contains("syn_cont: counts correct"), "{stdout}");
+    let dir = trace.parent().unwrap();
+    let (a, b) = (dir.join("a.db"), dir.join("b.db"));
+    // The two replays run side by side: each is one vCPU thread.
+    let stderr = std::thread::scope(|s| {
+        let first = s.spawn(|| replay_events(&trace, &a));
+        replay_events(&trace, &b);
+        first.join().unwrap()
+    });
+    assert!(stderr.contains("events written to"), "{stderr}");
+    let first = rows(&a);
+    assert_eq!(first, rows(&b), "two replays, different events");
+
+    let probes: Vec<&Row> = first.iter().filter(|r| r.source == Source::Probe).collect();
+    let creates = probes
+        .iter()
+        .filter(|r| r.kind == Kind::ThreadCreate)
+        .count();
+    assert_eq!(creates, 16);
+
+    // Per-thread program order: a request is followed by its return, a
+    // thread releases only what it holds, and holds nothing at the end.
+    let mut held: HashMap<u32, Vec<u64>> = HashMap::new();
+    let mut pending: HashMap<u32, (Kind, u64)> = HashMap::new();
+    let mut acquired: HashMap<u64, u64> = HashMap::new();
+    let mut released: HashMap<u64, u64> = HashMap::new();
+    for r in probes.iter().filter(|r| r.kind.is_lock()) {
+        let lock = r.addr.unwrap();
+        match r.kind {
+            Kind::Lock => {
+                assert!(
+                    pending.insert(r.lwpid, (Kind::Lock, lock)).is_none(),
+                    "{r:?}"
+                );
+            }
+            Kind::LockRet => {
+                assert_eq!(pending.remove(&r.lwpid), Some((Kind::Lock, lock)), "{r:?}");
+                assert_eq!(r.value, Some(0), "{r:?}");
+                held.entry(r.lwpid).or_default().push(lock);
+                *acquired.entry(lock).or_default() += 1;
+            }
+            Kind::Unlock => {
+                let mine = held.entry(r.lwpid).or_default();
+                let at = mine.iter().rposition(|&l| l == lock);
+                assert!(at.is_some(), "unlock of a lock not held: {r:?}");
+                mine.remove(at.unwrap());
+                *released.entry(lock).or_default() += 1;
+            }
+            _ => {}
+        }
+    }
+    assert!(pending.is_empty() && held.values().all(Vec::is_empty));
+    assert_eq!(acquired, released);
+    let mut counts: Vec<u64> = acquired.values().copied().collect();
+    counts.sort_unstable();
+    // 8 level-1 locks, 2 level-2 locks, and the lock guarding the finish
+    // order (taken once per thread).
+    let mut expected = vec![2000; 8];
+    expected.extend([8000, 8000, 16]);
+    expected.sort_unstable();
+    assert_eq!(counts, expected);
+
+    // The threads were switched between, consistently.
+    let switches: Vec<&Row> = first
+        .iter()
+        .filter(|r| r.kind == Kind::ContextSwitch)
+        .collect();
+    assert!(switches.len() > 16, "{} context switches", switches.len());
+    for pair in switches.windows(2) {
+        assert_eq!(
+            pair[0].value,
+            Some(i64::from(pair[1].lwpid)),
+            "{:?} then {:?}",
+            pair[0],
+            pair[1]
+        );
+    }
+    let db = EventDb::open(&a).unwrap();
+    let objects = db.objects(probes[0].pid).unwrap();
+    assert!(
+        objects.iter().any(|(_, p)| p.ends_with("/syn_cont")),
+        "{objects:?}"
+    );
+    assert!(db.anomalies().unwrap().is_empty());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn fork_and_exec_raise_fork_and_exit_events() {
+    if !guest_ready() {
+        return;
+    }
+    let (trace, stdout) = record("ev-fork", &["fork_exec", "3"], 0);
+    let dir = trace.parent().unwrap();
+    let db = dir.join("events.db");
+    replay_events(&trace, &db);
+    let rows = rows(&db);
+
+    let parent: u32 = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("fork_exec: parent is pid "))
+        .and_then(|p| p.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{stdout}"));
+    let children: Vec<(u32, i64)> = stdout
+        .lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("fork_exec: child ")?;
+            let (pid, status) = rest.split_once(" exited with ")?;
+            Some((pid.parse().ok()?, status.trim().parse().ok()?))
+        })
+        .collect();
+    assert_eq!(children.len(), 3, "{stdout}");
+    for (i, (pid, status)) in children.iter().enumerate() {
+        assert_eq!(*status, 10 + i as i64);
+        let fork = rows
+            .iter()
+            .find(|r| r.kind == Kind::Fork && r.pid == *pid)
+            .unwrap_or_else(|| panic!("no FORK for child {pid}"));
+        assert_eq!(fork.value, Some(i64::from(parent)));
+        // The kernel's EXIT carries the wait status: exit code << 8.
+        let exit = rows
+            .iter()
+            .find(|r| r.kind == Kind::Exit && r.source == Source::Kernel && r.pid == *pid)
+            .unwrap_or_else(|| panic!("no kernel EXIT for child {pid}"));
+        assert_eq!(exit.value, Some(status << 8));
+        assert!(fork.seq < exit.seq);
+    }
+    let switches: Vec<&Row> = rows
+        .iter()
+        .filter(|r| r.kind == Kind::ContextSwitch)
+        .collect();
+    assert!(switches
+        .iter()
+        .any(|r| children.iter().any(|(c, _)| r.value == Some(i64::from(*c)))));
+    for pair in switches.windows(2) {
+        assert_eq!(pair[0].value, Some(i64::from(pair[1].lwpid)));
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn malformed_events_are_counted_and_replay_goes_on() {
+    if !guest_ready() {
+        return;
+    }
+    let (trace, stdout) = record("ev-abuse", &["probe_abuse"], 0);
+    assert!(stdout.contains("plain breakpoints trapped: 1"), "{stdout}");
+    let dir = trace.parent().unwrap();
+    let db = dir.join("events.db");
+    let stderr = replay_events(&trace, &db);
+    for what in [
+        "event buffer not mapped: 1 (",
+        "event buffer crosses a page boundary: 1 (",
+        "unknown event kind: 1 (",
+        "probe buffer outside user memory: 1 (",
+    ] {
+        assert!(stderr.contains(what), "no '{what}' in:\n{stderr}");
+    }
+    let anomalies = EventDb::open(&db).unwrap().anomalies().unwrap();
+    assert_eq!(anomalies.len(), 4, "{anomalies:?}");
+    let inits: Vec<Row> = rows(&db)
+        .into_iter()
+        .filter(|r| r.kind == Kind::LockInit)
+        .collect();
+    assert_eq!(inits.len(), 1);
+    assert_eq!(inits[0].addr, Some(0x1234));
+    let _ = std::fs::remove_dir_all(dir);
+}

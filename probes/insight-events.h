@@ -1,0 +1,79 @@
+/*
+ * The insight probe ABI, version 1: the layout of an event in a probe's
+ * buffer. docs/events.md is the reference; the hypervisor's parser
+ * (crates/events) and the guest kernel's patch use the same layout.
+ *
+ * All fields are little-endian. A probe writes an event into a buffer that
+ * does not cross a page boundary, puts the buffer's address in RAX and
+ * INSIGHT_EVENTNOTIFY in EBX, and executes int3.
+ */
+#ifndef INSIGHT_EVENTS_H
+#define INSIGHT_EVENTS_H
+
+#include <stdint.h>
+
+#define INSIGHT_EVENTNOTIFY 0x54564e45u /* "ENVT" */
+#define INSIGHT_EVENT_MAGIC 0x45534e49u /* "INSE" */
+#define INSIGHT_EVENT_VERSION 1
+
+enum insight_event_kind {
+	INSIGHT_EV_LOCK = 1,
+	INSIGHT_EV_LOCK_RET = 2,
+	INSIGHT_EV_TRYLOCK = 3,
+	INSIGHT_EV_TRYLOCK_RET = 4,
+	INSIGHT_EV_TIMEDLOCK = 5,
+	INSIGHT_EV_TIMEDLOCK_RET = 6,
+	INSIGHT_EV_UNLOCK = 7,
+	INSIGHT_EV_LOCKINIT = 8,
+	INSIGHT_EV_THREADCREATE = 9,
+	INSIGHT_EV_FORK = 10,
+	INSIGHT_EV_EXIT = 11,
+	INSIGHT_EV_SYMBOL = 12,
+	INSIGHT_EV_CONTEXTSWITCH = 13, /* raised by the guest kernel */
+};
+
+struct insight_event_header {
+	uint32_t magic;
+	uint16_t version;
+	uint16_t kind;
+	uint32_t size; /* header and payload, bytes */
+	uint32_t pid;
+	uint32_t lwpid;
+	uint32_t flags; /* 0 */
+	uint64_t timestamp; /* 0: the hypervisor assigns it */
+	char comm[16];
+};
+
+/* LOCK .. LOCKINIT */
+struct insight_lock_payload {
+	uint64_t lock; /* the mutex's address */
+	uint64_t caller; /* return address into the caller */
+	int32_t result; /* the *_RET events: the call's return value */
+	uint32_t reserved;
+};
+
+struct insight_threadcreate_payload {
+	uint32_t parent_lwpid;
+	uint32_t reserved;
+	uint64_t start_routine;
+};
+
+struct insight_fork_payload {
+	uint32_t parent_pid;
+	uint32_t reserved;
+};
+
+struct insight_exit_payload {
+	int32_t status;
+	uint32_t reserved;
+};
+
+/* One loaded object: its load base and path (path_len bytes, no NUL). */
+struct insight_symbol_payload {
+	uint64_t base;
+	uint32_t path_len;
+	uint32_t reserved;
+	char path[];
+};
+
+#endif
