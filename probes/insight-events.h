@@ -5,7 +5,9 @@
  *
  * All fields are little-endian. A probe writes an event into a buffer that
  * does not cross a page boundary, puts the buffer's address in RAX and
- * INSIGHT_EVENTNOTIFY in EBX, and executes int3.
+ * INSIGHT_EVENTNOTIFY in EBX, and executes int3 -- or, when the guest
+ * kernel granted it the port (ioperm), a 32-bit OUT to INSIGHT_EVENT_PORT,
+ * which reaches the hypervisor without entering the guest kernel.
  */
 #ifndef INSIGHT_EVENTS_H
 #define INSIGHT_EVENTS_H
@@ -15,6 +17,7 @@
 #define INSIGHT_EVENTNOTIFY 0x54564e45u /* "ENVT" */
 #define INSIGHT_EVENT_MAGIC 0x45534e49u /* "INSE" */
 #define INSIGHT_EVENT_VERSION 1
+#define INSIGHT_EVENT_PORT 0xf04
 
 enum insight_event_kind {
 	INSIGHT_EV_LOCK = 1,

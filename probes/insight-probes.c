@@ -11,8 +11,15 @@
  * signal. Before a process's first event, SYMBOL events name its loaded
  * objects and their load bases.
  *
+ * Where the process may use the event port (ioperm succeeds: it runs as
+ * root), an OUT to that port replaces the int3: the same registers, one
+ * VM exit straight from user mode instead of a trip through the guest
+ * kernel's exception path, which a host that interprets the guest kernel
+ * makes ~30 times dearer. INSIGHT_PROBES=int3 keeps the int3.
+ *
  * Outside insight (no "insight.platform" on the kernel command line) the
  * wrappers only call the real functions: one predictable branch per call.
+ * INSIGHT_PROBES=off disables them under insight too.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -22,6 +29,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/io.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -44,6 +52,8 @@ static void (*real__Exit)(int) __attribute__((noreturn));
 
 /* Whether this kernel forwards EVENTNOTIFY: decided once, at load. */
 static int active;
+/* Whether events go out through the event port instead of int3. */
+static int use_port;
 /* The process the SYMBOL events were raised for (fork makes a new one). */
 static pid_t symbols_for;
 static pid_t my_pid;
@@ -105,13 +115,21 @@ __attribute__((constructor)) static void probes_init(void)
 	resolve_all();
 	const char *env = getenv("INSIGHT_PROBES");
 	active = kernel_forwards_events() && !(env && strcmp(env, "off") == 0);
+	use_port = active && !(env && strcmp(env, "int3") == 0) &&
+		   ioperm(INSIGHT_EVENT_PORT, 4, 1) == 0;
 	my_pid = getpid();
 	strncpy(comm, program_invocation_short_name, sizeof(comm) - 1);
 }
 
 static void notify(struct insight_event_header *e)
 {
-	__asm__ volatile("int3" : : "a"(e), "b"(INSIGHT_EVENTNOTIFY) : "memory");
+	if (use_port)
+		__asm__ volatile("outl %%eax, %%dx"
+				 :
+				 : "a"(e), "b"(INSIGHT_EVENTNOTIFY), "d"(INSIGHT_EVENT_PORT)
+				 : "memory");
+	else
+		__asm__ volatile("int3" : : "a"(e), "b"(INSIGHT_EVENTNOTIFY) : "memory");
 }
 
 /* The calling thread's buffer, with the generic fields filled in. */

@@ -5,10 +5,15 @@
 //! Protocol (shared with the guest kernel patch and `/init`): 32-bit
 //! writes to port 0x0f00; bits 31..24 are the code, bits 23..0 the
 //! argument. Reads return `CONTROL_SIGNATURE` so a guest can detect insight.
+//! A 32-bit write to port 0x0f04 (`EVENT_PORT`) is a probe raising an event
+//! directly from user mode (docs/events.md), when the guest kernel granted
+//! the process that port.
 
 pub const CONTROL_PORT: u16 = 0x0f00;
-/// Ports the device decodes (one 32-bit register).
-pub const CONTROL_PORTS: u16 = 4;
+/// Ports the device decodes (two 32-bit registers).
+pub const CONTROL_PORTS: u16 = 8;
+/// The user-mode event doorbell.
+pub const EVENT_PORT: u16 = 0x0f04;
 /// Read value: "INSG".
 pub const CONTROL_SIGNATURE: u32 = 0x4753_4e49;
 
@@ -21,6 +26,20 @@ const CODE_EVENT: u8 = 0x06;
 /// Arguments of `CODE_EVENT`: who raised the event.
 const EVENT_FROM_PROBE: u32 = 0;
 const EVENT_FROM_KERNEL: u32 = 1;
+
+/// How an event reached the hypervisor, which says where its buffer
+/// address and the raiser's identity are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventRaiser {
+    /// A probe's int3, forwarded by the guest kernel: buffer in RSI, the
+    /// raiser's `tgid << 32 | pid` in RDI.
+    ProbeTrap,
+    /// The guest kernel's own event: the same registers.
+    Kernel,
+    /// A probe's write to `EVENT_PORT` from user mode: buffer in RAX; the
+    /// raiser is the task the last context switch named.
+    ProbePort,
+}
 
 /// A message from the guest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,10 +55,8 @@ pub enum ControlMessage {
     /// A deterministic point the guest kernel adds on entries from user
     /// mode; nothing else happens.
     Sync,
-    /// An event was raised (docs/events.md): the buffer's guest virtual
-    /// address is in RSI and the raiser's `tgid << 32 | pid` in RDI.
-    /// `kernel`: the guest kernel's own event, not a probe's.
-    Event { kernel: bool },
+    /// An event was raised (docs/events.md).
+    Event(EventRaiser),
     /// A write this version does not understand.
     Unknown(u32),
 }
@@ -53,8 +70,8 @@ impl ControlMessage {
             CODE_POWER_OFF => ControlMessage::PowerOff,
             CODE_PANIC => ControlMessage::Panic,
             CODE_SYNC => ControlMessage::Sync,
-            CODE_EVENT if arg == EVENT_FROM_PROBE => ControlMessage::Event { kernel: false },
-            CODE_EVENT if arg == EVENT_FROM_KERNEL => ControlMessage::Event { kernel: true },
+            CODE_EVENT if arg == EVENT_FROM_PROBE => ControlMessage::Event(EventRaiser::ProbeTrap),
+            CODE_EVENT if arg == EVENT_FROM_KERNEL => ControlMessage::Event(EventRaiser::Kernel),
             _ => ControlMessage::Unknown(value),
         }
     }
@@ -64,7 +81,11 @@ impl ControlMessage {
 /// Only full 32-bit writes at offset 0 carry a message.
 pub fn decode_write(offset: u16, data: &[u8]) -> Option<ControlMessage> {
     let bytes: [u8; 4] = data.try_into().ok()?;
-    (offset == 0).then(|| ControlMessage::decode(u32::from_le_bytes(bytes)))
+    match offset {
+        0 => Some(ControlMessage::decode(u32::from_le_bytes(bytes))),
+        o if o == EVENT_PORT - CONTROL_PORT => Some(ControlMessage::Event(EventRaiser::ProbePort)),
+        _ => None,
+    }
 }
 
 /// The bytes a read of `len` bytes at `offset` returns.
@@ -105,7 +126,7 @@ mod tests {
         assert_eq!(ControlMessage::decode(0x0500_0000), ControlMessage::Sync);
         assert_eq!(
             ControlMessage::decode(0x0600_0001),
-            ControlMessage::Event { kernel: true }
+            ControlMessage::Event(EventRaiser::Kernel)
         );
         assert_eq!(
             ControlMessage::decode(0x0600_0002),
@@ -125,6 +146,11 @@ mod tests {
         );
         assert_eq!(decode_write(0, &[3]), None);
         assert_eq!(decode_write(1, &[0, 0, 0, 3]), None);
+        assert_eq!(
+            decode_write(4, &[1, 2, 3, 4]),
+            Some(ControlMessage::Event(EventRaiser::ProbePort))
+        );
+        assert_eq!(decode_write(4, &[1]), None);
     }
 
     #[test]

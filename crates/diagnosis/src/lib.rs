@@ -6,4 +6,5 @@
 
 pub mod contention;
 pub mod deadlock;
+pub mod from_db;
 pub mod lock_events;

@@ -40,8 +40,8 @@ pub struct Capture {
     /// Threads of processes that use the probes (the paper's
     /// `tracked_lwpids`): SAMPLE events are taken only for them.
     tracked: HashSet<u32>,
-    /// The thread on the CPU, from the last CONTEXTSWITCH.
-    current_lwpid: Option<u32>,
+    /// The task on the CPU, (pid, lwpid), from the last CONTEXTSWITCH.
+    current: Option<(u32, u32)>,
     named: HashSet<(u32, u32)>,
 }
 
@@ -52,13 +52,18 @@ impl Capture {
             per_kind: BTreeMap::new(),
             anomalies: BTreeMap::new(),
             tracked: HashSet::new(),
-            current_lwpid: None,
+            current: None,
             named: HashSet::new(),
         }
     }
 
+    /// The task on the CPU as (pid, lwpid), from the last CONTEXTSWITCH.
+    pub fn current(&self) -> Option<(u32, u32)> {
+        self.current
+    }
+
     pub fn current_lwpid(&self) -> Option<u32> {
-        self.current_lwpid
+        self.current.map(|(_, lwpid)| lwpid)
     }
 
     pub fn is_tracked(&self, lwpid: u32) -> bool {
@@ -70,17 +75,18 @@ impl Capture {
         entry.0 += 1;
     }
 
-    /// One raised event: `time` in ns of the recording, `pid`/`lwpid` as
-    /// the guest kernel identified the raiser, `buffer` what could be read.
-    /// Only database failures are errors.
+    /// One raised event: `time` in ns of the recording, `raiser` the
+    /// (pid, lwpid) the guest kernel says raised it (`None`: unknown, the
+    /// buffer's word is taken), `buffer` what could be read. Only database
+    /// failures are errors.
     pub fn raised(
         &mut self,
         time: u64,
         source: Source,
-        pid: u32,
-        lwpid: u32,
+        raiser: Option<(u32, u32)>,
         buffer: Result<&[u8], BufferError>,
     ) -> Result<(), DbError> {
+        let lwpid = raiser.map_or(0, |(_, lwpid)| lwpid);
         let bytes = match buffer {
             Ok(b) => b,
             Err(e) => {
@@ -110,6 +116,10 @@ impl Capture {
                 self.anomaly(what, format!("lwpid {lwpid}: {e}"));
                 return Ok(());
             }
+        };
+        let Some((pid, lwpid)) = raiser else {
+            let (pid, lwpid) = (event.pid, event.lwpid);
+            return self.store(time, source, pid, lwpid, event);
         };
         if source == Source::Probe && (event.pid, event.lwpid) != (pid, lwpid) {
             self.anomaly(
@@ -190,7 +200,7 @@ impl Capture {
                 to_comm,
                 ..
             } => {
-                self.current_lwpid = Some(*to_lwpid);
+                self.current = Some((*to_pid, *to_lwpid));
                 if self.named.insert((*to_pid, *to_lwpid)) {
                     self.db.thread(*to_pid, *to_lwpid, to_comm, seq)?;
                 }
@@ -257,18 +267,26 @@ mod tests {
     fn stores_valid_events_and_counts_the_rest() {
         let (mut c, path) = capture("mixed");
         let lock = encode(Kind::Lock as u16, 7, 8, "app", &lock_payload(0x10, 0x20, 0));
-        c.raised(100, Source::Probe, 7, 8, Ok(&lock)).unwrap();
+        c.raised(100, Source::Probe, Some((7, 8)), Ok(&lock))
+            .unwrap();
         assert!(c.is_tracked(8));
-        c.raised(110, Source::Kernel, 7, 8, Ok(&switch(8, 9)))
+        c.raised(110, Source::Kernel, Some((7, 8)), Ok(&switch(8, 9)))
             .unwrap();
-        assert_eq!(c.current_lwpid(), Some(9));
-        c.raised(120, Source::Probe, 7, 9, Err(BufferError::Unmapped(0)))
-            .unwrap();
+        assert_eq!(c.current(), Some((1, 9)));
+        // A raiser the kernel did not name: the buffer's word is taken.
+        let other = encode(Kind::Unlock as u16, 1, 9, "b", &lock_payload(0x10, 0x20, 0));
+        c.raised(115, Source::Probe, None, Ok(&other)).unwrap();
+        c.raised(
+            120,
+            Source::Probe,
+            Some((7, 9)),
+            Err(BufferError::Unmapped(0)),
+        )
+        .unwrap();
         c.raised(
             130,
             Source::Probe,
-            7,
-            9,
+            Some((7, 9)),
             Err(BufferError::CrossesPage {
                 gva: 0xff0,
                 size: 72,
@@ -277,11 +295,13 @@ mod tests {
         .unwrap();
         let mut unknown = lock.clone();
         unknown[6] = 77;
-        c.raised(140, Source::Probe, 7, 9, Ok(&unknown)).unwrap();
+        c.raised(140, Source::Probe, Some((7, 9)), Ok(&unknown))
+            .unwrap();
         // A probe claiming to be another thread: stored as the kernel says.
-        c.raised(150, Source::Probe, 7, 9, Ok(&lock)).unwrap();
+        c.raised(150, Source::Probe, Some((7, 9)), Ok(&lock))
+            .unwrap();
         let summary = c.finish().unwrap();
-        assert_eq!(summary.events, 3);
+        assert_eq!(summary.events, 4);
         let names: Vec<_> = summary.anomalies.iter().map(|a| a.0.as_str()).collect();
         assert_eq!(
             names,
@@ -301,7 +321,8 @@ mod tests {
         .unwrap();
         assert_eq!(rows[1].kind, Kind::ContextSwitch);
         assert_eq!((rows[1].lwpid, rows[1].value), (8, Some(9)));
-        assert_eq!(rows[2].lwpid, 9, "the kernel's identity wins");
+        assert_eq!((rows[2].pid, rows[2].lwpid), (1, 9));
+        assert_eq!(rows[3].lwpid, 9, "the kernel's identity wins");
         assert_eq!(db.anomalies().unwrap().len(), 4);
         assert!(db.threads().unwrap().contains(&(1, 9, "b".into())));
     }
@@ -310,9 +331,10 @@ mod tests {
     fn kernel_exits_untrack_threads() {
         let (mut c, _) = capture("exit");
         let lock = encode(Kind::Lock as u16, 7, 8, "app", &lock_payload(0x10, 0x20, 0));
-        c.raised(1, Source::Probe, 7, 8, Ok(&lock)).unwrap();
+        c.raised(1, Source::Probe, Some((7, 8)), Ok(&lock)).unwrap();
         let exit = encode(Kind::Exit as u16, 7, 8, "app", &[0; 8]);
-        c.raised(2, Source::Kernel, 7, 8, Ok(&exit)).unwrap();
+        c.raised(2, Source::Kernel, Some((7, 8)), Ok(&exit))
+            .unwrap();
         assert!(!c.is_tracked(8));
     }
 }

@@ -53,7 +53,7 @@ CREATE VIEW named_events AS
 
 #[derive(Debug, thiserror::Error)]
 pub enum DbError {
-    #[error("{path}: {source}")]
+    #[error("{path}")]
     Sqlite {
         path: PathBuf,
         #[source]
@@ -257,7 +257,10 @@ impl EventDb {
         .map_err(sql(path))?;
         let app: i64 = conn
             .query_row("PRAGMA application_id", [], |r| r.get(0))
-            .map_err(|_| DbError::Foreign(path.to_owned()))?;
+            .map_err(|e| match e.sqlite_error_code() {
+                Some(rusqlite::ErrorCode::NotADatabase) => DbError::Foreign(path.to_owned()),
+                _ => sql(path)(e),
+            })?;
         if app != APPLICATION_ID {
             return Err(DbError::Foreign(path.to_owned()));
         }
@@ -499,6 +502,21 @@ mod tests {
             .execute_batch("CREATE TABLE t(x);")
             .unwrap();
         assert!(matches!(EventDb::open(&path), Err(DbError::Foreign(_))));
+        // Ours, truncated: SQLite's own complaint, naming the file.
+        std::fs::remove_file(&path).unwrap();
+        let mut w = EventWriter::create(&path, &[]).unwrap();
+        for i in 0..5000 {
+            w.push(&row(i, Kind::Lock, Some(i), None, None)).unwrap();
+        }
+        w.finish().unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
+        let err = EventDb::open(&path)
+            .and_then(|db| db.for_each(&[], |_| Ok(())))
+            .unwrap_err();
+        let cause = std::error::Error::source(&err).map(|e| e.to_string());
+        assert!(err.to_string().contains("events.db"), "{err}");
+        assert!(cause.is_some_and(|c| c.contains("malformed")), "{err:?}");
         // Ours, from a future version.
         std::fs::remove_file(&path).unwrap();
         EventWriter::create(&path, &[]).unwrap().finish().unwrap();

@@ -27,7 +27,8 @@ pub const EXIT_STOPPED_BY_USER: u8 = 130;
 through the VMM, so that a run can be recorded once and replayed deterministically.\n\n\
 Start with `insight run` (boots the built-in guest and runs a demo) and \
 `insight host-check` (what this host's KVM can do); then `insight record -o TRACE -- CMD` \
-and `insight replay TRACE`.",
+and `insight replay TRACE`; with the probe library preloaded in the guest, \
+`insight replay TRACE --diagnose locks`.",
     after_help = "Exit status: the guest command's status for `run` and `record`; for \
 `replay` 0 (faithful), 1 (diverged), 4 (prefix of an incomplete trace); 125 when insight \
 itself fails; 2 for usage errors."
@@ -113,6 +114,11 @@ another exit, or a different value read).\n\n\
 Exit status: 0 when the traces are the same run, 1 when they differ."
     )]
     Diff(crate::journal_cmds::DiffArgs),
+    /// Run a diagnosis tool over an event database, offline.
+    #[command(long_about = "Run a diagnosis tool over an event database that \
+`insight replay --events` wrote, without replaying again; as many times as you like.\n\n\
+Tools: `locks` (lock contention).")]
+    Report(crate::report_cmds::ReportArgs),
 }
 
 /// What to boot: shared by `run` and `record`.
@@ -155,6 +161,7 @@ pub fn main() -> Result<ExitCode> {
         Command::Replay(args) => crate::journal_cmds::replay(args),
         Command::Dump(args) => crate::journal_cmds::dump(args),
         Command::Diff(args) => crate::journal_cmds::diff(args),
+        Command::Report(args) => crate::report_cmds::report(args),
     }
 }
 

@@ -16,6 +16,7 @@ use vmm::{guest, StopReason, Vm, VmError};
 
 use crate::cli::{attach_stdin, net_problems, prepare_guest, GuestArgs, EXIT_STOPPED_BY_USER};
 use crate::pcap::PcapWriter;
+use crate::report_cmds::{self, LocksArgs, ToolName};
 use crate::status::{human_bytes, StatusLine};
 
 /// `replay` exit status when the guest did not do what was recorded.
@@ -99,6 +100,10 @@ pub struct ReplayArgs {
     /// docs/events.md). An existing FILE is replaced when replay ends.
     #[arg(long, value_name = "FILE")]
     events: Option<PathBuf>,
+    /// After replay, run a diagnosis tool over the events (written to
+    /// TRACE/events.db unless --events names a file).
+    #[arg(long, value_enum, value_name = "TOOL")]
+    diagnose: Option<ToolName>,
 }
 
 #[derive(clap::Args)]
@@ -223,7 +228,10 @@ fn open_trace(dir: &std::path::Path) -> Result<TraceReader<Event>> {
     TraceReader::open(dir).with_context(|| format!("cannot open trace {}", dir.display()))
 }
 
-pub fn replay(args: ReplayArgs) -> Result<ExitCode> {
+pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
+    if args.diagnose.is_some() && args.events.is_none() {
+        args.events = Some(args.trace.join("events.db"));
+    }
     let reader = open_trace(&args.trace)?;
     if reader.header.clock != ClockKind::Exit {
         bail!(
@@ -306,6 +314,12 @@ pub fn replay(args: ReplayArgs) -> Result<ExitCode> {
     }
     if let (Some(summary), Some(path)) = (&outcome.events, &args.events) {
         report_capture(summary, path);
+        match args.diagnose {
+            Some(ToolName::Locks) => {
+                report_cmds::locks(&LocksArgs::for_replay(path.clone()))?;
+            }
+            None => {}
+        }
     }
     let exits = outcome.journal.exits;
     let code = match &outcome.stop {

@@ -3,6 +3,7 @@
 mod cli;
 mod journal_cmds;
 mod pcap;
+mod report_cmds;
 mod status;
 
 use std::process::ExitCode;

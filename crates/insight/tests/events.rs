@@ -16,14 +16,16 @@ use events::db::{EventDb, Row};
 
 const PRELOAD: &str = "LD_PRELOAD=/usr/lib/libinsight-probes.so";
 
-/// Records `command` with the probes preloaded; returns the trace
-/// directory and the guest's output.
-fn record(name: &str, command: &[&str], status: i32) -> (PathBuf, String) {
+/// Records `command` with the probes preloaded (and `env`, NAME=VALUE
+/// settings for the guest command); returns the trace directory and the
+/// guest's output.
+fn record(name: &str, env: &[&str], command: &[&str], status: i32) -> (PathBuf, String) {
     let trace = scratch(name).join("trace");
     let out = insight()
         .args(["record", "--no-stdin", "-o"])
         .arg(&trace)
         .args(["--", "env", PRELOAD])
+        .args(env)
         .args(command)
         .stdin(Stdio::null())
         .output()
@@ -63,7 +65,7 @@ fn syn_cont_yields_exactly_its_lock_events_identically_in_two_replays() {
     if !guest_ready() {
         return;
     }
-    let (trace, stdout) = record("ev-syn", &["syn_cont", "1000", "2000"], 0);
+    let (trace, stdout) = record("ev-syn", &[], &["syn_cont", "1000", "2000"], 0);
     assert!(stdout.contains("syn_cont: counts correct"), "{stdout}");
     let dir = trace.parent().unwrap();
     let (a, b) = (dir.join("a.db"), dir.join("b.db"));
@@ -148,6 +150,33 @@ fn syn_cont_yields_exactly_its_lock_events_identically_in_two_replays() {
         "{objects:?}"
     );
     assert!(db.anomalies().unwrap().is_empty());
+
+    // The contention report counts every request, and the level-2 locks
+    // (shared by 8 threads) change hands more often than level-1 locks.
+    let out = insight()
+        .args(["report", "locks", "--json"])
+        .arg(&a)
+        .output()
+        .unwrap();
+    let (json, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let report: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let locks = report["locks"].as_array().unwrap();
+    let level = |requests: u64| -> Vec<&serde_json::Value> {
+        locks
+            .iter()
+            .filter(|l| l["requests"].as_u64() == Some(requests))
+            .collect()
+    };
+    let (level1, level2) = (level(2000), level(8000));
+    assert_eq!((level1.len(), level2.len()), (8, 2), "{json}");
+    let changes = |ls: &[&serde_json::Value]| -> f64 {
+        ls.iter()
+            .map(|l| l["ownership_change_percent"].as_f64().unwrap())
+            .sum::<f64>()
+            / ls.len() as f64
+    };
+    assert!(changes(&level2) > changes(&level1), "{json}");
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -156,7 +185,8 @@ fn fork_and_exec_raise_fork_and_exit_events() {
     if !guest_ready() {
         return;
     }
-    let (trace, stdout) = record("ev-fork", &["fork_exec", "3"], 0);
+    // The probes' int3 path (through the guest kernel), not the port.
+    let (trace, stdout) = record("ev-fork", &["INSIGHT_PROBES=int3"], &["fork_exec", "3"], 0);
     let dir = trace.parent().unwrap();
     let db = dir.join("events.db");
     replay_events(&trace, &db);
@@ -209,7 +239,7 @@ fn malformed_events_are_counted_and_replay_goes_on() {
     if !guest_ready() {
         return;
     }
-    let (trace, stdout) = record("ev-abuse", &["probe_abuse"], 0);
+    let (trace, stdout) = record("ev-abuse", &[], &["probe_abuse"], 0);
     assert!(stdout.contains("plain breakpoints trapped: 1"), "{stdout}");
     let dir = trace.parent().unwrap();
     let db = dir.join("events.db");

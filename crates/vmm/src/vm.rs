@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use devices::control::EventRaiser;
 use devices::cow_disk::{CowDisk, DiskError};
 use devices::doorbell::Doorbell;
 use devices::virtio_blk::{self, BlockError, BlockStats, VirtioBlock};
@@ -609,7 +610,7 @@ impl Vm {
                         return Ok(self.outcome(StopReason::PowerOff));
                     }
                     ControlMessage::Panic => return Err(VmError::GuestPanic),
-                    ControlMessage::Event { kernel } => self.guest_event(kernel)?,
+                    ControlMessage::Event(raiser) => self.guest_event(raiser)?,
                     ControlMessage::Sync | ControlMessage::Unknown(_) => {}
                 }
             }
@@ -817,7 +818,7 @@ impl Vm {
 
     /// The guest raised an event at the last exit (docs/events.md). The
     /// recording notes when; replay reads the event from guest memory.
-    fn guest_event(&mut self, kernel: bool) -> Result<(), VmError> {
+    fn guest_event(&mut self, raiser: EventRaiser) -> Result<(), VmError> {
         match self.journal {
             Journal::Live => Ok(()),
             Journal::Record(_) => Ok(self.journal.record_event_raised(self.clock.now_ns())?),
@@ -828,20 +829,16 @@ impl Vm {
                 };
                 let regs = self.vcpu.sync_regs().regs;
                 let cr3 = self.vcpu.get_sregs().map_err(kvm_err("GET_SREGS"))?.cr3;
-                let buffer = guest_events::read_buffer(&self.mem, cr3, regs.rsi, !kernel);
-                let source = if kernel {
-                    Source::Kernel
-                } else {
-                    Source::Probe
+                let named_by_kernel = Some(((regs.rdi >> 32) as u32, regs.rdi as u32));
+                let (source, address, raised_by) = match raiser {
+                    EventRaiser::ProbeTrap => (Source::Probe, regs.rsi, named_by_kernel),
+                    EventRaiser::Kernel => (Source::Kernel, regs.rsi, named_by_kernel),
+                    EventRaiser::ProbePort => (Source::Probe, regs.rax, capture.current()),
                 };
-                let (pid, lwpid) = ((regs.rdi >> 32) as u32, regs.rdi as u32);
-                capture.raised(
-                    ns,
-                    source,
-                    pid,
-                    lwpid,
-                    buffer.as_deref().map_err(Clone::clone),
-                )?;
+                let buffer =
+                    guest_events::read_buffer(&self.mem, cr3, address, source == Source::Probe);
+                let buffer = buffer.as_deref().map_err(Clone::clone);
+                capture.raised(ns, source, raised_by, buffer)?;
                 Ok(())
             }
         }
