@@ -217,6 +217,35 @@ impl Capture {
         Ok(())
     }
 
+    /// A SAMPLE of task (pid, lwpid) at `rip` (`user`: in user mode) with
+    /// the return addresses of its stack, innermost first.
+    pub fn sample(
+        &mut self,
+        time: u64,
+        pid: u32,
+        lwpid: u32,
+        rip: u64,
+        user: bool,
+        stack: &[u64],
+    ) -> Result<(), DbError> {
+        let seq = self.db.push(&Row {
+            seq: 0,
+            time,
+            kind: Kind::Sample,
+            source: Source::Host,
+            pid,
+            lwpid,
+            addr: Some(rip),
+            caller: None,
+            value: Some(i64::from(!user)),
+        })?;
+        if !stack.is_empty() {
+            self.db.stack(seq, stack)?;
+        }
+        *self.per_kind.entry(Kind::Sample).or_insert(0) += 1;
+        Ok(())
+    }
+
     /// Stores the counters and closes the database under its final name.
     pub fn finish(mut self) -> Result<CaptureSummary, DbError> {
         let summary = self.summary();

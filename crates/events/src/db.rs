@@ -43,6 +43,7 @@ CREATE TABLE objects(
     path TEXT NOT NULL,
     seq INTEGER NOT NULL
 );
+CREATE TABLE stacks(seq INTEGER PRIMARY KEY, frames BLOB NOT NULL);
 CREATE TABLE anomalies(what TEXT PRIMARY KEY, count INTEGER NOT NULL, example TEXT);
 CREATE VIEW named_events AS
     SELECT e.seq, e.time, k.name AS kind,
@@ -199,6 +200,16 @@ impl EventWriter {
         self.conn
             .prepare_cached("INSERT INTO objects VALUES (?1, ?2, ?3, ?4)")
             .and_then(|mut s| s.execute(params![pid, base as i64, path, seq]))
+            .map_err(sql(&self.partial))?;
+        Ok(())
+    }
+
+    /// The user stack of SAMPLE `seq`: return addresses, innermost first.
+    pub fn stack(&mut self, seq: u64, frames: &[u64]) -> Result<(), DbError> {
+        let blob: Vec<u8> = frames.iter().flat_map(|f| f.to_le_bytes()).collect();
+        self.conn
+            .prepare_cached("INSERT INTO stacks VALUES (?1, ?2)")
+            .and_then(|mut s| s.execute(params![seq, blob]))
             .map_err(sql(&self.partial))?;
         Ok(())
     }
@@ -378,6 +389,33 @@ impl EventDb {
             .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
             .map_err(sql(&self.path))?;
         rows.collect::<Result<_, _>>().map_err(sql(&self.path))
+    }
+
+    /// The stacks of SAMPLE events: seq -> return addresses, innermost
+    /// first. A blob that is not a whole number of addresses is an error.
+    pub fn stacks(&self) -> Result<std::collections::HashMap<u64, Vec<u64>>, DbError> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT seq, frames FROM stacks")
+            .map_err(sql(&self.path))?;
+        let mut rows = stmt.query([]).map_err(sql(&self.path))?;
+        let mut out = std::collections::HashMap::new();
+        while let Some(r) = rows.next().map_err(sql(&self.path))? {
+            let seq: i64 = r.get(0).map_err(sql(&self.path))?;
+            let blob: Vec<u8> = r.get(1).map_err(sql(&self.path))?;
+            if !blob.len().is_multiple_of(8) {
+                return Err(DbError::Corrupt {
+                    path: self.path.clone(),
+                    what: format!("the stack of event {seq} is {} bytes long", blob.len()),
+                });
+            }
+            let frames = blob
+                .chunks_exact(8)
+                .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+                .collect();
+            out.insert(seq as u64, frames);
+        }
+        Ok(out)
     }
 
     /// Counts per kind.

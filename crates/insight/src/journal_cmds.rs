@@ -5,7 +5,7 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
 use events::capture::{Capture, CaptureSummary};
@@ -16,7 +16,7 @@ use vmm::{guest, StopReason, Vm, VmError};
 
 use crate::cli::{attach_stdin, net_problems, prepare_guest, GuestArgs, EXIT_STOPPED_BY_USER};
 use crate::pcap::PcapWriter;
-use crate::report_cmds::{self, LocksArgs, ToolName};
+use crate::report_cmds::{self, LocksArgs, ProfileArgs, ToolName};
 use crate::status::{human_bytes, StatusLine};
 
 /// `replay` exit status when the guest did not do what was recorded.
@@ -104,6 +104,30 @@ pub struct ReplayArgs {
     /// TRACE/events.db unless --events names a file).
     #[arg(long, value_enum, value_name = "TOOL")]
     diagnose: Option<ToolName>,
+    /// Sample the tracked task on the CPU (RIP and user stack) about every
+    /// PERIOD of host time, e.g. 1ms (the least), 5ms, 20ms; into the
+    /// event database. Tasks are tracked once they raise a probe event.
+    #[arg(long, value_name = "PERIOD", value_parser = parse_period)]
+    sample_period: Option<Duration>,
+}
+
+/// "500us", "1ms", "2s", "1000000ns".
+fn parse_period(text: &str) -> Result<Duration, String> {
+    let digits = text.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let value: u64 = digits
+        .parse()
+        .map_err(|_| format!("'{text}' is not a period such as 1ms, 500us or 2s"))?;
+    let period = match &text[digits.len()..] {
+        "ns" => Duration::from_nanos(value),
+        "us" => Duration::from_micros(value),
+        "ms" => Duration::from_millis(value),
+        "s" => Duration::from_secs(value),
+        unit => return Err(format!("unknown unit '{unit}' in '{text}' (ns, us, ms, s)")),
+    };
+    if period.is_zero() {
+        return Err("the sampling period must be positive".into());
+    }
+    Ok(period)
 }
 
 #[derive(clap::Args)]
@@ -232,6 +256,12 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
     if args.diagnose.is_some() && args.events.is_none() {
         args.events = Some(args.trace.join("events.db"));
     }
+    if matches!(args.diagnose, Some(ToolName::Profile)) && args.sample_period.is_none() {
+        args.sample_period = Some(Duration::from_millis(1));
+    }
+    if args.sample_period.is_some() && args.events.is_none() {
+        bail!("--sample-period needs somewhere to put the samples: --events FILE or --diagnose");
+    }
     let reader = open_trace(&args.trace)?;
     if reader.header.clock != ClockKind::Exit {
         bail!(
@@ -262,7 +292,14 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
     };
     if let Some(path) = &args.events {
         let meta = [
-            ("trace", args.trace.display().to_string()),
+            // Absolute, so that `insight report` finds it from anywhere.
+            (
+                "trace",
+                std::fs::canonicalize(&args.trace)
+                    .unwrap_or_else(|_| args.trace.clone())
+                    .display()
+                    .to_string(),
+            ),
             (
                 "created_by",
                 format!("insight {}", env!("CARGO_PKG_VERSION")),
@@ -275,6 +312,9 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
         let db = EventWriter::create(path, &meta)
             .with_context(|| format!("cannot create the event database {}", path.display()))?;
         vm.capture_events(Capture::new(db));
+        if let Some(period) = args.sample_period {
+            vm.sample_every(period);
+        }
     }
     vm.set_journal(Journal::Replay(Box::new(Replayer::new(reader))));
     attach_progress(&mut vm, &status, "replay");
@@ -317,6 +357,9 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
         match args.diagnose {
             Some(ToolName::Locks) => {
                 report_cmds::locks(&LocksArgs::for_replay(path.clone()))?;
+            }
+            Some(ToolName::Profile) => {
+                report_cmds::profile(&ProfileArgs::for_replay(path.clone()))?;
             }
             None => {}
         }
@@ -682,4 +725,20 @@ fn print_header(out: &mut impl Write, h: &Header, reader: &TraceReader<Event>) -
         writeln!(out, "    {line}")?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn periods_need_a_unit_and_a_positive_value() {
+        assert_eq!(parse_period("1ms"), Ok(Duration::from_millis(1)));
+        assert_eq!(parse_period("500us"), Ok(Duration::from_micros(500)));
+        assert_eq!(parse_period("2s"), Ok(Duration::from_secs(2)));
+        assert!(parse_period("5").is_err());
+        assert!(parse_period("0ms").is_err());
+        assert!(parse_period("3h").is_err());
+        assert!(parse_period("ms").is_err());
+    }
 }

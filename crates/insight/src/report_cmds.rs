@@ -4,8 +4,10 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use diagnosis::contention::{self, ContentionReport, Durations, LockStats};
+use diagnosis::profile::ProfileRow;
+use diagnosis::symbols::GuestFiles;
 use events::db::EventDb;
 
 #[derive(clap::Args)]
@@ -19,6 +21,9 @@ pub struct ReportArgs {
 pub enum ToolName {
     /// Lock contention (`insight report locks`).
     Locks,
+    /// The function profile of the sampled threads (`insight report
+    /// profile`); samples every 1 ms unless --sample-period says otherwise.
+    Profile,
 }
 
 #[derive(clap::Subcommand)]
@@ -37,6 +42,50 @@ timedlock timeouts. Locks are sorted by blocked requests, then wait time.\n\n\
 Example:\n  insight replay t1 --events t1.db && insight report locks t1.db --limit 5"
     )]
     Locks(LocksArgs),
+    /// Where the sampled threads spent their time, per function.
+    #[command(
+        long_about = "Where the sampled threads spent their time: the share of \
+SAMPLE events per function, overall and per thread, like `perf report`. Addresses are \
+symbolized with the symbol tables of the guest's ELF files, read from the initramfs of the \
+trace the database was replayed from (its digest is checked).\n\n\
+Samples are taken at replay with --sample-period (or --diagnose profile), only of threads \
+of processes that raised a probe event (run them with the probe library preloaded).\n\n\
+Example:\n  insight replay t1 --events t1.db --sample-period 1ms\n  \
+insight report profile t1.db --threads --folded t1.folded"
+    )]
+    Profile(ProfileArgs),
+}
+
+#[derive(clap::Args)]
+pub struct ProfileArgs {
+    /// Event database written by `insight replay --events`.
+    db: PathBuf,
+    /// The trace the database came from (default: the one it names).
+    #[arg(long, value_name = "DIR")]
+    trace: Option<PathBuf>,
+    /// Show at most this many functions (per thread with --threads).
+    #[arg(long, default_value_t = 20, value_name = "N")]
+    limit: usize,
+    /// Also a profile per thread.
+    #[arg(long)]
+    threads: bool,
+    /// Write folded stacks ("thread;caller;...;function COUNT" lines, the
+    /// input of flame-graph tools) to FILE.
+    #[arg(long, value_name = "FILE")]
+    folded: Option<PathBuf>,
+}
+
+impl ProfileArgs {
+    /// The default report of `insight replay --diagnose profile`.
+    pub fn for_replay(db: PathBuf) -> Self {
+        ProfileArgs {
+            db,
+            trace: None,
+            limit: 20,
+            threads: false,
+            folded: None,
+        }
+    }
 }
 
 #[derive(clap::Args)]
@@ -77,7 +126,81 @@ impl LocksArgs {
 pub fn report(args: ReportArgs) -> Result<ExitCode> {
     match args.tool {
         Tool::Locks(a) => locks(&a),
+        Tool::Profile(a) => profile(&a),
     }
+}
+
+pub fn profile(args: &ProfileArgs) -> Result<ExitCode> {
+    let db = open(&args.db)?;
+    let trace_dir = match &args.trace {
+        Some(t) => t.clone(),
+        None => db.meta("trace")?.map(PathBuf::from).with_context(|| {
+            format!(
+                "{} does not name its trace: pass --trace DIR",
+                args.db.display()
+            )
+        })?,
+    };
+    let reader = trace::TraceReader::<vmm::journal::Event>::open(&trace_dir)
+        .with_context(|| format!("cannot open trace {}", trace_dir.display()))?;
+    let spec = vmm::guest::from_trace(&reader.header)
+        .with_context(|| format!("cannot read the guest files of {}", trace_dir.display()))?;
+    let files = GuestFiles::from_initramfs(&spec.initramfs);
+    let p = diagnosis::profile::profile(&db, &files)?;
+    if p.samples == 0 {
+        println!(
+            "No SAMPLE events in {}: replay with --sample-period (threads are sampled once \
+             their process raised a probe event).",
+            args.db.display()
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "Profile of {}: {} samples ({} in the guest kernel)\n",
+        args.db.display(),
+        p.samples,
+        p.kernel
+    );
+    print!("{}", profile_table(&p.rows, p.samples, args.limit));
+    if args.threads {
+        for t in &p.threads {
+            println!(
+                "\nThread {} (pid {}, {}): {} samples",
+                t.lwpid, t.pid, t.comm, t.samples
+            );
+            print!("{}", profile_table(&t.rows, t.samples, args.limit));
+        }
+    }
+    if let Some(path) = &args.folded {
+        let mut text = String::new();
+        for (stack, n) in &p.folded {
+            let _ = writeln!(text, "{stack} {n}");
+        }
+        std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
+        eprintln!("insight: folded stacks written to {}", path.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn profile_table(rows: &[ProfileRow], total: u64, limit: usize) -> String {
+    let mut out = format!(
+        "{:>8}  {:>8}  {:<32}  {}\n",
+        "share", "samples", "object", "function"
+    );
+    for r in rows.iter().take(limit) {
+        let share = if total == 0 {
+            0.0
+        } else {
+            100.0 * r.samples as f64 / total as f64
+        };
+        let object = r.location.object.rsplit('/').next().unwrap_or("");
+        let _ = writeln!(
+            out,
+            "{:>7.2}%  {:>8}  {:<32}  {}",
+            share, r.samples, object, r.location.function
+        );
+    }
+    out
 }
 
 pub fn locks(args: &LocksArgs) -> Result<ExitCode> {

@@ -262,3 +262,64 @@ fn malformed_events_are_counted_and_replay_goes_on() {
     assert_eq!(inits[0].addr, Some(0x1234));
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn samples_land_where_the_program_spends_its_time() {
+    if !guest_ready() {
+        return;
+    }
+    // hotspot spends about 80 % of its time in hot(), 14 % in warm() and
+    // 6 % in cool().
+    let (trace, stdout) = record("ev-sample", &[], &["hotspot", "150"], 0);
+    assert!(stdout.contains("hotspot: 150 rounds"), "{stdout}");
+    let dir = trace.parent().unwrap();
+    let db = dir.join("events.db");
+    let out = insight()
+        .arg("replay")
+        .arg(&trace)
+        .arg("--events")
+        .arg(&db)
+        .args(["--sample-period", "1ms"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let samples: Vec<Row> = rows(&db)
+        .into_iter()
+        .filter(|r| r.kind == Kind::Sample)
+        .collect();
+    assert!(samples.len() > 300, "{} samples: {stderr}", samples.len());
+    assert!(samples.iter().all(|r| r.source == Source::Host));
+
+    let folded = dir.join("folded");
+    let out = insight()
+        .args(["report", "profile"])
+        .arg(&db)
+        .arg("--folded")
+        .arg(&folded)
+        .output()
+        .unwrap();
+    let (report, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    // "  81.23%      1234  hotspot   hot"
+    let share = |function: &str| -> f64 {
+        report
+            .lines()
+            .find(|l| l.split_whitespace().nth(3) == Some(function))
+            .and_then(|l| l.split_whitespace().next())
+            .and_then(|s| s.trim_end_matches('%').parse().ok())
+            .unwrap_or_else(|| panic!("no {function} in:\n{report}"))
+    };
+    let (hot, warm, cool) = (share("hot"), share("warm"), share("cool"));
+    assert!(hot > 70.0, "{report}");
+    assert!(hot > warm && warm > cool && cool > 1.0, "{report}");
+    let folded = std::fs::read_to_string(&folded).unwrap();
+    assert!(
+        folded
+            .lines()
+            .any(|l| l.starts_with("hotspot;") && l.contains(";hot ")),
+        "{folded}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

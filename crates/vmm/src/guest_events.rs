@@ -54,6 +54,36 @@ pub fn read_buffer(
     Ok(buf)
 }
 
+/// The return addresses of a user stack, innermost first, by following
+/// frame pointers from `rbp`: at most `max`, stopping at the first frame
+/// that is unmapped, misaligned, not above the previous one, or outside
+/// user memory. Reads only, like [`read_buffer`].
+pub fn frame_chain(mem: &GuestMemoryMmap, cr3: u64, rbp: u64, max: usize) -> Vec<u64> {
+    let read = |va: u64| -> Option<u64> {
+        let pa = gva::translate(mem, cr3, va).ok()?;
+        mem.read_obj(GuestAddress(pa)).ok()
+    };
+    let mut frames = Vec::new();
+    let mut fp = rbp;
+    while frames.len() < max {
+        if fp == 0 || !fp.is_multiple_of(8) || fp >= USER_END - 16 {
+            break;
+        }
+        let (Some(next), Some(ret)) = (read(fp), read(fp + 8)) else {
+            break;
+        };
+        if ret == 0 {
+            break;
+        }
+        frames.push(ret);
+        if next <= fp {
+            break;
+        }
+        fp = next;
+    }
+    frames
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -112,5 +142,29 @@ mod tests {
         big[8..12].copy_from_slice(&100_000u32.to_le_bytes());
         mem.write_slice(&big, GuestAddress(0x10_2000)).unwrap();
         assert_eq!(read_buffer(&mem, CR3, 0x10_2000, true).unwrap().len(), PAGE);
+    }
+
+    #[test]
+    fn follows_frame_pointers_until_they_stop_making_sense() {
+        let mem = memory();
+        // Three frames at 0x11000 -> 0x11100 -> 0x11200 -> 0 (end).
+        for (fp, next, ret) in [
+            (0x11000u64, 0x11100u64, 0x401000u64),
+            (0x11100, 0x11200, 0x402000),
+            (0x11200, 0, 0x403000),
+        ] {
+            mem.write_obj(next, GuestAddress(fp)).unwrap();
+            mem.write_obj(ret, GuestAddress(fp + 8)).unwrap();
+        }
+        assert_eq!(
+            frame_chain(&mem, CR3, 0x11000, 32),
+            [0x401000, 0x402000, 0x403000]
+        );
+        assert_eq!(frame_chain(&mem, CR3, 0x11000, 2).len(), 2);
+        // A loop, a misaligned and an unmapped frame pointer.
+        mem.write_obj(0x11000u64, GuestAddress(0x11200)).unwrap();
+        assert_eq!(frame_chain(&mem, CR3, 0x11000, 32).len(), 3);
+        assert!(frame_chain(&mem, CR3, 0x11003, 32).is_empty());
+        assert!(frame_chain(&mem, CR3, 0x40_0000, 32).is_empty());
     }
 }

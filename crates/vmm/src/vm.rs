@@ -247,6 +247,8 @@ pub struct Vm {
     net: Option<VirtioNet>,
     /// Where the guest's events go at replay.
     events: Option<Capture>,
+    /// SAMPLE events: host-time period and when the next is due.
+    sampling: Option<Sampling>,
     /// Rung by device threads when they have something for the guest.
     doorbell: Doorbell,
     /// The last KVM_RUN ended in a deterministic exit: under the exit clock
@@ -271,6 +273,14 @@ const PROGRESS_INTERVAL: Duration = Duration::from_millis(500);
 /// Under the exit clock the kick thread only wakes the vCPU for
 /// housekeeping (progress, flushing the trace, the user's stop key).
 const HOUSEKEEPING_NS: u64 = 100_000_000;
+
+/// Return addresses a SAMPLE keeps.
+const MAX_SAMPLE_FRAMES: usize = 32;
+
+struct Sampling {
+    period_ns: u64,
+    next_ns: u64,
+}
 
 /// What the vCPU loop does after an exit.
 enum Next {
@@ -428,6 +438,7 @@ impl Vm {
             last_progress: Instant::now(),
             trace_summary: None,
             events: None,
+            sampling: None,
             guest_cpuid,
             kvm_caps,
         })
@@ -458,6 +469,17 @@ impl Vm {
     /// Stores the events the guest raises during replay in `capture`.
     pub fn capture_events(&mut self, capture: Capture) {
         self.events = Some(capture);
+    }
+
+    /// Also takes a SAMPLE of the tracked task on the vCPU about every
+    /// `period` of host time (at least 1 ms apart) during replay, into the
+    /// event capture.
+    pub fn sample_every(&mut self, period: Duration) {
+        let period_ns = (period.as_nanos() as u64).max(1);
+        self.sampling = Some(Sampling {
+            period_ns,
+            next_ns: period_ns,
+        });
     }
 
     /// Records or replays this run (before `run`).
@@ -554,7 +576,8 @@ impl Vm {
             self.publish_inputs()?;
             self.inject_interrupts()?;
             let deadline = if self.journal.exit_clock() {
-                now + HOUSEKEEPING_NS
+                let sample = self.sampling.as_ref().map_or(u64::MAX, |s| s.next_ns);
+                (now + HOUSEKEEPING_NS).min(sample)
             } else {
                 self.platform.next_timer_ns().unwrap_or(u64::MAX)
             };
@@ -581,6 +604,11 @@ impl Vm {
                 Err(e) => return Err(kvm_err("RUN")(e)),
             };
             self.at_deterministic_exit = observed.is_some();
+            if observed.is_none() && self.sampling.is_some() {
+                // A kick: the guest stopped wherever it was, which is
+                // what a sample wants (exits would bias it).
+                self.take_sample()?;
+            }
             if let Some(event) = observed {
                 // KVM raises #GP for a refused MSR access when the vCPU
                 // resumes; an interrupt injected with it would reach the
@@ -814,6 +842,37 @@ impl Vm {
         let mut outcome = result?;
         outcome.events = Some(finished?);
         Ok(outcome)
+    }
+
+    /// A SAMPLE of the task on the vCPU, if one is due and the task is
+    /// tracked: RIP, user or kernel mode, and the user stack's return
+    /// addresses by frame pointers.
+    fn take_sample(&mut self) -> Result<(), VmError> {
+        let (Some(sampling), Some(capture)) = (&mut self.sampling, &mut self.events) else {
+            return Ok(());
+        };
+        let now = self.clock.now_ns();
+        if now < sampling.next_ns {
+            return Ok(());
+        }
+        sampling.next_ns = now + sampling.period_ns;
+        let Some((pid, lwpid)) = capture.current() else {
+            return Ok(());
+        };
+        if !capture.is_tracked(lwpid) {
+            return Ok(());
+        }
+        let regs = self.vcpu.get_regs().map_err(kvm_err("GET_REGS"))?;
+        let sregs = self.vcpu.get_sregs().map_err(kvm_err("GET_SREGS"))?;
+        let user = sregs.cs.selector & 3 == 3;
+        let stack = if user {
+            guest_events::frame_chain(&self.mem, sregs.cr3, regs.rbp, MAX_SAMPLE_FRAMES)
+        } else {
+            Vec::new()
+        };
+        let time = self.journal.progress().guest_ns;
+        capture.sample(time, pid, lwpid, regs.rip, user, &stack)?;
+        Ok(())
     }
 
     /// The guest raised an event at the last exit (docs/events.md). The

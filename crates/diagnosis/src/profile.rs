@@ -1,0 +1,138 @@
+//! The function profiler: where the sampled threads spent their time,
+//! from the SAMPLE events of an event database.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use events::abi::Kind;
+use events::db::{DbError, EventDb};
+
+use crate::symbols::{GuestFiles, Location, Symbolizer};
+
+/// Samples of one function.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProfileRow {
+    pub location: Location,
+    pub samples: u64,
+}
+
+/// One thread's part.
+#[derive(Clone, Debug)]
+pub struct ThreadProfile {
+    pub pid: u32,
+    pub lwpid: u32,
+    pub comm: String,
+    pub samples: u64,
+    pub rows: Vec<ProfileRow>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Profile {
+    /// All samples; `kernel` of them were taken in the guest kernel.
+    pub samples: u64,
+    pub kernel: u64,
+    /// Functions by samples, most first.
+    pub rows: Vec<ProfileRow>,
+    pub threads: Vec<ThreadProfile>,
+    /// Folded stacks ("comm;outer;...;inner" -> samples), for flame graphs.
+    pub folded: BTreeMap<String, u64>,
+}
+
+impl Profile {
+    pub fn share(&self, row: &ProfileRow) -> f64 {
+        if self.samples == 0 {
+            0.0
+        } else {
+            100.0 * row.samples as f64 / self.samples as f64
+        }
+    }
+}
+
+fn kernel() -> Location {
+    Location {
+        object: "[kernel]".into(),
+        function: "[kernel]".into(),
+    }
+}
+
+fn ranked(counts: HashMap<Location, u64>) -> Vec<ProfileRow> {
+    let mut rows: Vec<ProfileRow> = counts
+        .into_iter()
+        .map(|(location, samples)| ProfileRow { location, samples })
+        .collect();
+    rows.sort_by(|a, b| b.samples.cmp(&a.samples).then(a.location.cmp(&b.location)));
+    rows
+}
+
+/// Builds the profile of every sampled thread, symbolized with the ELF
+/// files in `files` (the guest's initramfs).
+pub fn profile(db: &EventDb, files: &GuestFiles) -> Result<Profile, DbError> {
+    let mut samples = Vec::new();
+    db.for_each(&[Kind::Sample], |r| {
+        samples.push(r);
+        Ok(())
+    })?;
+    let stacks = db.stacks()?;
+    let names: HashMap<(u32, u32), String> = db
+        .threads()?
+        .into_iter()
+        .map(|(pid, lwpid, comm)| ((pid, lwpid), comm))
+        .collect();
+    let mut sym = Symbolizer::new(files);
+    let pids: HashSet<u32> = samples.iter().map(|r| r.pid).collect();
+    for pid in pids {
+        sym.add_process(pid, db.objects(pid)?);
+    }
+
+    let mut out = Profile::default();
+    let mut all: HashMap<Location, u64> = HashMap::new();
+    let mut per_thread: HashMap<(u32, u32), HashMap<Location, u64>> = HashMap::new();
+    for r in &samples {
+        let Some(rip) = r.addr else { continue };
+        let in_kernel = r.value == Some(1);
+        let location = if in_kernel {
+            out.kernel += 1;
+            kernel()
+        } else {
+            sym.locate(r.pid, rip)
+        };
+        out.samples += 1;
+        *all.entry(location.clone()).or_insert(0) += 1;
+        *per_thread
+            .entry((r.pid, r.lwpid))
+            .or_default()
+            .entry(location.clone())
+            .or_insert(0) += 1;
+        // Folded stack: the thread's name, callers outermost first (a
+        // return address minus one lies in the call), then the function.
+        let comm = names.get(&(r.pid, r.lwpid)).cloned().unwrap_or_default();
+        let mut frames = vec![if comm.is_empty() {
+            format!("lwpid {}", r.lwpid)
+        } else {
+            comm
+        }];
+        if let Some(stack) = stacks.get(&r.seq) {
+            for ret in stack.iter().rev() {
+                frames.push(sym.locate(r.pid, ret.saturating_sub(1)).function);
+            }
+        }
+        frames.push(location.function.clone());
+        *out.folded.entry(frames.join(";")).or_insert(0) += 1;
+    }
+    out.rows = ranked(all);
+    let mut threads: Vec<ThreadProfile> = per_thread
+        .into_iter()
+        .map(|((pid, lwpid), counts)| {
+            let rows = ranked(counts);
+            ThreadProfile {
+                pid,
+                lwpid,
+                comm: names.get(&(pid, lwpid)).cloned().unwrap_or_default(),
+                samples: rows.iter().map(|r| r.samples).sum(),
+                rows,
+            }
+        })
+        .collect();
+    threads.sort_by(|a, b| b.samples.cmp(&a.samples).then(a.lwpid.cmp(&b.lwpid)));
+    out.threads = threads;
+    Ok(out)
+}

@@ -1,0 +1,319 @@
+//! Symbolization of guest addresses: the guest's files come from its
+//! initramfs (the "newc" cpio archives the kernel unpacked), the function
+//! names from their ELF symbol tables.
+//!
+//! The archive and the ELF files are inputs insight did not write: a
+//! malformed one yields fewer files or no symbols, never a panic.
+
+use std::collections::HashMap;
+
+use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
+
+/// The regular files and symbolic links of concatenated newc archives,
+/// later entries replacing earlier ones (as the kernel unpacks them).
+#[derive(Default)]
+pub struct GuestFiles {
+    files: HashMap<String, Vec<u8>>,
+    links: HashMap<String, String>,
+}
+
+const S_IFMT: u32 = 0o170000;
+const S_IFREG: u32 = 0o100000;
+const S_IFLNK: u32 = 0o120000;
+
+fn hex_field(b: &[u8], at: usize) -> Option<u32> {
+    let s = std::str::from_utf8(b.get(at..at + 8)?).ok()?;
+    u32::from_str_radix(s, 16).ok()
+}
+
+fn align4(n: usize) -> usize {
+    (n + 3) & !3
+}
+
+/// "/usr/bin/x", "usr/bin/x", "./usr/bin/x" -> "usr/bin/x".
+fn normalize(path: &str) -> String {
+    path.trim_start_matches("./")
+        .trim_start_matches('/')
+        .to_owned()
+}
+
+impl GuestFiles {
+    /// Reads every archive in `data`; stops quietly at the first malformed
+    /// header (what came before stays).
+    pub fn from_initramfs(data: &[u8]) -> Self {
+        let mut g = GuestFiles::default();
+        let mut at = 0;
+        while at + 110 <= data.len() {
+            // Archives are padded with zeros between them.
+            if data[at] == 0 {
+                at += 4;
+                continue;
+            }
+            if &data[at..at + 6] != b"070701" {
+                break;
+            }
+            let (Some(mode), Some(size), Some(namesize)) = (
+                hex_field(data, at + 14),
+                hex_field(data, at + 54),
+                hex_field(data, at + 94),
+            ) else {
+                break;
+            };
+            let name_start = at + 110;
+            let Some(name_end) = name_start.checked_add(namesize as usize) else {
+                break;
+            };
+            let data_start = align4(name_end);
+            let Some(data_end) = data_start.checked_add(size as usize) else {
+                break;
+            };
+            if data_end > data.len() || namesize == 0 {
+                break;
+            }
+            let name = String::from_utf8_lossy(&data[name_start..name_end - 1]).into_owned();
+            if name == "TRAILER!!!" {
+                at = align4(data_end);
+                continue;
+            }
+            let body = &data[data_start..data_end];
+            let key = normalize(&name);
+            match mode & S_IFMT {
+                S_IFREG => {
+                    g.links.remove(&key);
+                    g.files.insert(key, body.to_vec());
+                }
+                S_IFLNK => {
+                    g.files.remove(&key);
+                    g.links
+                        .insert(key, String::from_utf8_lossy(body).into_owned());
+                }
+                _ => {}
+            }
+            at = align4(data_end);
+        }
+        g
+    }
+
+    /// The contents of the file at `path`, following symbolic links.
+    pub fn get(&self, path: &str) -> Option<&[u8]> {
+        let mut key = normalize(path);
+        for _ in 0..16 {
+            if let Some(f) = self.files.get(&key) {
+                return Some(f);
+            }
+            let target = self.links.get(&key)?;
+            key = if target.starts_with('/') {
+                normalize(target)
+            } else {
+                let dir = key.rsplit_once('/').map_or("", |(d, _)| d);
+                normalize(&format!("{dir}/{target}"))
+            };
+        }
+        None
+    }
+
+    pub fn len(&self) -> usize {
+        self.files.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.files.is_empty()
+    }
+}
+
+/// The functions of one ELF file and the address range it occupies,
+/// relative to its load base.
+pub struct ElfSymbols {
+    /// (start, end, name), sorted by start.
+    functions: Vec<(u64, u64, String)>,
+    /// The lowest and highest address its loadable segments cover.
+    span: (u64, u64),
+}
+
+impl ElfSymbols {
+    /// Parses `data`; `None` if it is not an ELF file this can read.
+    pub fn parse(data: &[u8]) -> Option<Self> {
+        let file = object::File::parse(data).ok()?;
+        let mut functions: Vec<(u64, u64, String)> = Vec::new();
+        let symbols = file.symbols().chain(file.dynamic_symbols());
+        for sym in symbols {
+            if sym.kind() != SymbolKind::Text || sym.address() == 0 {
+                continue;
+            }
+            let Ok(name) = sym.name() else { continue };
+            if name.is_empty() {
+                continue;
+            }
+            let end = sym.address().saturating_add(sym.size().max(1));
+            functions.push((sym.address(), end, name.to_owned()));
+        }
+        functions.sort();
+        functions.dedup_by(|b, a| a.0 == b.0);
+        let mut span = (u64::MAX, 0);
+        for seg in file.segments() {
+            span.0 = span.0.min(seg.address());
+            span.1 = span.1.max(seg.address().saturating_add(seg.size()));
+        }
+        if span.0 > span.1 {
+            span = (0, 0);
+        }
+        Some(ElfSymbols { functions, span })
+    }
+
+    /// Whether the file, loaded at its base, covers the relative address.
+    pub fn covers(&self, rel: u64) -> bool {
+        (self.span.0..self.span.1).contains(&rel)
+    }
+
+    /// The function containing the relative address.
+    pub fn function(&self, rel: u64) -> Option<&str> {
+        let i = self.functions.partition_point(|f| f.0 <= rel);
+        let (start, end, name) = self.functions.get(i.checked_sub(1)?)?;
+        (rel >= *start && rel < *end).then_some(name.as_str())
+    }
+}
+
+/// Where an address of a process lies.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Location {
+    /// The object's path, or "[kernel]" / "[unknown]".
+    pub object: String,
+    /// The function, or "[unknown]" / the address when no symbol covers it.
+    pub function: String,
+}
+
+/// Symbolizes addresses of the processes of an event database.
+pub struct Symbolizer<'a> {
+    files: &'a GuestFiles,
+    parsed: HashMap<String, Option<ElfSymbols>>,
+    /// pid -> (base, path) of its objects.
+    objects: HashMap<u32, Vec<(u64, String)>>,
+}
+
+impl<'a> Symbolizer<'a> {
+    pub fn new(files: &'a GuestFiles) -> Self {
+        Symbolizer {
+            files,
+            parsed: HashMap::new(),
+            objects: HashMap::new(),
+        }
+    }
+
+    /// Declares the loaded objects of `pid` (its SYMBOL events).
+    pub fn add_process(&mut self, pid: u32, objects: Vec<(u64, String)>) {
+        self.objects.insert(pid, objects);
+    }
+
+    pub fn knows(&self, pid: u32) -> bool {
+        self.objects.contains_key(&pid)
+    }
+
+    fn elf(&mut self, path: &str) -> Option<&ElfSymbols> {
+        if !self.parsed.contains_key(path) {
+            let parsed = self.files.get(path).and_then(ElfSymbols::parse);
+            self.parsed.insert(path.to_owned(), parsed);
+        }
+        self.parsed.get(path)?.as_ref()
+    }
+
+    /// Where `addr` of process `pid` lies.
+    pub fn locate(&mut self, pid: u32, addr: u64) -> Location {
+        let unknown = |object: &str| Location {
+            object: object.to_owned(),
+            function: "[unknown]".to_owned(),
+        };
+        let objects = self.objects.get(&pid).cloned().unwrap_or_default();
+        for (base, path) in objects {
+            let Some(rel) = addr.checked_sub(base) else {
+                continue;
+            };
+            let Some(elf) = self.elf(&path) else { continue };
+            if !elf.covers(rel) {
+                continue;
+            }
+            return Location {
+                function: elf
+                    .function(rel)
+                    .map_or_else(|| format!("{rel:#x}"), str::to_owned),
+                object: path,
+            };
+        }
+        unknown("[unknown]")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(out: &mut Vec<u8>, name: &str, mode: u32, body: &[u8]) {
+        let header = format!(
+            "070701{:08X}{mode:08X}{:08X}{:08X}{:08X}{:08X}{:08X}{:08X}{:08X}{:08X}{:08X}{:08X}{:08X}",
+            1,
+            0,
+            0,
+            1,
+            0,
+            body.len(),
+            0,
+            0,
+            0,
+            0,
+            name.len() + 1,
+            0
+        );
+        out.extend_from_slice(header.as_bytes());
+        out.extend_from_slice(name.as_bytes());
+        out.push(0);
+        while !out.len().is_multiple_of(4) {
+            out.push(0);
+        }
+        out.extend_from_slice(body);
+        while !out.len().is_multiple_of(4) {
+            out.push(0);
+        }
+    }
+
+    #[test]
+    fn reads_files_and_links_of_concatenated_archives() {
+        let mut a = Vec::new();
+        entry(&mut a, "usr/bin/x", S_IFREG | 0o755, b"first");
+        entry(&mut a, "lib64/ld.so", S_IFLNK | 0o777, b"/lib/real-ld.so");
+        entry(&mut a, "lib/real-ld.so", S_IFREG | 0o755, b"loader");
+        entry(&mut a, "TRAILER!!!", 0, b"");
+        a.extend_from_slice(&[0; 512]);
+        entry(&mut a, "usr/bin/x", S_IFREG | 0o755, b"second");
+        entry(&mut a, "TRAILER!!!", 0, b"");
+        let g = GuestFiles::from_initramfs(&a);
+        assert_eq!(g.get("/usr/bin/x"), Some(&b"second"[..]));
+        assert_eq!(g.get("/lib64/ld.so"), Some(&b"loader"[..]));
+        assert_eq!(g.get("/nope"), None);
+        // Any truncation keeps what came before it and never panics.
+        for n in 0..a.len() {
+            let _ = GuestFiles::from_initramfs(&a[..n]).get("/usr/bin/x");
+        }
+    }
+
+    #[test]
+    fn link_loops_end() {
+        let mut a = Vec::new();
+        entry(&mut a, "a", S_IFLNK | 0o777, b"b");
+        entry(&mut a, "b", S_IFLNK | 0o777, b"a");
+        assert_eq!(GuestFiles::from_initramfs(&a).get("/a"), None);
+    }
+
+    #[test]
+    fn symbolizes_this_test_binary() {
+        // The test executable itself is an ELF file with a symbol table.
+        let exe = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+        let elf = ElfSymbols::parse(&exe).unwrap();
+        let main = elf
+            .functions
+            .iter()
+            .find(|f| f.2 == "main")
+            .expect("a main symbol");
+        assert_eq!(elf.function(main.0), Some("main"));
+        assert!(elf.covers(main.0));
+        assert!(ElfSymbols::parse(b"not an elf file").is_none());
+    }
+}
