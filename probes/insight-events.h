@@ -32,7 +32,9 @@ enum insight_event_kind {
 	INSIGHT_EV_FORK = 10,
 	INSIGHT_EV_EXIT = 11,
 	INSIGHT_EV_SYMBOL = 12,
-	INSIGHT_EV_CONTEXTSWITCH = 13, /* raised by the guest kernel */
+	INSIGHT_EV_CONTEXTSWITCH = 13, /* from the guest kernel's switch ring */
+	INSIGHT_EV_SAMPLE = 14, /* the host's */
+	INSIGHT_EV_THREADJOIN = 15,
 };
 
 struct insight_event_header {
@@ -57,8 +59,15 @@ struct insight_lock_payload {
 
 struct insight_threadcreate_payload {
 	uint32_t parent_lwpid;
-	uint32_t reserved;
+	/* Events the creator had raised when it called pthread_create: where
+	 * the creation lies in its stream of events. */
+	uint32_t creator_events;
 	uint64_t start_routine;
+};
+
+struct insight_threadjoin_payload {
+	uint32_t joined_lwpid;
+	uint32_t reserved;
 };
 
 struct insight_fork_payload {

@@ -3,7 +3,7 @@
  * LD_PRELOAD.
  *
  * Wraps pthread_mutex_lock/trylock/timedlock/unlock/init, pthread_create,
- * fork, exit, _exit and _Exit, and raises an event around each call with
+ * pthread_join, fork, exit, _exit and _Exit, and raises an event around each call with
  * the probe ABI of insight-events.h: the event is written into a
  * page-aligned per-thread buffer, its address goes in RAX, the key
  * INSIGHT_EVENTNOTIFY in EBX, and int3 hands it to the insight guest
@@ -45,6 +45,7 @@ static int (*real_timedlock)(pthread_mutex_t *, const struct timespec *);
 static int (*real_unlock)(pthread_mutex_t *);
 static int (*real_init)(pthread_mutex_t *, const pthread_mutexattr_t *);
 static int (*real_create)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
+static int (*real_join)(pthread_t, void **);
 static pid_t (*real_fork)(void);
 static void (*real_exit)(int) __attribute__((noreturn));
 static void (*real__exit)(int) __attribute__((noreturn));
@@ -62,6 +63,8 @@ static char comm[16];
 
 static __thread struct insight_event_header *buffer;
 static __thread pid_t my_lwpid;
+/* Events this thread raised so far (THREADCREATE's creator_events). */
+static __thread uint32_t events_raised;
 /* Set while a probe runs, so that nothing it calls raises events. */
 static __thread int in_probe;
 
@@ -81,6 +84,7 @@ static void resolve_all(void)
 	real_unlock = resolve("pthread_mutex_unlock");
 	real_init = resolve("pthread_mutex_init");
 	real_create = resolve("pthread_create");
+	real_join = resolve("pthread_join");
 	real_fork = resolve("fork");
 	real_exit = resolve("exit");
 	real__exit = resolve("_exit");
@@ -123,6 +127,7 @@ __attribute__((constructor)) static void probes_init(void)
 
 static void notify(struct insight_event_header *e)
 {
+	events_raised++;
 	if (use_port)
 		__asm__ volatile("outl %%eax, %%dx"
 				 :
@@ -270,23 +275,68 @@ EXPORT int pthread_mutex_init(pthread_mutex_t *m, const pthread_mutexattr_t *a)
 	return r;
 }
 
+/*
+ * pthread_t -> lwpid of the threads started through us, for THREADJOIN:
+ * open addressing, filled by each new thread itself, without locks (a
+ * mutex here would be probed).
+ */
+#define THREAD_SLOTS 4096
+static struct {
+	pthread_t id;
+	pid_t lwpid;
+} thread_slots[THREAD_SLOTS];
+
+static size_t slot_of(pthread_t id)
+{
+	return (size_t)((uintptr_t)id >> 12) % THREAD_SLOTS;
+}
+
+static void remember_thread(pthread_t id, pid_t lwpid)
+{
+	for (size_t i = slot_of(id), n = 0; n < THREAD_SLOTS; i = (i + 1) % THREAD_SLOTS, n++) {
+		pthread_t expected = 0;
+		if (__atomic_compare_exchange_n(&thread_slots[i].id, &expected, id, 0,
+						__ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE) ||
+		    expected == id) {
+			__atomic_store_n(&thread_slots[i].lwpid, lwpid, __ATOMIC_RELEASE);
+			return;
+		}
+	}
+}
+
+static pid_t lwpid_of(pthread_t id)
+{
+	for (size_t i = slot_of(id), n = 0; n < THREAD_SLOTS; i = (i + 1) % THREAD_SLOTS, n++) {
+		pthread_t seen = __atomic_load_n(&thread_slots[i].id, __ATOMIC_ACQUIRE);
+		if (seen == id)
+			return __atomic_load_n(&thread_slots[i].lwpid, __ATOMIC_ACQUIRE);
+		if (seen == 0)
+			return 0;
+	}
+	return 0;
+}
+
 struct start {
 	void *(*routine)(void *);
 	void *arg;
 	pid_t parent_lwpid;
+	uint32_t parent_events;
 };
 
 static void *start_thread(void *p)
 {
 	struct start s = *(struct start *)p;
 	free(p);
+	if (!my_lwpid)
+		my_lwpid = (pid_t)syscall(SYS_gettid);
+	remember_thread(pthread_self(), my_lwpid);
 	if (enter()) {
 		struct insight_event_header *h =
 			begin(INSIGHT_EV_THREADCREATE, sizeof(struct insight_threadcreate_payload));
 		if (h) {
 			struct insight_threadcreate_payload *t = (void *)(h + 1);
 			t->parent_lwpid = (uint32_t)s.parent_lwpid;
-			t->reserved = 0;
+			t->creator_events = s.parent_events;
 			t->start_routine = (uintptr_t)s.routine;
 			notify(h);
 		}
@@ -311,9 +361,28 @@ EXPORT int pthread_create(pthread_t *t, const pthread_attr_t *a, void *(*routine
 	s->routine = routine;
 	s->arg = arg;
 	s->parent_lwpid = my_lwpid ? my_lwpid : (pid_t)syscall(SYS_gettid);
+	s->parent_events = events_raised;
 	int r = REAL(real_create)(t, a, start_thread, s);
 	if (r != 0)
 		free(s);
+	return r;
+}
+
+EXPORT int pthread_join(pthread_t t, void **result)
+{
+	int r = REAL(real_join)(t, result);
+	pid_t joined = r == 0 && active ? lwpid_of(t) : 0;
+	if (joined && enter()) {
+		struct insight_event_header *h =
+			begin(INSIGHT_EV_THREADJOIN, sizeof(struct insight_threadjoin_payload));
+		if (h) {
+			struct insight_threadjoin_payload *j = (void *)(h + 1);
+			j->joined_lwpid = (uint32_t)joined;
+			j->reserved = 0;
+			notify(h);
+		}
+		leave();
+	}
 	return r;
 }
 

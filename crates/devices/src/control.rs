@@ -23,6 +23,7 @@ const CODE_POWER_OFF: u8 = 0x03;
 const CODE_PANIC: u8 = 0x04;
 const CODE_SYNC: u8 = 0x05;
 const CODE_EVENT: u8 = 0x06;
+const CODE_SWITCH_RING: u8 = 0x07;
 /// Arguments of `CODE_EVENT`: who raised the event.
 const EVENT_FROM_PROBE: u32 = 0;
 const EVENT_FROM_KERNEL: u32 = 1;
@@ -57,6 +58,9 @@ pub enum ControlMessage {
     Sync,
     /// An event was raised (docs/events.md).
     Event(EventRaiser),
+    /// The guest kernel's context-switch ring is at the guest physical
+    /// address in RSI (docs/events.md).
+    SwitchRing,
     /// A write this version does not understand.
     Unknown(u32),
 }
@@ -72,6 +76,7 @@ impl ControlMessage {
             CODE_SYNC => ControlMessage::Sync,
             CODE_EVENT if arg == EVENT_FROM_PROBE => ControlMessage::Event(EventRaiser::ProbeTrap),
             CODE_EVENT if arg == EVENT_FROM_KERNEL => ControlMessage::Event(EventRaiser::Kernel),
+            CODE_SWITCH_RING => ControlMessage::SwitchRing,
             _ => ControlMessage::Unknown(value),
         }
     }
@@ -124,6 +129,10 @@ mod tests {
         );
         assert_eq!(ControlMessage::decode(0x0400_0000), ControlMessage::Panic);
         assert_eq!(ControlMessage::decode(0x0500_0000), ControlMessage::Sync);
+        assert_eq!(
+            ControlMessage::decode(0x0700_0000),
+            ControlMessage::SwitchRing
+        );
         assert_eq!(
             ControlMessage::decode(0x0600_0001),
             ControlMessage::Event(EventRaiser::Kernel)

@@ -244,6 +244,7 @@ mod tests {
                 thread,
                 lock,
                 kind,
+                site: 0,
             });
             self
         }

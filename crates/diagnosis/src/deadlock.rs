@@ -21,10 +21,34 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use crate::lock_events::{LockEvent, LockEventKind, LockOp};
 
 /// A thread event that orders segments of two threads.
+///
+/// A creation is reported by the new thread, possibly after the creator
+/// went on: `after` says how many of the creator's own events in the input
+/// (its lock events and joins) came before the creation, so that its
+/// effect is placed there; `None` places it where it appears.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ThreadEvent {
-    Create { time: u64, parent: u32, child: u32 },
-    Join { time: u64, joiner: u32, joined: u32 },
+    Create {
+        time: u64,
+        parent: u32,
+        child: u32,
+        after: Option<u64>,
+    },
+    Join {
+        time: u64,
+        joiner: u32,
+        joined: u32,
+    },
+}
+
+/// The thread whose own event `e` is (creations belong to the creator
+/// and are placed separately).
+fn own_thread(e: &Event) -> Option<u32> {
+    match e {
+        Event::Lock(le) => Some(le.thread),
+        Event::Thread(ThreadEvent::Join { joiner, .. }) => Some(*joiner),
+        Event::Thread(ThreadEvent::Create { .. }) => None,
+    }
 }
 
 /// Input events, in time order.
@@ -66,8 +90,10 @@ struct Edge {
     to: u64,
     to_by_trylock: bool,
     gates: BTreeSet<u64>,
-    /// Where `to` was acquired (first time this edge was seen).
+    /// Where `to` was acquired, the first time this edge was seen: the
+    /// return address into the caller, and the event time.
     site: u64,
+    time: u64,
     clock: Clock,
 }
 
@@ -76,13 +102,15 @@ struct Edge {
 type EdgeKey = (u32, u64, u64, bool, BTreeSet<u64>, Vec<(u32, u64)>);
 
 /// One step of a reported cycle: in `thread`, `held` was held while
-/// `acquired` was taken at `site` (the event time of the acquisition).
+/// `acquired` was taken at `site` (the return address into the caller of
+/// the lock call; 0 if unknown) at `time`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CycleStep {
     pub thread: u32,
     pub held: u64,
     pub acquired: u64,
     pub site: u64,
+    pub time: u64,
 }
 
 /// A lock-order cycle.
@@ -125,12 +153,28 @@ pub struct DeadlockReport {
 /// Longest cycle searched (number of threads).
 pub const MAX_CYCLE: usize = 6;
 
-pub fn analyze<'a>(events: impl IntoIterator<Item = &'a Event>) -> DeadlockReport {
+pub fn analyze<'a>(events: impl IntoIterator<Item = &'a Event> + Clone) -> DeadlockReport {
     let mut report = DeadlockReport::default();
     let mut clocks: HashMap<u32, Clock> = HashMap::new();
+    // Creations to apply when their creator has had `after` events:
+    // creator -> (after, child), and which children are still pending.
+    let mut creations: HashMap<u32, Vec<(u64, u32)>> = HashMap::new();
+    for e in events.clone() {
+        if let Event::Thread(ThreadEvent::Create {
+            parent,
+            child,
+            after: Some(after),
+            ..
+        }) = *e
+        {
+            creations.entry(parent).or_default().push((after, child));
+        }
+    }
+    let mut pending: HashSet<u32> = creations.values().flatten().map(|&(_, c)| c).collect();
+    let mut own_events: HashMap<u32, u64> = HashMap::new();
     // Per thread: held locks in acquisition order (lock, by trylock).
     let mut held: HashMap<u32, Vec<(u64, bool)>> = HashMap::new();
-    let mut pending: HashMap<u32, LockOp> = HashMap::new();
+    let mut requests: HashMap<u32, LockOp> = HashMap::new();
     let mut edges: Vec<Edge> = Vec::new();
     let mut seen: HashSet<EdgeKey> = HashSet::new();
 
@@ -145,15 +189,37 @@ pub fn analyze<'a>(events: impl IntoIterator<Item = &'a Event>) -> DeadlockRepor
             .clone()
     };
 
+    let create = |clocks: &mut HashMap<u32, Clock>, parent: u32, child: u32| {
+        let mut c = clock_of(clocks, parent);
+        c.tick(child);
+        clocks.insert(child, c);
+        let mut p = clock_of(clocks, parent);
+        p.tick(parent);
+        clocks.insert(parent, p);
+    };
+
     for ev in events {
+        // Creations that happened before this event of their creator.
+        if let Some(t) = own_thread(ev) {
+            let done = own_events.entry(t).or_insert(0);
+            let now = *done;
+            *done += 1;
+            if let Some(list) = creations.get(&t) {
+                for &(_, child) in list.iter().filter(|(after, _)| *after <= now) {
+                    if pending.remove(&child) {
+                        create(&mut clocks, t, child);
+                    }
+                }
+            }
+        }
         match *ev {
             Event::Thread(ThreadEvent::Create { parent, child, .. }) => {
-                let mut c = clock_of(&mut clocks, parent);
-                c.tick(child);
-                clocks.insert(child, c);
-                let mut p = clock_of(&mut clocks, parent);
-                p.tick(parent);
-                clocks.insert(parent, p);
+                // Not placed earlier: the creator has had no event since.
+                let placed = creations.contains_key(&parent) && !pending.contains(&child);
+                if !placed {
+                    pending.remove(&child);
+                    create(&mut clocks, parent, child);
+                }
             }
             Event::Thread(ThreadEvent::Join { joiner, joined, .. }) => {
                 let done = clock_of(&mut clocks, joined);
@@ -164,10 +230,10 @@ pub fn analyze<'a>(events: impl IntoIterator<Item = &'a Event>) -> DeadlockRepor
             }
             Event::Lock(le) => match le.kind {
                 LockEventKind::Request(op) => {
-                    pending.insert(le.thread, op);
+                    requests.insert(le.thread, op);
                 }
                 LockEventKind::Return(op, result) => {
-                    pending.remove(&le.thread);
+                    requests.remove(&le.thread);
                     if result != 0 {
                         continue; // failed trylock / timedlock: no node
                     }
@@ -191,7 +257,8 @@ pub fn analyze<'a>(events: impl IntoIterator<Item = &'a Event>) -> DeadlockRepor
                                 to: le.lock,
                                 to_by_trylock: by_try,
                                 gates,
-                                site: le.time,
+                                site: le.site,
+                                time: le.time,
                                 clock: clock.clone(),
                             });
                         }
@@ -311,6 +378,7 @@ fn record(edges: &[Edge], path: &[usize], found: &mut HashMap<Vec<(u32, u64, u64
                 held: e.from,
                 acquired: e.to,
                 site: e.site,
+                time: e.time,
             })
             .collect(),
         gates,
@@ -338,6 +406,7 @@ mod tests {
                 thread,
                 lock,
                 kind,
+                site: 0x1000 + self.1,
             }));
             self
         }
@@ -358,6 +427,7 @@ mod tests {
         fn create(&mut self, parent: u32, child: u32) -> &mut Self {
             self.1 += 1;
             self.0.push(Event::Thread(ThreadEvent::Create {
+                after: None,
                 time: self.1,
                 parent,
                 child,
@@ -476,6 +546,35 @@ mod tests {
         assert!(r.deadlocks.is_empty(), "{r:?}");
         assert_eq!(r.protected.len(), 1);
         assert_eq!(r.protected[0].gates, BTreeSet::from([G]));
+    }
+
+    #[test]
+    fn a_creation_reported_late_is_placed_where_it_happened() {
+        // Main creates T1 and T2 before anything else; T1 runs and main
+        // joins it before T2 even starts (and reports its creation). T2
+        // was created before the join: it still races with T1.
+        let late = |child| {
+            Event::Thread(ThreadEvent::Create {
+                time: 0,
+                parent: 0,
+                child,
+                after: Some(0),
+            })
+        };
+        let mut p = Prog::default();
+        p.0.push(late(1));
+        p.lock(1, L1).lock(1, L2).unlock(1, L2).unlock(1, L1);
+        p.join(0, 1);
+        p.0.push(late(2));
+        p.lock(2, L2).lock(2, L1).unlock(2, L1).unlock(2, L2);
+        assert_eq!(p.report().deadlocks.len(), 1);
+        // Placed where it appears, the creation would follow the join.
+        for e in &mut p.0 {
+            if let Event::Thread(ThreadEvent::Create { after, .. }) = e {
+                *after = None;
+            }
+        }
+        assert!(p.report().deadlocks.is_empty());
     }
 
     #[test]

@@ -20,13 +20,15 @@ pub enum LockEventKind {
 }
 
 /// One lock event: deterministic replay time, thread (lwpid), lock
-/// (its address in the guest process), kind.
+/// (its address in the guest process), kind, and where it was called
+/// from (the return address into the caller; 0 if unknown).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LockEvent {
     pub time: u64,
     pub thread: u32,
     pub lock: u64,
     pub kind: LockEventKind,
+    pub site: u64,
 }
 
 /// `ETIMEDOUT` on Linux: a timed lock that gave up.

@@ -126,6 +126,8 @@ impl GuestFiles {
 pub struct ElfSymbols {
     /// (start, end, name), sorted by start.
     functions: Vec<(u64, u64, String)>,
+    /// Data objects (global variables), the same way.
+    data: Vec<(u64, u64, String)>,
     /// The lowest and highest address its loadable segments cover.
     span: (u64, u64),
 }
@@ -135,20 +137,25 @@ impl ElfSymbols {
     pub fn parse(data: &[u8]) -> Option<Self> {
         let file = object::File::parse(data).ok()?;
         let mut functions: Vec<(u64, u64, String)> = Vec::new();
+        let mut data: Vec<(u64, u64, String)> = Vec::new();
         let symbols = file.symbols().chain(file.dynamic_symbols());
         for sym in symbols {
-            if sym.kind() != SymbolKind::Text || sym.address() == 0 {
-                continue;
-            }
+            let list = match sym.kind() {
+                SymbolKind::Text => &mut functions,
+                SymbolKind::Data => &mut data,
+                _ => continue,
+            };
             let Ok(name) = sym.name() else { continue };
-            if name.is_empty() {
+            if name.is_empty() || sym.address() == 0 {
                 continue;
             }
             let end = sym.address().saturating_add(sym.size().max(1));
-            functions.push((sym.address(), end, name.to_owned()));
+            list.push((sym.address(), end, name.to_owned()));
         }
-        functions.sort();
-        functions.dedup_by(|b, a| a.0 == b.0);
+        for list in [&mut functions, &mut data] {
+            list.sort();
+            list.dedup_by(|b, a| a.0 == b.0);
+        }
         let mut span = (u64::MAX, 0);
         for seg in file.segments() {
             span.0 = span.0.min(seg.address());
@@ -157,7 +164,11 @@ impl ElfSymbols {
         if span.0 > span.1 {
             span = (0, 0);
         }
-        Some(ElfSymbols { functions, span })
+        Some(ElfSymbols {
+            functions,
+            data,
+            span,
+        })
     }
 
     /// Whether the file, loaded at its base, covers the relative address.
@@ -167,11 +178,22 @@ impl ElfSymbols {
 
     /// The function containing the relative address.
     pub fn function(&self, rel: u64) -> Option<&str> {
-        let i = self.functions.partition_point(|f| f.0 <= rel);
-        let (start, end, name) = self.functions.get(i.checked_sub(1)?)?;
-        (rel >= *start && rel < *end).then_some(name.as_str())
+        containing(&self.functions, rel)
+    }
+
+    /// The data object (global variable) containing the relative address.
+    pub fn data(&self, rel: u64) -> Option<&str> {
+        containing(&self.data, rel)
     }
 }
+
+fn containing(list: &[(u64, u64, String)], rel: u64) -> Option<&str> {
+    let i = list.partition_point(|f| f.0 <= rel);
+    let (start, end, name) = list.get(i.checked_sub(1)?)?;
+    (rel >= *start && rel < *end).then_some(name.as_str())
+}
+
+impl ElfSymbols {}
 
 /// Where an address of a process lies.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -214,6 +236,53 @@ impl<'a> Symbolizer<'a> {
             self.parsed.insert(path.to_owned(), parsed);
         }
         self.parsed.get(path)?.as_ref()
+    }
+
+    /// The global variable at `addr` of process `pid` ("L1", or
+    /// "table+0x10"), if a symbol covers it.
+    pub fn variable(&mut self, pid: u32, addr: u64) -> Option<String> {
+        let objects = self.objects.get(&pid).cloned().unwrap_or_default();
+        for (base, path) in objects {
+            let Some(rel) = addr.checked_sub(base) else {
+                continue;
+            };
+            let Some(elf) = self.elf(&path) else { continue };
+            if !elf.covers(rel) {
+                continue;
+            }
+            let name = elf.data(rel)?.to_owned();
+            let start = elf.data.iter().find(|d| d.2 == name).map_or(rel, |d| d.0);
+            return Some(if rel == start {
+                name
+            } else {
+                format!("{name}+{:#x}", rel - start)
+            });
+        }
+        None
+    }
+
+    /// A code address of process `pid` for people: "function+0x1f in
+    /// object", or the bare address.
+    pub fn describe_code(&mut self, pid: u32, addr: u64) -> String {
+        let objects = self.objects.get(&pid).cloned().unwrap_or_default();
+        for (base, path) in objects {
+            let Some(rel) = addr.checked_sub(base) else {
+                continue;
+            };
+            let Some(elf) = self.elf(&path) else { continue };
+            if !elf.covers(rel) {
+                continue;
+            }
+            let object = path.rsplit('/').next().unwrap_or(&path).to_owned();
+            let i = elf.functions.partition_point(|f| f.0 <= rel);
+            return match i.checked_sub(1).and_then(|i| elf.functions.get(i)) {
+                Some((start, end, name)) if rel < *end => {
+                    format!("{name}+{:#x} in {object}", rel - start)
+                }
+                _ => format!("{rel:#x} in {object}"),
+            };
+        }
+        format!("{addr:#x}")
     }
 
     /// Where `addr` of process `pid` lies.

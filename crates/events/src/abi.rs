@@ -14,8 +14,9 @@ pub const HEADER_LEN: usize = 48;
 /// An event buffer never crosses a page; this is the most the host reads.
 pub const PAGE: usize = 4096;
 
-/// Event kinds, as numbered by the ABI. `Sample` is the host's own and
-/// never comes from a buffer.
+/// Event kinds, as numbered by the ABI. `ContextSwitch` (read from the
+/// guest kernel's switch ring) and `Sample` (the host's own) never come
+/// from a buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[repr(u16)]
 pub enum Kind {
@@ -33,10 +34,11 @@ pub enum Kind {
     Symbol = 12,
     ContextSwitch = 13,
     Sample = 14,
+    ThreadJoin = 15,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 14] = [
+    pub const ALL: [Kind; 15] = [
         Kind::Lock,
         Kind::LockRet,
         Kind::TryLock,
@@ -51,6 +53,7 @@ impl Kind {
         Kind::Symbol,
         Kind::ContextSwitch,
         Kind::Sample,
+        Kind::ThreadJoin,
     ];
 
     pub fn from_u16(v: u16) -> Option<Kind> {
@@ -74,6 +77,7 @@ impl Kind {
             Kind::Symbol => "SYMBOL",
             Kind::ContextSwitch => "CONTEXTSWITCH",
             Kind::Sample => "SAMPLE",
+            Kind::ThreadJoin => "THREADJOIN",
         }
     }
 
@@ -113,9 +117,16 @@ pub enum Payload {
         caller: u64,
         result: i32,
     },
+    /// Raised in the new thread; `creator_events`: how many events the
+    /// creator had raised when it called pthread_create.
     ThreadCreate {
         parent_lwpid: u32,
+        creator_events: u32,
         start_routine: u64,
+    },
+    /// pthread_join returned: the joined thread.
+    ThreadJoin {
+        joined_lwpid: u32,
     },
     Fork {
         parent_pid: u32,
@@ -126,14 +137,6 @@ pub enum Payload {
     Symbol {
         base: u64,
         path: String,
-    },
-    ContextSwitch {
-        from_pid: u32,
-        from_lwpid: u32,
-        to_pid: u32,
-        to_lwpid: u32,
-        from_comm: String,
-        to_comm: String,
     },
 }
 
@@ -164,8 +167,6 @@ pub enum AbiError {
         min: usize,
         max: usize,
     },
-    #[error("{0} raised by a probe (only the kernel raises it)")]
-    KernelOnly(&'static str),
     #[error("SYMBOL path is not UTF-8 or not absolute")]
     BadPath,
 }
@@ -194,9 +195,8 @@ fn payload_len(kind: Kind) -> usize {
     match kind {
         k if k.is_lock() => 24,
         Kind::ThreadCreate => 16,
-        Kind::Fork | Kind::Exit => 8,
+        Kind::Fork | Kind::Exit | Kind::ThreadJoin => 8,
         Kind::Symbol => 16,
-        Kind::ContextSwitch => 48,
         _ => 0,
     }
 }
@@ -209,7 +209,7 @@ pub fn declared_size(head: &[u8]) -> Option<u32> {
 
 /// Parses the event at the start of `buf`. `room` is how many bytes the
 /// buffer may span before the page ends; the event must fit in it.
-pub fn parse(buf: &[u8], room: usize, source: Source) -> Result<RawEvent, AbiError> {
+pub fn parse(buf: &[u8], room: usize) -> Result<RawEvent, AbiError> {
     if buf.len() < HEADER_LEN {
         return Err(AbiError::Size {
             declared: buf.len() as u32,
@@ -227,11 +227,8 @@ pub fn parse(buf: &[u8], room: usize, source: Source) -> Result<RawEvent, AbiErr
     }
     let raw_kind = u16_at(buf, 6);
     let kind = Kind::from_u16(raw_kind).ok_or(AbiError::UnknownKind(raw_kind))?;
-    if kind == Kind::Sample {
+    if matches!(kind, Kind::Sample | Kind::ContextSwitch) {
         return Err(AbiError::HostKind(raw_kind));
-    }
-    if kind == Kind::ContextSwitch && source == Source::Probe {
-        return Err(AbiError::KernelOnly(kind.name()));
     }
     let size = u32_at(buf, 8);
     let min = HEADER_LEN + payload_len(kind);
@@ -252,7 +249,11 @@ pub fn parse(buf: &[u8], room: usize, source: Source) -> Result<RawEvent, AbiErr
         },
         Kind::ThreadCreate => Payload::ThreadCreate {
             parent_lwpid: u32_at(buf, p),
+            creator_events: u32_at(buf, p + 4),
             start_routine: u64_at(buf, p + 8),
+        },
+        Kind::ThreadJoin => Payload::ThreadJoin {
+            joined_lwpid: u32_at(buf, p),
         },
         Kind::Fork => Payload::Fork {
             parent_pid: u32_at(buf, p),
@@ -260,7 +261,7 @@ pub fn parse(buf: &[u8], room: usize, source: Source) -> Result<RawEvent, AbiErr
         Kind::Exit => Payload::Exit {
             status: u32_at(buf, p) as i32,
         },
-        Kind::Symbol => {
+        _ => {
             let len = u32_at(buf, p + 8) as usize;
             let start = p + 16;
             if start + len > size as usize {
@@ -280,14 +281,6 @@ pub fn parse(buf: &[u8], room: usize, source: Source) -> Result<RawEvent, AbiErr
                 path: path.to_owned(),
             }
         }
-        _ => Payload::ContextSwitch {
-            from_pid: u32_at(buf, p),
-            from_lwpid: u32_at(buf, p + 4),
-            to_pid: u32_at(buf, p + 8),
-            to_lwpid: u32_at(buf, p + 12),
-            from_comm: comm_at(buf, p + 16),
-            to_comm: comm_at(buf, p + 32),
-        },
     };
     Ok(RawEvent {
         kind,
@@ -340,7 +333,7 @@ mod tests {
             "syn_cont",
             &lock_payload(0x5000, 0x4010, 0),
         );
-        let e = parse(&b, PAGE, Source::Probe).unwrap();
+        let e = parse(&b, PAGE).unwrap();
         assert_eq!(e.kind, Kind::LockRet);
         assert_eq!((e.pid, e.lwpid, e.comm.as_str()), (7, 9, "syn_cont"));
         assert_eq!(
@@ -360,7 +353,7 @@ mod tests {
         p.extend_from_slice(&0u32.to_le_bytes());
         p.extend_from_slice(b"/lib/libc.so");
         let b = encode(Kind::Symbol as u16, 1, 1, "a", &p);
-        let e = parse(&b, PAGE, Source::Probe).unwrap();
+        let e = parse(&b, PAGE).unwrap();
         assert_eq!(
             e.payload,
             Payload::Symbol {
@@ -371,15 +364,12 @@ mod tests {
         // A path length beyond the event.
         p[8..12].copy_from_slice(&200u32.to_le_bytes());
         let b = encode(Kind::Symbol as u16, 1, 1, "a", &p);
-        assert!(matches!(
-            parse(&b, PAGE, Source::Probe),
-            Err(AbiError::Size { .. })
-        ));
+        assert!(matches!(parse(&b, PAGE), Err(AbiError::Size { .. })));
         // A relative path.
         p[8..12].copy_from_slice(&4u32.to_le_bytes());
         p[16] = b'x';
         let b = encode(Kind::Symbol as u16, 1, 1, "a", &p);
-        assert_eq!(parse(&b, PAGE, Source::Probe), Err(AbiError::BadPath));
+        assert_eq!(parse(&b, PAGE), Err(AbiError::BadPath));
     }
 
     #[test]
@@ -387,47 +377,28 @@ mod tests {
         let good = encode(Kind::Lock as u16, 1, 1, "a", &lock_payload(1, 2, 0));
         let mut b = good.clone();
         b[0] = 0;
-        assert!(matches!(
-            parse(&b, PAGE, Source::Probe),
-            Err(AbiError::BadMagic(_))
-        ));
+        assert!(matches!(parse(&b, PAGE), Err(AbiError::BadMagic(_))));
         let mut b = good.clone();
         b[4] = 2;
-        assert_eq!(parse(&b, PAGE, Source::Probe), Err(AbiError::Version(2)));
+        assert_eq!(parse(&b, PAGE), Err(AbiError::Version(2)));
         let mut b = good.clone();
         b[6] = 99;
-        assert_eq!(
-            parse(&b, PAGE, Source::Probe),
-            Err(AbiError::UnknownKind(99))
-        );
+        assert_eq!(parse(&b, PAGE), Err(AbiError::UnknownKind(99)));
         let mut b = good.clone();
         b[6] = Kind::Sample as u8;
-        assert!(matches!(
-            parse(&b, PAGE, Source::Probe),
-            Err(AbiError::HostKind(_))
-        ));
+        assert!(matches!(parse(&b, PAGE), Err(AbiError::HostKind(_))));
         // Too short for its kind, and larger than the page allows.
         let mut b = good.clone();
         b[8] = 50;
+        assert!(matches!(parse(&b, PAGE), Err(AbiError::Size { .. })));
+        assert!(matches!(parse(&good, 60), Err(AbiError::Size { .. })));
         assert!(matches!(
-            parse(&b, PAGE, Source::Probe),
+            parse(&good[..20], PAGE),
             Err(AbiError::Size { .. })
         ));
-        assert!(matches!(
-            parse(&good, 60, Source::Probe),
-            Err(AbiError::Size { .. })
-        ));
-        assert!(matches!(
-            parse(&good[..20], PAGE, Source::Probe),
-            Err(AbiError::Size { .. })
-        ));
-        // Context switches come from the kernel only.
+        // Context switches come from the switch ring, never a buffer.
         let b = encode(Kind::ContextSwitch as u16, 1, 1, "a", &[0; 48]);
-        assert!(matches!(
-            parse(&b, PAGE, Source::Probe),
-            Err(AbiError::KernelOnly(_))
-        ));
-        assert!(parse(&b, PAGE, Source::Kernel).is_ok());
+        assert!(matches!(parse(&b, PAGE), Err(AbiError::HostKind(_))));
     }
 
     #[test]
@@ -440,18 +411,18 @@ mod tests {
         let samples = [
             encode(Kind::Lock as u16, 1, 1, "a", &lock_payload(1, 2, 3)),
             encode(Kind::Symbol as u16, 1, 1, "a", &sym),
-            encode(Kind::ContextSwitch as u16, 1, 1, "a", &[0xff; 48]),
+            encode(Kind::Exit as u16, 1, 1, "a", &[0xff; 8]),
         ];
         for s in &samples {
             for n in 0..=s.len() {
-                let _ = parse(&s[..n], PAGE, Source::Kernel);
+                let _ = parse(&s[..n], PAGE);
             }
             for i in 0..s.len() {
                 for v in [0u8, 1, 0x7f, 0xff] {
                     let mut b = s.clone();
                     b[i] = v;
                     for room in [0, 47, 48, 72, PAGE] {
-                        let _ = parse(&b, room, Source::Kernel);
+                        let _ = parse(&b, room);
                     }
                 }
             }

@@ -42,6 +42,7 @@ pub struct Capture {
     tracked: HashSet<u32>,
     /// The task on the CPU, (pid, lwpid), from the last CONTEXTSWITCH.
     current: Option<(u32, u32)>,
+    last_time: u64,
     named: HashSet<(u32, u32)>,
 }
 
@@ -53,6 +54,7 @@ impl Capture {
             anomalies: BTreeMap::new(),
             tracked: HashSet::new(),
             current: None,
+            last_time: 0,
             named: HashSet::new(),
         }
     }
@@ -99,7 +101,8 @@ impl Capture {
                 return Ok(());
             }
         };
-        let event = match abi::parse(bytes, bytes.len(), source) {
+        let time = self.advance(time);
+        let event = match abi::parse(bytes, bytes.len()) {
             Ok(e) => e,
             Err(e) => {
                 let what = match e {
@@ -110,7 +113,6 @@ impl Capture {
                         "not an event (bad magic or version)"
                     }
                     abi::AbiError::Size { .. } => "event size out of bounds",
-                    abi::AbiError::KernelOnly(_) => "kernel event raised by a probe",
                     abi::AbiError::BadPath => "bad SYMBOL path",
                 };
                 self.anomaly(what, format!("lwpid {lwpid}: {e}"));
@@ -160,23 +162,17 @@ impl Capture {
             }
             Payload::ThreadCreate {
                 parent_lwpid,
+                creator_events,
                 start_routine,
-            } => (Some(*start_routine), None, Some(i64::from(*parent_lwpid))),
+            } => (
+                Some(*start_routine),
+                Some(u64::from(*creator_events)),
+                Some(i64::from(*parent_lwpid)),
+            ),
+            Payload::ThreadJoin { joined_lwpid } => (None, None, Some(i64::from(*joined_lwpid))),
             Payload::Fork { parent_pid } => (None, None, Some(i64::from(*parent_pid))),
             Payload::Exit { status } => (None, None, Some(i64::from(*status))),
             Payload::Symbol { base, .. } => (Some(*base), None, None),
-            Payload::ContextSwitch {
-                to_pid, to_lwpid, ..
-            } => (Some(u64::from(*to_pid)), None, Some(i64::from(*to_lwpid))),
-        };
-        // A context switch is the from-thread's event, whoever runs it.
-        let (pid, lwpid) = match &e.payload {
-            Payload::ContextSwitch {
-                from_pid,
-                from_lwpid,
-                ..
-            } => (*from_pid, *from_lwpid),
-            _ => (pid, lwpid),
         };
         let seq = self.db.push(&Row {
             seq: 0,
@@ -194,17 +190,6 @@ impl Capture {
             self.db.thread(pid, lwpid, &e.comm, seq)?;
         }
         match &e.payload {
-            Payload::ContextSwitch {
-                to_pid,
-                to_lwpid,
-                to_comm,
-                ..
-            } => {
-                self.current = Some((*to_pid, *to_lwpid));
-                if self.named.insert((*to_pid, *to_lwpid)) {
-                    self.db.thread(*to_pid, *to_lwpid, to_comm, seq)?;
-                }
-            }
             Payload::Symbol { base, path } => self.db.object(pid, *base, path, seq)?,
             Payload::Exit { .. } if source == Source::Kernel => {
                 self.tracked.remove(&lwpid);
@@ -217,17 +202,63 @@ impl Capture {
         Ok(())
     }
 
+    /// The latest time seen (events are stored with non-decreasing times).
+    fn advance(&mut self, time: u64) -> u64 {
+        self.last_time = self.last_time.max(time);
+        self.last_time
+    }
+
+    /// A context switch from the guest kernel's switch ring, at the latest
+    /// time known (`time_hint` or later): the from-task's event.
+    pub fn context_switch(
+        &mut self,
+        time_hint: u64,
+        from: (u32, u32),
+        to: (u32, u32),
+    ) -> Result<(), DbError> {
+        let time = self.advance(time_hint);
+        self.db.push(&Row {
+            seq: 0,
+            time,
+            kind: Kind::ContextSwitch,
+            source: Source::Kernel,
+            pid: from.0,
+            lwpid: from.1,
+            addr: Some(u64::from(to.0)),
+            caller: None,
+            value: Some(i64::from(to.1)),
+        })?;
+        *self.per_kind.entry(Kind::ContextSwitch).or_insert(0) += 1;
+        self.current = Some(to);
+        Ok(())
+    }
+
+    /// Context switches the ring overwrote before the hypervisor read them.
+    pub fn lost_switches(&mut self, n: u64, example: String) {
+        let entry = self
+            .anomalies
+            .entry("context switches lost (ring overrun)")
+            .or_insert((0, example));
+        entry.0 += n;
+    }
+
+    /// The switch ring the guest announced is unusable.
+    pub fn bad_switch_ring(&mut self, why: String) {
+        self.anomaly("unusable context-switch ring", why);
+    }
+
     /// A SAMPLE of task (pid, lwpid) at `rip` (`user`: in user mode) with
     /// the return addresses of its stack, innermost first.
     pub fn sample(
         &mut self,
-        time: u64,
+        time_hint: u64,
         pid: u32,
         lwpid: u32,
         rip: u64,
         user: bool,
         stack: &[u64],
     ) -> Result<(), DbError> {
+        let time = self.advance(time_hint);
         let seq = self.db.push(&Row {
             seq: 0,
             time,
@@ -282,16 +313,6 @@ mod tests {
         (Capture::new(EventWriter::create(&path, &[]).unwrap()), path)
     }
 
-    fn switch(from: u32, to: u32) -> Vec<u8> {
-        let mut p = Vec::new();
-        for v in [1, from, 1, to] {
-            p.extend_from_slice(&v.to_le_bytes());
-        }
-        p.extend_from_slice(&[b'a'; 16]);
-        p.extend_from_slice(b"b\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0");
-        encode(Kind::ContextSwitch as u16, 1, from, "a", &p)
-    }
-
     #[test]
     fn stores_valid_events_and_counts_the_rest() {
         let (mut c, path) = capture("mixed");
@@ -299,8 +320,7 @@ mod tests {
         c.raised(100, Source::Probe, Some((7, 8)), Ok(&lock))
             .unwrap();
         assert!(c.is_tracked(8));
-        c.raised(110, Source::Kernel, Some((7, 8)), Ok(&switch(8, 9)))
-            .unwrap();
+        c.context_switch(105, (7, 8), (1, 9)).unwrap();
         assert_eq!(c.current(), Some((1, 9)));
         // A raiser the kernel did not name: the buffer's word is taken.
         let other = encode(Kind::Unlock as u16, 1, 9, "b", &lock_payload(0x10, 0x20, 0));
@@ -353,6 +373,7 @@ mod tests {
         assert_eq!((rows[2].pid, rows[2].lwpid), (1, 9));
         assert_eq!(rows[3].lwpid, 9, "the kernel's identity wins");
         assert_eq!(db.anomalies().unwrap().len(), 4);
+        assert_eq!(rows[1].time, 105);
         assert!(db.threads().unwrap().contains(&(1, 9, "b".into())));
     }
 

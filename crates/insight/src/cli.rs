@@ -117,7 +117,8 @@ Exit status: 0 when the traces are the same run, 1 when they differ."
     /// Run a diagnosis tool over an event database, offline.
     #[command(long_about = "Run a diagnosis tool over an event database that \
 `insight replay --events` wrote, without replaying again; as many times as you like.\n\n\
-Tools: `locks` (lock contention), `profile` (function profile from samples).")]
+Tools: `locks` (lock contention), `profile` (function profile from samples), `deadlock` \
+(potential deadlocks from lock order).")]
     Report(crate::report_cmds::ReportArgs),
 }
 

@@ -16,7 +16,7 @@ use vmm::{guest, StopReason, Vm, VmError};
 
 use crate::cli::{attach_stdin, net_problems, prepare_guest, GuestArgs, EXIT_STOPPED_BY_USER};
 use crate::pcap::PcapWriter;
-use crate::report_cmds::{self, LocksArgs, ProfileArgs, ToolName};
+use crate::report_cmds::{self, DeadlockArgs, LocksArgs, ProfileArgs, ToolName};
 use crate::status::{human_bytes, StatusLine};
 
 /// `replay` exit status when the guest did not do what was recorded.
@@ -360,6 +360,9 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
             }
             Some(ToolName::Profile) => {
                 report_cmds::profile(&ProfileArgs::for_replay(path.clone()))?;
+            }
+            Some(ToolName::Deadlock) => {
+                report_cmds::deadlock(&DeadlockArgs::for_replay(path.clone()))?;
             }
             None => {}
         }

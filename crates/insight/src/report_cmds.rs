@@ -1,13 +1,16 @@
 //! `insight report`: the diagnosis tools over an event database, offline.
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use diagnosis::contention::{self, ContentionReport, Durations, LockStats};
+use diagnosis::deadlock::{self, Cycle};
+use diagnosis::from_db;
 use diagnosis::profile::ProfileRow;
-use diagnosis::symbols::GuestFiles;
+use diagnosis::symbols::{GuestFiles, Symbolizer};
 use events::db::EventDb;
 
 #[derive(clap::Args)]
@@ -24,6 +27,8 @@ pub enum ToolName {
     /// The function profile of the sampled threads (`insight report
     /// profile`); samples every 1 ms unless --sample-period says otherwise.
     Profile,
+    /// Potential deadlocks from lock order (`insight report deadlock`).
+    Deadlock,
 }
 
 #[derive(clap::Subcommand)]
@@ -54,6 +59,46 @@ Example:\n  insight replay t1 --events t1.db --sample-period 1ms\n  \
 insight report profile t1.db --threads --folded t1.folded"
     )]
     Profile(ProfileArgs),
+    /// Potential deadlocks: lock-order cycles between threads.
+    #[command(
+        long_about = "Potential deadlocks, found from the order in which threads \
+took locks (lock trees after Agarwal and Stoller, as the InSight paper applies them), per \
+process. A cycle of \"held A while taking B\" edges from different threads that could run \
+at the same time is a potential deadlock, even if the run did not deadlock. Not reported: \
+cycles through a lock a thread only took by trylock (it never waits there), failed \
+trylock/timedlock calls, one thread's own edges, and threads ordered by creation or join. \
+A cycle whose threads all hold a common gate lock is listed as protected by it.\n\n\
+Each cycle is printed in the paper's notation, e.g. L1(T1) -> L2(T1) -> L2(T2) -> L1(T2) \
+-> L1(T1), with the threads, the locks (named by their global variable where the symbol \
+tables tell) and where each lock was taken. -o FILE also writes a self-contained HTML \
+report.\n\n\
+Example:\n  insight replay t1 --events t1.db && insight report deadlock t1.db -o t1.html"
+    )]
+    Deadlock(DeadlockArgs),
+}
+
+#[derive(clap::Args)]
+pub struct DeadlockArgs {
+    /// Event database written by `insight replay --events`.
+    db: PathBuf,
+    /// The trace the database came from (default: the one it names), for
+    /// symbols.
+    #[arg(long, value_name = "DIR")]
+    trace: Option<PathBuf>,
+    /// Also write the report as a self-contained HTML page to FILE.
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    html: Option<PathBuf>,
+}
+
+impl DeadlockArgs {
+    /// The default report of `insight replay --diagnose deadlock`.
+    pub fn for_replay(db: PathBuf) -> Self {
+        DeadlockArgs {
+            db,
+            trace: None,
+            html: None,
+        }
+    }
 }
 
 #[derive(clap::Args)]
@@ -127,17 +172,18 @@ pub fn report(args: ReportArgs) -> Result<ExitCode> {
     match args.tool {
         Tool::Locks(a) => locks(&a),
         Tool::Profile(a) => profile(&a),
+        Tool::Deadlock(a) => deadlock(&a),
     }
 }
 
-pub fn profile(args: &ProfileArgs) -> Result<ExitCode> {
-    let db = open(&args.db)?;
-    let trace_dir = match &args.trace {
-        Some(t) => t.clone(),
+/// The guest's files, from the initramfs of the trace `db` came from.
+fn guest_files(db: &EventDb, trace: Option<&Path>) -> Result<GuestFiles> {
+    let trace_dir = match trace {
+        Some(t) => t.to_owned(),
         None => db.meta("trace")?.map(PathBuf::from).with_context(|| {
             format!(
                 "{} does not name its trace: pass --trace DIR",
-                args.db.display()
+                db.path().display()
             )
         })?,
     };
@@ -145,7 +191,231 @@ pub fn profile(args: &ProfileArgs) -> Result<ExitCode> {
         .with_context(|| format!("cannot open trace {}", trace_dir.display()))?;
     let spec = vmm::guest::from_trace(&reader.header)
         .with_context(|| format!("cannot read the guest files of {}", trace_dir.display()))?;
-    let files = GuestFiles::from_initramfs(&spec.initramfs);
+    Ok(GuestFiles::from_initramfs(&spec.initramfs))
+}
+
+/// One cycle, described for people.
+struct CycleText {
+    notation: String,
+    threads: String,
+    locks: String,
+    steps: Vec<String>,
+    gates: String,
+}
+
+fn describe_cycle(
+    c: &Cycle,
+    pid: u32,
+    sym: &mut Symbolizer,
+    names: &HashMap<u32, String>,
+) -> CycleText {
+    let mut lwpids: Vec<u32> = c.steps.iter().map(|s| s.thread).collect();
+    lwpids.sort_unstable();
+    lwpids.dedup();
+    let t = |lwpid: u32| {
+        format!(
+            "T{}",
+            lwpids.iter().position(|&l| l == lwpid).unwrap_or(0) + 1
+        )
+    };
+    let mut locks: Vec<u64> = Vec::new();
+    for s in &c.steps {
+        for l in [s.held, s.acquired] {
+            if !locks.contains(&l) {
+                locks.push(l);
+            }
+        }
+    }
+    let mut lock_names: HashMap<u64, String> = HashMap::new();
+    for (i, l) in locks.iter().enumerate() {
+        let name = sym
+            .variable(pid, *l)
+            .unwrap_or_else(|| format!("L{}", i + 1));
+        lock_names.insert(*l, name);
+    }
+    let mut gates: Vec<u64> = c.gates.iter().copied().collect();
+    gates.sort_unstable();
+    for g in &gates {
+        let name = sym.variable(pid, *g).unwrap_or_else(|| format!("G{g:#x}"));
+        lock_names.insert(*g, name);
+    }
+    let name = |l: u64| {
+        lock_names
+            .get(&l)
+            .cloned()
+            .unwrap_or_else(|| format!("{l:#x}"))
+    };
+    let mut parts = Vec::new();
+    for s in &c.steps {
+        parts.push(format!("{}({})", name(s.held), t(s.thread)));
+        parts.push(format!("{}({})", name(s.acquired), t(s.thread)));
+    }
+    if let Some(first) = parts.first().cloned() {
+        parts.push(first);
+    }
+    let threads = lwpids
+        .iter()
+        .map(|&l| {
+            let comm = names.get(&l).map(|n| format!(" ({n})")).unwrap_or_default();
+            format!("{} = thread {l}{comm}", t(l))
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    let locks_text = locks
+        .iter()
+        .map(|&l| format!("{} = {l:#x}", name(l)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let steps = c
+        .steps
+        .iter()
+        .map(|s| {
+            let at = if s.site == 0 {
+                String::new()
+            } else {
+                format!(" at {}", sym.describe_code(pid, s.site.saturating_sub(1)))
+            };
+            format!(
+                "{} holds {} while taking {}{at}",
+                t(s.thread),
+                name(s.held),
+                name(s.acquired)
+            )
+        })
+        .collect();
+    CycleText {
+        notation: parts.join(" -> "),
+        threads,
+        locks: locks_text,
+        steps,
+        gates: gates
+            .iter()
+            .map(|&g| name(g))
+            .collect::<Vec<_>>()
+            .join(", "),
+    }
+}
+
+fn html_escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+pub fn deadlock(args: &DeadlockArgs) -> Result<ExitCode> {
+    let db = open(&args.db)?;
+    let files = match guest_files(&db, args.trace.as_deref()) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!(
+                "insight: addresses are not symbolized: {}",
+                crate::cli::error_chain(&e)
+            );
+            GuestFiles::default()
+        }
+    };
+    let names: HashMap<u32, String> = db
+        .threads()?
+        .into_iter()
+        .map(|(_, lwpid, comm)| (lwpid, comm))
+        .collect();
+    let mut sym = Symbolizer::new(&files);
+    let mut text = String::new();
+    let mut html = String::new();
+    let (mut deadlocks, mut protected) = (0, 0);
+    for (pid, events) in from_db::deadlock_events(&db)? {
+        let report = deadlock::analyze(&events);
+        if report.deadlocks.is_empty() && report.protected.is_empty() {
+            continue;
+        }
+        let objects = db.objects(pid)?;
+        // The program is the first object a process reports.
+        let process = match objects.first() {
+            Some((_, path)) => format!(" ({})", path.rsplit('/').next().unwrap_or(path)),
+            None => names
+                .get(&pid)
+                .map(|comm| format!(" ({comm})"))
+                .unwrap_or_default(),
+        };
+        sym.add_process(pid, objects);
+        let _ = writeln!(text, "Process {pid}{process}");
+        let _ = writeln!(html, "<h2>Process {pid}{}</h2>", html_escape(&process));
+        let groups = [
+            ("Potential deadlock", &report.deadlocks),
+            ("Protected by a gate lock", &report.protected),
+        ];
+        for (title, cycles) in groups {
+            for (i, c) in cycles.iter().enumerate() {
+                let d = describe_cycle(c, pid, &mut sym, &names);
+                let gate = if d.gates.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (gate: {})", d.gates)
+                };
+                let _ = writeln!(text, "  {title} {}{gate}: {}", i + 1, d.notation);
+                let _ = writeln!(text, "    {}", d.threads);
+                let _ = writeln!(text, "    {}", d.locks);
+                for step in &d.steps {
+                    let _ = writeln!(text, "    {step}");
+                }
+                let _ = writeln!(
+                    html,
+                    "<div class=\"cycle{}\"><h3>{title} {}{}</h3><p class=\"notation\">{}</p>\
+                     <p>{}<br>{}</p><ul>{}</ul></div>",
+                    if c.is_protected() { " protected" } else { "" },
+                    i + 1,
+                    html_escape(&gate),
+                    html_escape(&d.notation),
+                    html_escape(&d.threads),
+                    html_escape(&d.locks),
+                    d.steps
+                        .iter()
+                        .map(|s| format!("<li>{}</li>", html_escape(s)))
+                        .collect::<String>()
+                );
+            }
+        }
+        deadlocks += report.deadlocks.len();
+        protected += report.protected.len();
+    }
+    let summary = format!(
+        "{} potential deadlock{}, {} cycle{} protected by a gate lock",
+        deadlocks,
+        if deadlocks == 1 { "" } else { "s" },
+        protected,
+        if protected == 1 { "" } else { "s" }
+    );
+    println!("Lock-order analysis of {}: {summary}", args.db.display());
+    if !text.is_empty() {
+        print!("\n{text}");
+    }
+    if let Some(path) = &args.html {
+        let page = format!(
+            "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">\
+             <title>insight: potential deadlocks</title><style>\
+             body{{font-family:sans-serif;margin:2em;max-width:60em}}\
+             .notation{{font-family:monospace;font-size:1.1em}}\
+             .cycle{{border-left:4px solid #c0392b;padding-left:1em;margin:1em 0}}\
+             .cycle.protected{{border-color:#7f8c8d}}</style></head><body>\
+             <h1>Potential deadlocks</h1><p>{} &mdash; {}</p>{}</body></html>\n",
+            html_escape(&args.db.display().to_string()),
+            html_escape(&summary),
+            if html.is_empty() {
+                "<p>No lock-order cycles.</p>".to_owned()
+            } else {
+                html
+            }
+        );
+        std::fs::write(path, page).with_context(|| format!("cannot write {}", path.display()))?;
+        eprintln!("insight: HTML report written to {}", path.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn profile(args: &ProfileArgs) -> Result<ExitCode> {
+    let db = open(&args.db)?;
+    let files = guest_files(&db, args.trace.as_deref())?;
     let p = diagnosis::profile::profile(&db, &files)?;
     if p.samples == 0 {
         println!(

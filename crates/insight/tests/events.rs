@@ -323,3 +323,95 @@ fn samples_land_where_the_program_spends_its_time() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Whether `found` is `expected` up to rotation ("A -> B -> C -> A" and
+/// "B -> C -> A -> B" are the same cycle).
+fn same_cycle(found: &str, expected: &str) -> bool {
+    let parts = |s: &str| -> Vec<String> {
+        let mut v: Vec<String> = s.split(" -> ").map(str::to_owned).collect();
+        v.pop();
+        v
+    };
+    let (f, e) = (parts(found), parts(expected));
+    f.len() == e.len() && (0..f.len()).any(|r| (0..f.len()).all(|i| f[(i + r) % f.len()] == e[i]))
+}
+
+#[test]
+fn the_papers_deadlock_programs_are_diagnosed() {
+    if !guest_ready() {
+        return;
+    }
+    // The four programs in one recording; the analysis is per process.
+    let script = "deadlock_trylock && deadlock_trylock_fail && deadlock_transitive && \
+                  deadlock_gatelock";
+    let (trace, stdout) = record("ev-deadlock", &[], &["sh", "-c", script], 0);
+    assert_eq!(stdout.matches("no deadlock").count(), 4, "{stdout}");
+    let dir = trace.parent().unwrap();
+    let db = dir.join("events.db");
+    replay_events(&trace, &db);
+    let html = dir.join("report.html");
+    let out = insight()
+        .args(["report", "deadlock"])
+        .arg(&db)
+        .arg("-o")
+        .arg(&html)
+        .output()
+        .unwrap();
+    let (report, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        report.contains("2 potential deadlocks, 1 cycle protected by a gate lock"),
+        "{report}"
+    );
+    // Each process's block: "Process N (name)" then its cycles.
+    let section = |name: &str| -> String {
+        report
+            .split("Process ")
+            .find(|s| {
+                s.lines()
+                    .next()
+                    .is_some_and(|l| l.ends_with(&format!("({name})")))
+            })
+            .unwrap_or("")
+            .to_owned()
+    };
+    let notation = |block: &str, title: &str| -> Vec<String> {
+        block
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix(title))
+            .filter_map(|l| l.split_once(": ").map(|(_, n)| n.to_owned()))
+            .collect()
+    };
+    let trylock = notation(&section("deadlock_trylock"), "Potential deadlock");
+    assert_eq!(trylock.len(), 1, "{report}");
+    assert!(
+        same_cycle(
+            &trylock[0],
+            "L2(T2) -> L1(T2) -> L1(T1) -> L2(T1) -> L2(T2)"
+        ),
+        "{report}"
+    );
+    assert!(
+        section("deadlock_trylock").contains("T1 holds L1 while taking L2 at t1+"),
+        "{report}"
+    );
+    let transitive = notation(&section("deadlock_transitive"), "Potential deadlock");
+    assert_eq!(transitive.len(), 1, "{report}");
+    assert!(
+        same_cycle(
+            &transitive[0],
+            "L1(T1) -> L2(T1) -> L2(T2) -> L3(T2) -> L3(T3) -> L1(T3) -> L1(T1)"
+        ),
+        "{report}"
+    );
+    let gate = section("deadlock_gatelock");
+    assert!(notation(&gate, "Potential deadlock").is_empty(), "{report}");
+    assert!(
+        gate.contains("Protected by a gate lock 1 (gate: G)"),
+        "{report}"
+    );
+    assert!(section("deadlock_trylock_fail").is_empty(), "{report}");
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.starts_with("<!DOCTYPE html>") && page.contains("L1(T1)"));
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -84,6 +84,80 @@ pub fn frame_chain(mem: &GuestMemoryMmap, cr3: u64, rbp: u64, max: usize) -> Vec
     frames
 }
 
+/// The guest kernel's context-switch ring (docs/events.md): a header
+/// (magic "INSW", size, head = records ever written) and `size` records
+/// of (from pid, from lwpid, to pid, to lwpid), all u32 but `head`.
+pub struct SwitchRing {
+    gpa: u64,
+    /// Records read so far.
+    seen: u64,
+}
+
+const RING_MAGIC: u32 = 0x5753_4e49;
+const RING_HEADER: u64 = 16;
+const RING_MAX: u32 = 1 << 16;
+
+/// New records of a drain, and how many the ring overwrote unread.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Switches {
+    pub records: Vec<[u32; 4]>,
+    pub lost: u64,
+}
+
+impl SwitchRing {
+    /// The ring at guest physical `gpa`, checked: an error says why it
+    /// cannot be used.
+    pub fn new(mem: &GuestMemoryMmap, gpa: u64) -> Result<Self, String> {
+        let magic: u32 = mem
+            .read_obj(GuestAddress(gpa))
+            .map_err(|_| format!("ring at {gpa:#x} is outside guest memory"))?;
+        let size: u32 = mem
+            .read_obj(GuestAddress(gpa + 4))
+            .map_err(|_| format!("ring at {gpa:#x} is outside guest memory"))?;
+        if magic != RING_MAGIC {
+            return Err(format!("ring at {gpa:#x} has magic {magic:#x}"));
+        }
+        if !size.is_power_of_two() || size > RING_MAX {
+            return Err(format!("ring at {gpa:#x} has {size} records"));
+        }
+        let end = gpa + RING_HEADER + u64::from(size) * 16 - 1;
+        if mem.read_obj::<u8>(GuestAddress(end)).is_err() {
+            return Err(format!("ring at {gpa:#x} ends outside guest memory"));
+        }
+        Ok(SwitchRing { gpa, seen: 0 })
+    }
+
+    /// The records written since the last drain, oldest first.
+    pub fn drain(&mut self, mem: &GuestMemoryMmap) -> Switches {
+        let mut out = Switches::default();
+        let read_u32 = |at: u64| mem.read_obj::<u32>(GuestAddress(at)).unwrap_or(0);
+        let size = u64::from(read_u32(self.gpa + 4));
+        let head: u64 = mem
+            .read_obj(GuestAddress(self.gpa + 8))
+            .unwrap_or(self.seen);
+        if size == 0 || !size.is_power_of_two() || size > u64::from(RING_MAX) || head < self.seen {
+            // The guest broke its own ring: start over from its head.
+            self.seen = head;
+            return out;
+        }
+        if head - self.seen > size {
+            out.lost = head - self.seen - size;
+            self.seen = head - size;
+        }
+        while self.seen < head {
+            let at = self.gpa + RING_HEADER + (self.seen & (size - 1)) * 16;
+            out.records.push([
+                read_u32(at),
+                read_u32(at + 4),
+                read_u32(at + 8),
+                read_u32(at + 12),
+            ]);
+            self.seen += 1;
+        }
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -142,6 +216,56 @@ mod tests {
         big[8..12].copy_from_slice(&100_000u32.to_le_bytes());
         mem.write_slice(&big, GuestAddress(0x10_2000)).unwrap();
         assert_eq!(read_buffer(&mem, CR3, 0x10_2000, true).unwrap().len(), PAGE);
+    }
+
+    fn write_ring(mem: &GuestMemoryMmap, at: u64, size: u32, records: &[[u32; 4]]) {
+        mem.write_obj(RING_MAGIC, GuestAddress(at)).unwrap();
+        mem.write_obj(size, GuestAddress(at + 4)).unwrap();
+        for (i, r) in records.iter().enumerate() {
+            let slot = at + RING_HEADER + (i as u64 % u64::from(size)) * 16;
+            for (j, v) in r.iter().enumerate() {
+                mem.write_obj(*v, GuestAddress(slot + 4 * j as u64))
+                    .unwrap();
+            }
+        }
+        mem.write_obj(records.len() as u64, GuestAddress(at + 8))
+            .unwrap();
+    }
+
+    #[test]
+    fn the_switch_ring_yields_each_record_once_and_counts_overruns() {
+        let mem = memory();
+        let at = 0x20_0000;
+        let recs: Vec<[u32; 4]> = (0..6).map(|i| [1, i, 1, i + 1]).collect();
+        write_ring(&mem, at, 4, &recs[..3]);
+        let mut ring = SwitchRing::new(&mem, at).unwrap();
+        assert_eq!(ring.drain(&mem).records, recs[..3]);
+        assert!(ring.drain(&mem).records.is_empty());
+        // Three more, then five more: the ring holds four, one is lost.
+        write_ring(&mem, at, 4, &recs);
+        assert_eq!(ring.drain(&mem).records, recs[3..]);
+        let many: Vec<[u32; 4]> = (0..11).map(|i| [2, i, 2, i + 1]).collect();
+        write_ring(&mem, at, 4, &many);
+        let d = ring.drain(&mem);
+        assert_eq!((d.lost, d.records.len()), (1, 4));
+        assert_eq!(d.records[3], [2, 10, 2, 11]);
+        // A head that goes backwards is not trusted.
+        mem.write_obj(2u64, GuestAddress(at + 8)).unwrap();
+        assert_eq!(ring.drain(&mem), Switches::default());
+    }
+
+    #[test]
+    fn a_bad_ring_is_refused() {
+        let mem = memory();
+        assert!(SwitchRing::new(&mem, 0x20_0000).is_err(), "no magic");
+        write_ring(&mem, 0x20_0000, 3, &[]);
+        assert!(SwitchRing::new(&mem, 0x20_0000).is_err(), "size 3");
+        write_ring(&mem, (4 << 20) - 64, 1024, &[]);
+        assert!(
+            SwitchRing::new(&mem, (4 << 20) - 64).is_err(),
+            "past the end"
+        );
+        assert!(SwitchRing::new(&mem, u64::MAX - 2).is_err());
     }
 
     #[test]

@@ -28,7 +28,7 @@ use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
 use crate::boot::{self, BootError};
 use crate::console::ConsoleInput;
 use crate::emulation::{self, Completion};
-use crate::guest_events;
+use crate::guest_events::{self, SwitchRing};
 use crate::gva;
 use crate::journal::{self, EndReason, Event, Input, Journal, JournalError, Progress};
 use crate::kvm_ext;
@@ -249,6 +249,9 @@ pub struct Vm {
     events: Option<Capture>,
     /// SAMPLE events: host-time period and when the next is due.
     sampling: Option<Sampling>,
+    /// The guest kernel's context-switch ring, once announced (replay with
+    /// an event capture only).
+    switch_ring: Option<SwitchRing>,
     /// Rung by device threads when they have something for the guest.
     doorbell: Doorbell,
     /// The last KVM_RUN ended in a deterministic exit: under the exit clock
@@ -439,6 +442,7 @@ impl Vm {
             trace_summary: None,
             events: None,
             sampling: None,
+            switch_ring: None,
             guest_cpuid,
             kvm_caps,
         })
@@ -621,6 +625,8 @@ impl Vm {
                 }
                 let regs = self.vcpu.sync_regs().regs;
                 self.journal.exit(event.with_rip(regs.rip), &regs)?;
+                // Switches before this exit come before what it raises.
+                self.drain_switches()?;
             }
             // Messages from the guest's control port.
             for message in self.platform.take_messages() {
@@ -639,6 +645,7 @@ impl Vm {
                     }
                     ControlMessage::Panic => return Err(VmError::GuestPanic),
                     ControlMessage::Event(raiser) => self.guest_event(raiser)?,
+                    ControlMessage::SwitchRing => self.attach_switch_ring(),
                     ControlMessage::Sync | ControlMessage::Unknown(_) => {}
                 }
             }
@@ -835,10 +842,12 @@ impl Vm {
     /// Closes the event database, keeping what was captured even when the
     /// run failed.
     fn end_events(&mut self, result: Result<RunOutcome, VmError>) -> Result<RunOutcome, VmError> {
+        let drained = self.drain_switches();
         let Some(capture) = self.events.take() else {
             return result;
         };
         let finished = capture.finish();
+        let result = result.and_then(|o| drained.map(|()| o));
         let mut outcome = result?;
         outcome.events = Some(finished?);
         Ok(outcome)
@@ -848,7 +857,7 @@ impl Vm {
     /// tracked: RIP, user or kernel mode, and the user stack's return
     /// addresses by frame pointers.
     fn take_sample(&mut self) -> Result<(), VmError> {
-        let (Some(sampling), Some(capture)) = (&mut self.sampling, &mut self.events) else {
+        let (Some(sampling), true) = (&mut self.sampling, self.events.is_some()) else {
             return Ok(());
         };
         let now = self.clock.now_ns();
@@ -856,6 +865,10 @@ impl Vm {
             return Ok(());
         }
         sampling.next_ns = now + sampling.period_ns;
+        self.drain_switches()?;
+        let Some(capture) = &mut self.events else {
+            return Ok(());
+        };
         let Some((pid, lwpid)) = capture.current() else {
             return Ok(());
         };
@@ -872,6 +885,39 @@ impl Vm {
         };
         let time = self.journal.progress().guest_ns;
         capture.sample(time, pid, lwpid, regs.rip, user, &stack)?;
+        Ok(())
+    }
+
+    /// The guest kernel announced its context-switch ring (at boot).
+    fn attach_switch_ring(&mut self) {
+        let Some(capture) = &mut self.events else {
+            return;
+        };
+        let gpa = self.vcpu.sync_regs().regs.rsi;
+        match SwitchRing::new(&self.mem, gpa) {
+            Ok(ring) => self.switch_ring = Some(ring),
+            Err(why) => capture.bad_switch_ring(why),
+        }
+    }
+
+    /// Moves the context switches the guest kernel logged since the last
+    /// call into the event capture.
+    fn drain_switches(&mut self) -> Result<(), VmError> {
+        let (Some(ring), Some(capture)) = (&mut self.switch_ring, &mut self.events) else {
+            return Ok(());
+        };
+        let switches = ring.drain(&self.mem);
+        let hint = self.journal.progress().guest_ns;
+        if switches.lost > 0 {
+            let example = format!(
+                "{} records overwritten before guest time {hint} ns",
+                switches.lost
+            );
+            capture.lost_switches(switches.lost, example);
+        }
+        for [from_pid, from_lwpid, to_pid, to_lwpid] in switches.records {
+            capture.context_switch(hint, (from_pid, from_lwpid), (to_pid, to_lwpid))?;
+        }
         Ok(())
     }
 
