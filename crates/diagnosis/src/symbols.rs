@@ -111,14 +111,6 @@ impl GuestFiles {
         }
         None
     }
-
-    pub fn len(&self) -> usize {
-        self.files.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.files.is_empty()
-    }
 }
 
 /// The functions of one ELF file and the address range it occupies,
@@ -226,10 +218,6 @@ impl<'a> Symbolizer<'a> {
         self.objects.insert(pid, objects);
     }
 
-    pub fn knows(&self, pid: u32) -> bool {
-        self.objects.contains_key(&pid)
-    }
-
     fn elf(&mut self, path: &str) -> Option<&ElfSymbols> {
         if !self.parsed.contains_key(path) {
             let parsed = self.files.get(path).and_then(ElfSymbols::parse);
@@ -238,76 +226,63 @@ impl<'a> Symbolizer<'a> {
         self.parsed.get(path)?.as_ref()
     }
 
+    /// The object of process `pid` that covers `addr`: its path, its
+    /// symbols and the address relative to its load base.
+    fn object_at(&mut self, pid: u32, addr: u64) -> Option<(String, &ElfSymbols, u64)> {
+        let objects = self.objects.get(&pid).cloned().unwrap_or_default();
+        let (path, rel) = objects.into_iter().find_map(|(base, path)| {
+            let rel = addr.checked_sub(base)?;
+            self.elf(&path)?.covers(rel).then_some((path, rel))
+        })?;
+        let elf = self.elf(&path)?;
+        Some((path, elf, rel))
+    }
+
     /// The global variable at `addr` of process `pid` ("L1", or
     /// "table+0x10"), if a symbol covers it.
     pub fn variable(&mut self, pid: u32, addr: u64) -> Option<String> {
-        let objects = self.objects.get(&pid).cloned().unwrap_or_default();
-        for (base, path) in objects {
-            let Some(rel) = addr.checked_sub(base) else {
-                continue;
-            };
-            let Some(elf) = self.elf(&path) else { continue };
-            if !elf.covers(rel) {
-                continue;
-            }
-            let name = elf.data(rel)?.to_owned();
-            let start = elf.data.iter().find(|d| d.2 == name).map_or(rel, |d| d.0);
-            return Some(if rel == start {
-                name
+        let (_, elf, rel) = self.object_at(pid, addr)?;
+        let i = elf.data.partition_point(|d| d.0 <= rel);
+        let (start, end, name) = elf.data.get(i.checked_sub(1)?)?;
+        (rel < *end).then(|| {
+            if rel == *start {
+                name.clone()
             } else {
                 format!("{name}+{:#x}", rel - start)
-            });
-        }
-        None
+            }
+        })
     }
 
     /// A code address of process `pid` for people: "function+0x1f in
     /// object", or the bare address.
     pub fn describe_code(&mut self, pid: u32, addr: u64) -> String {
-        let objects = self.objects.get(&pid).cloned().unwrap_or_default();
-        for (base, path) in objects {
-            let Some(rel) = addr.checked_sub(base) else {
-                continue;
-            };
-            let Some(elf) = self.elf(&path) else { continue };
-            if !elf.covers(rel) {
-                continue;
+        let Some((path, elf, rel)) = self.object_at(pid, addr) else {
+            return format!("{addr:#x}");
+        };
+        let object = path.rsplit('/').next().unwrap_or(&path);
+        let i = elf.functions.partition_point(|f| f.0 <= rel);
+        match i.checked_sub(1).and_then(|i| elf.functions.get(i)) {
+            Some((start, end, name)) if rel < *end => {
+                format!("{name}+{:#x} in {object}", rel - start)
             }
-            let object = path.rsplit('/').next().unwrap_or(&path).to_owned();
-            let i = elf.functions.partition_point(|f| f.0 <= rel);
-            return match i.checked_sub(1).and_then(|i| elf.functions.get(i)) {
-                Some((start, end, name)) if rel < *end => {
-                    format!("{name}+{:#x} in {object}", rel - start)
-                }
-                _ => format!("{rel:#x} in {object}"),
-            };
+            _ => format!("{rel:#x} in {object}"),
         }
-        format!("{addr:#x}")
     }
 
     /// Where `addr` of process `pid` lies.
     pub fn locate(&mut self, pid: u32, addr: u64) -> Location {
-        let unknown = |object: &str| Location {
-            object: object.to_owned(),
-            function: "[unknown]".to_owned(),
-        };
-        let objects = self.objects.get(&pid).cloned().unwrap_or_default();
-        for (base, path) in objects {
-            let Some(rel) = addr.checked_sub(base) else {
-                continue;
-            };
-            let Some(elf) = self.elf(&path) else { continue };
-            if !elf.covers(rel) {
-                continue;
-            }
-            return Location {
+        match self.object_at(pid, addr) {
+            Some((path, elf, rel)) => Location {
                 function: elf
                     .function(rel)
                     .map_or_else(|| format!("{rel:#x}"), str::to_owned),
                 object: path,
-            };
+            },
+            None => Location {
+                object: "[unknown]".to_owned(),
+                function: "[unknown]".to_owned(),
+            },
         }
-        unknown("[unknown]")
     }
 }
 
