@@ -11,6 +11,7 @@ use diagnosis::deadlock::{self, Cycle};
 use diagnosis::from_db;
 use diagnosis::profile::ProfileRow;
 use diagnosis::symbols::{GuestFiles, Symbolizer};
+use events::abi::Kind;
 use events::db::EventDb;
 
 #[derive(clap::Args)]
@@ -137,6 +138,10 @@ impl ProfileArgs {
 pub struct LocksArgs {
     /// Event database written by `insight replay --events`.
     db: PathBuf,
+    /// The trace the database came from (default: the one it names), to
+    /// name locks by their global variables.
+    #[arg(long, value_name = "DIR")]
+    trace: Option<PathBuf>,
     /// Show at most this many locks.
     #[arg(long, default_value_t = 20, value_name = "N")]
     limit: usize,
@@ -159,6 +164,7 @@ impl LocksArgs {
     pub fn for_replay(db: PathBuf) -> Self {
         LocksArgs {
             db,
+            trace: None,
             limit: 20,
             min_blocked: 0,
             threads: false,
@@ -483,10 +489,11 @@ pub fn locks(args: &LocksArgs) -> Result<ExitCode> {
         .filter(|(_, s)| s.blocked >= args.min_blocked)
         .take(args.limit)
         .collect();
+    let names = lock_names(&db, args.trace.as_deref())?;
     let out = if args.json {
-        locks_json(&report, &ranked, args.threads)
+        locks_json(&report, &ranked, &names, args.threads)
     } else if args.csv {
-        locks_csv(&report, &ranked, args.threads)
+        locks_csv(&report, &ranked, &names, args.threads)
     } else {
         let mut text = format!(
             "Lock contention in {}: {} locks, {} lock events; times in µs of the recorded run\n\n",
@@ -494,7 +501,7 @@ pub fn locks(args: &LocksArgs) -> Result<ExitCode> {
             report.locks.len(),
             events.len()
         );
-        text.push_str(&locks_table(&report, &ranked, args.threads));
+        text.push_str(&locks_table(&report, &ranked, &names, args.threads));
         text
     };
     print!("{out}");
@@ -513,6 +520,40 @@ pub fn locks(args: &LocksArgs) -> Result<ExitCode> {
         eprintln!("insight: the capture counted {n}× {what} (first: {example})");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Lock address -> its global variable ("level2+0x28"), where the symbol
+/// tables of the process that first used it tell. Empty when the guest's
+/// files cannot be read (said once on standard error).
+fn lock_names(db: &EventDb, trace: Option<&Path>) -> Result<HashMap<u64, String>> {
+    let files = match guest_files(db, trace) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!(
+                "insight: locks are not named: {}",
+                crate::cli::error_chain(&e)
+            );
+            return Ok(HashMap::new());
+        }
+    };
+    let mut first_user: HashMap<u64, u32> = HashMap::new();
+    db.for_each(&[Kind::Lock, Kind::TryLock, Kind::TimedLock], |r| {
+        if let Some(lock) = r.addr {
+            first_user.entry(lock).or_insert(r.pid);
+        }
+        Ok(())
+    })?;
+    let mut sym = Symbolizer::new(&files);
+    let mut pids: Vec<u32> = first_user.values().copied().collect();
+    pids.sort_unstable();
+    pids.dedup();
+    for pid in pids {
+        sym.add_process(pid, db.objects(pid)?);
+    }
+    Ok(first_user
+        .into_iter()
+        .filter_map(|(lock, pid)| Some((lock, sym.variable(pid, lock)?)))
+        .collect())
 }
 
 fn open(path: &Path) -> Result<EventDb> {
@@ -567,10 +608,19 @@ fn thread_rows(report: &ContentionReport, lock: u64) -> Vec<(u32, &LockStats)> {
     rows
 }
 
-fn locks_table(report: &ContentionReport, ranked: &[(u64, &LockStats)], threads: bool) -> String {
+fn locks_table(
+    report: &ContentionReport,
+    ranked: &[(u64, &LockStats)],
+    names: &HashMap<u64, String>,
+    threads: bool,
+) -> String {
     let mut rows: Vec<(String, [String; 10])> = Vec::new();
     for (lock, s) in ranked {
-        rows.push((format!("{lock:#x}"), cells(s)));
+        let label = match names.get(lock) {
+            Some(name) => format!("{lock:#x} {name}"),
+            None => format!("{lock:#x}"),
+        };
+        rows.push((label, cells(s)));
         if threads {
             for (t, ts) in thread_rows(report, *lock) {
                 rows.push((format!("  lwpid {t}"), cells(ts)));
@@ -603,16 +653,22 @@ fn locks_table(report: &ContentionReport, ranked: &[(u64, &LockStats)], threads:
     out
 }
 
-fn locks_csv(report: &ContentionReport, ranked: &[(u64, &LockStats)], threads: bool) -> String {
+fn locks_csv(
+    report: &ContentionReport,
+    ranked: &[(u64, &LockStats)],
+    names: &HashMap<u64, String>,
+    threads: bool,
+) -> String {
     let mut out = String::from(
-        "lock,lwpid,requests,acquired,blocked,blocked_percent,ownership_changes,\
+        "lock,name,lwpid,requests,acquired,blocked,blocked_percent,ownership_changes,\
          ownership_change_percent,contended,hold_total_ns,hold_avg_ns,hold_max_ns,\
          wait_total_ns,wait_avg_ns,wait_max_ns,trylock_failures,timedlock_timeouts\n",
     );
     let mut line = |lock: u64, thread: Option<u32>, s: &LockStats| {
         let _ = writeln!(
             out,
-            "{lock:#x},{},{},{},{},{:.4},{},{:.4},{},{},{},{},{},{},{},{},{}",
+            "{lock:#x},{},{},{},{},{},{:.4},{},{:.4},{},{},{},{},{},{},{},{},{}",
+            names.get(&lock).map(String::as_str).unwrap_or(""),
             thread.map(|t| t.to_string()).unwrap_or_default(),
             s.requests,
             s.acquisitions,
@@ -659,12 +715,18 @@ fn stats_json(s: &LockStats) -> serde_json::Value {
     })
 }
 
-fn locks_json(report: &ContentionReport, ranked: &[(u64, &LockStats)], threads: bool) -> String {
+fn locks_json(
+    report: &ContentionReport,
+    ranked: &[(u64, &LockStats)],
+    names: &HashMap<u64, String>,
+    threads: bool,
+) -> String {
     let locks: Vec<serde_json::Value> = ranked
         .iter()
         .map(|(lock, s)| {
             let mut v = stats_json(s);
             v["lock"] = serde_json::json!(format!("{lock:#x}"));
+            v["name"] = serde_json::json!(names.get(lock));
             if threads {
                 v["threads"] = thread_rows(report, *lock)
                     .into_iter()
