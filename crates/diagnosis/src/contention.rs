@@ -119,17 +119,25 @@ impl ContentionReport {
     }
 }
 
-/// Runs the analysis over events in time order.
-pub fn analyze<'a>(events: impl IntoIterator<Item = &'a LockEvent>) -> ContentionReport {
-    let mut report = ContentionReport::default();
-    let mut states: HashMap<u64, LockState> = HashMap::new();
-    let mut last_time = 0u64;
-    for ev in events {
-        if ev.time < last_time {
-            report.anomalies.out_of_order += 1;
+/// The analysis, fed one event at a time in time order.
+#[derive(Default)]
+pub struct Contention {
+    report: ContentionReport,
+    states: HashMap<u64, LockState>,
+    last_time: u64,
+}
+
+impl Contention {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn push(&mut self, ev: &LockEvent) {
+        if ev.time < self.last_time {
+            self.report.anomalies.out_of_order += 1;
         }
-        last_time = last_time.max(ev.time);
-        let state = states.entry(ev.lock).or_default();
+        self.last_time = self.last_time.max(ev.time);
+        let state = self.states.entry(ev.lock).or_default();
         match ev.kind {
             LockEventKind::Request(op) => {
                 let held_by_other = state.owner.is_some_and(|o| o != ev.thread);
@@ -140,9 +148,9 @@ pub fn analyze<'a>(events: impl IntoIterator<Item = &'a LockEvent>) -> Contentio
                     .insert(ev.thread, (ev.time, op, blocks))
                     .is_some()
                 {
-                    report.anomalies.return_without_request += 1;
+                    self.report.anomalies.return_without_request += 1;
                 }
-                let (l, t) = stats_pair(&mut report, ev.lock, ev.thread);
+                let (l, t) = stats_pair(&mut self.report, ev.lock, ev.thread);
                 for s in [l, t] {
                     s.requests += 1;
                     s.blocked += u64::from(blocks);
@@ -150,11 +158,11 @@ pub fn analyze<'a>(events: impl IntoIterator<Item = &'a LockEvent>) -> Contentio
             }
             LockEventKind::Return(op, result) => {
                 let Some((requested_at, _, was_blocked)) = state.pending.remove(&ev.thread) else {
-                    report.anomalies.return_without_request += 1;
-                    continue;
+                    self.report.anomalies.return_without_request += 1;
+                    return;
                 };
                 if result != 0 {
-                    let (l, t) = stats_pair(&mut report, ev.lock, ev.thread);
+                    let (l, t) = stats_pair(&mut self.report, ev.lock, ev.thread);
                     match op {
                         LockOp::TryLock => {
                             l.trylock_failures += 1;
@@ -166,13 +174,13 @@ pub fn analyze<'a>(events: impl IntoIterator<Item = &'a LockEvent>) -> Contentio
                         }
                         _ => {}
                     }
-                    continue;
+                    return;
                 }
                 match state.owner {
                     Some(o) if o == ev.thread => state.depth += 1,
                     Some(_) => {
-                        report.anomalies.acquired_while_held += 1;
-                        continue;
+                        self.report.anomalies.acquired_while_held += 1;
+                        return;
                     }
                     None => {
                         state.owner = Some(ev.thread);
@@ -183,7 +191,7 @@ pub fn analyze<'a>(events: impl IntoIterator<Item = &'a LockEvent>) -> Contentio
                 let changed = state.last_owner.is_some_and(|o| o != ev.thread);
                 state.last_owner = Some(ev.thread);
                 let wait = ev.time.saturating_sub(requested_at);
-                let (l, t) = stats_pair(&mut report, ev.lock, ev.thread);
+                let (l, t) = stats_pair(&mut self.report, ev.lock, ev.thread);
                 for s in [l, t] {
                     s.acquisitions += 1;
                     s.wait.add(wait);
@@ -197,21 +205,33 @@ pub fn analyze<'a>(events: impl IntoIterator<Item = &'a LockEvent>) -> Contentio
             }
             LockEventKind::Release => {
                 if state.owner != Some(ev.thread) {
-                    report.anomalies.release_without_hold += 1;
-                    continue;
+                    self.report.anomalies.release_without_hold += 1;
+                    return;
                 }
                 state.depth -= 1;
                 if state.depth == 0 {
                     state.owner = None;
                     let held = ev.time.saturating_sub(state.acquired_at);
-                    let (l, t) = stats_pair(&mut report, ev.lock, ev.thread);
+                    let (l, t) = stats_pair(&mut self.report, ev.lock, ev.thread);
                     l.hold.add(held);
                     t.hold.add(held);
                 }
             }
         }
     }
-    report
+
+    pub fn finish(self) -> ContentionReport {
+        self.report
+    }
+}
+
+/// Runs the analysis over events in time order.
+pub fn analyze<'a>(events: impl IntoIterator<Item = &'a LockEvent>) -> ContentionReport {
+    let mut c = Contention::new();
+    for ev in events {
+        c.push(ev);
+    }
+    c.finish()
 }
 
 fn stats_pair(

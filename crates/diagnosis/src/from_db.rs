@@ -11,7 +11,8 @@ use events::db::Row;
 use crate::deadlock::{self, ThreadEvent};
 use crate::lock_events::{LockEvent, LockEventKind, LockOp};
 
-const LOCK_KINDS: [Kind; 7] = [
+/// The kinds that lock analyses read.
+pub const LOCK_KINDS: [Kind; 7] = [
     Kind::Lock,
     Kind::LockRet,
     Kind::TryLock,
@@ -22,7 +23,7 @@ const LOCK_KINDS: [Kind; 7] = [
 ];
 
 /// The lock event a row stands for, if it is one the analyses can use.
-fn lock_event(r: &Row) -> Option<LockEvent> {
+pub fn lock_event(r: &Row) -> Option<LockEvent> {
     let lock = r.addr?;
     let result = r.value.and_then(|v| i32::try_from(v).ok());
     let kind = match (r.kind, result) {
@@ -50,25 +51,30 @@ fn lock_event(r: &Row) -> Option<LockEvent> {
 /// A THREADCREATE says how many events its creator had raised; that is
 /// turned into how many of the creator's events in the detector's input
 /// came before the creation (`ThreadEvent::Create::after`).
-pub fn deadlock_events(db: &EventDb) -> Result<BTreeMap<u32, Vec<deadlock::Event>>, DbError> {
-    let mut out: BTreeMap<u32, Vec<deadlock::Event>> = BTreeMap::new();
+#[derive(Default)]
+pub struct DeadlockInput {
+    out: BTreeMap<u32, Vec<deadlock::Event>>,
     // Per thread: its input events so far, and that count before each of
     // the events it raised.
-    let mut own: HashMap<u32, u64> = HashMap::new();
-    let mut history: HashMap<u32, Vec<u64>> = HashMap::new();
-    db.for_each(&[], |r| {
+    own: HashMap<u32, u64>,
+    history: HashMap<u32, Vec<u64>>,
+}
+
+impl DeadlockInput {
+    /// Takes every event, in capture order (it counts each thread's).
+    pub fn push(&mut self, r: &Row) {
         if r.source != Source::Probe {
-            return Ok(());
+            return;
         }
-        let before = own.get(&r.lwpid).copied().unwrap_or(0);
-        history.entry(r.lwpid).or_default().push(before);
+        let before = self.own.get(&r.lwpid).copied().unwrap_or(0);
+        self.history.entry(r.lwpid).or_default().push(before);
         let event = match r.kind {
             Kind::ThreadCreate => r.value.and_then(|p| u32::try_from(p).ok()).map(|parent| {
                 let raised = r.caller.and_then(|n| usize::try_from(n).ok());
-                let seen = history.get(&parent);
+                let seen = self.history.get(&parent);
                 let after = match (raised, seen) {
                     (Some(n), Some(h)) if n < h.len() => Some(h[n]),
-                    (Some(n), Some(h)) if n == h.len() => own.get(&parent).copied(),
+                    (Some(n), Some(h)) if n == h.len() => self.own.get(&parent).copied(),
                     (Some(0), None) => Some(0),
                     _ => None,
                 };
@@ -86,18 +92,31 @@ pub fn deadlock_events(db: &EventDb) -> Result<BTreeMap<u32, Vec<deadlock::Event
                     joined,
                 })
             }),
-            k if LOCK_KINDS.contains(&k) => lock_event(&r).map(deadlock::Event::Lock),
+            k if LOCK_KINDS.contains(&k) => lock_event(r).map(deadlock::Event::Lock),
             _ => None,
         };
         if let Some(e) = event {
             if !matches!(e, deadlock::Event::Thread(ThreadEvent::Create { .. })) {
-                *own.entry(r.lwpid).or_insert(0) += 1;
+                *self.own.entry(r.lwpid).or_insert(0) += 1;
             }
-            out.entry(r.pid).or_default().push(e);
+            self.out.entry(r.pid).or_default().push(e);
         }
+    }
+
+    /// The input per process.
+    pub fn finish(self) -> BTreeMap<u32, Vec<deadlock::Event>> {
+        self.out
+    }
+}
+
+/// [`DeadlockInput`] over a whole database.
+pub fn deadlock_events(db: &EventDb) -> Result<BTreeMap<u32, Vec<deadlock::Event>>, DbError> {
+    let mut input = DeadlockInput::default();
+    db.for_each(&[], |r| {
+        input.push(&r);
         Ok(())
     })?;
-    Ok(out)
+    Ok(input.finish())
 }
 
 /// The lock events of the database in capture order, as the contention

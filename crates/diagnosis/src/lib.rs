@@ -1,5 +1,7 @@
 //! Diagnosis over the events a replay collects: lock contention,
-//! potential deadlocks, the function profiler.
+//! potential deadlocks, the function profiler, per-thread summaries.
+//! Each tool is a [`plugin::Plugin`]; the built-in ones are in
+//! [`plugins`].
 //!
 //! The analyses work on plain event streams, so they can be built and
 //! tested on synthetic streams; the event database feeds them in
@@ -7,7 +9,10 @@
 
 pub mod contention;
 pub mod deadlock;
+pub mod flamegraph;
 pub mod from_db;
 pub mod lock_events;
+pub mod plugin;
+pub mod plugins;
 pub mod profile;
 pub mod symbols;

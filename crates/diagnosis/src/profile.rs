@@ -3,8 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use events::abi::Kind;
-use events::db::{DbError, EventDb};
+use events::db::{DbError, EventDb, Row};
 
 use crate::symbols::{GuestFiles, Location, Symbolizer};
 
@@ -63,14 +62,9 @@ fn ranked(counts: HashMap<Location, u64>) -> Vec<ProfileRow> {
     rows
 }
 
-/// Builds the profile of every sampled thread, symbolized with the ELF
-/// files in `files` (the guest's initramfs).
-pub fn profile(db: &EventDb, files: &GuestFiles) -> Result<Profile, DbError> {
-    let mut samples = Vec::new();
-    db.for_each(&[Kind::Sample], |r| {
-        samples.push(r);
-        Ok(())
-    })?;
+/// Builds the profile of the SAMPLE events `samples` (rows of `db`),
+/// symbolized with the ELF files in `files` (the guest's initramfs).
+pub fn profile(samples: &[Row], db: &EventDb, files: &GuestFiles) -> Result<Profile, DbError> {
     let stacks = db.stacks()?;
     let names: HashMap<(u32, u32), String> = db
         .threads()?
@@ -86,7 +80,7 @@ pub fn profile(db: &EventDb, files: &GuestFiles) -> Result<Profile, DbError> {
     let mut out = Profile::default();
     let mut all: HashMap<Location, u64> = HashMap::new();
     let mut per_thread: HashMap<(u32, u32), HashMap<Location, u64>> = HashMap::new();
-    for r in &samples {
+    for r in samples {
         let Some(rip) = r.addr else { continue };
         let in_kernel = r.value == Some(1);
         let location = if in_kernel {

@@ -117,8 +117,10 @@ Exit status: 0 when the traces are the same run, 1 when they differ."
     /// Run a diagnosis tool over an event database, offline.
     #[command(long_about = "Run a diagnosis tool over an event database that \
 `insight replay --events` wrote, without replaying again; as many times as you like.\n\n\
-Tools: `locks` (lock contention), `profile` (function profile from samples), `deadlock` \
-(potential deadlocks from lock order).")]
+Tools: `locks` (lock contention), `profile` (function profile from samples, flame \
+graph), `deadlock` (potential deadlocks from lock order), `threads` (per thread: \
+lifetime, switches, samples, lock calls and waits). Each is a plugin (docs/plugins.md); \
+`insight report NAME DB [--trace DIR] [--json]` runs any of them with default options.")]
     Report(crate::report_cmds::ReportArgs),
 }
 

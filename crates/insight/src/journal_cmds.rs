@@ -8,6 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
+use diagnosis::plugin::Plugin;
+use diagnosis::plugins;
 use events::capture::{Capture, CaptureSummary};
 use events::db::EventWriter;
 use trace::{ClockKind, Header, TraceReader, TraceWriter};
@@ -16,7 +18,7 @@ use vmm::{guest, StopReason, Vm, VmError};
 
 use crate::cli::{attach_stdin, net_problems, prepare_guest, GuestArgs, EXIT_STOPPED_BY_USER};
 use crate::pcap::PcapWriter;
-use crate::report_cmds::{self, DeadlockArgs, LocksArgs, ProfileArgs, ToolName};
+use crate::report_cmds;
 use crate::status::{human_bytes, StatusLine};
 
 /// `replay` exit status when the guest did not do what was recorded.
@@ -100,10 +102,12 @@ pub struct ReplayArgs {
     /// docs/events.md). An existing FILE is replaced when replay ends.
     #[arg(long, value_name = "FILE")]
     events: Option<PathBuf>,
-    /// After replay, run a diagnosis tool over the events (written to
-    /// TRACE/events.db unless --events names a file).
-    #[arg(long, value_enum, value_name = "TOOL")]
-    diagnose: Option<ToolName>,
+    /// After replay, run diagnosis tools over the events (written to
+    /// TRACE/events.db unless --events names a file): locks, deadlock,
+    /// profile (samples every 1 ms unless --sample-period says otherwise),
+    /// threads; several separated by commas.
+    #[arg(long, value_name = "TOOL,...", value_delimiter = ',', value_parser = report_cmds::parse_tool)]
+    diagnose: Vec<String>,
     /// Sample the tracked task on the CPU (RIP and user stack) about every
     /// PERIOD of host time, e.g. 1ms (the least), 5ms, 20ms; into the
     /// event database. Tasks are tracked once they raise a probe event.
@@ -253,11 +257,19 @@ fn open_trace(dir: &std::path::Path) -> Result<TraceReader<Event>> {
 }
 
 pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
-    if args.diagnose.is_some() && args.events.is_none() {
+    let tools: Vec<Box<dyn Plugin>> = args
+        .diagnose
+        .iter()
+        .filter_map(|name| plugins::by_name(name))
+        .collect();
+    if !tools.is_empty() && args.events.is_none() {
         args.events = Some(args.trace.join("events.db"));
     }
-    if matches!(args.diagnose, Some(ToolName::Profile)) && args.sample_period.is_none() {
-        args.sample_period = Some(Duration::from_millis(1));
+    if args.sample_period.is_none() {
+        args.sample_period = tools
+            .iter()
+            .filter_map(|t| t.replay_needs().sample_period)
+            .min();
     }
     if args.sample_period.is_some() && args.events.is_none() {
         bail!("--sample-period needs somewhere to put the samples: --events FILE or --diagnose");
@@ -354,17 +366,16 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
     }
     if let (Some(summary), Some(path)) = (&outcome.events, &args.events) {
         report_capture(summary, path);
-        match args.diagnose {
-            Some(ToolName::Locks) => {
-                report_cmds::locks(&LocksArgs::for_replay(path.clone()))?;
+        if !tools.is_empty() {
+            for (i, out) in report_cmds::run_plugins(tools, path, None)?
+                .iter()
+                .enumerate()
+            {
+                if i > 0 {
+                    println!();
+                }
+                print!("{}", out.text);
             }
-            Some(ToolName::Profile) => {
-                report_cmds::profile(&ProfileArgs::for_replay(path.clone()))?;
-            }
-            Some(ToolName::Deadlock) => {
-                report_cmds::deadlock(&DeadlockArgs::for_replay(path.clone()))?;
-            }
-            None => {}
         }
     }
     let exits = outcome.journal.exits;

@@ -177,6 +177,28 @@ fn syn_cont_yields_exactly_its_lock_events_identically_in_two_replays() {
             / ls.len() as f64
     };
     assert!(changes(&level2) > changes(&level1), "{json}");
+
+    // The per-thread summary (a plugin with no command of its own) counts
+    // every lock call, at least 2000 in each of the 16 workers.
+    let out = insight()
+        .args(["report", "threads", "--json"])
+        .arg(&a)
+        .output()
+        .unwrap();
+    let (json, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let summary: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let threads = summary["threads"].as_array().unwrap();
+    let calls: Vec<u64> = threads
+        .iter()
+        .map(|t| t["lock_calls"].as_u64().unwrap())
+        .collect();
+    let requests = first
+        .iter()
+        .filter(|r| matches!(r.kind, Kind::Lock | Kind::TryLock | Kind::TimedLock))
+        .count();
+    assert_eq!(calls.iter().sum::<u64>(), requests as u64, "{json}");
+    assert_eq!(calls.iter().filter(|&&c| c >= 2000).count(), 16, "{json}");
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -298,6 +320,8 @@ fn samples_land_where_the_program_spends_its_time() {
         .arg(&db)
         .arg("--folded")
         .arg(&folded)
+        .arg("--svg")
+        .arg(dir.join("flame.svg"))
         .output()
         .unwrap();
     let (report, stderr) = text(&out);
@@ -320,6 +344,18 @@ fn samples_land_where_the_program_spends_its_time() {
             .lines()
             .any(|l| l.starts_with("hotspot;") && l.contains(";hot ")),
         "{folded}"
+    );
+    // The flame graph's box for hot() has its share in its tooltip.
+    let svg = std::fs::read_to_string(dir.join("flame.svg")).unwrap();
+    let hot_box = svg
+        .split("<title>")
+        .filter_map(|t| t.strip_prefix("hot ("))
+        .filter_map(|t| t.split_once(", ").and_then(|(_, p)| p.split_once('%')))
+        .map(|(p, _)| p.parse::<f64>().unwrap())
+        .fold(0.0, f64::max);
+    assert!(
+        (hot_box - hot).abs() < 0.5,
+        "hot() {hot_box}% in the SVG, {hot}% in the table"
     );
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -348,7 +384,22 @@ fn the_papers_deadlock_programs_are_diagnosed() {
     assert_eq!(stdout.matches("no deadlock").count(), 4, "{stdout}");
     let dir = trace.parent().unwrap();
     let db = dir.join("events.db");
-    replay_events(&trace, &db);
+    // Two tools after one replay, in one pass over the database.
+    let out = insight()
+        .arg("replay")
+        .arg(&trace)
+        .args(["--events"])
+        .arg(&db)
+        .args(["--diagnose", "deadlock,threads"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stdout.contains("2 potential deadlocks") && stdout.contains("Threads in "),
+        "{stdout}"
+    );
     let html = dir.join("report.html");
     let out = insight()
         .args(["report", "deadlock"])

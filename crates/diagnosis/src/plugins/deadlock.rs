@@ -1,0 +1,269 @@
+//! `deadlock`: potential deadlocks from the order in which threads take
+//! locks; see [`crate::deadlock`] for the detector.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+
+use events::abi::Kind;
+use events::db::Row;
+
+use crate::deadlock::{self, Cycle};
+use crate::from_db::DeadlockInput;
+use crate::plugin::{Attachment, Context, Output, Plugin, PluginError};
+use crate::plugins::xml_escape;
+use crate::symbols::Symbolizer;
+
+#[derive(Default)]
+pub struct Deadlock {
+    input: DeadlockInput,
+}
+
+impl Deadlock {
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+impl Plugin for Deadlock {
+    fn name(&self) -> &'static str {
+        "deadlock"
+    }
+
+    fn about(&self) -> &'static str {
+        "potential deadlocks: lock-order cycles between threads that could run at the same time"
+    }
+
+    fn subscribes(&self) -> &'static [Kind] {
+        // Thread segmentation counts every event a thread raised.
+        &[]
+    }
+
+    fn event(&mut self, row: &Row) {
+        self.input.push(row);
+    }
+
+    fn finish(&mut self, cx: &Context) -> Result<Output, PluginError> {
+        let db = cx.db;
+        let names: HashMap<u32, String> = db
+            .threads()?
+            .into_iter()
+            .map(|(_, lwpid, comm)| (lwpid, comm))
+            .collect();
+        let mut sym = Symbolizer::new(cx.files);
+        let mut text = String::new();
+        let mut html = String::new();
+        let (mut deadlocks, mut protected) = (0, 0);
+        let mut cycles_json = Vec::new();
+        for (pid, events) in std::mem::take(&mut self.input).finish() {
+            let report = deadlock::analyze(&events);
+            if report.deadlocks.is_empty() && report.protected.is_empty() {
+                continue;
+            }
+            let objects = db.objects(pid)?;
+            // The program is the first object a process reports.
+            let process = match objects.first() {
+                Some((_, path)) => format!(" ({})", path.rsplit('/').next().unwrap_or(path)),
+                None => names
+                    .get(&pid)
+                    .map(|comm| format!(" ({comm})"))
+                    .unwrap_or_default(),
+            };
+            sym.add_process(pid, objects);
+            let _ = writeln!(text, "Process {pid}{process}");
+            let _ = writeln!(html, "<h2>Process {pid}{}</h2>", xml_escape(&process));
+            let groups = [
+                ("Potential deadlock", &report.deadlocks),
+                ("Protected by a gate lock", &report.protected),
+            ];
+            for (title, cycles) in groups {
+                for (i, c) in cycles.iter().enumerate() {
+                    let d = describe_cycle(c, pid, &mut sym, &names);
+                    let gate = if d.gates.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" (gate: {})", d.gates)
+                    };
+                    let _ = writeln!(text, "  {title} {}{gate}: {}", i + 1, d.notation);
+                    let _ = writeln!(text, "    {}", d.threads);
+                    let _ = writeln!(text, "    {}", d.locks);
+                    for step in &d.steps {
+                        let _ = writeln!(text, "    {step}");
+                    }
+                    let _ = writeln!(
+                        html,
+                        "<div class=\"cycle{}\"><h3>{title} {}{}</h3><p class=\"notation\">{}</p>\
+                         <p>{}<br>{}</p><ul>{}</ul></div>",
+                        if c.is_protected() { " protected" } else { "" },
+                        i + 1,
+                        xml_escape(&gate),
+                        xml_escape(&d.notation),
+                        xml_escape(&d.threads),
+                        xml_escape(&d.locks),
+                        d.steps
+                            .iter()
+                            .map(|s| format!("<li>{}</li>", xml_escape(s)))
+                            .collect::<String>()
+                    );
+                    cycles_json.push(serde_json::json!({
+                        "pid": pid,
+                        "protected": c.is_protected(),
+                        "gates": d.gates,
+                        "notation": d.notation,
+                        "threads": d.threads,
+                        "locks": d.locks,
+                        "steps": d.steps,
+                    }));
+                }
+            }
+            deadlocks += report.deadlocks.len();
+            protected += report.protected.len();
+        }
+        let summary = format!(
+            "{} potential deadlock{}, {} cycle{} protected by a gate lock",
+            deadlocks,
+            if deadlocks == 1 { "" } else { "s" },
+            protected,
+            if protected == 1 { "" } else { "s" }
+        );
+        let mut out_text = format!("Lock-order analysis of {}: {summary}\n", cx.label);
+        if !text.is_empty() {
+            out_text.push('\n');
+            out_text.push_str(&text);
+        }
+        let page = format!(
+            "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">\
+             <title>insight: potential deadlocks</title><style>\
+             body{{font-family:sans-serif;margin:2em;max-width:60em}}\
+             .notation{{font-family:monospace;font-size:1.1em}}\
+             .cycle{{border-left:4px solid #c0392b;padding-left:1em;margin:1em 0}}\
+             .cycle.protected{{border-color:#7f8c8d}}</style></head><body>\
+             <h1>Potential deadlocks</h1><p>{} &mdash; {}</p>{}</body></html>\n",
+            xml_escape(&cx.label),
+            xml_escape(&summary),
+            if html.is_empty() {
+                "<p>No lock-order cycles.</p>".to_owned()
+            } else {
+                html
+            }
+        );
+        let mut warnings = Vec::new();
+        if let Some(why) = &cx.files_missing {
+            warnings.push(format!("addresses are not symbolized: {why}"));
+        }
+        Ok(Output {
+            text: out_text,
+            json: Some(serde_json::json!({
+                "deadlocks": deadlocks,
+                "protected": protected,
+                "cycles": cycles_json,
+            })),
+            attachments: vec![Attachment {
+                format: "html",
+                content: page,
+            }],
+            warnings,
+        })
+    }
+}
+
+/// One cycle, described for people.
+struct CycleText {
+    notation: String,
+    threads: String,
+    locks: String,
+    steps: Vec<String>,
+    gates: String,
+}
+
+fn describe_cycle(
+    c: &Cycle,
+    pid: u32,
+    sym: &mut Symbolizer,
+    names: &HashMap<u32, String>,
+) -> CycleText {
+    let mut lwpids: Vec<u32> = c.steps.iter().map(|s| s.thread).collect();
+    lwpids.sort_unstable();
+    lwpids.dedup();
+    let t = |lwpid: u32| {
+        format!(
+            "T{}",
+            lwpids.iter().position(|&l| l == lwpid).unwrap_or(0) + 1
+        )
+    };
+    let mut locks: Vec<u64> = Vec::new();
+    for s in &c.steps {
+        for l in [s.held, s.acquired] {
+            if !locks.contains(&l) {
+                locks.push(l);
+            }
+        }
+    }
+    let mut lock_names: HashMap<u64, String> = HashMap::new();
+    for (i, l) in locks.iter().enumerate() {
+        let name = sym
+            .variable(pid, *l)
+            .unwrap_or_else(|| format!("L{}", i + 1));
+        lock_names.insert(*l, name);
+    }
+    let mut gates: Vec<u64> = c.gates.iter().copied().collect();
+    gates.sort_unstable();
+    for g in &gates {
+        let name = sym.variable(pid, *g).unwrap_or_else(|| format!("G{g:#x}"));
+        lock_names.insert(*g, name);
+    }
+    let name = |l: u64| {
+        lock_names
+            .get(&l)
+            .cloned()
+            .unwrap_or_else(|| format!("{l:#x}"))
+    };
+    let mut parts = Vec::new();
+    for s in &c.steps {
+        parts.push(format!("{}({})", name(s.held), t(s.thread)));
+        parts.push(format!("{}({})", name(s.acquired), t(s.thread)));
+    }
+    if let Some(first) = parts.first().cloned() {
+        parts.push(first);
+    }
+    let threads = lwpids
+        .iter()
+        .map(|&l| {
+            let comm = names.get(&l).map(|n| format!(" ({n})")).unwrap_or_default();
+            format!("{} = thread {l}{comm}", t(l))
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    let locks_text = locks
+        .iter()
+        .map(|&l| format!("{} = {l:#x}", name(l)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let steps = c
+        .steps
+        .iter()
+        .map(|s| {
+            let at = if s.site == 0 {
+                String::new()
+            } else {
+                format!(" at {}", sym.describe_code(pid, s.site.saturating_sub(1)))
+            };
+            format!(
+                "{} holds {} while taking {}{at}",
+                t(s.thread),
+                name(s.held),
+                name(s.acquired)
+            )
+        })
+        .collect();
+    CycleText {
+        notation: parts.join(" -> "),
+        threads,
+        locks: locks_text,
+        steps,
+        gates: gates
+            .iter()
+            .map(|&g| name(g))
+            .collect::<Vec<_>>()
+            .join(", "),
+    }
+}

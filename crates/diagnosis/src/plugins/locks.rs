@@ -1,0 +1,339 @@
+//! `locks`: lock contention per lock (and per thread), modelled on
+//! mutrace; see [`crate::contention`] for the definitions.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+
+use events::abi::Kind;
+use events::db::Row;
+
+use crate::contention::{Contention, ContentionReport, Durations, LockStats};
+use crate::from_db::{lock_event, LOCK_KINDS};
+use crate::plugin::{Attachment, Context, Output, Plugin, PluginError};
+use crate::symbols::Symbolizer;
+
+/// How the report is cut.
+#[derive(Clone, Copy, Debug)]
+pub struct LocksOptions {
+    /// At most this many locks.
+    pub limit: usize,
+    /// Only locks with at least this many blocked requests.
+    pub min_blocked: u64,
+    /// Each lock broken down per thread.
+    pub threads: bool,
+}
+
+impl Default for LocksOptions {
+    fn default() -> Self {
+        LocksOptions {
+            limit: 20,
+            min_blocked: 0,
+            threads: false,
+        }
+    }
+}
+
+pub struct Locks {
+    options: LocksOptions,
+    analysis: Contention,
+    events: u64,
+    /// Lock -> the process that used it first (whose symbols name it).
+    first_user: HashMap<u64, u32>,
+}
+
+impl Locks {
+    pub fn new(options: LocksOptions) -> Self {
+        Locks {
+            options,
+            analysis: Contention::new(),
+            events: 0,
+            first_user: HashMap::new(),
+        }
+    }
+}
+
+impl Plugin for Locks {
+    fn name(&self) -> &'static str {
+        "locks"
+    }
+
+    fn about(&self) -> &'static str {
+        "lock contention: requests, blocked requests, ownership changes, hold and wait times"
+    }
+
+    fn subscribes(&self) -> &'static [Kind] {
+        &LOCK_KINDS
+    }
+
+    fn event(&mut self, row: &Row) {
+        if let Some(e) = lock_event(row) {
+            self.events += 1;
+            self.first_user.entry(e.lock).or_insert(row.pid);
+            self.analysis.push(&e);
+        }
+    }
+
+    fn finish(&mut self, cx: &Context) -> Result<Output, PluginError> {
+        let report = std::mem::take(&mut self.analysis).finish();
+        let names = lock_names(cx, &self.first_user)?;
+        let ranked: Vec<(u64, &LockStats)> = report
+            .ranked(usize::MAX)
+            .into_iter()
+            .filter(|(_, s)| s.blocked >= self.options.min_blocked)
+            .take(self.options.limit)
+            .collect();
+        let threads = self.options.threads;
+        let mut text = format!(
+            "Lock contention in {}: {} locks, {} lock events; times in µs of the recorded run\n\n",
+            cx.label,
+            report.locks.len(),
+            self.events
+        );
+        text.push_str(&table(&report, &ranked, &names, threads));
+        let mut warnings = Vec::new();
+        if let Some(why) = &cx.files_missing {
+            warnings.push(format!("locks are not named: {why}"));
+        }
+        let a = report.anomalies;
+        let inconsistent = a.release_without_hold
+            + a.return_without_request
+            + a.acquired_while_held
+            + a.out_of_order;
+        if inconsistent > 0 {
+            warnings.push(format!(
+                "{inconsistent} lock events contradict the lock model and were not counted \
+                 ({} releases without a hold, {} returns without a request, {} acquisitions \
+                 of a held lock, {} out of order)",
+                a.release_without_hold,
+                a.return_without_request,
+                a.acquired_while_held,
+                a.out_of_order
+            ));
+        }
+        for (what, n, example) in cx.db.anomalies()? {
+            warnings.push(format!(
+                "the capture counted {n}× {what} (first: {example})"
+            ));
+        }
+        Ok(Output {
+            text,
+            json: Some(json(&report, &ranked, &names, threads)),
+            attachments: vec![Attachment {
+                format: "csv",
+                content: csv(&report, &ranked, &names, threads),
+            }],
+            warnings,
+        })
+    }
+}
+
+/// Lock address -> its global variable ("level2+0x28"), where the symbol
+/// tables of the process that first used it tell.
+fn lock_names(
+    cx: &Context,
+    first_user: &HashMap<u64, u32>,
+) -> Result<HashMap<u64, String>, PluginError> {
+    let mut sym = Symbolizer::new(cx.files);
+    let mut pids: Vec<u32> = first_user.values().copied().collect();
+    pids.sort_unstable();
+    pids.dedup();
+    for pid in pids {
+        sym.add_process(pid, cx.db.objects(pid)?);
+    }
+    Ok(first_user
+        .iter()
+        .filter_map(|(&lock, &pid)| Some((lock, sym.variable(pid, lock)?)))
+        .collect())
+}
+
+fn us(ns: u64) -> String {
+    format!("{:.1}", ns as f64 / 1000.0)
+}
+
+fn times(d: &Durations) -> String {
+    format!("{}/{}/{}", us(d.total), us(d.avg()), us(d.max))
+}
+
+const COLUMNS: [&str; 10] = [
+    "requests",
+    "acquired",
+    "blocked",
+    "%",
+    "changes",
+    "%",
+    "contended",
+    "hold tot/avg/max",
+    "wait tot/avg/max",
+    "try-fail/timeout",
+];
+
+fn cells(s: &LockStats) -> [String; 10] {
+    [
+        s.requests.to_string(),
+        s.acquisitions.to_string(),
+        s.blocked.to_string(),
+        format!("{:.2}", s.blocked_percent()),
+        s.ownership_changes.to_string(),
+        format!("{:.2}", s.ownership_change_percent()),
+        s.contended.to_string(),
+        times(&s.hold),
+        times(&s.wait),
+        format!("{}/{}", s.trylock_failures, s.timedlock_timeouts),
+    ]
+}
+
+/// Per-thread rows of `lock`, by thread id.
+fn thread_rows(report: &ContentionReport, lock: u64) -> Vec<(u32, &LockStats)> {
+    let mut rows: Vec<(u32, &LockStats)> = report
+        .per_thread
+        .iter()
+        .filter(|((l, _), _)| *l == lock)
+        .map(|((_, t), s)| (*t, s))
+        .collect();
+    rows.sort_by_key(|(t, _)| *t);
+    rows
+}
+
+fn table(
+    report: &ContentionReport,
+    ranked: &[(u64, &LockStats)],
+    names: &HashMap<u64, String>,
+    threads: bool,
+) -> String {
+    let mut rows: Vec<(String, [String; 10])> = Vec::new();
+    for (lock, s) in ranked {
+        let label = match names.get(lock) {
+            Some(name) => format!("{lock:#x} {name}"),
+            None => format!("{lock:#x}"),
+        };
+        rows.push((label, cells(s)));
+        if threads {
+            for (t, ts) in thread_rows(report, *lock) {
+                rows.push((format!("  lwpid {t}"), cells(ts)));
+            }
+        }
+    }
+    let mut widths: Vec<usize> = COLUMNS.iter().map(|c| c.len()).collect();
+    let mut first = "lock".len();
+    for (name, c) in &rows {
+        first = first.max(name.len());
+        for (w, v) in widths.iter_mut().zip(c) {
+            *w = (*w).max(v.len());
+        }
+    }
+    let mut out = format!("{:<first$}", "lock");
+    for (c, w) in COLUMNS.iter().zip(&widths) {
+        let _ = write!(out, "  {c:>w$}");
+    }
+    out.push('\n');
+    for (name, c) in &rows {
+        let _ = write!(out, "{name:<first$}");
+        for (v, w) in c.iter().zip(&widths) {
+            let _ = write!(out, "  {v:>w$}");
+        }
+        out.push('\n');
+    }
+    if ranked.is_empty() {
+        out.push_str("(no lock events)\n");
+    }
+    out
+}
+
+fn csv(
+    report: &ContentionReport,
+    ranked: &[(u64, &LockStats)],
+    names: &HashMap<u64, String>,
+    threads: bool,
+) -> String {
+    let mut out = String::from(
+        "lock,name,lwpid,requests,acquired,blocked,blocked_percent,ownership_changes,\
+         ownership_change_percent,contended,hold_total_ns,hold_avg_ns,hold_max_ns,\
+         wait_total_ns,wait_avg_ns,wait_max_ns,trylock_failures,timedlock_timeouts\n",
+    );
+    let mut line = |lock: u64, thread: Option<u32>, s: &LockStats| {
+        let _ = writeln!(
+            out,
+            "{lock:#x},{},{},{},{},{},{:.4},{},{:.4},{},{},{},{},{},{},{},{},{}",
+            names.get(&lock).map(String::as_str).unwrap_or(""),
+            thread.map(|t| t.to_string()).unwrap_or_default(),
+            s.requests,
+            s.acquisitions,
+            s.blocked,
+            s.blocked_percent(),
+            s.ownership_changes,
+            s.ownership_change_percent(),
+            s.contended,
+            s.hold.total,
+            s.hold.avg(),
+            s.hold.max,
+            s.wait.total,
+            s.wait.avg(),
+            s.wait.max,
+            s.trylock_failures,
+            s.timedlock_timeouts
+        );
+    };
+    for (lock, s) in ranked {
+        line(*lock, None, s);
+        if threads {
+            for (t, ts) in thread_rows(report, *lock) {
+                line(*lock, Some(t), ts);
+            }
+        }
+    }
+    out
+}
+
+fn stats_json(s: &LockStats) -> serde_json::Value {
+    let d = |d: &Durations| serde_json::json!({"total_ns": d.total, "avg_ns": d.avg(), "max_ns": d.max});
+    serde_json::json!({
+        "requests": s.requests,
+        "acquisitions": s.acquisitions,
+        "blocked": s.blocked,
+        "blocked_percent": s.blocked_percent(),
+        "ownership_changes": s.ownership_changes,
+        "ownership_change_percent": s.ownership_change_percent(),
+        "contended": s.contended,
+        "trylock_failures": s.trylock_failures,
+        "timedlock_timeouts": s.timedlock_timeouts,
+        "hold": d(&s.hold),
+        "wait": d(&s.wait),
+    })
+}
+
+fn json(
+    report: &ContentionReport,
+    ranked: &[(u64, &LockStats)],
+    names: &HashMap<u64, String>,
+    threads: bool,
+) -> serde_json::Value {
+    let locks: Vec<serde_json::Value> = ranked
+        .iter()
+        .map(|(lock, s)| {
+            let mut v = stats_json(s);
+            v["lock"] = serde_json::json!(format!("{lock:#x}"));
+            v["name"] = serde_json::json!(names.get(lock));
+            if threads {
+                v["threads"] = thread_rows(report, *lock)
+                    .into_iter()
+                    .map(|(t, ts)| {
+                        let mut tv = stats_json(ts);
+                        tv["lwpid"] = serde_json::json!(t);
+                        tv
+                    })
+                    .collect();
+            }
+            v
+        })
+        .collect();
+    let a = report.anomalies;
+    serde_json::json!({
+        "locks": locks,
+        "anomalies": {
+            "release_without_hold": a.release_without_hold,
+            "return_without_request": a.return_without_request,
+            "acquired_while_held": a.acquired_while_held,
+            "out_of_order": a.out_of_order,
+        },
+    })
+}

@@ -1,0 +1,33 @@
+//! The built-in diagnosis tools, each a [`Plugin`] in a file of its own.
+//! A new tool is one more file here and one line in [`registry`].
+
+use crate::plugin::Plugin;
+
+pub mod deadlock;
+pub mod locks;
+pub mod profile;
+pub mod threads;
+
+/// Every built-in plugin with its default options, in the order `insight`
+/// lists them.
+pub fn registry() -> Vec<Box<dyn Plugin>> {
+    vec![
+        Box::new(locks::Locks::new(locks::LocksOptions::default())),
+        Box::new(deadlock::Deadlock::new()),
+        Box::new(profile::Profile::new(profile::ProfileOptions::default())),
+        Box::new(threads::Threads::new()),
+    ]
+}
+
+/// The built-in plugin called `name`, with its default options.
+pub fn by_name(name: &str) -> Option<Box<dyn Plugin>> {
+    registry().into_iter().find(|p| p.name() == name)
+}
+
+/// Text made safe for HTML and SVG.
+pub fn xml_escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}

@@ -1,0 +1,219 @@
+//! `threads`: one line per thread: how long it lived, how often it was
+//! switched in, how much it was sampled on the CPU, how many lock calls it
+//! made and how long it waited in them. A first look at where each thread
+//! spends its time, and the example of docs/plugins.md.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+
+use events::abi::{Kind, Source};
+use events::db::Row;
+
+use crate::plugin::{Context, Output, Plugin, PluginError};
+
+#[derive(Default)]
+struct Thread {
+    pid: u32,
+    first: Option<u64>,
+    last: u64,
+    events: u64,
+    switched_in: u64,
+    samples: u64,
+    lock_calls: u64,
+    lock_wait: u64,
+}
+
+#[derive(Default)]
+pub struct Threads {
+    threads: BTreeMap<u32, Thread>,
+    /// Lock calls not yet returned: lwpid -> request time.
+    waiting: HashMap<u32, u64>,
+    samples: u64,
+}
+
+impl Threads {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn thread(&mut self, pid: u32, lwpid: u32, time: u64) -> &mut Thread {
+        let t = self.threads.entry(lwpid).or_default();
+        t.pid = pid;
+        t.first.get_or_insert(time);
+        t.last = t.last.max(time);
+        t
+    }
+}
+
+impl Plugin for Threads {
+    fn name(&self) -> &'static str {
+        "threads"
+    }
+
+    fn about(&self) -> &'static str {
+        "per thread: lifetime, switches, samples on the CPU, lock calls and time waiting in them"
+    }
+
+    fn subscribes(&self) -> &'static [Kind] {
+        &[]
+    }
+
+    fn event(&mut self, row: &Row) {
+        match (row.kind, row.source) {
+            (Kind::ContextSwitch, _) => {
+                // pid/lwpid switched out; value = lwpid, addr = pid switched in.
+                let (Some(to), Some(to_pid)) = (row.value, row.addr) else {
+                    return;
+                };
+                let (Ok(to), Ok(to_pid)) = (u32::try_from(to), u32::try_from(to_pid)) else {
+                    return;
+                };
+                // Only threads the probes made known: the switch ring names
+                // every task, kernel threads included.
+                if let Some(t) = self.threads.get_mut(&to) {
+                    if t.pid == to_pid {
+                        t.switched_in += 1;
+                    }
+                }
+            }
+            (Kind::Sample, _) => {
+                self.samples += 1;
+                self.thread(row.pid, row.lwpid, row.time).samples += 1;
+            }
+            (_, Source::Probe | Source::Kernel) => {
+                let time = row.time;
+                let waited = match row.kind {
+                    Kind::Lock | Kind::TryLock | Kind::TimedLock => {
+                        self.waiting.insert(row.lwpid, time);
+                        None
+                    }
+                    Kind::LockRet | Kind::TryLockRet | Kind::TimedLockRet => self
+                        .waiting
+                        .remove(&row.lwpid)
+                        .map(|since| time.saturating_sub(since)),
+                    _ => None,
+                };
+                let t = self.thread(row.pid, row.lwpid, time);
+                t.events += 1;
+                t.lock_wait += waited.unwrap_or(0);
+                if matches!(row.kind, Kind::Lock | Kind::TryLock | Kind::TimedLock) {
+                    t.lock_calls += 1;
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn finish(&mut self, cx: &Context) -> Result<Output, PluginError> {
+        let names: HashMap<u32, String> = cx
+            .db
+            .threads()?
+            .into_iter()
+            .map(|(_, lwpid, comm)| (lwpid, comm))
+            .collect();
+        let ms = |ns: u64| ns as f64 / 1e6;
+        let mut text = format!(
+            "Threads in {}: {} threads; times in ms of the recorded run\n\n\
+             {:>7}  {:>7}  {:<16}  {:>10}  {:>8}  {:>8}  {:>7}  {:>10}  {:>10}  {:>6}\n",
+            cx.label,
+            self.threads.len(),
+            "lwpid",
+            "pid",
+            "name",
+            "lifetime",
+            "events",
+            "switches",
+            "samples",
+            "lock calls",
+            "lock wait",
+            "wait%"
+        );
+        let mut rows = Vec::new();
+        for (lwpid, t) in &self.threads {
+            let lifetime = t.last - t.first.unwrap_or(t.last);
+            let wait_share = if lifetime == 0 {
+                0.0
+            } else {
+                100.0 * t.lock_wait as f64 / lifetime as f64
+            };
+            let name = names.get(lwpid).map(String::as_str).unwrap_or("");
+            let _ = writeln!(
+                text,
+                "{lwpid:>7}  {:>7}  {name:<16}  {:>10.3}  {:>8}  {:>8}  {:>7}  {:>10}  {:>10.3}  {wait_share:>5.1}%",
+                t.pid,
+                ms(lifetime),
+                t.events,
+                t.switched_in,
+                t.samples,
+                t.lock_calls,
+                ms(t.lock_wait),
+            );
+            rows.push(serde_json::json!({
+                "lwpid": lwpid,
+                "pid": t.pid,
+                "name": name,
+                "first_ns": t.first,
+                "last_ns": t.last,
+                "events": t.events,
+                "switched_in": t.switched_in,
+                "samples": t.samples,
+                "lock_calls": t.lock_calls,
+                "lock_wait_ns": t.lock_wait,
+            }));
+        }
+        if self.threads.is_empty() {
+            text.push_str("(no events from threads)\n");
+        }
+        Ok(Output {
+            text,
+            json: Some(serde_json::json!({ "threads": rows, "samples": self.samples })),
+            ..Output::default()
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(time: u64, kind: Kind, lwpid: u32) -> Row {
+        Row {
+            seq: 0,
+            time,
+            kind,
+            source: Source::Probe,
+            pid: 10,
+            lwpid,
+            addr: Some(0x1000),
+            caller: None,
+            value: Some(0),
+        }
+    }
+
+    #[test]
+    fn counts_lock_wait_switches_and_samples() {
+        let mut p = Threads::new();
+        p.event(&row(100, Kind::ThreadCreate, 11));
+        p.event(&row(200, Kind::Lock, 11));
+        p.event(&row(700, Kind::LockRet, 11));
+        p.event(&row(900, Kind::Unlock, 11));
+        // A return without a request is not a wait.
+        p.event(&row(950, Kind::LockRet, 12));
+        let mut switch = row(1000, Kind::ContextSwitch, 12);
+        (switch.source, switch.pid, switch.addr, switch.value) =
+            (Source::Kernel, 10, Some(10), Some(11));
+        p.event(&switch);
+        // A switch to an unknown task is not counted.
+        switch.value = Some(99);
+        p.event(&switch);
+        let mut sample = row(1100, Kind::Sample, 11);
+        sample.source = Source::Host;
+        p.event(&sample);
+        let t = &p.threads[&11];
+        assert_eq!((t.first, t.last), (Some(100), 1100));
+        assert_eq!((t.events, t.lock_calls, t.lock_wait), (4, 1, 500));
+        assert_eq!((t.switched_in, t.samples), (1, 1));
+        assert_eq!(p.threads[&12].lock_wait, 0);
+        assert!(!p.threads.contains_key(&99));
+    }
+}
