@@ -3,8 +3,9 @@
  *
  * 16 threads, two levels of locks: each level-1 lock is shared by 2
  * threads, each level-2 lock by 8. Every iteration a thread does some CPU
- * work, takes its level-1 lock, works, takes its level-2 lock, works, and
- * releases both. With the default 1000 iterations each level-1 lock is
+ * work, works under its level-1 lock, works, and works under its level-2
+ * lock (one after the other, not nested: a thread waiting for its level-2
+ * lock holds nothing its level-1 partner needs). With the default 1000 iterations each level-1 lock is
  * requested 2000 times and each level-2 lock 8000 times; level-2 locks are
  * the contended ones.
  *
@@ -61,11 +62,12 @@ static void *worker(void *arg)
 		pthread_mutex_lock(l1);
 		level1_count[id / 2]++;
 		acc = spin(acc, work / 4);
+		pthread_mutex_unlock(l1);
+		acc = spin(acc, work / 4);
 		pthread_mutex_lock(l2);
 		level2_count[id / 8]++;
 		acc = spin(acc, work / 4);
 		pthread_mutex_unlock(l2);
-		pthread_mutex_unlock(l1);
 		if (kernel_every > 0 && i % kernel_every == 0)
 			getppid();
 	}
