@@ -1,15 +1,24 @@
 //! The event database: an SQLite file a replay writes and the diagnosis
-//! tools (or `sqlite3`) read. Schema version 1, documented in
+//! tools (or `sqlite3`) read. Schema version 2, documented in
 //! docs/events.md; a change to it bumps [`SCHEMA_VERSION`].
+//!
+//! Events are stored in one of two formats, named by the `events_format`
+//! meta key: `packed` (the default: blocks of compressed column streams,
+//! a few bytes per event, see [`crate::packed`]) or `rows` (one row of the
+//! `events` table per event, for SQL queries, about 37 bytes per event).
+//! Readers take both, and version 1 databases (rows).
 
 use std::path::{Path, PathBuf};
 
 use rusqlite::{params, Connection, OpenFlags};
 
 use crate::abi::{Kind, Source};
+use crate::packed::{self, PackedEvent, BLOCK_EVENTS};
 
 /// `PRAGMA user_version` of the databases this insight writes.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
+/// Older versions this insight still reads.
+const READABLE_VERSIONS: [i64; 2] = [1, 2];
 /// `PRAGMA application_id`: "INSG".
 pub const APPLICATION_ID: i64 = 0x494e_5347;
 
@@ -43,6 +52,13 @@ CREATE TABLE objects(
     path TEXT NOT NULL,
     seq INTEGER NOT NULL
 );
+CREATE TABLE event_blocks(
+    first_seq INTEGER PRIMARY KEY,
+    count INTEGER NOT NULL,
+    first_time INTEGER NOT NULL,
+    last_time INTEGER NOT NULL,
+    data BLOB NOT NULL
+);
 CREATE TABLE stacks(seq INTEGER PRIMARY KEY, frames BLOB NOT NULL);
 CREATE TABLE anomalies(what TEXT PRIMARY KEY, count INTEGER NOT NULL, example TEXT);
 CREATE VIEW named_events AS
@@ -62,7 +78,7 @@ pub enum DbError {
     },
     #[error("{0}: not an insight event database (no such file, or another kind of file)")]
     Foreign(PathBuf),
-    #[error("{path}: event database schema version {found}; this insight reads version {SCHEMA_VERSION}")]
+    #[error("{path}: event database schema version {found}; this insight reads versions 1 to {SCHEMA_VERSION}")]
     Version { path: PathBuf, found: i64 },
     #[error("{path}: {what}")]
     Corrupt { path: PathBuf, what: String },
@@ -93,8 +109,31 @@ pub struct EventWriter {
     conn: Connection,
     partial: PathBuf,
     path: PathBuf,
+    format: EventFormat,
     next_seq: u64,
     in_batch: u64,
+    /// Packed: the block being filled, from sequence number `block_seq`.
+    block: Vec<PackedEvent>,
+    block_seq: u64,
+}
+
+/// How events are stored.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum EventFormat {
+    /// Compressed blocks: small (a few bytes per event).
+    #[default]
+    Packed,
+    /// One SQL row per event: for queries with `sqlite3` and the like.
+    Rows,
+}
+
+impl EventFormat {
+    pub fn name(self) -> &'static str {
+        match self {
+            EventFormat::Packed => "packed",
+            EventFormat::Rows => "rows",
+        }
+    }
 }
 
 fn sql(path: &Path) -> impl Fn(rusqlite::Error) -> DbError + '_ {
@@ -105,7 +144,16 @@ fn sql(path: &Path) -> impl Fn(rusqlite::Error) -> DbError + '_ {
 }
 
 impl EventWriter {
+    /// A packed database.
     pub fn create(path: &Path, meta: &[(&str, String)]) -> Result<Self, DbError> {
+        Self::create_with(path, meta, EventFormat::Packed)
+    }
+
+    pub fn create_with(
+        path: &Path,
+        meta: &[(&str, String)],
+        format: EventFormat,
+    ) -> Result<Self, DbError> {
         let mut partial = path.as_os_str().to_owned();
         partial.push(".partial");
         let partial = PathBuf::from(partial);
@@ -131,9 +179,13 @@ impl EventWriter {
             conn,
             partial,
             path: path.to_owned(),
+            format,
             next_seq: 1,
             in_batch: 0,
+            block: Vec::new(),
+            block_seq: 1,
         };
+        w.set_meta("events_format", format.name())?;
         for (k, v) in meta {
             w.set_meta(k, v)?;
         }
@@ -165,6 +217,27 @@ impl EventWriter {
     /// number.
     pub fn push(&mut self, e: &Row) -> Result<u64, DbError> {
         let seq = self.next_seq;
+        if self.format == EventFormat::Packed {
+            if self.block.len() >= BLOCK_EVENTS {
+                self.flush_block()?;
+            }
+            if self.block.is_empty() {
+                self.block_seq = seq;
+            }
+            self.block.push(PackedEvent {
+                time: e.time,
+                kind: e.kind,
+                source: e.source,
+                pid: e.pid,
+                lwpid: e.lwpid,
+                addr: e.addr,
+                caller: e.caller,
+                value: e.value,
+                stack: None,
+            });
+            self.next_seq += 1;
+            return Ok(seq);
+        }
         self.conn
             .prepare_cached("INSERT INTO events VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)")
             .and_then(|mut s| {
@@ -184,6 +257,31 @@ impl EventWriter {
         self.next_seq += 1;
         self.commit_if_due()?;
         Ok(seq)
+    }
+
+    /// Writes the block being filled, and commits.
+    fn flush_block(&mut self) -> Result<(), DbError> {
+        let (Some(first), Some(last)) = (self.block.first(), self.block.last()) else {
+            return Ok(());
+        };
+        let (first_time, last_time) = (first.time, last.time);
+        let data = packed::encode(&self.block);
+        self.conn
+            .prepare_cached("INSERT INTO event_blocks VALUES (?1, ?2, ?3, ?4, ?5)")
+            .and_then(|mut s| {
+                s.execute(params![
+                    self.block_seq as i64,
+                    self.block.len() as i64,
+                    first_time as i64,
+                    last_time as i64,
+                    data
+                ])
+            })
+            .map_err(sql(&self.partial))?;
+        self.block.clear();
+        self.conn
+            .execute_batch("COMMIT; BEGIN;")
+            .map_err(sql(&self.partial))
     }
 
     /// Notes a thread's name the first time it is seen.
@@ -206,6 +304,17 @@ impl EventWriter {
 
     /// The user stack of SAMPLE `seq`: return addresses, innermost first.
     pub fn stack(&mut self, seq: u64, frames: &[u64]) -> Result<(), DbError> {
+        if self.format == EventFormat::Packed && frames.len() <= packed::MAX_FRAMES {
+            let pending = seq
+                .checked_sub(self.block_seq)
+                .and_then(|i| usize::try_from(i).ok())
+                .and_then(|i| self.block.get_mut(i));
+            if let Some(e) = pending {
+                e.stack = Some(frames.to_vec());
+                return Ok(());
+            }
+        }
+        // Rows, or an event already written: the stacks table.
         let blob: Vec<u8> = frames.iter().flat_map(|f| f.to_le_bytes()).collect();
         self.conn
             .prepare_cached("INSERT INTO stacks VALUES (?1, ?2)")
@@ -232,7 +341,8 @@ impl EventWriter {
     }
 
     /// Commits and moves the database to its final name.
-    pub fn finish(self) -> Result<PathBuf, DbError> {
+    pub fn finish(mut self) -> Result<PathBuf, DbError> {
+        self.flush_block()?;
         self.conn
             .execute_batch("COMMIT;")
             .map_err(sql(&self.partial))?;
@@ -246,6 +356,7 @@ impl EventWriter {
 impl Drop for EventWriter {
     fn drop(&mut self) {
         // Keep what was written: an unfinished writer still commits.
+        let _ = self.flush_block();
         let _ = self.conn.execute_batch("COMMIT;");
     }
 }
@@ -254,6 +365,7 @@ impl Drop for EventWriter {
 pub struct EventDb {
     conn: Connection,
     path: PathBuf,
+    format: EventFormat,
 }
 
 impl EventDb {
@@ -278,20 +390,72 @@ impl EventDb {
         let found: i64 = conn
             .query_row("PRAGMA user_version", [], |r| r.get(0))
             .map_err(sql(path))?;
-        if found != SCHEMA_VERSION {
+        if !READABLE_VERSIONS.contains(&found) {
             return Err(DbError::Version {
                 path: path.to_owned(),
                 found,
             });
         }
-        Ok(EventDb {
+        let mut db = EventDb {
             conn,
             path: path.to_owned(),
-        })
+            format: EventFormat::Rows,
+        };
+        db.format = match db.meta("events_format")?.as_deref() {
+            None | Some("rows") => EventFormat::Rows,
+            Some("packed") => EventFormat::Packed,
+            Some(other) => {
+                return Err(DbError::Corrupt {
+                    path: path.to_owned(),
+                    what: format!("unknown events format '{other}'"),
+                })
+            }
+        };
+        Ok(db)
     }
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    pub fn format(&self) -> EventFormat {
+        self.format
+    }
+
+    /// Calls `f` for every event of a packed database with its sequence
+    /// number, block by block in sequence order.
+    fn for_each_packed(
+        &self,
+        mut f: impl FnMut(u64, PackedEvent) -> Result<(), DbError>,
+    ) -> Result<(), DbError> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT first_seq, count, data FROM event_blocks ORDER BY first_seq")
+            .map_err(sql(&self.path))?;
+        let mut rows = stmt.query([]).map_err(sql(&self.path))?;
+        let mut next = 1u64;
+        while let Some(r) = rows.next().map_err(sql(&self.path))? {
+            let first: i64 = r.get(0).map_err(sql(&self.path))?;
+            let count: i64 = r.get(1).map_err(sql(&self.path))?;
+            let corrupt = |what: String| DbError::Corrupt {
+                path: self.path.clone(),
+                what: format!("event block {first}: {what}"),
+            };
+            if first as u64 != next {
+                return Err(corrupt(format!("expected it to start at event {next}")));
+            }
+            let count = usize::try_from(count).map_err(|_| corrupt(format!("{count} events")))?;
+            let data = r.get_ref(2).map_err(sql(&self.path))?;
+            let blob = data
+                .as_blob()
+                .map_err(|_| corrupt("data is not a blob".into()))?;
+            let events = packed::decode(blob, count).map_err(corrupt)?;
+            for (i, e) in events.into_iter().enumerate() {
+                f(first as u64 + i as u64, e)?;
+            }
+            next = first as u64 + count as u64;
+        }
+        Ok(())
     }
 
     pub fn meta(&self, key: &str) -> Result<Option<String>, DbError> {
@@ -310,6 +474,24 @@ impl EventDb {
         kinds: &[Kind],
         mut f: impl FnMut(Row) -> Result<(), DbError>,
     ) -> Result<(), DbError> {
+        if self.format == EventFormat::Packed {
+            return self.for_each_packed(|seq, e| {
+                if !kinds.is_empty() && !kinds.contains(&e.kind) {
+                    return Ok(());
+                }
+                f(Row {
+                    seq,
+                    time: e.time,
+                    kind: e.kind,
+                    source: e.source,
+                    pid: e.pid,
+                    lwpid: e.lwpid,
+                    addr: e.addr,
+                    caller: e.caller,
+                    value: e.value,
+                })
+            });
+        }
         let filter = if kinds.is_empty() {
             String::new()
         } else {
@@ -415,11 +597,27 @@ impl EventDb {
                 .collect();
             out.insert(seq as u64, frames);
         }
+        if self.format == EventFormat::Packed {
+            self.for_each_packed(|seq, e| {
+                if let Some(stack) = e.stack {
+                    out.insert(seq, stack);
+                }
+                Ok(())
+            })?;
+        }
         Ok(out)
     }
 
     /// Counts per kind.
     pub fn counts(&self) -> Result<Vec<(Kind, u64)>, DbError> {
+        if self.format == EventFormat::Packed {
+            let mut counts: std::collections::BTreeMap<u16, (Kind, u64)> = Default::default();
+            self.for_each_packed(|_, e| {
+                counts.entry(e.kind as u16).or_insert((e.kind, 0)).1 += 1;
+                Ok(())
+            })?;
+            return Ok(counts.into_values().collect());
+        }
         let mut out = Vec::new();
         let mut stmt = self
             .conn
@@ -484,16 +682,24 @@ mod tests {
 
     #[test]
     fn writes_and_reads_back_in_order() {
-        let path = temp("roundtrip");
-        let mut w = EventWriter::create(&path, &[("trace", "t".into())]).unwrap();
+        for format in [EventFormat::Packed, EventFormat::Rows] {
+            writes_and_reads_back(format);
+        }
+    }
+
+    fn writes_and_reads_back(format: EventFormat) {
+        let path = temp(format.name());
+        let mut w = EventWriter::create_with(&path, &[("trace", "t".into())], format).unwrap();
         let s1 = w
             .push(&row(10, Kind::Lock, Some(0x1000), Some(0x400), None))
             .unwrap();
         w.thread(5, 6, "syn_cont", s1).unwrap();
         w.push(&row(20, Kind::LockRet, Some(0x1000), Some(0x400), Some(0)))
             .unwrap();
-        w.push(&row(30, Kind::Unlock, Some(u64::MAX), None, None))
+        let s3 = w
+            .push(&row(30, Kind::Unlock, Some(u64::MAX), None, None))
             .unwrap();
+        w.stack(s3, &[0x7000, 0x6000]).unwrap();
         w.object(5, 0x5555_0000, "/usr/bin/syn_cont", s1).unwrap();
         w.anomalies(&[("unmapped buffer".into(), 2, "at 0x0".into())])
             .unwrap();
@@ -501,6 +707,7 @@ mod tests {
         w.finish().unwrap();
 
         let db = EventDb::open(&path).unwrap();
+        assert_eq!(db.format(), format);
         assert_eq!(db.meta("trace").unwrap().as_deref(), Some("t"));
         let mut rows = Vec::new();
         db.for_each(&[], |r| {
@@ -525,6 +732,70 @@ mod tests {
         );
         assert_eq!(db.threads().unwrap(), vec![(5, 6, "syn_cont".into())]);
         assert_eq!(db.anomalies().unwrap()[0].1, 2);
+        assert_eq!(db.stacks().unwrap()[&s3], vec![0x7000, 0x6000]);
+        assert_eq!(
+            db.counts().unwrap(),
+            vec![(Kind::Lock, 1), (Kind::LockRet, 1), (Kind::Unlock, 1)]
+        );
+    }
+
+    #[test]
+    fn packed_blocks_keep_order_stacks_and_refuse_corruption() {
+        let path = temp("blocks");
+        let mut w = EventWriter::create(&path, &[]).unwrap();
+        let n = 2 * BLOCK_EVENTS as u64 + 10;
+        for i in 0..n {
+            let seq = w
+                .push(&row(i * 3, Kind::Sample, Some(i), None, Some(0)))
+                .unwrap();
+            assert_eq!(seq, i + 1);
+            w.stack(seq, &[i, i + 1]).unwrap();
+        }
+        w.finish().unwrap();
+        let size = std::fs::metadata(&path).unwrap().len();
+        let db = EventDb::open(&path).unwrap();
+        let mut seen = 0u64;
+        db.for_each(&[Kind::Sample], |r| {
+            seen += 1;
+            assert_eq!(
+                (r.seq, r.time, r.addr),
+                (seen, (seen - 1) * 3, Some(seen - 1))
+            );
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(seen, n);
+        let stacks = db.stacks().unwrap();
+        assert_eq!(stacks.len() as u64, n);
+        assert_eq!(stacks[&(BLOCK_EVENTS as u64 + 1)], vec![4096, 4097]);
+        drop(db);
+        // Rows take several times the room.
+        let rows_path = temp("blocks-rows");
+        let mut w = EventWriter::create_with(&rows_path, &[], EventFormat::Rows).unwrap();
+        for i in 0..n {
+            let seq = w
+                .push(&row(i * 3, Kind::Sample, Some(i), None, Some(0)))
+                .unwrap();
+            w.stack(seq, &[i, i + 1]).unwrap();
+        }
+        w.finish().unwrap();
+        assert!(std::fs::metadata(&rows_path).unwrap().len() > 4 * size);
+
+        // A damaged block is an error naming it, not a panic.
+        Connection::open(&path)
+            .unwrap()
+            .execute_batch("UPDATE event_blocks SET data = x'28b52ffd00' WHERE first_seq = 4097;")
+            .unwrap();
+        let db = EventDb::open(&path).unwrap();
+        let err = db.for_each(&[], |_| Ok(())).unwrap_err();
+        assert!(err.to_string().contains("event block 4097"), "{err}");
+        drop(db);
+        Connection::open(&path)
+            .unwrap()
+            .execute_batch("DELETE FROM event_blocks WHERE first_seq = 4097;")
+            .unwrap();
+        let err = EventDb::open(&path).unwrap().counts().unwrap_err();
+        assert!(err.to_string().contains("start at event 4097"), "{err}");
     }
 
     #[test]
@@ -573,13 +844,16 @@ mod tests {
         let path = temp("unfinished");
         {
             let mut w = EventWriter::create(&path, &[]).unwrap();
-            for i in 0..(BATCH + 5) {
+            for i in 0..(BLOCK_EVENTS as u64 + 5) {
                 w.push(&row(i, Kind::Lock, Some(1), None, None)).unwrap();
             }
         }
         let mut partial = path.as_os_str().to_owned();
         partial.push(".partial");
         let db = EventDb::open(Path::new(&partial)).unwrap();
-        assert_eq!(db.counts().unwrap(), vec![(Kind::Lock, BATCH + 5)]);
+        assert_eq!(
+            db.counts().unwrap(),
+            vec![(Kind::Lock, BLOCK_EVENTS as u64 + 5)]
+        );
     }
 }

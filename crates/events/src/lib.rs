@@ -4,3 +4,4 @@
 pub mod abi;
 pub mod capture;
 pub mod db;
+pub mod packed;

@@ -11,7 +11,7 @@ use anyhow::{bail, Context, Result};
 use diagnosis::plugin::Plugin;
 use diagnosis::plugins;
 use events::capture::{Capture, CaptureSummary};
-use events::db::EventWriter;
+use events::db::{EventFormat, EventWriter};
 use trace::{ClockKind, Header, TraceReader, TraceWriter};
 use vmm::journal::{EndReason, Event, Journal, JournalError, Progress, Recorder, Replayer};
 use vmm::{guest, StopReason, Vm, VmError};
@@ -102,6 +102,11 @@ pub struct ReplayArgs {
     /// docs/events.md). An existing FILE is replaced when replay ends.
     #[arg(long, value_name = "FILE")]
     events: Option<PathBuf>,
+    /// How the database stores events: packed (compressed blocks, a few
+    /// bytes per event; read them with `insight report`) or rows (one SQL
+    /// row per event, about 37 bytes, for your own queries with sqlite3).
+    #[arg(long, value_enum, default_value = "packed", value_name = "FORMAT")]
+    events_format: EventsFormat,
     /// After replay, run diagnosis tools over the events (written to
     /// TRACE/events.db unless --events names a file): locks, deadlock,
     /// profile (samples every 1 ms unless --sample-period says otherwise),
@@ -113,6 +118,12 @@ pub struct ReplayArgs {
     /// event database. Tasks are tracked once they raise a probe event.
     #[arg(long, value_name = "PERIOD", value_parser = parse_period)]
     sample_period: Option<Duration>,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum EventsFormat {
+    Packed,
+    Rows,
 }
 
 /// "500us", "1ms", "2s", "1000000ns".
@@ -321,7 +332,11 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
                 "ns since the VM started, as recorded".to_owned(),
             ),
         ];
-        let db = EventWriter::create(path, &meta)
+        let format = match args.events_format {
+            EventsFormat::Packed => EventFormat::Packed,
+            EventsFormat::Rows => EventFormat::Rows,
+        };
+        let db = EventWriter::create_with(path, &meta, format)
             .with_context(|| format!("cannot create the event database {}", path.display()))?;
         vm.capture_events(Capture::new(db));
         if let Some(period) = args.sample_period {
