@@ -7,7 +7,10 @@
 
 use std::collections::HashMap;
 
-use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
+use addr2line::gimli;
+use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SymbolKind};
+
+type DwarfReader<'a> = gimli::EndianSlice<'a, gimli::RunTimeEndian>;
 
 /// The regular files and symbolic links of concatenated newc archives,
 /// later entries replacing earlier ones (as the kernel unpacks them).
@@ -115,18 +118,20 @@ impl GuestFiles {
 
 /// The functions of one ELF file and the address range it occupies,
 /// relative to its load base.
-pub struct ElfSymbols {
+pub struct ElfSymbols<'a> {
     /// (start, end, name), sorted by start.
     functions: Vec<(u64, u64, String)>,
     /// Data objects (global variables), the same way.
     data: Vec<(u64, u64, String)>,
     /// The lowest and highest address its loadable segments cover.
     span: (u64, u64),
+    /// Its DWARF line tables, when it has them.
+    lines: Option<addr2line::Context<DwarfReader<'a>>>,
 }
 
-impl ElfSymbols {
+impl<'a> ElfSymbols<'a> {
     /// Parses `data`; `None` if it is not an ELF file this can read.
-    pub fn parse(data: &[u8]) -> Option<Self> {
+    pub fn parse(data: &'a [u8]) -> Option<Self> {
         let file = object::File::parse(data).ok()?;
         let mut functions: Vec<(u64, u64, String)> = Vec::new();
         let mut data: Vec<(u64, u64, String)> = Vec::new();
@@ -160,6 +165,17 @@ impl ElfSymbols {
             functions,
             data,
             span,
+            lines: dwarf(&file),
+        })
+    }
+
+    /// "file.c:42" for the relative address, from the DWARF line tables.
+    pub fn line(&self, rel: u64) -> Option<String> {
+        let loc = self.lines.as_ref()?.find_location(rel).ok()??;
+        let file = loc.file?.rsplit('/').next()?;
+        Some(match loc.line {
+            Some(line) => format!("{file}:{line}"),
+            None => file.to_owned(),
         })
     }
 
@@ -179,13 +195,32 @@ impl ElfSymbols {
     }
 }
 
+/// The DWARF of `file` for line lookups; `None` without debug information
+/// or when it cannot be read (malformed DWARF costs the lines, nothing
+/// else).
+fn dwarf<'a>(file: &object::File<'a>) -> Option<addr2line::Context<DwarfReader<'a>>> {
+    file.section_by_name(".debug_line")?;
+    let endian = if file.is_little_endian() {
+        gimli::RunTimeEndian::Little
+    } else {
+        gimli::RunTimeEndian::Big
+    };
+    let load = |id: gimli::SectionId| -> Result<DwarfReader<'a>, gimli::Error> {
+        let data = file
+            .section_by_name(id.name())
+            .and_then(|section| section.data().ok())
+            .unwrap_or(&[]);
+        Ok(gimli::EndianSlice::new(data, endian))
+    };
+    let dwarf = gimli::Dwarf::load(load).ok()?;
+    addr2line::Context::from_dwarf(dwarf).ok()
+}
+
 fn containing(list: &[(u64, u64, String)], rel: u64) -> Option<&str> {
     let i = list.partition_point(|f| f.0 <= rel);
     let (start, end, name) = list.get(i.checked_sub(1)?)?;
     (rel >= *start && rel < *end).then_some(name.as_str())
 }
-
-impl ElfSymbols {}
 
 /// Where an address of a process lies.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -199,7 +234,7 @@ pub struct Location {
 /// Symbolizes addresses of the processes of an event database.
 pub struct Symbolizer<'a> {
     files: &'a GuestFiles,
-    parsed: HashMap<String, Option<ElfSymbols>>,
+    parsed: HashMap<String, Option<ElfSymbols<'a>>>,
     /// pid -> (base, path) of its objects.
     objects: HashMap<u32, Vec<(u64, String)>>,
 }
@@ -215,27 +250,23 @@ impl<'a> Symbolizer<'a> {
 
     /// Declares the loaded objects of `pid` (its SYMBOL events).
     pub fn add_process(&mut self, pid: u32, objects: Vec<(u64, String)>) {
-        self.objects.insert(pid, objects);
-    }
-
-    fn elf(&mut self, path: &str) -> Option<&ElfSymbols> {
-        if !self.parsed.contains_key(path) {
-            let parsed = self.files.get(path).and_then(ElfSymbols::parse);
-            self.parsed.insert(path.to_owned(), parsed);
+        for (_, path) in &objects {
+            if !self.parsed.contains_key(path) {
+                let parsed = self.files.get(path).and_then(ElfSymbols::parse);
+                self.parsed.insert(path.clone(), parsed);
+            }
         }
-        self.parsed.get(path)?.as_ref()
+        self.objects.insert(pid, objects);
     }
 
     /// The object of process `pid` that covers `addr`: its path, its
     /// symbols and the address relative to its load base.
-    fn object_at(&mut self, pid: u32, addr: u64) -> Option<(String, &ElfSymbols, u64)> {
-        let objects = self.objects.get(&pid).cloned().unwrap_or_default();
-        let (path, rel) = objects.into_iter().find_map(|(base, path)| {
-            let rel = addr.checked_sub(base)?;
-            self.elf(&path)?.covers(rel).then_some((path, rel))
-        })?;
-        let elf = self.elf(&path)?;
-        Some((path, elf, rel))
+    fn object_at(&self, pid: u32, addr: u64) -> Option<(&str, &ElfSymbols<'a>, u64)> {
+        self.objects.get(&pid)?.iter().find_map(|(base, path)| {
+            let rel = addr.checked_sub(*base)?;
+            let elf = self.parsed.get(path)?.as_ref()?;
+            elf.covers(rel).then_some((path.as_str(), elf, rel))
+        })
     }
 
     /// The global variable at `addr` of process `pid` ("L1", or
@@ -254,18 +285,23 @@ impl<'a> Symbolizer<'a> {
     }
 
     /// A code address of process `pid` for people: "function+0x1f in
-    /// object", or the bare address.
+    /// object (file.c:42)" (the line where DWARF tells), or the bare
+    /// address.
     pub fn describe_code(&mut self, pid: u32, addr: u64) -> String {
         let Some((path, elf, rel)) = self.object_at(pid, addr) else {
             return format!("{addr:#x}");
         };
-        let object = path.rsplit('/').next().unwrap_or(&path);
+        let object = path.rsplit('/').next().unwrap_or(path);
         let i = elf.functions.partition_point(|f| f.0 <= rel);
-        match i.checked_sub(1).and_then(|i| elf.functions.get(i)) {
+        let place = match i.checked_sub(1).and_then(|i| elf.functions.get(i)) {
             Some((start, end, name)) if rel < *end => {
                 format!("{name}+{:#x} in {object}", rel - start)
             }
             _ => format!("{rel:#x} in {object}"),
+        };
+        match elf.line(rel) {
+            Some(line) => format!("{place} ({line})"),
+            None => place,
         }
     }
 
@@ -276,7 +312,7 @@ impl<'a> Symbolizer<'a> {
                 function: elf
                     .function(rel)
                     .map_or_else(|| format!("{rel:#x}"), str::to_owned),
-                object: path,
+                object: path.to_owned(),
             },
             None => Location {
                 object: "[unknown]".to_owned(),

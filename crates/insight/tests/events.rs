@@ -451,6 +451,11 @@ fn the_papers_deadlock_programs_are_diagnosed() {
         section("deadlock_trylock").contains("T1 holds L1 while taking L2 at t1+"),
         "{report}"
     );
+    // The line of the call, from the program's DWARF.
+    assert!(
+        section("deadlock_trylock").contains("(deadlock_trylock.c:"),
+        "{report}"
+    );
     let transitive = notation(&section("deadlock_transitive"), "Potential deadlock");
     assert_eq!(transitive.len(), 1, "{report}");
     assert!(
