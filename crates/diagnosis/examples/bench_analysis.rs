@@ -17,7 +17,7 @@ use diagnosis::plugin::{self, Context, Output, Plugin, PluginError};
 use diagnosis::plugins;
 use diagnosis::symbols::GuestFiles;
 use events::abi::{Kind, Source};
-use events::db::{EventDb, EventWriter, Row};
+use events::db::{EventDb, EventFormat, EventWriter, Row};
 
 const THREADS: u32 = 16;
 const PID: u32 = 100;
@@ -154,8 +154,8 @@ impl Sim {
 }
 
 /// Writes about `events` events to `path`; returns how many.
-fn synthesize(path: &std::path::Path, events: u64) -> u64 {
-    let w = EventWriter::create(path, &[("created_by", "bench_analysis".to_owned())])
+fn synthesize(path: &std::path::Path, events: u64, format: EventFormat) -> u64 {
+    let w = EventWriter::create_with(path, &[("created_by", "bench_analysis".to_owned())], format)
         .unwrap_or_else(|e| panic!("{e}"));
     let mut sim = Sim {
         w,
@@ -250,34 +250,21 @@ impl Plugin for Scan {
     }
 }
 
-fn main() {
-    let mut args = std::env::args().skip(1);
-    let events: u64 = match args.next() {
-        Some(n) => n.replace('_', "").parse().unwrap_or_else(|_| {
-            eprintln!("bench_analysis: EVENTS must be a number, not '{n}'");
-            std::process::exit(2)
-        }),
-        None => 10_000_000,
-    };
-    let (dir, remove) = match args.next() {
-        Some(d) => (std::path::PathBuf::from(d), false),
-        None => (
-            std::env::temp_dir().join(format!("insight-bench-analysis-{}", std::process::id())),
-            true,
-        ),
-    };
-    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
-    let path = dir.join("synthetic.db");
+/// Writes a database of `events` in `format` and times every plugin over it.
+fn bench(dir: &std::path::Path, events: u64, format: EventFormat) {
+    let path = dir.join(format!("synthetic-{}.db", format.name()));
     eprintln!(
-        "bench_analysis: writing {events} synthetic events to {}",
+        "bench_analysis: writing {events} synthetic events ({}) to {}",
+        format.name(),
         path.display()
     );
     let start = Instant::now();
-    let written = synthesize(&path, events);
+    let written = synthesize(&path, events, format);
     let write_s = start.elapsed().as_secs_f64();
     let size = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
     println!(
-        "database: {written} events, {:.1} MB ({:.1} B/event), written in {write_s:.1} s ({:.2} M events/s)",
+        "\n{} database: {written} events, {:.1} MB ({:.1} B/event), written in {write_s:.1} s ({:.2} M events/s)",
+        format.name(),
         size as f64 / 1e6,
         size as f64 / written as f64,
         written as f64 / write_s / 1e6
@@ -310,6 +297,30 @@ fn main() {
             let first = out[0].text.lines().next().unwrap_or("").to_owned();
             eprintln!("bench_analysis: {name}: {first}");
         }
+    }
+    drop(db);
+    let _ = std::fs::remove_file(&path);
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let events: u64 = match args.next() {
+        Some(n) => n.replace('_', "").parse().unwrap_or_else(|_| {
+            eprintln!("bench_analysis: EVENTS must be a number, not '{n}'");
+            std::process::exit(2)
+        }),
+        None => 10_000_000,
+    };
+    let (dir, remove) = match args.next() {
+        Some(d) => (std::path::PathBuf::from(d), false),
+        None => (
+            std::env::temp_dir().join(format!("insight-bench-analysis-{}", std::process::id())),
+            true,
+        ),
+    };
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    for format in [EventFormat::Packed, EventFormat::Rows] {
+        bench(&dir, events, format);
     }
     if remove {
         let _ = std::fs::remove_dir_all(&dir);
