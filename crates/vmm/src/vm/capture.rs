@@ -1,0 +1,140 @@
+//! Replay-time event capture: the events the guest raises at VM exits,
+//! the guest kernel's context-switch ring, and host samples of the
+//! tracked tasks.
+
+use super::*;
+
+impl Vm {
+    /// Stores the events the guest raises during replay in `capture`.
+    pub fn capture_events(&mut self, capture: Capture) {
+        self.events = Some(capture);
+    }
+
+    /// Also takes a SAMPLE of the tracked task on the vCPU about every
+    /// `period` of host time (at least 1 ms apart) during replay, into the
+    /// event capture.
+    pub fn sample_every(&mut self, period: Duration) {
+        let period_ns = (period.as_nanos() as u64).max(1);
+        self.sampling = Some(Sampling {
+            period_ns,
+            next_ns: period_ns,
+        });
+    }
+
+    /// Closes the event database, keeping what was captured even when the
+    /// run failed.
+    pub(super) fn end_events(
+        &mut self,
+        result: Result<RunOutcome, VmError>,
+    ) -> Result<RunOutcome, VmError> {
+        let drained = self.drain_switches();
+        let Some(capture) = self.events.take() else {
+            return result;
+        };
+        let finished = capture.finish();
+        let result = result.and_then(|o| drained.map(|()| o));
+        let mut outcome = result?;
+        outcome.events = Some(finished?);
+        Ok(outcome)
+    }
+
+    /// A SAMPLE of the task on the vCPU, if one is due and the task is
+    /// tracked: RIP, user or kernel mode, and the user stack's return
+    /// addresses by frame pointers.
+    pub(super) fn take_sample(&mut self) -> Result<(), VmError> {
+        let (Some(sampling), true) = (&mut self.sampling, self.events.is_some()) else {
+            return Ok(());
+        };
+        let now = self.clock.now_ns();
+        if now < sampling.next_ns {
+            return Ok(());
+        }
+        sampling.next_ns = now + sampling.period_ns;
+        self.drain_switches()?;
+        let Some(capture) = &mut self.events else {
+            return Ok(());
+        };
+        let Some((pid, lwpid)) = capture.current() else {
+            return Ok(());
+        };
+        if !capture.is_tracked(lwpid) {
+            return Ok(());
+        }
+        let regs = self.vcpu.get_regs().map_err(kvm_err("GET_REGS"))?;
+        let sregs = self.vcpu.get_sregs().map_err(kvm_err("GET_SREGS"))?;
+        let user = sregs.cs.selector & 3 == 3;
+        let stack = if user {
+            guest_events::frame_chain(&self.mem, sregs.cr3, regs.rbp, MAX_SAMPLE_FRAMES)
+        } else {
+            Vec::new()
+        };
+        let time = self.journal.progress().guest_ns;
+        capture.sample(time, pid, lwpid, regs.rip, user, &stack)?;
+        Ok(())
+    }
+
+    /// The guest kernel announced its context-switch ring (at boot).
+    pub(super) fn attach_switch_ring(&mut self) {
+        let Some(capture) = &mut self.events else {
+            return;
+        };
+        let gpa = self.vcpu.sync_regs().regs.rsi;
+        match SwitchRing::new(&self.mem, gpa) {
+            Ok(ring) => self.switch_ring = Some(ring),
+            Err(why) => capture.bad_switch_ring(why),
+        }
+    }
+
+    /// Moves the context switches the guest kernel logged since the last
+    /// call into the event capture.
+    pub(super) fn drain_switches(&mut self) -> Result<(), VmError> {
+        let (Some(ring), Some(capture)) = (&mut self.switch_ring, &mut self.events) else {
+            return Ok(());
+        };
+        let switches = ring.drain(&self.mem);
+        // Called at every replay exit: most find nothing new.
+        if switches.records.is_empty() && switches.lost == 0 {
+            return Ok(());
+        }
+        let hint = self.journal.progress().guest_ns;
+        if switches.lost > 0 {
+            let example = format!(
+                "{} records overwritten before guest time {hint} ns",
+                switches.lost
+            );
+            capture.lost_switches(switches.lost, example);
+        }
+        for [from_pid, from_lwpid, to_pid, to_lwpid] in switches.records {
+            capture.context_switch(hint, (from_pid, from_lwpid), (to_pid, to_lwpid))?;
+        }
+        Ok(())
+    }
+
+    /// The guest raised an event at the last exit (docs/events.md). The
+    /// recording notes when; replay reads the event from guest memory.
+    pub(super) fn guest_event(&mut self, raiser: EventRaiser) -> Result<(), VmError> {
+        match self.journal {
+            Journal::Live => Ok(()),
+            Journal::Record(_) => Ok(self.journal.record_event_raised(self.clock.now_ns())?),
+            Journal::Replay(_) => {
+                let ns = self.journal.replay_event_raised()?;
+                let Some(capture) = &mut self.events else {
+                    return Ok(());
+                };
+                let regs = self.vcpu.sync_regs().regs;
+                let cr3 = self.vcpu.get_sregs().map_err(kvm_err("GET_SREGS"))?.cr3;
+                let named_by_kernel = Some(((regs.rdi >> 32) as u32, regs.rdi as u32));
+                let (source, address, raised_by) = match raiser {
+                    EventRaiser::ProbeTrap => (Source::Probe, regs.rsi, named_by_kernel),
+                    EventRaiser::Kernel => (Source::Kernel, regs.rsi, named_by_kernel),
+                    EventRaiser::ProbePort => (Source::Probe, regs.rax, capture.current()),
+                };
+                let buffer =
+                    guest_events::read_buffer(&self.mem, cr3, address, source == Source::Probe);
+                let buffer = buffer.as_deref().map_err(Clone::clone);
+                capture.raised(ns, source, raised_by, buffer)?;
+                Ok(())
+            }
+        }
+    }
+}
