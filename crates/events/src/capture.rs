@@ -11,6 +11,11 @@ use std::collections::{BTreeMap, HashSet};
 use crate::abi::{self, Kind, Payload, RawEvent, Source};
 use crate::db::{DbError, EventWriter, Row};
 
+/// The lowest user address Linux lets a process map (`vm.mmap_min_addr`'s
+/// default).
+const USER_CODE_MIN: u64 = 0x1_0000;
+/// The end of the user half of a 48-bit address space.
+const USER_CODE_END: u64 = 1 << 47;
 /// Why the hypervisor could not read an event buffer.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum BufferError {
@@ -258,6 +263,16 @@ impl Capture {
         user: bool,
         stack: &[u64],
     ) -> Result<(), DbError> {
+        // Linux maps nothing below mmap_min_addr (64 KiB by default) nor
+        // above the user half: the registers were read in a transition
+        // (seen on nested hosts), not at a place user code runs.
+        if user && !(USER_CODE_MIN..USER_CODE_END).contains(&rip) {
+            self.anomaly(
+                "sample at an impossible user address (dropped)",
+                format!("lwpid {lwpid}: rip {rip:#x}"),
+            );
+            return Ok(());
+        }
         let time = self.advance(time_hint);
         let seq = self.db.push(&Row {
             seq: 0,
@@ -311,6 +326,30 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("events.db");
         (Capture::new(EventWriter::create(&path, &[]).unwrap()), path)
+    }
+
+    #[test]
+    fn samples_at_impossible_user_addresses_are_dropped_and_counted() {
+        let (mut c, path) = capture("samples");
+        c.sample(10, 7, 8, 0x1000, true, &[0x4141_4141]).unwrap();
+        c.sample(11, 7, 8, 1 << 47, true, &[]).unwrap();
+        c.sample(12, 7, 8, 0x5555_0000_1000, true, &[0x5555_0000_2000])
+            .unwrap();
+        c.sample(13, 7, 8, 0xffff_ffff_8100_0000, false, &[])
+            .unwrap();
+        let summary = c.finish().unwrap();
+        assert_eq!(summary.events, 2);
+        assert_eq!(summary.anomalies.len(), 1);
+        assert_eq!(summary.anomalies[0].1, 2);
+        let db = EventDb::open(&path).unwrap();
+        let mut rips = Vec::new();
+        db.for_each(&[Kind::Sample], |r| {
+            rips.push(r.addr.unwrap());
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(rips, [0x5555_0000_1000, 0xffff_ffff_8100_0000]);
+        assert_eq!(db.stacks().unwrap().len(), 1);
     }
 
     #[test]
