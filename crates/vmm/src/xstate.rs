@@ -11,7 +11,7 @@
 //! supported; the guest's CPUID offers neither XSAVEC nor XSAVES.
 //!
 //! This module is pure: it decodes the instruction and merges state
-//! images; `vm.rs` moves the bytes.
+//! images; `vm/emulate.rs` moves the bytes.
 
 /// Size of the legacy (FXSAVE) region plus the XSAVE header.
 pub const LEGACY_AND_HEADER: usize = 576;
