@@ -309,6 +309,13 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
             args.trace.display()
         );
     }
+    if let Some(difference) = kvm_caps_difference(&reader.header.kvm_caps, vm.kvm_caps()) {
+        bail!(
+            "this host's KVM cannot replay {} the way it was recorded ({difference}); replay \
+             on the recording host or one whose KVM has the same capabilities",
+            args.trace.display()
+        );
+    }
     let tx_capture = match &args.tx_pcap {
         Some(path) => Some(capture_tx(&mut vm, path)?),
         None => None,
@@ -501,6 +508,18 @@ fn cpuid_difference(recorded: &[CpuidEntry], now: &[CpuidEntry]) -> Option<Strin
     now.iter()
         .find(|n| !recorded.iter().any(|r| (r.0, r.1) == (n.0, n.1)))
         .map(|n| format!("CPUID leaf {:#x}.{} is new", n.0, n.1))
+}
+
+/// A KVM capability the recording host had and this one lacks (a value is
+/// a set of bits the recording may have relied on: every bit must still
+/// be there).
+fn kvm_caps_difference(recorded: &[(u32, i32)], now: &[(u32, i32)]) -> Option<String> {
+    recorded.iter().find_map(|&(cap, had)| {
+        let has = now.iter().find(|n| n.0 == cap).map_or(0, |n| n.1);
+        (had > 0 && has & had != had).then(|| {
+            format!("KVM capability {cap} was {had} when recording and is {has} on this host")
+        })
+    })
 }
 
 /// Writes the frames a recording delivered as a pcap file.
@@ -769,5 +788,24 @@ mod tests {
         assert!(parse_period("0ms").is_err());
         assert!(parse_period("3h").is_err());
         assert!(parse_period("ms").is_err());
+    }
+
+    #[test]
+    fn a_kvm_capability_the_recording_had_must_still_be_there() {
+        let recorded = [(1, 1), (2, 7), (3, 0)];
+        assert_eq!(
+            kvm_caps_difference(&recorded, &[(1, 1), (2, 15), (3, 0)]),
+            None
+        );
+        // Missing altogether, a bit fewer, turned off.
+        assert!(
+            kvm_caps_difference(&recorded, &[(2, 7)]).is_some_and(|d| d.contains("capability 1"))
+        );
+        assert!(
+            kvm_caps_difference(&recorded, &[(1, 1), (2, 3)]).is_some_and(|d| d.contains("was 7"))
+        );
+        assert!(kvm_caps_difference(&recorded, &[(1, 0), (2, 7)]).is_some());
+        // What the recording did without does not matter.
+        assert_eq!(kvm_caps_difference(&recorded, &[(1, 1), (2, 7)]), None);
     }
 }
