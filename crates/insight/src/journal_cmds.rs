@@ -528,35 +528,33 @@ fn dump_rx_pcap(mut reader: TraceReader<Event>, path: &Path) -> Result<ExitCode>
         PcapWriter::create(path).with_context(|| format!("cannot create {}", path.display()))?;
     let mut guest_ns = 0;
     let mut bytes = 0u64;
-    while let Some(frame) = reader.next_frame()? {
-        for event in frame {
-            match event {
-                Event::RdMsr {
-                    index: vmm::journal::MSR_INSIGHT_CLOCK,
-                    value,
-                    fault: false,
-                    ..
-                } => guest_ns = value,
-                Event::NetRx { payload, lens } => {
-                    let data = reader.payload(payload)?;
-                    let mut at = 0usize;
-                    for len in lens {
-                        let end = at.saturating_add(len as usize);
-                        let Some(frame) = data.get(at..end) else {
-                            bail!(
-                                "a network event's frame lengths exceed its payload ({} bytes)",
-                                data.len()
-                            );
-                        };
-                        let ethernet = frame.get(devices::tap::VNET_HDR_LEN..).unwrap_or(&[]);
-                        pcap.frame(guest_ns, ethernet)
-                            .with_context(|| format!("cannot write {}", path.display()))?;
-                        bytes += ethernet.len() as u64;
-                        at = end;
-                    }
+    while let Some(event) = reader.next_event()? {
+        match event {
+            Event::RdMsr {
+                index: vmm::journal::MSR_INSIGHT_CLOCK,
+                value,
+                fault: false,
+                ..
+            } => guest_ns = value,
+            Event::NetRx { payload, lens } => {
+                let data = reader.payload(payload)?;
+                let mut at = 0usize;
+                for len in lens {
+                    let end = at.saturating_add(len as usize);
+                    let Some(frame) = data.get(at..end) else {
+                        bail!(
+                            "a network event's frame lengths exceed its payload ({} bytes)",
+                            data.len()
+                        );
+                    };
+                    let ethernet = frame.get(devices::tap::VNET_HDR_LEN..).unwrap_or(&[]);
+                    pcap.frame(guest_ns, ethernet)
+                        .with_context(|| format!("cannot write {}", path.display()))?;
+                    bytes += ethernet.len() as u64;
+                    at = end;
                 }
-                _ => {}
             }
+            _ => {}
         }
     }
     pcap.flush()
@@ -595,26 +593,24 @@ pub fn dump(args: DumpArgs) -> Result<ExitCode> {
     }
     let mut exit: u64 = 0;
     let mut entries: u64 = 0;
-    'frames: while let Some(frame) = reader.next_frame()? {
-        for event in frame {
-            if args.limit.is_some_and(|l| entries >= l) {
-                break 'frames;
-            }
-            entries += 1;
-            if event.is_exit() {
-                exit += 1;
-            }
-            if args.json {
-                writeln!(
-                    out,
-                    "{}",
-                    serde_json::json!({ "exit": exit, "event": event })
-                )?;
-            } else if event.is_exit() {
-                writeln!(out, "{exit:>10}  {event}")?;
-            } else {
-                writeln!(out, "{:>10}  {event}", "")?;
-            }
+    while let Some(event) = reader.next_event()? {
+        if args.limit.is_some_and(|l| entries >= l) {
+            break;
+        }
+        entries += 1;
+        if event.is_exit() {
+            exit += 1;
+        }
+        if args.json {
+            writeln!(
+                out,
+                "{}",
+                serde_json::json!({ "exit": exit, "event": event })
+            )?;
+        } else if event.is_exit() {
+            writeln!(out, "{exit:>10}  {event}")?;
+        } else {
+            writeln!(out, "{:>10}  {event}", "")?;
         }
     }
     if let Some(problem) = &reader.tail_problem {
@@ -630,26 +626,6 @@ pub fn dump(args: DumpArgs) -> Result<ExitCode> {
     }
     out.flush()?;
     Ok(ExitCode::SUCCESS)
-}
-
-/// Reads the next log entry of a trace, across frames.
-struct Entries {
-    reader: TraceReader<Event>,
-    frame: std::vec::IntoIter<Event>,
-}
-
-impl Entries {
-    fn next(&mut self) -> Result<Option<Event>> {
-        loop {
-            if let Some(e) = self.frame.next() {
-                return Ok(Some(e));
-            }
-            match self.reader.next_frame()? {
-                Some(frame) => self.frame = frame.into_iter(),
-                None => return Ok(None),
-            }
-        }
-    }
 }
 
 pub fn diff(args: DiffArgs) -> Result<ExitCode> {
@@ -670,20 +646,11 @@ pub fn diff(args: DiffArgs) -> Result<ExitCode> {
     if a.header.boot.rng_seed != b.header.boot.rng_seed {
         println!("the guests' random seeds differ (every recording has its own)");
     }
-    let (mut a, mut b) = (
-        Entries {
-            reader: a,
-            frame: Vec::new().into_iter(),
-        },
-        Entries {
-            reader: b,
-            frame: Vec::new().into_iter(),
-        },
-    );
+    let (mut a, mut b) = (a, b);
     let mut exit: u64 = 0;
     let mut entries: u64 = 0;
     loop {
-        let (x, y) = (a.next()?, b.next()?);
+        let (x, y) = (a.next_event()?, b.next_event()?);
         if x.as_ref().is_some_and(Event::is_exit) {
             exit += 1;
         }

@@ -327,6 +327,8 @@ pub struct TraceReader<E> {
     /// Opened at the first payload read.
     payloads: Option<File>,
     frames_read: u64,
+    /// The rest of the frame `next_event` is in.
+    current: std::vec::IntoIter<E>,
     /// Set when the stream ended on a torn or corrupt frame.
     pub tail_problem: Option<TailProblem>,
     _events: PhantomData<E>,
@@ -362,9 +364,25 @@ impl<E: DeserializeOwned> TraceReader<E> {
             events: BufReader::new(events),
             payloads: None,
             frames_read: 0,
+            current: Vec::new().into_iter(),
             tail_problem: None,
             _events: PhantomData,
         })
+    }
+
+    /// The next event, across frames; `None` at the end of the stream
+    /// (see `tail_problem` for an unclean end). Do not mix with
+    /// `next_frame`, which skips what is left of the current frame.
+    pub fn next_event(&mut self) -> Result<Option<E>, TraceError> {
+        loop {
+            if let Some(e) = self.current.next() {
+                return Ok(Some(e));
+            }
+            match self.next_frame()? {
+                Some(frame) => self.current = frame.into_iter(),
+                None => return Ok(None),
+            }
+        }
     }
 
     /// The next frame's events; `None` at the end of the stream (see
@@ -543,6 +561,13 @@ mod tests {
         let got = all(&mut r);
         assert_eq!(got, evs);
         assert_eq!(r.tail_problem, None);
+        // One event at a time, across the three frames.
+        let mut r = TraceReader::<Ev>::open(&dir).unwrap();
+        let mut one_by_one = Vec::new();
+        while let Some(e) = r.next_event().unwrap() {
+            one_by_one.push(e);
+        }
+        assert_eq!(one_by_one, evs);
         let Ev::Packet(p) = &got[1007] else {
             panic!("{:?}", got[1007])
         };

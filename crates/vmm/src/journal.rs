@@ -413,7 +413,6 @@ impl Recorder {
 pub struct Replayer {
     reader: TraceReader<Event>,
     digest_interval: u64,
-    frame: std::vec::IntoIter<Event>,
     peeked: Option<Event>,
     /// The exit entry matched for the exit in progress, if taken early
     /// (reads take theirs before the RIP is known).
@@ -432,7 +431,6 @@ impl Replayer {
         Replayer {
             digest_interval: reader.header.digest_interval.max(1),
             reader,
-            frame: Vec::new().into_iter(),
             peeked: None,
             current: None,
             exits: 0,
@@ -450,19 +448,8 @@ impl Replayer {
 
     fn peek(&mut self) -> Result<Option<&Event>, JournalError> {
         if self.peeked.is_none() && !self.exhausted {
-            loop {
-                if let Some(e) = self.frame.next() {
-                    self.peeked = Some(e);
-                    break;
-                }
-                match self.reader.next_frame()? {
-                    Some(frame) => self.frame = frame.into_iter(),
-                    None => {
-                        self.exhausted = true;
-                        break;
-                    }
-                }
-            }
+            self.peeked = self.reader.next_event()?;
+            self.exhausted = self.peeked.is_none();
         }
         Ok(self.peeked.as_ref())
     }
