@@ -61,12 +61,14 @@ impl Plugin for Deadlock {
             }
             let objects = db.objects(pid)?;
             // The program is the first object a process reports.
-            let process = match objects.first() {
-                Some((_, path)) => format!(" ({})", path.rsplit('/').next().unwrap_or(path)),
-                None => names
-                    .get(&pid)
-                    .map(|comm| format!(" ({comm})"))
-                    .unwrap_or_default(),
+            let program = match objects.first() {
+                Some((_, path)) => path.rsplit('/').next().unwrap_or(path).to_owned(),
+                None => names.get(&pid).cloned().unwrap_or_default(),
+            };
+            let process = if program.is_empty() {
+                String::new()
+            } else {
+                format!(" ({program})")
             };
             sym.add_process(pid, objects);
             let _ = writeln!(text, "Process {pid}{process}");
@@ -106,6 +108,7 @@ impl Plugin for Deadlock {
                     );
                     cycles_json.push(serde_json::json!({
                         "pid": pid,
+                        "program": program,
                         "protected": c.is_protected(),
                         "gates": d.gates,
                         "notation": d.notation,
