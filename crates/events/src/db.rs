@@ -336,6 +336,10 @@ impl EventWriter {
         Ok(())
     }
 
+    pub fn format(&self) -> EventFormat {
+        self.format
+    }
+
     pub fn events_written(&self) -> u64 {
         self.next_seq - 1
     }
@@ -634,6 +638,51 @@ impl EventDb {
         Ok(out)
     }
 
+    /// Copies everything into `w` (a database of another format, say):
+    /// meta (but the format), threads, objects, anomalies, and every event
+    /// with its stack, in order. Sequence numbers are kept.
+    pub fn copy_to(&self, w: &mut EventWriter) -> Result<(), DbError> {
+        let text_rows = |query: &str| -> Result<Vec<Vec<rusqlite::types::Value>>, DbError> {
+            let mut stmt = self.conn.prepare(query).map_err(sql(&self.path))?;
+            let n = stmt.column_count();
+            let rows = stmt
+                .query_map([], |r| (0..n).map(|i| r.get(i)).collect())
+                .map_err(sql(&self.path))?;
+            rows.collect::<Result<_, _>>().map_err(sql(&self.path))
+        };
+        for table in ["meta", "threads", "objects", "anomalies"] {
+            let rows = text_rows(&format!("SELECT * FROM {table}"))?;
+            for row in rows {
+                if table == "meta"
+                    && row.first() == Some(&rusqlite::types::Value::Text("events_format".into()))
+                {
+                    continue;
+                }
+                let marks = vec!["?"; row.len()].join(",");
+                w.conn
+                    .execute(
+                        &format!("INSERT OR REPLACE INTO {table} VALUES ({marks})"),
+                        rusqlite::params_from_iter(row),
+                    )
+                    .map_err(sql(&w.partial))?;
+            }
+        }
+        let stacks = self.stacks()?;
+        self.for_each(&[], |r| {
+            let seq = w.push(&r)?;
+            if seq != r.seq {
+                return Err(DbError::Corrupt {
+                    path: self.path.clone(),
+                    what: format!("event {} follows event {}", r.seq, seq - 1),
+                });
+            }
+            if let Some(frames) = stacks.get(&r.seq) {
+                w.stack(seq, frames)?;
+            }
+            Ok(())
+        })
+    }
+
     /// The anomalies the capture counted: (what, count, example).
     pub fn anomalies(&self) -> Result<Vec<(String, u64, String)>, DbError> {
         let mut stmt = self
@@ -736,6 +785,67 @@ mod tests {
         assert_eq!(
             db.counts().unwrap(),
             vec![(Kind::Lock, 1), (Kind::LockRet, 1), (Kind::Unlock, 1)]
+        );
+    }
+
+    #[test]
+    fn copies_between_formats_keep_everything() {
+        let rows_path = temp("copy-rows");
+        let mut w =
+            EventWriter::create_with(&rows_path, &[("trace", "t".into())], EventFormat::Rows)
+                .unwrap();
+        for i in 0..5000u64 {
+            let kind = if i % 3 == 0 { Kind::Sample } else { Kind::Lock };
+            let seq = w
+                .push(&row(i, kind, Some(i * 8), Some(0x400), None))
+                .unwrap();
+            if kind == Kind::Sample {
+                w.stack(seq, &[i, 0x5555]).unwrap();
+            }
+        }
+        w.thread(5, 6, "syn_cont", 1).unwrap();
+        w.object(5, 0x5555_0000, "/usr/bin/syn_cont", 1).unwrap();
+        w.anomalies(&[("unmapped buffer".into(), 2, "at 0x0".into())])
+            .unwrap();
+        w.finish().unwrap();
+        let all = |db: &EventDb| {
+            let mut v = Vec::new();
+            db.for_each(&[], |r| {
+                v.push(r);
+                Ok(())
+            })
+            .unwrap();
+            (
+                v,
+                db.stacks().unwrap(),
+                db.threads().unwrap(),
+                db.objects(5).unwrap(),
+            )
+        };
+        let original = EventDb::open(&rows_path).unwrap();
+        let packed_path = temp("copy-packed");
+        let mut w = EventWriter::create(&packed_path, &[]).unwrap();
+        original.copy_to(&mut w).unwrap();
+        w.finish().unwrap();
+        let packed = EventDb::open(&packed_path).unwrap();
+        assert_eq!(packed.format(), EventFormat::Packed);
+        assert_eq!(all(&packed), all(&original));
+        assert_eq!(packed.meta("trace").unwrap().as_deref(), Some("t"));
+        assert_eq!(packed.anomalies().unwrap(), original.anomalies().unwrap());
+        // A database with a gap in its sequence is refused, not renumbered.
+        drop(original);
+        Connection::open(&rows_path)
+            .unwrap()
+            .execute_batch("DELETE FROM events WHERE seq = 10;")
+            .unwrap();
+        let mut w = EventWriter::create(&temp("copy-gap"), &[]).unwrap();
+        let err = EventDb::open(&rows_path)
+            .unwrap()
+            .copy_to(&mut w)
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("event 11 follows event 9"),
+            "{err}"
         );
     }
 

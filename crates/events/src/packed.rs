@@ -7,20 +7,22 @@
 //!
 //! ```text
 //! varint threads; per thread: varint pid, varint lwpid
-//! then seven streams, each a varint length and that many bytes:
+//! then nine streams, each a varint length and that many bytes:
 //!   kinds   varint per event
 //!   flags   one byte per event: source (bits 0-1), has addr (2), has
 //!           caller (3), has value (4), has stack (5)
 //!   times   zigzag varint per event: difference to the previous event's
 //!           time (the first: to 0)
 //!   threads varint per event: index into the block's thread table
-//!   addrs   zigzag varint per event with an addr: difference to the
-//!           previous addr in the block (the first: to 0)
+//!   addrs   zigzag varint per event with an addr but a SAMPLE: difference to the
+//!           previous addr of an event of the same kind in the block (the
+//!           first: to 0)
 //!   callers the same for caller
 //!   values  zigzag varint per event with a value
 //!   stacks  per event with a stack: varint frames, then each frame as a
 //!           zigzag difference to the frame before it (the first: to the
 //!           first frame of the previous stack in the block)
+//!   rips    the addrs of SAMPLE events, coded like addrs
 //! ```
 //!
 //! Decoding trusts nothing: every length and index is checked, and the
@@ -36,6 +38,22 @@ pub const MAX_FRAMES: usize = 256;
 /// [`BLOCK_EVENTS`] full events with full stacks stays well below).
 const MAX_RAW: usize = 64 << 20;
 const LEVEL: i32 = 9;
+/// Kinds with a difference base of their own (larger ones share the last).
+const BASES: usize = 32;
+
+/// Samples' RIPs have a stream of their own: their differences are
+/// random, the other addresses' repeat.
+fn addr_stream(kind: Kind) -> usize {
+    if kind == Kind::Sample {
+        8
+    } else {
+        4
+    }
+}
+
+fn base(kind: Kind) -> usize {
+    usize::from(kind as u16).min(BASES - 1)
+}
 
 /// One event of a block.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -75,8 +93,9 @@ fn put_diff(out: &mut Vec<u8>, prev: &mut u64, v: u64) {
 /// Encodes and compresses `events` (at most [`BLOCK_EVENTS`]).
 pub fn encode(events: &[PackedEvent]) -> Vec<u8> {
     let mut table: Vec<(u32, u32)> = Vec::new();
-    let mut s: [Vec<u8>; 8] = Default::default();
-    let (mut time, mut addr, mut caller, mut first_frame) = (0u64, 0u64, 0u64, 0u64);
+    let mut s: [Vec<u8>; 9] = Default::default();
+    let (mut time, mut first_frame) = (0u64, 0u64);
+    let (mut addr, mut caller) = ([0u64; BASES], [0u64; BASES]);
     for e in events {
         put(&mut s[0], u64::from(e.kind as u16));
         let flags = e.source as u8
@@ -95,10 +114,10 @@ pub fn encode(events: &[PackedEvent]) -> Vec<u8> {
         };
         put(&mut s[3], thread as u64);
         if let Some(a) = e.addr {
-            put_diff(&mut s[4], &mut addr, a);
+            put_diff(&mut s[addr_stream(e.kind)], &mut addr[base(e.kind)], a);
         }
         if let Some(c) = e.caller {
-            put_diff(&mut s[5], &mut caller, c);
+            put_diff(&mut s[5], &mut caller[base(e.kind)], c);
         }
         if let Some(v) = e.value {
             put(&mut s[6], zigzag(v));
@@ -216,10 +235,10 @@ pub fn decode(blob: &[u8], count: usize) -> Result<Vec<PackedEvent>, String> {
     for _ in 0..threads {
         table.push((c.u32()?, c.u32()?));
     }
-    const NAMES: [&str; 8] = [
-        "kinds", "flags", "times", "threads", "addrs", "callers", "values", "stacks",
+    const NAMES: [&str; 9] = [
+        "kinds", "flags", "times", "threads", "addrs", "callers", "values", "stacks", "rips",
     ];
-    let mut s: Vec<Cursor> = Vec::with_capacity(8);
+    let mut s: Vec<Cursor> = Vec::with_capacity(NAMES.len());
     for name in NAMES {
         let len = usize::try_from(c.varint()?).map_err(|_| "a stream length overflows")?;
         s.push(Cursor::new(c.bytes(len)?, name));
@@ -227,7 +246,8 @@ pub fn decode(blob: &[u8], count: usize) -> Result<Vec<PackedEvent>, String> {
     if c.at != data.len() {
         return Err(format!("{} bytes after the last stream", data.len() - c.at));
     }
-    let (mut time, mut addr, mut caller, mut first_frame) = (0u64, 0u64, 0u64, 0u64);
+    let (mut time, mut first_frame) = (0u64, 0u64);
+    let (mut addr, mut caller) = ([0u64; BASES], [0u64; BASES]);
     let mut out = Vec::with_capacity(count);
     for _ in 0..count {
         let raw_kind = s[0].varint()?;
@@ -248,12 +268,12 @@ pub fn decode(blob: &[u8], count: usize) -> Result<Vec<PackedEvent>, String> {
             .and_then(|i| table.get(i))
             .ok_or_else(|| format!("thread {index} of a table of {}", table.len()))?;
         let addr_v = if flags & 4 != 0 {
-            Some(s[4].diff(&mut addr)?)
+            Some(s[addr_stream(kind)].diff(&mut addr[base(kind)])?)
         } else {
             None
         };
         let caller_v = if flags & 8 != 0 {
-            Some(s[5].diff(&mut caller)?)
+            Some(s[5].diff(&mut caller[base(kind)])?)
         } else {
             None
         };

@@ -122,6 +122,15 @@ graph), `deadlock` (potential deadlocks from lock order), `threads` (per thread:
 lifetime, switches, samples, lock calls and waits). Each is a plugin (docs/plugins.md); \
 `insight report NAME DB [--trace DIR] [--json]` runs any of them with default options.")]
     Report(crate::report_cmds::ReportArgs),
+    /// Rewrite an event database in the other storage format.
+    #[command(long_about = "Rewrite an event database in another storage format: \
+`rows` (one SQL row per event, for your own queries with sqlite3) or `packed` (compressed \
+blocks, a few bytes per event, what `insight replay --events` writes by default). \
+Everything is kept: events in order with their sequence numbers, stacks, threads, objects, \
+anomalies, meta. OUT is written as OUT.partial and renamed when complete.\n\n\
+Example:\n  insight convert t1.db t1-rows.db --events-format rows\n  \
+sqlite3 t1-rows.db 'SELECT kind, count(*) FROM named_events GROUP BY kind'")]
+    Convert(crate::report_cmds::ConvertArgs),
 }
 
 /// What to boot: shared by `run` and `record`.
@@ -165,6 +174,7 @@ pub fn main() -> Result<ExitCode> {
         Command::Dump(args) => crate::journal_cmds::dump(args),
         Command::Diff(args) => crate::journal_cmds::diff(args),
         Command::Report(args) => crate::report_cmds::report(args),
+        Command::Convert(args) => crate::report_cmds::convert(&args),
     }
 }
 

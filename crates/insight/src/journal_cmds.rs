@@ -120,10 +120,20 @@ pub struct ReplayArgs {
     sample_period: Option<Duration>,
 }
 
+/// How an event database stores its events (`--events-format`).
 #[derive(Clone, Copy, clap::ValueEnum)]
-enum EventsFormat {
+pub enum EventsFormat {
     Packed,
     Rows,
+}
+
+impl From<EventsFormat> for EventFormat {
+    fn from(f: EventsFormat) -> Self {
+        match f {
+            EventsFormat::Packed => EventFormat::Packed,
+            EventsFormat::Rows => EventFormat::Rows,
+        }
+    }
 }
 
 /// "500us", "1ms", "2s", "1000000ns".
@@ -339,11 +349,7 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
                 "ns since the VM started, as recorded".to_owned(),
             ),
         ];
-        let format = match args.events_format {
-            EventsFormat::Packed => EventFormat::Packed,
-            EventsFormat::Rows => EventFormat::Rows,
-        };
-        let db = EventWriter::create_with(path, &meta, format)
+        let db = EventWriter::create_with(path, &meta, args.events_format.into())
             .with_context(|| format!("cannot create the event database {}", path.display()))?;
         vm.capture_events(Capture::new(db));
         if let Some(period) = args.sample_period {

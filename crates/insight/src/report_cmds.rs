@@ -8,7 +8,7 @@ use anyhow::{bail, Context, Result};
 use diagnosis::plugin::{self, Output, Plugin};
 use diagnosis::plugins::{self, deadlock, locks, profile};
 use diagnosis::symbols::GuestFiles;
-use events::db::EventDb;
+use events::db::{EventDb, EventWriter};
 
 #[derive(clap::Args)]
 pub struct ReportArgs {
@@ -187,6 +187,39 @@ pub fn report(args: ReportArgs) -> Result<ExitCode> {
             print_output(&out, a.json);
         }
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(clap::Args)]
+pub struct ConvertArgs {
+    /// The event database to read.
+    db: PathBuf,
+    /// The database to write (replaced if it exists).
+    out: PathBuf,
+    /// The format of OUT.
+    #[arg(long, value_enum, default_value = "rows", value_name = "FORMAT")]
+    events_format: crate::journal_cmds::EventsFormat,
+}
+
+pub fn convert(args: &ConvertArgs) -> Result<ExitCode> {
+    let src = EventDb::open(&args.db)?;
+    if std::fs::canonicalize(&args.db).ok() == std::fs::canonicalize(&args.out).ok() {
+        bail!(
+            "{} is the database being read: name another file",
+            args.out.display()
+        );
+    }
+    let mut w = EventWriter::create_with(&args.out, &[], args.events_format.into())
+        .with_context(|| format!("cannot create {}", args.out.display()))?;
+    src.copy_to(&mut w)?;
+    let events = w.events_written();
+    let format = w.format().name();
+    w.finish()?;
+    let size = std::fs::metadata(&args.out).map(|m| m.len()).unwrap_or(0);
+    eprintln!(
+        "insight: {events} events written to {} ({format}, {size} bytes)",
+        args.out.display()
+    );
     Ok(ExitCode::SUCCESS)
 }
 
