@@ -39,7 +39,22 @@ pub struct Locks {
     events: u64,
     /// Lock -> the process that used it first (whose symbols name it).
     first_user: HashMap<u64, u32>,
+    /// Lock -> (pid, return address) of its first pthread_mutex_init: what
+    /// names a lock that is no global variable (on the heap, say).
+    init_site: HashMap<u64, (u32, u64)>,
 }
+
+/// The lock operations, and LOCKINIT for where a lock was set up.
+const KINDS: [Kind; 8] = [
+    Kind::Lock,
+    Kind::LockRet,
+    Kind::TryLock,
+    Kind::TryLockRet,
+    Kind::TimedLock,
+    Kind::TimedLockRet,
+    Kind::Unlock,
+    Kind::LockInit,
+];
 
 impl Locks {
     pub fn new(options: LocksOptions) -> Self {
@@ -48,6 +63,7 @@ impl Locks {
             analysis: Contention::new(),
             events: 0,
             first_user: HashMap::new(),
+            init_site: HashMap::new(),
         }
     }
 }
@@ -62,10 +78,17 @@ impl Plugin for Locks {
     }
 
     fn subscribes(&self) -> &'static [Kind] {
-        &LOCK_KINDS
+        debug_assert!(LOCK_KINDS.iter().all(|k| KINDS.contains(k)));
+        &KINDS
     }
 
     fn event(&mut self, row: &Row) {
+        if row.kind == Kind::LockInit {
+            if let (Some(lock), Some(site)) = (row.addr, row.caller) {
+                self.init_site.entry(lock).or_insert((row.pid, site));
+            }
+            return;
+        }
         if let Some(e) = lock_event(row) {
             self.events += 1;
             self.first_user.entry(e.lock).or_insert(row.pid);
@@ -75,7 +98,7 @@ impl Plugin for Locks {
 
     fn finish(&mut self, cx: &Context) -> Result<Output, PluginError> {
         let report = std::mem::take(&mut self.analysis).finish();
-        let names = lock_names(cx, &self.first_user)?;
+        let names = lock_names(cx, &self.first_user, &self.init_site)?;
         let ranked: Vec<(u64, &LockStats)> = report
             .ranked(usize::MAX)
             .into_iter()
@@ -128,13 +151,17 @@ impl Plugin for Locks {
 }
 
 /// Lock address -> its global variable ("level2+0x28"), where the symbol
-/// tables of the process that first used it tell.
+/// tables of the process that first used it tell; otherwise where it was
+/// initialized ("init at make_queue+0x1c in prog (prog.c:40)"), if a
+/// LOCKINIT says.
 fn lock_names(
     cx: &Context,
     first_user: &HashMap<u64, u32>,
+    init_site: &HashMap<u64, (u32, u64)>,
 ) -> Result<HashMap<u64, String>, PluginError> {
     let mut sym = Symbolizer::new(cx.files);
     let mut pids: Vec<u32> = first_user.values().copied().collect();
+    pids.extend(init_site.values().map(|&(pid, _)| pid));
     pids.sort_unstable();
     pids.dedup();
     for pid in pids {
@@ -142,7 +169,16 @@ fn lock_names(
     }
     Ok(first_user
         .iter()
-        .filter_map(|(&lock, &pid)| Some((lock, sym.variable(pid, lock)?)))
+        .filter_map(|(&lock, &pid)| {
+            let name = sym.variable(pid, lock).or_else(|| {
+                let &(init_pid, site) = init_site.get(&lock)?;
+                Some(format!(
+                    "init at {}",
+                    sym.describe_code(init_pid, site.saturating_sub(1))
+                ))
+            })?;
+            Some((lock, name))
+        })
         .collect())
 }
 
@@ -336,4 +372,68 @@ fn json(
             "out_of_order": a.out_of_order,
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plugin::run;
+    use crate::symbols::GuestFiles;
+    use events::abi::Source;
+    use events::db::{EventDb, EventWriter};
+
+    #[test]
+    fn locks_without_a_variable_are_named_by_their_init_site() {
+        let dir = std::env::temp_dir().join(format!("insight-locks-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("e.db");
+        let mut w = EventWriter::create(&path, &[]).unwrap();
+        let row = |kind, addr, caller, value| Row {
+            seq: 0,
+            time: 1,
+            kind,
+            source: Source::Probe,
+            pid: 3,
+            lwpid: 4,
+            addr: Some(addr),
+            caller,
+            value,
+        };
+        w.push(&row(Kind::LockInit, 0x9000, Some(0x40_1234), Some(0)))
+            .unwrap();
+        w.push(&row(Kind::Lock, 0x9000, Some(0x40_2000), None))
+            .unwrap();
+        w.push(&row(Kind::LockRet, 0x9000, Some(0x40_2000), Some(0)))
+            .unwrap();
+        w.push(&row(Kind::Unlock, 0x9000, Some(0x40_2010), None))
+            .unwrap();
+        w.push(&row(Kind::Lock, 0xa000, Some(0x40_2000), None))
+            .unwrap();
+        w.finish().unwrap();
+        let db = EventDb::open(&path).unwrap();
+        let files = GuestFiles::default();
+        let cx = Context {
+            db: &db,
+            files: &files,
+            files_missing: None,
+            label: "e.db".into(),
+        };
+        let mut plugins: Vec<Box<dyn Plugin>> = vec![Box::new(Locks::new(LocksOptions::default()))];
+        let out = run(&mut plugins, &cx).unwrap().remove(0);
+        let json = out.json.unwrap();
+        let name = |lock: &str| {
+            json["locks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|l| l["lock"] == lock)
+                .map(|l| l["name"].clone())
+        };
+        // No symbols here: the init site is an address.
+        assert_eq!(name("0x9000"), Some(serde_json::json!("init at 0x401233")));
+        assert_eq!(name("0xa000"), Some(serde_json::Value::Null));
+        assert_eq!(json["locks"][0]["requests"], 1);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
