@@ -22,12 +22,6 @@ pub const NET_FILE: &str = "/etc/insight/net";
 pub enum GuestError {
     #[error("{0}")]
     MissingImage(String),
-    #[error("cannot read initramfs {path}")]
-    ReadInitramfs {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
     #[error(transparent)]
     Files(#[from] InitramfsError),
     #[error("cannot read a random seed from /dev/urandom")]
@@ -88,11 +82,9 @@ pub fn prepare(config: &VmConfig, options: &BootOptions) -> Result<VmSpec, Guest
         .clone()
         .unwrap_or_else(image::default_initramfs);
     image::require(&initramfs_path, "guest initramfs").map_err(GuestError::MissingImage)?;
-    let mut initramfs =
-        std::fs::read(&initramfs_path).map_err(|source| GuestError::ReadInitramfs {
-            path: initramfs_path.clone(),
-            source,
-        })?;
+    let kernel_image = read_image(&kernel)?;
+    let mut initramfs = read_image(&initramfs_path)?;
+    let initramfs_base_len = initramfs.len();
 
     let mut extra = CpioWriter::new();
     for file in &config.files {
@@ -131,7 +123,9 @@ pub fn prepare(config: &VmConfig, options: &BootOptions) -> Result<VmSpec, Guest
     }
     Ok(VmSpec {
         kernel,
+        kernel_image,
         initramfs,
+        initramfs_base_len,
         initramfs_path,
         extra_initramfs: extra,
         disk: config.disk.clone(),
@@ -167,12 +161,13 @@ fn read_image(path: &std::path::Path) -> Result<Vec<u8>, GuestError> {
     })
 }
 
-/// The images and boot parameters of `spec`, for a trace header.
+/// The images and boot parameters of `spec`, for a trace header: the
+/// digests are of the bytes `spec` boots, not of the files as they are now.
 pub fn trace_images(
     spec: &VmSpec,
 ) -> Result<(Vec<trace::ImageDigest>, trace::BootParams), GuestError> {
-    let kernel = read_image(&spec.kernel)?;
-    let initramfs = read_image(&spec.initramfs_path)?;
+    let kernel = &spec.kernel_image;
+    let initramfs = &spec.initramfs[..spec.initramfs_base_len];
     // The resolved paths: the cache's `default` links move with rebuilds,
     // the content-keyed directories they point to do not.
     let resolved = |p: &std::path::Path| {
@@ -185,12 +180,12 @@ pub fn trace_images(
         trace::ImageDigest {
             role: "kernel".into(),
             path: resolved(&spec.kernel),
-            digest: sha256_hex(&kernel),
+            digest: sha256_hex(kernel),
         },
         trace::ImageDigest {
             role: "initramfs".into(),
             path: resolved(&spec.initramfs_path),
-            digest: sha256_hex(&initramfs),
+            digest: sha256_hex(initramfs),
         },
     ];
     if let Some(disk) = &spec.disk {
@@ -221,8 +216,9 @@ pub fn from_trace(header: &trace::Header) -> Result<VmSpec, GuestError> {
             .ok_or(GuestError::MissingRole(role))?;
         image_checked(d, role)
     };
-    let (kernel, _) = image("kernel")?;
+    let (kernel, kernel_image) = image("kernel")?;
     let (initramfs_path, mut initramfs) = image("initramfs")?;
+    let initramfs_base_len = initramfs.len();
     let disk = match header.images.iter().find(|i| i.role == "disk") {
         Some(d) => Some(image_checked(d, "disk")?.0),
         None => None,
@@ -236,7 +232,9 @@ pub fn from_trace(header: &trace::Header) -> Result<VmSpec, GuestError> {
         .map_err(|_| GuestError::BadSeed(header.boot.rng_seed.len()))?;
     Ok(VmSpec {
         kernel,
+        kernel_image,
         initramfs,
+        initramfs_base_len,
         initramfs_path,
         extra_initramfs: header.boot.extra_initramfs.clone(),
         disk,
@@ -256,20 +254,18 @@ fn image_checked(
     d: &trace::ImageDigest,
     role: &'static str,
 ) -> Result<(PathBuf, Vec<u8>), GuestError> {
-    {
-        let path = PathBuf::from(&d.path);
-        let bytes = read_image(&path)?;
-        let found = sha256_hex(&bytes);
-        if found != d.digest {
-            return Err(GuestError::ImageChanged {
-                role: role.into(),
-                path: d.path.clone(),
-                recorded: d.digest.clone(),
-                found,
-            });
-        }
-        Ok((path, bytes))
+    let path = PathBuf::from(&d.path);
+    let bytes = read_image(&path)?;
+    let found = sha256_hex(&bytes);
+    if found != d.digest {
+        return Err(GuestError::ImageChanged {
+            role: role.into(),
+            path: d.path.clone(),
+            recorded: d.digest.clone(),
+            found,
+        });
     }
+    Ok((path, bytes))
 }
 
 #[cfg(test)]

@@ -165,9 +165,14 @@ pub struct NetReport {
 /// Everything needed to boot a VM.
 #[derive(Debug)]
 pub struct VmSpec {
+    /// Where the kernel came from, and its content as read once: what is
+    /// digested for a trace is what boots.
     pub kernel: PathBuf,
+    pub kernel_image: Vec<u8>,
     /// The base initramfs image, followed by archives generated at boot.
     pub initramfs: Vec<u8>,
+    /// How many bytes of `initramfs` are the base image.
+    pub initramfs_base_len: usize,
     /// Where the base initramfs image came from.
     pub initramfs_path: PathBuf,
     /// The archive appended to it (already part of `initramfs`).
@@ -323,6 +328,7 @@ impl Vm {
             &mem,
             ram_size,
             &spec.kernel,
+            &spec.kernel_image,
             &spec.initramfs,
             &spec.cmdline,
             &spec.rng_seed,
