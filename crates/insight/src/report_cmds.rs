@@ -28,7 +28,10 @@ blocked (requests made while another thread held the lock) and their share of re
 changes (acquisitions by a thread other than the previous owner) and their share of \
 acquisitions; contended (acquisitions that had been blocked); hold and wait times \
 (total, average, maximum, in microseconds of the recorded run); trylock failures and \
-timedlock timeouts. Locks are sorted by blocked requests, then wait time.\n\n\
+timedlock timeouts. Locks are sorted by blocked requests, then wait time. A lock is \
+named by its global variable where the program's symbols have one, otherwise by where \
+pthread_mutex_init was called on it (\"init at make_queue+0x1c in prog (prog.c:40)\"), \
+otherwise by its address alone.\n\n\
 Example:\n  insight replay t1 --events t1.db && insight report locks t1.db --limit 5"
     )]
     Locks(LocksArgs),
