@@ -134,16 +134,12 @@ pub fn lock_events(db: &EventDb) -> Result<Vec<LockEvent>, DbError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_db::TestDb;
     use events::abi::Source;
-    use events::db::{EventWriter, Row};
+    use events::db::Row;
 
     #[test]
     fn maps_rows_to_lock_events() {
-        let dir = std::env::temp_dir().join(format!("insight-fromdb-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("e.db");
-        let mut w = EventWriter::create(&path, &[]).unwrap();
         let row = |time, kind, value| Row {
             seq: 0,
             time,
@@ -155,17 +151,21 @@ mod tests {
             caller: None,
             value,
         };
-        w.push(&row(1, Kind::TryLock, None)).unwrap();
-        w.push(&row(2, Kind::TryLockRet, Some(16))).unwrap();
-        w.push(&row(3, Kind::LockInit, Some(0))).unwrap();
-        w.push(&row(4, Kind::Unlock, None)).unwrap();
         let mut create = row(5, Kind::ThreadCreate, Some(1));
         (create.lwpid, create.caller) = (9, Some(0));
-        w.push(&create).unwrap();
-        w.push(&row(6, Kind::ThreadJoin, Some(3))).unwrap();
-        w.finish().unwrap();
-        let db = EventDb::open(&path).unwrap();
-        let per_process = deadlock_events(&db).unwrap();
+        let test_db = TestDb::with_rows(
+            "fromdb",
+            &[
+                row(1, Kind::TryLock, None),
+                row(2, Kind::TryLockRet, Some(16)),
+                row(3, Kind::LockInit, Some(0)),
+                row(4, Kind::Unlock, None),
+                create,
+                row(6, Kind::ThreadJoin, Some(3)),
+            ],
+        );
+        let db = &test_db.db;
+        let per_process = deadlock_events(db).unwrap();
         assert_eq!(per_process.len(), 1);
         assert_eq!(per_process[&1].len(), 5);
         // Thread 1 had raised nothing when it created thread 9.
@@ -178,7 +178,7 @@ mod tests {
                 after: Some(0),
             })
         );
-        let events = lock_events(&db).unwrap();
+        let events = lock_events(db).unwrap();
         let kinds: Vec<_> = events.iter().map(|e| e.kind).collect();
         assert_eq!(
             kinds,

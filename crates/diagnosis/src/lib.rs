@@ -16,3 +16,5 @@ pub mod plugin;
 pub mod plugins;
 pub mod profile;
 pub mod symbols;
+#[cfg(test)]
+mod test_db;

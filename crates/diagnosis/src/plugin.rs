@@ -130,8 +130,8 @@ pub fn run(plugins: &mut [Box<dyn Plugin>], cx: &Context) -> Result<Vec<Output>,
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_db::TestDb;
     use events::abi::Source;
-    use events::db::EventWriter;
 
     /// Counts what it receives.
     struct Counter {
@@ -162,13 +162,9 @@ mod tests {
 
     #[test]
     fn dispatches_subscribed_kinds_in_order() {
-        let dir = std::env::temp_dir().join(format!("insight-plugin-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("e.db");
-        let mut w = EventWriter::create(&path, &[]).unwrap();
-        for (time, kind) in [(1, Kind::Lock), (2, Kind::Sample), (3, Kind::Unlock)] {
-            w.push(&Row {
+        let rows: Vec<Row> = [(1, Kind::Lock), (2, Kind::Sample), (3, Kind::Unlock)]
+            .into_iter()
+            .map(|(time, kind)| Row {
                 seq: 0,
                 time,
                 kind,
@@ -179,17 +175,8 @@ mod tests {
                 caller: None,
                 value: None,
             })
-            .unwrap();
-        }
-        w.finish().unwrap();
-        let db = EventDb::open(&path).unwrap();
-        let files = GuestFiles::default();
-        let cx = Context {
-            db: &db,
-            files: &files,
-            files_missing: None,
-            label: "e.db".into(),
-        };
+            .collect();
+        let db = TestDb::with_rows("plugin", &rows);
         let mut plugins: Vec<Box<dyn Plugin>> = vec![
             Box::new(Counter {
                 kinds: &[Kind::Unlock, Kind::Lock],
@@ -204,11 +191,10 @@ mod tests {
                 seen: Vec::new(),
             }),
         ];
-        let out = run(&mut plugins, &cx).unwrap();
+        let out = run(&mut plugins, &db.context()).unwrap();
         let seq = |o: &Output| o.text.clone();
         assert_eq!(seq(&out[0]), "[(1, Lock), (3, Unlock)]");
         assert_eq!(seq(&out[1]), "[(1, Lock), (2, Sample), (3, Unlock)]");
         assert_eq!(seq(&out[2]), "[]");
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -378,17 +378,11 @@ fn json(
 mod tests {
     use super::*;
     use crate::plugin::run;
-    use crate::symbols::GuestFiles;
+    use crate::test_db::TestDb;
     use events::abi::Source;
-    use events::db::{EventDb, EventWriter};
 
     #[test]
     fn locks_without_a_variable_are_named_by_their_init_site() {
-        let dir = std::env::temp_dir().join(format!("insight-locks-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("e.db");
-        let mut w = EventWriter::create(&path, &[]).unwrap();
         let row = |kind, addr, caller, value| Row {
             seq: 0,
             time: 1,
@@ -400,27 +394,18 @@ mod tests {
             caller,
             value,
         };
-        w.push(&row(Kind::LockInit, 0x9000, Some(0x40_1234), Some(0)))
-            .unwrap();
-        w.push(&row(Kind::Lock, 0x9000, Some(0x40_2000), None))
-            .unwrap();
-        w.push(&row(Kind::LockRet, 0x9000, Some(0x40_2000), Some(0)))
-            .unwrap();
-        w.push(&row(Kind::Unlock, 0x9000, Some(0x40_2010), None))
-            .unwrap();
-        w.push(&row(Kind::Lock, 0xa000, Some(0x40_2000), None))
-            .unwrap();
-        w.finish().unwrap();
-        let db = EventDb::open(&path).unwrap();
-        let files = GuestFiles::default();
-        let cx = Context {
-            db: &db,
-            files: &files,
-            files_missing: None,
-            label: "e.db".into(),
-        };
+        let db = TestDb::with_rows(
+            "locks",
+            &[
+                row(Kind::LockInit, 0x9000, Some(0x40_1234), Some(0)),
+                row(Kind::Lock, 0x9000, Some(0x40_2000), None),
+                row(Kind::LockRet, 0x9000, Some(0x40_2000), Some(0)),
+                row(Kind::Unlock, 0x9000, Some(0x40_2010), None),
+                row(Kind::Lock, 0xa000, Some(0x40_2000), None),
+            ],
+        );
         let mut plugins: Vec<Box<dyn Plugin>> = vec![Box::new(Locks::new(LocksOptions::default()))];
-        let out = run(&mut plugins, &cx).unwrap().remove(0);
+        let out = run(&mut plugins, &db.context()).unwrap().remove(0);
         let json = out.json.unwrap();
         let name = |lock: &str| {
             json["locks"]
@@ -434,6 +419,5 @@ mod tests {
         assert_eq!(name("0x9000"), Some(serde_json::json!("init at 0x401233")));
         assert_eq!(name("0xa000"), Some(serde_json::Value::Null));
         assert_eq!(json["locks"][0]["requests"], 1);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -1,0 +1,51 @@
+//! Event databases made from given rows, for unit tests.
+
+use crate::plugin::Context;
+use crate::symbols::GuestFiles;
+use events::db::{EventDb, EventWriter, Row};
+use std::path::PathBuf;
+
+/// An event database in a directory of its own, removed on drop.
+pub struct TestDb {
+    dir: PathBuf,
+    pub db: EventDb,
+    files: GuestFiles,
+}
+
+impl TestDb {
+    /// Writes `rows` (in the default format) to a new database; `name`
+    /// keeps concurrent tests apart.
+    pub fn with_rows(name: &str, rows: &[Row]) -> TestDb {
+        let dir = std::env::temp_dir().join(format!("insight-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("e.db");
+        let mut w = EventWriter::create(&path, &[]).unwrap();
+        for row in rows {
+            w.push(row).unwrap();
+        }
+        w.finish().unwrap();
+        let db = EventDb::open(&path).unwrap();
+        TestDb {
+            dir,
+            db,
+            files: GuestFiles::default(),
+        }
+    }
+
+    /// A plugin context over the database, with no guest files.
+    pub fn context(&self) -> Context<'_> {
+        Context {
+            db: &self.db,
+            files: &self.files,
+            files_missing: None,
+            label: "e.db".into(),
+        }
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
