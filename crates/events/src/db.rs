@@ -101,6 +101,37 @@ pub struct Row {
     pub value: Option<i64>,
 }
 
+impl Row {
+    /// The event as a packed block holds it (a sample's stack aside).
+    fn packed(&self) -> PackedEvent {
+        PackedEvent {
+            time: self.time,
+            kind: self.kind,
+            source: self.source,
+            pid: self.pid,
+            lwpid: self.lwpid,
+            addr: self.addr,
+            caller: self.caller,
+            value: self.value,
+            stack: None,
+        }
+    }
+
+    fn unpacked(seq: u64, e: &PackedEvent) -> Row {
+        Row {
+            seq,
+            time: e.time,
+            kind: e.kind,
+            source: e.source,
+            pid: e.pid,
+            lwpid: e.lwpid,
+            addr: e.addr,
+            caller: e.caller,
+            value: e.value,
+        }
+    }
+}
+
 /// Writes a database: into `PATH.partial`, renamed over `PATH` by
 /// [`EventWriter::finish`], so a reader never sees half a database; if
 /// the writer is dropped without finishing, the partial file stays with
@@ -224,17 +255,7 @@ impl EventWriter {
             if self.block.is_empty() {
                 self.block_seq = seq;
             }
-            self.block.push(PackedEvent {
-                time: e.time,
-                kind: e.kind,
-                source: e.source,
-                pid: e.pid,
-                lwpid: e.lwpid,
-                addr: e.addr,
-                caller: e.caller,
-                value: e.value,
-                stack: None,
-            });
+            self.block.push(e.packed());
             self.next_seq += 1;
             return Ok(seq);
         }
@@ -483,17 +504,7 @@ impl EventDb {
                 if !kinds.is_empty() && !kinds.contains(&e.kind) {
                     return Ok(());
                 }
-                f(Row {
-                    seq,
-                    time: e.time,
-                    kind: e.kind,
-                    source: e.source,
-                    pid: e.pid,
-                    lwpid: e.lwpid,
-                    addr: e.addr,
-                    caller: e.caller,
-                    value: e.value,
-                })
+                f(Row::unpacked(seq, &e))
             });
         }
         let filter = if kinds.is_empty() {
