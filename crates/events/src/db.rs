@@ -175,6 +175,14 @@ fn sql(path: &Path) -> impl Fn(rusqlite::Error) -> DbError + '_ {
 }
 
 impl EventWriter {
+    /// Where a database for `path` is written until it is finished
+    /// (replaced when a writer starts).
+    pub fn partial_path(path: &Path) -> PathBuf {
+        let mut partial = path.as_os_str().to_owned();
+        partial.push(".partial");
+        PathBuf::from(partial)
+    }
+
     /// A packed database.
     pub fn create(path: &Path, meta: &[(&str, String)]) -> Result<Self, DbError> {
         Self::create_with(path, meta, EventFormat::Packed)
@@ -185,9 +193,7 @@ impl EventWriter {
         meta: &[(&str, String)],
         format: EventFormat,
     ) -> Result<Self, DbError> {
-        let mut partial = path.as_os_str().to_owned();
-        partial.push(".partial");
-        let partial = PathBuf::from(partial);
+        let partial = Self::partial_path(path);
         let _ = std::fs::remove_file(&partial);
         let conn = Connection::open(&partial).map_err(sql(&partial))?;
         conn.execute_batch(&format!(
@@ -323,9 +329,11 @@ impl EventWriter {
         Ok(())
     }
 
-    /// The user stack of SAMPLE `seq`: return addresses, innermost first.
+    /// The user stack of SAMPLE `seq`: return addresses, innermost first;
+    /// the innermost [`packed::MAX_FRAMES`] are kept.
     pub fn stack(&mut self, seq: u64, frames: &[u64]) -> Result<(), DbError> {
-        if self.format == EventFormat::Packed && frames.len() <= packed::MAX_FRAMES {
+        let frames = &frames[..frames.len().min(packed::MAX_FRAMES)];
+        if self.format == EventFormat::Packed {
             let pending = seq
                 .checked_sub(self.block_seq)
                 .and_then(|i| usize::try_from(i).ok())
@@ -480,6 +488,18 @@ impl EventDb {
             }
             next = first as u64 + count as u64;
         }
+        // Blocks lost at the end would otherwise go unnoticed.
+        if let Some(recorded) = self.meta("events")? {
+            if recorded.parse::<u64>().ok() != Some(next - 1) {
+                return Err(DbError::Corrupt {
+                    path: self.path.clone(),
+                    what: format!(
+                        "its blocks hold {} events, its meta table says {recorded}",
+                        next - 1
+                    ),
+                });
+            }
+        }
         Ok(())
     }
 
@@ -589,7 +609,8 @@ impl EventDb {
     }
 
     /// The stacks of SAMPLE events: seq -> return addresses, innermost
-    /// first. A blob that is not a whole number of addresses is an error.
+    /// first. A blob that is not a whole number of addresses, or of more
+    /// than [`packed::MAX_FRAMES`], is an error.
     pub fn stacks(&self) -> Result<std::collections::HashMap<u64, Vec<u64>>, DbError> {
         let mut stmt = self
             .conn
@@ -600,7 +621,7 @@ impl EventDb {
         while let Some(r) = rows.next().map_err(sql(&self.path))? {
             let seq: i64 = r.get(0).map_err(sql(&self.path))?;
             let blob: Vec<u8> = r.get(1).map_err(sql(&self.path))?;
-            if !blob.len().is_multiple_of(8) {
+            if !blob.len().is_multiple_of(8) || blob.len() > packed::MAX_FRAMES * 8 {
                 return Err(DbError::Corrupt {
                     path: self.path.clone(),
                     what: format!("the stack of event {seq} is {} bytes long", blob.len()),
@@ -872,6 +893,7 @@ mod tests {
             assert_eq!(seq, i + 1);
             w.stack(seq, &[i, i + 1]).unwrap();
         }
+        w.set_meta("events", &n.to_string()).unwrap();
         w.finish().unwrap();
         let size = std::fs::metadata(&path).unwrap().len();
         let db = EventDb::open(&path).unwrap();
@@ -902,6 +924,19 @@ mod tests {
         w.finish().unwrap();
         assert!(std::fs::metadata(&rows_path).unwrap().len() > 4 * size);
 
+        // A stack longer than any writer keeps is refused.
+        let conn = Connection::open(&path).unwrap();
+        conn.execute(
+            "INSERT INTO stacks VALUES (1, ?1)",
+            [vec![0u8; (packed::MAX_FRAMES + 1) * 8]],
+        )
+        .unwrap();
+        let err = EventDb::open(&path).unwrap().stacks().unwrap_err();
+        assert!(err.to_string().contains("the stack of event 1"), "{err}");
+        conn.execute_batch("DELETE FROM stacks WHERE seq = 1;")
+            .unwrap();
+        drop(conn);
+
         // A damaged block is an error naming it, not a panic.
         Connection::open(&path)
             .unwrap()
@@ -917,6 +952,17 @@ mod tests {
             .unwrap();
         let err = EventDb::open(&path).unwrap().counts().unwrap_err();
         assert!(err.to_string().contains("start at event 4097"), "{err}");
+        // Blocks lost at the end are noticed too.
+        Connection::open(&path)
+            .unwrap()
+            .execute_batch("DELETE FROM event_blocks WHERE first_seq > 4096;")
+            .unwrap();
+        let err = EventDb::open(&path).unwrap().counts().unwrap_err();
+        assert!(
+            err.to_string()
+                .contains(&format!("hold 4096 events, its meta table says {n}")),
+            "{err}"
+        );
     }
 
     #[test]

@@ -92,6 +92,10 @@ fn put_diff(out: &mut Vec<u8>, prev: &mut u64, v: u64) {
 
 /// Encodes and compresses `events` (at most [`BLOCK_EVENTS`]).
 pub fn encode(events: &[PackedEvent]) -> Vec<u8> {
+    debug_assert!(
+        events.len() <= BLOCK_EVENTS,
+        "a block holds at most {BLOCK_EVENTS} events"
+    );
     let mut table: Vec<(u32, u32)> = Vec::new();
     let mut s: [Vec<u8>; 9] = Default::default();
     let (mut time, mut first_frame) = (0u64, 0u64);
@@ -220,8 +224,19 @@ pub fn decode(blob: &[u8], count: usize) -> Result<Vec<PackedEvent>, String> {
     }
     let raw;
     let data: &[u8] = if blob.starts_with(&ZSTD_MAGIC) {
-        raw =
-            zstd::bulk::decompress(blob, MAX_RAW).map_err(|e| format!("cannot decompress: {e}"))?;
+        // The frame says how large it decompresses to: allocate that much,
+        // not the most any block may be.
+        let size = zstd::zstd_safe::get_frame_content_size(blob)
+            .ok()
+            .flatten()
+            .ok_or("a compressed block that does not say its size")?;
+        if size > MAX_RAW as u64 {
+            return Err(format!(
+                "a block of {size} bytes uncompressed (at most {MAX_RAW})"
+            ));
+        }
+        raw = zstd::bulk::decompress(blob, size as usize)
+            .map_err(|e| format!("cannot decompress: {e}"))?;
         &raw
     } else {
         blob
