@@ -206,11 +206,16 @@ pub struct ConvertArgs {
 
 pub fn convert(args: &ConvertArgs) -> Result<ExitCode> {
     let src = EventDb::open(&args.db)?;
-    if std::fs::canonicalize(&args.db).ok() == std::fs::canonicalize(&args.out).ok() {
-        bail!(
-            "{} is the database being read: name another file",
-            args.out.display()
-        );
+    let src_path = std::fs::canonicalize(&args.db).ok();
+    for written in [args.out.clone(), EventWriter::partial_path(&args.out)] {
+        if src_path.is_some() && src_path == std::fs::canonicalize(&written).ok() {
+            bail!(
+                "{} is the database being read, and converting into {} writes {}: name another file",
+                args.db.display(),
+                args.out.display(),
+                written.display()
+            );
+        }
     }
     let mut w = EventWriter::create_with(&args.out, &[], args.events_format.into())
         .with_context(|| format!("cannot create {}", args.out.display()))?;

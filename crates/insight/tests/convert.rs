@@ -1,0 +1,85 @@
+//! `insight convert`: event databases from one format to the other, never
+//! at the cost of the database being read. Needs no KVM.
+
+mod common;
+
+use common::*;
+use events::abi::{Kind, Source};
+use events::db::{EventDb, EventFormat, EventWriter, Row};
+
+fn lock_row(time: u64, kind: Kind) -> Row {
+    Row {
+        seq: 0,
+        time,
+        kind,
+        source: Source::Probe,
+        pid: 7,
+        lwpid: 8,
+        addr: Some(0x1000),
+        caller: Some(0x40_0000),
+        value: None,
+    }
+}
+
+#[test]
+fn converts_both_ways_and_never_overwrites_its_input() {
+    let dir = scratch("convert");
+    let packed = dir.join("packed.db");
+    let mut w = EventWriter::create(&packed, &[]).unwrap();
+    for i in 0..100 {
+        w.push(&lock_row(2 * i, Kind::Lock)).unwrap();
+        w.push(&lock_row(2 * i + 1, Kind::Unlock)).unwrap();
+    }
+    w.set_meta("events", "200").unwrap();
+    w.finish().unwrap();
+
+    let rows = dir.join("rows.db");
+    run_expecting(
+        ["convert".as_ref(), packed.as_os_str(), rows.as_os_str()],
+        0,
+    );
+    let back = dir.join("back.db");
+    run_expecting(
+        [
+            "convert".as_ref(),
+            rows.as_os_str(),
+            back.as_os_str(),
+            "--events-format".as_ref(),
+            "packed".as_ref(),
+        ],
+        0,
+    );
+    let read = |path| {
+        let db = EventDb::open(path).unwrap();
+        let mut out = Vec::new();
+        db.for_each(&[], |r| {
+            out.push(r);
+            Ok(())
+        })
+        .unwrap();
+        (db.format(), out)
+    };
+    let (f0, original) = read(&packed);
+    let (f1, as_rows) = read(&rows);
+    let (f2, again) = read(&back);
+    assert_eq!(
+        (f0, f1, f2),
+        (EventFormat::Packed, EventFormat::Rows, EventFormat::Packed)
+    );
+    assert_eq!(original.len(), 200);
+    assert_eq!(original, as_rows);
+    assert_eq!(original, again);
+
+    // Into itself, or from the file a conversion into OUT writes first:
+    // refused, and the input is still whole.
+    let partial = dir.join("out.db.partial");
+    std::fs::copy(&packed, &partial).unwrap();
+    for (src, out) in [(&packed, &packed), (&partial, &dir.join("out.db"))] {
+        let run = insight().arg("convert").arg(src).arg(out).output().unwrap();
+        let (_, stderr) = text(&run);
+        assert!(!run.status.success(), "{stderr}");
+        assert!(stderr.contains("is the database being read"), "{stderr}");
+        assert_eq!(read(src).1, original);
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
