@@ -18,6 +18,7 @@
 use std::collections::HashMap;
 
 use crate::lock_events::{LockEvent, LockEventKind, LockOp, ETIMEDOUT};
+use crate::percent;
 
 /// Totals and extremes of a duration.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -63,14 +64,6 @@ impl LockStats {
     /// Ownership changes as a percentage of acquisitions.
     pub fn ownership_change_percent(&self) -> f64 {
         percent(self.ownership_changes, self.acquisitions)
-    }
-}
-
-fn percent(part: u64, whole: u64) -> f64 {
-    if whole == 0 {
-        0.0
-    } else {
-        100.0 * part as f64 / whole as f64
     }
 }
 

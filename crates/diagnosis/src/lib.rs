@@ -18,3 +18,12 @@ pub mod profile;
 pub mod symbols;
 #[cfg(test)]
 mod test_db;
+
+/// `part` as a percentage of `whole` (0 when `whole` is).
+pub(crate) fn percent(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        100.0 * part as f64 / whole as f64
+    }
+}

@@ -36,16 +36,6 @@ pub struct Profile {
     pub folded: BTreeMap<String, u64>,
 }
 
-impl Profile {
-    pub fn share(&self, row: &ProfileRow) -> f64 {
-        if self.samples == 0 {
-            0.0
-        } else {
-            100.0 * row.samples as f64 / self.samples as f64
-        }
-    }
-}
-
 fn kernel() -> Location {
     Location {
         object: "[kernel]".into(),
@@ -110,6 +100,13 @@ pub fn profile(samples: &[Row], db: &EventDb, files: &GuestFiles) -> Result<Prof
             }
         }
         frames.push(location.function.clone());
+        // ';' separates frames: a thread (named by the guest) or function
+        // with one in its name must not make frames of its own.
+        for f in &mut frames {
+            if f.contains(';') {
+                *f = f.replace(';', ":");
+            }
+        }
         *out.folded.entry(frames.join(";")).or_insert(0) += 1;
     }
     out.rows = ranked(all);

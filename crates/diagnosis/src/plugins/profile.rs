@@ -8,6 +8,7 @@ use events::abi::Kind;
 use events::db::Row;
 
 use crate::flamegraph;
+use crate::percent;
 use crate::plugin::{Attachment, Context, Output, Plugin, PluginError, ReplayNeeds};
 use crate::profile::{self, ProfileRow};
 
@@ -102,7 +103,7 @@ impl Plugin for Profile {
                         "function": r.location.function,
                         "object": r.location.object,
                         "samples": r.samples,
-                        "share": share(r.samples, total),
+                        "share": percent(r.samples, total),
                     })
                 })
                 .collect()
@@ -149,14 +150,6 @@ impl Plugin for Profile {
     }
 }
 
-fn share(samples: u64, total: u64) -> f64 {
-    if total == 0 {
-        0.0
-    } else {
-        100.0 * samples as f64 / total as f64
-    }
-}
-
 fn table(rows: &[ProfileRow], total: u64, limit: usize) -> String {
     let mut out = format!(
         "{:>8}  {:>8}  {:<32}  {}\n",
@@ -167,7 +160,7 @@ fn table(rows: &[ProfileRow], total: u64, limit: usize) -> String {
         let _ = writeln!(
             out,
             "{:>7.2}%  {:>8}  {:<32}  {}",
-            share(r.samples, total),
+            percent(r.samples, total),
             r.samples,
             object,
             r.location.function
