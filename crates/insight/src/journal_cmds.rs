@@ -137,6 +137,8 @@ impl From<EventsFormat> for EventFormat {
 }
 
 /// "500us", "1ms", "2s", "1000000ns".
+const MIN_SAMPLE_PERIOD: Duration = Duration::from_millis(1);
+
 fn parse_period(text: &str) -> Result<Duration, String> {
     let digits = text.trim_end_matches(|c: char| c.is_ascii_alphabetic());
     let value: u64 = digits
@@ -149,8 +151,11 @@ fn parse_period(text: &str) -> Result<Duration, String> {
         "s" => Duration::from_secs(value),
         unit => return Err(format!("unknown unit '{unit}' in '{text}' (ns, us, ms, s)")),
     };
-    if period.is_zero() {
-        return Err("the sampling period must be positive".into());
+    // The vCPU is woken for a sample at most once a millisecond.
+    if period < MIN_SAMPLE_PERIOD {
+        return Err(format!(
+            "'{text}' is shorter than the least sampling period, 1ms"
+        ));
     }
     Ok(period)
 }
@@ -755,7 +760,8 @@ mod tests {
     #[test]
     fn periods_need_a_unit_and_a_positive_value() {
         assert_eq!(parse_period("1ms"), Ok(Duration::from_millis(1)));
-        assert_eq!(parse_period("500us"), Ok(Duration::from_micros(500)));
+        assert_eq!(parse_period("1500us"), Ok(Duration::from_micros(1500)));
+        assert!(parse_period("500us").is_err());
         assert_eq!(parse_period("2s"), Ok(Duration::from_secs(2)));
         assert!(parse_period("5").is_err());
         assert!(parse_period("0ms").is_err());

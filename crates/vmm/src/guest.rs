@@ -26,6 +26,8 @@ pub enum GuestError {
     Files(#[from] InitramfsError),
     #[error("cannot read a random seed from /dev/urandom")]
     Seed(#[source] std::io::Error),
+    #[error("the initramfs to boot is shorter than its base image")]
+    InitramfsBase,
     #[error("cannot read {path}")]
     ReadImage {
         path: PathBuf,
@@ -167,7 +169,10 @@ pub fn trace_images(
     spec: &VmSpec,
 ) -> Result<(Vec<trace::ImageDigest>, trace::BootParams), GuestError> {
     let kernel = &spec.kernel_image;
-    let initramfs = &spec.initramfs[..spec.initramfs_base_len];
+    let initramfs = spec
+        .initramfs
+        .get(..spec.initramfs_base_len)
+        .ok_or(GuestError::InitramfsBase)?;
     // The resolved paths: the cache's `default` links move with rebuilds,
     // the content-keyed directories they point to do not.
     let resolved = |p: &std::path::Path| {

@@ -11,10 +11,10 @@ impl Vm {
     }
 
     /// Also takes a SAMPLE of the tracked task on the vCPU about every
-    /// `period` of host time (at least 1 ms apart) during replay, into the
-    /// event capture.
+    /// `period` of host time during replay, into the event capture (the
+    /// kick thread wakes the vCPU at most once a millisecond).
     pub fn sample_every(&mut self, period: Duration) {
-        let period_ns = (period.as_nanos() as u64).max(1);
+        let period_ns = u64::try_from(period.as_nanos()).unwrap_or(u64::MAX).max(1);
         self.sampling = Some(Sampling {
             period_ns,
             next_ns: period_ns,
@@ -49,7 +49,7 @@ impl Vm {
         if now < sampling.next_ns {
             return Ok(());
         }
-        sampling.next_ns = now + sampling.period_ns;
+        sampling.next_ns = now.saturating_add(sampling.period_ns);
         self.drain_switches()?;
         let Some(capture) = &mut self.events else {
             return Ok(());
