@@ -95,6 +95,16 @@ pub trait Plugin {
     /// the guest: count what does not make sense, never panic.
     fn event(&mut self, row: &Row);
 
+    /// Whether it wants the stacks of SAMPLE events ([`Plugin::stack`]).
+    fn wants_stacks(&self) -> bool {
+        false
+    }
+
+    /// The user stack of the event just passed to [`Plugin::event`]:
+    /// return addresses, innermost first. Called only if
+    /// [`Plugin::wants_stacks`], and only for events that have one.
+    fn stack(&mut self, _seq: u64, _frames: &[u64]) {}
+
     /// After the last event: the analysis and its output.
     fn finish(&mut self, cx: &Context) -> Result<Output, PluginError>;
 }
@@ -113,16 +123,27 @@ pub fn run(plugins: &mut [Box<dyn Plugin>], cx: &Context) -> Result<Vec<Output>,
             }
         }
     }
-    let wants: Vec<Vec<Kind>> = plugins.iter().map(|p| p.subscribes().to_vec()).collect();
-    if all || !kinds.is_empty() {
-        cx.db.for_each(&kinds, |row| {
-            for (p, w) in plugins.iter_mut().zip(&wants) {
-                if w.is_empty() || w.contains(&row.kind) {
-                    p.event(&row);
+    let wants: Vec<(Vec<Kind>, bool)> = plugins
+        .iter()
+        .map(|p| (p.subscribes().to_vec(), p.wants_stacks()))
+        .collect();
+    let mut deliver = |row: Row, stack: Option<&[u64]>| {
+        for (p, (kinds, stacks)) in plugins.iter_mut().zip(&wants) {
+            if kinds.is_empty() || kinds.contains(&row.kind) {
+                p.event(&row);
+                if let (true, Some(frames)) = (*stacks, stack) {
+                    p.stack(row.seq, frames);
                 }
             }
-            Ok(())
-        })?;
+        }
+        Ok(())
+    };
+    if all || !kinds.is_empty() {
+        if wants.iter().any(|(_, stacks)| *stacks) {
+            cx.db.for_each_with_stacks(&kinds, deliver)?;
+        } else {
+            cx.db.for_each(&kinds, |row| deliver(row, None))?;
+        }
     }
     plugins.iter_mut().map(|p| p.finish(cx)).collect()
 }
@@ -196,5 +217,62 @@ mod tests {
         assert_eq!(seq(&out[0]), "[(1, Lock), (3, Unlock)]");
         assert_eq!(seq(&out[1]), "[(1, Lock), (2, Sample), (3, Unlock)]");
         assert_eq!(seq(&out[2]), "[]");
+    }
+
+    /// Keeps the stacks it is given.
+    struct Stacks(Vec<(u64, Vec<u64>)>);
+
+    impl Plugin for Stacks {
+        fn name(&self) -> &'static str {
+            "stacks"
+        }
+        fn about(&self) -> &'static str {
+            "stacks"
+        }
+        fn subscribes(&self) -> &'static [Kind] {
+            &[Kind::Sample]
+        }
+        fn event(&mut self, _: &Row) {}
+        fn wants_stacks(&self) -> bool {
+            true
+        }
+        fn stack(&mut self, seq: u64, frames: &[u64]) {
+            self.0.push((seq, frames.to_vec()));
+        }
+        fn finish(&mut self, _: &Context) -> Result<Output, PluginError> {
+            Ok(Output {
+                text: format!("{:?}", self.0),
+                ..Output::default()
+            })
+        }
+    }
+
+    #[test]
+    fn stacks_reach_the_plugins_that_want_them() {
+        let rows: Vec<Row> = [Kind::Sample, Kind::Lock, Kind::Sample, Kind::Sample]
+            .into_iter()
+            .map(|kind| Row {
+                seq: 0,
+                time: 1,
+                kind,
+                source: Source::Host,
+                pid: 1,
+                lwpid: 1,
+                addr: Some(0x40_0000),
+                caller: None,
+                value: Some(0),
+            })
+            .collect();
+        let db = TestDb::with_stacks("stacks", &rows, &[(1, &[7, 8]), (4, &[9])]);
+        let mut plugins: Vec<Box<dyn Plugin>> = vec![
+            Box::new(Stacks(Vec::new())),
+            Box::new(Counter {
+                kinds: &[Kind::Sample],
+                seen: Vec::new(),
+            }),
+        ];
+        let out = run(&mut plugins, &db.context()).unwrap();
+        assert_eq!(out[0].text, "[(1, [7, 8]), (4, [9])]");
+        assert_eq!(out[1].text, "[(1, Sample), (3, Sample), (4, Sample)]");
     }
 }

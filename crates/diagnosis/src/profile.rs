@@ -52,10 +52,15 @@ fn ranked(counts: HashMap<Location, u64>) -> Vec<ProfileRow> {
     rows
 }
 
-/// Builds the profile of the SAMPLE events `samples` (rows of `db`),
-/// symbolized with the ELF files in `files` (the guest's initramfs).
-pub fn profile(samples: &[Row], db: &EventDb, files: &GuestFiles) -> Result<Profile, DbError> {
-    let stacks = db.stacks()?;
+/// Builds the profile of the SAMPLE events `samples` (rows of `db`) with
+/// their `stacks` (by seq), symbolized with the ELF files in `files` (the
+/// guest's initramfs).
+pub fn profile(
+    samples: &[Row],
+    stacks: &HashMap<u64, Vec<u64>>,
+    db: &EventDb,
+    files: &GuestFiles,
+) -> Result<Profile, DbError> {
     let names: HashMap<(u32, u32), String> = db
         .threads()?
         .into_iter()

@@ -16,13 +16,21 @@ impl TestDb {
     /// Writes `rows` (in the default format) to a new database; `name`
     /// keeps concurrent tests apart.
     pub fn with_rows(name: &str, rows: &[Row]) -> TestDb {
+        Self::with_stacks(name, rows, &[])
+    }
+
+    /// The same, and stacks of some of the events: (seq, frames).
+    pub fn with_stacks(name: &str, rows: &[Row], stacks: &[(u64, &[u64])]) -> TestDb {
         let dir = std::env::temp_dir().join(format!("insight-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("e.db");
         let mut w = EventWriter::create(&path, &[]).unwrap();
         for row in rows {
-            w.push(row).unwrap();
+            let seq = w.push(row).unwrap();
+            for (_, frames) in stacks.iter().filter(|(s, _)| *s == seq) {
+                w.stack(seq, frames).unwrap();
+            }
         }
         w.finish().unwrap();
         let db = EventDb::open(&path).unwrap();

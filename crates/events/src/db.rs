@@ -8,6 +8,7 @@
 //! `events` table per event, for SQL queries, about 37 bytes per event).
 //! Readers take both, and version 1 databases (rows).
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use rusqlite::{params, Connection, OpenFlags};
@@ -611,13 +612,52 @@ impl EventDb {
     /// The stacks of SAMPLE events: seq -> return addresses, innermost
     /// first. A blob that is not a whole number of addresses, or of more
     /// than [`packed::MAX_FRAMES`], is an error.
-    pub fn stacks(&self) -> Result<std::collections::HashMap<u64, Vec<u64>>, DbError> {
+    pub fn stacks(&self) -> Result<HashMap<u64, Vec<u64>>, DbError> {
+        let mut out = self.stacks_table()?;
+        if self.format == EventFormat::Packed {
+            self.for_each_packed(|seq, e| {
+                if let Some(stack) = e.stack {
+                    out.insert(seq, stack);
+                }
+                Ok(())
+            })?;
+        }
+        Ok(out)
+    }
+
+    /// Like [`Self::for_each`], with each event's stack (SAMPLE events),
+    /// in the same single pass over the events.
+    pub fn for_each_with_stacks(
+        &self,
+        kinds: &[Kind],
+        mut f: impl FnMut(Row, Option<&[u64]>) -> Result<(), DbError>,
+    ) -> Result<(), DbError> {
+        let table = self.stacks_table()?;
+        let stored = |seq: u64| table.get(&seq).map(Vec::as_slice);
+        if self.format == EventFormat::Packed {
+            return self.for_each_packed(|seq, e| {
+                if !kinds.is_empty() && !kinds.contains(&e.kind) {
+                    return Ok(());
+                }
+                let stack = e.stack.as_deref().or_else(|| stored(seq));
+                f(Row::unpacked(seq, &e), stack)
+            });
+        }
+        self.for_each(kinds, |r| {
+            let stack = stored(r.seq);
+            f(r, stack)
+        })
+    }
+
+    /// The `stacks` table: every stack of a rows database, the late ones
+    /// of a packed database.
+    fn stacks_table(&self) -> Result<HashMap<u64, Vec<u64>>, DbError> {
         let mut stmt = self
             .conn
             .prepare("SELECT seq, frames FROM stacks")
             .map_err(sql(&self.path))?;
         let mut rows = stmt.query([]).map_err(sql(&self.path))?;
-        let mut out = std::collections::HashMap::new();
+        let mut out = HashMap::new();
         while let Some(r) = rows.next().map_err(sql(&self.path))? {
             let seq: i64 = r.get(0).map_err(sql(&self.path))?;
             let blob: Vec<u8> = r.get(1).map_err(sql(&self.path))?;
@@ -632,14 +672,6 @@ impl EventDb {
                 .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
                 .collect();
             out.insert(seq as u64, frames);
-        }
-        if self.format == EventFormat::Packed {
-            self.for_each_packed(|seq, e| {
-                if let Some(stack) = e.stack {
-                    out.insert(seq, stack);
-                }
-                Ok(())
-            })?;
         }
         Ok(out)
     }
@@ -699,8 +731,7 @@ impl EventDb {
                     .map_err(sql(&w.partial))?;
             }
         }
-        let stacks = self.stacks()?;
-        self.for_each(&[], |r| {
+        self.for_each_with_stacks(&[], |r, stack| {
             let seq = w.push(&r)?;
             if seq != r.seq {
                 return Err(DbError::Corrupt {
@@ -708,7 +739,7 @@ impl EventDb {
                     what: format!("event {} follows event {}", r.seq, seq - 1),
                 });
             }
-            if let Some(frames) = stacks.get(&r.seq) {
+            if let Some(frames) = stack {
                 w.stack(seq, frames)?;
             }
             Ok(())

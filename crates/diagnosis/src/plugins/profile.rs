@@ -1,6 +1,7 @@
 //! `profile`: where the sampled threads spent their time, per function,
 //! from SAMPLE events; see [`crate::profile`].
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::time::Duration;
 
@@ -32,6 +33,7 @@ impl Default for ProfileOptions {
 pub struct Profile {
     options: ProfileOptions,
     samples: Vec<Row>,
+    stacks: HashMap<u64, Vec<u64>>,
 }
 
 impl Profile {
@@ -39,6 +41,7 @@ impl Profile {
         Profile {
             options,
             samples: Vec::new(),
+            stacks: HashMap::new(),
         }
     }
 }
@@ -66,8 +69,16 @@ impl Plugin for Profile {
         self.samples.push(row.clone());
     }
 
+    fn wants_stacks(&self) -> bool {
+        true
+    }
+
+    fn stack(&mut self, seq: u64, frames: &[u64]) {
+        self.stacks.insert(seq, frames.to_vec());
+    }
+
     fn finish(&mut self, cx: &Context) -> Result<Output, PluginError> {
-        let p = profile::profile(&self.samples, cx.db, cx.files)?;
+        let p = profile::profile(&self.samples, &self.stacks, cx.db, cx.files)?;
         if p.samples == 0 {
             return Ok(Output {
                 text: format!(
