@@ -23,12 +23,18 @@ struct Thread {
     lock_wait: u64,
 }
 
+/// Threads by (pid, lwpid): an lwpid another process had before is
+/// another thread.
+type Tid = (u32, u32);
+
 #[derive(Default)]
 pub struct Threads {
-    threads: BTreeMap<u32, Thread>,
-    /// Lock calls not yet returned: lwpid -> request time.
-    waiting: HashMap<u32, u64>,
+    threads: BTreeMap<Tid, Thread>,
+    /// Lock calls not yet returned -> request time.
+    waiting: HashMap<Tid, u64>,
     samples: u64,
+    /// The time of the last event seen.
+    end: u64,
 }
 
 impl Threads {
@@ -37,7 +43,7 @@ impl Threads {
     }
 
     fn thread(&mut self, pid: u32, lwpid: u32, time: u64) -> &mut Thread {
-        let t = self.threads.entry(lwpid).or_default();
+        let t = self.threads.entry((pid, lwpid)).or_default();
         t.pid = pid;
         t.first.get_or_insert(time);
         t.last = t.last.max(time);
@@ -59,6 +65,7 @@ impl Plugin for Threads {
     }
 
     fn event(&mut self, row: &Row) {
+        self.end = self.end.max(row.time);
         match (row.kind, row.source) {
             (Kind::ContextSwitch, _) => {
                 // pid/lwpid switched out; value = lwpid, addr = pid switched in.
@@ -70,10 +77,8 @@ impl Plugin for Threads {
                 };
                 // Only threads the probes made known: the switch ring names
                 // every task, kernel threads included.
-                if let Some(t) = self.threads.get_mut(&to) {
-                    if t.pid == to_pid {
-                        t.switched_in += 1;
-                    }
+                if let Some(t) = self.threads.get_mut(&(to_pid, to)) {
+                    t.switched_in += 1;
                 }
             }
             (Kind::Sample, _) => {
@@ -84,12 +89,12 @@ impl Plugin for Threads {
                 let time = row.time;
                 let waited = match row.kind {
                     Kind::Lock | Kind::TryLock | Kind::TimedLock => {
-                        self.waiting.insert(row.lwpid, time);
+                        self.waiting.insert((row.pid, row.lwpid), time);
                         None
                     }
                     Kind::LockRet | Kind::TryLockRet | Kind::TimedLockRet => self
                         .waiting
-                        .remove(&row.lwpid)
+                        .remove(&(row.pid, row.lwpid))
                         .map(|since| time.saturating_sub(since)),
                     _ => None,
                 };
@@ -105,11 +110,19 @@ impl Plugin for Threads {
     }
 
     fn finish(&mut self, cx: &Context) -> Result<Output, PluginError> {
-        let names: HashMap<u32, String> = cx
+        // A call still waiting when the events end (a thread blocked for
+        // good, say) has waited until then.
+        for (tid, since) in std::mem::take(&mut self.waiting) {
+            if let Some(t) = self.threads.get_mut(&tid) {
+                t.lock_wait += self.end.saturating_sub(since);
+                t.last = self.end;
+            }
+        }
+        let names: HashMap<Tid, String> = cx
             .db
             .threads()?
             .into_iter()
-            .map(|(_, lwpid, comm)| (lwpid, comm))
+            .map(|(pid, lwpid, comm)| ((pid, lwpid), comm))
             .collect();
         let ms = |ns: u64| ns as f64 / 1e6;
         let mut text = format!(
@@ -129,14 +142,14 @@ impl Plugin for Threads {
             "wait%"
         );
         let mut rows = Vec::new();
-        for (lwpid, t) in &self.threads {
+        for (tid @ (_, lwpid), t) in &self.threads {
             let lifetime = t.last - t.first.unwrap_or(t.last);
             let wait_share = if lifetime == 0 {
                 0.0
             } else {
                 100.0 * t.lock_wait as f64 / lifetime as f64
             };
-            let name = names.get(lwpid).map(String::as_str).unwrap_or("");
+            let name = names.get(tid).map(String::as_str).unwrap_or("");
             let _ = writeln!(
                 text,
                 "{lwpid:>7}  {:>7}  {name:<16}  {:>10.3}  {:>8}  {:>8}  {:>7}  {:>10}  {:>10.3}  {wait_share:>5.1}%",
@@ -175,6 +188,7 @@ impl Plugin for Threads {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_db::TestDb;
 
     fn row(time: u64, kind: Kind, lwpid: u32) -> Row {
         Row {
@@ -209,11 +223,21 @@ mod tests {
         let mut sample = row(1100, Kind::Sample, 11);
         sample.source = Source::Host;
         p.event(&sample);
-        let t = &p.threads[&11];
+        // The same lwpid in another process is another thread.
+        let mut other = row(1150, Kind::Lock, 11);
+        other.pid = 20;
+        p.event(&other);
+        let t = &p.threads[&(10, 11)];
         assert_eq!((t.first, t.last), (Some(100), 1100));
         assert_eq!((t.events, t.lock_calls, t.lock_wait), (4, 1, 500));
         assert_eq!((t.switched_in, t.samples), (1, 1));
-        assert_eq!(p.threads[&12].lock_wait, 0);
-        assert!(!p.threads.contains_key(&99));
+        assert_eq!(p.threads[&(10, 12)].lock_wait, 0);
+        assert!(!p.threads.keys().any(|&(_, lwpid)| lwpid == 99));
+        // Its lock call never returned: it waits until the last event.
+        p.event(&row(1400, Kind::Unlock, 12));
+        p.finish(&TestDb::with_rows("threads", &[]).context())
+            .unwrap();
+        let t = &p.threads[&(20, 11)];
+        assert_eq!((t.lock_calls, t.lock_wait, t.last), (1, 250, 1400));
     }
 }
