@@ -11,8 +11,9 @@ use events::db::Row;
 use crate::deadlock::{self, ThreadEvent};
 use crate::lock_events::{LockEvent, LockEventKind, LockOp};
 
-/// The kinds that lock analyses read.
-pub const LOCK_KINDS: [Kind; 7] = [
+/// The kinds that lock analyses read, then LOCKINIT (where a lock was set
+/// up), which names locks.
+pub const LOCK_KINDS_AND_INIT: [Kind; 8] = [
     Kind::Lock,
     Kind::LockRet,
     Kind::TryLock,
@@ -20,7 +21,11 @@ pub const LOCK_KINDS: [Kind; 7] = [
     Kind::TimedLock,
     Kind::TimedLockRet,
     Kind::Unlock,
+    Kind::LockInit,
 ];
+
+/// The kinds that lock analyses read.
+pub const LOCK_KINDS: &[Kind] = LOCK_KINDS_AND_INIT.split_at(7).0;
 
 /// The lock event a row stands for, if it is one the analyses can use.
 pub fn lock_event(r: &Row) -> Option<LockEvent> {
@@ -124,7 +129,7 @@ pub fn deadlock_events(db: &EventDb) -> Result<BTreeMap<u32, Vec<deadlock::Event
 /// left out; so is a `_RET` event without a result (it cannot be judged).
 pub fn lock_events(db: &EventDb) -> Result<Vec<LockEvent>, DbError> {
     let mut out = Vec::new();
-    db.for_each(&LOCK_KINDS, |r| {
+    db.for_each(LOCK_KINDS, |r| {
         out.extend(lock_event(&r));
         Ok(())
     })?;

@@ -8,7 +8,7 @@ use events::abi::Kind;
 use events::db::Row;
 
 use crate::contention::{Contention, ContentionReport, Durations, LockStats};
-use crate::from_db::{lock_event, LOCK_KINDS};
+use crate::from_db::{lock_event, LOCK_KINDS_AND_INIT};
 use crate::plugin::{Attachment, Context, Output, Plugin, PluginError};
 use crate::symbols::Symbolizer;
 
@@ -44,18 +44,6 @@ pub struct Locks {
     init_site: HashMap<u64, (u32, u64)>,
 }
 
-/// The lock operations, and LOCKINIT for where a lock was set up.
-const KINDS: [Kind; 8] = [
-    Kind::Lock,
-    Kind::LockRet,
-    Kind::TryLock,
-    Kind::TryLockRet,
-    Kind::TimedLock,
-    Kind::TimedLockRet,
-    Kind::Unlock,
-    Kind::LockInit,
-];
-
 impl Locks {
     pub fn new(options: LocksOptions) -> Self {
         Locks {
@@ -78,8 +66,7 @@ impl Plugin for Locks {
     }
 
     fn subscribes(&self) -> &'static [Kind] {
-        debug_assert!(LOCK_KINDS.iter().all(|k| KINDS.contains(k)));
-        &KINDS
+        &LOCK_KINDS_AND_INIT
     }
 
     fn event(&mut self, row: &Row) {
