@@ -42,11 +42,20 @@ pub struct CowDisk {
 impl CowDisk {
     /// Opens `base` read-only, with a fresh overlay in `overlay_dir`.
     pub fn open(base: &Path, overlay_dir: &Path) -> Result<Self, DiskError> {
+        let file = File::open(base).map_err(|source| DiskError::Open {
+            path: base.to_owned(),
+            source,
+        })?;
+        Self::over(file, base, overlay_dir)
+    }
+
+    /// The same over `file`, the base image already opened from `base`
+    /// (so that what was checked is what the guest reads).
+    pub fn over(file: File, base: &Path, overlay_dir: &Path) -> Result<Self, DiskError> {
         let open_err = |source| DiskError::Open {
             path: base.to_owned(),
             source,
         };
-        let file = File::open(base).map_err(open_err)?;
         let size = file.metadata().map_err(open_err)?.len();
         if size % SECTOR_SIZE != 0 {
             return Err(DiskError::Size {

@@ -2,12 +2,12 @@
 //! initramfs with an archive appended that carries the guest command, its
 //! environment and the user's files, and the command line.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::config::VmConfig;
 use crate::image::{self, GuestQuirks};
 use crate::initramfs::{CpioWriter, InitramfsError};
-use crate::vm::{NetSpec, VmSpec};
+use crate::vm::{DiskImage, NetSpec, VmSpec};
 
 /// The command the guest runs when neither the config nor the command line
 /// names one.
@@ -130,7 +130,7 @@ pub fn prepare(config: &VmConfig, options: &BootOptions) -> Result<VmSpec, Guest
         initramfs_base_len,
         initramfs_path,
         extra_initramfs: extra,
-        disk: config.disk.clone(),
+        disk: config.disk.as_deref().map(open_disk).transpose()?,
         net: config.net.as_ref().map(|n| NetSpec {
             mac: n.mac,
             tap: Some((n.tap.clone(), n.host_address)),
@@ -150,10 +150,11 @@ fn append_archive(initramfs: &mut Vec<u8>, extra: &[u8]) {
 /// SHA-256 of `bytes`, in hex.
 pub fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::{Digest, Sha256};
-    Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    hex(&Sha256::digest(bytes))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn read_image(path: &std::path::Path) -> Result<Vec<u8>, GuestError> {
@@ -196,8 +197,8 @@ pub fn trace_images(
     if let Some(disk) = &spec.disk {
         images.push(trace::ImageDigest {
             role: "disk".into(),
-            path: resolved(disk),
-            digest: sha256_hex(&read_image(disk)?),
+            path: resolved(&disk.path),
+            digest: sha256_of_file(disk)?,
         });
     }
     let boot = trace::BootParams {
@@ -225,7 +226,11 @@ pub fn from_trace(header: &trace::Header) -> Result<VmSpec, GuestError> {
     let (initramfs_path, mut initramfs) = image("initramfs")?;
     let initramfs_base_len = initramfs.len();
     let disk = match header.images.iter().find(|i| i.role == "disk") {
-        Some(d) => Some(image_checked(d, "disk")?.0),
+        Some(d) => {
+            let disk = open_disk(Path::new(&d.path))?;
+            check_digest(d, "disk", sha256_of_file(&disk)?)?;
+            Some(disk)
+        }
         None => None,
     };
     append_archive(&mut initramfs, &header.boot.extra_initramfs);
@@ -261,7 +266,15 @@ fn image_checked(
 ) -> Result<(PathBuf, Vec<u8>), GuestError> {
     let path = PathBuf::from(&d.path);
     let bytes = read_image(&path)?;
-    let found = sha256_hex(&bytes);
+    check_digest(d, role, sha256_hex(&bytes))?;
+    Ok((path, bytes))
+}
+
+fn check_digest(
+    d: &trace::ImageDigest,
+    role: &'static str,
+    found: String,
+) -> Result<(), GuestError> {
     if found != d.digest {
         return Err(GuestError::ImageChanged {
             role: role.into(),
@@ -270,12 +283,62 @@ fn image_checked(
             found,
         });
     }
-    Ok((path, bytes))
+    Ok(())
+}
+
+fn open_disk(path: &Path) -> Result<DiskImage, GuestError> {
+    let file = std::fs::File::open(path).map_err(|source| GuestError::ReadImage {
+        path: path.to_owned(),
+        source,
+    })?;
+    Ok(DiskImage {
+        path: path.to_owned(),
+        file,
+    })
+}
+
+/// SHA-256 of a disk image in hex, read through its open file a piece at
+/// a time (a disk can be larger than memory).
+fn sha256_of_file(disk: &DiskImage) -> Result<String, GuestError> {
+    use sha2::{Digest, Sha256};
+    use std::os::unix::fs::FileExt;
+    let err = |source| GuestError::ReadImage {
+        path: disk.path.clone(),
+        source,
+    };
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut offset = 0u64;
+    loop {
+        let n = match disk.file.read_at(&mut buf, offset) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(err(e)),
+        };
+        hasher.update(&buf[..n]);
+        offset += n as u64;
+    }
+    Ok(hex(&hasher.finalize()))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_disk_is_hashed_through_its_open_file() {
+        let path = std::env::temp_dir().join(format!("insight-disk-{}", std::process::id()));
+        // Over two read pieces, not a multiple of either.
+        let bytes: Vec<u8> = (0..(5u32 << 19) + 77).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&path, &bytes).unwrap();
+        let disk = open_disk(&path).unwrap();
+        // Replacing the file by name does not change what was opened.
+        std::fs::remove_file(&path).unwrap();
+        std::fs::write(&path, b"another image").unwrap();
+        assert_eq!(sha256_of_file(&disk).unwrap(), sha256_hex(&bytes));
+        std::fs::remove_file(&path).unwrap();
+    }
 
     #[test]
     fn missing_default_image_explains_how_to_build_it() {

@@ -178,13 +178,21 @@ pub struct VmSpec {
     /// The archive appended to it (already part of `initramfs`).
     pub extra_initramfs: Vec<u8>,
     /// Base image of the virtio disk, if the guest has one.
-    pub disk: Option<PathBuf>,
+    pub disk: Option<DiskImage>,
     /// The virtio network device, if the guest has one.
     pub net: Option<NetSpec>,
     pub cmdline: String,
     pub memory_mib: u64,
     /// Seed for the guest kernel's random number generator.
     pub rng_seed: [u8; boot::RNG_SEED_LEN],
+}
+
+/// The base image of the guest's disk, opened once: the file a trace's
+/// digest was computed from is the file the guest reads.
+#[derive(Debug)]
+pub struct DiskImage {
+    pub path: PathBuf,
+    pub file: std::fs::File,
 }
 
 /// The guest's network device.
@@ -406,10 +414,16 @@ impl Vm {
 
         let doorbell = Doorbell::new();
         let block = match &spec.disk {
-            Some(base) => Some(VirtioBlock::new(
-                CowDisk::open(base, &std::env::temp_dir())?,
-                doorbell.clone(),
-            )?),
+            Some(base) => {
+                let file = base.file.try_clone().map_err(|source| DiskError::Open {
+                    path: base.path.clone(),
+                    source,
+                })?;
+                Some(VirtioBlock::new(
+                    CowDisk::over(file, &base.path, &std::env::temp_dir())?,
+                    doorbell.clone(),
+                )?)
+            }
             None => None,
         };
         let net = match &spec.net {
