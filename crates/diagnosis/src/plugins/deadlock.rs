@@ -44,10 +44,11 @@ impl Plugin for Deadlock {
 
     fn finish(&mut self, cx: &Context) -> Result<Output, PluginError> {
         let db = cx.db;
-        let names: HashMap<u32, String> = db
+        // Threads by (pid, lwpid): an lwpid can come back in another process.
+        let names: HashMap<(u32, u32), String> = db
             .threads()?
             .into_iter()
-            .map(|(_, lwpid, comm)| (lwpid, comm))
+            .map(|(pid, lwpid, comm)| ((pid, lwpid), comm))
             .collect();
         let mut sym = Symbolizer::new(cx.files);
         let mut text = String::new();
@@ -63,7 +64,7 @@ impl Plugin for Deadlock {
             // The program is the first object a process reports.
             let program = match objects.first() {
                 Some((_, path)) => path.rsplit('/').next().unwrap_or(path).to_owned(),
-                None => names.get(&pid).cloned().unwrap_or_default(),
+                None => names.get(&(pid, pid)).cloned().unwrap_or_default(),
             };
             let process = if program.is_empty() {
                 String::new()
@@ -182,7 +183,7 @@ fn describe_cycle(
     c: &Cycle,
     pid: u32,
     sym: &mut Symbolizer,
-    names: &HashMap<u32, String>,
+    names: &HashMap<(u32, u32), String>,
 ) -> CycleText {
     let mut lwpids: Vec<u32> = c.steps.iter().map(|s| s.thread).collect();
     lwpids.sort_unstable();
@@ -231,7 +232,10 @@ fn describe_cycle(
     let threads = lwpids
         .iter()
         .map(|&l| {
-            let comm = names.get(&l).map(|n| format!(" ({n})")).unwrap_or_default();
+            let comm = names
+                .get(&(pid, l))
+                .map(|n| format!(" ({n})"))
+                .unwrap_or_default();
             format!("{} = thread {l}{comm}", t(l))
         })
         .collect::<Vec<_>>()
