@@ -49,16 +49,7 @@ fn converts_both_ways_and_never_overwrites_its_input() {
         ],
         0,
     );
-    let read = |path| {
-        let db = EventDb::open(path).unwrap();
-        let mut out = Vec::new();
-        db.for_each(&[], |r| {
-            out.push(r);
-            Ok(())
-        })
-        .unwrap();
-        (db.format(), out)
-    };
+    let read = |path| (EventDb::open(path).unwrap().format(), common::rows(path));
     let (f0, original) = read(&packed);
     let (f1, as_rows) = read(&rows);
     let (f2, again) = read(&back);

@@ -49,17 +49,6 @@ fn replay_events(trace: &Path, db: &Path) -> String {
     stderr
 }
 
-fn rows(db: &Path) -> Vec<Row> {
-    let db = EventDb::open(db).unwrap();
-    let mut rows = Vec::new();
-    db.for_each(&[], |r| {
-        rows.push(r);
-        Ok(())
-    })
-    .unwrap();
-    rows
-}
-
 #[test]
 fn syn_cont_yields_exactly_its_lock_events_identically_in_two_replays() {
     if !guest_ready() {

@@ -61,3 +61,15 @@ pub fn host_has_avx() -> bool {
         .map(|c| c.split_whitespace().any(|w| w == "avx"))
         .unwrap_or(false)
 }
+
+/// Every event of the database at `db`, in order.
+pub fn rows(db: &Path) -> Vec<events::db::Row> {
+    let db = events::db::EventDb::open(db).unwrap();
+    let mut rows = Vec::new();
+    db.for_each(&[], |r| {
+        rows.push(r);
+        Ok(())
+    })
+    .unwrap();
+    rows
+}
