@@ -420,10 +420,15 @@ fn host_check() -> Result<ExitCode> {
             "int3 handled by the guest kernel, forwarded to the VMM with a deterministic exit"
         }
     );
-    if !r.user_tsd {
+    if r.user_tsd {
         println!(
-            "  user-mode RDTSC cannot be trapped here: a program that reads the TSC (or RDRAND) \
-             directly is not replayed faithfully (glibc, busybox and the guest image do not)"
+            "  user-mode RDTSC: faults, and the guest kernel answers it from the replayed clock"
+        );
+    } else {
+        println!(
+            "  user-mode RDTSC cannot be trapped here, so the guest kernel cannot emulate it: \
+             a program that reads the TSC (or RDRAND) directly is not replayed faithfully \
+             (glibc, busybox and the guest image do not)"
         );
     }
     if r.can_run() {

@@ -73,6 +73,9 @@ pub fn kernel_cmdline(quirks: GuestQuirks, quiet: bool, extra: &str) -> String {
         "io_delay=none",
         "panic=-1",
         "insight.platform",
+        // User-mode RDTSC/RDTSCP answered by the kernel's (replayed) clock
+        // where the host honours CR4.TSD; a no-op where it does not.
+        "insight.rdtsc=emulate",
     ];
     if quirks.syscall_trap {
         parts.push("insight.syscall=pf");
