@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+use events::abi::SampleMode;
 use events::db::{DbError, EventDb, Row};
 
 use crate::symbols::{GuestFiles, Location, Symbolizer};
@@ -26,9 +27,12 @@ pub struct ThreadProfile {
 
 #[derive(Clone, Debug, Default)]
 pub struct Profile {
-    /// All samples; `kernel` of them were taken in the guest kernel.
+    /// All samples; `kernel` of them were taken in the guest kernel,
+    /// `kernel_boundary` of those as it was entered or left (in user mode
+    /// at a return from it: counted as kernel time, with the user stack).
     pub samples: u64,
     pub kernel: u64,
+    pub kernel_boundary: u64,
     /// Functions by samples, most first.
     pub rows: Vec<ProfileRow>,
     pub threads: Vec<ThreadProfile>,
@@ -77,9 +81,12 @@ pub fn profile(
     let mut per_thread: HashMap<(u32, u32), HashMap<Location, u64>> = HashMap::new();
     for r in samples {
         let Some(rip) = r.addr else { continue };
-        let in_kernel = r.value == Some(1);
-        let location = if in_kernel {
+        let mode = SampleMode::from_value(r.value);
+        let location = if mode.is_some_and(SampleMode::is_kernel_time) {
             out.kernel += 1;
+            if mode == Some(SampleMode::KernelBoundary) {
+                out.kernel_boundary += 1;
+            }
             kernel()
         } else {
             sym.locate(r.pid, rip)
@@ -103,6 +110,10 @@ pub fn profile(
             for ret in stack.iter().rev() {
                 frames.push(sym.locate(r.pid, ret.saturating_sub(1)).function);
             }
+        }
+        if mode == Some(SampleMode::KernelBoundary) {
+            // The user function the kernel time was spent for.
+            frames.push(sym.locate(r.pid, rip).function);
         }
         frames.push(location.function.clone());
         // ';' separates frames: a thread (named by the guest) or function

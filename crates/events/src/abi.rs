@@ -86,6 +86,38 @@ impl Kind {
     }
 }
 
+/// Where a SAMPLE found its task: the event's `value`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SampleMode {
+    /// Running user code at the sample's RIP.
+    User = 0,
+    /// In the guest kernel.
+    Kernel = 1,
+    /// In user mode at RIP, but between the guest kernel (or the
+    /// hypervisor) and that instruction: just back from a system call or
+    /// an exit to the hypervisor, or about to restart an instruction after
+    /// a fault (RFLAGS.RF set). On hosts that interpret the guest kernel
+    /// these moments last long enough to be sampled; the time is the
+    /// kernel's, and RIP and the stack name the user code it served.
+    KernelBoundary = 2,
+}
+
+impl SampleMode {
+    pub fn from_value(value: Option<i64>) -> Option<SampleMode> {
+        match value? {
+            0 => Some(SampleMode::User),
+            1 => Some(SampleMode::Kernel),
+            2 => Some(SampleMode::KernelBoundary),
+            _ => None,
+        }
+    }
+
+    /// Whether the time belongs to the kernel rather than to user code.
+    pub fn is_kernel_time(self) -> bool {
+        self != SampleMode::User
+    }
+}
+
 /// Who raised the event: the guest kernel reports probe or kernel with
 /// the exit; SAMPLE events are the host's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use crate::abi::{self, Kind, Payload, RawEvent, Source};
+use crate::abi::{self, Kind, Payload, RawEvent, SampleMode, Source};
 use crate::db::{DbError, EventWriter, Row};
 
 /// The lowest user address Linux lets a process map (`vm.mmap_min_addr`'s
@@ -252,21 +252,21 @@ impl Capture {
         self.anomaly("unusable context-switch ring", why);
     }
 
-    /// A SAMPLE of task (pid, lwpid) at `rip` (`user`: in user mode) with
-    /// the return addresses of its stack, innermost first.
+    /// A SAMPLE of task (pid, lwpid) at `rip`, found in `mode`, with the
+    /// return addresses of its user stack, innermost first.
     pub fn sample(
         &mut self,
         time_hint: u64,
         pid: u32,
         lwpid: u32,
         rip: u64,
-        user: bool,
+        mode: SampleMode,
         stack: &[u64],
     ) -> Result<(), DbError> {
         // Linux maps nothing below mmap_min_addr (64 KiB by default) nor
         // above the user half: the registers were read in a transition
         // (seen on nested hosts), not at a place user code runs.
-        if user && !(USER_CODE_MIN..USER_CODE_END).contains(&rip) {
+        if mode == SampleMode::User && !(USER_CODE_MIN..USER_CODE_END).contains(&rip) {
             self.anomaly(
                 "sample at an impossible user address (dropped)",
                 format!("lwpid {lwpid}: rip {rip:#x}"),
@@ -283,7 +283,7 @@ impl Capture {
             lwpid,
             addr: Some(rip),
             caller: None,
-            value: Some(i64::from(!user)),
+            value: Some(mode as i64),
         })?;
         if !stack.is_empty() {
             self.db.stack(seq, stack)?;
@@ -331,24 +331,35 @@ mod tests {
     #[test]
     fn samples_at_impossible_user_addresses_are_dropped_and_counted() {
         let (mut c, path) = capture("samples");
-        c.sample(10, 7, 8, 0x1000, true, &[0x4141_4141]).unwrap();
-        c.sample(11, 7, 8, 1 << 47, true, &[]).unwrap();
-        c.sample(12, 7, 8, 0x5555_0000_1000, true, &[0x5555_0000_2000])
+        let user = SampleMode::User;
+        c.sample(10, 7, 8, 0x1000, user, &[0x4141_4141]).unwrap();
+        c.sample(11, 7, 8, 1 << 47, user, &[]).unwrap();
+        c.sample(12, 7, 8, 0x5555_0000_1000, user, &[0x5555_0000_2000])
             .unwrap();
-        c.sample(13, 7, 8, 0xffff_ffff_8100_0000, false, &[])
+        c.sample(13, 7, 8, 0xffff_ffff_8100_0000, SampleMode::Kernel, &[])
+            .unwrap();
+        // The system-call trap address, while the guest enters its kernel.
+        c.sample(14, 7, 8, 0x1000, SampleMode::KernelBoundary, &[])
             .unwrap();
         let summary = c.finish().unwrap();
-        assert_eq!(summary.events, 2);
+        assert_eq!(summary.events, 3);
         assert_eq!(summary.anomalies.len(), 1);
         assert_eq!(summary.anomalies[0].1, 2);
         let db = EventDb::open(&path).unwrap();
-        let mut rips = Vec::new();
+        let mut samples = Vec::new();
         db.for_each(&[Kind::Sample], |r| {
-            rips.push(r.addr.unwrap());
+            samples.push((r.addr.unwrap(), SampleMode::from_value(r.value).unwrap()));
             Ok(())
         })
         .unwrap();
-        assert_eq!(rips, [0x5555_0000_1000, 0xffff_ffff_8100_0000]);
+        assert_eq!(
+            samples,
+            [
+                (0x5555_0000_1000, SampleMode::User),
+                (0xffff_ffff_8100_0000, SampleMode::Kernel),
+                (0x1000, SampleMode::KernelBoundary)
+            ]
+        );
         assert_eq!(db.stacks().unwrap().len(), 1);
     }
 

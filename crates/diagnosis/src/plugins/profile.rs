@@ -91,8 +91,13 @@ impl Plugin for Profile {
             });
         }
         let limit = self.options.limit;
+        let boundary = if p.kernel_boundary > 0 {
+            format!(", {} of them entering or leaving it", p.kernel_boundary)
+        } else {
+            String::new()
+        };
         let mut text = format!(
-            "Profile of {}: {} samples ({} in the guest kernel)\n\n",
+            "Profile of {}: {} samples ({} in the guest kernel{boundary})\n\n",
             cx.label, p.samples, p.kernel
         );
         text.push_str(&table(&p.rows, p.samples, limit));
@@ -122,6 +127,7 @@ impl Plugin for Profile {
         let json = serde_json::json!({
             "samples": p.samples,
             "kernel": p.kernel,
+            "kernel_boundary": p.kernel_boundary,
             "functions": rows_json(&p.rows, p.samples),
             "threads": p.threads.iter().map(|t| serde_json::json!({
                 "pid": t.pid,
@@ -178,4 +184,63 @@ fn table(rows: &[ProfileRow], total: u64, limit: usize) -> String {
         );
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plugin::run;
+    use crate::test_db::TestDb;
+    use events::abi::{SampleMode, Source};
+
+    #[test]
+    fn samples_at_kernel_boundaries_count_as_kernel_time_under_their_user_stack() {
+        let sample = |rip, mode: SampleMode| Row {
+            seq: 0,
+            time: 1,
+            kind: Kind::Sample,
+            source: Source::Host,
+            pid: 3,
+            lwpid: 4,
+            addr: Some(rip),
+            caller: None,
+            value: Some(mode as i64),
+        };
+        let rows = [
+            sample(0x40_1000, SampleMode::User),
+            sample(0x40_1000, SampleMode::User),
+            sample(0xffff_ffff_8100_0000, SampleMode::Kernel),
+            sample(0x40_2002, SampleMode::KernelBoundary),
+            sample(0x40_2002, SampleMode::KernelBoundary),
+        ];
+        let stack: &[u64] = &[0x40_3005];
+        let db = TestDb::with_stacks("profile-boundary", &rows, &[(4, stack), (5, stack)]);
+        let mut plugins: Vec<Box<dyn Plugin>> =
+            vec![Box::new(Profile::new(ProfileOptions::default()))];
+        let out = run(&mut plugins, &db.context()).unwrap().remove(0);
+        let json = out.json.unwrap();
+        assert_eq!(json["samples"], 5);
+        assert_eq!(json["kernel"], 3);
+        assert_eq!(json["kernel_boundary"], 2);
+        assert_eq!(json["functions"][0]["function"], "[kernel]");
+        assert_eq!(json["functions"][0]["samples"], 3);
+        assert!(
+            out.text
+                .contains("(3 in the guest kernel, 2 of them entering or leaving it)"),
+            "{}",
+            out.text
+        );
+        // No guest files here, so every user frame is [unknown]: the
+        // caller, then the function at RIP, then the kernel's time.
+        let folded = &out
+            .attachments
+            .iter()
+            .find(|f| f.format == "folded")
+            .unwrap()
+            .content;
+        assert!(
+            folded.contains("lwpid 4;[unknown];[unknown];[kernel] 2\n"),
+            "{folded}"
+        );
+    }
 }

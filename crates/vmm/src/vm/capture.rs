@@ -3,6 +3,7 @@
 //! tracked tasks.
 
 use super::*;
+use events::abi::SampleMode;
 
 impl Vm {
     /// Stores the events the guest raises during replay in `capture`.
@@ -39,9 +40,10 @@ impl Vm {
     }
 
     /// A SAMPLE of the task on the vCPU, if one is due and the task is
-    /// tracked: RIP, user or kernel mode, and the user stack's return
-    /// addresses by frame pointers.
-    pub(super) fn take_sample(&mut self) -> Result<(), VmError> {
+    /// tracked: RIP, where the task was (`SampleMode`), and the user
+    /// stack's return addresses by frame pointers. `resumed_at`: the RIP
+    /// at which the interrupted KVM_RUN started right after a VM exit.
+    pub(super) fn take_sample(&mut self, resumed_at: Option<u64>) -> Result<(), VmError> {
         let (Some(sampling), true) = (&mut self.sampling, self.events.is_some()) else {
             return Ok(());
         };
@@ -63,13 +65,23 @@ impl Vm {
         let regs = self.vcpu.get_regs().map_err(kvm_err("GET_REGS"))?;
         let sregs = self.vcpu.get_sregs().map_err(kvm_err("GET_SREGS"))?;
         let user = sregs.cs.selector & 3 == 3;
-        let stack = if user {
-            guest_events::frame_chain(&self.mem, sregs.cr3, regs.rbp, MAX_SAMPLE_FRAMES)
+        let (mode, stack) = if user {
+            let boundary = regs.rflags & RFLAGS_RF != 0
+                || resumed_at == Some(regs.rip)
+                || after_system_call(&self.mem, sregs.cr3, regs.rip);
+            let mode = if boundary {
+                SampleMode::KernelBoundary
+            } else {
+                SampleMode::User
+            };
+            let stack =
+                guest_events::frame_chain(&self.mem, sregs.cr3, regs.rbp, MAX_SAMPLE_FRAMES);
+            (mode, stack)
         } else {
-            Vec::new()
+            (SampleMode::Kernel, Vec::new())
         };
         let time = self.journal.progress().guest_ns;
-        capture.sample(time, pid, lwpid, regs.rip, user, &stack)?;
+        capture.sample(time, pid, lwpid, regs.rip, mode, &stack)?;
         Ok(())
     }
 
@@ -137,4 +149,19 @@ impl Vm {
             }
         }
     }
+}
+
+/// RFLAGS.RF: set when a fault handler returns to restart the instruction
+/// that faulted, cleared once an instruction completes.
+const RFLAGS_RF: u64 = 1 << 16;
+
+/// Whether the instruction before `rip` is a system call (`syscall`,
+/// `sysenter`, `int $0x80`): user code at `rip` is then where the guest
+/// kernel returns. Two bytes: an instruction of another kind ending in
+/// them is rare enough.
+fn after_system_call(mem: &GuestMemoryMmap, cr3: u64, rip: u64) -> bool {
+    let mut code = [0u8; 2];
+    rip.checked_sub(2)
+        .is_some_and(|at| gva::read_virt(mem, cr3, at, &mut code).is_ok())
+        && matches!(code, [0x0f, 0x05] | [0x0f, 0x34] | [0xcd, 0x80])
 }

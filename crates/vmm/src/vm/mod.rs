@@ -284,6 +284,10 @@ pub struct Vm {
     guest_cpuid: Vec<(u32, u32, u32, u32, u32, u32)>,
     /// KVM capabilities the run depends on: (capability, value).
     kvm_caps: Vec<(u32, i32)>,
+    /// Where the guest resumes after the last VM exit, until the next
+    /// KVM_RUN returns: a kick that finds it still there came during the
+    /// hypervisor's round trip, not while the guest ran.
+    resume_rip: Option<u64>,
 }
 
 /// Receives progress counts while a recording or replay runs.
@@ -451,6 +455,7 @@ impl Vm {
             mem,
             platform: LegacyPlatform::new(boot_unix_secs, console),
             clock: VmClock::new(),
+            resume_rip: None,
             exits: ExitCounts::default(),
             exit_status: None,
             init_reached: None,
@@ -597,6 +602,7 @@ impl Vm {
             };
             kick.deadline_ns.store(deadline, Ordering::Release);
 
+            let resumed_at = self.resume_rip.take();
             let (next, observed) = match self.vcpu.run() {
                 Ok(exit) => dispatch(
                     &mut Bus {
@@ -621,7 +627,7 @@ impl Vm {
             if observed.is_none() && self.sampling.is_some() {
                 // A kick: the guest stopped wherever it was, which is
                 // what a sample wants (exits would bias it).
-                self.take_sample()?;
+                self.take_sample(resumed_at)?;
             }
             if let Some(event) = observed {
                 // KVM raises #GP for a refused MSR access when the vCPU
@@ -634,6 +640,7 @@ impl Vm {
                     self.exception_pending = true;
                 }
                 let regs = self.vcpu.sync_regs().regs;
+                self.resume_rip = Some(regs.rip);
                 self.journal.exit(event.with_rip(regs.rip), &regs)?;
                 // Switches before this exit come before what it raises.
                 self.drain_switches()?;
