@@ -18,6 +18,8 @@ type DwarfReader<'a> = gimli::EndianSlice<'a, gimli::RunTimeEndian>;
 pub struct GuestFiles {
     files: HashMap<String, Vec<u8>>,
     links: HashMap<String, String>,
+    /// Detached debug files of stripped ELF files, by the ELF file's key.
+    debug: HashMap<String, Vec<u8>>,
 }
 
 const S_IFMT: u32 = 0o170000;
@@ -99,10 +101,51 @@ impl GuestFiles {
 
     /// The contents of the file at `path`, following symbolic links.
     pub fn get(&self, path: &str) -> Option<&[u8]> {
+        self.files.get(&self.resolve(path)?).map(Vec::as_slice)
+    }
+
+    /// The detached debug file found for the ELF file at `path`.
+    pub fn debug_file(&self, path: &str) -> Option<&[u8]> {
+        self.debug.get(&self.resolve(path)?).map(Vec::as_slice)
+    }
+
+    /// Finds, for every ELF file that has no symbol table of its own (a
+    /// stripped library), its detached debug file by build ID under
+    /// `dir` (`.build-id/xx/yyyy.debug`, the layout of Debian's `-dbg` and
+    /// `-dbgsym` packages, with `dir` usually `/usr/lib/debug`), and keeps
+    /// it when its build ID matches. Returns how many were found.
+    pub fn add_debug_files(&mut self, dir: &std::path::Path) -> usize {
+        let mut found = 0;
+        for (key, data) in &self.files {
+            let Some(id) = stripped_build_id(data) else {
+                continue;
+            };
+            let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
+            let path = dir
+                .join(".build-id")
+                .join(&hex[..2])
+                .join(format!("{}.debug", &hex[2..]));
+            let Ok(debug) = std::fs::read(&path) else {
+                continue;
+            };
+            let matches = object::File::parse(&*debug)
+                .ok()
+                .and_then(|f| f.build_id().ok().flatten().map(|d| d == id.as_slice()))
+                .unwrap_or(false);
+            if matches {
+                self.debug.insert(key.clone(), debug);
+                found += 1;
+            }
+        }
+        found
+    }
+
+    /// The key of the regular file `path` names, following symbolic links.
+    fn resolve(&self, path: &str) -> Option<String> {
         let mut key = normalize(path);
         for _ in 0..16 {
-            if let Some(f) = self.files.get(&key) {
-                return Some(f);
+            if self.files.contains_key(&key) {
+                return Some(key);
             }
             let target = self.links.get(&key)?;
             key = if target.starts_with('/') {
@@ -114,6 +157,17 @@ impl GuestFiles {
         }
         None
     }
+}
+
+/// The build ID of an ELF file without a `.symtab`, at least 4 bytes long
+/// (shorter ones would make a file name of nothing).
+fn stripped_build_id(data: &[u8]) -> Option<Vec<u8>> {
+    let file = object::File::parse(data).ok()?;
+    if file.section_by_name(".symtab").is_some() {
+        return None;
+    }
+    let id = file.build_id().ok()??;
+    (id.len() >= 4).then(|| id.to_vec())
 }
 
 /// The functions of one ELF file and the address range it occupies,
@@ -132,10 +186,20 @@ pub struct ElfSymbols<'a> {
 impl<'a> ElfSymbols<'a> {
     /// Parses `data`; `None` if it is not an ELF file this can read.
     pub fn parse(data: &'a [u8]) -> Option<Self> {
+        Self::parse_with_debug(data, None)
+    }
+
+    /// Parses `data` and, if given, its detached debug file, which adds
+    /// its symbol table and DWARF (the addresses are the same).
+    pub fn parse_with_debug(data: &'a [u8], debug: Option<&'a [u8]>) -> Option<Self> {
         let file = object::File::parse(data).ok()?;
+        let debug = debug.and_then(|d| object::File::parse(d).ok());
         let mut functions: Vec<(u64, u64, String)> = Vec::new();
         let mut data: Vec<(u64, u64, String)> = Vec::new();
-        let symbols = file.symbols().chain(file.dynamic_symbols());
+        let symbols = file
+            .symbols()
+            .chain(file.dynamic_symbols())
+            .chain(debug.iter().flat_map(|d| d.symbols()));
         for sym in symbols {
             let list = match sym.kind() {
                 SymbolKind::Text => &mut functions,
@@ -165,7 +229,7 @@ impl<'a> ElfSymbols<'a> {
             functions,
             data,
             span,
-            lines: dwarf(&file),
+            lines: dwarf(&file).or_else(|| debug.as_ref().and_then(dwarf)),
         })
     }
 
@@ -252,7 +316,11 @@ impl<'a> Symbolizer<'a> {
     pub fn add_process(&mut self, pid: u32, objects: Vec<(u64, String)>) {
         for (_, path) in &objects {
             if !self.parsed.contains_key(path) {
-                let parsed = self.files.get(path).and_then(ElfSymbols::parse);
+                let debug = self.files.debug_file(path);
+                let parsed = self
+                    .files
+                    .get(path)
+                    .and_then(|data| ElfSymbols::parse_with_debug(data, debug));
                 self.parsed.insert(path.clone(), parsed);
             }
         }
@@ -395,5 +463,80 @@ mod tests {
         assert_eq!(elf.function(main.0), Some("main"));
         assert!(elf.covers(main.0));
         assert!(ElfSymbols::parse(b"not an elf file").is_none());
+    }
+
+    #[test]
+    fn stripped_files_get_symbols_from_their_debug_file_by_build_id() {
+        use std::process::Command;
+        let dir = std::env::temp_dir().join(format!("insight-debuglink-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let src = dir.join("lib.c");
+        std::fs::write(
+            &src,
+            "static int __attribute__((noinline)) internal_helper(int x) { return x * 3 + 1; }\n\
+             int exported(int x) { return internal_helper(x) + 2; }\n",
+        )
+        .unwrap();
+        let lib = dir.join("libt.so");
+        let debug = dir.join("libt.debug");
+        let run = |cmd: &mut Command| {
+            let out = cmd.output().expect("gcc and binutils are needed");
+            assert!(
+                out.status.success(),
+                "{cmd:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        run(Command::new("gcc")
+            .args(["-O2", "-g", "-shared", "-fPIC", "-Wl,--build-id=sha1", "-o"])
+            .arg(&lib)
+            .arg(&src));
+        run(Command::new("objcopy")
+            .arg("--only-keep-debug")
+            .arg(&lib)
+            .arg(&debug));
+        run(Command::new("strip").arg("--strip-all").arg(&lib));
+        let stripped = std::fs::read(&lib).unwrap();
+        let id = stripped_build_id(&stripped).expect("stripped, with a build ID");
+        let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
+        let debug_dir = dir.join("debug");
+        let by_id = debug_dir.join(".build-id").join(&hex[..2]);
+        std::fs::create_dir_all(&by_id).unwrap();
+        std::fs::copy(&debug, by_id.join(format!("{}.debug", &hex[2..]))).unwrap();
+
+        let mut a = Vec::new();
+        entry(&mut a, "usr/lib/libt.so", S_IFREG | 0o755, &stripped);
+        entry(&mut a, "TRAILER!!!", 0, b"");
+        let mut g = GuestFiles::from_initramfs(&a);
+        // The static function is in the debug file's .symtab only.
+        let helper_of = |g: &GuestFiles| {
+            let elf = ElfSymbols::parse_with_debug(
+                g.get("/usr/lib/libt.so").unwrap(),
+                g.debug_file("/usr/lib/libt.so"),
+            )
+            .unwrap();
+            elf.functions
+                .iter()
+                .find(|f| f.2.starts_with("internal_helper"))
+                .map(|f| f.0)
+        };
+        assert_eq!(helper_of(&g), None);
+        assert_eq!(g.add_debug_files(&dir.join("nowhere")), 0);
+        assert_eq!(g.add_debug_files(&debug_dir), 1);
+        let at = helper_of(&g).expect("internal_helper from the debug file");
+        let mut sym = Symbolizer::new(&g);
+        sym.add_process(1, vec![(0x7f00_0000_0000, "/usr/lib/libt.so".into())]);
+        let here = sym.locate(1, 0x7f00_0000_0000 + at);
+        assert!(here.function.starts_with("internal_helper"), "{here:?}");
+
+        // A file at that place that is not a debug file of the same build
+        // is not used.
+        let mut other = Vec::new();
+        entry(&mut other, "usr/lib/libt.so", S_IFREG | 0o755, &stripped);
+        std::fs::write(by_id.join(format!("{}.debug", &hex[2..])), b"not an elf").unwrap();
+        let mut g = GuestFiles::from_initramfs(&other);
+        assert_eq!(g.add_debug_files(&debug_dir), 0);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

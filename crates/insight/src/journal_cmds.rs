@@ -400,9 +400,14 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
     if let (Some(summary), Some(path)) = (&outcome.events, &args.events) {
         report_capture(summary, path);
         if !tools.is_empty() {
-            for (i, out) in report_cmds::run_plugins(tools, path, None)?
-                .iter()
-                .enumerate()
+            for (i, out) in report_cmds::run_plugins(
+                tools,
+                path,
+                None,
+                Path::new(report_cmds::DEFAULT_DEBUG_DIR),
+            )?
+            .iter()
+            .enumerate()
             {
                 if i > 0 {
                     println!();

@@ -79,7 +79,16 @@ struct Input {
     /// the guest's ELF files (symbols).
     #[arg(long, value_name = "DIR")]
     trace: Option<PathBuf>,
+    /// Where detached debug files of stripped guest libraries are looked
+    /// up by build ID (DIR/.build-id/xx/yyyy.debug). The guest's libraries
+    /// are the host's Debian ones, so the host's debug packages name their
+    /// internal functions (libc6-dbg for glibc).
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_DEBUG_DIR)]
+    debug_dir: PathBuf,
 }
+
+/// Where Debian installs detached debug files.
+pub const DEFAULT_DEBUG_DIR: &str = "/usr/lib/debug";
 
 #[derive(clap::Args)]
 pub struct DeadlockArgs {
@@ -264,21 +273,30 @@ fn save(out: &Output, format: &str, path: Option<&Path>, what: &str) -> Result<(
 }
 
 fn run_one(plugin: Box<dyn Plugin>, input: &Input) -> Result<Output> {
-    let mut outs = run_plugins(vec![plugin], &input.db, input.trace.as_deref())?;
+    let mut outs = run_plugins(
+        vec![plugin],
+        &input.db,
+        input.trace.as_deref(),
+        &input.debug_dir,
+    )?;
     Ok(outs.remove(0))
 }
 
 /// Runs `plugins` over the database at `db` (one pass), with the guest's
-/// files of `trace` (default: the trace the database names) for symbols.
-/// Warnings go to standard error.
+/// files of `trace` (default: the trace the database names) and the debug
+/// files under `debug_dir` for symbols. Warnings go to standard error.
 pub fn run_plugins(
     mut plugins: Vec<Box<dyn Plugin>>,
     db: &Path,
     trace: Option<&Path>,
+    debug_dir: &Path,
 ) -> Result<Vec<Output>> {
     let events = EventDb::open(db)?;
     let (files, files_missing) = match guest_files(&events, trace) {
-        Ok(f) => (f, None),
+        Ok(mut f) => {
+            f.add_debug_files(debug_dir);
+            (f, None)
+        }
         Err(e) => (GuestFiles::default(), Some(crate::cli::error_chain(&e))),
     };
     let cx = plugin::Context {
