@@ -4,6 +4,7 @@
 
 use super::*;
 use events::abi::SampleMode;
+use kvm_bindings::kvm_regs;
 
 impl Vm {
     /// Stores the events the guest raises during replay in `capture`.
@@ -68,7 +69,7 @@ impl Vm {
         let (mode, stack) = if user {
             let boundary = regs.rflags & RFLAGS_RF != 0
                 || resumed_at == Some(regs.rip)
-                || after_system_call(&self.mem, sregs.cr3, regs.rip);
+                || after_kernel_entry(&self.mem, sregs.cr3, &regs);
             let mode = if boundary {
                 SampleMode::KernelBoundary
             } else {
@@ -155,13 +156,62 @@ impl Vm {
 /// that faulted, cleared once an instruction completes.
 const RFLAGS_RF: u64 = 1 << 16;
 
-/// Whether the instruction before `rip` is a system call (`syscall`,
-/// `sysenter`, `int $0x80`): user code at `rip` is then where the guest
-/// kernel returns. Two bytes: an instruction of another kind ending in
-/// them is rare enough.
-fn after_system_call(mem: &GuestMemoryMmap, cr3: u64, rip: u64) -> bool {
+/// Whether the instruction before RIP entered the guest kernel: a system
+/// call (`syscall`, `sysenter`, `int $0x80`), or a probe's `int3` (EBX
+/// still holds the EVENTNOTIFY key). User code at RIP is then where the
+/// kernel returns. Two bytes for a system call: an instruction of another
+/// kind ending in them is rare enough; one byte and the key for a probe.
+fn after_kernel_entry(mem: &GuestMemoryMmap, cr3: u64, regs: &kvm_regs) -> bool {
     let mut code = [0u8; 2];
-    rip.checked_sub(2)
-        .is_some_and(|at| gva::read_virt(mem, cr3, at, &mut code).is_ok())
-        && matches!(code, [0x0f, 0x05] | [0x0f, 0x34] | [0xcd, 0x80])
+    let read = regs
+        .rip
+        .checked_sub(2)
+        .is_some_and(|at| gva::read_virt(mem, cr3, at, &mut code).is_ok());
+    read && (matches!(code, [0x0f, 0x05] | [0x0f, 0x34] | [0xcd, 0x80])
+        || (code[1] == 0xcc && regs.rbx as u32 == events::abi::EVENTNOTIFY))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vm_memory::Bytes;
+
+    /// User code at 0x40_0000: CR3 0x1000 -> PDPT 0x2000 -> PD 0x3000,
+    /// one 2 MiB page at physical 0x20_0000.
+    fn user_code(code: &[u8]) -> GuestMemoryMmap {
+        let m = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 4 << 20)]).unwrap();
+        m.write_obj(0x2000u64 | 7, GuestAddress(0x1000)).unwrap();
+        m.write_obj(0x3000u64 | 7, GuestAddress(0x2000)).unwrap();
+        m.write_obj(0x20_0000u64 | 0x87, GuestAddress(0x3000 + 2 * 8))
+            .unwrap();
+        m.write_slice(code, GuestAddress(0x20_0000)).unwrap();
+        m
+    }
+
+    fn at(rip: u64, rbx: u64) -> kvm_regs {
+        kvm_regs {
+            rip,
+            rbx,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn returns_from_system_calls_and_probe_int3_are_kernel_entries() {
+        let key = u64::from(events::abi::EVENTNOTIFY);
+        // syscall; nop; int3; nop; mov $0x50f,%eax (ends in 05 00 00)
+        let m = user_code(&[0x0f, 0x05, 0x90, 0xcc, 0x90, 0xb8, 0x0f, 0x05, 0, 0, 0x90]);
+        let base = 0x40_0000;
+        assert!(after_kernel_entry(&m, 0x1000, &at(base + 2, 0)));
+        // int3 is a kernel entry only as a probe's EVENTNOTIFY.
+        assert!(after_kernel_entry(&m, 0x1000, &at(base + 4, key)));
+        assert!(!after_kernel_entry(&m, 0x1000, &at(base + 4, 0)));
+        // An instruction that merely contains 0f 05 is not a system call
+        // unless those are its last two bytes.
+        assert!(!after_kernel_entry(&m, 0x1000, &at(base + 10, key)));
+        assert!(!after_kernel_entry(&m, 0x1000, &at(base + 3, key)));
+        // Unmapped, or too low to have an instruction before it.
+        assert!(!after_kernel_entry(&m, 0x1000, &at(0x80_0000, key)));
+        assert!(!after_kernel_entry(&m, 0x1000, &at(1, key)));
+    }
 }
