@@ -5,12 +5,18 @@
 //! The archive and the ELF files are inputs insight did not write: a
 //! malformed one yields fewer files or no symbols, never a panic.
 
+use std::cell::OnceCell;
 use std::collections::HashMap;
+use std::rc::Rc;
 
-use addr2line::gimli;
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SymbolKind};
 
-type DwarfReader<'a> = gimli::EndianSlice<'a, gimli::RunTimeEndian>;
+/// Sections are copied (and decompressed when compressed, as with `-gz`
+/// and Debian's debug files) into shared buffers.
+type DwarfReader = gimli::EndianRcSlice<gimli::RunTimeEndian>;
+
+/// A DWARF section that says it decompresses to more is not read.
+const MAX_DWARF_SECTION: u64 = 256 << 20;
 
 /// The regular files and symbolic links of concatenated newc archives,
 /// later entries replacing earlier ones (as the kernel unpacks them).
@@ -179,8 +185,10 @@ pub struct ElfSymbols<'a> {
     data: Vec<(u64, u64, String)>,
     /// The lowest and highest address its loadable segments cover.
     span: (u64, u64),
-    /// Its DWARF line tables, when it has them.
-    lines: Option<addr2line::Context<DwarfReader<'a>>>,
+    /// Where its DWARF may be: the file itself, then its debug file.
+    dwarf_in: [Option<&'a [u8]>; 2],
+    /// Its DWARF line tables, read at the first lookup.
+    lines: OnceCell<Option<addr2line::Context<DwarfReader>>>,
 }
 
 impl<'a> ElfSymbols<'a> {
@@ -192,7 +200,9 @@ impl<'a> ElfSymbols<'a> {
     /// Parses `data` and, if given, its detached debug file, which adds
     /// its symbol table and DWARF (the addresses are the same).
     pub fn parse_with_debug(data: &'a [u8], debug: Option<&'a [u8]>) -> Option<Self> {
-        let file = object::File::parse(data).ok()?;
+        let elf = data;
+        let file = object::File::parse(elf).ok()?;
+        let debug_data = debug;
         let debug = debug.and_then(|d| object::File::parse(d).ok());
         let mut functions: Vec<(u64, u64, String)> = Vec::new();
         let mut data: Vec<(u64, u64, String)> = Vec::new();
@@ -229,13 +239,20 @@ impl<'a> ElfSymbols<'a> {
             functions,
             data,
             span,
-            lines: dwarf(&file).or_else(|| debug.as_ref().and_then(dwarf)),
+            dwarf_in: [Some(elf), debug_data],
+            lines: OnceCell::new(),
         })
     }
 
     /// "file.c:42" for the relative address, from the DWARF line tables.
     pub fn line(&self, rel: u64) -> Option<String> {
-        let loc = self.lines.as_ref()?.find_location(rel).ok()??;
+        let lines = self.lines.get_or_init(|| {
+            self.dwarf_in
+                .iter()
+                .flatten()
+                .find_map(|d| dwarf(&object::File::parse(*d).ok()?))
+        });
+        let loc = lines.as_ref()?.find_location(rel).ok()??;
         let file = loc.file?.rsplit('/').next()?;
         Some(match loc.line {
             Some(line) => format!("{file}:{line}"),
@@ -262,19 +279,25 @@ impl<'a> ElfSymbols<'a> {
 /// The DWARF of `file` for line lookups; `None` without debug information
 /// or when it cannot be read (malformed DWARF costs the lines, nothing
 /// else).
-fn dwarf<'a>(file: &object::File<'a>) -> Option<addr2line::Context<DwarfReader<'a>>> {
+fn dwarf(file: &object::File<'_>) -> Option<addr2line::Context<DwarfReader>> {
     file.section_by_name(".debug_line")?;
     let endian = if file.is_little_endian() {
         gimli::RunTimeEndian::Little
     } else {
         gimli::RunTimeEndian::Big
     };
-    let load = |id: gimli::SectionId| -> Result<DwarfReader<'a>, gimli::Error> {
+    let load = |id: gimli::SectionId| -> Result<DwarfReader, gimli::Error> {
         let data = file
             .section_by_name(id.name())
-            .and_then(|section| section.data().ok())
-            .unwrap_or(&[]);
-        Ok(gimli::EndianSlice::new(data, endian))
+            .and_then(|section| {
+                let range = section.compressed_file_range().ok()?;
+                if range.uncompressed_size > MAX_DWARF_SECTION {
+                    return None;
+                }
+                section.uncompressed_data().ok()
+            })
+            .unwrap_or_default();
+        Ok(gimli::EndianRcSlice::new(Rc::from(&*data), endian))
     };
     let dwarf = gimli::Dwarf::load(load).ok()?;
     addr2line::Context::from_dwarf(dwarf).ok()
@@ -489,7 +512,16 @@ mod tests {
             );
         };
         run(Command::new("gcc")
-            .args(["-O2", "-g", "-shared", "-fPIC", "-Wl,--build-id=sha1", "-o"])
+            // -gz: compressed DWARF sections, as in Debian's debug files.
+            .args([
+                "-O2",
+                "-g",
+                "-gz",
+                "-shared",
+                "-fPIC",
+                "-Wl,--build-id=sha1",
+                "-o",
+            ])
             .arg(&lib)
             .arg(&src));
         run(Command::new("objcopy")
@@ -529,6 +561,9 @@ mod tests {
         sym.add_process(1, vec![(0x7f00_0000_0000, "/usr/lib/libt.so".into())]);
         let here = sym.locate(1, 0x7f00_0000_0000 + at);
         assert!(here.function.starts_with("internal_helper"), "{here:?}");
+        // Its line, from the debug file's compressed DWARF.
+        let described = sym.describe_code(1, 0x7f00_0000_0000 + at);
+        assert!(described.ends_with("(lib.c:1)"), "{described}");
 
         // A file at that place that is not a debug file of the same build
         // is not used.
