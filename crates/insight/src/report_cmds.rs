@@ -40,9 +40,12 @@ Example:\n  insight replay t1 --events t1.db && insight report locks t1.db --lim
         long_about = "Where the sampled threads spent their time: the share of \
 SAMPLE events per function, overall and per thread, like `perf report`. Addresses are \
 symbolized with the symbol tables of the guest's ELF files, read from the initramfs of the \
-trace the database was replayed from (its digest is checked).\n\n\
+trace the database was replayed from (its digest is checked), and for stripped libraries \
+(the guest's glibc) their debug files under --debug-dir.\n\n\
 Samples are taken at replay with --sample-period (or --diagnose profile), only of threads \
-of processes that raised a probe event (run them with the probe library preloaded).\n\n\
+of processes that raised a probe event (run them with the probe library preloaded). A \
+sample taken as a thread enters or leaves the guest kernel counts as [kernel] time; the \
+folded stacks show which user function it served.\n\n\
 Example:\n  insight replay t1 --events t1.db --sample-period 1ms\n  \
 insight report profile t1.db --threads --folded t1.folded"
     )]
