@@ -81,8 +81,9 @@ pub fn profile(
     let mut per_thread: HashMap<(u32, u32), HashMap<Location, u64>> = HashMap::new();
     for r in samples {
         let Some(rip) = r.addr else { continue };
+        // Any value but 0 (user) is kernel time, values unknown here too.
         let mode = SampleMode::from_value(r.value);
-        let location = if mode.is_some_and(SampleMode::is_kernel_time) {
+        let location = if r.value.is_some_and(|v| v != 0) {
             out.kernel += 1;
             if mode == Some(SampleMode::KernelBoundary) {
                 out.kernel_boundary += 1;

@@ -115,15 +115,27 @@ impl GuestFiles {
         self.debug.get(&self.resolve(path)?).map(Vec::as_slice)
     }
 
-    /// Finds, for every ELF file that has no symbol table of its own (a
-    /// stripped library), its detached debug file by build ID under
-    /// `dir` (`.build-id/xx/yyyy.debug`, the layout of Debian's `-dbg` and
-    /// `-dbgsym` packages, with `dir` usually `/usr/lib/debug`), and keeps
-    /// it when its build ID matches. Returns how many were found.
-    pub fn add_debug_files(&mut self, dir: &std::path::Path) -> usize {
+    /// Finds, for each of the guest files at `paths` that is an ELF file
+    /// without a symbol table of its own (a stripped library), its
+    /// detached debug file by build ID under `dir` (`.build-id/xx/yyyy.debug`,
+    /// the layout of Debian's `-dbg` and `-dbgsym` packages, with `dir`
+    /// usually `/usr/lib/debug`), and keeps it when it is a regular file of
+    /// at most `MAX_DEBUG_FILE` bytes with the same build ID. Returns how
+    /// many were found.
+    pub fn add_debug_files<'p>(
+        &mut self,
+        dir: &std::path::Path,
+        paths: impl IntoIterator<Item = &'p str>,
+    ) -> usize {
         let mut found = 0;
-        for (key, data) in &self.files {
-            let Some(id) = stripped_build_id(data) else {
+        for path in paths {
+            let Some(key) = self.resolve(path) else {
+                continue;
+            };
+            if self.debug.contains_key(&key) {
+                continue;
+            }
+            let Some(id) = stripped_build_id(&self.files[&key]) else {
                 continue;
             };
             let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
@@ -131,7 +143,9 @@ impl GuestFiles {
                 .join(".build-id")
                 .join(&hex[..2])
                 .join(format!("{}.debug", &hex[2..]));
-            let Ok(debug) = std::fs::read(&path) else {
+            let usable =
+                std::fs::metadata(&path).is_ok_and(|m| m.is_file() && m.len() <= MAX_DEBUG_FILE);
+            let Some(debug) = usable.then(|| std::fs::read(&path).ok()).flatten() else {
                 continue;
             };
             let matches = object::File::parse(&*debug)
@@ -139,7 +153,7 @@ impl GuestFiles {
                 .and_then(|f| f.build_id().ok().flatten().map(|d| d == id.as_slice()))
                 .unwrap_or(false);
             if matches {
-                self.debug.insert(key.clone(), debug);
+                self.debug.insert(key, debug);
                 found += 1;
             }
         }
@@ -164,6 +178,9 @@ impl GuestFiles {
         None
     }
 }
+
+/// Debug files larger than this are not read (1 GiB).
+const MAX_DEBUG_FILE: u64 = 1 << 30;
 
 /// The build ID of an ELF file without a `.symtab`, at least 4 bytes long
 /// (shorter ones would make a file name of nothing).
@@ -554,8 +571,10 @@ mod tests {
                 .map(|f| f.0)
         };
         assert_eq!(helper_of(&g), None);
-        assert_eq!(g.add_debug_files(&dir.join("nowhere")), 0);
-        assert_eq!(g.add_debug_files(&debug_dir), 1);
+        let lib = ["/usr/lib/libt.so"];
+        assert_eq!(g.add_debug_files(&dir.join("nowhere"), lib), 0);
+        assert_eq!(g.add_debug_files(&debug_dir, ["/usr/lib/other.so"]), 0);
+        assert_eq!(g.add_debug_files(&debug_dir, lib), 1);
         let at = helper_of(&g).expect("internal_helper from the debug file");
         let mut sym = Symbolizer::new(&g);
         sym.add_process(1, vec![(0x7f00_0000_0000, "/usr/lib/libt.so".into())]);
@@ -571,7 +590,11 @@ mod tests {
         entry(&mut other, "usr/lib/libt.so", S_IFREG | 0o755, &stripped);
         std::fs::write(by_id.join(format!("{}.debug", &hex[2..])), b"not an elf").unwrap();
         let mut g = GuestFiles::from_initramfs(&other);
-        assert_eq!(g.add_debug_files(&debug_dir), 0);
+        assert_eq!(g.add_debug_files(&debug_dir, lib), 0);
+        // Nor is anything but a regular file.
+        std::fs::remove_file(by_id.join(format!("{}.debug", &hex[2..]))).unwrap();
+        std::fs::create_dir(by_id.join(format!("{}.debug", &hex[2..]))).unwrap();
+        assert_eq!(g.add_debug_files(&debug_dir, lib), 0);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

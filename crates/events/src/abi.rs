@@ -111,11 +111,6 @@ impl SampleMode {
             _ => None,
         }
     }
-
-    /// Whether the time belongs to the kernel rather than to user code.
-    pub fn is_kernel_time(self) -> bool {
-        self != SampleMode::User
-    }
 }
 
 /// Who raised the event: the guest kernel reports probe or kernel with

@@ -265,8 +265,15 @@ impl Capture {
     ) -> Result<(), DbError> {
         // Linux maps nothing below mmap_min_addr (64 KiB by default) nor
         // above the user half: the registers were read in a transition
-        // (seen on nested hosts), not at a place user code runs.
-        if mode == SampleMode::User && !(USER_CODE_MIN..USER_CODE_END).contains(&rip) {
+        // (seen on nested hosts), not at a place user code runs. A task
+        // entering its kernel may stand lower (the system-call trap page
+        // of hosts that keep SYSCALL in user mode), never higher.
+        let possible = match mode {
+            SampleMode::User => (USER_CODE_MIN..USER_CODE_END).contains(&rip),
+            SampleMode::KernelBoundary => rip < USER_CODE_END,
+            SampleMode::Kernel => true,
+        };
+        if !possible {
             self.anomaly(
                 "sample at an impossible user address (dropped)",
                 format!("lwpid {lwpid}: rip {rip:#x}"),
@@ -341,10 +348,12 @@ mod tests {
         // The system-call trap address, while the guest enters its kernel.
         c.sample(14, 7, 8, 0x1000, SampleMode::KernelBoundary, &[])
             .unwrap();
+        c.sample(15, 7, 8, 1 << 47, SampleMode::KernelBoundary, &[])
+            .unwrap();
         let summary = c.finish().unwrap();
         assert_eq!(summary.events, 3);
         assert_eq!(summary.anomalies.len(), 1);
-        assert_eq!(summary.anomalies[0].1, 2);
+        assert_eq!(summary.anomalies[0].1, 3);
         let db = EventDb::open(&path).unwrap();
         let mut samples = Vec::new();
         db.for_each(&[Kind::Sample], |r| {

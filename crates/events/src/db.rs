@@ -597,6 +597,16 @@ impl EventDb {
         rows.collect::<Result<_, _>>().map_err(sql(&self.path))
     }
 
+    /// Every object path any process loaded (SYMBOL events), once each.
+    pub fn object_paths(&self) -> Result<Vec<String>, DbError> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT DISTINCT path FROM objects ORDER BY path")
+            .map_err(sql(&self.path))?;
+        let rows = stmt.query_map([], |r| r.get(0)).map_err(sql(&self.path))?;
+        rows.collect::<Result<_, _>>().map_err(sql(&self.path))
+    }
+
     /// Thread names: (pid, lwpid, comm).
     pub fn threads(&self) -> Result<Vec<(u32, u32, String)>, DbError> {
         let mut stmt = self

@@ -297,7 +297,9 @@ pub fn run_plugins(
     let events = EventDb::open(db)?;
     let (files, files_missing) = match guest_files(&events, trace) {
         Ok(mut f) => {
-            f.add_debug_files(debug_dir);
+            // Only for the objects the processes loaded.
+            let paths = events.object_paths()?;
+            f.add_debug_files(debug_dir, paths.iter().map(String::as_str));
             (f, None)
         }
         Err(e) => (GuestFiles::default(), Some(crate::cli::error_chain(&e))),

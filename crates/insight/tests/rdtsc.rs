@@ -104,11 +104,15 @@ fn run_under_tcg(name: &str, extra: &str) -> Vec<String> {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut stdout = qemu.stdout.take().unwrap();
-    let reader = std::thread::spawn(move || {
-        let mut out = Vec::new();
-        stdout.read_to_end(&mut out).map(|_| out)
-    });
+    // Both pipes are drained as QEMU writes, so that neither can fill.
+    let drain = |mut pipe: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut out = Vec::new();
+            pipe.read_to_end(&mut out).map(|_| out)
+        })
+    };
+    let reader = drain(Box::new(qemu.stdout.take().unwrap()));
+    let err_reader = drain(Box::new(qemu.stderr.take().unwrap()));
     let start = Instant::now();
     let status = loop {
         if let Some(status) = qemu.try_wait().unwrap() {
@@ -126,12 +130,7 @@ fn run_under_tcg(name: &str, extra: &str) -> Vec<String> {
         std::thread::sleep(Duration::from_millis(100));
     };
     let out = String::from_utf8_lossy(&reader.join().unwrap().unwrap()).into_owned();
-    let mut err = String::new();
-    qemu.stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
+    let err = String::from_utf8_lossy(&err_reader.join().unwrap().unwrap()).into_owned();
     let _ = std::fs::remove_dir_all(&dir);
     CHECKS
         .iter()

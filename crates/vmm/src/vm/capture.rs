@@ -67,10 +67,7 @@ impl Vm {
         let sregs = self.vcpu.get_sregs().map_err(kvm_err("GET_SREGS"))?;
         let user = sregs.cs.selector & 3 == 3;
         let (mode, stack) = if user {
-            let boundary = regs.rflags & RFLAGS_RF != 0
-                || resumed_at == Some(regs.rip)
-                || after_kernel_entry(&self.mem, sregs.cr3, &regs);
-            let mode = if boundary {
+            let mode = if at_kernel_boundary(&self.mem, sregs.cr3, &regs, resumed_at) {
                 SampleMode::KernelBoundary
             } else {
                 SampleMode::User
@@ -153,8 +150,75 @@ impl Vm {
 }
 
 /// RFLAGS.RF: set when a fault handler returns to restart the instruction
-/// that faulted, cleared once an instruction completes.
+/// that faulted, and when a REP string instruction is interrupted between
+/// iterations; cleared once an instruction completes.
 const RFLAGS_RF: u64 = 1 << 16;
+
+/// The longest x86 instruction.
+const MAX_INSN: u64 = 15;
+
+/// Whether a user-mode task at `regs` is between its kernel (or the
+/// hypervisor) and the instruction at RIP rather than running user code
+/// (see `SampleMode::KernelBoundary`). `resumed_at`: the RIP of the VM
+/// exit right before the interrupted KVM_RUN.
+fn at_kernel_boundary(
+    mem: &GuestMemoryMmap,
+    cr3: u64,
+    regs: &kvm_regs,
+    resumed_at: Option<u64>,
+) -> bool {
+    // Restarting after a fault; an interrupted REP string instruction
+    // has RF set too, and is user time.
+    let restarting = regs.rflags & RFLAGS_RF != 0 && !is_rep_string(&code_at(mem, cr3, regs.rip));
+    // Not moved on since an exit at RIP: hosts report the exit with RIP at
+    // the port I/O instruction or already past it.
+    let resumed = resumed_at.is_some_and(|exit_rip| {
+        exit_rip == regs.rip
+            || port_io_len(&code_at(mem, cr3, exit_rip))
+                .is_some_and(|n| exit_rip.wrapping_add(n) == regs.rip)
+    });
+    restarting || resumed || after_kernel_entry(mem, cr3, regs)
+}
+
+/// Up to `MAX_INSN` bytes of guest code at `rip`, fewer where the page
+/// ends (and none where it is not mapped).
+fn code_at(mem: &GuestMemoryMmap, cr3: u64, rip: u64) -> Vec<u8> {
+    let mut code = vec![0u8; MAX_INSN.min(0x1000 - (rip & 0xfff)) as usize];
+    match gva::read_virt(mem, cr3, rip, &mut code) {
+        Ok(()) => code,
+        Err(_) => Vec::new(),
+    }
+}
+
+/// Whether a prefix byte (legacy or REX) can come before an opcode.
+fn is_prefix(b: u8) -> bool {
+    matches!(
+        b,
+        0x26 | 0x2e | 0x36 | 0x3e | 0x40..=0x4f | 0x64..=0x67 | 0xf0 | 0xf2 | 0xf3
+    )
+}
+
+/// Whether `code` starts with a string instruction (ins, outs, movs, cmps,
+/// stos, lods, scas) with a REP prefix.
+fn is_rep_string(code: &[u8]) -> bool {
+    let Some(op) = code.iter().position(|b| !is_prefix(*b)) else {
+        return false;
+    };
+    let rep = code[..op].iter().any(|b| matches!(b, 0xf2 | 0xf3));
+    rep && matches!(code[op], 0x6c..=0x6f | 0xa4..=0xa7 | 0xaa..=0xaf)
+}
+
+/// The length of the port I/O instruction `code` starts with (in, out,
+/// ins, outs, with their prefixes), if it is one.
+fn port_io_len(code: &[u8]) -> Option<u64> {
+    let op = code.iter().position(|b| !is_prefix(*b))?;
+    let len = match code[op] {
+        0xe4..=0xe7 => op + 2,
+        0x6c..=0x6f | 0xec..=0xef => op + 1,
+        _ => return None,
+    };
+    Some(len as u64)
+}
 
 /// Whether the instruction before RIP entered the guest kernel: a system
 /// call (`syscall`, `sysenter`, `int $0x80`), or a probe's `int3` (EBX
@@ -213,5 +277,44 @@ mod tests {
         // Unmapped, or too low to have an instruction before it.
         assert!(!after_kernel_entry(&m, 0x1000, &at(0x80_0000, key)));
         assert!(!after_kernel_entry(&m, 0x1000, &at(1, key)));
+    }
+
+    #[test]
+    fn decodes_rep_string_and_port_io_instructions() {
+        assert!(is_rep_string(&[0xf3, 0xaa])); // rep stosb
+        assert!(is_rep_string(&[0xf3, 0x48, 0xab])); // rep stosq
+        assert!(is_rep_string(&[0x66, 0xf3, 0xa5, 0x90])); // rep movsw
+        assert!(!is_rep_string(&[0xaa])); // stosb, no rep
+        assert!(!is_rep_string(&[0xf3, 0x0f, 0x10, 0x07])); // movss
+        assert!(!is_rep_string(&[0xf3, 0xf3]));
+        assert!(!is_rep_string(&[]));
+        assert_eq!(port_io_len(&[0xef, 0x90]), Some(1)); // out %eax,(%dx)
+        assert_eq!(port_io_len(&[0x66, 0xef]), Some(2)); // out %ax,(%dx)
+        assert_eq!(port_io_len(&[0xe6, 0x80]), Some(2)); // out %al,$0x80
+        assert_eq!(port_io_len(&[0xf3, 0x6e]), Some(2)); // rep outsb
+        assert_eq!(port_io_len(&[0x89, 0x07]), None); // mov
+        assert_eq!(port_io_len(&[0x66]), None);
+    }
+
+    #[test]
+    fn interrupted_rep_strings_are_user_time_and_exit_round_trips_are_not() {
+        // rep stosb; out %eax,(%dx); nop; mov (%rdi),%eax
+        let m = user_code(&[0xf3, 0xaa, 0xef, 0x90, 0x8b, 0x07]);
+        let base = 0x40_0000;
+        let rf = |rip| kvm_regs {
+            rip,
+            rflags: 0x202 | RFLAGS_RF,
+            ..Default::default()
+        };
+        assert!(!at_kernel_boundary(&m, 0x1000, &rf(base), None));
+        // A load restarting after a fault.
+        assert!(at_kernel_boundary(&m, 0x1000, &rf(base + 4), None));
+        assert!(!at_kernel_boundary(&m, 0x1000, &at(base + 4, 0), None));
+        // The exit was reported at the out, or already past it.
+        let after_out = at(base + 3, 0);
+        assert!(at_kernel_boundary(&m, 0x1000, &after_out, Some(base + 2)));
+        assert!(at_kernel_boundary(&m, 0x1000, &after_out, Some(base + 3)));
+        assert!(!at_kernel_boundary(&m, 0x1000, &after_out, Some(base)));
+        assert!(!at_kernel_boundary(&m, 0x1000, &after_out, None));
     }
 }
