@@ -216,17 +216,15 @@ impl<'a> ElfSymbols<'a> {
 
     /// Parses `data` and, if given, its detached debug file, which adds
     /// its symbol table and DWARF (the addresses are the same).
-    pub fn parse_with_debug(data: &'a [u8], debug: Option<&'a [u8]>) -> Option<Self> {
-        let elf = data;
+    pub fn parse_with_debug(elf: &'a [u8], debug: Option<&'a [u8]>) -> Option<Self> {
         let file = object::File::parse(elf).ok()?;
-        let debug_data = debug;
-        let debug = debug.and_then(|d| object::File::parse(d).ok());
+        let debug_file = debug.and_then(|d| object::File::parse(d).ok());
         let mut functions: Vec<(u64, u64, String)> = Vec::new();
         let mut data: Vec<(u64, u64, String)> = Vec::new();
         let symbols = file
             .symbols()
             .chain(file.dynamic_symbols())
-            .chain(debug.iter().flat_map(|d| d.symbols()));
+            .chain(debug_file.iter().flat_map(|d| d.symbols()));
         for sym in symbols {
             let list = match sym.kind() {
                 SymbolKind::Text => &mut functions,
@@ -256,7 +254,7 @@ impl<'a> ElfSymbols<'a> {
             functions,
             data,
             span,
-            dwarf_in: [Some(elf), debug_data],
+            dwarf_in: [Some(elf), debug],
             lines: OnceCell::new(),
         })
     }
