@@ -19,6 +19,8 @@ struct Thread {
     events: u64,
     switched_in: u64,
     samples: u64,
+    /// Of `samples`, those running user code (SAMPLE value 0).
+    user_samples: u64,
     lock_calls: u64,
     lock_wait: u64,
 }
@@ -57,7 +59,8 @@ impl Plugin for Threads {
     }
 
     fn about(&self) -> &'static str {
-        "per thread: lifetime, switches, samples on the CPU, lock calls and time waiting in them"
+        "per thread: lifetime, switches, samples on the CPU (and the share in user code), lock \
+         calls and time waiting in them"
     }
 
     fn subscribes(&self) -> &'static [Kind] {
@@ -83,7 +86,11 @@ impl Plugin for Threads {
             }
             (Kind::Sample, _) => {
                 self.samples += 1;
-                self.thread(row.pid, row.lwpid, row.time).samples += 1;
+                let t = self.thread(row.pid, row.lwpid, row.time);
+                t.samples += 1;
+                if row.value == Some(0) {
+                    t.user_samples += 1;
+                }
             }
             (_, Source::Probe | Source::Kernel) => {
                 let time = row.time;
@@ -127,7 +134,7 @@ impl Plugin for Threads {
         let ms = |ns: u64| ns as f64 / 1e6;
         let mut text = format!(
             "Threads in {}: {} threads; times in ms of the recorded run\n\n\
-             {:>7}  {:>7}  {:<16}  {:>10}  {:>8}  {:>8}  {:>7}  {:>10}  {:>10}  {:>6}\n",
+             {:>7}  {:>7}  {:<16}  {:>10}  {:>8}  {:>8}  {:>7}  {:>6}  {:>10}  {:>10}  {:>6}\n",
             cx.label,
             self.threads.len(),
             "lwpid",
@@ -137,6 +144,7 @@ impl Plugin for Threads {
             "events",
             "switches",
             "samples",
+            "user%",
             "lock calls",
             "lock wait",
             "wait%"
@@ -150,9 +158,15 @@ impl Plugin for Threads {
                 100.0 * t.lock_wait as f64 / lifetime as f64
             };
             let name = names.get(tid).map(String::as_str).unwrap_or("");
+            // Where its sampled CPU time went: user code, or its kernel.
+            let user_share = if t.samples == 0 {
+                "-".to_owned()
+            } else {
+                format!("{:.1}%", 100.0 * t.user_samples as f64 / t.samples as f64)
+            };
             let _ = writeln!(
                 text,
-                "{lwpid:>7}  {:>7}  {name:<16}  {:>10.3}  {:>8}  {:>8}  {:>7}  {:>10}  {:>10.3}  {wait_share:>5.1}%",
+                "{lwpid:>7}  {:>7}  {name:<16}  {:>10.3}  {:>8}  {:>8}  {:>7}  {user_share:>6}  {:>10}  {:>10.3}  {wait_share:>5.1}%",
                 t.pid,
                 ms(lifetime),
                 t.events,
@@ -170,6 +184,7 @@ impl Plugin for Threads {
                 "events": t.events,
                 "switched_in": t.switched_in,
                 "samples": t.samples,
+                "user_samples": t.user_samples,
                 "lock_calls": t.lock_calls,
                 "lock_wait_ns": t.lock_wait,
             }));
@@ -223,6 +238,11 @@ mod tests {
         let mut sample = row(1100, Kind::Sample, 11);
         sample.source = Source::Host;
         p.event(&sample);
+        // In the kernel, and at a kernel boundary: not user time.
+        for value in [1, 2] {
+            sample.value = Some(value);
+            p.event(&sample);
+        }
         // The same lwpid in another process is another thread.
         let mut other = row(1150, Kind::Lock, 11);
         other.pid = 20;
@@ -230,7 +250,7 @@ mod tests {
         let t = &p.threads[&(10, 11)];
         assert_eq!((t.first, t.last), (Some(100), 1100));
         assert_eq!((t.events, t.lock_calls, t.lock_wait), (4, 1, 500));
-        assert_eq!((t.switched_in, t.samples), (1, 1));
+        assert_eq!((t.switched_in, t.samples, t.user_samples), (1, 3, 1));
         assert_eq!(p.threads[&(10, 12)].lock_wait, 0);
         assert!(!p.threads.keys().any(|&(_, lwpid)| lwpid == 99));
         // Its lock call never returned: it waits until the last event.
