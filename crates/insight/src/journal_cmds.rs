@@ -226,6 +226,7 @@ pub fn record(args: RecordArgs) -> Result<ExitCode> {
             .unwrap_or(0),
         guest_cpuid: vm.guest_cpuid().to_vec(),
         kvm_caps: vm.kvm_caps().to_vec(),
+        user_rdtsc_traps: user_rdtsc_traps()?,
         config,
         images,
         boot,
@@ -328,6 +329,14 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
         bail!(
             "this host's KVM cannot replay {} the way it was recorded ({difference}); replay \
              on the recording host or one whose KVM has the same capabilities",
+            args.trace.display()
+        );
+    }
+    if let Some(difference) = rdtsc_difference(reader.header.user_rdtsc_traps, user_rdtsc_traps()?)
+    {
+        bail!(
+            "this host's KVM cannot replay {} the way it was recorded ({difference}); replay \
+             on the recording host or one of the same kind",
             args.trace.display()
         );
     }
@@ -526,6 +535,34 @@ fn cpuid_difference(recorded: &[CpuidEntry], now: &[CpuidEntry]) -> Option<Strin
         .map(|n| format!("CPUID leaf {:#x}.{} is new", n.0, n.1))
 }
 
+/// Whether user-mode RDTSC faults on this host (`insight host-check`),
+/// which decides whether the guest kernel emulates it.
+fn user_rdtsc_traps() -> Result<bool> {
+    vmm::host_check::probe_user_tsd()
+        .context("cannot probe whether this host's KVM traps user-mode RDTSC")
+}
+
+/// How the recording host and this one differ in trapping user-mode
+/// RDTSC, if they do: the guest kernel emulates it only where it traps,
+/// reading the logged clock, so a program that reads the TSC would take
+/// another path.
+fn rdtsc_difference(recorded: bool, now: bool) -> Option<String> {
+    let how = |traps: bool| {
+        if traps {
+            "faults and the guest kernel emulates it"
+        } else {
+            "runs natively"
+        }
+    };
+    (recorded != now).then(|| {
+        format!(
+            "user-mode RDTSC {} on the recording host and {} on this one",
+            how(recorded),
+            how(now)
+        )
+    })
+}
+
 /// A KVM capability the recording host had and this one lacks (a value is
 /// a set of bits the recording may have relied on: every bit must still
 /// be there).
@@ -712,6 +749,7 @@ fn header_json(h: &Header, reader: &TraceReader<Event>) -> serde_json::Value {
         "config": h.config,
         "guest_cpuid_entries": h.guest_cpuid.len(),
         "kvm_caps": h.kvm_caps,
+        "user_rdtsc_traps": h.user_rdtsc_traps,
     })
 }
 
@@ -751,6 +789,15 @@ fn print_header(out: &mut impl Write, h: &Header, reader: &TraceReader<Event>) -
         h.boot.extra_initramfs.len()
     )?;
     writeln!(out, "  CPUID:      {} entries", h.guest_cpuid.len())?;
+    writeln!(
+        out,
+        "  user RDTSC: {}",
+        if h.user_rdtsc_traps {
+            "faulted, emulated by the guest kernel from the logged clock"
+        } else {
+            "ran natively (not replayed faithfully)"
+        }
+    )?;
     writeln!(out, "  config:")?;
     for line in h.config.lines() {
         writeln!(out, "    {line}")?;
@@ -791,5 +838,19 @@ mod tests {
         assert!(kvm_caps_difference(&recorded, &[(1, 0), (2, 7)]).is_some());
         // What the recording did without does not matter.
         assert_eq!(kvm_caps_difference(&recorded, &[(1, 1), (2, 7)]), None);
+    }
+
+    #[test]
+    fn user_rdtsc_must_be_trapped_at_replay_as_when_recording() {
+        assert_eq!(rdtsc_difference(true, true), None);
+        assert_eq!(rdtsc_difference(false, false), None);
+        let d = rdtsc_difference(true, false).unwrap();
+        assert!(
+            d.contains("emulates it on the recording host and runs natively on this one"),
+            "{d}"
+        );
+        assert!(rdtsc_difference(false, true)
+            .unwrap()
+            .contains("runs natively on the recording"));
     }
 }

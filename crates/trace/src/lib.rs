@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 
 /// Format version, bumped on every change of the layout or of the types
 /// serialized in it.
-pub const TRACE_VERSION: u32 = 3;
+pub const TRACE_VERSION: u32 = 4;
 pub const MAGIC: [u8; 8] = *b"INSIGHT\0";
 
 const HEADER_FILE: &str = "header";
@@ -103,6 +103,10 @@ pub struct Header {
     pub guest_cpuid: Vec<(u32, u32, u32, u32, u32, u32)>,
     /// KVM capabilities that matter to the recording: (capability, value).
     pub kvm_caps: Vec<(u32, i32)>,
+    /// Whether user-mode RDTSC faulted on the recording host (it honours
+    /// CR4.TSD), so that the guest kernel answered it from the logged
+    /// clock. A replay must see the same: the emulation reads the clock.
+    pub user_rdtsc_traps: bool,
     /// The VM configuration the recording was made from, for people: the
     /// config file's text, or a description of the built-in guest.
     pub config: String,
@@ -499,6 +503,7 @@ mod tests {
             created_unix_secs: 1_700_000_000,
             guest_cpuid: vec![(1, 0, 0x800f11, 0, 0x7ed8320b, 0x178bfbff)],
             kvm_caps: vec![(1, 1)],
+            user_rdtsc_traps: false,
             config: "memory_mib = 128\n".into(),
             images: vec![ImageDigest {
                 role: "kernel".into(),

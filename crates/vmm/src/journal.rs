@@ -885,6 +885,7 @@ mod tests {
             created_unix_secs: 0,
             guest_cpuid: vec![],
             kvm_caps: vec![],
+            user_rdtsc_traps: false,
             config: String::new(),
             images: vec![],
             boot: trace::BootParams {
