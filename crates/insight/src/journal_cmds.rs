@@ -325,18 +325,14 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
             args.trace.display()
         );
     }
-    if let Some(difference) = kvm_caps_difference(&reader.header.kvm_caps, vm.kvm_caps()) {
+    let kvm_difference = match kvm_caps_difference(&reader.header.kvm_caps, vm.kvm_caps()) {
+        Some(d) => Some(d),
+        None => rdtsc_difference(reader.header.user_rdtsc_traps, user_rdtsc_traps()?),
+    };
+    if let Some(difference) = kvm_difference {
         bail!(
             "this host's KVM cannot replay {} the way it was recorded ({difference}); replay \
              on the recording host or one whose KVM has the same capabilities",
-            args.trace.display()
-        );
-    }
-    if let Some(difference) = rdtsc_difference(reader.header.user_rdtsc_traps, user_rdtsc_traps()?)
-    {
-        bail!(
-            "this host's KVM cannot replay {} the way it was recorded ({difference}); replay \
-             on the recording host or one of the same kind",
             args.trace.display()
         );
     }
