@@ -82,12 +82,10 @@ pub fn profile(
     for r in samples {
         let Some(rip) = r.addr else { continue };
         // Any value but 0 (user) is kernel time, values unknown here too.
-        let mode = SampleMode::from_value(r.value);
+        let boundary = r.value == Some(SampleMode::KernelBoundary as i64);
         let location = if r.value.is_some_and(|v| v != 0) {
             out.kernel += 1;
-            if mode == Some(SampleMode::KernelBoundary) {
-                out.kernel_boundary += 1;
-            }
+            out.kernel_boundary += u64::from(boundary);
             kernel()
         } else {
             sym.locate(r.pid, rip)
@@ -112,7 +110,7 @@ pub fn profile(
                 frames.push(sym.locate(r.pid, ret.saturating_sub(1)).function);
             }
         }
-        if mode == Some(SampleMode::KernelBoundary) {
+        if boundary {
             // The user function the kernel time was spent for.
             frames.push(sym.locate(r.pid, rip).function);
         }
