@@ -13,7 +13,9 @@ use diagnosis::plugins;
 use events::capture::{Capture, CaptureSummary};
 use events::db::{EventFormat, EventWriter};
 use trace::{ClockKind, Header, TraceReader, TraceWriter};
-use vmm::journal::{EndReason, Event, Journal, JournalError, Progress, Recorder, Replayer};
+use vmm::journal::{
+    EndReason, Entry, HostMismatch, Journal, JournalError, Progress, Recorder, Replayer,
+};
 use vmm::{guest, StopReason, Vm, VmError};
 
 use crate::cli::{attach_stdin, net_problems, prepare_guest, GuestArgs, EXIT_STOPPED_BY_USER};
@@ -192,7 +194,7 @@ fn progress_text(verb: &str, p: &Progress, started: Instant) -> String {
         "[{verb}] guest {:.1} s, {} exits, {} events",
         p.guest_ns as f64 / 1e9,
         p.exits,
-        p.events
+        p.entries
     );
     if p.trace_bytes > 0 {
         text.push_str(&format!(", trace {}", human_bytes(p.trace_bytes)));
@@ -269,7 +271,7 @@ pub fn record(args: RecordArgs) -> Result<ExitCode> {
             "insight: recorded {} deterministic exits, {} log entries, {:.2} s of guest time; \
              trace {} ({}) in {}",
             outcome.journal.exits,
-            outcome.journal.events,
+            outcome.journal.entries,
             outcome.journal.guest_ns as f64 / 1e9,
             human_bytes(bytes),
             bytes,
@@ -279,7 +281,7 @@ pub fn record(args: RecordArgs) -> Result<ExitCode> {
     Ok(ExitCode::from(outcome.exit_status.unwrap_or(0)))
 }
 
-fn open_trace(dir: &std::path::Path) -> Result<TraceReader<Event>> {
+fn open_trace(dir: &std::path::Path) -> Result<TraceReader<Entry>> {
     TraceReader::open(dir).with_context(|| format!("cannot open trace {}", dir.display()))
 }
 
@@ -317,24 +319,24 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
         status.console(Box::new(std::io::stdout()))
     };
     let mut vm = Vm::new(&spec, console)?;
-    if let Some(difference) = cpuid_difference(&reader.header.guest_cpuid, vm.guest_cpuid()) {
-        bail!(
+    match vmm::journal::check_host(
+        &reader.header,
+        vm.guest_cpuid(),
+        vm.kvm_caps(),
+        user_rdtsc_traps()?,
+    ) {
+        Ok(()) => {}
+        Err(HostMismatch::Cpu(difference)) => bail!(
             "this host's CPU differs from the one {} was recorded on ({difference}); the \
              guest would see a different CPU: replay on the recording host or one with the \
              same CPU",
             args.trace.display()
-        );
-    }
-    let kvm_difference = match kvm_caps_difference(&reader.header.kvm_caps, vm.kvm_caps()) {
-        Some(d) => Some(d),
-        None => rdtsc_difference(reader.header.user_rdtsc_traps, user_rdtsc_traps()?),
-    };
-    if let Some(difference) = kvm_difference {
-        bail!(
+        ),
+        Err(HostMismatch::Kvm(difference)) => bail!(
             "this host's KVM cannot replay {} the way it was recorded ({difference}); replay \
              on the recording host or one whose KVM has the same capabilities",
             args.trace.display()
-        );
+        ),
     }
     let tx_capture = match &args.tx_pcap {
         Some(path) => Some(capture_tx(&mut vm, path)?),
@@ -501,36 +503,6 @@ fn capture_tx(vm: &mut Vm, path: &Path) -> Result<SharedPcap> {
     Ok(pcap)
 }
 
-type CpuidEntry = (u32, u32, u32, u32, u32, u32);
-
-/// The first CPUID entry that differs between a recording and this host.
-fn cpuid_difference(recorded: &[CpuidEntry], now: &[CpuidEntry]) -> Option<String> {
-    let show = |e: &CpuidEntry| {
-        format!(
-            "eax {:#x} ebx {:#x} ecx {:#x} edx {:#x}",
-            e.2, e.3, e.4, e.5
-        )
-    };
-    for r in recorded {
-        match now.iter().find(|n| (n.0, n.1) == (r.0, r.1)) {
-            None => return Some(format!("CPUID leaf {:#x}.{} is gone", r.0, r.1)),
-            Some(n) if n != r => {
-                return Some(format!(
-                    "CPUID leaf {:#x}.{}: recorded {}, now {}",
-                    r.0,
-                    r.1,
-                    show(r),
-                    show(n)
-                ))
-            }
-            Some(_) => {}
-        }
-    }
-    now.iter()
-        .find(|n| !recorded.iter().any(|r| (r.0, r.1) == (n.0, n.1)))
-        .map(|n| format!("CPUID leaf {:#x}.{} is new", n.0, n.1))
-}
-
 /// Whether user-mode RDTSC faults on this host (`insight host-check`),
 /// which decides whether the guest kernel emulates it.
 fn user_rdtsc_traps() -> Result<bool> {
@@ -538,54 +510,21 @@ fn user_rdtsc_traps() -> Result<bool> {
         .context("cannot probe whether this host's KVM traps user-mode RDTSC")
 }
 
-/// How the recording host and this one differ in trapping user-mode
-/// RDTSC, if they do: the guest kernel emulates it only where it traps,
-/// reading the logged clock, so a program that reads the TSC would take
-/// another path.
-fn rdtsc_difference(recorded: bool, now: bool) -> Option<String> {
-    let how = |traps: bool| {
-        if traps {
-            "faults and the guest kernel emulates it"
-        } else {
-            "runs natively"
-        }
-    };
-    (recorded != now).then(|| {
-        format!(
-            "user-mode RDTSC {} on the recording host and {} on this one",
-            how(recorded),
-            how(now)
-        )
-    })
-}
-
-/// A KVM capability the recording host had and this one lacks (a value is
-/// a set of bits the recording may have relied on: every bit must still
-/// be there).
-fn kvm_caps_difference(recorded: &[(u32, i32)], now: &[(u32, i32)]) -> Option<String> {
-    recorded.iter().find_map(|&(cap, had)| {
-        let has = now.iter().find(|n| n.0 == cap).map_or(0, |n| n.1);
-        (had > 0 && has & had != had).then(|| {
-            format!("KVM capability {cap} was {had} when recording and is {has} on this host")
-        })
-    })
-}
-
 /// Writes the frames a recording delivered as a pcap file.
-fn dump_rx_pcap(mut reader: TraceReader<Event>, path: &Path) -> Result<ExitCode> {
+fn dump_rx_pcap(mut reader: TraceReader<Entry>, path: &Path) -> Result<ExitCode> {
     let mut pcap =
         PcapWriter::create(path).with_context(|| format!("cannot create {}", path.display()))?;
     let mut guest_ns = 0;
     let mut bytes = 0u64;
     while let Some(event) = reader.next_event()? {
         match event {
-            Event::RdMsr {
+            Entry::RdMsr {
                 index: vmm::journal::MSR_INSIGHT_CLOCK,
                 value,
                 fault: false,
                 ..
             } => guest_ns = value,
-            Event::NetRx { payload, lens } => {
+            Entry::NetRx { payload, lens } => {
                 let data = reader.payload(payload)?;
                 let mut at = 0usize;
                 for len in lens {
@@ -700,10 +639,10 @@ pub fn diff(args: DiffArgs) -> Result<ExitCode> {
     let mut entries: u64 = 0;
     loop {
         let (x, y) = (a.next_event()?, b.next_event()?);
-        if x.as_ref().is_some_and(Event::is_exit) {
+        if x.as_ref().is_some_and(Entry::is_exit) {
             exit += 1;
         }
-        let show = |e: &Option<Event>| match e {
+        let show = |e: &Option<Entry>| match e {
             Some(e) => e.to_string().trim_start().to_string(),
             None => "(end of log)".to_string(),
         };
@@ -731,7 +670,7 @@ pub fn diff(args: DiffArgs) -> Result<ExitCode> {
     })
 }
 
-fn header_json(h: &Header, reader: &TraceReader<Event>) -> serde_json::Value {
+fn header_json(h: &Header, reader: &TraceReader<Entry>) -> serde_json::Value {
     serde_json::json!({
         "format_version": trace::TRACE_VERSION,
         "clock": format!("{:?}", h.clock),
@@ -749,7 +688,7 @@ fn header_json(h: &Header, reader: &TraceReader<Event>) -> serde_json::Value {
     })
 }
 
-fn print_header(out: &mut impl Write, h: &Header, reader: &TraceReader<Event>) -> Result<()> {
+fn print_header(out: &mut impl Write, h: &Header, reader: &TraceReader<Entry>) -> Result<()> {
     writeln!(
         out,
         "insight trace, format version {}",
@@ -815,38 +754,5 @@ mod tests {
         assert!(parse_period("0ms").is_err());
         assert!(parse_period("3h").is_err());
         assert!(parse_period("ms").is_err());
-    }
-
-    #[test]
-    fn a_kvm_capability_the_recording_had_must_still_be_there() {
-        let recorded = [(1, 1), (2, 7), (3, 0)];
-        assert_eq!(
-            kvm_caps_difference(&recorded, &[(1, 1), (2, 15), (3, 0)]),
-            None
-        );
-        // Missing altogether, a bit fewer, turned off.
-        assert!(
-            kvm_caps_difference(&recorded, &[(2, 7)]).is_some_and(|d| d.contains("capability 1"))
-        );
-        assert!(
-            kvm_caps_difference(&recorded, &[(1, 1), (2, 3)]).is_some_and(|d| d.contains("was 7"))
-        );
-        assert!(kvm_caps_difference(&recorded, &[(1, 0), (2, 7)]).is_some());
-        // What the recording did without does not matter.
-        assert_eq!(kvm_caps_difference(&recorded, &[(1, 1), (2, 7)]), None);
-    }
-
-    #[test]
-    fn user_rdtsc_must_be_trapped_at_replay_as_when_recording() {
-        assert_eq!(rdtsc_difference(true, true), None);
-        assert_eq!(rdtsc_difference(false, false), None);
-        let d = rdtsc_difference(true, false).unwrap();
-        assert!(
-            d.contains("emulates it on the recording host and runs natively on this one"),
-            "{d}"
-        );
-        assert!(rdtsc_difference(false, true)
-            .unwrap()
-            .contains("runs natively on the recording"));
     }
 }

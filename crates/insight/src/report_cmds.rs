@@ -328,7 +328,7 @@ fn guest_files(db: &EventDb, trace: Option<&Path>) -> Result<GuestFiles> {
             )
         })?,
     };
-    let reader = trace::TraceReader::<vmm::journal::Event>::open(&trace_dir)
+    let reader = trace::TraceReader::<vmm::journal::Entry>::open(&trace_dir)
         .with_context(|| format!("cannot open trace {}", trace_dir.display()))?;
     let spec = vmm::guest::from_trace(&reader.header)
         .with_context(|| format!("cannot read the guest files of {}", trace_dir.display()))?;

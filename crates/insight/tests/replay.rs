@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 
 use common::*;
-use vmm::journal::Event;
+use vmm::journal::Entry;
 
 /// Records `command` into a new trace; returns the trace and the output.
 fn record(name: &str, extra: &[&str], command: &[&str]) -> (PathBuf, Output) {
@@ -187,8 +187,8 @@ fn typed_input_is_recorded_and_replayed() {
 }
 
 /// All log entries of a trace, with its header.
-fn read_all(trace: &Path) -> (trace::Header, Vec<Event>) {
-    let mut reader = trace::TraceReader::<Event>::open(trace).unwrap();
+fn read_all(trace: &Path) -> (trace::Header, Vec<Entry>) {
+    let mut reader = trace::TraceReader::<Entry>::open(trace).unwrap();
     let mut events = Vec::new();
     while let Some(frame) = reader.next_frame().unwrap() {
         events.extend(frame);
@@ -197,7 +197,7 @@ fn read_all(trace: &Path) -> (trace::Header, Vec<Event>) {
 }
 
 /// Writes `events` as a complete trace with `header`.
-fn write_all(trace: &Path, header: &trace::Header, events: Vec<Event>) {
+fn write_all(trace: &Path, header: &trace::Header, events: Vec<Entry>) {
     let mut writer = trace::TraceWriter::create(trace, header).unwrap();
     for e in events {
         writer.push(e).unwrap();
@@ -215,7 +215,7 @@ fn divergence_exit(stderr: &str) -> u64 {
 }
 
 /// Index in `events` and ordinal of the `n`-th exit entry matching `pick`.
-fn nth_exit(events: &[Event], n: usize, pick: impl Fn(&Event) -> bool) -> (usize, u64) {
+fn nth_exit(events: &[Entry], n: usize, pick: impl Fn(&Entry) -> bool) -> (usize, u64) {
     let mut ordinal = 0;
     let mut seen = 0;
     for (i, e) in events.iter().enumerate() {
@@ -285,17 +285,17 @@ fn tampered_truncated_and_foreign_traces() {
     // before the driver sent bytes (after reading the modem status) now
     // says "not ready".
     let lsr_then_send = |i: usize| {
-        let next: Vec<&Event> = events[i + 1..]
+        let next: Vec<&Entry> = events[i + 1..]
             .iter()
             .filter(|e| e.is_exit())
             .take(2)
             .collect();
-        matches!(events[i], Event::In { port: 0x3fd, value, .. } if value & 0x20 != 0)
+        matches!(events[i], Entry::In { port: 0x3fd, value, .. } if value & 0x20 != 0)
             && matches!(
                 next[..],
                 [
-                    Event::In { port: 0x3fe, .. },
-                    Event::Out { port: 0x3f8, .. }
+                    Entry::In { port: 0x3fe, .. },
+                    Entry::Out { port: 0x3f8, .. }
                 ]
             )
     };
@@ -304,7 +304,7 @@ fn tampered_truncated_and_foreign_traces() {
         .expect("no serial output in the recording");
     let ordinal = events[..=at].iter().filter(|e| e.is_exit()).count() as u64;
     let mut tampered = events.clone();
-    if let Event::In { value, .. } = &mut tampered[at] {
+    if let Entry::In { value, .. } = &mut tampered[at] {
         *value = 0;
     }
     let bad_value = dir.join("bad-value");
@@ -335,7 +335,7 @@ fn tampered_truncated_and_foreign_traces() {
 
     // Cut right after a HLT, before the interrupt that woke the guest:
     // the natural end of a killed recording of an idle guest.
-    let (at, _) = nth_exit(&events, 1, |e| matches!(e, Event::Halt { .. }));
+    let (at, _) = nth_exit(&events, 1, |e| matches!(e, Entry::Halt { .. }));
     let after_hlt = dir.join("cut-after-hlt");
     let mut writer = trace::TraceWriter::create(&after_hlt, &header).unwrap();
     for e in &events[..=at] {
@@ -441,7 +441,7 @@ fn disk_workload_replays_and_the_base_image_never_changes() {
     let (_, events) = read_all(&trace);
     let completions = events
         .iter()
-        .filter(|e| matches!(e, Event::DiskDone { .. }))
+        .filter(|e| matches!(e, Entry::DiskDone { .. }))
         .count();
     assert!(completions > 10, "{completions} disk completion entries");
     assert_replays_identically(&trace, &stdout);

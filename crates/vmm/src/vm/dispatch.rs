@@ -15,20 +15,20 @@ pub(super) fn dispatch<W: Write>(
     counts: &mut ExitCounts,
     _vcpu: u8,
     exit: VcpuExit<'_>,
-) -> Result<(Next, Option<Event>), VmError> {
+) -> Result<(Next, Option<Entry>), VmError> {
     let platform = &mut *bus.platform;
     Ok(match exit {
         VcpuExit::IoIn(port, data) => {
             counts.port_io += 1;
             let size = data.len() as u8;
-            let observed = Event::In {
+            let observed = Entry::In {
                 port,
                 size,
                 rip: 0,
                 value: 0,
             };
             let value = match journal.replay_read(&observed)? {
-                Some(Event::In { value, .. }) => value,
+                Some(Entry::In { value, .. }) => value,
                 _ => {
                     platform.port_read(port, data, clock.now_ns());
                     le_value(data) as u32
@@ -37,7 +37,7 @@ pub(super) fn dispatch<W: Write>(
             fill_le(data, u64::from(value));
             (
                 Next::Continue,
-                Some(Event::In {
+                Some(Entry::In {
                     port,
                     size,
                     rip: 0,
@@ -48,7 +48,7 @@ pub(super) fn dispatch<W: Write>(
         VcpuExit::IoOut(port, data) => {
             counts.port_io += 1;
             platform.port_write(port, data, clock.now_ns());
-            let event = Event::Out {
+            let event = Entry::Out {
                 port,
                 size: data.len() as u8,
                 rip: 0,
@@ -59,14 +59,14 @@ pub(super) fn dispatch<W: Write>(
         VcpuExit::MmioRead(addr, data) => {
             counts.mmio += 1;
             let size = data.len() as u8;
-            let observed = Event::MmioRead {
+            let observed = Entry::MmioRead {
                 addr,
                 size,
                 rip: 0,
                 value: 0,
             };
             let value = match journal.replay_read(&observed)? {
-                Some(Event::MmioRead { value, .. }) => value,
+                Some(Entry::MmioRead { value, .. }) => value,
                 _ => {
                     bus.mmio_read(addr, data);
                     le_value(data)
@@ -75,7 +75,7 @@ pub(super) fn dispatch<W: Write>(
             fill_le(data, value);
             (
                 Next::Continue,
-                Some(Event::MmioRead {
+                Some(Entry::MmioRead {
                     addr,
                     size,
                     rip: 0,
@@ -86,7 +86,7 @@ pub(super) fn dispatch<W: Write>(
         VcpuExit::MmioWrite(addr, data) => {
             counts.mmio += 1;
             bus.mmio_write(addr, data);
-            let event = Event::MmioWrite {
+            let event = Entry::MmioWrite {
                 addr,
                 size: data.len() as u8,
                 rip: 0,
@@ -96,14 +96,14 @@ pub(super) fn dispatch<W: Write>(
         }
         VcpuExit::X86Rdmsr(msr) => {
             counts.msr += 1;
-            let observed = Event::RdMsr {
+            let observed = Entry::RdMsr {
                 index: msr.index,
                 rip: 0,
                 value: 0,
                 fault: false,
             };
             let (value, fault) = match journal.replay_read(&observed)? {
-                Some(Event::RdMsr { value, fault, .. }) => (value, fault),
+                Some(Entry::RdMsr { value, fault, .. }) => (value, fault),
                 // The paravirtual clock, and the TSC as a 1 GHz counter
                 // of the same time (the guest kernel uses neither TSC
                 // instruction nor MSR, but a guest may).
@@ -117,7 +117,7 @@ pub(super) fn dispatch<W: Write>(
             };
             *msr.data = value;
             *msr.error = u8::from(fault);
-            let event = Event::RdMsr {
+            let event = Entry::RdMsr {
                 index: msr.index,
                 rip: 0,
                 value,
@@ -128,7 +128,7 @@ pub(super) fn dispatch<W: Write>(
         VcpuExit::X86Wrmsr(msr) => {
             counts.msr += 1;
             *msr.error = 1;
-            let event = Event::WrMsr {
+            let event = Entry::WrMsr {
                 index: msr.index,
                 rip: 0,
                 value: msr.data,
@@ -138,10 +138,10 @@ pub(super) fn dispatch<W: Write>(
         }
         VcpuExit::Hlt => {
             counts.halts += 1;
-            (Next::WaitForInterrupt, Some(Event::Halt { rip: 0 }))
+            (Next::WaitForInterrupt, Some(Entry::Halt { rip: 0 }))
         }
         VcpuExit::IrqWindowOpen | VcpuExit::Intr => (Next::Continue, None),
-        VcpuExit::InternalError => (Next::InternalError, Some(Event::Completed { rip: 0 })),
+        VcpuExit::InternalError => (Next::InternalError, Some(Entry::Completed { rip: 0 })),
         VcpuExit::Shutdown => (
             Next::Fault("triple fault (shutdown)".into(), String::new()),
             None,

@@ -30,7 +30,7 @@ use crate::console::ConsoleInput;
 use crate::emulation::{self, Completion};
 use crate::guest_events::{self, SwitchRing};
 use crate::gva;
-use crate::journal::{self, EndReason, Event, Input, Journal, JournalError, Progress};
+use crate::journal::{self, EndReason, Entry, Input, Journal, JournalError, Progress};
 use crate::kvm_ext;
 use crate::xstate::{self, XOp, XsaveLayout, XstateFault};
 use crate::{cpuid, initramfs};
@@ -635,7 +635,7 @@ impl Vm {
                 // guest at a point that depends on timing.
                 if matches!(
                     event,
-                    Event::RdMsr { fault: true, .. } | Event::WrMsr { fault: true, .. }
+                    Entry::RdMsr { fault: true, .. } | Entry::WrMsr { fault: true, .. }
                 ) {
                     self.exception_pending = true;
                 }

@@ -1,0 +1,315 @@
+//! The entries of the event log: what a recording writes and a replay
+//! reads back, in order.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use trace::PayloadRef;
+
+/// An entry of the event log. The exit entries (`In` to `Completed`) are
+/// the deterministic exits in order: the n-th of them is exit n. The
+/// others tell what happened after the exit before them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Entry {
+    /// Port read, and the value the guest got.
+    In {
+        port: u16,
+        size: u8,
+        rip: u64,
+        value: u32,
+    },
+    /// Port write.
+    Out {
+        port: u16,
+        size: u8,
+        rip: u64,
+        value: u32,
+    },
+    /// MMIO read, and the value the guest got.
+    MmioRead {
+        addr: u64,
+        size: u8,
+        rip: u64,
+        value: u64,
+    },
+    /// MMIO write.
+    MmioWrite {
+        addr: u64,
+        size: u8,
+        rip: u64,
+        value: u64,
+    },
+    /// HLT.
+    Halt { rip: u64 },
+    /// RDMSR of an MSR KVM leaves to the VMM, and its result (`fault`: the
+    /// guest got #GP).
+    RdMsr {
+        index: u32,
+        rip: u64,
+        value: u64,
+        fault: bool,
+    },
+    /// WRMSR of an MSR KVM leaves to the VMM.
+    WrMsr {
+        index: u32,
+        rip: u64,
+        value: u64,
+        fault: bool,
+    },
+    /// An instruction KVM could not emulate, completed by the VMM.
+    Completed { rip: u64 },
+    /// Interrupt `vector` was injected after the preceding exit.
+    Interrupt { vector: u8 },
+    /// Disk completions were made visible to the guest after the
+    /// preceding exit: `completed` is the total so far (the recorded
+    /// count, RDMA; the device's own count is ADMA).
+    DiskDone { completed: u64 },
+    /// Received network frames were made visible to the guest after the
+    /// preceding exit: their bytes (virtio-net header and Ethernet frame,
+    /// one after the other) are in the payload stream at `payload`, and
+    /// `lens` are the frames' lengths.
+    NetRx { payload: PayloadRef, lens: Vec<u32> },
+    /// The preceding exit raised a guest event (docs/events.md) at this
+    /// time of the recording, in nanoseconds since the VM started: the
+    /// time replay gives the event.
+    EventRaised { ns: u64 },
+    /// Digest of the general registers at the preceding exit.
+    Registers { digest: u64 },
+    /// The recording ended here.
+    End(EndReason),
+}
+
+/// An input replay makes visible after an exit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Input {
+    /// Publish disk completions up to this count.
+    Disk(u64),
+    /// Deliver these network frames.
+    Net(Vec<Vec<u8>>),
+}
+
+/// Why a recording ended.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EndReason {
+    /// `/init` reported the command's exit status.
+    CommandExited(u8),
+    /// The guest powered off.
+    PowerOff,
+    /// The user stopped the VM.
+    StoppedByUser,
+    /// The run failed (guest crash, VMM error): the message.
+    Failed(String),
+}
+
+impl fmt::Display for EndReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EndReason::CommandExited(s) => write!(f, "command exited with status {s}"),
+            EndReason::PowerOff => f.write_str("guest powered off"),
+            EndReason::StoppedByUser => f.write_str("stopped by the user"),
+            EndReason::Failed(m) => write!(f, "run failed: {m}"),
+        }
+    }
+}
+
+impl Entry {
+    /// Whether this entry is a deterministic exit (and so has an ordinal).
+    pub fn is_exit(&self) -> bool {
+        !matches!(
+            self,
+            Entry::Interrupt { .. }
+                | Entry::DiskDone { .. }
+                | Entry::NetRx { .. }
+                | Entry::EventRaised { .. }
+                | Entry::Registers { .. }
+                | Entry::End(_)
+        )
+    }
+
+    /// The same exit with its RIP set.
+    pub fn with_rip(mut self, at: u64) -> Self {
+        match &mut self {
+            Entry::In { rip, .. }
+            | Entry::Out { rip, .. }
+            | Entry::MmioRead { rip, .. }
+            | Entry::MmioWrite { rip, .. }
+            | Entry::Halt { rip }
+            | Entry::RdMsr { rip, .. }
+            | Entry::WrMsr { rip, .. }
+            | Entry::Completed { rip } => *rip = at,
+            Entry::Interrupt { .. }
+            | Entry::DiskDone { .. }
+            | Entry::NetRx { .. }
+            | Entry::EventRaised { .. }
+            | Entry::Registers { .. }
+            | Entry::End(_) => {}
+        }
+        self
+    }
+
+    /// Whether `self` (logged) and `other` (observed) are the same exit,
+    /// ignoring the values read (those come from the log at replay).
+    pub(crate) fn same_exit(&self, other: &Entry) -> bool {
+        use Entry::*;
+        match (self, other) {
+            (
+                In {
+                    port, size, rip, ..
+                },
+                In {
+                    port: p,
+                    size: s,
+                    rip: r,
+                    ..
+                },
+            ) => (port, size, rip) == (p, s, r),
+            (
+                MmioRead {
+                    addr, size, rip, ..
+                },
+                MmioRead {
+                    addr: a,
+                    size: s,
+                    rip: r,
+                    ..
+                },
+            ) => (addr, size, rip) == (a, s, r),
+            (
+                RdMsr { index, rip, .. },
+                RdMsr {
+                    index: i, rip: r, ..
+                },
+            ) => (index, rip) == (i, r),
+            (a, b) => a == b,
+        }
+    }
+}
+
+impl fmt::Display for Entry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Entry::In {
+                port,
+                size,
+                rip,
+                value,
+            } => write!(
+                f,
+                "in    port {port:#06x}/{size} -> {value:#x}  rip {rip:#x}"
+            ),
+            Entry::Out {
+                port,
+                size,
+                rip,
+                value,
+            } => write!(
+                f,
+                "out   port {port:#06x}/{size} <- {value:#x}  rip {rip:#x}"
+            ),
+            Entry::MmioRead {
+                addr,
+                size,
+                rip,
+                value,
+            } => write!(f, "mmio  read {addr:#x}/{size} -> {value:#x}  rip {rip:#x}"),
+            Entry::MmioWrite {
+                addr,
+                size,
+                rip,
+                value,
+            } => write!(
+                f,
+                "mmio  write {addr:#x}/{size} <- {value:#x}  rip {rip:#x}"
+            ),
+            Entry::Halt { rip } => write!(f, "hlt   rip {rip:#x}"),
+            Entry::RdMsr {
+                index,
+                rip,
+                value,
+                fault,
+            } => {
+                write!(f, "rdmsr {index:#x} -> ")?;
+                if *fault {
+                    write!(f, "#GP")?;
+                } else {
+                    write!(f, "{value:#x}")?;
+                }
+                write!(f, "  rip {rip:#x}")
+            }
+            Entry::WrMsr {
+                index,
+                rip,
+                value,
+                fault,
+            } => write!(
+                f,
+                "wrmsr {index:#x} <- {value:#x}{}  rip {rip:#x}",
+                if *fault { " (#GP)" } else { "" }
+            ),
+            Entry::Completed { rip } => write!(f, "completed instruction  rip {rip:#x}"),
+            Entry::Interrupt { vector } => write!(f, "  interrupt vector {vector:#x}"),
+            Entry::DiskDone { completed } => {
+                write!(f, "  disk completions published up to {completed}")
+            }
+            Entry::NetRx { payload, lens } => write!(
+                f,
+                "  net: {} frame{} received, {} bytes (payload {}+{})",
+                lens.len(),
+                if lens.len() == 1 { "" } else { "s" },
+                lens.iter().map(|&l| u64::from(l)).sum::<u64>(),
+                payload.offset,
+                payload.len
+            ),
+            Entry::EventRaised { ns } => write!(f, "  guest event raised at {ns} ns"),
+            Entry::Registers { digest } => write!(f, "  registers digest {digest:016x}"),
+            Entry::End(reason) => write!(f, "end: {reason}"),
+        }
+    }
+}
+
+pub(crate) fn rip_of(e: &Entry) -> u64 {
+    match e {
+        Entry::In { rip, .. }
+        | Entry::Out { rip, .. }
+        | Entry::MmioRead { rip, .. }
+        | Entry::MmioWrite { rip, .. }
+        | Entry::Halt { rip }
+        | Entry::RdMsr { rip, .. }
+        | Entry::WrMsr { rip, .. }
+        | Entry::Completed { rip } => *rip,
+        _ => 0,
+    }
+}
+
+/// A digest of the registers that determine the guest's execution.
+pub fn register_digest(regs: &kvm_bindings::kvm_regs) -> u64 {
+    // FNV-1a over the 18 registers: cheap, stable across versions.
+    let words = [
+        regs.rax,
+        regs.rbx,
+        regs.rcx,
+        regs.rdx,
+        regs.rsi,
+        regs.rdi,
+        regs.rsp,
+        regs.rbp,
+        regs.r8,
+        regs.r9,
+        regs.r10,
+        regs.r11,
+        regs.r12,
+        regs.r13,
+        regs.r14,
+        regs.r15,
+        regs.rip,
+        regs.rflags,
+    ];
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for w in words {
+        for b in w.to_le_bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    h
+}

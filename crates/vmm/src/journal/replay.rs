@@ -1,0 +1,526 @@
+//! Replay: the guest re-executes from the same initial state while the
+//! log is walked in lockstep. Every exit must match the next logged one,
+//! every read returns the logged value, inputs and interrupts are made
+//! visible where they were, and the first mismatch stops replay with a
+//! [`Divergence`].
+
+use std::fmt;
+
+use trace::{Header, TraceReader};
+
+use super::entry::{register_digest, rip_of};
+use super::{EndReason, Entry, Input, Journal, JournalError, Progress};
+
+pub struct Replayer {
+    reader: TraceReader<Entry>,
+    digest_interval: u64,
+    peeked: Option<Entry>,
+    /// The exit entry matched for the exit in progress, if taken early
+    /// (reads take theirs before the RIP is known).
+    current: Option<Entry>,
+    exits: u64,
+    entries: u64,
+    pub(super) guest_ns: u64,
+    /// The log ran out (an incomplete trace).
+    exhausted: bool,
+    /// The input entry `replay_input` took last.
+    last_input: Option<Entry>,
+}
+
+impl Replayer {
+    pub fn new(reader: TraceReader<Entry>) -> Self {
+        Replayer {
+            digest_interval: reader.header.digest_interval.max(1),
+            reader,
+            peeked: None,
+            current: None,
+            exits: 0,
+            entries: 0,
+            guest_ns: 0,
+            exhausted: false,
+            last_input: None,
+        }
+    }
+
+    /// Whether the trace was marked complete by its recorder.
+    pub fn trace_complete(&self) -> bool {
+        self.reader.complete.is_some()
+    }
+
+    fn peek(&mut self) -> Result<Option<&Entry>, JournalError> {
+        if self.peeked.is_none() && !self.exhausted {
+            self.peeked = self.reader.next_event()?;
+            self.exhausted = self.peeked.is_none();
+        }
+        Ok(self.peeked.as_ref())
+    }
+
+    fn next(&mut self) -> Result<Option<Entry>, JournalError> {
+        self.peek()?;
+        let e = self.peeked.take();
+        if e.is_some() {
+            self.entries += 1;
+        }
+        Ok(e)
+    }
+
+    fn diverged(&self, expected: Option<Entry>, found: String) -> JournalError {
+        self.diverged_at(self.exits, expected, found)
+    }
+
+    fn diverged_at(&self, exit: u64, expected: Option<Entry>, found: String) -> JournalError {
+        JournalError::Diverged(Box::new(Divergence {
+            exit,
+            expected,
+            found,
+            state: String::new(),
+        }))
+    }
+
+    /// Takes the log entry for exit `ordinal`, which must be the same kind
+    /// of exit as `observed` (whose RIP may not be known yet).
+    fn take_exit(&mut self, observed: &Entry, ordinal: u64) -> Result<Entry, JournalError> {
+        // A read is matched before its RIP and value are known: leave them
+        // out of the report (the registers that follow show the RIP).
+        let found = if rip_of(observed) == 0 {
+            let text = observed.to_string();
+            text.split("  rip ")
+                .next()
+                .unwrap_or(&text)
+                .replace(" -> 0x0", "")
+        } else {
+            observed.to_string()
+        };
+        let logged = match self.peek()? {
+            Some(e) if e.is_exit() => self.next()?.unwrap_or_else(|| observed.clone()),
+            _ => {
+                let expected = self.peek()?.cloned();
+                return Err(self.diverged_at(ordinal, expected, found));
+            }
+        };
+        let comparable = observed.clone().with_rip(rip_of(&logged));
+        if !logged.same_exit(&comparable) {
+            return Err(self.diverged_at(ordinal, Some(logged), found));
+        }
+        Ok(logged)
+    }
+
+    /// The recorded end, if the log has reached it: replay stops there.
+    pub fn end_reached(&mut self) -> Result<Option<EndReason>, JournalError> {
+        Ok(match self.peek()? {
+            Some(Entry::End(reason)) => Some(reason.clone()),
+            _ => None,
+        })
+    }
+
+    /// Whether the log has run out without an end entry.
+    pub fn log_exhausted(&mut self) -> Result<bool, JournalError> {
+        Ok(self.peek()?.is_none())
+    }
+    /// Checks deterministic exit `observed` against the log, and the
+    /// registers against the logged digest when one is due.
+    pub(super) fn exit(
+        &mut self,
+        observed: Entry,
+        regs: &kvm_bindings::kvm_regs,
+    ) -> Result<(), JournalError> {
+        self.exits += 1;
+        let logged = match self.current.take() {
+            Some(l) => l,
+            None => self.take_exit(&observed, self.exits)?,
+        };
+        if logged != observed {
+            return Err(self.diverged(Some(logged), observed.to_string()));
+        }
+        if self.exits.is_multiple_of(self.digest_interval) {
+            let digest = register_digest(regs);
+            match self.next()? {
+                Some(Entry::Registers { digest: d }) if d == digest => {}
+                // A killed recorder may have written the exit but not its
+                // digest: the prefix ends here.
+                None if !self.trace_complete() => {}
+                other => {
+                    return Err(self.diverged(
+                        other,
+                        format!("registers digest {digest:016x} ({})", regs_text(regs)),
+                    ))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn progress(&self) -> Progress {
+        Progress {
+            exits: self.exits,
+            entries: self.entries,
+            guest_ns: self.guest_ns,
+            trace_bytes: 0,
+        }
+    }
+}
+
+/// What replay takes from the log after an exit, and the divergences
+/// found there. When not replaying these do nothing.
+impl Journal {
+    /// At replay, the logged result of the read `observed` (an exit entry
+    /// whose RIP is not known yet); `None` when not replaying.
+    pub fn replay_read(&mut self, observed: &Entry) -> Result<Option<Entry>, JournalError> {
+        let Journal::Replay(r) = self else {
+            return Ok(None);
+        };
+        let logged = r.take_exit(observed, r.exits + 1)?;
+        r.current = Some(logged.clone());
+        Ok(Some(logged))
+    }
+
+    /// At replay, takes the next entry about the last exit if `pick`
+    /// accepts it.
+    fn replay_take<T>(
+        &mut self,
+        pick: impl Fn(&Entry) -> Option<T>,
+    ) -> Result<Option<T>, JournalError> {
+        let Journal::Replay(r) = self else {
+            return Ok(None);
+        };
+        let Some(value) = r.peek()?.and_then(pick) else {
+            return Ok(None);
+        };
+        r.next()?;
+        Ok(Some(value))
+    }
+
+    /// At replay, the interrupt to inject after the last exit, if any.
+    pub fn replay_interrupt(&mut self) -> Result<Option<u8>, JournalError> {
+        self.replay_take(|e| match e {
+            Entry::Interrupt { vector } => Some(*vector),
+            _ => None,
+        })
+    }
+
+    /// At replay, whether something that wakes a halted guest (an
+    /// interrupt, disk completions) is logged after the last exit.
+    pub fn replay_wakeup_due(&mut self) -> Result<bool, JournalError> {
+        let Journal::Replay(r) = self else {
+            return Ok(false);
+        };
+        Ok(matches!(
+            r.peek()?,
+            Some(Entry::Interrupt { .. } | Entry::DiskDone { .. } | Entry::NetRx { .. })
+        ))
+    }
+
+    /// The divergence for a logged interrupt the vCPU cannot take now.
+    pub fn replay_uninjectable(&mut self, vector: u8, exception_pending: bool) -> JournalError {
+        let found = format!(
+            "vCPU cannot take interrupt {vector:#x} here{}",
+            if exception_pending {
+                " (an exception is being delivered)"
+            } else {
+                " (interrupts disabled or shadowed)"
+            }
+        );
+        self.divergence(Some(Entry::Interrupt { vector }), found)
+    }
+
+    /// At replay, the next input the recording made visible after the last
+    /// exit (disk completions, network frames), if there is one more.
+    pub fn replay_input(&mut self) -> Result<Option<Input>, JournalError> {
+        let Journal::Replay(r) = self else {
+            return Ok(None);
+        };
+        let input = match r.peek()? {
+            Some(Entry::DiskDone { completed }) => Input::Disk(*completed),
+            Some(Entry::NetRx { payload, lens }) => {
+                let (payload, lens) = (*payload, lens.clone());
+                let bytes = r.reader.payload(payload)?;
+                let total: u64 = lens.iter().map(|&l| u64::from(l)).sum();
+                if total != bytes.len() as u64 {
+                    let found = format!(
+                        "the frames' lengths add up to {total} bytes, the payload has {}",
+                        bytes.len()
+                    );
+                    let expected = r.peeked.clone();
+                    return Err(r.diverged(expected, found));
+                }
+                let mut frames = Vec::with_capacity(lens.len());
+                let mut at = 0usize;
+                for len in lens {
+                    let end = at + len as usize;
+                    frames.push(bytes[at..end].to_vec());
+                    at = end;
+                }
+                Input::Net(frames)
+            }
+            _ => return Ok(None),
+        };
+        r.last_input = r.next()?;
+        Ok(Some(input))
+    }
+
+    /// The divergence for logged network frames the device cannot deliver
+    /// (`why`: too few receive buffers, a size the guest does not accept).
+    pub fn undeliverable_frames(&mut self, frames: &[Vec<u8>], why: String) -> JournalError {
+        let found = format!("{} frames cannot be delivered: {why}", frames.len());
+        let expected = match self {
+            Journal::Replay(r) => r.last_input.clone(),
+            _ => None,
+        };
+        self.divergence(expected, found)
+    }
+
+    /// At replay, when the recording saw the event the last exit raised.
+    pub fn replay_event_raised(&mut self) -> Result<u64, JournalError> {
+        match self.replay_take(|e| match e {
+            Entry::EventRaised { ns } => Some(*ns),
+            _ => None,
+        })? {
+            Some(ns) => Ok(ns),
+            None => {
+                let found = "a guest event that the recording did not see".to_owned();
+                Err(self.divergence(Some(Entry::EventRaised { ns: 0 }), found))
+            }
+        }
+    }
+
+    /// The divergence for a logged disk completion count the device
+    /// cannot reach (it never had that many requests).
+    pub fn impossible_disk_done(&mut self, completed: u64, submitted: u64) -> JournalError {
+        let found = format!("disk has {submitted} requests, cannot complete {completed}");
+        self.divergence(Some(Entry::DiskDone { completed }), found)
+    }
+
+    /// At replay, checks that the guest ended the way the recording did.
+    pub fn replay_end(&mut self, reason: &EndReason) -> Result<(), JournalError> {
+        let Journal::Replay(r) = self else {
+            return Ok(());
+        };
+        match r.next()? {
+            Some(Entry::End(e)) if &e == reason => Ok(()),
+            None => Ok(()),
+            other => Err(r.diverged(other, format!("end: {reason}"))),
+        }
+    }
+
+    /// The divergence for a replayed guest that halted where the log has
+    /// nothing to wake it.
+    pub fn halted_without_interrupt(&mut self, rip: u64) -> JournalError {
+        let expected = match self {
+            Journal::Replay(r) => r.peek().ok().flatten().cloned(),
+            _ => None,
+        };
+        self.divergence(
+            expected,
+            format!("guest halted at rip {rip:#x} with no interrupt due"),
+        )
+    }
+
+    /// A divergence at the current exit, expecting `expected`.
+    fn divergence(&mut self, expected: Option<Entry>, found: String) -> JournalError {
+        match self {
+            Journal::Replay(r) => r.diverged(expected, found),
+            _ => JournalError::Diverged(Box::new(Divergence {
+                exit: 0,
+                expected,
+                found,
+                state: String::new(),
+            })),
+        }
+    }
+}
+
+/// Replay found the guest doing something other than what was recorded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Divergence {
+    /// Ordinal of the exit where it showed.
+    pub exit: u64,
+    /// What the log says (None: the log has nothing more).
+    pub expected: Option<Entry>,
+    /// What the guest did.
+    pub found: String,
+    /// The vCPU's registers when replay stopped.
+    pub state: String,
+}
+
+impl fmt::Display for Divergence {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "replay diverged at exit {}: recorded ", self.exit)?;
+        match &self.expected {
+            Some(e) => write!(f, "[{e}]")?,
+            None => write!(f, "[end of log]")?,
+        }
+        write!(f, ", replay [{}]", self.found)
+    }
+}
+
+/// The registers, for divergence reports.
+pub fn regs_text(r: &kvm_bindings::kvm_regs) -> String {
+    format!(
+        "rip {:#x} rflags {:#x} rax {:#x} rbx {:#x} rcx {:#x} rdx {:#x} rsi {:#x} rdi {:#x} \
+         rsp {:#x} rbp {:#x} r8 {:#x} r9 {:#x} r10 {:#x} r11 {:#x} r12 {:#x} r13 {:#x} \
+         r14 {:#x} r15 {:#x}",
+        r.rip,
+        r.rflags,
+        r.rax,
+        r.rbx,
+        r.rcx,
+        r.rdx,
+        r.rsi,
+        r.rdi,
+        r.rsp,
+        r.rbp,
+        r.r8,
+        r.r9,
+        r.r10,
+        r.r11,
+        r.r12,
+        r.r13,
+        r.r14,
+        r.r15
+    )
+}
+
+/// A CPUID entry as a trace header keeps it: (function, index, eax, ebx,
+/// ecx, edx).
+pub type CpuidEntry = (u32, u32, u32, u32, u32, u32);
+
+/// How this host differs from the recording host in a way replay cannot
+/// make up for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HostMismatch {
+    /// The guest would see another CPU.
+    Cpu(String),
+    /// KVM lacks a capability the recording relied on, or traps user-mode
+    /// RDTSC where the recording host did not (or the other way round).
+    Kvm(String),
+}
+
+/// Checks this host against the one `header` was recorded on: the CPUID
+/// the guest gets, the KVM capabilities, and whether user-mode RDTSC
+/// faults (`insight host-check`).
+pub fn check_host(
+    header: &Header,
+    cpuid: &[CpuidEntry],
+    kvm_caps: &[(u32, i32)],
+    user_rdtsc_traps: bool,
+) -> Result<(), HostMismatch> {
+    if let Some(d) = cpuid_difference(&header.guest_cpuid, cpuid) {
+        return Err(HostMismatch::Cpu(d));
+    }
+    let kvm = kvm_caps_difference(&header.kvm_caps, kvm_caps)
+        .or_else(|| rdtsc_difference(header.user_rdtsc_traps, user_rdtsc_traps));
+    match kvm {
+        Some(d) => Err(HostMismatch::Kvm(d)),
+        None => Ok(()),
+    }
+}
+
+/// The first CPUID entry that differs between a recording and this host.
+fn cpuid_difference(recorded: &[CpuidEntry], now: &[CpuidEntry]) -> Option<String> {
+    let show = |e: &CpuidEntry| {
+        format!(
+            "eax {:#x} ebx {:#x} ecx {:#x} edx {:#x}",
+            e.2, e.3, e.4, e.5
+        )
+    };
+    for r in recorded {
+        match now.iter().find(|n| (n.0, n.1) == (r.0, r.1)) {
+            None => return Some(format!("CPUID leaf {:#x}.{} is gone", r.0, r.1)),
+            Some(n) if n != r => {
+                return Some(format!(
+                    "CPUID leaf {:#x}.{}: recorded {}, now {}",
+                    r.0,
+                    r.1,
+                    show(r),
+                    show(n)
+                ))
+            }
+            Some(_) => {}
+        }
+    }
+    now.iter()
+        .find(|n| !recorded.iter().any(|r| (r.0, r.1) == (n.0, n.1)))
+        .map(|n| format!("CPUID leaf {:#x}.{} is new", n.0, n.1))
+}
+
+/// How the recording host and this one differ in trapping user-mode
+/// RDTSC, if they do: the guest kernel emulates it only where it traps,
+/// reading the logged clock, so a program that reads the TSC would take
+/// another path.
+fn rdtsc_difference(recorded: bool, now: bool) -> Option<String> {
+    let how = |traps: bool| {
+        if traps {
+            "faults and the guest kernel emulates it"
+        } else {
+            "runs natively"
+        }
+    };
+    (recorded != now).then(|| {
+        format!(
+            "user-mode RDTSC {} on the recording host and {} on this one",
+            how(recorded),
+            how(now)
+        )
+    })
+}
+
+/// A KVM capability the recording host had and this one lacks (a value is
+/// a set of bits the recording may have relied on: every bit must still
+/// be there).
+fn kvm_caps_difference(recorded: &[(u32, i32)], now: &[(u32, i32)]) -> Option<String> {
+    recorded.iter().find_map(|&(cap, had)| {
+        let has = now.iter().find(|n| n.0 == cap).map_or(0, |n| n.1);
+        (had > 0 && has & had != had).then(|| {
+            format!("KVM capability {cap} was {had} when recording and is {has} on this host")
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kvm_capability_the_recording_had_must_still_be_there() {
+        let recorded = [(1, 1), (2, 7), (3, 0)];
+        assert_eq!(
+            kvm_caps_difference(&recorded, &[(1, 1), (2, 15), (3, 0)]),
+            None
+        );
+        // Missing altogether, a bit fewer, turned off.
+        assert!(
+            kvm_caps_difference(&recorded, &[(2, 7)]).is_some_and(|d| d.contains("capability 1"))
+        );
+        assert!(
+            kvm_caps_difference(&recorded, &[(1, 1), (2, 3)]).is_some_and(|d| d.contains("was 7"))
+        );
+        assert!(kvm_caps_difference(&recorded, &[(1, 0), (2, 7)]).is_some());
+        // What the recording did without does not matter.
+        assert_eq!(kvm_caps_difference(&recorded, &[(1, 1), (2, 7)]), None);
+    }
+
+    #[test]
+    fn user_rdtsc_must_be_trapped_at_replay_as_when_recording() {
+        assert_eq!(rdtsc_difference(true, true), None);
+        assert_eq!(rdtsc_difference(false, false), None);
+        let d = rdtsc_difference(true, false).unwrap();
+        assert!(
+            d.contains("emulates it on the recording host and runs natively on this one"),
+            "{d}"
+        );
+        assert!(rdtsc_difference(false, true)
+            .unwrap()
+            .contains("runs natively on the recording"));
+    }
+
+    #[test]
+    fn a_cpuid_leaf_that_changed_appeared_or_went_is_named() {
+        let recorded = [(1, 0, 1, 2, 3, 4), (7, 0, 0, 0, 0, 0)];
+        assert_eq!(cpuid_difference(&recorded, &recorded), None);
+        let changed = [(1, 0, 1, 2, 3, 5), (7, 0, 0, 0, 0, 0)];
+        assert!(cpuid_difference(&recorded, &changed).is_some_and(|d| d.contains("leaf 0x1.0")));
+        assert!(cpuid_difference(&recorded, &recorded[..1]).is_some_and(|d| d.contains("gone")));
+        let more = [recorded[0], recorded[1], (0xd, 1, 0, 0, 0, 0)];
+        assert!(cpuid_difference(&recorded, &more).is_some_and(|d| d.contains("0xd.1 is new")));
+    }
+}

@@ -1,0 +1,272 @@
+//! The journal against small recorded runs: faithful replays, and every
+//! kind of mismatch reported at its exit.
+
+use super::*;
+use kvm_bindings::kvm_regs;
+use trace::{TraceReader, TraceWriter};
+
+fn temp_trace(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("insight-journal-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+fn header(digest_interval: u64) -> trace::Header {
+    trace::Header {
+        clock: trace::ClockKind::Exit,
+        created_unix_secs: 0,
+        guest_cpuid: vec![],
+        kvm_caps: vec![],
+        user_rdtsc_traps: false,
+        config: String::new(),
+        images: vec![],
+        boot: trace::BootParams {
+            cmdline: String::new(),
+            memory_mib: 16,
+            rng_seed: vec![0; 32],
+            extra_initramfs: vec![],
+            net: None,
+        },
+        digest_interval,
+    }
+}
+
+fn regs(rip: u64, rax: u64) -> kvm_regs {
+    kvm_regs {
+        rip,
+        rax,
+        ..Default::default()
+    }
+}
+
+fn port_in(port: u16, rip: u64, value: u32) -> Entry {
+    Entry::In {
+        port,
+        size: 1,
+        rip,
+        value,
+    }
+}
+
+/// Records a small run: reads, a write, an interrupt, a halt.
+fn record(dir: &std::path::Path, complete: bool) {
+    let writer = TraceWriter::create(dir, &header(2)).unwrap();
+    let mut j = Journal::Record(Box::new(Recorder::new(writer, 2)));
+    j.exit(port_in(0x40, 0x100, 7), &regs(0x100, 1)).unwrap();
+    j.exit(port_in(0x40, 0x104, 9), &regs(0x104, 2)).unwrap();
+    j.record_interrupt(0x30).unwrap();
+    j.exit(serial_out(b'A'), &regs(0x200, 3)).unwrap();
+    j.exit(Entry::Halt { rip: 0x300 }, &regs(0x300, 4)).unwrap();
+    j.record_interrupt(0x30).unwrap();
+    let Journal::Record(r) = j else {
+        unreachable!()
+    };
+    if complete {
+        r.finish(EndReason::CommandExited(3)).unwrap();
+    } else {
+        r.abandon();
+    }
+}
+
+fn replayer(dir: &std::path::Path) -> Journal {
+    Journal::Replay(Box::new(Replayer::new(TraceReader::open(dir).unwrap())))
+}
+
+/// Replays one read exit the way dispatch and the vCPU loop do.
+fn replay_read(j: &mut Journal, port: u16, rip: u64, rax: u64) -> Result<u32, JournalError> {
+    let observed = port_in(port, 0, 0);
+    let value = match j.replay_read(&observed)? {
+        Some(Entry::In { value, .. }) => value,
+        other => panic!("no logged read: {other:?}"),
+    };
+    j.exit(port_in(port, rip, value), &regs(rip, rax))?;
+    Ok(value)
+}
+
+fn serial_out(byte: u8) -> Entry {
+    Entry::Out {
+        port: 0x3f8,
+        size: 1,
+        rip: 0x200,
+        value: byte.into(),
+    }
+}
+
+/// Replays the two reads and the interrupt of `record`.
+fn replay_reads(j: &mut Journal) {
+    replay_read(j, 0x40, 0x100, 1).unwrap();
+    replay_read(j, 0x40, 0x104, 2).unwrap();
+    assert_eq!(j.replay_interrupt().unwrap(), Some(0x30));
+}
+
+/// Replays all of `record`'s exits faithfully.
+fn replay_all(j: &mut Journal) {
+    replay_reads(j);
+    j.exit(serial_out(b'A'), &regs(0x200, 3)).unwrap();
+    j.exit(Entry::Halt { rip: 0x300 }, &regs(0x300, 4)).unwrap();
+    assert!(j.replay_wakeup_due().unwrap());
+    assert_eq!(j.replay_interrupt().unwrap(), Some(0x30));
+}
+
+fn diverged_at(e: JournalError) -> u64 {
+    match e {
+        JournalError::Diverged(d) => d.exit,
+        other => panic!("expected a divergence, got {other}"),
+    }
+}
+
+#[test]
+fn faithful_replay_gets_logged_values_and_interrupts() {
+    let dir = temp_trace("faithful");
+    record(&dir, true);
+    let mut j = replayer(&dir);
+    assert_eq!(replay_read(&mut j, 0x40, 0x100, 1).unwrap(), 7);
+    assert_eq!(j.replay_interrupt().unwrap(), None);
+    assert_eq!(replay_read(&mut j, 0x40, 0x104, 2).unwrap(), 9);
+    assert_eq!(j.replay_interrupt().unwrap(), Some(0x30));
+    j.exit(serial_out(b'A'), &regs(0x200, 3)).unwrap();
+    j.exit(Entry::Halt { rip: 0x300 }, &regs(0x300, 4)).unwrap();
+    assert!(j.replay_wakeup_due().unwrap());
+    assert_eq!(j.replay_interrupt().unwrap(), Some(0x30));
+    let Journal::Replay(r) = &mut j else {
+        unreachable!()
+    };
+    assert_eq!(r.end_reached().unwrap(), Some(EndReason::CommandExited(3)));
+    j.replay_end(&EndReason::CommandExited(3)).unwrap();
+    assert_eq!(j.progress().exits, 4);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn inputs_replay_in_their_recorded_order_with_their_payloads() {
+    let dir = temp_trace("inputs");
+    let frames = vec![vec![1u8; 60], vec![2u8; 1514]];
+    {
+        let writer = TraceWriter::create(&dir, &header(64)).unwrap();
+        let mut j = Journal::Record(Box::new(Recorder::new(writer, 64)));
+        j.exit(Entry::Halt { rip: 0x300 }, &regs(0x300, 4)).unwrap();
+        j.record_net_rx(&frames).unwrap();
+        j.record_disk_done(1).unwrap();
+        j.record_net_rx(&frames[1..]).unwrap();
+        j.record_interrupt(0x26).unwrap();
+        let Journal::Record(r) = j else {
+            unreachable!()
+        };
+        r.finish(EndReason::PowerOff).unwrap();
+    }
+    let mut j = replayer(&dir);
+    j.exit(Entry::Halt { rip: 0x300 }, &regs(0x300, 4)).unwrap();
+    assert!(j.replay_wakeup_due().unwrap());
+    assert_eq!(j.replay_interrupt().unwrap(), None);
+    assert_eq!(j.replay_input().unwrap(), Some(Input::Net(frames.clone())));
+    assert_eq!(j.replay_input().unwrap(), Some(Input::Disk(1)));
+    assert_eq!(
+        j.replay_input().unwrap(),
+        Some(Input::Net(frames[1..].to_vec()))
+    );
+    assert_eq!(j.replay_input().unwrap(), None);
+    assert_eq!(j.replay_interrupt().unwrap(), Some(0x26));
+
+    // A payload cut short: an error naming the payload, no panic.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.join("payloads"))
+        .unwrap()
+        .set_len(100)
+        .unwrap();
+    let mut j = replayer(&dir);
+    j.exit(Entry::Halt { rip: 0x300 }, &regs(0x300, 4)).unwrap();
+    match j.replay_input() {
+        Err(JournalError::Trace(e)) => {
+            let text = format!(
+                "{e}: {}",
+                std::error::Error::source(&e).map_or(String::new(), |s| s.to_string())
+            );
+            assert!(text.contains("payload"), "{text}");
+        }
+        other => panic!(
+            "a cut payload was accepted: {:?}",
+            other.map(|i| i.is_some())
+        ),
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn mismatches_are_reported_at_their_exit() {
+    let dir = temp_trace("mismatch");
+    record(&dir, true);
+
+    // Another port at exit 1.
+    let mut j = replayer(&dir);
+    assert_eq!(
+        diverged_at(replay_read(&mut j, 0x41, 0x100, 1).unwrap_err()),
+        1
+    );
+
+    // Another RIP at exit 2: found once the RIP is known.
+    let mut j = replayer(&dir);
+    replay_read(&mut j, 0x40, 0x100, 1).unwrap();
+    assert_eq!(
+        diverged_at(replay_read(&mut j, 0x40, 0x999, 2).unwrap_err()),
+        2
+    );
+
+    // Other registers at exit 2 (digested every 2 exits).
+    let mut j = replayer(&dir);
+    replay_read(&mut j, 0x40, 0x100, 1).unwrap();
+    assert_eq!(
+        diverged_at(replay_read(&mut j, 0x40, 0x104, 99).unwrap_err()),
+        2
+    );
+
+    // Another value written at exit 3.
+    let mut j = replayer(&dir);
+    replay_reads(&mut j);
+    let err = j.exit(serial_out(b'B'), &regs(0x200, 3)).unwrap_err();
+    assert_eq!(diverged_at(err), 3);
+
+    // A different end.
+    let mut j = replayer(&dir);
+    replay_all(&mut j);
+    assert!(j.replay_end(&EndReason::PowerOff).is_err());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn an_incomplete_trace_ends_where_its_log_does() {
+    let dir = temp_trace("incomplete");
+    record(&dir, false);
+    let mut j = replayer(&dir);
+    let Journal::Replay(r) = &j else {
+        unreachable!()
+    };
+    assert!(!r.trace_complete());
+    replay_all(&mut j);
+    let Journal::Replay(r) = &mut j else {
+        unreachable!()
+    };
+    assert!(r.log_exhausted().unwrap());
+    assert_eq!(r.end_reached().unwrap(), None);
+    // The guest going on past the log is a divergence, never a panic.
+    assert_eq!(
+        diverged_at(
+            j.exit(Entry::Halt { rip: 0x300 }, &regs(0x300, 4))
+                .unwrap_err()
+        ),
+        5
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn digests_depend_on_every_register() {
+    let base = register_digest(&regs(1, 2));
+    let mut r = regs(1, 2);
+    r.r15 = 1;
+    assert_ne!(register_digest(&r), base);
+    let mut r = regs(1, 2);
+    r.rflags = 2;
+    assert_ne!(register_digest(&r), base);
+    assert_eq!(register_digest(&regs(1, 2)), base);
+}
