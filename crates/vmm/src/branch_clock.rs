@@ -12,9 +12,10 @@
 //! single steps until count, RIP and RCX all match.
 //!
 //! The vCPU is behind the [`BranchCpu`] trait so that the algorithm is
-//! tested against a simulated counter with random skid; the KVM side
-//! (`perf_event_open` of guest branches, `KVM_SET_GUEST_DEBUG`) implements
-//! the same trait on hosts that have a PMU.
+//! tested against a simulated counter with random skid. Only that
+//! simulator implements it so far: the KVM side (`perf_event_open` of
+//! guest branches, `KVM_SET_GUEST_DEBUG`) needs a host with a PMU, and
+//! `record --clock branch` is refused until it exists.
 
 /// A position in the guest's execution.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

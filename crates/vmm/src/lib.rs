@@ -9,7 +9,6 @@ pub mod branch_clock;
 pub mod config;
 pub mod console;
 pub mod cpuid;
-pub mod emulation;
 pub mod guest;
 pub mod guest_events;
 pub mod gva;
@@ -19,6 +18,7 @@ pub mod initramfs;
 pub mod journal;
 mod kvm_ext;
 mod sys;
+pub mod unemulated;
 pub mod vm;
 pub mod xstate;
 

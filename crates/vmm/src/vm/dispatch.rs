@@ -1,7 +1,26 @@
 //! The single exit dispatch, and the bus that routes port and MMIO
 //! accesses to the devices.
 
-use super::*;
+use std::io::Write;
+
+use devices::virtio_blk::{self, VirtioBlock};
+use devices::virtio_net::{self, VirtioNet};
+use devices::LegacyPlatform;
+use kvm_ioctls::VcpuExit;
+use vm_memory::GuestMemoryMmap;
+
+use super::{ExitCounts, VmClock, VmError};
+use crate::journal::{self, Entry, Journal};
+
+/// What the vCPU loop does after an exit.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Next {
+    Continue,
+    WaitForInterrupt,
+    InternalError,
+    /// The guest cannot continue: what happened, and details.
+    Fault(String, String),
+}
 
 /// The single choke point for VM exits: every exit of every vCPU passes
 /// here with the vCPU's id. Recording and replay hook in here only: a
@@ -220,4 +239,273 @@ fn le_value(data: &[u8]) -> u64 {
 fn fill_le(data: &mut [u8], value: u64) {
     let n = data.len().min(8);
     data[..n].copy_from_slice(&value.to_le_bytes()[..n]);
+}
+
+#[cfg(test)]
+mod tests {
+    //! `dispatch` fed synthetic exits, as KVM would return them, without a
+    //! VM: what the devices see, what comes back to the guest, and what
+    //! the journal logs or checks.
+
+    use super::*;
+    use crate::journal::{JournalError, Recorder, Replayer};
+    use kvm_ioctls::{MsrExitReason, ReadMsrExit, WriteMsrExit};
+    use vm_memory::GuestAddress;
+
+    /// Everything `dispatch` needs, with the platform's wall clock at
+    /// `boot_unix_secs` (CMOS reads depend on it).
+    struct Harness {
+        platform: LegacyPlatform<Vec<u8>>,
+        mem: GuestMemoryMmap,
+        clock: VmClock,
+        counts: ExitCounts,
+    }
+
+    impl Harness {
+        fn new(boot_unix_secs: u64) -> Self {
+            Harness {
+                platform: LegacyPlatform::new(boot_unix_secs, Vec::new()),
+                mem: GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap(),
+                clock: VmClock::new(),
+                counts: ExitCounts::default(),
+            }
+        }
+
+        fn run(&mut self, journal: &mut Journal, exit: VcpuExit<'_>) -> (Next, Option<Entry>) {
+            self.try_run(journal, exit).unwrap()
+        }
+
+        fn try_run(
+            &mut self,
+            journal: &mut Journal,
+            exit: VcpuExit<'_>,
+        ) -> Result<(Next, Option<Entry>), VmError> {
+            let mut bus = Bus {
+                platform: &mut self.platform,
+                block: None,
+                net: None,
+                mem: &self.mem,
+            };
+            dispatch(&mut bus, journal, &self.clock, &mut self.counts, 0, exit)
+        }
+
+        /// Reads CMOS register `index` (an OUT to 0x70, an IN from 0x71),
+        /// accounting both exits to `journal` as the vCPU loop does.
+        fn cmos(&mut self, journal: &mut Journal, index: u8, rip: u64) -> u8 {
+            let (_, out) = self.run(journal, VcpuExit::IoOut(0x70, &[index]));
+            journal
+                .exit(out.unwrap().with_rip(rip), &regs(rip))
+                .unwrap();
+            let mut data = [0u8];
+            let (_, read) = self.run(journal, VcpuExit::IoIn(0x71, &mut data));
+            journal
+                .exit(read.unwrap().with_rip(rip + 2), &regs(rip + 2))
+                .unwrap();
+            data[0]
+        }
+    }
+
+    fn regs(rip: u64) -> kvm_bindings::kvm_regs {
+        kvm_bindings::kvm_regs {
+            rip,
+            ..Default::default()
+        }
+    }
+
+    fn header() -> trace::Header {
+        trace::Header {
+            clock: trace::ClockKind::Exit,
+            created_unix_secs: 0,
+            guest_cpuid: vec![],
+            kvm_caps: vec![],
+            user_rdtsc_traps: false,
+            config: String::new(),
+            images: vec![],
+            boot: trace::BootParams {
+                cmdline: String::new(),
+                memory_mib: 1,
+                rng_seed: vec![0; 32],
+                extra_initramfs: vec![],
+                net: None,
+            },
+            digest_interval: 1,
+        }
+    }
+
+    fn temp_trace(name: &str) -> std::path::PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("insight-dispatch-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        dir
+    }
+
+    fn rdmsr(h: &mut Harness, journal: &mut Journal, index: u32) -> (u64, u8, Entry) {
+        let (mut data, mut error) = (0u64, 0u8);
+        let exit = VcpuExit::X86Rdmsr(ReadMsrExit {
+            error: &mut error,
+            reason: MsrExitReason::Unknown,
+            index,
+            data: &mut data,
+        });
+        let (next, entry) = h.run(journal, exit);
+        assert_eq!(next, Next::Continue);
+        (data, error, entry.unwrap())
+    }
+
+    #[test]
+    fn port_and_mmio_exits_reach_the_devices_and_come_back_as_entries() {
+        let mut h = Harness::new(1_700_000_000);
+        let mut live = Journal::Live;
+        // Serial output goes to the console; the exit is a logged write.
+        let (next, entry) = h.run(&mut live, VcpuExit::IoOut(0x3f8, b"A"));
+        assert_eq!(next, Next::Continue);
+        assert_eq!(
+            entry,
+            Some(Entry::Out {
+                port: 0x3f8,
+                size: 1,
+                rip: 0,
+                value: u32::from(b'A')
+            })
+        );
+        assert_eq!(h.platform.serial.writer_mut().as_slice(), b"A");
+        // A read of an unassigned port and of an unmapped MMIO address
+        // sees an empty bus, and the entry carries the value read.
+        let mut data = [0u8; 2];
+        let (_, entry) = h.run(&mut live, VcpuExit::IoIn(0x2f0, &mut data));
+        assert_eq!(data, [0xff, 0xff]);
+        assert!(matches!(
+            entry,
+            Some(Entry::In {
+                port: 0x2f0,
+                size: 2,
+                value: 0xffff,
+                ..
+            })
+        ));
+        let mut data = [0u8; 4];
+        let (_, entry) = h.run(&mut live, VcpuExit::MmioRead(0xe000_0000, &mut data));
+        assert_eq!(data, [0xff; 4]);
+        assert!(matches!(
+            entry,
+            Some(Entry::MmioRead {
+                addr: 0xe000_0000,
+                size: 4,
+                value: 0xffff_ffff,
+                ..
+            })
+        ));
+        assert_eq!((h.counts.port_io, h.counts.mmio), (2, 1));
+    }
+
+    #[test]
+    fn msr_halt_and_fatal_exits() {
+        let mut h = Harness::new(0);
+        let mut live = Journal::Live;
+        // The paravirtual clock is VM time; an MSR nobody knows faults.
+        let (clock, error, entry) = rdmsr(&mut h, &mut live, journal::MSR_INSIGHT_CLOCK);
+        assert_eq!(error, 0);
+        assert!(clock <= h.clock.now_ns());
+        assert!(matches!(entry, Entry::RdMsr { fault: false, .. }));
+        let (_, error, entry) = rdmsr(&mut h, &mut live, 0x1234);
+        assert_eq!(error, 1);
+        assert!(matches!(
+            entry,
+            Entry::RdMsr {
+                index: 0x1234,
+                fault: true,
+                ..
+            }
+        ));
+        // Writes to the MSRs KVM leaves to the VMM fault too.
+        let mut error = 0u8;
+        let exit = VcpuExit::X86Wrmsr(WriteMsrExit {
+            error: &mut error,
+            reason: MsrExitReason::Filter,
+            index: journal::MSR_IA32_TSC,
+            data: 5,
+        });
+        let (_, entry) = h.run(&mut live, exit);
+        assert_eq!(error, 1);
+        assert!(matches!(
+            entry,
+            Some(Entry::WrMsr {
+                value: 5,
+                fault: true,
+                ..
+            })
+        ));
+        assert_eq!(
+            h.run(&mut live, VcpuExit::Hlt),
+            (Next::WaitForInterrupt, Some(Entry::Halt { rip: 0 }))
+        );
+        // Kicks and windows are not deterministic: no entry.
+        assert_eq!(h.run(&mut live, VcpuExit::Intr), (Next::Continue, None));
+        assert!(matches!(
+            h.run(&mut live, VcpuExit::Shutdown),
+            (Next::Fault(..), None)
+        ));
+        assert_eq!(
+            h.run(&mut live, VcpuExit::InternalError),
+            (Next::InternalError, Some(Entry::Completed { rip: 0 }))
+        );
+    }
+
+    #[test]
+    fn replay_answers_reads_from_the_log_and_never_asks_the_device() {
+        let dir = temp_trace("reads");
+        let writer = trace::TraceWriter::create(&dir, &header()).unwrap();
+        let mut record = Journal::Record(Box::new(Recorder::new(writer, 1)));
+        let mut h = Harness::new(1_700_000_000);
+        let year = h.cmos(&mut record, 0x09, 0x100);
+        let (clock, _, entry) = rdmsr(&mut h, &mut record, journal::MSR_INSIGHT_CLOCK);
+        record.exit(entry.with_rip(0x200), &regs(0x200)).unwrap();
+        let Journal::Record(r) = record else {
+            unreachable!()
+        };
+        r.finish(journal::EndReason::PowerOff).unwrap();
+
+        // The same exits on a platform whose wall clock is years later:
+        // the guest reads what the recording read.
+        let reader = trace::TraceReader::open(&dir).unwrap();
+        let mut replay = Journal::Replay(Box::new(Replayer::new(reader)));
+        let mut later = Harness::new(1_900_000_000);
+        assert_ne!(later.cmos(&mut Journal::Live, 0x09, 0), year);
+        assert_eq!(later.cmos(&mut replay, 0x09, 0x100), year);
+        let (replayed, _, entry) = rdmsr(&mut later, &mut replay, journal::MSR_INSIGHT_CLOCK);
+        assert_eq!(replayed, clock);
+        replay.exit(entry.with_rip(0x200), &regs(0x200)).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn replay_stops_at_an_exit_the_recording_did_not_make() {
+        let dir = temp_trace("mismatch");
+        let writer = trace::TraceWriter::create(&dir, &header()).unwrap();
+        let mut record = Journal::Record(Box::new(Recorder::new(writer, 1)));
+        let mut h = Harness::new(0);
+        h.cmos(&mut record, 0x00, 0x100);
+        let Journal::Record(r) = record else {
+            unreachable!()
+        };
+        r.finish(journal::EndReason::PowerOff).unwrap();
+
+        let reader = trace::TraceReader::open(&dir).unwrap();
+        let mut replay = Journal::Replay(Box::new(Replayer::new(reader)));
+        let (_, out) = h.run(&mut replay, VcpuExit::IoOut(0x70, &[0x00]));
+        replay
+            .exit(out.unwrap().with_rip(0x100), &regs(0x100))
+            .unwrap();
+        // The recording read port 0x71 here; a read of another port is
+        // caught before any device answers it.
+        let mut data = [0u8];
+        match h.try_run(&mut replay, VcpuExit::IoIn(0x61, &mut data)) {
+            Err(VmError::Journal(JournalError::Diverged(d))) => assert_eq!(d.exit, 2),
+            other => panic!(
+                "expected a divergence at exit 2, got {:?}",
+                other.map(|r| r.0)
+            ),
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

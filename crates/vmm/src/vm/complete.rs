@@ -1,7 +1,15 @@
 //! Completing what KVM cannot emulate on these hosts (XSAVE family), and
 //! injecting the exceptions that completion raises.
 
-use super::*;
+use super::{kvm_err, Vm, VmError};
+use crate::unemulated::{self, Completion};
+use crate::xstate::{self, XOp, XstateFault};
+use crate::{gva, kvm_ext};
+
+/// KVM_INTERNAL_ERROR_EMULATION.
+const INTERNAL_ERROR_EMULATION: u32 = 1;
+/// Longest x86 instruction.
+const MAX_INSN_LEN: usize = 15;
 
 impl Vm {
     /// KVM could not emulate a guest instruction: complete it if it is one
@@ -30,7 +38,7 @@ impl Vm {
         let completion = fetched
             .as_ref()
             .ok()
-            .and_then(|_| emulation::complete(&insn));
+            .and_then(|_| unemulated::complete(&insn));
         if let Some(completion) = completion {
             self.exits.emulation_completions += 1;
             return match completion {
@@ -50,7 +58,7 @@ impl Vm {
             reason: "instruction the host cannot emulate".into(),
             rip: regs.rip,
             detail: match fetched {
-                Ok(()) => format!(" (bytes {})", emulation::hex_bytes(&insn)),
+                Ok(()) => format!(" (bytes {})", unemulated::hex_bytes(&insn)),
                 Err(e) => format!(" ({e})"),
             },
         })

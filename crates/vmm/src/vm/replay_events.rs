@@ -2,7 +2,18 @@
 //! the guest kernel's context-switch ring, and host samples of the
 //! tracked tasks.
 
-use super::*;
+use std::time::Duration;
+
+use devices::control::EventRaiser;
+use events::abi::Source;
+use events::capture::Capture;
+use vm_memory::GuestMemoryMmap;
+
+use super::run::RunOutcome;
+use super::{kvm_err, Sampling, Vm, VmError, MAX_SAMPLE_FRAMES};
+use crate::guest_events::{self, SwitchRing};
+use crate::gva;
+use crate::journal::Journal;
 use events::abi::SampleMode;
 use kvm_bindings::kvm_regs;
 
@@ -238,7 +249,7 @@ fn after_kernel_entry(mem: &GuestMemoryMmap, cr3: u64, regs: &kvm_regs) -> bool 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vm_memory::Bytes;
+    use vm_memory::{Bytes, GuestAddress};
 
     /// User code at 0x40_0000: CR3 0x1000 -> PDPT 0x2000 -> PD 0x3000,
     /// one 2 MiB page at physical 0x20_0000.

@@ -1,0 +1,220 @@
+//! Setting up a VM: KVM, guest memory and the boot image, the vCPU with
+//! its CPUID and MSR filter, and the devices.
+
+use std::path::PathBuf;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use devices::cow_disk::{CowDisk, DiskError};
+use devices::doorbell::Doorbell;
+use devices::virtio_blk::VirtioBlock;
+use devices::virtio_net::{NetBackend, VirtioNet};
+use devices::LegacyPlatform;
+use kvm_ioctls::Kvm;
+use vm_memory::{GuestAddress, GuestMemoryMmap};
+
+use super::{kvm_err, Console, ExitCounts, Vm, VmClock, VmError, BOOT_VCPU};
+use crate::boot;
+use crate::journal::{self, Journal};
+use crate::xstate::XsaveLayout;
+use crate::{cpuid, kvm_ext};
+
+/// Everything needed to boot a VM.
+#[derive(Debug)]
+pub struct VmSpec {
+    /// Where the kernel came from, and its content as read once: what is
+    /// digested for a trace is what boots.
+    pub kernel: PathBuf,
+    pub kernel_image: Vec<u8>,
+    /// The base initramfs image, followed by archives generated at boot.
+    pub initramfs: Vec<u8>,
+    /// How many bytes of `initramfs` are the base image.
+    pub initramfs_base_len: usize,
+    /// Where the base initramfs image came from.
+    pub initramfs_path: PathBuf,
+    /// The archive appended to it (already part of `initramfs`).
+    pub extra_initramfs: Vec<u8>,
+    /// Base image of the virtio disk, if the guest has one.
+    pub disk: Option<DiskImage>,
+    /// The virtio network device, if the guest has one.
+    pub net: Option<NetSpec>,
+    pub cmdline: String,
+    pub memory_mib: u64,
+    /// Seed for the guest kernel's random number generator.
+    pub rng_seed: [u8; boot::RNG_SEED_LEN],
+}
+
+/// The base image of the guest's disk, opened once: the file a trace's
+/// digest was computed from is the file the guest reads.
+#[derive(Debug)]
+pub struct DiskImage {
+    pub path: PathBuf,
+    pub file: std::fs::File,
+}
+
+/// The guest's network device.
+#[derive(Clone, Debug)]
+pub struct NetSpec {
+    pub mac: [u8; 6],
+    /// The host TAP device and the address to give it; `None` at replay,
+    /// where received frames come from the log and sent ones go nowhere.
+    pub tap: Option<(String, Option<crate::config::Ipv4Net>)>,
+}
+
+impl Vm {
+    /// Creates the VM, loads the guest and sets the boot vCPU's registers.
+    pub fn new(spec: &VmSpec, console: Console) -> Result<Self, VmError> {
+        let kvm = Kvm::new().map_err(VmError::OpenKvm)?;
+        let vm = kvm.create_vm().map_err(kvm_err("CREATE_VM"))?;
+        vm.set_tss_address(0xfffb_d000)
+            .map_err(kvm_err("SET_TSS_ADDR"))?;
+
+        let ram_size = spec.memory_mib << 20;
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), ram_size as usize)])
+            .map_err(|_| VmError::Memory {
+                mib: spec.memory_mib,
+            })?;
+        kvm_ext::map_guest_memory(&vm, &mem).map_err(kvm_err("SET_USER_MEMORY_REGION"))?;
+
+        let layout = boot::load_guest(
+            &mem,
+            ram_size,
+            &spec.kernel,
+            &spec.kernel_image,
+            &spec.initramfs,
+            &spec.cmdline,
+            &spec.rng_seed,
+        )?;
+
+        let vcpu = vm
+            .create_vcpu(u64::from(BOOT_VCPU))
+            .map_err(kvm_err("CREATE_VCPU"))?;
+        let cpuid = cpuid::apply(&kvm, &vcpu).map_err(kvm_err("SET_CPUID2"))?;
+        let xsave_layout = XsaveLayout::from_cpuid(
+            cpuid
+                .iter()
+                .filter(|e| e.function == 0xd)
+                .map(|e| (e.index, e.eax, e.ebx)),
+        );
+        let guest_cpuid = cpuid
+            .as_slice()
+            .iter()
+            .map(|e| (e.function, e.index, e.eax, e.ebx, e.ecx, e.edx))
+            .collect();
+        let kvm_caps = [
+            kvm_bindings::KVM_CAP_X86_USER_SPACE_MSR,
+            kvm_bindings::KVM_CAP_SYNC_REGS,
+            kvm_bindings::KVM_CAP_XSAVE,
+            kvm_bindings::KVM_CAP_IMMEDIATE_EXIT,
+        ]
+        .iter()
+        .map(|&c| (c, vm.check_extension_raw(u64::from(c))))
+        .collect();
+        let supported_xcr0 = cpuid
+            .iter()
+            .find(|e| (e.function, e.index) == (0xd, 0))
+            .map(|e| u64::from(e.eax) | (u64::from(e.edx) << 32))
+            .unwrap_or(0b11);
+        let xsave_max_size =
+            xsave_layout
+                .area_size(supported_xcr0)
+                .ok_or(VmError::XsaveTooLarge {
+                    xcr0: supported_xcr0,
+                })?;
+
+        // MSRs KVM does not know exit to the VMM (the paravirtual clock),
+        // and so does the TSC MSR, which KVM would answer with host time.
+        let mut cap = kvm_bindings::kvm_enable_cap {
+            cap: kvm_bindings::KVM_CAP_X86_USER_SPACE_MSR,
+            ..Default::default()
+        };
+        cap.args[0] = u64::from(
+            kvm_bindings::KVM_MSR_EXIT_REASON_UNKNOWN | kvm_bindings::KVM_MSR_EXIT_REASON_FILTER,
+        );
+        vm.enable_cap(&cap)
+            .map_err(kvm_err("ENABLE_CAP(X86_USER_SPACE_MSR)"))?;
+        vm.set_msr_filter(
+            kvm_ioctls::MsrFilterDefaultAction::ALLOW,
+            &[kvm_ioctls::MsrFilterRange {
+                flags: kvm_ioctls::MsrFilterRangeFlags::READ
+                    | kvm_ioctls::MsrFilterRangeFlags::WRITE,
+                base: journal::MSR_IA32_TSC,
+                msr_count: 1,
+                bitmap: &[0],
+            }],
+        )
+        .map_err(kvm_err("X86_SET_MSR_FILTER"))?;
+
+        let mut vcpu = vcpu;
+        // Registers come with every exit in kvm_run, for the journal.
+        vcpu.set_sync_valid_reg(kvm_ioctls::SyncReg::Register);
+        let sregs = vcpu.get_sregs().map_err(kvm_err("GET_SREGS"))?;
+        vcpu.set_sregs(&boot::boot_sregs(sregs))
+            .map_err(kvm_err("SET_SREGS"))?;
+        vcpu.set_regs(&boot::boot_regs(layout.entry))
+            .map_err(kvm_err("SET_REGS"))?;
+        vcpu.set_fpu(&boot::boot_fpu())
+            .map_err(kvm_err("SET_FPU"))?;
+
+        let doorbell = Doorbell::new();
+        let block = match &spec.disk {
+            Some(base) => {
+                let file = base.file.try_clone().map_err(|source| DiskError::Open {
+                    path: base.path.clone(),
+                    source,
+                })?;
+                Some(VirtioBlock::new(
+                    CowDisk::over(file, &base.path, &std::env::temp_dir())?,
+                    doorbell.clone(),
+                )?)
+            }
+            None => None,
+        };
+        let net = match &spec.net {
+            Some(n) => {
+                let backend = match &n.tap {
+                    Some((name, host_address)) => NetBackend::Tap {
+                        name: name.clone(),
+                        host_address: *host_address,
+                    },
+                    None => NetBackend::None,
+                };
+                Some(VirtioNet::new(n.mac, backend, doorbell.clone())?)
+            }
+            None => None,
+        };
+
+        let boot_unix_secs = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        Ok(Vm {
+            vcpu,
+            _vm: vm,
+            _kvm: kvm,
+            mem,
+            platform: LegacyPlatform::new(boot_unix_secs, console),
+            clock: VmClock::new(),
+            resume_rip: None,
+            exits: ExitCounts::default(),
+            exit_status: None,
+            init_reached: None,
+            xsave_layout,
+            xsave_max_size,
+            input: None,
+            exception_pending: false,
+            journal: Journal::Live,
+            block,
+            net,
+            doorbell,
+            at_deterministic_exit: false,
+            progress: None,
+            last_progress: Instant::now(),
+            trace_summary: None,
+            events: None,
+            sampling: None,
+            switch_ring: None,
+            guest_cpuid,
+            kvm_caps,
+        })
+    }
+}
