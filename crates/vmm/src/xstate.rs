@@ -179,6 +179,45 @@ impl XsaveLayout {
     }
 }
 
+/// The vCPU's extended state as the program sees it, from a
+/// `KVM_GET_XSAVE` image `cpu`, in a form that does not depend on how the
+/// hardware tracked which components were in use: a component XSTATE_BV
+/// marks as not in use reads as its initial value. Calls `each` with the
+/// parts in a fixed order.
+pub fn visible_state(cpu: &[u8], layout: &XsaveLayout, mut each: impl FnMut(&[u8])) {
+    let bv = header_bv(cpu, HEADER);
+    // x87: FCW 0x37f and everything else 0 when not in use.
+    let mut x87_init = [0u8; 160];
+    x87_init[0] = 0x7f;
+    x87_init[1] = 0x03;
+    for r in X87 {
+        if bv & 1 != 0 {
+            each(&cpu[r]);
+        } else {
+            each(&x87_init[r]);
+        }
+    }
+    each(&cpu[MXCSR]);
+    if bv & 0b10 != 0 {
+        each(&cpu[XMM]);
+    } else {
+        each(&[0u8; 256]);
+    }
+    let zeros = [0u8; 1024];
+    for &(i, off, size) in &layout.components {
+        if off + size > cpu.len() {
+            continue;
+        }
+        if bv & (1 << i) != 0 {
+            each(&cpu[off..off + size]);
+        } else {
+            for chunk in (0..size).step_by(zeros.len()) {
+                each(&zeros[..zeros.len().min(size - chunk)]);
+            }
+        }
+    }
+}
+
 /// Why the instruction faults (#GP(0) on hardware).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum XstateFault {
@@ -207,37 +246,71 @@ pub fn check_alignment(addr: u64) -> Result<(), XstateFault> {
     }
 }
 
+/// The x87 part of the legacy region in its initial state: FCW 0x37f,
+/// everything else 0.
+fn x87_init() -> [u8; 160] {
+    let mut init = [0u8; 160];
+    init[0] = 0x7f;
+    init[1] = 0x03;
+    init
+}
+
 /// XSAVE: writes the requested components of the vCPU state `cpu` (a
 /// `KVM_GET_XSAVE` image) into `area` (the guest's save area, read from
 /// guest memory, `layout.area_size(rfbm)` bytes).
+///
+/// What is written depends on the state alone, not on how the hardware
+/// tracked which components were in use (its XINUSE bits, which the
+/// host's own saves and restores of the vCPU's state can change between
+/// two runs): a component is saved as in use exactly when its value is not
+/// the initial one, and one that is not in use is written with its initial
+/// value. Hardware may do either; doing it the same way every time keeps
+/// a replay's memory identical to the recording's.
 pub fn save(cpu: &[u8], area: &mut [u8], rfbm: u64, layout: &XsaveLayout) {
     let cpu_bv = header_bv(cpu, HEADER);
+    let mut bv = 0u64;
+    let x87_init = x87_init();
     if rfbm & 1 != 0 {
+        let in_use = cpu_bv & 1 != 0 && X87.iter().any(|r| cpu[r.clone()] != x87_init[r.clone()]);
         for r in X87 {
-            area[r.clone()].copy_from_slice(&cpu[r]);
+            let from = if in_use {
+                &cpu[r.clone()]
+            } else {
+                &x87_init[r.clone()]
+            };
+            area[r].copy_from_slice(from);
         }
+        bv |= u64::from(in_use);
     }
     if rfbm & 0b110 != 0 {
         area[MXCSR].copy_from_slice(&cpu[MXCSR]);
         area[MXCSR_MASK].copy_from_slice(&cpu[MXCSR_MASK]);
     }
     if rfbm & 0b10 != 0 {
-        area[XMM].copy_from_slice(&cpu[XMM]);
+        let in_use = cpu_bv & 0b10 != 0 && cpu[XMM].iter().any(|&b| b != 0);
+        if in_use {
+            area[XMM].copy_from_slice(&cpu[XMM]);
+            bv |= 0b10;
+        } else {
+            area[XMM].fill(0);
+        }
     }
     for i in 2..63u8 {
         if rfbm & (1 << i) == 0 {
             continue;
         }
         if let Some((off, size)) = layout.component(i) {
-            if cpu_bv & (1 << i) != 0 {
-                area[off..off + size].copy_from_slice(&cpu[off..off + size]);
+            let value = &cpu[off..off + size];
+            if cpu_bv & (1 << i) != 0 && value.iter().any(|&b| b != 0) {
+                area[off..off + size].copy_from_slice(value);
+                bv |= 1 << i;
             } else {
                 area[off..off + size].fill(0);
             }
         }
     }
     let guest_bv = header_bv(area, HEADER);
-    let bv = (guest_bv & !rfbm) | (cpu_bv & rfbm);
+    let bv = (guest_bv & !rfbm) | (bv & rfbm);
     area[HEADER..HEADER + 8].copy_from_slice(&bv.to_le_bytes());
 }
 
@@ -444,6 +517,35 @@ mod tests {
         assert_eq!(l.area_size(0b111), Some(832));
         assert_eq!(l.area_size(0b100111), Some(1152));
         assert_eq!(l.area_size(1 << 9), None, "unknown component");
+    }
+
+    #[test]
+    fn save_writes_the_state_whatever_the_hardware_tracked() {
+        let layout = XsaveLayout::from_cpuid([(2, 256, 576)]);
+        // The same state twice: all initial, but the first image says x87,
+        // SSE and AVX are in use and holds stale bytes where the second
+        // says nothing is.
+        let mut tracked = vec![0u8; KVM_XSAVE_SIZE];
+        tracked[0] = 0x7f;
+        tracked[1] = 0x03;
+        tracked[HEADER] = 0b111;
+        let mut untracked = tracked.clone();
+        untracked[HEADER] = 0;
+        untracked[XMM.start] = 0xaa;
+        untracked[600] = 0xbb;
+        let save_of = |cpu: &[u8]| {
+            let mut area = vec![0x55u8; 832];
+            area[HEADER..HEADER + 64].fill(0);
+            save(cpu, &mut area, 0b111, &layout);
+            area
+        };
+        let a = save_of(&tracked);
+        assert_eq!(a, save_of(&untracked));
+        assert_eq!(header_xstate_bv(&a), 0);
+        assert_eq!(&a[XMM], &[0u8; 256][..]);
+        // A component with a value is in use.
+        tracked[600] = 1;
+        assert_eq!(header_xstate_bv(&save_of(&tracked)), 0b100);
     }
 
     #[test]
