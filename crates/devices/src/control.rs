@@ -24,6 +24,7 @@ const CODE_PANIC: u8 = 0x04;
 const CODE_SYNC: u8 = 0x05;
 const CODE_EVENT: u8 = 0x06;
 const CODE_SWITCH_RING: u8 = 0x07;
+const CODE_PREEMPT_AREA: u8 = 0x08;
 /// Arguments of `CODE_EVENT`: who raised the event.
 const EVENT_FROM_PROBE: u32 = 0;
 const EVENT_FROM_KERNEL: u32 = 1;
@@ -61,6 +62,10 @@ pub enum ControlMessage {
     /// The guest kernel's context-switch ring is at the guest physical
     /// address in RSI (docs/events.md).
     SwitchRing,
+    /// Where the current task maps the trampoline pages, and where those
+    /// pages are: the area at the guest physical address in RSI
+    /// (docs/ARCHITECTURE.md, "Asynchronous points").
+    PreemptArea,
     /// A write this version does not understand.
     Unknown(u32),
 }
@@ -77,6 +82,7 @@ impl ControlMessage {
             CODE_EVENT if arg == EVENT_FROM_PROBE => ControlMessage::Event(EventRaiser::ProbeTrap),
             CODE_EVENT if arg == EVENT_FROM_KERNEL => ControlMessage::Event(EventRaiser::Kernel),
             CODE_SWITCH_RING => ControlMessage::SwitchRing,
+            CODE_PREEMPT_AREA => ControlMessage::PreemptArea,
             _ => ControlMessage::Unknown(value),
         }
     }

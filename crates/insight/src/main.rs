@@ -1,9 +1,10 @@
 //! `insight`: record, replay and diagnose a Linux VM.
 
 mod cli;
-mod journal_cmds;
+mod cmd;
+mod exit;
+mod guest_args;
 mod pcap;
-mod report_cmds;
 mod status;
 
 use std::process::ExitCode;
@@ -12,8 +13,8 @@ fn main() -> ExitCode {
     match cli::main() {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("insight: error: {}", cli::error_chain(&err));
-            ExitCode::from(cli::EXIT_INSIGHT_ERROR)
+            eprintln!("insight: error: {}", exit::error_chain(&err));
+            ExitCode::from(exit::EXIT_INSIGHT_ERROR)
         }
     }
 }

@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 
 /// Format version, bumped on every change of the layout or of the types
 /// serialized in it.
-pub const TRACE_VERSION: u32 = 4;
+pub const TRACE_VERSION: u32 = 5;
 pub const MAGIC: [u8; 8] = *b"INSIGHT\0";
 
 const HEADER_FILE: &str = "header";
@@ -280,6 +280,12 @@ impl<E: Serialize> TraceWriter<E> {
     pub fn bytes_written(&self) -> u64 {
         self.summary.event_bytes + self.summary.payload_bytes
     }
+}
+
+/// How many bytes an event takes in a frame before compression (for
+/// statistics of what a trace is made of).
+pub fn encoded_len<E: Serialize>(event: &E) -> usize {
+    encode(event, "event").map_or(0, |b| b.len())
 }
 
 fn encode<T: Serialize>(value: &T, what: &'static str) -> Result<Vec<u8>, TraceError> {

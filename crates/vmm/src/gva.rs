@@ -8,6 +8,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 const PRESENT: u64 = 1;
 const WRITABLE: u64 = 1 << 1;
+const USER: u64 = 1 << 2;
 const ACCESSED: u64 = 1 << 5;
 const DIRTY: u64 = 1 << 6;
 const HUGE: u64 = 1 << 7;
@@ -19,6 +20,8 @@ pub enum TranslateError {
     NotMapped(u64),
     #[error("guest virtual address {0:#x} is not writable")]
     NotWritable(u64),
+    #[error("guest virtual address {0:#x} is not accessible from user mode")]
+    NotUser(u64),
     #[error("guest page table at {0:#x} is outside guest memory")]
     TableOutsideMemory(u64),
     #[error("guest virtual address {0:#x} maps outside guest memory")]
@@ -40,6 +43,70 @@ pub fn translate_access(
     gva: u64,
     write: bool,
 ) -> Result<u64, TranslateError> {
+    walk(mem, cr3, gva, write, false)
+}
+
+/// Translates `gva` as a user-mode read would see it: every level present
+/// and open to user mode. Does not touch the accessed bits.
+pub fn translate_user(mem: &GuestMemoryMmap, cr3: u64, gva: u64) -> Result<u64, TranslateError> {
+    walk(mem, cr3, gva, false, true)
+}
+
+/// Reads `buf.len()` bytes at `gva` without touching the accessed bits:
+/// the VMM looking, not the guest accessing (the guest's page tables stay
+/// exactly as they were).
+pub fn peek_virt(
+    mem: &GuestMemoryMmap,
+    cr3: u64,
+    gva: u64,
+    buf: &mut [u8],
+) -> Result<(), TranslateError> {
+    let mut done = 0;
+    while done < buf.len() {
+        let va = gva.wrapping_add(done as u64);
+        let n = ((0x1000 - (va & 0xfff)) as usize).min(buf.len() - done);
+        let pa = translate(mem, cr3, va)?;
+        mem.read_slice(&mut buf[done..done + n], GuestAddress(pa))
+            .map_err(|_| TranslateError::OutsideMemory(va))?;
+        done += n;
+    }
+    Ok(())
+}
+
+/// The guest physical addresses of the entries a walk for `gva` reads,
+/// from the top level to the last-level entry that maps it (a 4 KiB
+/// page's PTE, or a huge page's directory entry).
+pub fn path_entries(mem: &GuestMemoryMmap, cr3: u64, gva: u64) -> Result<Vec<u64>, TranslateError> {
+    let mut table = cr3 & ADDR_MASK;
+    let mut path = Vec::with_capacity(4);
+    for level in (0..4).rev() {
+        let shift = 12 + 9 * level;
+        let entry_addr = table + ((gva >> shift) & 0x1ff) * 8;
+        let entry: u64 = mem
+            .read_obj(GuestAddress(entry_addr))
+            .map_err(|_| TranslateError::TableOutsideMemory(entry_addr))?;
+        if entry & PRESENT == 0 {
+            return Err(TranslateError::NotMapped(gva));
+        }
+        path.push(entry_addr);
+        if level == 0 || (entry & HUGE != 0 && (level == 1 || level == 2)) {
+            return Ok(path);
+        }
+        table = entry & ADDR_MASK;
+    }
+    Err(TranslateError::NotMapped(gva))
+}
+
+/// The accessed and dirty bits of a page-table entry.
+pub const ACCESSED_DIRTY: u64 = ACCESSED | DIRTY;
+
+fn walk(
+    mem: &GuestMemoryMmap,
+    cr3: u64,
+    gva: u64,
+    write: bool,
+    user: bool,
+) -> Result<u64, TranslateError> {
     let mut table = cr3 & ADDR_MASK;
     let mut writable = true;
     // Levels: PML4 (bits 47..39), PDPT (38..30), PD (29..21), PT (20..12).
@@ -54,6 +121,9 @@ pub fn translate_access(
             return Err(TranslateError::NotMapped(gva));
         }
         writable &= entry & WRITABLE != 0;
+        if user && entry & USER == 0 {
+            return Err(TranslateError::NotUser(gva));
+        }
         let page_mask = (1u64 << shift) - 1;
         if level == 0 || (entry & HUGE != 0 && (level == 1 || level == 2)) {
             if write && !writable {

@@ -31,12 +31,34 @@ pub fn inject_interrupt(vcpu: &VcpuFd, vector: u8) -> io::Result<()> {
 /// The caller keeps `mem` alive for as long as the VM exists (the VMM
 /// structs own both and drop the VM first).
 pub fn map_guest_memory(vm: &VmFd, mem: &GuestMemoryMmap) -> Result<(), kvm_ioctls::Error> {
+    register_guest_memory(vm, mem, 0)
+}
+
+/// Registers `mem` again with KVM's dirty log on: from now on
+/// `VmFd::get_dirty_log` of each slot returns the pages the guest wrote
+/// since the previous call.
+pub fn log_dirty_pages(vm: &VmFd, mem: &GuestMemoryMmap) -> Result<(), kvm_ioctls::Error> {
+    register_guest_memory(vm, mem, kvm_bindings::KVM_MEM_LOG_DIRTY_PAGES)
+}
+
+fn register_guest_memory(
+    vm: &VmFd,
+    mem: &GuestMemoryMmap,
+    flags: u32,
+) -> Result<(), kvm_ioctls::Error> {
     for (slot, region) in mem.iter().enumerate() {
         let host = region
             .get_host_address(MemoryRegionAddress(0))
             .map_err(|_| kvm_ioctls::Error::new(libc::EFAULT))?;
-        map_guest_ram(vm, slot as u32, region.start_addr().0, region.len(), host)
-            .map_err(|e| kvm_ioctls::Error::new(e.raw_os_error().unwrap_or(libc::EINVAL)))?;
+        map_guest_ram(
+            vm,
+            slot as u32,
+            region.start_addr().0,
+            region.len(),
+            host,
+            flags,
+        )
+        .map_err(|e| kvm_ioctls::Error::new(e.raw_os_error().unwrap_or(libc::EINVAL)))?;
     }
     Ok(())
 }
@@ -49,10 +71,11 @@ fn map_guest_ram(
     guest_addr: u64,
     len: u64,
     host_addr: *mut u8,
+    flags: u32,
 ) -> io::Result<()> {
     let region = kvm_userspace_memory_region {
         slot,
-        flags: 0,
+        flags,
         guest_phys_addr: guest_addr,
         memory_size: len,
         userspace_addr: host_addr as u64,

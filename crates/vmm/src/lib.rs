@@ -17,6 +17,7 @@ pub mod image;
 pub mod initramfs;
 pub mod journal;
 mod kvm_ext;
+pub mod preempt;
 mod sys;
 pub mod unemulated;
 pub mod vm;

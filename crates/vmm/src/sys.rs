@@ -20,6 +20,15 @@ struct PerfEventAttrV0 {
     config1: u64,
 }
 
+/// The host's time stamp counter: what a guest's user-mode RDTSC returns
+/// on hosts that cannot trap it (`insight host-check`).
+pub fn host_tsc() -> u64 {
+    // SAFETY: RDTSC reads a counter; it touches no memory. Every x86-64
+    // CPU has it, and the host kernel lets user mode run it (the guest's
+    // user code does, natively).
+    unsafe { core::arch::x86_64::_rdtsc() }
+}
+
 const PERF_TYPE_HARDWARE: u32 = 0;
 const PERF_COUNT_HW_BRANCH_INSTRUCTIONS: u64 = 4;
 const FLAG_DISABLED: u64 = 1 << 0;

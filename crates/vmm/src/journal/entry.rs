@@ -6,6 +6,8 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 use trace::PayloadRef;
 
+use crate::preempt::AsyncPoint;
+
 /// An entry of the event log. The exit entries (`In` to `Completed`) are
 /// the deterministic exits in order: the n-th of them is exit n. The
 /// others tell what happened after the exit before them.
@@ -75,6 +77,12 @@ pub enum Entry {
     EventRaised { ns: u64 },
     /// Digest of the general registers at the preceding exit.
     Registers { digest: u64 },
+    /// The guest's user code, running on after the preceding exit without
+    /// one of its own, was stopped at this state and the interrupt of the
+    /// `Interrupt` entry that follows delivered there (an asynchronous
+    /// point; inputs may be made visible there too). Not an exit: it has
+    /// no ordinal.
+    AsyncPoint(Box<AsyncPoint>),
     /// The recording ended here.
     End(EndReason),
 }
@@ -122,8 +130,30 @@ impl Entry {
                 | Entry::NetRx { .. }
                 | Entry::EventRaised { .. }
                 | Entry::Registers { .. }
+                | Entry::AsyncPoint(_)
                 | Entry::End(_)
         )
+    }
+
+    /// The kind of entry, as its variant is named.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Entry::In { .. } => "In",
+            Entry::Out { .. } => "Out",
+            Entry::MmioRead { .. } => "MmioRead",
+            Entry::MmioWrite { .. } => "MmioWrite",
+            Entry::Halt { .. } => "Halt",
+            Entry::RdMsr { .. } => "RdMsr",
+            Entry::WrMsr { .. } => "WrMsr",
+            Entry::Completed { .. } => "Completed",
+            Entry::Interrupt { .. } => "Interrupt",
+            Entry::DiskDone { .. } => "DiskDone",
+            Entry::NetRx { .. } => "NetRx",
+            Entry::EventRaised { .. } => "EventRaised",
+            Entry::Registers { .. } => "Registers",
+            Entry::AsyncPoint(_) => "AsyncPoint",
+            Entry::End(_) => "End",
+        }
     }
 
     /// The same exit with its RIP set.
@@ -142,6 +172,7 @@ impl Entry {
             | Entry::NetRx { .. }
             | Entry::EventRaised { .. }
             | Entry::Registers { .. }
+            | Entry::AsyncPoint(_)
             | Entry::End(_) => {}
         }
         self
@@ -262,6 +293,19 @@ impl fmt::Display for Entry {
             ),
             Entry::EventRaised { ns } => write!(f, "  guest event raised at {ns} ns"),
             Entry::Registers { digest } => write!(f, "  registers digest {digest:016x}"),
+            Entry::AsyncPoint(p) => {
+                let s = &p.state;
+                write!(
+                    f,
+                    "async point  rip {:#x} rsp {:#x} cr3 {:#x}, {} page{} written, {} us after the exit",
+                    s.rip,
+                    s.gprs[4],
+                    s.cr3,
+                    s.pages.len(),
+                    if s.pages.len() == 1 { "" } else { "s" },
+                    p.run_ns / 1000
+                )
+            }
             Entry::End(reason) => write!(f, "end: {reason}"),
         }
     }

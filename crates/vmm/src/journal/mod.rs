@@ -57,6 +57,8 @@ pub struct Progress {
     pub exits: u64,
     /// Log entries written or read.
     pub entries: u64,
+    /// Asynchronous points recorded or reached.
+    pub async_points: u64,
     /// Guest time: the last paravirtual clock value the guest read (ns).
     pub guest_ns: u64,
     /// Compressed bytes of the trace so far (recording only).

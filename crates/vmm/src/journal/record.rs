@@ -7,6 +7,7 @@ use trace::{Summary, TraceWriter};
 
 use super::entry::register_digest;
 use super::{EndReason, Entry, Journal, JournalError, Progress};
+use crate::preempt::AsyncPoint;
 
 /// The recorder hands complete frames to the OS at least this often, so a
 /// crashed recording loses at most this much of its end.
@@ -17,6 +18,7 @@ pub struct Recorder {
     digest_interval: u64,
     exits: u64,
     entries: u64,
+    async_points: u64,
     last_flush: Instant,
     pub(super) guest_ns: u64,
 }
@@ -30,6 +32,7 @@ impl Recorder {
             digest_interval: digest_interval.max(1),
             exits: 0,
             entries: 0,
+            async_points: 0,
             last_flush: Instant::now(),
             guest_ns: 0,
         }
@@ -72,6 +75,7 @@ impl Recorder {
         Progress {
             exits: self.exits,
             entries: self.entries,
+            async_points: self.async_points,
             guest_ns: self.guest_ns,
             trace_bytes: self.writer.bytes_written(),
         }
@@ -116,6 +120,16 @@ impl Journal {
     /// after the last exit.
     pub fn record_disk_done(&mut self, completed: u64) -> Result<(), JournalError> {
         self.record_after(Entry::DiskDone { completed })
+    }
+
+    /// Records an asynchronous point: the interrupt injected next, and any
+    /// inputs made visible with it, belong to it.
+    pub fn record_async_point(&mut self, point: AsyncPoint) -> Result<(), JournalError> {
+        if let Journal::Record(r) = self {
+            r.async_points += 1;
+            r.push(Entry::AsyncPoint(Box::new(point)))?;
+        }
+        Ok(())
     }
 
     /// Records the network frames made visible after the last exit (their

@@ -10,6 +10,7 @@ use trace::{Header, TraceReader};
 
 use super::entry::{register_digest, rip_of};
 use super::{EndReason, Entry, Input, Journal, JournalError, Progress};
+use crate::preempt::AsyncPoint;
 
 pub struct Replayer {
     reader: TraceReader<Entry>,
@@ -20,6 +21,7 @@ pub struct Replayer {
     current: Option<Entry>,
     exits: u64,
     entries: u64,
+    async_points: u64,
     pub(super) guest_ns: u64,
     /// The log ran out (an incomplete trace).
     exhausted: bool,
@@ -36,6 +38,7 @@ impl Replayer {
             current: None,
             exits: 0,
             entries: 0,
+            async_points: 0,
             guest_ns: 0,
             exhausted: false,
             last_input: None,
@@ -154,6 +157,7 @@ impl Replayer {
         Progress {
             exits: self.exits,
             entries: self.entries,
+            async_points: self.async_points,
             guest_ns: self.guest_ns,
             trace_bytes: 0,
         }
@@ -188,6 +192,40 @@ impl Journal {
         };
         r.next()?;
         Ok(Some(value))
+    }
+
+    /// At replay, the asynchronous point the log has next, if it has one
+    /// before the next exit (left in the log until it is reached).
+    pub fn replay_async_point(&mut self) -> Result<Option<AsyncPoint>, JournalError> {
+        let Journal::Replay(r) = self else {
+            return Ok(None);
+        };
+        Ok(match r.peek()? {
+            Some(Entry::AsyncPoint(p)) => Some((**p).clone()),
+            _ => None,
+        })
+    }
+
+    /// At replay, the asynchronous point the log has next was reached:
+    /// what follows it in the log is delivered now.
+    pub fn replay_async_point_reached(&mut self) -> Result<(), JournalError> {
+        if let Journal::Replay(r) = self {
+            if let Some(Entry::AsyncPoint(_)) = r.peek()? {
+                r.next()?;
+                r.async_points += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// The divergence for an asynchronous point replay did not reach:
+    /// `why` says what happened instead.
+    pub fn async_point_missed(&mut self, why: String) -> JournalError {
+        let expected = match self {
+            Journal::Replay(r) => r.peek().ok().flatten().cloned(),
+            _ => None,
+        };
+        self.divergence(expected, why)
     }
 
     /// At replay, the interrupt to inject after the last exit, if any.

@@ -24,7 +24,7 @@ impl Vm {
                     net.deliver_received(&self.mem);
                 }
             }
-            Journal::Record(_) if self.at_deterministic_exit => {
+            Journal::Record(_) if self.at_delivery_point => {
                 if let Some(block) = &mut self.block {
                     let n = block.publishable();
                     if block.publish(n, &self.mem) > 0 {
@@ -38,7 +38,7 @@ impl Vm {
                     }
                 }
             }
-            Journal::Replay(_) if self.at_deterministic_exit => {
+            Journal::Replay(_) if self.at_delivery_point => {
                 while let Some(input) = self.journal.replay_input()? {
                     self.replay_input(input)?;
                 }

@@ -15,7 +15,7 @@ impl Vm {
     /// window: the window exit is not a deterministic point.
     pub(super) fn inject_interrupts(&mut self) -> Result<(), VmError> {
         let exit_clock = self.journal.exit_clock();
-        let at_exit = std::mem::take(&mut self.at_deterministic_exit);
+        let at_exit = std::mem::take(&mut self.at_delivery_point);
         let exception_pending = std::mem::take(&mut self.exception_pending);
         let run = self.vcpu.get_kvm_run();
         // The flags describe the vCPU at the last exit, before any

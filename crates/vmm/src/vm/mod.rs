@@ -30,10 +30,12 @@ mod complete;
 mod dispatch;
 mod inputs;
 mod interrupts;
+mod preempt;
 mod replay_events;
 mod run;
 mod setup;
 
+pub use preempt::PreemptStats;
 pub use run::{ExitCounts, NetReport, ProgressFn, RunOutcome, StopReason};
 pub use setup::{DiskImage, NetSpec, VmSpec};
 
@@ -157,9 +159,12 @@ pub struct Vm {
     switch_ring: Option<SwitchRing>,
     /// Rung by device threads when they have something for the guest.
     doorbell: Doorbell,
-    /// The last KVM_RUN ended in a deterministic exit: under the exit clock
-    /// the only moment an interrupt may be injected.
-    at_deterministic_exit: bool,
+    /// The last KVM_RUN ended in a deterministic exit, or the vCPU is at an
+    /// asynchronous point: under the exit clock the only moments an
+    /// interrupt may be injected or input made visible.
+    at_delivery_point: bool,
+    /// Asynchronous points: taken when recording, searched for at replay.
+    preempt: preempt::Preemption,
     /// Called with the journal's counts about twice a second.
     progress: Option<ProgressFn>,
     last_progress: Instant,

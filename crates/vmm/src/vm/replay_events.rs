@@ -90,7 +90,9 @@ impl Vm {
             (SampleMode::Kernel, Vec::new())
         };
         let time = self.journal.progress().guest_ns;
-        capture.sample(time, pid, lwpid, regs.rip, mode, &stack)?;
+        // Inside the trampoline, the program is at the patched position.
+        let rip = self.preempt.sample_rip(regs.rip);
+        capture.sample(time, pid, lwpid, rip, mode, &stack)?;
         Ok(())
     }
 

@@ -11,11 +11,14 @@ use devices::virtio_blk::BlockStats;
 use devices::virtio_net::NetStats;
 use devices::{ControlMessage, PlatformStats};
 use events::capture::{Capture, CaptureSummary};
+use kvm_ioctls::VcpuExit;
 use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
 
 use super::dispatch::{dispatch, Bus, Next};
-use super::{kvm_err, Vm, VmError, BOOT_VCPU};
+use super::preempt::Candidate;
+use super::{kvm_err, PreemptStats, Vm, VmError, BOOT_VCPU};
 use crate::journal::{self, EndReason, Entry, Journal, JournalError, Progress};
+use crate::preempt::EXIT_PAGE_GPA;
 
 /// Why the guest stopped.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -66,6 +69,8 @@ pub struct RunOutcome {
     pub trace: Option<trace::Summary>,
     /// What the event capture stored, when replaying with one.
     pub events: Option<CaptureSummary>,
+    /// Asynchronous points taken or reached (recording, replay).
+    pub preempt: PreemptStats,
 }
 
 /// How the network device fared.
@@ -98,6 +103,23 @@ extern "C" fn on_kick(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_v
 }
 
 impl Vm {
+    /// Dispatches an exit the vCPU is no longer borrowed for.
+    fn dispatch(&mut self, exit: VcpuExit<'_>) -> Result<(Next, Option<Entry>), VmError> {
+        dispatch(
+            &mut Bus {
+                platform: &mut self.platform,
+                block: self.block.as_mut(),
+                net: self.net.as_mut(),
+                mem: &self.mem,
+            },
+            &mut self.journal,
+            &self.clock,
+            &mut self.exits,
+            BOOT_VCPU,
+            exit,
+        )
+    }
+
     /// Runs the guest until it powers off or fails. The vCPU runs on a
     /// thread of its own; this thread kicks it when timers come due.
     pub fn run(self) -> Result<RunOutcome, VmError> {
@@ -116,6 +138,7 @@ impl Vm {
             .spawn(move || {
                 let mut vm = self;
                 let result = vm.run_vcpu(&shared);
+                vm.end_patches();
                 let result = vm.end_journal(result);
                 let result = vm.end_events(result);
                 let result = vm.describe_divergence(result);
@@ -141,6 +164,7 @@ impl Vm {
     }
 
     fn run_vcpu(&mut self, kick: &KickState) -> Result<RunOutcome, VmError> {
+        self.start_dirty_log()?;
         loop {
             self.feed_input()?;
             let now = self.clock.now_ns();
@@ -155,37 +179,76 @@ impl Vm {
                 }
             }
             self.publish_inputs()?;
+            let delivery_point = self.at_delivery_point;
             self.inject_interrupts()?;
+            if delivery_point && self.journal.is_replay() {
+                self.arm_async_point()?;
+            }
             let deadline = if self.journal.exit_clock() {
                 let sample = self.sampling.as_ref().map_or(u64::MAX, |s| s.next_ns);
-                (now + HOUSEKEEPING_NS).min(sample)
+                (now + HOUSEKEEPING_NS)
+                    .min(sample)
+                    .min(self.preempt_deadline())
             } else {
                 self.platform.next_timer_ns().unwrap_or(u64::MAX)
             };
             kick.deadline_ns.store(deadline, Ordering::Release);
 
             let resumed_at = self.resume_rip.take();
-            let (next, observed) = match self.vcpu.run() {
-                Ok(exit) => dispatch(
-                    &mut Bus {
-                        platform: &mut self.platform,
-                        block: self.block.as_mut(),
-                        net: self.net.as_mut(),
-                        mem: &self.mem,
-                    },
-                    &mut self.journal,
-                    &self.clock,
-                    &mut self.exits,
-                    BOOT_VCPU,
-                    exit,
-                )?,
-                Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
-                    self.exits.kicks += 1;
-                    (Next::Continue, None)
+            let exit = self.vcpu.run();
+            // A store to the exit page while a trampoline is in place is
+            // it saying it found what it looks for: not a deterministic
+            // exit (unless the store is the guest's own).
+            let store = match &exit {
+                Ok(VcpuExit::MmioWrite(addr, data))
+                    if *addr == EXIT_PAGE_GPA && self.preempt.patched() =>
+                {
+                    Some((*addr, data.to_vec()))
                 }
-                Err(e) => return Err(kvm_err("RUN")(e)),
+                _ => None,
             };
-            self.at_deterministic_exit = observed.is_some();
+            let (next, observed) = if let Some((addr, data)) = store {
+                drop(exit);
+                match self.trampoline_exit(addr)? {
+                    Candidate::Reached => {
+                        self.at_delivery_point = true;
+                        continue;
+                    }
+                    Candidate::Passed => continue,
+                    Candidate::NotOurs => self.dispatch(VcpuExit::MmioWrite(addr, &data))?,
+                }
+            } else {
+                match exit {
+                    Ok(exit) => dispatch(
+                        &mut Bus {
+                            platform: &mut self.platform,
+                            block: self.block.as_mut(),
+                            net: self.net.as_mut(),
+                            mem: &self.mem,
+                        },
+                        &mut self.journal,
+                        &self.clock,
+                        &mut self.exits,
+                        BOOT_VCPU,
+                        exit,
+                    )?,
+                    Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
+                        self.exits.kicks += 1;
+                        (Next::Continue, None)
+                    }
+                    Err(e) => return Err(kvm_err("RUN")(e)),
+                }
+            };
+            self.at_delivery_point = observed.is_some();
+            if observed.is_some() {
+                self.preempt_after_exit(self.clock.now_ns())?;
+            } else if matches!(self.journal, Journal::Record(_)) {
+                // A kick: an interrupt that waited a tick for an exit may
+                // be delivered where the guest's user code stands.
+                self.at_delivery_point = self.try_async_point()?;
+            } else {
+                self.check_search_time()?;
+            }
             if observed.is_none() && self.sampling.is_some() {
                 // A kick: the guest stopped wherever it was, which is
                 // what a sample wants (exits would bias it).
@@ -225,6 +288,7 @@ impl Vm {
                     ControlMessage::Panic => return Err(VmError::GuestPanic),
                     ControlMessage::Event(raiser) => self.guest_event(raiser)?,
                     ControlMessage::SwitchRing => self.attach_switch_ring(),
+                    ControlMessage::PreemptArea => self.attach_preempt_area(),
                     ControlMessage::Sync | ControlMessage::Unknown(_) => {}
                 }
             }
@@ -279,6 +343,7 @@ impl Vm {
                 failure: n.failure().map(str::to_owned),
             }),
             events: self.events.as_ref().map(Capture::summary),
+            preempt: self.preempt.stats,
         }
     }
 

@@ -8,7 +8,7 @@ use anyhow::{bail, Context, Result};
 use diagnosis::plugin::{self, Output, Plugin};
 use diagnosis::plugins::{self, deadlock, locks, profile};
 use diagnosis::symbols::GuestFiles;
-use events::db::{EventDb, EventWriter};
+use events::db::EventDb;
 
 #[derive(clap::Args)]
 pub struct ReportArgs {
@@ -205,44 +205,6 @@ pub fn report(args: ReportArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-#[derive(clap::Args)]
-pub struct ConvertArgs {
-    /// The event database to read.
-    db: PathBuf,
-    /// The database to write (replaced if it exists).
-    out: PathBuf,
-    /// The format of OUT.
-    #[arg(long, value_enum, default_value = "rows", value_name = "FORMAT")]
-    events_format: crate::journal_cmds::EventsFormat,
-}
-
-pub fn convert(args: &ConvertArgs) -> Result<ExitCode> {
-    let src = EventDb::open(&args.db)?;
-    let src_path = std::fs::canonicalize(&args.db).ok();
-    for written in [args.out.clone(), EventWriter::partial_path(&args.out)] {
-        if src_path.is_some() && src_path == std::fs::canonicalize(&written).ok() {
-            bail!(
-                "{} is the database being read, and converting into {} writes {}: name another file",
-                args.db.display(),
-                args.out.display(),
-                written.display()
-            );
-        }
-    }
-    let mut w = EventWriter::create_with(&args.out, &[], args.events_format.into())
-        .with_context(|| format!("cannot create {}", args.out.display()))?;
-    src.copy_to(&mut w)?;
-    let events = w.events_written();
-    let format = w.format().name();
-    w.finish()?;
-    let size = std::fs::metadata(&args.out).map(|m| m.len()).unwrap_or(0);
-    eprintln!(
-        "insight: {events} events written to {} ({format}, {size} bytes)",
-        args.out.display()
-    );
-    Ok(ExitCode::SUCCESS)
-}
-
 /// "tools: locks (...), ...".
 pub fn tool_list() -> String {
     let names: Vec<String> = plugins::registry()
@@ -302,7 +264,7 @@ pub fn run_plugins(
             f.add_debug_files(debug_dir, paths.iter().map(String::as_str));
             (f, None)
         }
-        Err(e) => (GuestFiles::default(), Some(crate::cli::error_chain(&e))),
+        Err(e) => (GuestFiles::default(), Some(crate::exit::error_chain(&e))),
     };
     let cx = plugin::Context {
         db: &events,

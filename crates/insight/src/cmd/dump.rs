@@ -1,0 +1,262 @@
+//! `insight dump`: a trace's header and log, as text, JSON lines, a pcap
+//! of the frames it received, or statistics.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+use trace::{Header, TraceReader};
+use vmm::journal::Entry;
+
+use super::open_trace;
+use crate::pcap::PcapWriter;
+use crate::status::human_bytes;
+
+#[derive(clap::Args)]
+pub struct DumpArgs {
+    /// Trace directory written by `insight record`.
+    trace: PathBuf,
+    /// One JSON object per line instead of text.
+    #[arg(long)]
+    json: bool,
+    /// Print the header only.
+    #[arg(long, conflicts_with = "json")]
+    header: bool,
+    /// Stop after this many log entries.
+    #[arg(long, value_name = "N")]
+    limit: Option<u64>,
+    /// Print what the log is made of instead: entries of each kind, their
+    /// bytes before compression, and the share of the compressed log each
+    /// kind accounts for (in proportion to its bytes).
+    #[arg(long, conflicts_with_all = ["json", "header"])]
+    stats: bool,
+    /// Write the network frames the recording delivered to the guest to
+    /// FILE (pcap, stamped with guest time) instead of printing the log.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["json", "header", "limit"])]
+    rx_pcap: Option<PathBuf>,
+}
+
+pub fn dump(args: DumpArgs) -> Result<ExitCode> {
+    let mut reader = open_trace(&args.trace)?;
+    if let Some(path) = &args.rx_pcap {
+        return dump_rx_pcap(reader, path);
+    }
+    if args.stats {
+        return dump_stats(reader, &args.trace);
+    }
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    let h = &reader.header;
+    if args.json {
+        writeln!(
+            out,
+            "{}",
+            serde_json::json!({ "header": header_json(h, &reader) })
+        )?;
+    } else {
+        print_header(&mut out, h, &reader)?;
+        if args.header {
+            return Ok(ExitCode::SUCCESS);
+        }
+        writeln!(out, "log:")?;
+    }
+    let mut exit: u64 = 0;
+    let mut entries: u64 = 0;
+    while let Some(event) = reader.next_event()? {
+        if args.limit.is_some_and(|l| entries >= l) {
+            break;
+        }
+        entries += 1;
+        if event.is_exit() {
+            exit += 1;
+        }
+        if args.json {
+            writeln!(
+                out,
+                "{}",
+                serde_json::json!({ "exit": exit, "event": event })
+            )?;
+        } else if event.is_exit() {
+            writeln!(out, "{exit:>10}  {event}")?;
+        } else {
+            writeln!(out, "{:>10}  {event}", "")?;
+        }
+    }
+    if let Some(problem) = &reader.tail_problem {
+        if args.json {
+            writeln!(
+                out,
+                "{}",
+                serde_json::json!({ "tail_problem": format!("{problem:?}") })
+            )?;
+        } else {
+            writeln!(out, "(log ends early: {problem:?})")?;
+        }
+    }
+    out.flush()?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `dump --stats`: entries and bytes by kind.
+fn dump_stats(mut reader: TraceReader<Entry>, trace: &Path) -> Result<ExitCode> {
+    let mut kinds: Vec<(&'static str, u64, u64)> = Vec::new();
+    while let Some(entry) = reader.next_event()? {
+        let bytes = trace::encoded_len(&entry) as u64;
+        match kinds.iter_mut().find(|k| k.0 == entry.kind()) {
+            Some(k) => {
+                k.1 += 1;
+                k.2 += bytes;
+            }
+            None => kinds.push((entry.kind(), 1, bytes)),
+        }
+    }
+    let compressed = std::fs::metadata(trace.join("events"))
+        .with_context(|| format!("cannot read {}", trace.join("events").display()))?
+        .len();
+    let raw: u64 = kinds.iter().map(|k| k.2).sum();
+    let ratio = compressed as f64 / raw.max(1) as f64;
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    writeln!(
+        out,
+        "{:<12} {:>10} {:>12} {:>10} {:>14}",
+        "kind", "entries", "bytes", "B/entry", "compressed ~B"
+    )?;
+    kinds.sort_by_key(|k| std::cmp::Reverse(k.2));
+    for (kind, n, bytes) in &kinds {
+        writeln!(
+            out,
+            "{kind:<12} {n:>10} {bytes:>12} {:>10.1} {:>14.0}",
+            *bytes as f64 / *n as f64,
+            *bytes as f64 * ratio
+        )?;
+    }
+    writeln!(
+        out,
+        "log: {raw} bytes of entries in {compressed} compressed ({:.2}x)",
+        1.0 / ratio.max(f64::MIN_POSITIVE)
+    )?;
+    if let Some(problem) = &reader.tail_problem {
+        writeln!(out, "(log ends early: {problem:?})")?;
+    }
+    out.flush()?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Writes the frames a recording delivered as a pcap file.
+fn dump_rx_pcap(mut reader: TraceReader<Entry>, path: &Path) -> Result<ExitCode> {
+    let mut pcap =
+        PcapWriter::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+    let mut guest_ns = 0;
+    let mut bytes = 0u64;
+    while let Some(event) = reader.next_event()? {
+        match event {
+            Entry::RdMsr {
+                index: vmm::journal::MSR_INSIGHT_CLOCK,
+                value,
+                fault: false,
+                ..
+            } => guest_ns = value,
+            Entry::NetRx { payload, lens } => {
+                let data = reader.payload(payload)?;
+                let mut at = 0usize;
+                for len in lens {
+                    let end = at.saturating_add(len as usize);
+                    let Some(frame) = data.get(at..end) else {
+                        bail!(
+                            "a network event's frame lengths exceed its payload ({} bytes)",
+                            data.len()
+                        );
+                    };
+                    let ethernet = frame.get(devices::tap::VNET_HDR_LEN..).unwrap_or(&[]);
+                    pcap.frame(guest_ns, ethernet)
+                        .with_context(|| format!("cannot write {}", path.display()))?;
+                    bytes += ethernet.len() as u64;
+                    at = end;
+                }
+            }
+            _ => {}
+        }
+    }
+    pcap.flush()
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    eprintln!(
+        "insight: {} received frames ({}) written to {}",
+        pcap.frames(),
+        human_bytes(bytes),
+        path.display()
+    );
+    if let Some(problem) = &reader.tail_problem {
+        eprintln!("insight: the log ends early: {problem:?}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn header_json(h: &Header, reader: &TraceReader<Entry>) -> serde_json::Value {
+    serde_json::json!({
+        "format_version": trace::TRACE_VERSION,
+        "clock": format!("{:?}", h.clock),
+        "created_unix_secs": h.created_unix_secs,
+        "complete": reader.complete.is_some(),
+        "summary": reader.complete,
+        "images": h.images,
+        "cmdline": h.boot.cmdline,
+        "memory_mib": h.boot.memory_mib,
+        "extra_initramfs_bytes": h.boot.extra_initramfs.len(),
+        "config": h.config,
+        "guest_cpuid_entries": h.guest_cpuid.len(),
+        "kvm_caps": h.kvm_caps,
+        "user_rdtsc_traps": h.user_rdtsc_traps,
+    })
+}
+
+fn print_header(out: &mut impl Write, h: &Header, reader: &TraceReader<Entry>) -> Result<()> {
+    writeln!(
+        out,
+        "insight trace, format version {}",
+        trace::TRACE_VERSION
+    )?;
+    writeln!(out, "  clock:      {:?}", h.clock)?;
+    writeln!(out, "  created:    {} (unix seconds)", h.created_unix_secs)?;
+    match &reader.complete {
+        Some(s) => writeln!(
+            out,
+            "  complete:   yes, {} log entries in {} frames, {} of events, {} of payloads",
+            s.events,
+            s.frames,
+            human_bytes(s.event_bytes),
+            human_bytes(s.payload_bytes)
+        )?,
+        None => writeln!(out, "  complete:   no (the recorder did not finish)")?,
+    }
+    for image in &h.images {
+        writeln!(
+            out,
+            "  {:<11} {} (sha256 {})",
+            format!("{}:", image.role),
+            image.path,
+            image.digest
+        )?;
+    }
+    writeln!(out, "  memory:     {} MiB", h.boot.memory_mib)?;
+    writeln!(out, "  cmdline:    {}", h.boot.cmdline)?;
+    writeln!(
+        out,
+        "  extra initramfs: {} bytes (command, environment, files)",
+        h.boot.extra_initramfs.len()
+    )?;
+    writeln!(out, "  CPUID:      {} entries", h.guest_cpuid.len())?;
+    writeln!(
+        out,
+        "  user RDTSC: {}",
+        if h.user_rdtsc_traps {
+            "faulted, emulated by the guest kernel from the logged clock"
+        } else {
+            "ran natively (not replayed faithfully)"
+        }
+    )?;
+    writeln!(out, "  config:")?;
+    for line in h.config.lines() {
+        writeln!(out, "    {line}")?;
+    }
+    Ok(())
+}

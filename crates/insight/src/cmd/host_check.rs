@@ -1,0 +1,174 @@
+//! `insight host-check`: what this host's KVM can do, and the strategy
+//! insight takes.
+
+use std::process::ExitCode;
+
+use anyhow::Result;
+use vmm::host_check::{ClockKind, HostReport, Int3Behaviour, SyscallBehaviour};
+
+fn yes_no(b: bool) -> &'static str {
+    if b {
+        "yes"
+    } else {
+        "no"
+    }
+}
+
+fn int3_text(b: &Int3Behaviour) -> String {
+    match b {
+        Int3Behaviour::Intercepted => "intercepted by the VMM".into(),
+        Int3Behaviour::GuestHandler => "goes to the guest's #BP handler".into(),
+        Int3Behaviour::NotEmulated => "not emulated by KVM; insight injects #BP itself".into(),
+        Int3Behaviour::Unknown(what) => format!("unexpected: {what}"),
+    }
+}
+
+pub fn host_check() -> Result<ExitCode> {
+    let r = HostReport::measure()?;
+    let syscall = match &r.syscall {
+        SyscallBehaviour::EntersKernel => "enters ring 0 (architectural)".to_string(),
+        SyscallBehaviour::StaysInUserMode => {
+            "stays in ring 3 -> guest kernel uses its page-fault syscall trap".to_string()
+        }
+        SyscallBehaviour::Unknown(what) => format!("unexpected: {what}"),
+    };
+    let pmu = match &r.pmu.host_branch_counter {
+        Ok(()) => "available".to_string(),
+        Err(e) => format!("not available ({e})"),
+    };
+    println!("insight host check");
+    println!("  user-mode SYSCALL:               {syscall}");
+    println!(
+        "  user-mode port I/O exits:        {}",
+        yes_no(r.user_port_io)
+    );
+    println!(
+        "  int3 in kernel mode:             {}",
+        int3_text(&r.int3_kernel)
+    );
+    println!(
+        "  int3 in user mode:               {}",
+        int3_text(&r.int3_user)
+    );
+    println!(
+        "  hardware breakpoint, kernel:     {}",
+        yes_no(r.hw_breakpoint_kernel)
+    );
+    println!(
+        "  hardware breakpoint, user:       {}",
+        yes_no(r.hw_breakpoint_user)
+    );
+    println!(
+        "  single-step, kernel:             {}",
+        yes_no(r.single_step_kernel)
+    );
+    println!(
+        "  single-step, user:               {}",
+        yes_no(r.single_step_user)
+    );
+    println!("  CR4.TSD traps user RDTSC:        {}", yes_no(r.user_tsd));
+    println!(
+        "  user-mode XCR0 (guest set 0x3):   {:#x}{}",
+        r.user_xcr0,
+        if r.user_xcr0 == 3 {
+            ""
+        } else {
+            " (host's: the VMM completes XSAVE/XRSTOR for the guest kernel)"
+        }
+    );
+    println!(
+        "  interrupt at exit, delivered:    {}",
+        if r.delivery.exact == r.delivery.rounds {
+            format!(
+                "before the next instruction ({} of {})",
+                r.delivery.exact, r.delivery.rounds
+            )
+        } else {
+            format!(
+                "late in {} of {} tries (up to {} instructions): recordings are not exact here",
+                r.delivery.rounds - r.delivery.exact,
+                r.delivery.rounds,
+                r.delivery.max_late
+            )
+        }
+    );
+    let m = &r.state_match;
+    println!(
+        "  user code stopped by a kick:     {}",
+        if m.kick_delivers_in_place {
+            "an interrupt injected there arrives at that instruction"
+        } else {
+            "the interrupt arrives elsewhere"
+        }
+    );
+    println!(
+        "  replay trampoline:               {}",
+        if m.trampoline_found_state && m.redirected_delivery {
+            format!(
+                "found the state after {} passes in {:.1} ms ({:.1} ns a pass), delivered there",
+                m.rejected,
+                m.search_ns as f64 / 1e6,
+                m.search_ns as f64 / m.rejected.max(1) as f64
+            )
+        } else {
+            format!(
+                "did not work ({})",
+                m.failure.as_deref().unwrap_or("wrong state or delivery")
+            )
+        }
+    );
+    println!("  host branch counter (PMU):       {pmu}");
+    println!(
+        "  PMU counters offered to guests:  {}",
+        r.pmu.guest_counters
+    );
+    println!("strategy");
+    match r.clock() {
+        ClockKind::Branch => {
+            println!("  clock: branch (guest retired branches, exact positions anywhere)")
+        }
+        ClockKind::Exit => println!(
+            "  clock: exit (no usable PMU: asynchronous events land at deterministic VM exits, \
+             or at logged user-mode states, below)"
+        ),
+    }
+    if r.state_match.works() {
+        println!(
+            "  preemption: user code that runs 2 ms without an exit is interrupted where it \
+             stands; its state is logged and found again at replay"
+        );
+    } else {
+        println!(
+            "  preemption: only at deterministic exits (a busy-waiting program may not finish \
+             while recording)"
+        );
+    }
+    println!(
+        "  probes: int3 handled by the guest kernel, forwarded to the VMM with a deterministic \
+         exit{}",
+        if r.int3_user == Int3Behaviour::Intercepted {
+            " (this host could intercept int3 itself; insight does not use that)"
+        } else {
+            ""
+        }
+    );
+    if r.user_tsd {
+        println!(
+            "  user-mode RDTSC: faults, and the guest kernel answers it from the replayed clock"
+        );
+    } else {
+        println!(
+            "  user-mode RDTSC cannot be trapped here, so the guest kernel cannot emulate it: \
+             a program that reads the TSC (or RDRAND) directly is not replayed faithfully \
+             (busybox and the guest image do not; glibc's dynamic loader reads it once at \
+             start for statistics nothing reads)"
+        );
+    }
+    if r.can_run() {
+        println!("insight can run on this host.");
+        Ok(ExitCode::SUCCESS)
+    } else {
+        println!("insight cannot run on this host: the SYSCALL behaviour is not one it knows.");
+        Ok(ExitCode::from(1))
+    }
+}

@@ -1,0 +1,58 @@
+//! One module per subcommand; what several share is here.
+
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use trace::TraceReader;
+use vmm::journal::{Entry, Progress};
+use vmm::Vm;
+
+use crate::status::{human_bytes, StatusLine};
+
+pub mod convert;
+pub mod diff;
+pub mod dump;
+pub mod host_check;
+pub mod record;
+pub mod replay;
+pub mod report;
+pub mod run;
+
+pub(crate) fn open_trace(dir: &std::path::Path) -> Result<TraceReader<Entry>> {
+    TraceReader::open(dir).with_context(|| format!("cannot open trace {}", dir.display()))
+}
+
+/// Whether user-mode RDTSC faults on this host (`insight host-check`),
+/// which decides whether the guest kernel emulates it.
+pub(crate) fn user_rdtsc_traps() -> Result<bool> {
+    vmm::host_check::probe_user_tsd()
+        .context("cannot probe whether this host's KVM traps user-mode RDTSC")
+}
+
+fn progress_text(verb: &str, p: &Progress, started: Instant) -> String {
+    let mut text = format!(
+        "[{verb}] guest {:.1} s, {} exits, {} entries",
+        p.guest_ns as f64 / 1e9,
+        p.exits,
+        p.entries
+    );
+    if p.async_points > 0 {
+        text.push_str(&format!(", {} async points", p.async_points));
+    }
+    if p.trace_bytes > 0 {
+        text.push_str(&format!(", trace {}", human_bytes(p.trace_bytes)));
+    }
+    text.push_str(&format!(" ({:.0} s)", started.elapsed().as_secs_f64()));
+    text
+}
+
+pub(crate) fn attach_progress(vm: &mut Vm, status: &StatusLine, verb: &'static str) {
+    if !status.enabled() {
+        return;
+    }
+    let status = status.clone();
+    let started = Instant::now();
+    vm.on_progress(Box::new(move |p| {
+        status.show(&progress_text(verb, p, started))
+    }));
+}

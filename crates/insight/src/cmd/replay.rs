@@ -1,0 +1,341 @@
+//! `insight replay`: re-execute a trace, checking it step by step, and
+//! collect the guest's events and samples for the diagnosis tools.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use diagnosis::plugin::Plugin;
+use diagnosis::plugins;
+use events::capture::{Capture, CaptureSummary};
+use events::db::{EventFormat, EventWriter};
+use trace::ClockKind;
+use vmm::journal::{EndReason, HostMismatch, Journal, JournalError, Replayer};
+use vmm::{guest, StopReason, Vm, VmError};
+
+use super::report;
+use super::{attach_progress, open_trace, user_rdtsc_traps};
+use crate::exit::{EXIT_DIVERGED, EXIT_PREFIX_ONLY};
+use crate::guest_args::net_problems;
+use crate::pcap::PcapWriter;
+use crate::status::StatusLine;
+
+#[derive(clap::Args)]
+pub struct ReplayArgs {
+    /// Trace directory written by `insight record`.
+    trace: PathBuf,
+    /// Do not print the guest's console output.
+    #[arg(long)]
+    no_console: bool,
+    /// Write the Ethernet frames the guest sends to FILE (pcap). At replay
+    /// they go nowhere else: no network is used.
+    #[arg(long, value_name = "FILE")]
+    tx_pcap: Option<PathBuf>,
+    /// Collect the events the guest raises (probes preloaded with
+    /// LD_PRELOAD=/usr/lib/libinsight-probes.so, and the guest kernel's
+    /// context switches and exits) into the event database FILE (SQLite,
+    /// docs/events.md). An existing FILE is replaced when replay ends.
+    #[arg(long, value_name = "FILE")]
+    events: Option<PathBuf>,
+    /// How the database stores events: packed (compressed blocks, a few
+    /// bytes per event; read them with `insight report`) or rows (one SQL
+    /// row per event, about 37 bytes, for your own queries with sqlite3).
+    #[arg(long, value_enum, default_value = "packed", value_name = "FORMAT")]
+    events_format: EventsFormat,
+    /// After replay, run diagnosis tools over the events (written to
+    /// TRACE/events.db unless --events names a file): locks, deadlock,
+    /// profile (samples every 1 ms unless --sample-period says otherwise),
+    /// threads; several separated by commas.
+    #[arg(long, value_name = "TOOL,...", value_delimiter = ',', value_parser = report::parse_tool)]
+    diagnose: Vec<String>,
+    /// Sample the tracked task on the CPU (RIP and user stack) about every
+    /// PERIOD of host time, e.g. 1ms (the least), 5ms, 20ms; into the
+    /// event database. Tasks are tracked once they raise a probe event.
+    #[arg(long, value_name = "PERIOD", value_parser = parse_period)]
+    sample_period: Option<Duration>,
+    /// Find the positions where the recording preempted user code by
+    /// their registers alone, without the memory and extended-state
+    /// checks: shows that those checks are needed (such a replay can
+    /// deliver at the wrong pass of a loop and diverge). Never needed
+    /// otherwise.
+    #[arg(long, hide = true)]
+    match_registers_only: bool,
+}
+
+/// How an event database stores its events (`--events-format`).
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum EventsFormat {
+    Packed,
+    Rows,
+}
+
+impl From<EventsFormat> for EventFormat {
+    fn from(f: EventsFormat) -> Self {
+        match f {
+            EventsFormat::Packed => EventFormat::Packed,
+            EventsFormat::Rows => EventFormat::Rows,
+        }
+    }
+}
+
+/// "500us", "1ms", "2s", "1000000ns".
+const MIN_SAMPLE_PERIOD: Duration = Duration::from_millis(1);
+
+fn parse_period(text: &str) -> Result<Duration, String> {
+    let digits = text.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let value: u64 = digits
+        .parse()
+        .map_err(|_| format!("'{text}' is not a period such as 1ms, 500us or 2s"))?;
+    let period = match &text[digits.len()..] {
+        "ns" => Duration::from_nanos(value),
+        "us" => Duration::from_micros(value),
+        "ms" => Duration::from_millis(value),
+        "s" => Duration::from_secs(value),
+        unit => return Err(format!("unknown unit '{unit}' in '{text}' (ns, us, ms, s)")),
+    };
+    // The vCPU is woken for a sample at most once a millisecond.
+    if period < MIN_SAMPLE_PERIOD {
+        return Err(format!(
+            "'{text}' is shorter than the least sampling period, 1ms"
+        ));
+    }
+    Ok(period)
+}
+
+pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
+    let tools: Vec<Box<dyn Plugin>> = args
+        .diagnose
+        .iter()
+        .filter_map(|name| plugins::by_name(name))
+        .collect();
+    if !tools.is_empty() && args.events.is_none() {
+        args.events = Some(args.trace.join("events.db"));
+    }
+    if args.sample_period.is_none() {
+        args.sample_period = tools
+            .iter()
+            .filter_map(|t| t.replay_needs().sample_period)
+            .min();
+    }
+    if args.sample_period.is_some() && args.events.is_none() {
+        bail!("--sample-period needs somewhere to put the samples: --events FILE or --diagnose");
+    }
+    let reader = open_trace(&args.trace)?;
+    if reader.header.clock != ClockKind::Exit {
+        bail!(
+            "{} was recorded with the branch clock; this insight replays exit-clock traces only",
+            args.trace.display()
+        );
+    }
+    let complete = reader.complete.is_some();
+    let spec = guest::from_trace(&reader.header)?;
+    let status = StatusLine::for_stderr();
+    let console: Box<dyn Write + Send> = if args.no_console {
+        Box::new(std::io::sink())
+    } else {
+        status.console(Box::new(std::io::stdout()))
+    };
+    let mut vm = Vm::new(&spec, console)?;
+    if args.match_registers_only {
+        vm.match_registers_only();
+    }
+    match vmm::journal::check_host(
+        &reader.header,
+        vm.guest_cpuid(),
+        vm.kvm_caps(),
+        user_rdtsc_traps()?,
+    ) {
+        Ok(()) => {}
+        Err(HostMismatch::Cpu(difference)) => bail!(
+            "this host's CPU differs from the one {} was recorded on ({difference}); the \
+             guest would see a different CPU: replay on the recording host or one with the \
+             same CPU",
+            args.trace.display()
+        ),
+        Err(HostMismatch::Kvm(difference)) => bail!(
+            "this host's KVM cannot replay {} the way it was recorded ({difference}); replay \
+             on the recording host or one whose KVM has the same capabilities",
+            args.trace.display()
+        ),
+    }
+    let tx_capture = match &args.tx_pcap {
+        Some(path) => Some(capture_tx(&mut vm, path)?),
+        None => None,
+    };
+    if let Some(path) = &args.events {
+        let meta = [
+            // Absolute, so that `insight report` finds it from anywhere.
+            (
+                "trace",
+                std::fs::canonicalize(&args.trace)
+                    .unwrap_or_else(|_| args.trace.clone())
+                    .display()
+                    .to_string(),
+            ),
+            (
+                "created_by",
+                format!("insight {}", env!("CARGO_PKG_VERSION")),
+            ),
+            (
+                "time_unit",
+                "ns since the VM started, as recorded".to_owned(),
+            ),
+        ];
+        let db = EventWriter::create_with(path, &meta, args.events_format.into())
+            .with_context(|| format!("cannot create the event database {}", path.display()))?;
+        vm.capture_events(Capture::new(db));
+        if let Some(period) = args.sample_period {
+            vm.sample_every(period);
+        }
+    }
+    vm.set_journal(Journal::Replay(Box::new(Replayer::new(reader))));
+    attach_progress(&mut vm, &status, "replay");
+    let result = vm.run();
+    status.clear();
+    if let (Some(capture), Some(path)) = (tx_capture, &args.tx_pcap) {
+        let mut pcap = capture
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match pcap.flush() {
+            Ok(()) => eprintln!(
+                "insight: {} frames the guest sent written to {}",
+                pcap.frames(),
+                path.display()
+            ),
+            Err(e) => eprintln!("insight: cannot write {}: {e}", path.display()),
+        }
+    }
+    let outcome = match result {
+        Err(VmError::Journal(JournalError::Diverged(d))) => {
+            eprintln!("insight: {d}");
+            if !d.state.is_empty() {
+                eprintln!("insight: replay state at the divergence: {}", d.state);
+            }
+            if let Some(path) = &args.events {
+                eprintln!(
+                    "insight: {} holds the events raised before the divergence",
+                    path.display()
+                );
+            }
+            return Ok(ExitCode::from(EXIT_DIVERGED));
+        }
+        other => other?,
+    };
+    if let Some(problems) = net_problems(outcome.net.as_ref()) {
+        eprintln!("insight: {problems}");
+    }
+    if let (Some(summary), Some(path)) = (&outcome.events, &args.events) {
+        report_capture(summary, path);
+        if !tools.is_empty() {
+            for (i, out) in
+                report::run_plugins(tools, path, None, Path::new(report::DEFAULT_DEBUG_DIR))?
+                    .iter()
+                    .enumerate()
+            {
+                if i > 0 {
+                    println!();
+                }
+                print!("{}", out.text);
+            }
+        }
+    }
+    let exits = outcome.journal.exits;
+    let code = match &outcome.stop {
+        StopReason::CommandExited | StopReason::PowerOff => {
+            let how = match outcome.exit_status {
+                Some(s) => EndReason::CommandExited(s),
+                None => EndReason::PowerOff,
+            };
+            eprintln!("insight: replay matched the recording: {exits} deterministic exits; {how}");
+            ExitCode::SUCCESS
+        }
+        StopReason::RecordingEnded(reason) => {
+            eprintln!(
+                "insight: replay matched the recording up to its end after {exits} deterministic \
+                 exits (the recording ended there: {reason})"
+            );
+            ExitCode::SUCCESS
+        }
+        StopReason::TraceEnded => {
+            let why = if complete {
+                "its log ends early"
+            } else {
+                "its recorder did not finish"
+            };
+            eprintln!(
+                "insight: the trace is incomplete ({why}): replayed its prefix, all \
+                 {exits} deterministic exits it holds, faithfully"
+            );
+            ExitCode::from(EXIT_PREFIX_ONLY)
+        }
+    };
+    Ok(code)
+}
+
+/// What went into the event database, and what the guest got wrong.
+fn report_capture(summary: &CaptureSummary, path: &Path) {
+    let kinds: Vec<String> = summary
+        .per_kind
+        .iter()
+        .map(|(k, n)| format!("{n} {}", k.name()))
+        .collect();
+    eprintln!(
+        "insight: {} events written to {}{}",
+        summary.events,
+        path.display(),
+        if kinds.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", kinds.join(", "))
+        }
+    );
+    for (what, n, example) in &summary.anomalies {
+        eprintln!("insight: event capture: {what}: {n} (first: {example})");
+    }
+}
+
+type SharedPcap = Arc<Mutex<PcapWriter<BufWriter<File>>>>;
+
+/// Sends the frames the guest transmits to a new pcap file at `path`.
+fn capture_tx(vm: &mut Vm, path: &Path) -> Result<SharedPcap> {
+    if !vm.has_net() {
+        bail!("--tx-pcap: the recorded guest has no network device");
+    }
+    let pcap =
+        PcapWriter::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+    let pcap = Arc::new(Mutex::new(pcap));
+    let sink = Arc::clone(&pcap);
+    let started = Instant::now();
+    let mut failed = false;
+    vm.capture_net_tx(Box::new(move |frame| {
+        let ns = started.elapsed().as_nanos() as u64;
+        let mut pcap = sink
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !failed && pcap.frame(ns, frame).is_err() {
+            failed = true; // reported when the file is flushed at the end
+        }
+    }));
+    Ok(pcap)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn periods_need_a_unit_and_a_positive_value() {
+        assert_eq!(parse_period("1ms"), Ok(Duration::from_millis(1)));
+        assert_eq!(parse_period("1500us"), Ok(Duration::from_micros(1500)));
+        assert!(parse_period("500us").is_err());
+        assert_eq!(parse_period("2s"), Ok(Duration::from_secs(2)));
+        assert!(parse_period("5").is_err());
+        assert!(parse_period("0ms").is_err());
+        assert!(parse_period("3h").is_err());
+        assert!(parse_period("ms").is_err());
+    }
+}

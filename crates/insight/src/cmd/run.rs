@@ -1,0 +1,60 @@
+//! `insight run`: boot a guest and run a command in it.
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::Parser;
+use vmm::{Vm, VmError};
+
+use crate::exit::EXIT_STOPPED_BY_USER;
+use crate::guest_args::{attach_stdin, net_problems, prepare_guest, GuestArgs};
+
+#[derive(Parser)]
+pub struct RunArgs {
+    #[command(flatten)]
+    guest: GuestArgs,
+    /// Print boot and run timings and exit counts on standard error.
+    #[arg(long)]
+    timings: bool,
+}
+
+pub fn run(args: RunArgs) -> Result<ExitCode> {
+    let (spec, _) = prepare_guest(&args.guest)?;
+    let console: vmm::vm::Console = Box::new(std::io::stdout());
+    let mut vm = Vm::new(&spec, console)?;
+    let _terminal = attach_stdin(&mut vm, args.guest.no_stdin);
+    let outcome = match vm.run() {
+        Err(VmError::StoppedByUser) => {
+            eprintln!("\ninsight: stopped by the user (Ctrl-A x)");
+            return Ok(ExitCode::from(EXIT_STOPPED_BY_USER));
+        }
+        other => other?,
+    };
+    if let Some(problems) = net_problems(outcome.net.as_ref()) {
+        eprintln!("insight: {problems}");
+    }
+    if args.timings {
+        let mut err = std::io::stderr().lock();
+        let init = outcome
+            .init_reached
+            .map(|d| format!("{:.3} s", d.as_secs_f64()))
+            .unwrap_or_else(|| "never".into());
+        let _ = writeln!(
+            err,
+            "insight: /init reached at {init}; guest ran {:.3} s; exits: {} port I/O, {} MMIO, \
+             {} HLT, {} kicks; {} interrupts injected; {} instructions completed for the emulator; \
+             {} reads and {} writes of unassigned ports",
+            outcome.elapsed.as_secs_f64(),
+            outcome.exits.port_io,
+            outcome.exits.mmio,
+            outcome.exits.halts,
+            outcome.exits.kicks,
+            outcome.exits.interrupts_injected,
+            outcome.exits.emulation_completions,
+            outcome.platform.unassigned_reads,
+            outcome.platform.unassigned_writes,
+        );
+    }
+    Ok(ExitCode::from(outcome.exit_status.unwrap_or(0)))
+}

@@ -1,0 +1,445 @@
+//! Where a recorded user-mode position can be found again: the
+//! instructions the trampoline's `jmp rel32` overwrites, and their copy in
+//! the stub.
+//!
+//! The patch needs five bytes, so it covers the instruction at the target
+//! and as many following ones as make five. Each covered instruction must
+//! run the same from the stub: near branches and RIP-relative operands are
+//! re-encoded for the new address; anything that pushes its own address
+//! (`call`), enters the kernel or reads a port cannot move, and a position
+//! inside a `rep` string instruction cannot be reached at all. The patch
+//! never reaches past an unconditional jump or return, since the bytes
+//! after one are reached from elsewhere; the one exception is a jump back
+//! to a loop that no branch leaves for those bytes (a spin loop shorter
+//! than the patch), which this thread cannot leave while the patch is in
+//! place. The recorder asks the same question before it logs a position,
+//! so every logged position can be patched at replay.
+
+use iced_x86::{
+    BlockEncoder, BlockEncoderOptions, Decoder, DecoderOptions, FlowControl, Instruction,
+    InstructionBlock, InstructionInfoFactory, OpAccess, OpKind, Register,
+};
+
+/// Bytes a `jmp rel32` takes.
+pub const PATCH_LEN: usize = 5;
+/// Code bytes the recorder reads at a position: enough for the longest
+/// patch (four 15-byte instructions cannot all be needed, five bytes are).
+pub const CODE_WINDOW: usize = PATCH_LEN + 15;
+/// How far back the start of a spin loop may be.
+pub const LOOP_WINDOW: u64 = 64;
+
+/// Why a position cannot be patched.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Decline {
+    #[error("code is not readable there")]
+    Unreadable,
+    #[error("invalid instruction")]
+    Invalid,
+    #[error("inside a rep string instruction")]
+    RepString,
+    #[error("{0} cannot run from the stub")]
+    Immovable(String),
+    #[error("a {0} ends the code before the patch does")]
+    EndsEarly(String),
+}
+
+/// The instructions a patch at `rip` covers.
+#[derive(Clone, Debug)]
+pub struct Site {
+    pub rip: u64,
+    /// Bytes the patch overwrites (at least PATCH_LEN).
+    pub len: usize,
+    /// The covered instructions the stub runs, in order (the ones after an
+    /// unconditional jump back are covered but never run).
+    moved: Vec<Instruction>,
+    /// The instructions from the start of the loop the position is in up
+    /// to it, where a covered branch shows that start.
+    body: Vec<Instruction>,
+}
+
+fn name(i: &Instruction) -> String {
+    format!("{:?}", i.mnemonic()).to_lowercase()
+}
+
+/// Whether instruction `i` behaves the same at another address.
+fn movable(i: &Instruction) -> Result<(), Decline> {
+    if i.is_invalid() {
+        return Err(Decline::Invalid);
+    }
+    match i.flow_control() {
+        FlowControl::Next
+        | FlowControl::UnconditionalBranch
+        | FlowControl::ConditionalBranch
+        | FlowControl::IndirectBranch
+        | FlowControl::Return => {}
+        FlowControl::Call
+        | FlowControl::IndirectCall
+        | FlowControl::Interrupt
+        | FlowControl::XbeginXabortXend
+        | FlowControl::Exception => return Err(Decline::Immovable(name(i))),
+    }
+    if i.is_privileged() || i.is_jmp_far() || i.is_jmp_far_indirect() {
+        return Err(Decline::Immovable(name(i)));
+    }
+    use iced_x86::Mnemonic::{Int, Int3, Into, Retf, Syscall, Sysenter, Ud0, Ud1, Ud2};
+    if matches!(
+        i.mnemonic(),
+        Syscall | Sysenter | Ud0 | Ud1 | Ud2 | Int3 | Int | Into | Retf
+    ) {
+        return Err(Decline::Immovable(name(i)));
+    }
+    Ok(())
+}
+
+/// Where a patch over the code `code` (read at `rip`) would go, or why it
+/// cannot. `before` holds the LOOP_WINDOW bytes before `rip` when they are
+/// readable (an empty slice otherwise): a jump back into them must be a
+/// loop that never branches past the patch.
+pub fn choose(rip: u64, code: &[u8], before: &[u8]) -> Result<Site, Decline> {
+    let mut decoder = Decoder::with_ip(64, code, rip, DecoderOptions::NONE);
+    let mut moved = Vec::new();
+    let mut len = 0usize;
+    while len < PATCH_LEN {
+        if !decoder.can_decode() {
+            return Err(Decline::Unreadable);
+        }
+        let i = decoder.decode();
+        if i.is_invalid() {
+            // The bytes ran out in the middle of an instruction, or are
+            // no instruction at all.
+            return Err(if decoder.position() >= code.len() {
+                Decline::Unreadable
+            } else {
+                Decline::Invalid
+            });
+        }
+        if len == 0 && (i.has_rep_prefix() || i.has_repne_prefix()) && i.is_string_instruction() {
+            return Err(Decline::RepString);
+        }
+        movable(&i)?;
+        len += i.len();
+        moved.push(i);
+        let ends = matches!(
+            i.flow_control(),
+            FlowControl::UnconditionalBranch | FlowControl::IndirectBranch | FlowControl::Return
+        );
+        if ends && len < PATCH_LEN {
+            if !closed_loop(&i, rip, len, before) {
+                return Err(Decline::EndsEarly(name(&i)));
+            }
+            // Cover the rest of the patch with bytes that never run.
+            len = PATCH_LEN;
+        }
+    }
+    let body = moved
+        .iter()
+        .filter(|i| i.flow_control() == FlowControl::ConditionalBranch || i.is_jmp_short_or_near())
+        .find_map(|i| loop_body(i.near_branch_target(), rip, before))
+        .unwrap_or_default();
+    Ok(Site {
+        rip,
+        len,
+        moved,
+        body,
+    })
+}
+
+/// The straight-line instructions from `start` (a branch target, so an
+/// instruction boundary) to `rip`, decoded from `before` (the bytes just
+/// before `rip`), if they land on `rip` exactly.
+fn loop_body(start: u64, rip: u64, before: &[u8]) -> Option<Vec<Instruction>> {
+    if start > rip || rip - start > before.len() as u64 {
+        return None;
+    }
+    let offset = before.len() - (rip - start) as usize;
+    let mut decoder = Decoder::with_ip(64, &before[offset..], start, DecoderOptions::NONE);
+    let mut body = Vec::new();
+    while decoder.ip() < rip {
+        if !decoder.can_decode() {
+            return None;
+        }
+        let i = decoder.decode();
+        if i.is_invalid() {
+            return None;
+        }
+        body.push(i);
+    }
+    (decoder.ip() == rip).then_some(body)
+}
+
+/// Whether `jmp` (the last covered instruction, ending `len` bytes after
+/// `rip`) jumps back to a loop that contains `rip` and never branches to
+/// the bytes after the jump: the loop cannot be left then, so the bytes
+/// the patch covers past the jump are not run while it is in place.
+fn closed_loop(jmp: &Instruction, rip: u64, len: usize, before: &[u8]) -> bool {
+    if !jmp.is_jmp_short_or_near() {
+        return false;
+    }
+    let start = jmp.near_branch_target();
+    let end = rip + len as u64;
+    if start > rip || rip - start > before.len() as u64 {
+        return false;
+    }
+    // Decode the loop from its start (a branch target, so an instruction
+    // boundary) up to `rip`: it must land on `rip` exactly, and no branch
+    // in it may leave for the bytes the patch covers past the jump.
+    let offset = before.len() - (rip - start) as usize;
+    let mut decoder = Decoder::with_ip(64, &before[offset..], start, DecoderOptions::NONE);
+    while decoder.ip() < rip {
+        if !decoder.can_decode() {
+            return false;
+        }
+        let i = decoder.decode();
+        if i.is_invalid() {
+            return false;
+        }
+        match i.flow_control() {
+            FlowControl::Next => {}
+            FlowControl::ConditionalBranch | FlowControl::UnconditionalBranch => {
+                let target = i.near_branch_target();
+                if target > rip && target < rip + PATCH_LEN as u64 {
+                    return false;
+                }
+            }
+            // An indirect jump might go anywhere.
+            _ => return false,
+        }
+    }
+    decoder.ip() == rip && end >= rip
+}
+
+/// The general register a 64-bit register operand names, by encoding
+/// number (None for anything else: a 32-bit address size, segment
+/// registers, RIP).
+fn gpr_number(r: Register) -> Option<usize> {
+    use Register::*;
+    let all = [
+        RAX, RCX, RDX, RBX, RSP, RBP, RSI, RDI, R8, R9, R10, R11, R12, R13, R14, R15,
+    ];
+    all.iter().position(|&g| g == r)
+}
+
+impl Site {
+    /// Addresses of memory the code at the position reads or writes, as
+    /// far as the registers at the position determine them: the memory
+    /// operands of the covered instructions and of the loop body before
+    /// the position whose base and index no instruction between them and
+    /// the position changes (RIP-relative ones always). Telling states
+    /// apart that differ only in memory, the trampoline compares these
+    /// words natively. `gprs` are RAX..R15, `fs`/`gs` the segment bases.
+    pub fn memory_words(&self, gprs: &[u64; 16], fs: u64, gs: u64) -> Vec<u64> {
+        let mut info = InstructionInfoFactory::new();
+        // Instructions in execution order ending with the covered ones; the
+        // registers at the position are those before `moved[0]`.
+        let mut order: Vec<&Instruction> = self.body.iter().collect();
+        let at = order.len();
+        order.extend(self.moved.iter());
+        let mut words = Vec::new();
+        for (k, i) in order.iter().enumerate() {
+            let Some(op) = (0..i.op_count()).find(|&n| i.op_kind(n) == OpKind::Memory) else {
+                continue;
+            };
+            let _ = op;
+            let address = if i.is_ip_rel_memory_operand() {
+                Some(i.ip_rel_memory_address())
+            } else {
+                // The registers between this instruction and the position
+                // (before it) or between the position and it (after).
+                let between = if k < at { &order[k..at] } else { &order[at..k] };
+                let written: Vec<Register> = between
+                    .iter()
+                    .flat_map(|j| {
+                        info.info(j)
+                            .used_registers()
+                            .iter()
+                            .filter(|u| !matches!(u.access(), OpAccess::Read | OpAccess::CondRead))
+                            .map(|u| u.register().full_register())
+                            .collect::<Vec<_>>()
+                    })
+                    .collect();
+                address_from(i, gprs, fs, gs, &written)
+            };
+            if let Some(a) = address {
+                if !words.contains(&a) {
+                    words.push(a);
+                }
+            }
+        }
+        words
+    }
+
+    /// The covered instructions re-encoded to run at `ip` (in the stub).
+    pub fn relocated(&self, ip: u64) -> Result<Vec<u8>, String> {
+        let block = InstructionBlock::new(&self.moved, ip);
+        BlockEncoder::encode(64, block, BlockEncoderOptions::NONE)
+            .map(|r| r.code_buffer)
+            .map_err(|e| e.to_string())
+    }
+
+    /// Where execution continues after the covered instructions.
+    pub fn resume(&self) -> u64 {
+        self.rip + self.len as u64
+    }
+}
+
+/// The effective address of `i`'s memory operand from the registers at
+/// the position, unless it uses a register in `written` or one that is not
+/// a 64-bit general register.
+fn address_from(
+    i: &Instruction,
+    gprs: &[u64; 16],
+    fs: u64,
+    gs: u64,
+    written: &[Register],
+) -> Option<u64> {
+    let reg = |r: Register| -> Option<u64> {
+        if r == Register::None {
+            return Some(0);
+        }
+        if written.contains(&r) {
+            return None;
+        }
+        gpr_number(r).map(|n| gprs[n])
+    };
+    let base = reg(i.memory_base())?;
+    let index = reg(i.memory_index())?;
+    let segment = match i.memory_segment() {
+        Register::FS => fs,
+        Register::GS => gs,
+        _ => 0,
+    };
+    Some(
+        segment
+            .wrapping_add(base)
+            .wrapping_add(index.wrapping_mul(u64::from(i.memory_index_scale())))
+            .wrapping_add(i.memory_displacement64()),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const AT: u64 = 0x40_1000;
+
+    fn site(code: &[u8]) -> Result<Site, Decline> {
+        choose(AT, code, &[])
+    }
+
+    #[test]
+    fn one_long_instruction_is_enough() {
+        // add rax, 0x01234567
+        let s = site(&[0x48, 0x05, 0x67, 0x45, 0x23, 0x01, 0x90]).unwrap();
+        assert_eq!((s.len, s.resume()), (6, AT + 6));
+        assert_eq!(
+            s.relocated(0x7000).unwrap(),
+            [0x48, 0x05, 0x67, 0x45, 0x23, 0x01]
+        );
+    }
+
+    #[test]
+    fn short_instructions_are_covered_together_and_branches_move() {
+        // inc rbx; jmp -11 (a loop starting 6 bytes before)
+        let before = [0x48, 0x05, 0x67, 0x45, 0x23, 0x01];
+        let s = choose(AT, &[0x48, 0xff, 0xc3, 0xeb, 0xf5, 0xcc], &before).unwrap();
+        assert_eq!(s.len, 5);
+        let moved = s.relocated(0x7000).unwrap();
+        // inc rbx; jmp rel32 back to AT - 6
+        assert_eq!(&moved[..3], &[0x48, 0xff, 0xc3]);
+        assert_eq!(moved[3], 0xe9);
+        let rel = i32::from_le_bytes(moved[4..8].try_into().unwrap());
+        assert_eq!(0x7008i64 + i64::from(rel), (AT - 6) as i64);
+    }
+
+    #[test]
+    fn rip_relative_operands_keep_their_target() {
+        // mov eax, [rip+0x100]
+        let s = site(&[0x8b, 0x05, 0x00, 0x01, 0x00, 0x00]).unwrap();
+        let moved = s.relocated(AT - 0x1000).unwrap();
+        let disp = i32::from_le_bytes(moved[2..6].try_into().unwrap());
+        assert_eq!(AT - 0x1000 + 6 + disp as u64, AT + 6 + 0x100);
+    }
+
+    #[test]
+    fn positions_that_cannot_be_found_again_are_declined() {
+        // rep movsb
+        assert_eq!(
+            site(&[0xf3, 0xa4, 0x90, 0x90, 0x90]).unwrap_err(),
+            Decline::RepString
+        );
+        // call rel32; syscall; ud2; in al, dx
+        assert!(matches!(
+            site(&[0xe8, 0, 0, 0, 0]),
+            Err(Decline::Immovable(_))
+        ));
+        assert!(matches!(
+            site(&[0x0f, 0x05, 0x90, 0x90, 0x90]),
+            Err(Decline::Immovable(_))
+        ));
+        assert!(matches!(
+            site(&[0x0f, 0x0b, 0x90, 0x90, 0x90]),
+            Err(Decline::Immovable(_))
+        ));
+        assert!(matches!(
+            site(&[0xec, 0x90, 0x90, 0x90, 0x90]),
+            Err(Decline::Immovable(_))
+        ));
+        // A call after a short first instruction cannot move either.
+        assert!(matches!(
+            site(&[0x90, 0xe8, 0, 0, 0, 0]),
+            Err(Decline::Immovable(_))
+        ));
+        // ret ends the code: the next bytes are someone else's.
+        assert!(matches!(
+            site(&[0xc3, 0x90, 0x90, 0x90, 0x90]),
+            Err(Decline::EndsEarly(_))
+        ));
+        // Bytes that run out mid-instruction.
+        assert_eq!(site(&[0x48, 0x05, 0x67]).unwrap_err(), Decline::Unreadable);
+    }
+
+    #[test]
+    fn memory_the_position_uses_is_found_from_its_registers() {
+        let mut gprs = [0u64; 16];
+        gprs[3] = 0x60_0000; // rbx
+                             // L: add qword [rbx+8], 1; add rax, [rip+0x100]; AT: inc rcx; jmp L
+        let before = [
+            0x48, 0x83, 0x43, 0x08, 0x01, 0x48, 0x03, 0x05, 0x00, 0x01, 0x00, 0x00,
+        ];
+        let code = [0x48, 0xff, 0xc1, 0xeb, 0xef];
+        let s = choose(AT, &code, &before).unwrap();
+        assert_eq!(s.body.len(), 2);
+        assert_eq!(s.memory_words(&gprs, 0, 0), [0x60_0008, AT + 0x100]);
+        // A base the loop changes before the position says nothing there.
+        // L: add qword [rbx+8], 1; add rbx, 8; add rax, [rip+0x100]; AT: ...
+        let before = [
+            0x48, 0x83, 0x43, 0x08, 0x01, 0x48, 0x83, 0xc3, 0x08, 0x48, 0x03, 0x05, 0x00, 0x01,
+            0x00, 0x00,
+        ];
+        let code = [0x48, 0xff, 0xc1, 0xeb, 0xeb];
+        let s = choose(AT, &code, &before).unwrap();
+        assert_eq!(s.body.len(), 3);
+        assert_eq!(s.memory_words(&gprs, 0, 0), [AT + 0x100]);
+        // A TLS operand: fs:[rax].
+        gprs[0] = 0x10;
+        let s = site(&[0x64, 0x48, 0x8b, 0x00, 0x90, 0x90]).unwrap();
+        assert_eq!(s.memory_words(&gprs, 0x7000, 0), [0x7010]);
+    }
+
+    #[test]
+    fn a_short_spin_loop_is_covered_only_when_nothing_leaves_it_for_the_patch() {
+        // L: pause; jmp L, then the code after the loop.
+        let code = [0xf3, 0x90, 0xeb, 0xfc, 0x48, 0x31, 0xc0];
+        let s = choose(AT, &code, &[]).unwrap();
+        assert_eq!(s.len, PATCH_LEN);
+        // The kick on the jump itself: the loop starts 2 bytes back.
+        let s = choose(AT + 2, &code[2..], &code[..2]).unwrap();
+        assert_eq!(s.len, PATCH_LEN);
+        // Without the bytes before, the loop cannot be checked.
+        assert!(choose(AT + 2, &code[2..], &[]).is_err());
+        // L: test eax,eax; jne OUT; jmp L; OUT: — the loop leaves for the
+        // bytes right after the jump, which a patch on the jump would cover.
+        let code = [0x85, 0xc0, 0x75, 0x02, 0xeb, 0xfa, 0x90, 0x90, 0x90];
+        assert!(choose(AT + 4, &code[4..], &code[..4]).is_err());
+    }
+}
