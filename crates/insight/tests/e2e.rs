@@ -11,11 +11,10 @@ use std::process::{Command, Output};
 
 use common::*;
 
+#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
 #[test]
 fn exit_status_and_output_pass_through() {
-    if !guest_ready() {
-        return;
-    }
+    guest_ready();
     let stdout = run_expecting(
         ["run", "--", "sh", "-c", "echo insight-ok; uname -r; exit 3"],
         3,
@@ -27,11 +26,10 @@ fn exit_status_and_output_pass_through() {
     );
 }
 
+#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
 #[test]
 fn config_file_runs_a_users_threaded_program() {
-    if !guest_ready() {
-        return;
-    }
+    guest_ready();
     let dir = scratch("config");
     let prog = dir.join("pthread_hello");
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/programs/pthread_hello.c");
@@ -65,11 +63,10 @@ guest = "/usr/local/bin/pthread_hello"
     assert!(stdout.contains("VAR=hello from the config\n"), "{stdout}");
 }
 
+#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
 #[test]
 fn concurrent_processes_and_threads_are_correct() {
-    if !guest_ready() {
-        return;
-    }
+    guest_ready();
     // The same pipelines several times in one boot: they crashed
     // intermittently while the guest kernel saved only FXSAVE state and
     // user code (glibc's memcpy) used AVX registers natively.
@@ -187,12 +184,10 @@ fn bad_inputs_give_one_line_errors() {
     assert_one_line_error(&out, &["ELF"]);
 }
 
+#[ignore = "needs /dev/kvm (tools/test runs it)"]
 #[test]
 fn guest_faults_give_one_line_errors_with_rip() {
-    if !Path::new("/dev/kvm").exists() {
-        eprintln!("SKIPPED: /dev/kvm does not exist on this machine");
-        return;
-    }
+    kvm_ready();
     // ud2 with no IDT: #UD, #DF, triple fault.
     let out = run_with_kernel("triple", Some(&tiny_elf(&[0x0f, 0x0b])), "");
     assert_one_line_error(&out, &["triple fault", "RIP 0x1000000"]);
@@ -204,11 +199,10 @@ fn guest_faults_give_one_line_errors_with_rip() {
     assert_one_line_error(&out, &["RIP 0x100000"]);
 }
 
+#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
 #[test]
 fn standard_input_reaches_the_guest_console() {
-    if !guest_ready() {
-        return;
-    }
+    guest_ready();
     let mut child = insight()
         .args(["run", "--", "sh"])
         .stdin(std::process::Stdio::piped())
@@ -225,18 +219,20 @@ fn standard_input_reaches_the_guest_console() {
     assert!(stdout.contains("piped-42\n"), "{stdout}");
 }
 
+#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
 #[test]
 fn vector_check_detects_state_an_fxsave_only_kernel_loses() {
-    if !guest_ready() {
-        return;
-    }
+    guest_ready();
     // Only meaningful where guest user code runs with the host's XCR0
     // whatever the guest sets: there, a guest kernel booted with `noxsave`
     // saves only FXSAVE state while user code uses AVX. This shows that the
     // check in concurrent_processes_and_threads_are_correct can fail.
     let user_xcr0 = vmm::host_check::probe_user_xcr0().unwrap();
     if user_xcr0 & 0x4 == 0 {
-        eprintln!("SKIPPED: guest user code cannot use AVX state on this host ({user_xcr0:#x})");
+        eprintln!(
+            "not run: guest user code cannot use AVX state on this host ({user_xcr0:#x}), \
+             so there is no state an FXSAVE-only kernel could lose"
+        );
         return;
     }
     let args = ["run", "--no-stdin", "--cmdline", "noxsave", "--"];

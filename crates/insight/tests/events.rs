@@ -49,11 +49,10 @@ fn replay_events(trace: &Path, db: &Path) -> String {
     stderr
 }
 
+#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
 #[test]
 fn syn_cont_yields_exactly_its_lock_events_identically_in_two_replays() {
-    if !guest_ready() {
-        return;
-    }
+    guest_ready();
     let (trace, stdout) = record("ev-syn", &[], &["syn_cont", "1000", "2000"], 0);
     assert!(stdout.contains("syn_cont: counts correct"), "{stdout}");
     let dir = trace.parent().unwrap();
@@ -196,11 +195,10 @@ fn syn_cont_yields_exactly_its_lock_events_identically_in_two_replays() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
 #[test]
 fn fork_and_exec_raise_fork_and_exit_events() {
-    if !guest_ready() {
-        return;
-    }
+    guest_ready();
     // The probes' int3 path (through the guest kernel), not the port.
     let (trace, stdout) = record("ev-fork", &["INSIGHT_PROBES=int3"], &["fork_exec", "3"], 0);
     let dir = trace.parent().unwrap();
@@ -250,11 +248,10 @@ fn fork_and_exec_raise_fork_and_exit_events() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
 #[test]
 fn malformed_events_are_counted_and_replay_goes_on() {
-    if !guest_ready() {
-        return;
-    }
+    guest_ready();
     let (trace, stdout) = record("ev-abuse", &[], &["probe_abuse"], 0);
     assert!(stdout.contains("plain breakpoints trapped: 1"), "{stdout}");
     let dir = trace.parent().unwrap();
@@ -279,11 +276,10 @@ fn malformed_events_are_counted_and_replay_goes_on() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
 #[test]
 fn samples_land_where_the_program_spends_its_time() {
-    if !guest_ready() {
-        return;
-    }
+    guest_ready();
     // hotspot spends about 80 % of its time in hot(), 14 % in warm() and
     // 6 % in cool().
     let (trace, stdout) = record("ev-sample", &[], &["hotspot", "150"], 0);
@@ -366,11 +362,10 @@ fn same_cycle(found: &str, expected: &str) -> bool {
     f.len() == e.len() && (0..f.len()).any(|r| (0..f.len()).all(|i| f[(i + r) % f.len()] == e[i]))
 }
 
+#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
 #[test]
 fn the_papers_deadlock_programs_are_diagnosed() {
-    if !guest_ready() {
-        return;
-    }
+    guest_ready();
     // The four programs in one recording; the analysis is per process.
     let script = "deadlock_trylock && deadlock_trylock_fail && deadlock_transitive && \
                   deadlock_gatelock";

@@ -1,5 +1,6 @@
 //! Record and replay, end to end: the determinism suite (every workload
-//! recorded once and replayed twice with byte-identical console output),
+//! recorded once and replayed three times with byte-identical console
+//! output),
 //! proof that recordings capture real non-determinism, and replays of
 //! tampered, truncated, future-version and foreign-image traces.
 //!
@@ -8,57 +9,14 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::{Output, Stdio};
+use std::path::Path;
+use std::process::Stdio;
 
 use common::*;
 use vmm::journal::Entry;
 
-/// Records `command` into a new trace; returns the trace and the output.
-fn record(name: &str, extra: &[&str], command: &[&str]) -> (PathBuf, Output) {
-    let trace = scratch(name).join("trace");
-    let out = insight()
-        .args(["record", "--no-stdin", "-o"])
-        .arg(&trace)
-        .args(extra)
-        .arg("--")
-        .args(command)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    (trace, out)
-}
-
-fn replay(trace: &Path) -> Output {
-    insight()
-        .arg("replay")
-        .arg(trace)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap()
-}
-
-/// Replays `trace` twice and checks that both replays matched the
-/// recording and printed exactly what it printed.
-fn assert_replays_identically(trace: &Path, recorded_stdout: &str) {
-    for round in 1..=2 {
-        let out = replay(trace);
-        let (stdout, stderr) = text(&out);
-        assert_eq!(
-            out.status.code(),
-            Some(0),
-            "replay {round} of {}: {stderr}",
-            trace.display()
-        );
-        assert!(stderr.contains("replay matched the recording"), "{stderr}");
-        assert!(
-            stdout == recorded_stdout,
-            "replay {round} printed something else.\nrecorded:\n{recorded_stdout}\nreplayed:\n{stdout}"
-        );
-    }
-}
-
-/// Records a workload and replays it twice; returns the recorded output.
+/// Records a workload and replays it REPLAYS times; returns the recorded
+/// output.
 fn determinism(name: &str, command: &[&str], status: i32) -> String {
     let (trace, out) = record(name, &[], command);
     let stdout = expect_status(&out, status);
@@ -67,21 +25,19 @@ fn determinism(name: &str, command: &[&str], status: i32) -> String {
     stdout
 }
 
+#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
 #[test]
 fn boot_and_clean_shutdown_replay() {
-    if !guest_ready() {
-        return;
-    }
+    guest_ready();
     // poweroff -f: the kernel's power-off path, not /init's status report.
     let stdout = determinism("poweroff", &["sh", "-c", "echo booted; poweroff -f"], 0);
     assert!(stdout.contains("booted\n"), "{stdout}");
 }
 
+#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
 #[test]
 fn clock_readings_replay() {
-    if !guest_ready() {
-        return;
-    }
+    guest_ready();
     let stdout = determinism("clock", &["clock_sleep", "4"], 0);
     assert!(
         stdout.contains("clock_sleep: time advanced by at least every sleep"),
@@ -89,11 +45,10 @@ fn clock_readings_replay() {
     );
 }
 
+#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
 #[test]
 fn pipeline_replays() {
-    if !guest_ready() {
-        return;
-    }
+    guest_ready();
     let stdout = determinism("pipeline", &["sort_pipeline", "3000"], 0);
     assert!(
         stdout.contains("sort_pipeline: 251 distinct values"),
@@ -109,11 +64,10 @@ fn finish_order(stdout: &str) -> String {
         .to_string()
 }
 
+#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
 #[test]
 fn syn_cont_replays_and_its_schedule_is_recorded_not_fixed() {
-    if !guest_ready() {
-        return;
-    }
+    guest_ready();
     // Under the exit clock a thread is preempted only at a kernel entry.
     // Without the probe library, whose int3 makes every lock operation one,
     // syn_cont's threads would run one after the other in creation order
@@ -140,11 +94,10 @@ fn syn_cont_replays_and_its_schedule_is_recorded_not_fixed() {
     );
 }
 
+#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
 #[test]
 fn urandom_replays_and_differs_between_recordings() {
-    if !guest_ready() {
-        return;
-    }
+    guest_ready();
     let first = determinism("urandom", &["urandom_sha"], 0);
     let (trace, out) = record("urandom2", &[], &["urandom_sha"]);
     let _ = std::fs::remove_dir_all(trace.parent().unwrap());
@@ -158,11 +111,10 @@ fn urandom_replays_and_differs_between_recordings() {
     );
 }
 
+#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
 #[test]
 fn typed_input_is_recorded_and_replayed() {
-    if !guest_ready() {
-        return;
-    }
+    guest_ready();
     let trace = scratch("typed").join("trace");
     let mut child = insight()
         .args(["record", "-o"])
@@ -232,11 +184,10 @@ fn nth_exit(events: &[Entry], n: usize, pick: impl Fn(&Entry) -> bool) -> (usize
     panic!("fewer than {n} such exits");
 }
 
+#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
 #[test]
 fn tampered_truncated_and_foreign_traces() {
-    if !guest_ready() {
-        return;
-    }
+    guest_ready();
     let (trace, out) = record(
         "tamper",
         &["--digest-every", "1"],
@@ -374,11 +325,10 @@ fn tampered_truncated_and_foreign_traces() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
 #[test]
 fn killed_recorder_leaves_a_replayable_prefix() {
-    if !guest_ready() {
-        return;
-    }
+    guest_ready();
     let trace = scratch("killed").join("trace");
     let mut child = insight()
         .args(["record", "--no-stdin", "-o"])
@@ -412,11 +362,10 @@ fn killed_recorder_leaves_a_replayable_prefix() {
     let _ = std::fs::remove_dir_all(trace.parent().unwrap());
 }
 
+#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
 #[test]
 fn disk_workload_replays_and_the_base_image_never_changes() {
-    if !guest_ready() {
-        return;
-    }
+    guest_ready();
     let dir = scratch("disk");
     let base = dir.join("base.img");
     std::fs::write(&base, vec![0u8; 16 << 20]).unwrap();
@@ -449,13 +398,11 @@ fn disk_workload_replays_and_the_base_image_never_changes() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+#[ignore = "needs /dev/kvm (tools/test runs it)"]
 #[test]
 fn branch_clock_is_refused_with_the_reason() {
     // The refusal comes before the guest is prepared: only KVM is needed.
-    if !Path::new("/dev/kvm").exists() {
-        eprintln!("SKIPPED: /dev/kvm does not exist on this machine");
-        return;
-    }
+    kvm_ready();
     let (trace, out) = record("branch-clock", &["--clock", "branch"], &["true"]);
     let (_, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(125), "{stderr}");

@@ -2,26 +2,33 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 pub fn insight() -> Command {
     Command::new(env!("CARGO_BIN_EXE_insight"))
 }
 
-/// Whether guest tests can run here; panics if KVM exists but the image
-/// does not (the test command builds it).
-pub fn guest_ready() -> bool {
-    if !Path::new("/dev/kvm").exists() {
-        eprintln!("SKIPPED: /dev/kvm does not exist on this machine");
-        return false;
-    }
+/// Checks that a test that boots the guest can run here (such tests are
+/// `#[ignore]`d: `tools/test` runs them on hosts with KVM): fails, saying
+/// what is missing, if /dev/kvm or the guest image is not there.
+pub fn guest_ready() {
+    kvm_ready();
     let kernel = vmm::image::default_kernel();
     assert!(
         kernel.exists(),
         "no guest image at {}: run tools/build-guest first",
         kernel.display()
     );
-    true
+}
+
+/// Fails if /dev/kvm does not exist: a test that needs KVM was asked to
+/// run where there is none.
+pub fn kvm_ready() {
+    assert!(
+        Path::new("/dev/kvm").exists(),
+        "this test needs /dev/kvm, which this machine does not have"
+    );
 }
 
 pub fn scratch(name: &str) -> PathBuf {
@@ -72,4 +79,88 @@ pub fn rows(db: &Path) -> Vec<events::db::Row> {
     })
     .unwrap();
     rows
+}
+
+/// How many times the end-to-end tests replay a recording.
+pub const REPLAYS: usize = 3;
+
+/// Records `command` into a new trace (`extra`: more `record` arguments);
+/// returns the trace and the output.
+pub fn record(name: &str, extra: &[&str], command: &[&str]) -> (PathBuf, Output) {
+    let trace = scratch(name).join("trace");
+    let mut cmd = insight();
+    cmd.args(["record", "--no-stdin", "-o"])
+        .arg(&trace)
+        .args(extra)
+        .arg("--")
+        .args(command);
+    (trace, output_within(cmd, RECORD_LIMIT))
+}
+
+/// Longer than any recording the tests make takes, with room for a slow
+/// host: a recording still running then hangs (the failure preemption of
+/// user code exists to prevent), and the test says so instead of waiting.
+const RECORD_LIMIT: Duration = Duration::from_secs(600);
+
+/// Runs `cmd` (standard input closed) to its end, or kills it after
+/// `limit` and fails.
+pub fn output_within(mut cmd: Command, limit: Duration) -> Output {
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let started = Instant::now();
+    let (done, waiting) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(child.wait_with_output());
+    });
+    match waiting.recv_timeout(limit) {
+        Ok(out) => out.unwrap(),
+        Err(_) => {
+            let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
+            panic!(
+                "{:?} was still running after {:.0} s",
+                cmd,
+                started.elapsed().as_secs_f64()
+            );
+        }
+    }
+}
+
+pub fn replay(trace: &Path) -> Output {
+    replay_with(trace, &[])
+}
+
+/// Replays `trace` with more `replay` arguments.
+pub fn replay_with(trace: &Path, extra: &[&str]) -> Output {
+    let mut cmd = insight();
+    cmd.arg("replay").arg(trace).args(extra);
+    output_within(cmd, RECORD_LIMIT)
+}
+
+/// Replays `trace` REPLAYS times and checks that every replay matched the
+/// recording and printed exactly what it printed; returns the replays'
+/// standard error.
+pub fn assert_replays_identically(trace: &Path, recorded_stdout: &str) -> Vec<String> {
+    (1..=REPLAYS)
+        .map(|round| {
+            let out = replay(trace);
+            let (stdout, stderr) = text(&out);
+            assert_eq!(
+                out.status.code(),
+                Some(0),
+                "replay {round} of {}: {stderr}",
+                trace.display()
+            );
+            assert!(stderr.contains("replay matched the recording"), "{stderr}");
+            assert!(
+                stdout == recorded_stdout,
+                "replay {round} printed something else.\nrecorded:\n{recorded_stdout}\nreplayed:\n{stdout}"
+            );
+            stderr
+        })
+        .collect()
 }

@@ -1,0 +1,111 @@
+//! Preemption of guest user code while recording (asynchronous points),
+//! end to end: programs that only finish when user code is preempted
+//! record and replay faithfully, two CPU-bound threads share the CPU while
+//! recording as they do in a run, and a loop that only memory tells apart
+//! needs the memory checks.
+//!
+//! Like the other end-to-end tests they need /dev/kvm and the guest image
+//! (the test command builds it first).
+
+mod common;
+
+use std::path::Path;
+
+use common::*;
+
+/// The asynchronous points a trace holds.
+fn async_points(trace: &Path) -> usize {
+    let dump = run_expecting([Path::new("dump").as_os_str(), trace.as_os_str()], 0);
+    dump.lines().filter(|l| l.contains("async point")).count()
+}
+
+/// Records `command`, checks it preempted user code at least once and
+/// replays it REPLAYS times; returns the recording's output.
+fn record_and_replay(name: &str, command: &[&str]) -> String {
+    let (trace, out) = record(name, &["--summary"], command);
+    let stdout = expect_status(&out, 0);
+    let (_, stderr) = text(&out);
+    let points = async_points(&trace);
+    assert!(
+        points > 0,
+        "no asynchronous point in the recording of {command:?}: {stderr}"
+    );
+    assert!(stderr.contains("asynchronous points"), "{stderr}");
+    assert_replays_identically(&trace, &stdout);
+    let _ = std::fs::remove_dir_all(trace.parent().unwrap());
+    stdout
+}
+
+#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
+#[test]
+fn a_busy_waiting_thread_is_preempted_and_replays() {
+    guest_ready();
+    // The waiter never enters the kernel while it spins: without
+    // preemption of user code the main thread never runs again and the
+    // recording never ends.
+    let stdout = record_and_replay("spin-flag", &["spin_flag", "5"]);
+    assert!(stdout.contains("spin_flag: ok (5 rounds)"), "{stdout}");
+}
+
+#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
+#[test]
+fn spin_lock_holders_preempted_in_their_critical_section_replay() {
+    guest_ready();
+    let stdout = record_and_replay("spin-lock", &["spin_lock", "4", "300"]);
+    assert!(
+        stdout.contains("spin_lock: ok (counter 1200 of 1200"),
+        "{stdout}"
+    );
+}
+
+/// The CPU shares compute_pair printed, one per window.
+fn shares(stdout: &str) -> Vec<f64> {
+    stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("window "))
+        .filter_map(|l| l.split("thread 0 ").nth(1))
+        .filter_map(|l| l.split('%').next())
+        .map(|s| s.parse().unwrap())
+        .collect()
+}
+
+#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
+#[test]
+fn two_cpu_bound_threads_share_the_cpu_while_recording_as_in_a_run() {
+    guest_ready();
+    // Neither thread enters the kernel between its progress lines; the
+    // guest measures each thread's share of the work per 2 s window.
+    let command = ["compute_pair", "6"];
+    let run = run_expecting(["run", "--no-stdin", "--"].iter().chain(&command), 0);
+    let recorded = record_and_replay("compute-pair", &command);
+    for (what, stdout) in [("run", &run), ("recording", &recorded)] {
+        let shares = shares(stdout);
+        assert!(!shares.is_empty(), "{what}: no window in\n{stdout}");
+        for s in &shares {
+            assert!(
+                (35.0..=65.0).contains(s),
+                "{what}: thread 0 got {s}% of a window:\n{stdout}"
+            );
+        }
+    }
+}
+
+#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
+#[test]
+fn a_loop_only_memory_tells_apart_needs_the_memory_checks() {
+    guest_ready();
+    // Every pass of mem_only's loop has the same registers; only the
+    // counter in memory differs. A faithful replay finds the recorded pass
+    // at every point...
+    let (trace, out) = record("mem-only", &[], &["mem_only", "300"]);
+    let stdout = expect_status(&out, 0);
+    assert!(async_points(&trace) > 0);
+    assert_replays_identically(&trace, &stdout);
+    // ...one that matched registers alone delivers at an earlier pass and
+    // the guest goes another way.
+    let out = replay_with(&trace, &["--match-registers-only"]);
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("replay diverged"), "{stderr}");
+    let _ = std::fs::remove_dir_all(trace.parent().unwrap());
+}
