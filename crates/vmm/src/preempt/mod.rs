@@ -175,3 +175,4 @@ mod tests {
         assert!(GuestArea::read(&mem, 0xffff_0000).is_err());
     }
 }
+pub mod guest_code;

@@ -1,0 +1,340 @@
+//! What this host's KVM can do, measured with tiny hand-assembled guests,
+//! and the strategy insight chooses from it.
+//!
+//! Each probe boots a 4 MiB guest straight into 64-bit mode with a GDT
+//! (kernel and user segments), a TSS, an IDT whose handlers report their
+//! vector, and identity page tables open to user mode. Guest code signals
+//! progress by writing a marker byte to port 0xf1; the probe reads the
+//! marker and the privilege level it was written at.
+
+use kvm_bindings::{
+    KVM_GUESTDBG_ENABLE, KVM_GUESTDBG_SINGLESTEP, KVM_GUESTDBG_USE_HW_BP, KVM_GUESTDBG_USE_SW_BP,
+    KVM_MAX_CPUID_ENTRIES,
+};
+use kvm_ioctls::Kvm;
+use vm_memory::{Bytes, GuestAddress};
+
+use crate::{kvm_ext, sys};
+
+mod probe_vm;
+mod state_match;
+
+pub use probe_vm::Mode;
+use probe_vm::*;
+pub use state_match::{probe_state_match, StateMatchReport};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    #[error("cannot open /dev/kvm (is KVM available and accessible?)")]
+    OpenKvm(#[source] kvm_ioctls::Error),
+    #[error("KVM {op} failed in a host probe")]
+    Kvm {
+        op: &'static str,
+        #[source]
+        source: kvm_ioctls::Error,
+    },
+    #[error("host probe guest memory: {0}")]
+    Memory(String),
+    #[error("this host's KVM runs a user-mode SYSCALL in a way insight does not know ({0}); see `insight host-check`")]
+    UnknownSyscall(String),
+}
+
+fn kvm_err(op: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> ProbeError {
+    move |source| ProbeError::Kvm { op, source }
+}
+
+/// Where a user-mode SYSCALL lands.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SyscallBehaviour {
+    /// At MSR_LSTAR in ring 0, as the architecture says.
+    EntersKernel,
+    /// At MSR_LSTAR but still in ring 3 (KVM's nested "PVM" mode for
+    /// non-PVM guests): the guest kernel needs insight's syscall trap.
+    StaysInUserMode,
+    /// Something else happened; the text says what.
+    Unknown(String),
+}
+
+fn open_kvm() -> Result<Kvm, ProbeError> {
+    Kvm::new().map_err(ProbeError::OpenKvm)
+}
+
+/// Executes SYSCALL in user mode and reports where it lands.
+pub fn probe_syscall() -> Result<SyscallBehaviour, ProbeError> {
+    let kvm = open_kvm()?;
+    let mut user = vec![0x0f, 0x05]; // syscall
+    user.extend(marker_code(M_AFTER));
+    let mut vm = ProbeVm::user(&kvm, &user, false)?;
+    Ok(match vm.next_event()? {
+        Event::Marker {
+            marker: M_LSTAR,
+            cpl: 0,
+        } => SyscallBehaviour::EntersKernel,
+        Event::Marker {
+            marker: M_LSTAR,
+            cpl: 3,
+        } => SyscallBehaviour::StaysInUserMode,
+        other => SyscallBehaviour::Unknown(format!("{other:?}")),
+    })
+}
+
+/// How an `int3` executed by the guest is handled with
+/// `KVM_GUESTDBG_USE_SW_BP` set.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Int3Behaviour {
+    /// KVM exits to the VMM: probes can be invisible to the guest.
+    Intercepted,
+    /// The guest's own #BP handler runs.
+    GuestHandler,
+    /// KVM cannot execute it at all (interpreted guest kernel); the VMM
+    /// completes it by injecting #BP.
+    NotEmulated,
+    Unknown(String),
+}
+
+pub fn probe_sw_breakpoint(mode: Mode) -> Result<Int3Behaviour, ProbeError> {
+    let kvm = open_kvm()?;
+    let mut vm = ProbeVm::running(&kvm, mode, &[0xcc], false)?;
+    vm.debug(KVM_GUESTDBG_ENABLE | KVM_GUESTDBG_USE_SW_BP, None)?;
+    Ok(match vm.next_event()? {
+        Event::Debug { exception: 3, .. } => Int3Behaviour::Intercepted,
+        Event::Marker { marker, .. } if marker == M_VECTOR | 3 => Int3Behaviour::GuestHandler,
+        Event::EmulationFailure => Int3Behaviour::NotEmulated,
+        other => Int3Behaviour::Unknown(format!("{other:?}")),
+    })
+}
+
+/// Whether a hardware execution breakpoint on a guest instruction exits.
+pub fn probe_hw_breakpoint(mode: Mode) -> Result<bool, ProbeError> {
+    let kvm = open_kvm()?;
+    let mut vm = ProbeVm::running(&kvm, mode, &[0x90, 0x90, 0x90], false)?;
+    let target = body_addr(mode) + 1;
+    vm.debug(KVM_GUESTDBG_ENABLE | KVM_GUESTDBG_USE_HW_BP, Some(target))?;
+    loop {
+        match vm.next_event()? {
+            Event::Debug { pc, .. } if pc == target => return Ok(true),
+            Event::Debug { .. } => continue,
+            _ => return Ok(false),
+        }
+    }
+}
+
+/// Whether single-stepping reports steps inside code running in `mode`.
+pub fn probe_single_step(mode: Mode) -> Result<bool, ProbeError> {
+    let kvm = open_kvm()?;
+    let mut vm = ProbeVm::running(&kvm, mode, &[0x90, 0x90, 0x90], false)?;
+    vm.debug(KVM_GUESTDBG_ENABLE | KVM_GUESTDBG_SINGLESTEP, None)?;
+    let body = body_addr(mode);
+    for _ in 0..64 {
+        match vm.next_event()? {
+            Event::Debug { pc, .. } if (body..body + 3).contains(&pc) && pc != body => {
+                return Ok(true)
+            }
+            Event::Debug { .. } => continue,
+            _ => return Ok(false),
+        }
+    }
+    Ok(false)
+}
+
+/// Where interrupts injected at a VM exit reach the guest, over `rounds`
+/// tries: the guest enables interrupts, writes a marker (the exit at which
+/// the VMM injects vector 31) and counts in RAX; the handler reports, and
+/// the interrupt frame on its stack says where the guest was.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeliveryReport {
+    pub rounds: u32,
+    /// Deliveries at the instruction right after the exiting one.
+    pub exact: u32,
+    /// The most instructions the guest ran between exit and delivery.
+    pub max_late: u64,
+}
+
+pub fn probe_interrupt_delivery(rounds: u32) -> Result<DeliveryReport, ProbeError> {
+    const LOOP: u32 = 4000;
+    let kvm = open_kvm()?;
+    let mut report = DeliveryReport {
+        rounds,
+        exact: 0,
+        max_late: 0,
+    };
+    // sti; nop; out MARKER, al (al = M_AFTER); then LOOP x `inc rax`.
+    let mut body = vec![0xfb, 0x90, 0xb0, M_AFTER, 0xe6, MARKER_PORT as u8];
+    let after_out = KERNEL_CODE + body.len() as u64;
+    for _ in 0..LOOP {
+        body.extend([0x48, 0xff, 0xc0]);
+    }
+    for _ in 0..rounds {
+        let mut vm = ProbeVm::new(
+            &kvm,
+            &body,
+            &marker_code(0x7f),
+            &marker_code(M_LSTAR),
+            false,
+        )?;
+        match vm.next_event()? {
+            Event::Marker {
+                marker: M_AFTER, ..
+            } => {}
+            _ => return Ok(report),
+        }
+        kvm_ext::inject_interrupt(&vm.vcpu, 31).map_err(|e| ProbeError::Kvm {
+            op: "INTERRUPT",
+            source: kvm_ioctls::Error::new(e.raw_os_error().unwrap_or(libc::EINVAL)),
+        })?;
+        if vm.next_event()?
+            != (Event::Marker {
+                marker: M_VECTOR | 31,
+                cpl: 0,
+            })
+        {
+            return Ok(report);
+        }
+        // The frame: RIP, CS, RFLAGS, RSP, SS below the stack top.
+        let mut rip = [0u8; 8];
+        vm._mem
+            .read_slice(&mut rip, GuestAddress(KERNEL_STACK - 40))
+            .map_err(|e| ProbeError::Memory(e.to_string()))?;
+        let rip = u64::from_le_bytes(rip);
+        if rip == after_out {
+            report.exact += 1;
+        } else {
+            report.max_late = report.max_late.max(rip.saturating_sub(after_out) / 3);
+        }
+    }
+    Ok(report)
+}
+
+/// Whether user-mode RDTSC faults when the guest sets CR4.TSD.
+pub fn probe_user_tsd() -> Result<bool, ProbeError> {
+    let kvm = open_kvm()?;
+    let mut vm = ProbeVm::running(&kvm, Mode::User, &[0x0f, 0x31], true)?;
+    Ok(matches!(vm.next_event()?, Event::Marker { marker, .. } if marker == M_VECTOR | 13))
+}
+
+/// Whether user-mode port I/O exits to the VMM (the marker arrives from
+/// ring 3).
+pub fn probe_user_port_io() -> Result<bool, ProbeError> {
+    let kvm = open_kvm()?;
+    let mut vm = ProbeVm::running(&kvm, Mode::User, &[], false)?;
+    Ok(matches!(
+        vm.next_event()?,
+        Event::Marker {
+            marker: M_AFTER,
+            cpl: 3
+        }
+    ))
+}
+
+/// XCR0 as guest user code reads it with XGETBV (low byte) after the
+/// guest enabled CR4.OSXSAVE with XCR0 = x87|SSE. 3 where the host honours
+/// the guest's XCR0; the host's own value where it does not (guest user
+/// code can then use AVX state whatever the guest kernel enabled).
+pub fn probe_user_xcr0() -> Result<u8, ProbeError> {
+    let kvm = open_kvm()?;
+    // xor ecx, ecx; xgetbv; out 0xf1, al; hlt
+    let user = [0x31, 0xc9, 0x0f, 0x01, 0xd0, 0xe6, MARKER_PORT as u8, 0xf4];
+    let mut vm = ProbeVm::user(&kvm, &user, false)?;
+    let mut sregs = vm.vcpu.get_sregs().map_err(kvm_err("GET_SREGS"))?;
+    sregs.cr4 |= 1 << 18; // OSXSAVE
+    vm.vcpu.set_sregs(&sregs).map_err(kvm_err("SET_SREGS"))?;
+    let mut xcrs = vm.vcpu.get_xcrs().map_err(kvm_err("GET_XCRS"))?;
+    xcrs.nr_xcrs = 1;
+    xcrs.xcrs[0].xcr = 0;
+    xcrs.xcrs[0].value = 3;
+    vm.vcpu.set_xcrs(&xcrs).map_err(kvm_err("SET_XCRS"))?;
+    match vm.next_event()? {
+        Event::Marker { marker, .. } => Ok(marker),
+        _ => Ok(0),
+    }
+}
+
+/// Performance counters: on the host, and offered to guests by KVM.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PmuSupport {
+    /// `Err` text when perf_event_open of a hardware branch counter fails.
+    pub host_branch_counter: Result<(), String>,
+    /// General-purpose counters KVM offers guests (CPUID leaf 0xA).
+    pub guest_counters: u32,
+}
+
+pub fn probe_pmu() -> Result<PmuSupport, ProbeError> {
+    let kvm = open_kvm()?;
+    let cpuid = kvm
+        .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+        .map_err(kvm_err("GET_SUPPORTED_CPUID"))?;
+    let guest_counters = cpuid
+        .as_slice()
+        .iter()
+        .find(|e| e.function == 0xa)
+        .map(|e| (e.eax >> 8) & 0xff)
+        .unwrap_or(0);
+    Ok(PmuSupport {
+        host_branch_counter: sys::hardware_branch_counter().map_err(|e| e.to_string()),
+        guest_counters,
+    })
+}
+
+/// Everything `insight host-check` reports.
+#[derive(Clone, Debug)]
+pub struct HostReport {
+    pub syscall: SyscallBehaviour,
+    pub user_port_io: bool,
+    pub int3_kernel: Int3Behaviour,
+    pub int3_user: Int3Behaviour,
+    pub hw_breakpoint_kernel: bool,
+    pub hw_breakpoint_user: bool,
+    pub single_step_kernel: bool,
+    pub single_step_user: bool,
+    pub user_tsd: bool,
+    /// Low byte of XCR0 as guest user code sees it (see probe_user_xcr0).
+    pub user_xcr0: u8,
+    pub pmu: PmuSupport,
+    /// Where interrupts injected at an exit arrive (exit clock premise).
+    pub delivery: DeliveryReport,
+    /// Whether user code can be preempted where it stands and the state
+    /// found again at replay (asynchronous points).
+    pub state_match: StateMatchReport,
+}
+
+/// The timestamp clock record/replay will use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClockKind {
+    /// Retired guest branches counted by the PMU.
+    Branch,
+    /// Ordinals of deterministic VM exits.
+    Exit,
+}
+
+impl HostReport {
+    pub fn measure() -> Result<Self, ProbeError> {
+        Ok(HostReport {
+            syscall: probe_syscall()?,
+            user_port_io: probe_user_port_io()?,
+            int3_kernel: probe_sw_breakpoint(Mode::Kernel)?,
+            int3_user: probe_sw_breakpoint(Mode::User)?,
+            hw_breakpoint_kernel: probe_hw_breakpoint(Mode::Kernel)?,
+            hw_breakpoint_user: probe_hw_breakpoint(Mode::User)?,
+            single_step_kernel: probe_single_step(Mode::Kernel)?,
+            single_step_user: probe_single_step(Mode::User)?,
+            user_tsd: probe_user_tsd()?,
+            user_xcr0: probe_user_xcr0()?,
+            pmu: probe_pmu()?,
+            delivery: probe_interrupt_delivery(20)?,
+            state_match: probe_state_match()?,
+        })
+    }
+
+    /// Whether insight can boot its guest here at all.
+    pub fn can_run(&self) -> bool {
+        !matches!(self.syscall, SyscallBehaviour::Unknown(_))
+    }
+
+    pub fn clock(&self) -> ClockKind {
+        if self.pmu.host_branch_counter.is_ok() && self.pmu.guest_counters > 0 {
+            ClockKind::Branch
+        } else {
+            ClockKind::Exit
+        }
+    }
+}

@@ -1,0 +1,255 @@
+//! Recording asynchronous points: at a kick, the state where user code
+//! stands, or a trap that stops the task where replay can find it.
+
+use std::time::Instant;
+
+use vm_memory::{Bytes, GuestAddress};
+
+use super::{Candidate, PREEMPT_AFTER_NS, RETRY_NS, TRAP_NS};
+use crate::journal::Journal;
+use crate::preempt::guest_code::{trampoline_entries, PageTables};
+use crate::preempt::state::{self, PageSet, UserState};
+use crate::preempt::trampoline::{self, StubError};
+use crate::preempt::{AsyncPoint, CodeMap, GuestArea};
+use crate::vm::{kvm_err, Vm, VmError};
+
+/// What the recorder makes of the position a kick found.
+enum Position {
+    Take(Box<AsyncPoint>),
+    /// Wait until the task gets back to this position.
+    Advance(u64),
+    Decline,
+    /// Guest kernel code, or an interrupt cannot be taken now: it will
+    /// exit soon enough on its own.
+    NotNow,
+}
+
+impl Vm {
+    /// Recording: when the vCPU should be kicked to look for an
+    /// asynchronous point (u64::MAX: not before something else happens).
+    pub(in crate::vm) fn preempt_deadline(&self) -> u64 {
+        if !matches!(self.journal, Journal::Record(_))
+            || self.preempt.area_gpa.is_none()
+            || self.preempt.exits_only
+        {
+            return u64::MAX;
+        }
+        if let Some(trap) = &self.preempt.trap {
+            return trap.since_ns + TRAP_NS;
+        }
+        let mut due = (self.preempt.last_exit_ns + PREEMPT_AFTER_NS).max(self.preempt.retry_ns);
+        if !self.platform.pic.has_pending() {
+            due = due.max(self.platform.next_timer_ns().unwrap_or(u64::MAX));
+        }
+        due
+    }
+
+    /// Recording, at a kick: if an interrupt has waited a tick for an exit
+    /// and the vCPU stands in user code at a position replay can find
+    /// again, logs the state there and returns true; the interrupt is then
+    /// injected as at an exit.
+    pub(in crate::vm) fn try_async_point(&mut self) -> Result<bool, VmError> {
+        let now = self.clock.now_ns();
+        self.platform.advance_to(now);
+        if self.preempt_deadline() > now || !self.platform.pic.has_pending() {
+            return Ok(false);
+        }
+        if let Some(trap) = self.preempt.trap.take() {
+            // The task did not come back: look again at the next kick.
+            self.restore(&trap.saved);
+            self.preempt.stats.declined += 1;
+            self.preempt.retry_ns = now + RETRY_NS;
+            return Ok(false);
+        }
+        let started = Instant::now();
+        let position = self.examine(now);
+        self.preempt.stats.busy_ns += started.elapsed().as_nanos() as u64;
+        match position? {
+            Position::Take(point) => {
+                self.journal.record_async_point(*point)?;
+                self.preempt.stats.points += 1;
+                return Ok(true);
+            }
+            Position::Advance(to) => {
+                if self.arm_trap(to)? {
+                    return Ok(false);
+                }
+                self.preempt.stats.declined += 1;
+            }
+            Position::Decline => self.preempt.stats.declined += 1,
+            Position::NotNow => {}
+        }
+        self.preempt.retry_ns = now + RETRY_NS;
+        Ok(false)
+    }
+
+    /// What the recorder can make of the position the vCPU is stopped at.
+    fn examine(&mut self, now: u64) -> Result<Position, VmError> {
+        let run = self.vcpu.get_kvm_run();
+        if run.ready_for_interrupt_injection == 0 || run.if_flag == 0 || self.exception_pending {
+            return Ok(Position::NotNow);
+        }
+        let sregs = self.vcpu.get_sregs().map_err(kvm_err("GET_SREGS"))?;
+        if sregs.cs.selector & 3 != 3 {
+            return Ok(Position::NotNow);
+        }
+        let regs = self.vcpu.get_regs().map_err(kvm_err("GET_REGS"))?;
+        let Some(area_gpa) = self.preempt.area_gpa else {
+            return Ok(Position::Decline);
+        };
+        let cr3 = sregs.cr3 & state::CR3_ROOT;
+        let area = match GuestArea::read(&self.mem, area_gpa) {
+            Ok(a) if a.cr3 == cr3 => a,
+            _ => return Ok(Position::Decline),
+        };
+        let tables = PageTables {
+            mem: &self.mem,
+            cr3,
+        };
+        let Some((site, stub)) = self.patchable(&tables, regs.rip, &area.stub_va) else {
+            return Ok(Position::Decline);
+        };
+        let page = regs.rip & !0xfff;
+        let code_pages: Vec<(u64, u64)> = [page.wrapping_sub(0x1000), page, page + 0x1000]
+            .into_iter()
+            .filter_map(|p| tables.page_gpa(p).map(|gpa| (p, gpa)))
+            .collect();
+        // At replay the task resumes user mode where it did here, before
+        // it reaches the position: inside the patch it would run its
+        // bytes. It passes there again (it got here from there), so the
+        // point is taken there, at its next pass.
+        if (regs.rip + 1..site.resume()).contains(&area.resume_ip) {
+            return Ok(Position::Advance(area.resume_ip));
+        }
+        let gprs = state::gprs(&regs);
+        let words: Vec<(u64, u64)> = site
+            .memory_words(&gprs, sregs.fs.base, sregs.gs.base)
+            .into_iter()
+            .filter_map(|at| self.user_word(cr3, at).map(|v| (at, v)))
+            .take(trampoline::MAX_WORDS)
+            .collect();
+        // Values a user-mode RDTSC returned differ in every run on hosts
+        // that cannot trap it (glibc's dynamic loader keeps start-up
+        // timestamps, and they travel in callee-saved registers and their
+        // spills). A state holding one in a register is never found again:
+        // the next kick looks again. Pages holding one are left out of the
+        // memory compared.
+        let tsc = self.preempt.tsc_start..=crate::sys::host_tsc();
+        if gprs.iter().any(|v| tsc.contains(v)) {
+            return Ok(Position::Decline);
+        }
+        let xsave = self.vcpu.get_xsave().map_err(kvm_err("GET_XSAVE"))?;
+        let cpu: Vec<u8> = xsave.region.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let written = self.take_dirty_pages()?;
+        let pages = without_timestamps(&self.mem, &written, &tsc);
+        let entries = trampoline_entries(&self.mem, cr3, stub, &words);
+        let memory = state::memory_digest(&self.mem, &pages, &[], &entries);
+        Ok(Position::Take(Box::new(AsyncPoint {
+            state: UserState {
+                cr3,
+                rip: regs.rip,
+                rflags: regs.rflags & !state::RF,
+                gprs,
+                fs_base: sregs.fs.base,
+                gs_base: sregs.gs.base,
+                xstate: state::xstate_digest(&cpu, &self.xsave_layout),
+                words,
+                pages,
+                memory,
+            },
+            stub,
+            code_pages,
+            run_ns: now.saturating_sub(self.preempt.last_exit_ns),
+        })))
+    }
+
+    /// Recording: stops the task when it gets to `rip` (a trap that
+    /// exits at once); false if no trap can go there.
+    fn arm_trap(&mut self, rip: u64) -> Result<bool, VmError> {
+        let sregs = self.vcpu.get_sregs().map_err(kvm_err("GET_SREGS"))?;
+        let here = self.vcpu.get_regs().map_err(kvm_err("GET_REGS"))?.rip;
+        let cr3 = sregs.cr3 & state::CR3_ROOT;
+        let Some(area) = self
+            .preempt
+            .area_gpa
+            .and_then(|gpa| GuestArea::read(&self.mem, gpa).ok())
+        else {
+            return Ok(false);
+        };
+        let tables = PageTables {
+            mem: &self.mem,
+            cr3,
+        };
+        let Some((site, stub)) = self.patchable(&tables, rip, &area.stub_va) else {
+            return Ok(false);
+        };
+        // The task, stopped here, must not run into the middle of it.
+        if (rip + 1..site.resume()).contains(&here) {
+            return Ok(false);
+        }
+        let pages = AsyncPoint::pages_at(stub);
+        let code = trampoline::build_trap(
+            pages,
+            |ip| site.relocated(ip).map_err(StubError::Relocation),
+            site.resume(),
+        );
+        let Ok(code) = code else {
+            return Ok(false);
+        };
+        let Ok(jump) = trampoline::patch(rip, stub, site.len) else {
+            return Ok(false);
+        };
+        let code_pages: Vec<(u64, u64)> = [rip & !0xfff, (rip & !0xfff) + 0x1000]
+            .into_iter()
+            .filter_map(|p| tables.page_gpa(p).map(|gpa| (p, gpa)))
+            .collect();
+        match self.install(cr3, &code_pages, rip, stub, &code, None, jump) {
+            Ok(mut patch) => {
+                patch.since_ns = self.clock.now_ns();
+                self.preempt.trap = Some(patch);
+                Ok(true)
+            }
+            Err(_) => Ok(false),
+        }
+    }
+
+    /// Recording: the task reached the trap; the point is taken here if
+    /// the position allows it now.
+    pub(in crate::vm) fn trap_reached(&mut self) -> Result<Candidate, VmError> {
+        let Some(trap) = self.preempt.trap.take() else {
+            return Ok(Candidate::NotOurs);
+        };
+        self.complete_trampoline_exit(&trap)?;
+        let now = self.clock.now_ns();
+        match self.examine(now)? {
+            Position::Take(point) => {
+                self.journal.record_async_point(*point)?;
+                self.preempt.stats.points += 1;
+                self.preempt.stats.advanced += 1;
+                Ok(Candidate::Reached)
+            }
+            Position::Advance(_) | Position::Decline | Position::NotNow => {
+                self.preempt.stats.declined += 1;
+                self.preempt.retry_ns = now + RETRY_NS;
+                Ok(Candidate::Passed)
+            }
+        }
+    }
+}
+
+/// `pages` without those that hold an aligned 8-byte word in `tsc` (the
+/// host TSC values of this recording).
+fn without_timestamps(
+    mem: &vm_memory::GuestMemoryMmap,
+    pages: &PageSet,
+    tsc: &std::ops::RangeInclusive<u64>,
+) -> PageSet {
+    let mut page = [0u8; 4096];
+    PageSet::from_frames(pages.frames().filter(|&frame| {
+        mem.read_slice(&mut page, GuestAddress(frame << 12))
+            .is_err()
+            || !page
+                .chunks_exact(8)
+                .any(|w| tsc.contains(&u64::from_le_bytes(w.try_into().unwrap_or([0; 8]))))
+    }))
+}

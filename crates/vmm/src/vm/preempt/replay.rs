@@ -1,0 +1,160 @@
+//! Replaying asynchronous points: the trampoline in place after the exit
+//! before one, its candidates checked, the interrupt delivered there.
+
+use std::time::Duration;
+
+use super::{Candidate, Patch};
+use crate::preempt::guest_code::{build_stub, code_around, trampoline_entries};
+use crate::preempt::state::{self, PageSet, UserState};
+use crate::preempt::{site, trampoline, AsyncPoint};
+use crate::vm::{kvm_err, Vm, VmError};
+
+/// A point replay is looking for.
+pub(super) struct Search {
+    pub(super) point: AsyncPoint,
+    pub(super) patch: Patch,
+    /// How the last rejected candidate differed, for the report.
+    pub(super) last_rejection: Vec<String>,
+}
+
+impl Search {
+    /// How long the search may take: the recording got there in
+    /// `run_ns`; replay is slower only by the false hits' few nanoseconds,
+    /// so three times that (and two seconds for a loaded host) means the
+    /// state will never come.
+    fn bound(&self) -> Duration {
+        Duration::from_nanos(self.point.run_ns.saturating_mul(3)) + Duration::from_secs(2)
+    }
+}
+
+impl Vm {
+    /// Replay, at a delivery point: if the log's next entry is an
+    /// asynchronous point, puts the trampoline in place to find it.
+    pub(in crate::vm) fn arm_async_point(&mut self) -> Result<(), VmError> {
+        if self.preempt.search.is_some() {
+            return Ok(());
+        }
+        let Some(point) = self.journal.replay_async_point()? else {
+            return Ok(());
+        };
+        let (cr3, rip) = (point.state.cr3, point.state.rip);
+        let (code, before) = code_around(&self.mem, &point.code_pages, rip);
+        let site = match site::choose(rip, &code, &before) {
+            Ok(s) => s,
+            Err(why) => {
+                let why = format!("the recorded position cannot be patched: {why}");
+                return Err(self.journal.async_point_missed(why).into());
+            }
+        };
+        let words: &[(u64, u64)] = if self.preempt.registers_only {
+            &[]
+        } else {
+            &point.state.words
+        };
+        let addrs: Vec<u64> = words.iter().map(|w| w.0).collect();
+        let values: Vec<u64> = words.iter().map(|w| w.1).collect();
+        let (stub, jump) = match build_stub(&site, point.stub, &addrs) {
+            Ok(s) => s,
+            Err(why) => {
+                let why = format!("no trampoline for the recorded position: {why}");
+                return Err(self.journal.async_point_missed(why).into());
+            }
+        };
+
+        let data = trampoline::data_page(&point.state.kvm_regs(), &values);
+        let code_pages = point.code_pages.clone();
+        let patch = match self.install(cr3, &code_pages, rip, point.stub, &stub, Some(data), jump) {
+            Ok(p) => p,
+            Err(why) => return Err(self.journal.async_point_missed(why).into()),
+        };
+        self.preempt.search = Some(Search {
+            point,
+            patch,
+            last_rejection: Vec::new(),
+        });
+        Ok(())
+    }
+
+    /// Replay: the trampoline found the recorded registers (`regs`);
+    /// whether the rest of the state is the recorded one.
+    pub(in crate::vm) fn async_candidate(
+        &mut self,
+        regs: &kvm_bindings::kvm_regs,
+    ) -> Result<Candidate, VmError> {
+        self.preempt.stats.candidates += 1;
+        let sregs = self.vcpu.get_sregs().map_err(kvm_err("GET_SREGS"))?;
+        let Some(search) = &self.preempt.search else {
+            return Ok(Candidate::NotOurs);
+        };
+        let logged = &search.point.state;
+        let mut found = UserState {
+            cr3: sregs.cr3 & state::CR3_ROOT,
+            rip: logged.rip,
+            rflags: regs.rflags & !state::RF,
+            gprs: state::gprs(regs),
+            fs_base: sregs.fs.base,
+            gs_base: sregs.gs.base,
+            xstate: logged.xstate,
+            words: logged.words.clone(),
+            pages: PageSet::default(),
+            memory: logged.memory,
+        };
+        if !self.preempt.registers_only {
+            found.words = logged
+                .words
+                .iter()
+                .map(|&(at, v)| (at, self.user_word(logged.cr3, at).unwrap_or(!v)))
+                .collect();
+            if logged.differences(&found).is_empty() {
+                let xsave = self.vcpu.get_xsave().map_err(kvm_err("GET_XSAVE"))?;
+                let cpu: Vec<u8> = xsave.region.iter().flat_map(|w| w.to_le_bytes()).collect();
+                found.xstate = state::xstate_digest(&cpu, &self.xsave_layout);
+                let entries =
+                    trampoline_entries(&self.mem, logged.cr3, search.point.stub, &logged.words);
+                found.memory =
+                    state::memory_digest(&self.mem, &logged.pages, &search.patch.saved, &entries);
+            }
+        }
+        let differences = logged.differences(&found);
+        if !differences.is_empty() {
+            self.preempt.stats.rejected += 1;
+            if let Some(search) = &mut self.preempt.search {
+                search.last_rejection = differences;
+            }
+            return Ok(Candidate::Passed);
+        }
+        let Some(search) = self.preempt.search.take() else {
+            return Ok(Candidate::NotOurs);
+        };
+        self.complete_trampoline_exit(&search.patch)?;
+        self.preempt.stats.points += 1;
+        self.preempt.stats.busy_ns += search.patch.started.elapsed().as_nanos() as u64;
+        self.journal.replay_async_point_reached()?;
+        Ok(Candidate::Reached)
+    }
+
+    /// Replay: a search that has gone on far longer than the recording
+    /// took to get there will not succeed.
+    pub(in crate::vm) fn check_search_time(&mut self) -> Result<(), VmError> {
+        let Some(search) = &self.preempt.search else {
+            return Ok(());
+        };
+        if search.patch.started.elapsed() <= search.bound() {
+            return Ok(());
+        }
+        let mut why = format!(
+            "the recorded state was not reached within {:.1} s (the recording got there {:.3} s \
+             after the exit; {} candidates rejected)",
+            search.bound().as_secs_f64(),
+            search.point.run_ns as f64 / 1e9,
+            self.preempt.stats.rejected
+        );
+        if !search.last_rejection.is_empty() {
+            why += &format!(
+                "; the last one differed in {}",
+                search.last_rejection.join(", ")
+            );
+        }
+        Err(self.journal.async_point_missed(why).into())
+    }
+}
