@@ -1,5 +1,6 @@
-//! The built-in diagnosis tools, each a [`Plugin`] in a file of its own.
-//! A new tool is one more file here and one line in [`registry`].
+//! The built-in diagnosis tools, each a [`Plugin`] in a folder of its own
+//! with the analysis only it uses. A new tool is one more folder here and
+//! one line in [`registry`].
 
 use crate::plugin::Plugin;
 
@@ -22,12 +23,4 @@ pub fn registry() -> Vec<Box<dyn Plugin>> {
 /// The built-in plugin called `name`, with its default options.
 pub fn by_name(name: &str) -> Option<Box<dyn Plugin>> {
     registry().into_iter().find(|p| p.name() == name)
-}
-
-/// Text made safe for HTML and SVG.
-pub fn xml_escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
 }

@@ -18,7 +18,7 @@
 use std::collections::HashMap;
 
 use crate::lock_events::{LockEvent, LockEventKind, LockOp, ETIMEDOUT};
-use crate::percent;
+use crate::render::percent;
 
 /// Totals and extremes of a duration.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

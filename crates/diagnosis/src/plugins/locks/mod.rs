@@ -1,5 +1,5 @@
 //! `locks`: lock contention per lock (and per thread), modelled on
-//! mutrace; see [`crate::contention`] for the definitions.
+//! mutrace; see [`contention`] for the definitions.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -7,7 +7,9 @@ use std::fmt::Write as _;
 use events::abi::Kind;
 use events::db::Row;
 
-use crate::contention::{Contention, ContentionReport, Durations, LockStats};
+use contention::{Contention, ContentionReport, Durations, LockStats};
+
+pub mod contention;
 use crate::from_db::{lock_event, LOCK_KINDS_AND_INIT};
 use crate::plugin::{Attachment, Context, Output, Plugin, PluginError};
 use crate::symbols::Symbolizer;

@@ -1,5 +1,5 @@
 //! `profile`: where the sampled threads spent their time, per function,
-//! from SAMPLE events; see [`crate::profile`].
+//! from SAMPLE events; see [`functions`].
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -8,10 +8,12 @@ use std::time::Duration;
 use events::abi::Kind;
 use events::db::Row;
 
-use crate::flamegraph;
-use crate::percent;
 use crate::plugin::{Attachment, Context, Output, Plugin, PluginError, ReplayNeeds};
-use crate::profile::{self, ProfileRow};
+use crate::render::percent;
+use functions::ProfileRow;
+
+pub mod flamegraph;
+pub mod functions;
 
 #[derive(Clone, Copy, Debug)]
 pub struct ProfileOptions {
@@ -78,7 +80,7 @@ impl Plugin for Profile {
     }
 
     fn finish(&mut self, cx: &Context) -> Result<Output, PluginError> {
-        let p = profile::profile(&self.samples, &self.stacks, cx.db, cx.files)?;
+        let p = functions::profile(&self.samples, &self.stacks, cx.db, cx.files)?;
         if p.samples == 0 {
             return Ok(Output {
                 text: format!(

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use crate::plugins::xml_escape;
+use crate::render::xml_escape;
 
 const WIDTH: f64 = 1200.0;
 const FRAME_HEIGHT: f64 = 16.0;

@@ -1,5 +1,5 @@
 //! `deadlock`: potential deadlocks from the order in which threads take
-//! locks; see [`crate::deadlock`] for the detector.
+//! locks; see [`lock_order`] for the detector.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -7,10 +7,13 @@ use std::fmt::Write as _;
 use events::abi::Kind;
 use events::db::Row;
 
-use crate::deadlock::{self, Cycle};
-use crate::from_db::DeadlockInput;
+use input::DeadlockInput;
+use lock_order::Cycle;
+
+pub mod input;
+pub mod lock_order;
 use crate::plugin::{Attachment, Context, Output, Plugin, PluginError};
-use crate::plugins::xml_escape;
+use crate::render::xml_escape;
 use crate::symbols::Symbolizer;
 
 #[derive(Default)]
@@ -56,7 +59,7 @@ impl Plugin for Deadlock {
         let (mut deadlocks, mut protected) = (0, 0);
         let mut cycles_json = Vec::new();
         for (pid, events) in std::mem::take(&mut self.input).finish() {
-            let report = deadlock::analyze(&events);
+            let report = lock_order::analyze(&events);
             if report.deadlocks.is_empty() && report.protected.is_empty() {
                 continue;
             }

@@ -26,7 +26,7 @@ pub struct ThreadProfile {
 }
 
 #[derive(Clone, Debug, Default)]
-pub struct Profile {
+pub struct FunctionProfile {
     /// All samples; `kernel` of them were taken in the guest kernel,
     /// `kernel_boundary` of those as it was entered or left (in user mode
     /// at a return from it: counted as kernel time, with the user stack).
@@ -64,7 +64,7 @@ pub fn profile(
     stacks: &HashMap<u64, Vec<u64>>,
     db: &EventDb,
     files: &GuestFiles,
-) -> Result<Profile, DbError> {
+) -> Result<FunctionProfile, DbError> {
     let names: HashMap<(u32, u32), String> = db
         .threads()?
         .into_iter()
@@ -76,7 +76,7 @@ pub fn profile(
         sym.add_process(pid, db.objects(pid)?);
     }
 
-    let mut out = Profile::default();
+    let mut out = FunctionProfile::default();
     let mut all: HashMap<Location, u64> = HashMap::new();
     let mut per_thread: HashMap<(u32, u32), HashMap<Location, u64>> = HashMap::new();
     for r in samples {
