@@ -1,0 +1,288 @@
+//! The event database against databases written in the tests.
+
+use super::*;
+use crate::packed::{self, BLOCK_EVENTS};
+use rusqlite::Connection;
+
+fn temp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("insight-db-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join("events.db")
+}
+
+fn row(time: u64, kind: Kind, addr: Option<u64>, caller: Option<u64>, value: Option<i64>) -> Row {
+    Row {
+        seq: 0,
+        time,
+        kind,
+        source: Source::Probe,
+        pid: 5,
+        lwpid: 6,
+        addr,
+        caller,
+        value,
+    }
+}
+
+#[test]
+fn writes_and_reads_back_in_order() {
+    for format in [EventFormat::Packed, EventFormat::Rows] {
+        writes_and_reads_back(format);
+    }
+}
+
+fn writes_and_reads_back(format: EventFormat) {
+    let path = temp(format.name());
+    let mut w = EventWriter::create_with(&path, &[("trace", "t".into())], format).unwrap();
+    let s1 = w
+        .push(&row(10, Kind::Lock, Some(0x1000), Some(0x400), None))
+        .unwrap();
+    w.thread(5, 6, "syn_cont", s1).unwrap();
+    w.push(&row(20, Kind::LockRet, Some(0x1000), Some(0x400), Some(0)))
+        .unwrap();
+    let s3 = w
+        .push(&row(30, Kind::Unlock, Some(u64::MAX), None, None))
+        .unwrap();
+    w.stack(s3, &[0x7000, 0x6000]).unwrap();
+    w.object(5, 0x5555_0000, "/usr/bin/syn_cont", s1).unwrap();
+    w.anomalies(&[("unmapped buffer".into(), 2, "at 0x0".into())])
+        .unwrap();
+    assert!(!path.exists(), "only the partial file exists while writing");
+    w.finish().unwrap();
+
+    let db = EventDb::open(&path).unwrap();
+    assert_eq!(db.format(), format);
+    assert_eq!(db.meta("trace").unwrap().as_deref(), Some("t"));
+    let mut rows = Vec::new();
+    db.for_each(&[], |r| {
+        rows.push(r);
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(rows.len(), 3);
+    assert_eq!(rows[1].kind, Kind::LockRet);
+    assert_eq!(rows[1].value, Some(0));
+    assert_eq!(rows[2].addr, Some(u64::MAX), "addresses keep all 64 bits");
+    let mut locks = 0;
+    db.for_each(&[Kind::Unlock], |_| {
+        locks += 1;
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(locks, 1);
+    assert_eq!(
+        db.objects(5).unwrap(),
+        vec![(0x5555_0000, "/usr/bin/syn_cont".into())]
+    );
+    assert_eq!(db.threads().unwrap(), vec![(5, 6, "syn_cont".into())]);
+    assert_eq!(db.anomalies().unwrap()[0].1, 2);
+    assert_eq!(db.stacks().unwrap()[&s3], vec![0x7000, 0x6000]);
+    assert_eq!(
+        db.counts().unwrap(),
+        vec![(Kind::Lock, 1), (Kind::LockRet, 1), (Kind::Unlock, 1)]
+    );
+}
+
+#[test]
+fn copies_between_formats_keep_everything() {
+    let rows_path = temp("copy-rows");
+    let mut w =
+        EventWriter::create_with(&rows_path, &[("trace", "t".into())], EventFormat::Rows).unwrap();
+    for i in 0..5000u64 {
+        let kind = if i % 3 == 0 { Kind::Sample } else { Kind::Lock };
+        let seq = w
+            .push(&row(i, kind, Some(i * 8), Some(0x400), None))
+            .unwrap();
+        if kind == Kind::Sample {
+            w.stack(seq, &[i, 0x5555]).unwrap();
+        }
+    }
+    w.thread(5, 6, "syn_cont", 1).unwrap();
+    w.object(5, 0x5555_0000, "/usr/bin/syn_cont", 1).unwrap();
+    w.anomalies(&[("unmapped buffer".into(), 2, "at 0x0".into())])
+        .unwrap();
+    w.finish().unwrap();
+    let all = |db: &EventDb| {
+        let mut v = Vec::new();
+        db.for_each(&[], |r| {
+            v.push(r);
+            Ok(())
+        })
+        .unwrap();
+        (
+            v,
+            db.stacks().unwrap(),
+            db.threads().unwrap(),
+            db.objects(5).unwrap(),
+        )
+    };
+    let original = EventDb::open(&rows_path).unwrap();
+    let packed_path = temp("copy-packed");
+    let mut w = EventWriter::create(&packed_path, &[]).unwrap();
+    original.copy_to(&mut w).unwrap();
+    w.finish().unwrap();
+    let packed = EventDb::open(&packed_path).unwrap();
+    assert_eq!(packed.format(), EventFormat::Packed);
+    assert_eq!(all(&packed), all(&original));
+    assert_eq!(packed.meta("trace").unwrap().as_deref(), Some("t"));
+    assert_eq!(packed.anomalies().unwrap(), original.anomalies().unwrap());
+    // A database with a gap in its sequence is refused, not renumbered.
+    drop(original);
+    Connection::open(&rows_path)
+        .unwrap()
+        .execute_batch("DELETE FROM events WHERE seq = 10;")
+        .unwrap();
+    let mut w = EventWriter::create(&temp("copy-gap"), &[]).unwrap();
+    let err = EventDb::open(&rows_path)
+        .unwrap()
+        .copy_to(&mut w)
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("event 11 follows event 9"),
+        "{err}"
+    );
+}
+
+#[test]
+fn packed_blocks_keep_order_stacks_and_refuse_corruption() {
+    let path = temp("blocks");
+    let mut w = EventWriter::create(&path, &[]).unwrap();
+    let n = 2 * BLOCK_EVENTS as u64 + 10;
+    for i in 0..n {
+        let seq = w
+            .push(&row(i * 3, Kind::Sample, Some(i), None, Some(0)))
+            .unwrap();
+        assert_eq!(seq, i + 1);
+        w.stack(seq, &[i, i + 1]).unwrap();
+    }
+    w.set_meta("events", &n.to_string()).unwrap();
+    w.finish().unwrap();
+    let size = std::fs::metadata(&path).unwrap().len();
+    let db = EventDb::open(&path).unwrap();
+    let mut seen = 0u64;
+    db.for_each(&[Kind::Sample], |r| {
+        seen += 1;
+        assert_eq!(
+            (r.seq, r.time, r.addr),
+            (seen, (seen - 1) * 3, Some(seen - 1))
+        );
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(seen, n);
+    let stacks = db.stacks().unwrap();
+    assert_eq!(stacks.len() as u64, n);
+    assert_eq!(stacks[&(BLOCK_EVENTS as u64 + 1)], vec![4096, 4097]);
+    drop(db);
+    // Rows take several times the room.
+    let rows_path = temp("blocks-rows");
+    let mut w = EventWriter::create_with(&rows_path, &[], EventFormat::Rows).unwrap();
+    for i in 0..n {
+        let seq = w
+            .push(&row(i * 3, Kind::Sample, Some(i), None, Some(0)))
+            .unwrap();
+        w.stack(seq, &[i, i + 1]).unwrap();
+    }
+    w.finish().unwrap();
+    assert!(std::fs::metadata(&rows_path).unwrap().len() > 4 * size);
+
+    // A stack longer than any writer keeps is refused.
+    let conn = Connection::open(&path).unwrap();
+    conn.execute(
+        "INSERT INTO stacks VALUES (1, ?1)",
+        [vec![0u8; (packed::MAX_FRAMES + 1) * 8]],
+    )
+    .unwrap();
+    let err = EventDb::open(&path).unwrap().stacks().unwrap_err();
+    assert!(err.to_string().contains("the stack of event 1"), "{err}");
+    conn.execute_batch("DELETE FROM stacks WHERE seq = 1;")
+        .unwrap();
+    drop(conn);
+
+    // A damaged block is an error naming it, not a panic.
+    Connection::open(&path)
+        .unwrap()
+        .execute_batch("UPDATE event_blocks SET data = x'28b52ffd00' WHERE first_seq = 4097;")
+        .unwrap();
+    let db = EventDb::open(&path).unwrap();
+    let err = db.for_each(&[], |_| Ok(())).unwrap_err();
+    assert!(err.to_string().contains("event block 4097"), "{err}");
+    drop(db);
+    Connection::open(&path)
+        .unwrap()
+        .execute_batch("DELETE FROM event_blocks WHERE first_seq = 4097;")
+        .unwrap();
+    let err = EventDb::open(&path).unwrap().counts().unwrap_err();
+    assert!(err.to_string().contains("start at event 4097"), "{err}");
+    // Blocks lost at the end are noticed too.
+    Connection::open(&path)
+        .unwrap()
+        .execute_batch("DELETE FROM event_blocks WHERE first_seq > 4096;")
+        .unwrap();
+    let err = EventDb::open(&path).unwrap().counts().unwrap_err();
+    assert!(
+        err.to_string()
+            .contains(&format!("hold 4096 events, its meta table says {n}")),
+        "{err}"
+    );
+}
+
+#[test]
+fn foreign_and_future_files_are_refused() {
+    let path = temp("foreign");
+    assert!(matches!(EventDb::open(&path), Err(DbError::Foreign(_))));
+    std::fs::write(&path, b"not a database at all, just some text").unwrap();
+    assert!(matches!(EventDb::open(&path), Err(DbError::Foreign(_))));
+    // A real SQLite file of another application.
+    std::fs::remove_file(&path).unwrap();
+    Connection::open(&path)
+        .unwrap()
+        .execute_batch("CREATE TABLE t(x);")
+        .unwrap();
+    assert!(matches!(EventDb::open(&path), Err(DbError::Foreign(_))));
+    // Ours, truncated: SQLite's own complaint, naming the file.
+    std::fs::remove_file(&path).unwrap();
+    let mut w = EventWriter::create(&path, &[]).unwrap();
+    for i in 0..5000 {
+        w.push(&row(i, Kind::Lock, Some(i), None, None)).unwrap();
+    }
+    w.finish().unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
+    let err = EventDb::open(&path)
+        .and_then(|db| db.for_each(&[], |_| Ok(())))
+        .unwrap_err();
+    let cause = std::error::Error::source(&err).map(|e| e.to_string());
+    assert!(err.to_string().contains("events.db"), "{err}");
+    assert!(cause.is_some_and(|c| c.contains("malformed")), "{err:?}");
+    // Ours, from a future version.
+    std::fs::remove_file(&path).unwrap();
+    EventWriter::create(&path, &[]).unwrap().finish().unwrap();
+    Connection::open(&path)
+        .unwrap()
+        .execute_batch("PRAGMA user_version = 99;")
+        .unwrap();
+    assert!(matches!(
+        EventDb::open(&path),
+        Err(DbError::Version { found: 99, .. })
+    ));
+}
+
+#[test]
+fn an_unfinished_writer_leaves_its_committed_events() {
+    let path = temp("unfinished");
+    {
+        let mut w = EventWriter::create(&path, &[]).unwrap();
+        for i in 0..(BLOCK_EVENTS as u64 + 5) {
+            w.push(&row(i, Kind::Lock, Some(1), None, None)).unwrap();
+        }
+    }
+    let mut partial = path.as_os_str().to_owned();
+    partial.push(".partial");
+    let db = EventDb::open(Path::new(&partial)).unwrap();
+    assert_eq!(
+        db.counts().unwrap(),
+        vec![(Kind::Lock, BLOCK_EVENTS as u64 + 5)]
+    );
+}

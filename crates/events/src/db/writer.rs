@@ -1,0 +1,244 @@
+//! Writing an event database, in either format.
+
+use std::path::{Path, PathBuf};
+
+use rusqlite::{params, Connection};
+
+use super::*;
+use crate::packed::{self, PackedEvent, BLOCK_EVENTS};
+
+/// Writes a database: into `PATH.partial`, renamed over `PATH` by
+/// [`EventWriter::finish`], so a reader never sees half a database; if
+/// the writer is dropped without finishing, the partial file stays with
+/// every committed batch.
+pub struct EventWriter {
+    pub(super) conn: Connection,
+    pub(super) partial: PathBuf,
+    path: PathBuf,
+    format: EventFormat,
+    next_seq: u64,
+    in_batch: u64,
+    /// Packed: the block being filled, from sequence number `block_seq`.
+    block: Vec<PackedEvent>,
+    block_seq: u64,
+}
+
+impl EventWriter {
+    /// Where a database for `path` is written until it is finished
+    /// (replaced when a writer starts).
+    pub fn partial_path(path: &Path) -> PathBuf {
+        let mut partial = path.as_os_str().to_owned();
+        partial.push(".partial");
+        PathBuf::from(partial)
+    }
+
+    /// A packed database.
+    pub fn create(path: &Path, meta: &[(&str, String)]) -> Result<Self, DbError> {
+        Self::create_with(path, meta, EventFormat::Packed)
+    }
+
+    pub fn create_with(
+        path: &Path,
+        meta: &[(&str, String)],
+        format: EventFormat,
+    ) -> Result<Self, DbError> {
+        let partial = Self::partial_path(path);
+        let _ = std::fs::remove_file(&partial);
+        let conn = Connection::open(&partial).map_err(sql(&partial))?;
+        conn.execute_batch(&format!(
+            "PRAGMA application_id = {APPLICATION_ID};
+             PRAGMA user_version = {SCHEMA_VERSION};
+             PRAGMA journal_mode = OFF;
+             PRAGMA synchronous = OFF;
+             BEGIN;
+             {SCHEMA}"
+        ))
+        .map_err(sql(&partial))?;
+        for kind in Kind::ALL {
+            conn.execute(
+                "INSERT INTO kinds VALUES (?1, ?2)",
+                params![kind as u16, kind.name()],
+            )
+            .map_err(sql(&partial))?;
+        }
+        let mut w = EventWriter {
+            conn,
+            partial,
+            path: path.to_owned(),
+            format,
+            next_seq: 1,
+            in_batch: 0,
+            block: Vec::new(),
+            block_seq: 1,
+        };
+        w.set_meta("events_format", format.name())?;
+        for (k, v) in meta {
+            w.set_meta(k, v)?;
+        }
+        Ok(w)
+    }
+
+    pub fn set_meta(&mut self, key: &str, value: &str) -> Result<(), DbError> {
+        self.conn
+            .execute(
+                "INSERT OR REPLACE INTO meta VALUES (?1, ?2)",
+                params![key, value],
+            )
+            .map_err(sql(&self.partial))?;
+        Ok(())
+    }
+
+    fn commit_if_due(&mut self) -> Result<(), DbError> {
+        self.in_batch += 1;
+        if self.in_batch >= BATCH {
+            self.in_batch = 0;
+            self.conn
+                .execute_batch("COMMIT; BEGIN;")
+                .map_err(sql(&self.partial))?;
+        }
+        Ok(())
+    }
+
+    /// Appends an event (its `seq` is ignored); returns its sequence
+    /// number.
+    pub fn push(&mut self, e: &Row) -> Result<u64, DbError> {
+        let seq = self.next_seq;
+        if self.format == EventFormat::Packed {
+            if self.block.len() >= BLOCK_EVENTS {
+                self.flush_block()?;
+            }
+            if self.block.is_empty() {
+                self.block_seq = seq;
+            }
+            self.block.push(e.packed());
+            self.next_seq += 1;
+            return Ok(seq);
+        }
+        self.conn
+            .prepare_cached("INSERT INTO events VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)")
+            .and_then(|mut s| {
+                s.execute(params![
+                    seq,
+                    e.time as i64,
+                    e.kind as u16,
+                    e.source as u8,
+                    e.pid,
+                    e.lwpid,
+                    e.addr.map(|a| a as i64),
+                    e.caller.map(|a| a as i64),
+                    e.value
+                ])
+            })
+            .map_err(sql(&self.partial))?;
+        self.next_seq += 1;
+        self.commit_if_due()?;
+        Ok(seq)
+    }
+
+    /// Writes the block being filled, and commits.
+    fn flush_block(&mut self) -> Result<(), DbError> {
+        let (Some(first), Some(last)) = (self.block.first(), self.block.last()) else {
+            return Ok(());
+        };
+        let (first_time, last_time) = (first.time, last.time);
+        let data = packed::encode(&self.block);
+        self.conn
+            .prepare_cached("INSERT INTO event_blocks VALUES (?1, ?2, ?3, ?4, ?5)")
+            .and_then(|mut s| {
+                s.execute(params![
+                    self.block_seq as i64,
+                    self.block.len() as i64,
+                    first_time as i64,
+                    last_time as i64,
+                    data
+                ])
+            })
+            .map_err(sql(&self.partial))?;
+        self.block.clear();
+        self.conn
+            .execute_batch("COMMIT; BEGIN;")
+            .map_err(sql(&self.partial))
+    }
+
+    /// Notes a thread's name the first time it is seen.
+    pub fn thread(&mut self, pid: u32, lwpid: u32, comm: &str, seq: u64) -> Result<(), DbError> {
+        self.conn
+            .prepare_cached("INSERT OR IGNORE INTO threads VALUES (?1, ?2, ?3, ?4)")
+            .and_then(|mut s| s.execute(params![lwpid, pid, comm, seq]))
+            .map_err(sql(&self.partial))?;
+        Ok(())
+    }
+
+    /// A loaded object of process `pid` (a SYMBOL event).
+    pub fn object(&mut self, pid: u32, base: u64, path: &str, seq: u64) -> Result<(), DbError> {
+        self.conn
+            .prepare_cached("INSERT INTO objects VALUES (?1, ?2, ?3, ?4)")
+            .and_then(|mut s| s.execute(params![pid, base as i64, path, seq]))
+            .map_err(sql(&self.partial))?;
+        Ok(())
+    }
+
+    /// The user stack of SAMPLE `seq`: return addresses, innermost first;
+    /// the innermost [`packed::MAX_FRAMES`] are kept.
+    pub fn stack(&mut self, seq: u64, frames: &[u64]) -> Result<(), DbError> {
+        let frames = &frames[..frames.len().min(packed::MAX_FRAMES)];
+        if self.format == EventFormat::Packed {
+            let pending = seq
+                .checked_sub(self.block_seq)
+                .and_then(|i| usize::try_from(i).ok())
+                .and_then(|i| self.block.get_mut(i));
+            if let Some(e) = pending {
+                e.stack = Some(frames.to_vec());
+                return Ok(());
+            }
+        }
+        // Rows, or an event already written: the stacks table.
+        let blob: Vec<u8> = frames.iter().flat_map(|f| f.to_le_bytes()).collect();
+        self.conn
+            .prepare_cached("INSERT INTO stacks VALUES (?1, ?2)")
+            .and_then(|mut s| s.execute(params![seq, blob]))
+            .map_err(sql(&self.partial))?;
+        Ok(())
+    }
+
+    /// Stores the anomaly counters (what was wrong, how often, an example).
+    pub fn anomalies(&mut self, counts: &[(String, u64, String)]) -> Result<(), DbError> {
+        for (what, n, example) in counts {
+            self.conn
+                .execute(
+                    "INSERT OR REPLACE INTO anomalies VALUES (?1, ?2, ?3)",
+                    params![what, *n as i64, example],
+                )
+                .map_err(sql(&self.partial))?;
+        }
+        Ok(())
+    }
+
+    pub fn format(&self) -> EventFormat {
+        self.format
+    }
+
+    pub fn events_written(&self) -> u64 {
+        self.next_seq - 1
+    }
+
+    /// Commits and moves the database to its final name.
+    pub fn finish(mut self) -> Result<PathBuf, DbError> {
+        self.flush_block()?;
+        self.conn
+            .execute_batch("COMMIT;")
+            .map_err(sql(&self.partial))?;
+        let (partial, path) = (self.partial.clone(), self.path.clone());
+        drop(self);
+        std::fs::rename(&partial, &path).map_err(|e| DbError::Rename(path.clone(), e))?;
+        Ok(path)
+    }
+}
+
+impl Drop for EventWriter {
+    fn drop(&mut self) {
+        // Keep what was written: an unfinished writer still commits.
+        let _ = self.flush_block();
+        let _ = self.conn.execute_batch("COMMIT;");
+    }
+}
