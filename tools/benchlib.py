@@ -1,5 +1,6 @@
 """What the benchmark tools share: where things are, building insight,
-running it, and reading the guest's timings.
+finding the guest image, running insight and the guest, and reading the
+guest's timings.
 
 The tools import it from their own directory (Python puts a script's
 directory first on sys.path).
@@ -8,10 +9,20 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 INSIGHT = os.path.join(REPO, "target", "release", "insight")
 TOOL = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "bench"
+# The command that builds INSIGHT, run in REPO.
+BUILD_INSIGHT = ["cargo", "build", "--release", "-q", "-p", "insight"]
+# A guest command setting this runs with the probe library.
+PRELOAD = "LD_PRELOAD=/usr/lib/libinsight-probes.so"
+# The start of the kernel command line insight passes (crates/vmm/src/image.rs),
+# for booting the guest image under QEMU.
+GUEST_CMDLINE = ("console=ttyS0 noapic nolapic "
+                 "clearcpuid=smap,popcnt,ssse3,rdpid,tsc,rdrand,rdseed,erms,fsrm,xsaveopt,xsavec,xsaves "
+                 "nofsgsbase noinvpcid mitigations=off lpj=5000 io_delay=none panic=-1")
 
 
 def die(msg):
@@ -19,10 +30,14 @@ def die(msg):
     sys.exit(f"{TOOL}: {msg}")
 
 
+def log(msg):
+    """Progress, on standard error, naming the tool."""
+    print(f"{TOOL}: {msg}", file=sys.stderr, flush=True)
+
+
 def build_insight():
     """Builds the release binary the tools run (INSIGHT)."""
-    p = subprocess.run(["cargo", "build", "--release", "-q", "-p", "insight"], cwd=REPO,
-                       capture_output=True, text=True)
+    p = subprocess.run(BUILD_INSIGHT, cwd=REPO, capture_output=True, text=True)
     if p.returncode != 0:
         die(f"cargo build --release -p insight failed:\n{p.stderr}")
 
@@ -36,15 +51,74 @@ def cache_dir():
     return os.path.join(base, "insight")
 
 
+def guest_dir():
+    """The directory of the guest image insight boots by default (vmlinux,
+    bzImage, initramfs.cpio); stops the tool if it has not been built."""
+    guest = os.path.join(cache_dir(), "default")
+    if not os.path.exists(os.path.join(guest, "vmlinux")):
+        die("no guest image: run tools/build-guest")
+    return guest
+
+
+def initrd_with_command(guest, argv, path):
+    """The guest's initramfs plus /etc/insight/command = argv (the command
+    its /init runs), written to path, beside which it leaves two small
+    files; returns path."""
+    d = os.path.dirname(path)
+    cmdfile = os.path.join(d, "command")
+    with open(cmdfile, "wb") as f:
+        f.write(b"".join(a.encode() + b"\0" for a in argv))
+    lst = os.path.join(d, "list")
+    with open(lst, "w") as f:
+        f.write(f"file /etc/insight/command {cmdfile} 0644 0 0\n")
+    kernel_dir = os.path.dirname(os.path.realpath(os.path.join(guest, "vmlinux")))
+    gen = [os.path.join(kernel_dir, "gen_init_cpio"), lst]
+    p = subprocess.run(gen, capture_output=True)
+    if p.returncode != 0:
+        tail = "\n".join(p.stderr.decode(errors="replace").strip().splitlines()[-15:])
+        die(f"gen_init_cpio failed (exit status {p.returncode}):\n  {' '.join(gen)}\n{tail}")
+    with open(os.path.join(guest, "initramfs.cpio"), "rb") as f:
+        base = f.read()
+    with open(path, "wb") as f:
+        f.write(base + b"\0" * (-len(base) % 4) + p.stdout)
+    return path
+
+
+def insight(args, check=True):
+    """Runs INSIGHT with args, standard input closed; returns the finished
+    process (text output) and its wall time in seconds. With check, stops
+    the tool if it fails."""
+    start = time.monotonic()
+    p = subprocess.run([INSIGHT] + args, stdin=subprocess.DEVNULL,
+                       capture_output=True, text=True)
+    wall = time.monotonic() - start
+    if check and p.returncode != 0:
+        die(f"insight {' '.join(args)} failed ({p.returncode}):\n{p.stderr}")
+    return p, wall
+
+
+def trace_bytes(trace):
+    """The size of a trace's log: its events and payloads files."""
+    return sum(os.path.getsize(os.path.join(trace, f)) for f in ("events", "payloads"))
+
+
 TIMEIT = re.compile(r"timeit: (\d+) ns")
 
 
-def guest_ns(text, what="the guest's output"):
-    """The nanoseconds the guest's `timeit` printed in `text` (a string
-    or a list of lines)."""
+def timeit_ns(text):
+    """The nanoseconds the guest's `timeit` printed in `text` (a string or
+    a list of lines), or None."""
     if isinstance(text, list):
         text = "\n".join(text)
     m = TIMEIT.search(text)
-    if not m:
+    return int(m.group(1)) if m else None
+
+
+def guest_ns(text, what="the guest's output"):
+    """timeit_ns(text); stops the tool if there is no timeit line."""
+    ns = timeit_ns(text)
+    if ns is None:
+        if isinstance(text, list):
+            text = "\n".join(text)
         die(f"no timeit line in {what}:\n{text[-2000:]}")
-    return int(m.group(1))
+    return ns

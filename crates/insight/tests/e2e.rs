@@ -1,8 +1,9 @@
 //! End-to-end tests: boot the real guest image with the `insight` binary.
 //!
-//! They need /dev/kvm and the guest image that `tools/build-guest` builds
-//! (the test command builds it first). Without /dev/kvm they say so and do
-//! nothing else; a missing image is a failure.
+//! They need /dev/kvm and the guest image that `tools/build-guest` builds,
+//! so they are `#[ignore]`d: `tools/test` builds the image and runs them
+//! (`--include-ignored`). Asked to run without /dev/kvm or the image, they
+//! fail saying which is missing.
 
 mod common;
 
@@ -31,15 +32,7 @@ fn exit_status_and_output_pass_through() {
 fn config_file_runs_a_users_threaded_program() {
     guest_ready();
     let dir = scratch("config");
-    let prog = dir.join("pthread_hello");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/programs/pthread_hello.c");
-    let cc = Command::new("gcc")
-        .args(["-O2", "-pthread", "-o"])
-        .arg(&prog)
-        .arg(&src)
-        .status()
-        .unwrap();
-    assert!(cc.success(), "gcc failed");
+    compile_test_program(&dir, "pthread_hello", &["-O2", "-pthread"]);
     let cfg = dir.join("vm.toml");
     std::fs::write(
         &cfg,
@@ -203,19 +196,10 @@ fn guest_faults_give_one_line_errors_with_rip() {
 #[test]
 fn standard_input_reaches_the_guest_console() {
     guest_ready();
-    let mut child = insight()
-        .args(["run", "--", "sh"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    {
-        use std::io::Write;
-        let mut stdin = child.stdin.take().unwrap();
-        stdin.write_all(b"echo piped-$((6*7))\nexit 5\n").unwrap();
-    }
-    let stdout = expect_status(&child.wait_with_output().unwrap(), 5);
+    let mut cmd = insight();
+    cmd.args(["run", "--", "sh"]);
+    let out = output_with_input(cmd, b"echo piped-$((6*7))\nexit 5\n");
+    let stdout = expect_status(&out, 5);
     assert!(stdout.contains("piped-42\n"), "{stdout}");
 }
 

@@ -8,7 +8,7 @@ mod common;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::process::Output;
 
 use common::*;
 use events::abi::{Kind, Source};
@@ -19,30 +19,27 @@ const PRELOAD: &str = "LD_PRELOAD=/usr/lib/libinsight-probes.so";
 /// Records `command` with the probes preloaded (and `env`, NAME=VALUE
 /// settings for the guest command); returns the trace directory and the
 /// guest's output.
-fn record(name: &str, env: &[&str], command: &[&str], status: i32) -> (PathBuf, String) {
-    let trace = scratch(name).join("trace");
-    let out = insight()
-        .args(["record", "--no-stdin", "-o"])
-        .arg(&trace)
-        .args(["--", "env", PRELOAD])
-        .args(env)
-        .args(command)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    (trace.clone(), expect_status(&out, status))
+fn record_probed(name: &str, env: &[&str], command: &[&str], status: i32) -> (PathBuf, String) {
+    let guest_command: Vec<&str> = ["env", PRELOAD]
+        .iter()
+        .chain(env)
+        .chain(command)
+        .copied()
+        .collect();
+    let (trace, out) = record(name, &[], &guest_command);
+    (trace, expect_status(&out, status))
+}
+
+/// Replays `trace` with `--events db` and `extra`, more `replay`
+/// arguments; returns the output.
+fn replay_into(trace: &Path, db: &Path, extra: &[&str]) -> Output {
+    let db = db.to_str().expect("a scratch path in UTF-8");
+    replay_with(trace, &[&["--events", db], extra].concat())
 }
 
 /// Replays `trace` into the database `db`; returns replay's stderr.
 fn replay_events(trace: &Path, db: &Path) -> String {
-    let out = insight()
-        .arg("replay")
-        .arg(trace)
-        .arg("--events")
-        .arg(db)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    let out = replay_into(trace, db, &[]);
     let (_, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     assert!(stderr.contains("replay matched the recording"), "{stderr}");
@@ -53,7 +50,7 @@ fn replay_events(trace: &Path, db: &Path) -> String {
 #[test]
 fn syn_cont_yields_exactly_its_lock_events_identically_in_two_replays() {
     guest_ready();
-    let (trace, stdout) = record("ev-syn", &[], &["syn_cont", "1000", "2000"], 0);
+    let (trace, stdout) = record_probed("ev-syn", &[], &["syn_cont", "1000", "2000"], 0);
     assert!(stdout.contains("syn_cont: counts correct"), "{stdout}");
     let dir = trace.parent().unwrap();
     let (a, b) = (dir.join("a.db"), dir.join("b.db"));
@@ -200,7 +197,8 @@ fn syn_cont_yields_exactly_its_lock_events_identically_in_two_replays() {
 fn fork_and_exec_raise_fork_and_exit_events() {
     guest_ready();
     // The probes' int3 path (through the guest kernel), not the port.
-    let (trace, stdout) = record("ev-fork", &["INSIGHT_PROBES=int3"], &["fork_exec", "3"], 0);
+    let (trace, stdout) =
+        record_probed("ev-fork", &["INSIGHT_PROBES=int3"], &["fork_exec", "3"], 0);
     let dir = trace.parent().unwrap();
     let db = dir.join("events.db");
     replay_events(&trace, &db);
@@ -252,7 +250,7 @@ fn fork_and_exec_raise_fork_and_exit_events() {
 #[test]
 fn malformed_events_are_counted_and_replay_goes_on() {
     guest_ready();
-    let (trace, stdout) = record("ev-abuse", &[], &["probe_abuse"], 0);
+    let (trace, stdout) = record_probed("ev-abuse", &[], &["probe_abuse"], 0);
     assert!(stdout.contains("plain breakpoints trapped: 1"), "{stdout}");
     let dir = trace.parent().unwrap();
     let db = dir.join("events.db");
@@ -282,19 +280,11 @@ fn samples_land_where_the_program_spends_its_time() {
     guest_ready();
     // hotspot spends about 80 % of its time in hot(), 14 % in warm() and
     // 6 % in cool().
-    let (trace, stdout) = record("ev-sample", &[], &["hotspot", "150"], 0);
+    let (trace, stdout) = record_probed("ev-sample", &[], &["hotspot", "150"], 0);
     assert!(stdout.contains("hotspot: 150 rounds"), "{stdout}");
     let dir = trace.parent().unwrap();
     let db = dir.join("events.db");
-    let out = insight()
-        .arg("replay")
-        .arg(&trace)
-        .arg("--events")
-        .arg(&db)
-        .args(["--sample-period", "1ms"])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    let out = replay_into(&trace, &db, &["--sample-period", "1ms"]);
     let (_, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     let samples: Vec<Row> = rows(&db)
@@ -326,7 +316,14 @@ fn samples_land_where_the_program_spends_its_time() {
             .unwrap_or_else(|| panic!("no {function} in:\n{report}"))
     };
     let (hot, warm, cool) = (share("hot"), share("warm"), share("cool"));
-    assert!(hot > 70.0, "{report}");
+    // The guest kernel's share (timer ticks preempting the program, its
+    // exit) varies with the host, so hot()'s share is judged among the
+    // program's own functions.
+    let hot_of_program = 100.0 * hot / (hot + warm + cool);
+    assert!(
+        hot_of_program > 70.0,
+        "{hot_of_program:.1}% of hotspot's samples in hot():\n{report}"
+    );
     assert!(hot > warm && warm > cool && cool > 1.0, "{report}");
     let folded = std::fs::read_to_string(&folded).unwrap();
     assert!(
@@ -369,20 +366,12 @@ fn the_papers_deadlock_programs_are_diagnosed() {
     // The four programs in one recording; the analysis is per process.
     let script = "deadlock_trylock && deadlock_trylock_fail && deadlock_transitive && \
                   deadlock_gatelock";
-    let (trace, stdout) = record("ev-deadlock", &[], &["sh", "-c", script], 0);
+    let (trace, stdout) = record_probed("ev-deadlock", &[], &["sh", "-c", script], 0);
     assert_eq!(stdout.matches("no deadlock").count(), 4, "{stdout}");
     let dir = trace.parent().unwrap();
     let db = dir.join("events.db");
     // Two tools after one replay, in one pass over the database.
-    let out = insight()
-        .arg("replay")
-        .arg(&trace)
-        .args(["--events"])
-        .arg(&db)
-        .args(["--diagnose", "deadlock,threads"])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    let out = replay_into(&trace, &db, &["--diagnose", "deadlock,threads"]);
     let (stdout, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     assert!(

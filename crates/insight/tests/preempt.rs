@@ -21,19 +21,16 @@ fn async_points(trace: &Path) -> usize {
 
 /// Records `command`, checks it preempted user code at least once and
 /// replays it REPLAYS times; returns the recording's output.
-fn record_and_replay(name: &str, command: &[&str]) -> String {
-    let (trace, out) = record(name, &["--summary"], command);
-    let stdout = expect_status(&out, 0);
-    let (_, stderr) = text(&out);
-    let points = async_points(&trace);
-    assert!(
-        points > 0,
-        "no asynchronous point in the recording of {command:?}: {stderr}"
-    );
-    assert!(stderr.contains("asynchronous points"), "{stderr}");
-    assert_replays_identically(&trace, &stdout);
-    let _ = std::fs::remove_dir_all(trace.parent().unwrap());
-    stdout
+fn record_preempted_and_replay(name: &str, command: &[&str]) -> String {
+    record_and_replay(name, &["--summary"], command, 0, |trace, out| {
+        let (_, stderr) = text(out);
+        let points = async_points(trace);
+        assert!(
+            points > 0,
+            "no asynchronous point in the recording of {command:?}: {stderr}"
+        );
+        assert!(stderr.contains("asynchronous points"), "{stderr}");
+    })
 }
 
 #[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
@@ -43,7 +40,7 @@ fn a_busy_waiting_thread_is_preempted_and_replays() {
     // The waiter never enters the kernel while it spins: without
     // preemption of user code the main thread never runs again and the
     // recording never ends.
-    let stdout = record_and_replay("spin-flag", &["spin_flag", "5"]);
+    let stdout = record_preempted_and_replay("spin-flag", &["spin_flag", "5"]);
     assert!(stdout.contains("spin_flag: ok (5 rounds)"), "{stdout}");
 }
 
@@ -51,7 +48,7 @@ fn a_busy_waiting_thread_is_preempted_and_replays() {
 #[test]
 fn spin_lock_holders_preempted_in_their_critical_section_replay() {
     guest_ready();
-    let stdout = record_and_replay("spin-lock", &["spin_lock", "4", "300"]);
+    let stdout = record_preempted_and_replay("spin-lock", &["spin_lock", "4", "300"]);
     assert!(
         stdout.contains("spin_lock: ok (counter 1200 of 1200"),
         "{stdout}"
@@ -77,7 +74,7 @@ fn two_cpu_bound_threads_share_the_cpu_while_recording_as_in_a_run() {
     // guest measures each thread's share of the work per 2 s window.
     let command = ["compute_pair", "6"];
     let run = run_expecting(["run", "--no-stdin", "--"].iter().chain(&command), 0);
-    let recorded = record_and_replay("compute-pair", &command);
+    let recorded = record_preempted_and_replay("compute-pair", &command);
     for (what, stdout) in [("run", &run), ("recording", &recorded)] {
         let shares = shares(stdout);
         assert!(!shares.is_empty(), "{what}: no window in\n{stdout}");

@@ -5,12 +5,13 @@
 //! which the KVM of the development hosts does not (`insight host-check`).
 //! QEMU's TCG does, so these tests boot insight's own kernel, command line
 //! and initramfs under QEMU, with the clock set to jiffies because TCG
-//! answers insight's clock MSR with 0.
+//! answers insight's clock MSR with 0. They need the guest image and QEMU,
+//! so they are `#[ignore]`d: `tools/test` builds the one, installs the
+//! other and runs them (`--include-ignored`).
 
 mod common;
 
 use std::io::Read;
-use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -32,29 +33,10 @@ const CHECKS: [&str; 6] = [
     "rdtsc after the child: ",
 ];
 
-fn compile_check_program(dir: &Path) -> PathBuf {
-    let prog = dir.join("rdtsc_check");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/programs/rdtsc_check.c");
-    let cc = Command::new("gcc")
-        .args(["-O2", "-Wall", "-Wextra", "-Werror", "-o"])
-        .arg(&prog)
-        .arg(&src)
-        .status()
-        .expect("gcc is needed to build the test program");
-    assert!(cc.success(), "gcc failed on {}", src.display());
-    prog
-}
-
 /// Boots rdtsc_check under QEMU/TCG with insight's guest and `extra`
 /// appended to the kernel command line; returns what each check printed.
 fn run_under_tcg(name: &str, extra: &str) -> Vec<String> {
-    let kernel = vmm::image::default_kernel();
-    assert!(
-        kernel.exists(),
-        "no guest image at {}: run tools/build-guest first",
-        kernel.display()
-    );
-    let bzimage = kernel.with_file_name("bzImage");
+    let bzimage = common::guest_kernel().with_file_name("bzImage");
     assert!(
         Command::new(QEMU)
             .arg("--version")
@@ -64,7 +46,8 @@ fn run_under_tcg(name: &str, extra: &str) -> Vec<String> {
         "{QEMU} is needed: apt-get install qemu-system-x86 (tools/test installs it)"
     );
     let dir = common::scratch(name);
-    let prog = compile_check_program(&dir);
+    let prog =
+        common::compile_test_program(&dir, "rdtsc_check", &["-O2", "-Wall", "-Wextra", "-Werror"]);
     let config = VmConfig {
         command: vec!["rdtsc_check".to_owned()],
         files: vec![FileSpec {
@@ -145,6 +128,7 @@ fn run_under_tcg(name: &str, extra: &str) -> Vec<String> {
         .collect()
 }
 
+#[ignore = "needs the guest image and QEMU (tools/test runs it)"]
 #[test]
 fn user_rdtsc_is_answered_by_the_guest_clock_where_tsd_traps() {
     let got = run_under_tcg("rdtsc-emulate", "");
@@ -164,6 +148,7 @@ fn user_rdtsc_is_answered_by_the_guest_clock_where_tsd_traps() {
 
 /// The control: the same boot without the emulation reads the CPU's TSC,
 /// so the test above can tell the two apart.
+#[ignore = "needs the guest image and QEMU (tools/test runs it)"]
 #[test]
 fn without_emulation_user_rdtsc_reads_the_cpu() {
     let got = run_under_tcg("rdtsc-native", "insight.rdtsc=native");

@@ -18,11 +18,7 @@ use vmm::journal::Entry;
 /// Records a workload and replays it REPLAYS times; returns the recorded
 /// output.
 fn determinism(name: &str, command: &[&str], status: i32) -> String {
-    let (trace, out) = record(name, &[], command);
-    let stdout = expect_status(&out, status);
-    assert_replays_identically(&trace, &stdout);
-    let _ = std::fs::remove_dir_all(trace.parent().unwrap());
-    stdout
+    record_and_replay(name, &[], command, status, |_, _| {})
 }
 
 #[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
@@ -116,21 +112,10 @@ fn urandom_replays_and_differs_between_recordings() {
 fn typed_input_is_recorded_and_replayed() {
     guest_ready();
     let trace = scratch("typed").join("trace");
-    let mut child = insight()
-        .args(["record", "-o"])
-        .arg(&trace)
-        .args(["--", "sh"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    {
-        use std::io::Write;
-        let mut stdin = child.stdin.take().unwrap();
-        stdin.write_all(b"echo typed-$((6*7))\nexit 5\n").unwrap();
-    }
-    let stdout = expect_status(&child.wait_with_output().unwrap(), 5);
+    let mut cmd = insight();
+    cmd.args(["record", "-o"]).arg(&trace).args(["--", "sh"]);
+    let out = output_with_input(cmd, b"echo typed-$((6*7))\nexit 5\n");
+    let stdout = expect_status(&out, 5);
     assert!(stdout.contains("typed-42\n"), "{stdout}");
     // Replay reads nothing from its standard input: the keys come from
     // the log.

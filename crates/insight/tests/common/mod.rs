@@ -14,12 +14,19 @@ pub fn insight() -> Command {
 /// what is missing, if /dev/kvm or the guest image is not there.
 pub fn guest_ready() {
     kvm_ready();
+    guest_kernel();
+}
+
+/// The guest image's kernel; fails, naming tools/build-guest, if the image
+/// has not been built.
+pub fn guest_kernel() -> PathBuf {
     let kernel = vmm::image::default_kernel();
     assert!(
         kernel.exists(),
         "no guest image at {}: run tools/build-guest first",
         kernel.display()
     );
+    kernel
 }
 
 /// Fails if /dev/kvm does not exist: a test that needs KVM was asked to
@@ -35,6 +42,41 @@ pub fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("insight-e2e-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     dir
+}
+
+/// Compiles tests/programs/`name`.c with gcc and `flags` into `dir`;
+/// returns the program.
+pub fn compile_test_program(dir: &Path, name: &str, flags: &[&str]) -> PathBuf {
+    let prog = dir.join(name);
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/programs")
+        .join(format!("{name}.c"));
+    let cc = Command::new("gcc")
+        .args(flags)
+        .arg("-o")
+        .arg(&prog)
+        .arg(&src)
+        .status()
+        .expect("gcc is needed to build the test program");
+    assert!(cc.success(), "gcc failed on {}", src.display());
+    prog
+}
+
+/// Runs `cmd` with `input` on its standard input (then closed); returns
+/// its output.
+pub fn output_with_input(mut cmd: Command, input: &[u8]) -> Output {
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(input).unwrap();
+    }
+    child.wait_with_output().unwrap()
 }
 
 pub fn text(out: &Output) -> (String, String) {
@@ -95,6 +137,25 @@ pub fn record(name: &str, extra: &[&str], command: &[&str]) -> (PathBuf, Output)
         .arg("--")
         .args(command);
     (trace, output_within(cmd, RECORD_LIMIT))
+}
+
+/// Records `command` (`extra`: more `record` arguments), which must exit
+/// with `status`, `check`s the trace and the recording's output, replays it
+/// REPLAYS times (assert_replays_identically) and removes it; returns what
+/// the recording printed.
+pub fn record_and_replay(
+    name: &str,
+    extra: &[&str],
+    command: &[&str],
+    status: i32,
+    check: impl FnOnce(&Path, &Output),
+) -> String {
+    let (trace, out) = record(name, extra, command);
+    let stdout = expect_status(&out, status);
+    check(&trace, &out);
+    assert_replays_identically(&trace, &stdout);
+    let _ = std::fs::remove_dir_all(trace.parent().unwrap());
+    stdout
 }
 
 /// Longer than any recording the tests make takes, with room for a slow

@@ -7,14 +7,15 @@ use std::fmt::Write as _;
 use events::abi::Kind;
 use events::db::Row;
 
-use input::DeadlockInput;
-use lock_order::Cycle;
-
-pub mod input;
-pub mod lock_order;
 use crate::plugin::{Attachment, Context, Output, Plugin, PluginError};
 use crate::render::xml_escape;
 use crate::symbols::Symbolizer;
+
+pub mod input;
+pub mod lock_order;
+
+use input::DeadlockInput;
+use lock_order::Cycle;
 
 #[derive(Default)]
 pub struct Deadlock {

@@ -7,12 +7,13 @@ use std::fmt::Write as _;
 use events::abi::Kind;
 use events::db::Row;
 
-use contention::{Contention, ContentionReport, Durations, LockStats};
-
-pub mod contention;
 use crate::from_db::{lock_event, LOCK_KINDS_AND_INIT};
 use crate::plugin::{Attachment, Context, Output, Plugin, PluginError};
 use crate::symbols::Symbolizer;
+
+pub mod contention;
+
+use contention::{Contention, ContentionReport, Durations, LockStats};
 
 /// How the report is cut.
 #[derive(Clone, Copy, Debug)]

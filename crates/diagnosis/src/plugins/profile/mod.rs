@@ -10,10 +10,11 @@ use events::db::Row;
 
 use crate::plugin::{Attachment, Context, Output, Plugin, PluginError, ReplayNeeds};
 use crate::render::percent;
-use functions::ProfileRow;
 
 pub mod flamegraph;
 pub mod functions;
+
+use functions::ProfileRow;
 
 #[derive(Clone, Copy, Debug)]
 pub struct ProfileOptions {
