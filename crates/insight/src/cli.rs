@@ -69,10 +69,15 @@ asynchronous point, logged with the complete state there), so the guest may take
 interrupts a little later than in `insight run`.\n\n\
 The trace is written as the run goes; if the recorder dies, what it wrote is still a \
 replayable prefix. On a terminal a status line shows guest time, exits and trace size.\n\n\
+Without -o the trace goes to the trace store ($INSIGHT_TRACE_DIR, else \
+$XDG_DATA_HOME/insight/traces, else ~/.local/share/insight/traces) under a name taken \
+from the config or the command, and becomes the latest recording, which `replay`, \
+`dump` and `report` take when no trace is named (`insight ls` lists them).\n\n\
 Examples:\n  \
-insight record -o t1 -- syn_cont             # record a workload of the built-in guest\n  \
-insight record my-vm.toml -o t2              # record your guest\n  \
-insight replay t1                            # re-execute it\n\n\
+insight record my-vm.toml                    # record your guest (into my-vm-0)\n  \
+insight record -- syn_cont                   # a workload of the built-in guest\n  \
+insight replay                               # re-execute the latest\n  \
+insight record -o t1 -- syn_cont             # into trace directory t1\n\n\
 Exit status: the guest command's, as for `run`. The trace format is in \
 docs/trace-format.md."
     )]
@@ -83,7 +88,12 @@ docs/trace-format.md."
 the recorded inputs, checking every deterministic exit against the log (kind, port or \
 address, RIP, value written; a register digest every 64 exits by default). The guest's console \
 output is printed again. Guest idle time is skipped.\n\n\
-The first mismatch stops the replay with its position (exit ordinal) and both states.\n\n\
+The first mismatch stops the replay with its position (exit ordinal) and both states. \
+With no TRACE, the latest recording (`insight ls`).\n\n\
+Examples:\n  \
+insight replay                               # the latest recording\n  \
+insight replay --diagnose locks,deadlock     # and diagnose it (events in TRACE/events.db)\n  \
+insight replay syn_cont-1 --events s.db --sample-period 1ms\n\n\
 Exit status: 0 when the replay matched the whole recording; 1 when it diverged; 4 when \
 the trace is incomplete (its recorder did not finish) and its whole prefix replayed \
 faithfully; 125 when insight could not replay (missing or changed image, unreadable \
@@ -123,6 +133,23 @@ anomalies, meta. OUT is written as OUT.partial and renamed when complete.\n\n\
 Example:\n  insight convert t1.db t1-rows.db --events-format rows\n  \
 sqlite3 t1-rows.db 'SELECT kind, count(*) FROM named_events GROUP BY kind'")]
     Convert(cmd::convert::ConvertArgs),
+    /// List the recordings in the trace store.
+    #[command(
+        long_about = "List the recordings `insight record` made without -o, in \
+the trace store ($INSIGHT_TRACE_DIR, else $XDG_DATA_HOME/insight/traces, else \
+~/.local/share/insight/traces): name (* marks the latest, which `replay`, `dump` and \
+`report` take when no trace is named), when it was recorded, the guest time it covers, \
+its size, whether the recorder finished it, the size of the event database a replay \
+wrote into it, and the command."
+    )]
+    Ls(cmd::ls::LsArgs),
+    /// Remove recordings from the trace store.
+    #[command(
+        long_about = "Remove recordings: names in the trace store (`insight ls`) \
+or trace directories. A directory that is not a trace is refused and left alone. If the \
+latest recording goes, the newest one left becomes the latest."
+    )]
+    Rm(cmd::ls::RmArgs),
 }
 
 pub fn main() -> Result<ExitCode> {
@@ -136,5 +163,7 @@ pub fn main() -> Result<ExitCode> {
         Command::Diff(args) => cmd::diff::diff(args),
         Command::Report(args) => cmd::report::report(args),
         Command::Convert(args) => cmd::convert::convert(&args),
+        Command::Ls(args) => cmd::ls::ls(args),
+        Command::Rm(args) => cmd::ls::rm(args),
     }
 }

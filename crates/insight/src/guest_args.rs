@@ -31,6 +31,18 @@ pub struct GuestArgs {
     command: Vec<String>,
 }
 
+impl GuestArgs {
+    /// A short name for a recording of this guest (`crate::traces`).
+    pub fn trace_name(&self) -> String {
+        let command = if self.command.is_empty() && self.config.is_none() {
+            VmConfig::builtin().command
+        } else {
+            self.command.clone()
+        };
+        crate::traces::base_name(self.config.as_deref(), &command)
+    }
+}
+
 fn load_config(path: Option<&PathBuf>) -> Result<VmConfig> {
     Ok(match path {
         Some(p) => VmConfig::from_file(p)?,

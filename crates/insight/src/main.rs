@@ -6,6 +6,7 @@ mod exit;
 mod guest_args;
 mod pcap;
 mod status;
+mod traces;
 
 use std::process::ExitCode;
 

@@ -13,6 +13,7 @@ pub mod guest;
 pub mod guest_events;
 pub mod gva;
 pub mod host_check;
+pub mod host_cpu;
 pub mod image;
 pub mod initramfs;
 pub mod journal;

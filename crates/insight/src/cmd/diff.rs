@@ -7,18 +7,19 @@ use anyhow::Result;
 use vmm::journal::Entry;
 
 use super::open_trace;
+use crate::traces;
 
 #[derive(clap::Args)]
 pub struct DiffArgs {
-    /// First trace directory.
+    /// First trace: a directory, or a recording's name (`insight ls`).
     first: PathBuf,
-    /// Second trace directory.
+    /// Second trace, the same way.
     second: PathBuf,
 }
 
 pub fn diff(args: DiffArgs) -> Result<ExitCode> {
-    let a = open_trace(&args.first)?;
-    let b = open_trace(&args.second)?;
+    let a = open_trace(&traces::resolve(Some(&args.first))?)?;
+    let b = open_trace(&traces::resolve(Some(&args.second))?)?;
     let mut same_start = true;
     if a.header.images != b.header.images {
         println!("the traces booted different images");

@@ -12,11 +12,13 @@ use vmm::journal::Entry;
 use super::open_trace;
 use crate::pcap::PcapWriter;
 use crate::status::human_bytes;
+use crate::traces;
 
 #[derive(clap::Args)]
 pub struct DumpArgs {
-    /// Trace directory written by `insight record`.
-    trace: PathBuf,
+    /// Trace directory written by `insight record`, or a recording's name
+    /// in the trace store (`insight ls`); default: the latest recording.
+    trace: Option<PathBuf>,
     /// One JSON object per line instead of text.
     #[arg(long)]
     json: bool,
@@ -38,12 +40,13 @@ pub struct DumpArgs {
 }
 
 pub fn dump(args: DumpArgs) -> Result<ExitCode> {
-    let mut reader = open_trace(&args.trace)?;
+    let trace = traces::resolve(args.trace.as_deref())?;
+    let mut reader = open_trace(&trace)?;
     if let Some(path) = &args.rx_pcap {
         return dump_rx_pcap(reader, path);
     }
     if args.stats {
-        return dump_stats(reader, &args.trace);
+        return dump_stats(reader, &trace);
     }
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     let h = &reader.header;
@@ -206,6 +209,7 @@ fn header_json(h: &Header, reader: &TraceReader<Entry>) -> serde_json::Value {
         "guest_cpuid_entries": h.guest_cpuid.len(),
         "kvm_caps": h.kvm_caps,
         "user_rdtsc_traps": h.user_rdtsc_traps,
+        "host_apic_id": h.host_apic_id,
     })
 }
 
@@ -254,6 +258,12 @@ fn print_header(out: &mut impl Write, h: &Header, reader: &TraceReader<Entry>) -
             "ran natively (not replayed faithfully)"
         }
     )?;
+    if let Some(id) = h.host_apic_id {
+        writeln!(
+            out,
+            "  host CPU:   APIC ID {id} (replay runs on a CPU with the same)"
+        )?;
+    }
     writeln!(out, "  config:")?;
     for line in h.config.lines() {
         writeln!(out, "    {line}")?;

@@ -13,6 +13,7 @@ pub mod convert;
 pub mod diff;
 pub mod dump;
 pub mod host_check;
+pub mod ls;
 pub mod record;
 pub mod replay;
 pub mod report;

@@ -13,12 +13,17 @@ use super::{attach_progress, user_rdtsc_traps};
 use crate::exit::EXIT_STOPPED_BY_USER;
 use crate::guest_args::{attach_stdin, net_problems, prepare_guest, GuestArgs};
 use crate::status::{human_bytes, StatusLine};
+use crate::traces;
 
 #[derive(clap::Args)]
 pub struct RecordArgs {
-    /// Trace directory to create (must not exist, or be empty).
+    /// Trace directory to create (must not exist, or be empty). Default: a
+    /// new one in the trace store, named after the config or the command
+    /// (`syn_cont-0`, `syn_cont-1`, ...), which becomes the latest
+    /// recording that `replay`, `dump` and `report` take when no trace is
+    /// named (`insight ls` lists them).
     #[arg(short, long, value_name = "DIR")]
-    output: PathBuf,
+    output: Option<PathBuf>,
     /// Print a summary of the recording on standard error even when it is
     /// not a terminal.
     #[arg(long)]
@@ -76,9 +81,21 @@ fn choose_clock(choice: ClockChoice) -> Result<ClockKind> {
 pub fn record(args: RecordArgs) -> Result<ExitCode> {
     let clock = choose_clock(args.clock)?;
     let (spec, config) = prepare_guest(&args.guest)?;
+    let output = match &args.output {
+        Some(dir) => dir.clone(),
+        None => {
+            let store = traces::store()?;
+            let dir = traces::new_trace(&store, &args.guest.trace_name())?;
+            eprintln!("insight: recording into {}", dir.display());
+            dir
+        }
+    };
     let status = StatusLine::for_stderr();
     let mut vm = Vm::new(&spec, status.console(Box::new(std::io::stdout())))?;
     let (images, boot) = guest::trace_images(&spec)?;
+    let host_cpu =
+        vmm::host_cpu::for_recording().context("cannot choose a host CPU for the vCPU")?;
+    vm.run_on_host_cpu(host_cpu.cpu);
     let header = Header {
         clock,
         created_unix_secs: SystemTime::now()
@@ -88,13 +105,14 @@ pub fn record(args: RecordArgs) -> Result<ExitCode> {
         guest_cpuid: vm.guest_cpuid().to_vec(),
         kvm_caps: vm.kvm_caps().to_vec(),
         user_rdtsc_traps: user_rdtsc_traps()?,
+        host_apic_id: Some(host_cpu.apic_id),
         config,
         images,
         boot,
         digest_interval: args.digest_every,
     };
-    let writer = TraceWriter::create(&args.output, &header)
-        .with_context(|| format!("cannot create trace {}", args.output.display()))?;
+    let writer = TraceWriter::create(&output, &header)
+        .with_context(|| format!("cannot create trace {}", output.display()))?;
     vm.set_journal(Journal::Record(Box::new(Recorder::new(
         writer,
         args.digest_every,
@@ -121,14 +139,14 @@ pub fn record(args: RecordArgs) -> Result<ExitCode> {
         Err(VmError::StoppedByUser) => {
             eprintln!(
                 "\ninsight: stopped by the user (Ctrl-A x); the trace in {} holds the run up to here",
-                args.output.display()
+                output.display()
             );
             return Ok(ExitCode::from(EXIT_STOPPED_BY_USER));
         }
         other => other.with_context(|| {
             format!(
                 "recording failed (the trace in {} holds the run up to the failure)",
-                args.output.display()
+                output.display()
             )
         })?,
     };
@@ -148,7 +166,7 @@ pub fn record(args: RecordArgs) -> Result<ExitCode> {
             outcome.journal.guest_ns as f64 / 1e9,
             human_bytes(bytes),
             bytes,
-            args.output.display()
+            output.display()
         );
         let p = &outcome.preempt;
         if p.points + p.declined > 0 {

@@ -23,11 +23,13 @@ use crate::exit::{EXIT_DIVERGED, EXIT_PREFIX_ONLY};
 use crate::guest_args::net_problems;
 use crate::pcap::PcapWriter;
 use crate::status::StatusLine;
+use crate::traces;
 
 #[derive(clap::Args)]
 pub struct ReplayArgs {
-    /// Trace directory written by `insight record`.
-    trace: PathBuf,
+    /// Trace directory written by `insight record`, or a recording's name
+    /// in the trace store (`insight ls`); default: the latest recording.
+    trace: Option<PathBuf>,
     /// Do not print the guest's console output.
     #[arg(long)]
     no_console: bool,
@@ -107,13 +109,14 @@ fn parse_period(text: &str) -> Result<Duration, String> {
 }
 
 pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
+    let trace = traces::resolve(args.trace.as_deref())?;
     let tools: Vec<Box<dyn Plugin>> = args
         .diagnose
         .iter()
         .filter_map(|name| plugins::by_name(name))
         .collect();
     if !tools.is_empty() && args.events.is_none() {
-        args.events = Some(args.trace.join("events.db"));
+        args.events = Some(trace.join(traces::EVENTS_DB));
     }
     if args.sample_period.is_none() {
         args.sample_period = tools
@@ -124,11 +127,11 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
     if args.sample_period.is_some() && args.events.is_none() {
         bail!("--sample-period needs somewhere to put the samples: --events FILE or --diagnose");
     }
-    let reader = open_trace(&args.trace)?;
+    let reader = open_trace(&trace)?;
     if reader.header.clock != ClockKind::Exit {
         bail!(
             "{} was recorded with the branch clock; this insight replays exit-clock traces only",
-            args.trace.display()
+            trace.display()
         );
     }
     let complete = reader.complete.is_some();
@@ -143,6 +146,16 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
     if args.match_registers_only {
         vm.match_registers_only();
     }
+    if let Some(apic_id) = reader.header.host_apic_id {
+        match vmm::host_cpu::with_apic_id(apic_id).context("cannot list the host's CPUs")? {
+            Some(cpu) => vm.run_on_host_cpu(cpu.cpu),
+            None => eprintln!(
+                "insight: no CPU this replay may run on reports APIC ID {apic_id}, the one \
+                 the recording ran on; a program that keeps what CPUID told it (glibc does) \
+                 may not be found again where it was preempted"
+            ),
+        }
+    }
     match vmm::journal::check_host(
         &reader.header,
         vm.guest_cpuid(),
@@ -154,12 +167,12 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
             "this host's CPU differs from the one {} was recorded on ({difference}); the \
              guest would see a different CPU: replay on the recording host or one with the \
              same CPU",
-            args.trace.display()
+            trace.display()
         ),
         Err(HostMismatch::Kvm(difference)) => bail!(
             "this host's KVM cannot replay {} the way it was recorded ({difference}); replay \
              on the recording host or one whose KVM has the same capabilities",
-            args.trace.display()
+            trace.display()
         ),
     }
     let tx_capture = match &args.tx_pcap {
@@ -171,8 +184,8 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
             // Absolute, so that `insight report` finds it from anywhere.
             (
                 "trace",
-                std::fs::canonicalize(&args.trace)
-                    .unwrap_or_else(|_| args.trace.clone())
+                std::fs::canonicalize(&trace)
+                    .unwrap_or_else(|_| trace.clone())
                     .display()
                     .to_string(),
             ),

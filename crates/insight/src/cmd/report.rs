@@ -10,6 +10,8 @@ use diagnosis::plugins::{self, deadlock, locks, profile};
 use diagnosis::symbols::GuestFiles;
 use events::db::EventDb;
 
+use crate::traces;
+
 #[derive(clap::Args)]
 pub struct ReportArgs {
     #[command(subcommand)]
@@ -66,7 +68,7 @@ report.\n\n\
 Example:\n  insight replay t1 --events t1.db && insight report deadlock t1.db -o t1.html"
     )]
     Deadlock(DeadlockArgs),
-    /// Any other tool: `insight report NAME DB [--trace DIR] [--json]`,
+    /// Any other tool: `insight report NAME [DB] [--trace DIR] [--json]`,
     /// e.g. `threads` (per thread: lifetime, switches, samples, lock calls
     /// and time waiting in them).
     #[command(external_subcommand)]
@@ -76,8 +78,10 @@ Example:\n  insight replay t1 --events t1.db && insight report deadlock t1.db -o
 /// What every tool reads.
 #[derive(clap::Args)]
 struct Input {
-    /// Event database written by `insight replay --events`.
-    db: PathBuf,
+    /// Event database written by `insight replay --events`, or a trace (a
+    /// directory or a recording's name) whose events.db `replay
+    /// --diagnose` wrote; default: the latest recording's.
+    db: Option<PathBuf>,
     /// The trace the database came from (default: the one it names), for
     /// the guest's ELF files (symbols).
     #[arg(long, value_name = "DIR")]
@@ -238,12 +242,8 @@ fn save(out: &Output, format: &str, path: Option<&Path>, what: &str) -> Result<(
 }
 
 fn run_one(plugin: Box<dyn Plugin>, input: &Input) -> Result<Output> {
-    let mut outs = run_plugins(
-        vec![plugin],
-        &input.db,
-        input.trace.as_deref(),
-        &input.debug_dir,
-    )?;
+    let db = traces::events_db(input.db.as_deref(), plugin.name())?;
+    let mut outs = run_plugins(vec![plugin], &db, input.trace.as_deref(), &input.debug_dir)?;
     Ok(outs.remove(0))
 }
 

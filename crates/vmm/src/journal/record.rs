@@ -84,6 +84,7 @@ impl Recorder {
     /// Logs the end and marks the trace complete.
     pub fn finish(mut self, reason: EndReason) -> Result<Summary, JournalError> {
         self.push(Entry::End(reason))?;
+        self.writer.set_guest_ns(self.guest_ns);
         Ok(self.writer.finish()?)
     }
 

@@ -18,6 +18,7 @@ fn header(digest_interval: u64) -> trace::Header {
         guest_cpuid: vec![],
         kvm_caps: vec![],
         user_rdtsc_traps: false,
+        host_apic_id: None,
         config: String::new(),
         images: vec![],
         boot: trace::BootParams {

@@ -319,6 +319,7 @@ mod tests {
             guest_cpuid: vec![],
             kvm_caps: vec![],
             user_rdtsc_traps: false,
+            host_apic_id: None,
             config: String::new(),
             images: vec![],
             boot: trace::BootParams {

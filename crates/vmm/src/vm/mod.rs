@@ -63,6 +63,12 @@ pub enum VmError {
     Files(#[from] initramfs::InitramfsError),
     #[error("cannot start the vCPU thread")]
     Thread(#[source] std::io::Error),
+    #[error("cannot keep the vCPU on host CPU {cpu}")]
+    Pin {
+        cpu: usize,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("the vCPU thread panicked (a bug in insight; please report it)")]
     VcpuThreadPanicked,
     #[error("stopped by the user (Ctrl-A x)")]
@@ -177,6 +183,8 @@ pub struct Vm {
     /// KVM_RUN returns: a kick that finds it still there came during the
     /// hypervisor's round trip, not while the guest ran.
     resume_rip: Option<u64>,
+    /// The host CPU the vCPU thread is kept on (`crate::host_cpu`).
+    host_cpu: Option<usize>,
 }
 
 /// Return addresses a SAMPLE keeps.
@@ -188,6 +196,11 @@ struct Sampling {
 }
 
 impl Vm {
+    /// Keeps the vCPU thread on host CPU `cpu` (`crate::host_cpu`).
+    pub fn run_on_host_cpu(&mut self, cpu: usize) {
+        self.host_cpu = Some(cpu);
+    }
+
     /// CPUID as the guest sees it in kernel mode.
     pub fn guest_cpuid(&self) -> &[(u32, u32, u32, u32, u32, u32)] {
         &self.guest_cpuid

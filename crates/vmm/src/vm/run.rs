@@ -138,10 +138,10 @@ impl Vm {
             .spawn(move || {
                 let mut vm = self;
                 let result = vm.run_vcpu(&shared);
+                let result = vm.describe_divergence(result);
                 vm.end_patches();
                 let result = vm.end_journal(result);
                 let result = vm.end_events(result);
-                let result = vm.describe_divergence(result);
                 shared.done.store(true, Ordering::Release);
                 result
             })
@@ -164,6 +164,9 @@ impl Vm {
     }
 
     fn run_vcpu(&mut self, kick: &KickState) -> Result<RunOutcome, VmError> {
+        if let Some(cpu) = self.host_cpu {
+            crate::sys::pin_to_cpu(cpu).map_err(|source| VmError::Pin { cpu, source })?;
+        }
         self.start_dirty_log()?;
         loop {
             self.feed_input()?;
@@ -379,7 +382,8 @@ impl Vm {
         Ok(())
     }
 
-    /// Adds the vCPU's registers to a divergence report.
+    /// Adds the vCPU's registers to a divergence report, and what the
+    /// search for an asynchronous point saw if one was under way.
     fn describe_divergence(
         &mut self,
         result: Result<RunOutcome, VmError>,
@@ -388,6 +392,9 @@ impl Vm {
             Err(VmError::Journal(JournalError::Diverged(mut d))) => {
                 if let Ok(regs) = self.vcpu.get_regs() {
                     d.state = journal::regs_text(&regs);
+                }
+                if let Some(search) = self.preempt.search_progress() {
+                    d.state += &format!("; {search}");
                 }
                 Err(VmError::Journal(JournalError::Diverged(d)))
             }

@@ -195,6 +195,7 @@ impl Vm {
             platform: LegacyPlatform::new(boot_unix_secs, console),
             clock: VmClock::new(),
             resume_rip: None,
+            host_cpu: None,
             exits: ExitCounts::default(),
             exit_status: None,
             init_reached: None,

@@ -13,8 +13,12 @@ use crate::vm::{kvm_err, Vm, VmError};
 pub(super) struct Search {
     pub(super) point: AsyncPoint,
     pub(super) patch: Patch,
+    /// Passes over the position with the recorded registers (and words).
+    candidates: u64,
+    /// Those whose extended state or memory differed.
+    rejected: u64,
     /// How the last rejected candidate differed, for the report.
-    pub(super) last_rejection: Vec<String>,
+    last_rejection: Vec<String>,
 }
 
 impl Search {
@@ -24,6 +28,22 @@ impl Search {
     /// state will never come.
     fn bound(&self) -> Duration {
         Duration::from_nanos(self.point.run_ns.saturating_mul(3)) + Duration::from_secs(2)
+    }
+
+    /// What the search has seen, for a report that it failed.
+    pub(super) fn progress(&self) -> String {
+        let mut text = format!(
+            "the trampoline for the asynchronous point at {:#x} saw the recorded registers {} \
+             time{} and rejected {}",
+            self.point.state.rip,
+            self.candidates,
+            if self.candidates == 1 { "" } else { "s" },
+            self.rejected
+        );
+        if !self.last_rejection.is_empty() {
+            text += &format!(" (the last differed in {})", self.last_rejection.join(", "));
+        }
+        text
     }
 }
 
@@ -70,6 +90,8 @@ impl Vm {
         self.preempt.search = Some(Search {
             point,
             patch,
+            candidates: 0,
+            rejected: 0,
             last_rejection: Vec::new(),
         });
         Ok(())
@@ -116,9 +138,13 @@ impl Vm {
             }
         }
         let differences = logged.differences(&found);
+        if let Some(search) = &mut self.preempt.search {
+            search.candidates += 1;
+        }
         if !differences.is_empty() {
             self.preempt.stats.rejected += 1;
             if let Some(search) = &mut self.preempt.search {
+                search.rejected += 1;
                 search.last_rejection = differences;
             }
             return Ok(Candidate::Passed);
@@ -142,19 +168,13 @@ impl Vm {
         if search.patch.started.elapsed() <= search.bound() {
             return Ok(());
         }
-        let mut why = format!(
+        let why = format!(
             "the recorded state was not reached within {:.1} s (the recording got there {:.3} s \
-             after the exit; {} candidates rejected)",
+             after the exit); {}",
             search.bound().as_secs_f64(),
             search.point.run_ns as f64 / 1e9,
-            self.preempt.stats.rejected
+            search.progress()
         );
-        if !search.last_rejection.is_empty() {
-            why += &format!(
-                "; the last one differed in {}",
-                search.last_rejection.join(", ")
-            );
-        }
         Err(self.journal.async_point_missed(why).into())
     }
 }

@@ -1,0 +1,149 @@
+//! `insight ls` and `insight rm`: the recordings in the trace store.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Result;
+use trace::TraceReader;
+use vmm::journal::Entry;
+
+use crate::status::human_bytes;
+use crate::traces;
+
+#[derive(clap::Args)]
+pub struct LsArgs {}
+
+#[derive(clap::Args)]
+pub struct RmArgs {
+    /// Recordings to remove: names in the trace store (`insight ls`) or
+    /// trace directories. Anything that is not a trace is left alone.
+    #[arg(required = true, value_name = "TRACE")]
+    traces: Vec<PathBuf>,
+}
+
+/// `YYYY-MM-DD HH:MM` (UTC) of Unix time `secs`.
+fn utc(secs: u64) -> String {
+    let days = (secs / 86_400) as i64;
+    let (h, m) = ((secs % 86_400) / 3600, (secs % 3600) / 60);
+    // Days since 1970-01-01 to a civil date (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let mo = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(mo <= 2);
+    format!("{y:04}-{mo:02}-{d:02} {h:02}:{m:02}")
+}
+
+/// The command a trace header's config description names.
+fn command_of(config: &str) -> String {
+    config
+        .lines()
+        .find_map(|l| l.strip_prefix("# command: "))
+        .map(|c| {
+            c.trim_start_matches('[')
+                .trim_end_matches(']')
+                .split("\", \"")
+                .map(|w| w.trim_matches('"'))
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .unwrap_or_default()
+}
+
+fn size(path: &Path) -> u64 {
+    std::fs::metadata(path).map_or(0, |m| m.len())
+}
+
+pub fn ls(_: LsArgs) -> Result<ExitCode> {
+    let store = traces::store()?;
+    let all = traces::list(&store)?;
+    if all.is_empty() {
+        println!("no recordings in {}", store.display());
+        return Ok(ExitCode::SUCCESS);
+    }
+    let latest = std::fs::read_link(store.join(traces::LATEST)).ok();
+    println!(
+        "{:<22} {:<16} {:>9} {:>10} {:<10} {:>9}  command",
+        "name", "recorded (UTC)", "guest", "size", "state", "events"
+    );
+    for dir in all {
+        let name = dir.file_name().map(|n| n.to_string_lossy().into_owned());
+        let name = name.unwrap_or_default();
+        let mark = if latest.as_deref() == Some(Path::new(&name)) {
+            "*"
+        } else {
+            ""
+        };
+        let bytes =
+            size(&dir.join("header")) + size(&dir.join("events")) + size(&dir.join("payloads"));
+        let db = dir.join(traces::EVENTS_DB);
+        let events = if db.is_file() {
+            human_bytes(size(&db))
+        } else {
+            "-".to_owned()
+        };
+        match TraceReader::<Entry>::open(&dir) {
+            Ok(r) => {
+                let (state, guest) = match &r.complete {
+                    Some(s) => ("complete", format!("{:.1} s", s.guest_ns as f64 / 1e9)),
+                    None => ("incomplete", "-".to_owned()),
+                };
+                println!(
+                    "{:<22} {:<16} {:>9} {:>10} {:<10} {:>9}  {}",
+                    format!("{name}{mark}"),
+                    utc(r.header.created_unix_secs),
+                    guest,
+                    human_bytes(bytes),
+                    state,
+                    events,
+                    command_of(&r.header.config)
+                );
+            }
+            Err(e) => println!("{name:<22} unreadable: {e}"),
+        }
+    }
+    println!("(* latest; {})", store.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn rm(args: RmArgs) -> Result<ExitCode> {
+    let store = traces::store()?;
+    let mut failed = false;
+    for name in &args.traces {
+        let removed = traces::resolve(Some(name)).and_then(|dir| {
+            traces::remove(&store, &dir)?;
+            Ok(dir)
+        });
+        match removed {
+            Ok(dir) => println!("removed {}", dir.display()),
+            Err(e) => {
+                eprintln!("insight: {}", crate::exit::error_chain(&e));
+                failed = true;
+            }
+        }
+    }
+    Ok(if failed {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates_and_commands_read_as_people_write_them() {
+        assert_eq!(utc(0), "1970-01-01 00:00");
+        assert_eq!(utc(1_795_000_000), "2026-11-18 11:06");
+        assert_eq!(utc(951_782_400), "2000-02-29 00:00");
+        let config = "# built-in guest\n# command: [\"syn_cont\", \"1000\", \"2000\"]\n";
+        assert_eq!(command_of(config), "syn_cont 1000 2000");
+        assert_eq!(command_of("# built-in guest\n"), "");
+    }
+}

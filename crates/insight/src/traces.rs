@@ -1,0 +1,360 @@
+//! Where recordings go when the user names none, and how a trace is
+//! found again by its short name or as the latest one, as rr does.
+//!
+//! The store is `$INSIGHT_TRACE_DIR`, else `$XDG_DATA_HOME/insight/traces`,
+//! else `~/.local/share/insight/traces`. A recording gets `NAME-N`, NAME
+//! from its config file or command and N the first number free; the
+//! directory is created with `mkdir`, which fails if another recording took
+//! the name first, so two recordings started at once never share one. The
+//! `latest` link names the last recording started, replaced atomically
+//! (a new link renamed over the old one).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+
+/// The link to the last recording started, in the store.
+pub const LATEST: &str = "latest";
+/// The event database `replay --diagnose` writes into a trace.
+pub const EVENTS_DB: &str = "events.db";
+
+/// The trace store, from the environment (`vars` reads a variable).
+pub fn store_from(vars: impl Fn(&str) -> Option<String>) -> Result<PathBuf> {
+    let set = |v: &str| vars(v).filter(|s| !s.is_empty()).map(PathBuf::from);
+    if let Some(dir) = set("INSIGHT_TRACE_DIR") {
+        return Ok(dir);
+    }
+    if let Some(data) = set("XDG_DATA_HOME") {
+        return Ok(data.join("insight").join("traces"));
+    }
+    match set("HOME") {
+        Some(home) => Ok(home.join(".local/share/insight/traces")),
+        None => {
+            bail!("no place for traces: set INSIGHT_TRACE_DIR (or HOME), or name one with -o DIR")
+        }
+    }
+}
+
+/// The trace store of this process's environment.
+pub fn store() -> Result<PathBuf> {
+    store_from(|v| std::env::var(v).ok())
+}
+
+/// A short name for a recording of `command` (the guest command) or of
+/// the config file `config`: the config's file stem, else the program's
+/// name (past `env` and its settings, and a shell's `-c`), kept to
+/// letters, digits, `.`, `_` and `-`.
+pub fn base_name(config: Option<&Path>, command: &[String]) -> String {
+    let from_config = config
+        .and_then(|c| c.file_stem())
+        .map(|s| s.to_string_lossy().into_owned());
+    let program = || {
+        let mut words = command.iter().map(String::as_str).peekable();
+        while let Some(&w) = words.peek() {
+            if w == "env" || w.contains('=') || w.starts_with('-') {
+                words.next();
+            } else {
+                break;
+            }
+        }
+        words
+            .next()
+            .map(|w| w.rsplit('/').next().unwrap_or(w).to_owned())
+    };
+    let name = from_config.or_else(program).unwrap_or_default();
+    let clean: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "._-".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let clean = clean.trim_matches('.').to_owned();
+    if clean.is_empty() || clean == LATEST {
+        "trace".to_owned()
+    } else {
+        clean
+    }
+}
+
+/// Makes a new, empty trace directory `BASE-N` in `store` (N the first
+/// number not taken) and points `latest` at it.
+pub fn new_trace(store: &Path, base: &str) -> Result<PathBuf> {
+    std::fs::create_dir_all(store)
+        .with_context(|| format!("cannot create the trace store {}", store.display()))?;
+    for n in 0..100_000u32 {
+        let dir = store.join(format!("{base}-{n}"));
+        match std::fs::create_dir(&dir) {
+            Ok(()) => {
+                set_latest(store, &dir)?;
+                return Ok(dir);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => {
+                return Err(e).with_context(|| format!("cannot create {}", dir.display()));
+            }
+        }
+    }
+    bail!("{}: no free name for another {base} trace", store.display())
+}
+
+/// Points `latest` in `store` at `trace`, atomically.
+pub fn set_latest(store: &Path, trace: &Path) -> Result<()> {
+    let target = trace.file_name().map(PathBuf::from).unwrap_or_default();
+    let tmp = store.join(format!(".{LATEST}-{}", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(&target, &tmp)
+        .with_context(|| format!("cannot create {}", tmp.display()))?;
+    std::fs::rename(&tmp, store.join(LATEST))
+        .with_context(|| format!("cannot update {}", store.join(LATEST).display()))
+}
+
+/// Whether `dir` is a trace directory (its header file starts with the
+/// trace magic).
+pub fn is_trace(dir: &Path) -> bool {
+    use std::io::Read;
+    let mut magic = [0u8; 8];
+    std::fs::File::open(dir.join("header"))
+        .and_then(|mut f| f.read_exact(&mut magic))
+        .is_ok()
+        && magic == trace::MAGIC
+}
+
+/// The trace `name` stands for: a directory path, or a short name in
+/// `store`; with no name, the latest recording.
+pub fn resolve_in(store: &Path, name: Option<&Path>) -> Result<PathBuf> {
+    let Some(name) = name else {
+        return latest(store);
+    };
+    if name.is_dir() {
+        return Ok(name.to_owned());
+    }
+    let short = store.join(name);
+    if name.components().count() == 1 && short.is_dir() {
+        return Ok(short);
+    }
+    bail!(
+        "no trace {}: neither a directory nor a recording in {} (insight ls lists them)",
+        name.display(),
+        store.display()
+    )
+}
+
+/// The trace `name` stands for, in this environment's store.
+pub fn resolve(name: Option<&Path>) -> Result<PathBuf> {
+    match name {
+        Some(n) if n.is_dir() => Ok(n.to_owned()),
+        _ => resolve_in(&store()?, name),
+    }
+}
+
+fn latest(store: &Path) -> Result<PathBuf> {
+    let link = store.join(LATEST);
+    let Ok(target) = std::fs::read_link(&link) else {
+        bail!(
+            "no trace named, and no recording yet in {}: record one with `insight record`, or \
+             name a trace directory",
+            store.display()
+        );
+    };
+    let trace = store.join(&target);
+    if !trace.is_dir() {
+        bail!(
+            "the latest recording, {}, is gone (removed?): name a trace, or see `insight ls`",
+            target.display()
+        );
+    }
+    Ok(trace)
+}
+
+/// The recordings in `store`, oldest first.
+pub fn list(store: &Path) -> Result<Vec<PathBuf>> {
+    let entries = match std::fs::read_dir(store) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", store.display())),
+    };
+    let mut traces: Vec<(std::time::SystemTime, PathBuf)> = entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name().is_some_and(|n| n != LATEST)
+                && !p.is_symlink()
+                && p.is_dir()
+                && is_trace(p)
+        })
+        .map(|p| {
+            let time = std::fs::metadata(&p)
+                .and_then(|m| m.modified())
+                .unwrap_or(std::time::UNIX_EPOCH);
+            (time, p)
+        })
+        .collect();
+    traces.sort();
+    Ok(traces.into_iter().map(|t| t.1).collect())
+}
+
+/// Removes the trace directory `trace` (refusing anything that is not
+/// one); if `latest` in `store` named it, it names the newest one left.
+pub fn remove(store: &Path, trace: &Path) -> Result<()> {
+    if trace.is_symlink() || !trace.is_dir() || !is_trace(trace) {
+        bail!(
+            "{} is not a trace directory (no trace header in it): not removed",
+            trace.display()
+        );
+    }
+    std::fs::remove_dir_all(trace).with_context(|| format!("cannot remove {}", trace.display()))?;
+    let link = store.join(LATEST);
+    let dangling = std::fs::read_link(&link).is_ok_and(|t| !store.join(t).is_dir());
+    if dangling {
+        match list(store)?.last() {
+            Some(newest) => set_latest(store, newest)?,
+            None => std::fs::remove_file(&link)
+                .with_context(|| format!("cannot remove {}", link.display()))?,
+        }
+    }
+    Ok(())
+}
+
+/// The event database to read for `arg`: a database file, the one in a
+/// trace (by path or short name), or, with no argument, the one in the
+/// latest recording. A trace without one says which replay makes it.
+pub fn events_db(arg: Option<&Path>, tool: &str) -> Result<PathBuf> {
+    if let Some(path) = arg {
+        if path.is_file() {
+            return Ok(path.to_owned());
+        }
+    }
+    let trace = resolve(arg)?;
+    let db = trace.join(EVENTS_DB);
+    if !db.is_file() {
+        bail!(
+            "{} has no event database yet: replay it with `insight replay {} --diagnose {tool}` \
+             (or --events FILE and name that file)",
+            trace.display(),
+            trace.display()
+        );
+    }
+    Ok(db)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("insight-traces-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// A directory that looks like a trace (its header has the magic).
+    fn fake_trace(dir: &Path) {
+        std::fs::write(dir.join("header"), trace::MAGIC).unwrap();
+    }
+
+    #[test]
+    fn the_store_follows_the_environment() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |v: &str| pairs.iter().find(|p| p.0 == v).map(|p| p.1.to_owned())
+        };
+        assert_eq!(
+            store_from(env(&[("INSIGHT_TRACE_DIR", "/t"), ("HOME", "/h")])).unwrap(),
+            PathBuf::from("/t")
+        );
+        assert_eq!(
+            store_from(env(&[("XDG_DATA_HOME", "/x"), ("HOME", "/h")])).unwrap(),
+            PathBuf::from("/x/insight/traces")
+        );
+        assert_eq!(
+            store_from(env(&[("HOME", "/h"), ("XDG_DATA_HOME", "")])).unwrap(),
+            PathBuf::from("/h/.local/share/insight/traces")
+        );
+        assert!(store_from(env(&[])).is_err());
+    }
+
+    #[test]
+    fn names_come_from_the_config_or_the_program() {
+        let cmd = |w: &[&str]| w.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(base_name(Some(Path::new("dir/vm.toml")), &[]), "vm");
+        assert_eq!(
+            base_name(None, &cmd(&["/usr/bin/syn_cont", "1000"])),
+            "syn_cont"
+        );
+        assert_eq!(
+            base_name(
+                None,
+                &cmd(&["env", "LD_PRELOAD=/x.so", "A=1", "sort", "-n"])
+            ),
+            "sort"
+        );
+        assert_eq!(base_name(None, &cmd(&["sh", "-c", "x"])), "sh");
+        assert_eq!(base_name(None, &cmd(&["a b/c d"])), "c_d");
+        assert_eq!(base_name(None, &[]), "trace");
+        assert_eq!(base_name(Some(Path::new("latest.toml")), &[]), "trace");
+    }
+
+    #[test]
+    fn recordings_get_numbers_of_their_own_and_latest_follows() {
+        let store = scratch("numbers");
+        let a = new_trace(&store, "w").unwrap();
+        let b = new_trace(&store, "w").unwrap();
+        assert_eq!(a.file_name().unwrap(), "w-0");
+        assert_eq!(b.file_name().unwrap(), "w-1");
+        assert_eq!(resolve_in(&store, None).unwrap(), b);
+        assert_eq!(resolve_in(&store, Some(Path::new("w-0"))).unwrap(), a);
+        assert!(resolve_in(&store, Some(Path::new("w-7"))).is_err());
+        // Many at once: every one a directory of its own.
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let store = store.clone();
+                std::thread::spawn(move || new_trace(&store, "c").unwrap())
+            })
+            .collect();
+        let mut made: Vec<PathBuf> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        made.sort();
+        made.dedup();
+        assert_eq!(made.len(), 8);
+        assert!(resolve_in(&store, None).unwrap().starts_with(&store));
+        std::fs::remove_dir_all(&store).unwrap();
+    }
+
+    #[test]
+    fn a_latest_that_is_gone_is_said_so() {
+        let store = scratch("gone");
+        assert!(format!("{:#}", resolve_in(&store, None).unwrap_err()).contains("no recording"));
+        let a = new_trace(&store, "w").unwrap();
+        std::fs::remove_dir_all(&a).unwrap();
+        let e = format!("{:#}", resolve_in(&store, None).unwrap_err());
+        assert!(e.contains("w-0") && e.contains("gone"), "{e}");
+        std::fs::remove_dir_all(&store).unwrap();
+    }
+
+    #[test]
+    fn rm_removes_traces_only_and_moves_latest() {
+        let store = scratch("rm");
+        let a = new_trace(&store, "w").unwrap();
+        let b = new_trace(&store, "w").unwrap();
+        fake_trace(&a);
+        fake_trace(&b);
+        // Not a trace: an ordinary directory with files in it.
+        let other = store.join("notes");
+        std::fs::create_dir(&other).unwrap();
+        std::fs::write(other.join("header"), b"not a trace").unwrap();
+        assert!(remove(&store, &other).is_err());
+        assert!(other.join("header").exists());
+        assert!(remove(&store, &store.join(LATEST)).is_err());
+        assert_eq!(list(&store).unwrap(), [a.clone(), b.clone()]);
+        remove(&store, &b).unwrap();
+        assert!(!b.exists());
+        assert_eq!(resolve_in(&store, None).unwrap(), a);
+        remove(&store, &a).unwrap();
+        assert!(std::fs::symlink_metadata(store.join(LATEST)).is_err());
+        std::fs::remove_dir_all(&store).unwrap();
+    }
+}

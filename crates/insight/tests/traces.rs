@@ -1,0 +1,118 @@
+//! Recordings without names, end to end: `insight record vm.toml`, then
+//! `insight replay --diagnose ...` and `insight report ...` with no trace
+//! named, give what the same commands give with every path typed; `ls`
+//! and `rm` manage the store.
+
+mod common;
+
+use std::ffi::OsStr;
+use std::path::Path;
+use std::process::Output;
+use std::time::Duration;
+
+use common::*;
+
+/// Runs insight in `dir` with the trace store at `store`.
+fn in_store(dir: &Path, store: &Path, args: &[&OsStr]) -> Output {
+    let mut cmd = insight();
+    cmd.current_dir(dir)
+        .env("INSIGHT_TRACE_DIR", store)
+        .args(args);
+    output_within(cmd, Duration::from_secs(600))
+}
+
+fn os(s: &str) -> &OsStr {
+    OsStr::new(s)
+}
+
+#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
+#[test]
+fn record_replay_and_report_need_no_trace_named() {
+    guest_ready();
+    let dir = scratch("store");
+    let store = dir.join("traces");
+    std::fs::write(
+        dir.join("vm.toml"),
+        "command = [\"env\", \"LD_PRELOAD=/usr/lib/libinsight-probes.so\", \"sh\", \"-c\", \
+         \"deadlock_trylock && deadlock_transitive\"]\n",
+    )
+    .unwrap();
+
+    // No trace yet: said so, not a crash.
+    let out = in_store(&dir, &store, &[os("replay")]);
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(125), "{stderr}");
+    assert!(stderr.contains("no recording yet"), "{stderr}");
+
+    let out = in_store(
+        &dir,
+        &store,
+        &[os("record"), os("--no-stdin"), os("vm.toml")],
+    );
+    let (recorded, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let trace = store.join("vm-0");
+    assert!(
+        stderr.contains(&format!("recording into {}", trace.display())),
+        "{stderr}"
+    );
+    assert!(recorded.contains("no deadlock"), "{recorded}");
+
+    // Replay the latest, and diagnose it.
+    let out = in_store(
+        &dir,
+        &store,
+        &[os("replay"), os("--diagnose"), os("locks,deadlock")],
+    );
+    let (replayed, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("replay matched the recording"), "{stderr}");
+    assert!(replayed.contains("potential deadlock"), "{replayed}");
+    let db = trace.join("events.db");
+    assert!(db.is_file());
+
+    // Reports of the latest, by name and by path: the same.
+    let implicit = in_store(
+        &dir,
+        &store,
+        &[os("report"), os("deadlock"), os("-o"), os("report.html")],
+    );
+    let explicit = in_store(
+        &dir,
+        &store,
+        &[os("report"), os("deadlock"), db.as_os_str()],
+    );
+    let (a, stderr) = text(&implicit);
+    assert_eq!(implicit.status.code(), Some(0), "{stderr}");
+    assert!(a.contains("2 potential deadlocks"), "{a}");
+    assert_eq!(a, text(&explicit).0);
+    assert!(dir.join("report.html").is_file());
+    let by_name = in_store(&dir, &store, &[os("report"), os("locks"), os("vm-0")]);
+    let by_path = in_store(&dir, &store, &[os("report"), os("locks"), db.as_os_str()]);
+    assert_eq!(by_name.status.code(), Some(0));
+    assert_eq!(text(&by_name).0, text(&by_path).0);
+    assert!(replayed.contains(&text(&by_path).0), "{replayed}");
+
+    // ls names it as the latest, complete, with its database.
+    let out = in_store(&dir, &store, &[os("ls")]);
+    let (listing, _) = text(&out);
+    let line = listing
+        .lines()
+        .find(|l| l.starts_with("vm-0*"))
+        .unwrap_or_else(|| panic!("{listing}"));
+    assert!(
+        line.contains("complete") && line.contains("deadlock_trylock"),
+        "{line}"
+    );
+
+    // rm refuses what is not a trace, removes what is.
+    let out = in_store(&dir, &store, &[os("rm"), dir.as_os_str()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(dir.join("vm.toml").exists());
+    let out = in_store(&dir, &store, &[os("rm"), os("vm-0")]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out).1);
+    assert!(!trace.exists());
+    let out = in_store(&dir, &store, &[os("ls")]);
+    assert!(text(&out).0.contains("no recordings"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
