@@ -59,22 +59,11 @@ pub fn lock_events(db: &EventDb) -> Result<Vec<LockEvent>, DbError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_db::TestDb;
-    use events::abi::Source;
+    use crate::test_db::{probe_row, TestDb};
 
     #[test]
     fn maps_rows_to_lock_events() {
-        let row = |time, kind, value| Row {
-            seq: 0,
-            time,
-            kind,
-            source: Source::Probe,
-            pid: 1,
-            lwpid: 2,
-            addr: Some(0x40),
-            caller: None,
-            value,
-        };
+        let row = probe_row;
         let test_db = TestDb::with_rows(
             "fromdb",
             &[

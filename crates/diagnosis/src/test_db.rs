@@ -5,6 +5,21 @@ use crate::symbols::GuestFiles;
 use events::db::{EventDb, EventWriter, Row};
 use std::path::PathBuf;
 
+/// A probe's row: process 1, thread 2, lock address 0x40, no caller.
+pub fn probe_row(time: u64, kind: events::abi::Kind, value: Option<i64>) -> Row {
+    Row {
+        seq: 0,
+        time,
+        kind,
+        source: events::abi::Source::Probe,
+        pid: 1,
+        lwpid: 2,
+        addr: Some(0x40),
+        caller: None,
+        value,
+    }
+}
+
 /// An event database in a directory of its own, removed on drop.
 pub struct TestDb {
     dir: PathBuf,

@@ -19,7 +19,7 @@ mod entry;
 mod record;
 mod replay;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 pub use entry::{register_digest, EndReason, Entry, Input};
 pub use record::Recorder;

@@ -5,13 +5,15 @@ use super::*;
 use kvm_bindings::kvm_regs;
 use trace::{TraceReader, TraceWriter};
 
-fn temp_trace(name: &str) -> std::path::PathBuf {
+/// A fresh path for a test trace.
+pub(crate) fn temp_trace(name: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("insight-journal-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     dir
 }
 
-fn header(digest_interval: u64) -> trace::Header {
+/// The header of a test trace.
+pub(crate) fn header(digest_interval: u64) -> trace::Header {
     trace::Header {
         clock: trace::ClockKind::Exit,
         created_unix_secs: 0,

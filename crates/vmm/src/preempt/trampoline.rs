@@ -106,6 +106,32 @@ impl Asm {
         self.base + self.code.len() as u64
     }
 
+    /// Ends a stub: the displaced instructions (`displaced` builds them
+    /// for where they land), a jump back to `resume`, and the size check.
+    fn finish(
+        mut self,
+        displaced: impl FnOnce(u64) -> Result<Vec<u8>, StubError>,
+        resume: u64,
+        exit_at: u64,
+        exit_end: u64,
+        displaced_at: u64,
+    ) -> Result<Stub, StubError> {
+        let moved = displaced(self.ip())?;
+        self.bytes(&moved);
+        let back = self.rel32(5, resume, "the patched code")?;
+        self.bytes(&[0xe9]);
+        self.bytes(&back);
+        if self.code.len() > MAX_CODE {
+            return Err(StubError::TooLarge);
+        }
+        Ok(Stub {
+            code: self.code,
+            exit_at,
+            exit_end,
+            displaced_at,
+        })
+    }
+
     /// A rel32 from the end of an instruction of `len` bytes starting here.
     fn rel32(&self, len: u64, target: u64, what: &'static str) -> Result<[u8; 4], StubError> {
         let next = self.ip() + len;
@@ -220,20 +246,7 @@ pub fn build(
     let rel = (a.code.len() - (to_displaced + 5)) as i32;
     a.code[to_displaced + 1..to_displaced + 5].copy_from_slice(&rel.to_le_bytes());
     let displaced_at = a.ip() - page;
-    let moved = displaced(a.ip())?;
-    a.bytes(&moved);
-    let back = a.rel32(5, resume, "the patched code")?;
-    a.bytes(&[0xe9]);
-    a.bytes(&back);
-    if a.code.len() > MAX_CODE {
-        return Err(StubError::TooLarge);
-    }
-    Ok(Stub {
-        code: a.code,
-        exit_at,
-        exit_end,
-        displaced_at,
-    })
+    a.finish(displaced, resume, exit_at, exit_end, displaced_at)
 }
 
 /// A stub that exits at once, for the recorder: it stops a task when it
@@ -251,21 +264,7 @@ pub fn build_trap(
     let exit_at = 0;
     a.rip_rel(&[0xc6, 0x05], pages.exit, &[0x00], "the exit page")?; // mov byte [rip+d], 0
     let exit_end = a.ip() - pages.code;
-    let displaced_at = exit_end;
-    let moved = displaced(a.ip())?;
-    a.bytes(&moved);
-    let back = a.rel32(5, resume, "the patched code")?;
-    a.bytes(&[0xe9]);
-    a.bytes(&back);
-    if a.code.len() > MAX_CODE {
-        return Err(StubError::TooLarge);
-    }
-    Ok(Stub {
-        code: a.code,
-        exit_at,
-        exit_end,
-        displaced_at,
-    })
+    a.finish(displaced, resume, exit_at, exit_end, exit_end)
 }
 
 /// The `jmp rel32` that sends the patched instruction at `at` to the stub

@@ -248,6 +248,7 @@ mod tests {
     //! the journal logs or checks.
 
     use super::*;
+    use crate::journal::tests::{header, temp_trace};
     use crate::journal::{JournalError, Recorder, Replayer};
     use kvm_ioctls::{MsrExitReason, ReadMsrExit, WriteMsrExit};
     use vm_memory::GuestAddress;
@@ -310,34 +311,6 @@ mod tests {
             rip,
             ..Default::default()
         }
-    }
-
-    fn header() -> trace::Header {
-        trace::Header {
-            clock: trace::ClockKind::Exit,
-            created_unix_secs: 0,
-            guest_cpuid: vec![],
-            kvm_caps: vec![],
-            user_rdtsc_traps: false,
-            host_apic_id: None,
-            config: String::new(),
-            images: vec![],
-            boot: trace::BootParams {
-                cmdline: String::new(),
-                memory_mib: 1,
-                rng_seed: vec![0; 32],
-                extra_initramfs: vec![],
-                net: None,
-            },
-            digest_interval: 1,
-        }
-    }
-
-    fn temp_trace(name: &str) -> std::path::PathBuf {
-        let dir =
-            std::env::temp_dir().join(format!("insight-dispatch-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        dir
     }
 
     fn rdmsr(h: &mut Harness, journal: &mut Journal, index: u32) -> (u64, u8, Entry) {
@@ -454,8 +427,8 @@ mod tests {
 
     #[test]
     fn replay_answers_reads_from_the_log_and_never_asks_the_device() {
-        let dir = temp_trace("reads");
-        let writer = trace::TraceWriter::create(&dir, &header()).unwrap();
+        let dir = temp_trace("dispatch-reads");
+        let writer = trace::TraceWriter::create(&dir, &header(1)).unwrap();
         let mut record = Journal::Record(Box::new(Recorder::new(writer, 1)));
         let mut h = Harness::new(1_700_000_000);
         let year = h.cmos(&mut record, 0x09, 0x100);
@@ -481,8 +454,8 @@ mod tests {
 
     #[test]
     fn replay_stops_at_an_exit_the_recording_did_not_make() {
-        let dir = temp_trace("mismatch");
-        let writer = trace::TraceWriter::create(&dir, &header()).unwrap();
+        let dir = temp_trace("dispatch-mismatch");
+        let writer = trace::TraceWriter::create(&dir, &header(1)).unwrap();
         let mut record = Journal::Record(Box::new(Recorder::new(writer, 1)));
         let mut h = Harness::new(0);
         h.cmos(&mut record, 0x00, 0x100);

@@ -86,21 +86,11 @@ pub fn deadlock_events(db: &EventDb) -> Result<BTreeMap<u32, Vec<lock_order::Eve
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_db::TestDb;
+    use crate::test_db::{probe_row, TestDb};
 
     #[test]
     fn thread_creations_say_how_far_their_creator_had_got() {
-        let row = |time, kind, value| Row {
-            seq: 0,
-            time,
-            kind,
-            source: Source::Probe,
-            pid: 1,
-            lwpid: 2,
-            addr: Some(0x40),
-            caller: None,
-            value,
-        };
+        let row = probe_row;
         let mut create = row(5, Kind::ThreadCreate, Some(1));
         (create.lwpid, create.caller) = (9, Some(0));
         let test_db = TestDb::with_rows(
