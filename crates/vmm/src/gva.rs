@@ -97,6 +97,60 @@ pub fn path_entries(mem: &GuestMemoryMmap, cr3: u64, gva: u64) -> Result<Vec<u64
     Err(TranslateError::NotMapped(gva))
 }
 
+/// The guest physical frames the address space `cr3` maps for user mode
+/// (the user bit set at every level), as ascending, merged (first frame,
+/// count) runs. Each table is read once however often it is referenced,
+/// so a guest's aliased tables cost no more than its memory holds;
+/// entries outside guest memory are skipped.
+pub fn user_frames(mem: &GuestMemoryMmap, cr3: u64) -> Vec<(u64, u64)> {
+    let mut runs = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    // (table, level): the PML4's lower half holds user space.
+    let mut tables = vec![(cr3 & ADDR_MASK, 3u32, 256usize)];
+    let mut entries = [0u64; 512];
+    while let Some((table, level, count)) = tables.pop() {
+        if !seen.insert((table, level)) {
+            continue;
+        }
+        let mut bytes = [0u8; 4096];
+        if mem.read_slice(&mut bytes, GuestAddress(table)).is_err() {
+            continue;
+        }
+        for (e, chunk) in entries.iter_mut().zip(bytes.chunks_exact(8)) {
+            *e = u64::from_le_bytes(chunk.try_into().unwrap_or([0; 8]));
+        }
+        for &entry in &entries[..count] {
+            if entry & (PRESENT | USER) != PRESENT | USER {
+                continue;
+            }
+            let frame = (entry & ADDR_MASK) >> 12;
+            match level {
+                0 => runs.push((frame, 1)),
+                1 | 2 if entry & HUGE != 0 => {
+                    let pages = 1u64 << (9 * level);
+                    runs.push((frame & !(pages - 1), pages));
+                }
+                _ => tables.push((entry & ADDR_MASK, level - 1, 512)),
+            }
+        }
+    }
+    runs.sort_unstable();
+    let mut merged: Vec<(u64, u64)> = Vec::with_capacity(runs.len());
+    for (first, count) in runs {
+        match merged.last_mut() {
+            Some((f, c)) if first <= *f + *c => *c = (*c).max(first + count - *f),
+            _ => merged.push((first, count)),
+        }
+    }
+    merged
+}
+
+/// Whether `frame` lies in one of the ascending `runs` of [`user_frames`].
+pub fn in_runs(runs: &[(u64, u64)], frame: u64) -> bool {
+    let i = runs.partition_point(|&(first, _)| first <= frame);
+    i > 0 && frame < runs[i - 1].0 + runs[i - 1].1
+}
+
 /// The accessed and dirty bits of a page-table entry.
 pub const ACCESSED_DIRTY: u64 = ACCESSED | DIRTY;
 
@@ -246,6 +300,34 @@ mod tests {
         put(m, 0x3000 + (((va >> 21) & 0x1ff) + 1) * 8, 0x20_0000 | 0x83);
         // A read-only 4 KiB page.
         put(m, 0x4000 + 7 * 8, 0x11_0000 | 1);
+    }
+
+    #[test]
+    fn user_frames_are_those_mapped_user_at_every_level() {
+        let m = mem();
+        // User space: PML4[0] -> PDPT 0x6000 -> PD 0x7000, which maps a
+        // 2 MiB user page and, through PT 0x8000, two user pages and one
+        // supervisor page. PML4[1] is not user; PML4[2] aliases PDPT
+        // 0x6000 (walked once). The kernel half (tables()) does not count.
+        tables(&m);
+        put(&m, 0x1000, 0x6000 | 7);
+        put(&m, 0x1000 + 8, 0x6000 | 3);
+        put(&m, 0x1000 + 16, 0x6000 | 7);
+        put(&m, 0x6000, 0x7000 | 7);
+        put(&m, 0x7000, 0x40_0000 | 0x87);
+        put(&m, 0x7000 + 8, 0x8000 | 7);
+        put(&m, 0x8000, 0x9000 | 7);
+        put(&m, 0x8000 + 8, 0xa000 | 5);
+        put(&m, 0x8000 + 16, 0xb000 | 3);
+        let runs = user_frames(&m, 0x1000);
+        assert_eq!(runs, [(0x9, 2), (0x400, 512)]);
+        assert!(in_runs(&runs, 0x9) && in_runs(&runs, 0xa) && in_runs(&runs, 0x5ff));
+        assert!(!in_runs(&runs, 0xb) && !in_runs(&runs, 0x8) && !in_runs(&runs, 0x600));
+        assert!(!in_runs(&runs, 0x100));
+        // A table pointing at itself ends.
+        put(&m, 0x8000 + 24, 0x8000 | 7);
+        put(&m, 0x7000 + 16, 0x7000 | 7);
+        assert_eq!(user_frames(&m, 0x1000).len(), 2);
     }
 
     #[test]
