@@ -45,7 +45,22 @@ pub enum GuestError {
     MissingRole(&'static str),
     #[error("the trace's random seed has {0} bytes, not {len}", len = crate::boot::RNG_SEED_LEN)]
     BadSeed(usize),
+    #[error("the guest {what} has {count} {unit}; the guest's /init takes at most {limit}")]
+    TooLong {
+        what: &'static str,
+        count: usize,
+        unit: &'static str,
+        limit: usize,
+    },
 }
+
+/// The guest's `/init` (images/init/insight-init.c) reads at most this
+/// many command arguments, and as many environment entries...
+const INIT_MAX_STRINGS: usize = 4096;
+/// ... from files shorter than its buffers (256 and 64 KiB) by the NUL it
+/// appends and one byte more, which it takes for a file too long.
+const INIT_COMMAND_BYTES: usize = 256 * 1024 - 2;
+const INIT_ENV_BYTES: usize = 64 * 1024 - 2;
 
 /// A fresh seed for the guest's random number generator.
 fn random_seed() -> Result<[u8; crate::boot::RNG_SEED_LEN], GuestError> {
@@ -75,6 +90,33 @@ fn nul_separated<'a>(items: impl IntoIterator<Item = &'a str>) -> Vec<u8> {
     out
 }
 
+/// `items` as the file `/init` reads them from, if it can read them all:
+/// beyond its limits it would drop the rest without a word.
+fn init_strings(
+    what: &'static str,
+    items: &[&str],
+    max_bytes: usize,
+) -> Result<Vec<u8>, GuestError> {
+    if items.len() > INIT_MAX_STRINGS {
+        return Err(GuestError::TooLong {
+            what,
+            count: items.len(),
+            unit: "entries",
+            limit: INIT_MAX_STRINGS,
+        });
+    }
+    let bytes = nul_separated(items.iter().copied());
+    if bytes.len() > max_bytes {
+        return Err(GuestError::TooLong {
+            what,
+            count: bytes.len(),
+            unit: "bytes (each with its NUL)",
+            limit: max_bytes,
+        });
+    }
+    Ok(bytes)
+}
+
 /// Builds the boot specification for `config`.
 pub fn prepare(config: &VmConfig, options: &BootOptions) -> Result<VmSpec, GuestError> {
     let kernel = config.kernel.clone().unwrap_or_else(image::default_kernel);
@@ -97,13 +139,12 @@ pub fn prepare(config: &VmConfig, options: &BootOptions) -> Result<VmSpec, Guest
     } else {
         config.command.iter().map(String::as_str).collect()
     };
-    extra.add_file(COMMAND_FILE.as_ref(), 0o644, &nul_separated(command))?;
+    let command = init_strings("command", &command, INIT_COMMAND_BYTES)?;
     let env: Vec<String> = config.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    extra.add_file(
-        ENV_FILE.as_ref(),
-        0o644,
-        &nul_separated(env.iter().map(String::as_str)),
-    )?;
+    let env: Vec<&str> = env.iter().map(String::as_str).collect();
+    let env = init_strings("environment", &env, INIT_ENV_BYTES)?;
+    extra.add_file(COMMAND_FILE.as_ref(), 0o644, &command)?;
+    extra.add_file(ENV_FILE.as_ref(), 0o644, &env)?;
 
     if let Some((addr, len)) = config.net.as_ref().and_then(|n| n.guest_address) {
         extra.add_file(
@@ -325,6 +366,24 @@ fn sha256_of_file(disk: &DiskImage) -> Result<String, GuestError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn what_init_would_cut_is_refused_before_boot() {
+        let numbers: Vec<String> = (0..=INIT_MAX_STRINGS).map(|n| n.to_string()).collect();
+        let args: Vec<&str> = numbers.iter().map(String::as_str).collect();
+        let bytes = init_strings("command", &args[..INIT_MAX_STRINGS], INIT_COMMAND_BYTES).unwrap();
+        assert_eq!(bytes.iter().filter(|&&b| b == 0).count(), INIT_MAX_STRINGS);
+        let err = init_strings("command", &args, INIT_COMMAND_BYTES).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "the guest command has 4097 entries; the guest's /init takes at most 4096"
+        );
+        let long = "x".repeat(INIT_ENV_BYTES - 1);
+        assert!(init_strings("environment", &[&long], INIT_ENV_BYTES).is_ok());
+        let longer = "x".repeat(INIT_ENV_BYTES);
+        let err = init_strings("environment", &[&longer], INIT_ENV_BYTES).unwrap_err();
+        assert!(err.to_string().contains("65535 bytes"), "{err}");
+    }
 
     #[test]
     fn a_disk_is_hashed_through_its_open_file() {
