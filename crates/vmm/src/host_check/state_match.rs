@@ -209,6 +209,12 @@ pub fn probe_state_match() -> Result<StateMatchReport, ProbeError> {
         STUB_PAGES.data,
         &preempt::trampoline::data_page(&target, &[]),
     )?;
+    // What the patch covers, to put back (the site may reach past the
+    // loop's code, where the page holds what it held).
+    let mut covered = vec![0u8; patch.len()];
+    vm._mem
+        .read_slice(&mut covered, GuestAddress(target.rip))
+        .map_err(|e| ProbeError::Memory(e.to_string()))?;
     w(&vm, target.rip, &patch)?;
     let started = std::time::Instant::now();
     let exited = loop {
@@ -240,7 +246,7 @@ pub fn probe_state_match() -> Result<StateMatchReport, ProbeError> {
         report.failure = Some(format!("completing the exit: {completed:?}"));
         return Ok(report);
     }
-    w(&vm, target.rip, &LOOP_CODE[at..at + site.len])?;
+    w(&vm, target.rip, &covered)?;
     let mut regs = vm.vcpu.get_regs().map_err(kvm_err("GET_REGS"))?;
     regs.rip = target.rip;
     vm.vcpu.set_regs(&regs).map_err(kvm_err("SET_REGS"))?;
