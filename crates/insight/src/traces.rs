@@ -112,17 +112,6 @@ pub fn set_latest(store: &Path, trace: &Path) -> Result<()> {
         .with_context(|| format!("cannot update {}", store.join(LATEST).display()))
 }
 
-/// Whether `dir` is a trace directory (its header file starts with the
-/// trace magic).
-pub fn is_trace(dir: &Path) -> bool {
-    use std::io::Read;
-    let mut magic = [0u8; 8];
-    std::fs::File::open(dir.join("header"))
-        .and_then(|mut f| f.read_exact(&mut magic))
-        .is_ok()
-        && magic == trace::MAGIC
-}
-
 /// The trace `name` stands for: a directory path, or a short name in
 /// `store`; with no name, the latest recording.
 pub fn resolve_in(store: &Path, name: Option<&Path>) -> Result<PathBuf> {
@@ -184,7 +173,7 @@ pub fn list(store: &Path) -> Result<Vec<PathBuf>> {
             p.file_name().is_some_and(|n| n != LATEST)
                 && !p.is_symlink()
                 && p.is_dir()
-                && is_trace(p)
+                && trace::is_trace(p)
         })
         .map(|p| {
             let time = std::fs::metadata(&p)
@@ -200,7 +189,7 @@ pub fn list(store: &Path) -> Result<Vec<PathBuf>> {
 /// Removes the trace directory `trace` (refusing anything that is not
 /// one); if `latest` in `store` named it, it names the newest one left.
 pub fn remove(store: &Path, trace: &Path) -> Result<()> {
-    if trace.is_symlink() || !trace.is_dir() || !is_trace(trace) {
+    if trace.is_symlink() || !trace.is_dir() || !trace::is_trace(trace) {
         bail!(
             "{} is not a trace directory (no trace header in it): not removed",
             trace.display()

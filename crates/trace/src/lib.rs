@@ -294,6 +294,25 @@ impl<E: Serialize> TraceWriter<E> {
     }
 }
 
+/// Whether `dir` holds a trace: its header file starts with [`MAGIC`].
+pub fn is_trace(dir: &Path) -> bool {
+    let mut magic = [0u8; 8];
+    File::open(dir.join(HEADER_FILE))
+        .and_then(|mut f| f.read_exact(&mut magic))
+        .is_ok()
+        && magic == MAGIC
+}
+
+/// The bytes a trace's header, log and payloads take on disk (what is
+/// missing counts as 0).
+pub fn stored_bytes(dir: &Path) -> u64 {
+    [HEADER_FILE, EVENTS_FILE, PAYLOADS_FILE]
+        .iter()
+        .filter_map(|f| std::fs::metadata(dir.join(f)).ok())
+        .map(|m| m.len())
+        .sum()
+}
+
 /// How many bytes an event takes in a frame before compression (for
 /// statistics of what a trace is made of).
 pub fn encoded_len<E: Serialize>(event: &E) -> usize {

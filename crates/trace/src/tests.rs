@@ -144,6 +144,13 @@ fn a_corrupt_frame_ends_the_stream_and_says_so() {
 fn foreign_and_future_traces_are_refused() {
     let dir = scratch("version");
     write(&dir, 1);
+    assert!(is_trace(&dir));
+    let files = [HEADER_FILE, EVENTS_FILE, PAYLOADS_FILE];
+    let on_disk: u64 = files
+        .iter()
+        .map(|f| std::fs::metadata(dir.join(f)).unwrap().len())
+        .sum();
+    assert_eq!(stored_bytes(&dir), on_disk);
     let path = dir.join(HEADER_FILE);
     let mut bytes = std::fs::read(&path).unwrap();
     bytes[8..12].copy_from_slice(&(TRACE_VERSION + 1).to_le_bytes());
@@ -157,6 +164,7 @@ fn foreign_and_future_traces_are_refused() {
     std::fs::write(&path, &bytes).unwrap();
     let err = TraceReader::<Ev>::open(&dir).err().unwrap().to_string();
     assert!(err.contains("not an insight trace"), "{err}");
+    assert!(!is_trace(&dir));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

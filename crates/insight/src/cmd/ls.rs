@@ -46,10 +46,6 @@ fn command_of(config: &str) -> String {
         .unwrap_or_default()
 }
 
-fn size(path: &Path) -> u64 {
-    std::fs::metadata(path).map_or(0, |m| m.len())
-}
-
 pub fn ls(_: LsArgs) -> Result<ExitCode> {
     let store = traces::store()?;
     let all = traces::list(&store)?;
@@ -70,11 +66,10 @@ pub fn ls(_: LsArgs) -> Result<ExitCode> {
         } else {
             ""
         };
-        let bytes =
-            size(&dir.join("header")) + size(&dir.join("events")) + size(&dir.join("payloads"));
+        let bytes = trace::stored_bytes(&dir);
         let db = dir.join(traces::EVENTS_DB);
         let events = if db.is_file() {
-            human_bytes(size(&db))
+            human_bytes(std::fs::metadata(&db).map_or(0, |m| m.len()))
         } else {
             "-".to_owned()
         };
