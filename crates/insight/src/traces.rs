@@ -104,7 +104,12 @@ pub fn new_trace(store: &Path, base: &str) -> Result<PathBuf> {
 /// Points `latest` in `store` at `trace`, atomically.
 pub fn set_latest(store: &Path, trace: &Path) -> Result<()> {
     let target = trace.file_name().map(PathBuf::from).unwrap_or_default();
-    let tmp = store.join(format!(".{LATEST}-{}", std::process::id()));
+    // A name no other writer uses: trace names are unique in the store.
+    let tmp = store.join(format!(
+        ".{LATEST}-{}-{}",
+        std::process::id(),
+        target.display()
+    ));
     let _ = std::fs::remove_file(&tmp);
     std::os::unix::fs::symlink(&target, &tmp)
         .with_context(|| format!("cannot create {}", tmp.display()))?;
