@@ -261,7 +261,8 @@ fn tampered_truncated_and_foreign_traces() {
         std::fs::copy(trace.join(f), cut.join(f)).unwrap();
     }
     let full = std::fs::read(trace.join("events")).unwrap();
-    let first_frame = 8 + u32::from_le_bytes(full[..4].try_into().unwrap()) as usize;
+    // A frame: a 16-byte head, then its compressed events.
+    let first_frame = 16 + u32::from_le_bytes(full[..4].try_into().unwrap()) as usize;
     assert!(full.len() > first_frame + 16, "one frame only");
     std::fs::write(cut.join("events"), &full[..first_frame + 16]).unwrap();
     let out = replay(&cut);

@@ -2,19 +2,24 @@
 //!
 //! ```text
 //! TRACE/
-//!   header     magic "INSIGHT\0", u32 LE format version, bincode(Header)
-//!   events     frames: u32 LE compressed length, u32 LE event count,
-//!              zstd (with checksum) of bincode(Vec<event>)
+//!   header     magic "INSIGHT\0", u32 LE format version, u32 LE CRC-32 of
+//!              the rest, bincode(Header)
+//!   events     frames: u32 LE compressed length, u32 LE event count, u64 LE
+//!              index of the frame's first event, zstd (with checksum) of
+//!              bincode(Vec<event>)
 //!   payloads   raw bytes of large payloads (packets, DMA data), referenced
-//!              from events by PayloadRef { offset, len }
-//!   complete   bincode(Summary), written last: its absence means the
-//!              recording did not end cleanly
+//!              from events by PayloadRef { offset, len, crc32 }
+//!   complete   u32 LE CRC-32 of the rest, bincode(Summary), written last:
+//!              its absence means the recording did not end cleanly
 //! ```
 //!
 //! Frames are appended as they fill (and on `flush`), payloads before the
 //! frames that reference them, so a crashed recorder leaves a readable
-//! prefix. The reader validates everything it reads: a torn or corrupt
-//! tail ends the stream and is reported, never trusted. The format is
+//! prefix. The reader validates everything it reads: every stored byte is
+//! covered by a checksum, and a complete trace's sizes and counts must be
+//! those its summary gives. A torn tail of an unfinished recording ends
+//! the stream and is reported ([`TailProblem`]); anything else that fails
+//! its checks is [`TraceError::Damaged`], never trusted. The format is
 //! documented in docs/trace-format.md; its version is [`TRACE_VERSION`].
 
 use std::fs::{File, OpenOptions};
@@ -25,9 +30,11 @@ use std::path::{Path, PathBuf};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+pub mod files;
+
 /// Format version, bumped on every change of the layout or of the types
 /// serialized in it.
-pub const TRACE_VERSION: u32 = 5;
+pub const TRACE_VERSION: u32 = 6;
 pub const MAGIC: [u8; 8] = *b"INSIGHT\0";
 
 const HEADER_FILE: &str = "header";
@@ -40,6 +47,13 @@ pub const FRAME_EVENTS: usize = 4096;
 /// Largest frame accepted, compressed or not (a bound on allocations for
 /// untrusted files).
 pub const MAX_FRAME_BYTES: usize = 64 << 20;
+/// Largest header file accepted (its appended archive holds the user's
+/// files; the header is encoded under the same bound as a frame).
+pub const MAX_HEADER_BYTES: u64 = MAX_FRAME_BYTES as u64 + 16;
+/// Largest completion summary accepted (it is a few dozen bytes).
+pub const MAX_SUMMARY_BYTES: u64 = 4096;
+/// Bytes before a frame's compressed events.
+const FRAME_HEAD: usize = 16;
 const ZSTD_LEVEL: i32 = 3;
 
 fn bincode_config() -> impl bincode::config::Config {
@@ -68,6 +82,25 @@ pub enum TraceError {
     },
     #[error("cannot encode {what}: {message}")]
     Encode { what: &'static str, message: String },
+    /// Stored bytes fail their checksum, or a complete trace's sizes and
+    /// counts differ from its summary: the trace is damaged.
+    #[error("{path} is damaged: {at}: {message}")]
+    Damaged {
+        path: PathBuf,
+        /// Where: "frame 3 at byte 81920", "payload at byte 512"...
+        at: String,
+        message: String,
+    },
+    #[error(transparent)]
+    File(#[from] files::FileError),
+}
+
+impl TraceError {
+    /// Whether the trace's stored bytes are damaged (as opposed to
+    /// missing, unreadable, foreign, or cut short by a crash).
+    pub fn is_damage(&self) -> bool {
+        matches!(self, TraceError::Damaged { .. })
+    }
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> TraceError + '_ {
@@ -150,6 +183,8 @@ pub struct NetParams {
 pub struct PayloadRef {
     pub offset: u64,
     pub len: u32,
+    /// CRC-32 of the payload's bytes.
+    pub crc32: u32,
 }
 
 /// Written when a recording ends cleanly.
@@ -190,9 +225,11 @@ impl<E: Serialize> TraceWriter<E> {
             }
             Err(e) => return Err(io_err(dir)(e)),
         }
+        let encoded = encode(header, "header")?;
         let mut bytes = MAGIC.to_vec();
         bytes.extend_from_slice(&TRACE_VERSION.to_le_bytes());
-        bytes.extend(encode(header, "header")?);
+        bytes.extend_from_slice(&crc32fast::hash(&encoded).to_le_bytes());
+        bytes.extend(encoded);
         let header_path = dir.join(HEADER_FILE);
         std::fs::write(&header_path, bytes).map_err(io_err(&header_path))?;
         let create = |name: &str| -> Result<BufWriter<File>, TraceError> {
@@ -234,6 +271,7 @@ impl<E: Serialize> TraceWriter<E> {
         let at = PayloadRef {
             offset: self.summary.payload_bytes,
             len,
+            crc32: crc32fast::hash(bytes),
         };
         let path = self.dir.join(PAYLOADS_FILE);
         self.payloads.write_all(bytes).map_err(io_err(&path))?;
@@ -251,9 +289,10 @@ impl<E: Serialize> TraceWriter<E> {
             let compressed = self.compressor.compress(&raw).map_err(io_err(&self.dir))?;
             let count = self.pending.len() as u32;
             let path = self.dir.join(EVENTS_FILE);
-            let mut frame = Vec::with_capacity(8 + compressed.len());
+            let mut frame = Vec::with_capacity(FRAME_HEAD + compressed.len());
             frame.extend_from_slice(&(compressed.len() as u32).to_le_bytes());
             frame.extend_from_slice(&count.to_le_bytes());
+            frame.extend_from_slice(&self.summary.events.to_le_bytes());
             frame.extend_from_slice(&compressed);
             self.events.write_all(&frame).map_err(io_err(&path))?;
             self.summary.event_bytes += frame.len() as u64;
@@ -275,7 +314,8 @@ impl<E: Serialize> TraceWriter<E> {
             file.sync_all().map_err(io_err(&self.dir.join(name)))?;
         }
         let path = self.dir.join(COMPLETE_FILE);
-        std::fs::write(&path, encode(&self.summary, "summary")?).map_err(io_err(&path))?;
+        std::fs::write(&path, with_crc(encode(&self.summary, "summary")?))
+            .map_err(io_err(&path))?;
         Ok(self.summary)
     }
 
@@ -297,9 +337,7 @@ impl<E: Serialize> TraceWriter<E> {
 /// Whether `dir` holds a trace: its header file starts with [`MAGIC`].
 pub fn is_trace(dir: &Path) -> bool {
     let mut magic = [0u8; 8];
-    File::open(dir.join(HEADER_FILE))
-        .and_then(|mut f| f.read_exact(&mut magic))
-        .is_ok()
+    files::open_regular(&dir.join(HEADER_FILE)).is_ok_and(|mut f| f.read_exact(&mut magic).is_ok())
         && magic == MAGIC
 }
 
@@ -326,36 +364,89 @@ fn encode<T: Serialize>(value: &T, what: &'static str) -> Result<Vec<u8>, TraceE
     })
 }
 
+/// `bytes` behind their CRC-32.
+fn with_crc(bytes: Vec<u8>) -> Vec<u8> {
+    let mut out = crc32fast::hash(&bytes).to_le_bytes().to_vec();
+    out.extend(bytes);
+    out
+}
+
+/// The bytes behind a CRC-32 that matches them.
+fn check_crc<'a>(stored: &'a [u8], path: &Path, what: &str) -> Result<&'a [u8], TraceError> {
+    let damaged = |message: String| TraceError::Damaged {
+        path: path.to_owned(),
+        at: what.to_owned(),
+        message,
+    };
+    let Some((crc, rest)) = stored.split_first_chunk::<4>() else {
+        return Err(damaged(format!(
+            "{} bytes, too short for its checksum",
+            stored.len()
+        )));
+    };
+    let (stored, computed) = (u32::from_le_bytes(*crc), crc32fast::hash(rest));
+    if stored != computed {
+        return Err(damaged(format!(
+            "checksum mismatch (stored {stored:08x}, computed {computed:08x})"
+        )));
+    }
+    Ok(rest)
+}
+
 fn decode<T: DeserializeOwned>(
     bytes: &[u8],
     path: &Path,
     what: &'static str,
 ) -> Result<T, TraceError> {
+    decode_value(bytes).map_err(|message| TraceError::Malformed {
+        path: path.to_owned(),
+        what,
+        message,
+    })
+}
+
+/// Decodes all of `bytes`; the error says what is wrong in words.
+fn decode_value<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
+    use bincode::error::DecodeError;
     let (value, used) =
-        bincode::serde::decode_from_slice(bytes, bincode_config()).map_err(|e| {
-            TraceError::Malformed {
-                path: path.to_owned(),
-                what,
-                message: e.to_string(),
+        bincode::serde::decode_from_slice(bytes, bincode_config()).map_err(|e| match e {
+            DecodeError::UnexpectedEnd { additional } => {
+                format!("it ends {additional} bytes before its last value")
             }
+            DecodeError::LimitExceeded => {
+                format!("it declares more than {MAX_FRAME_BYTES} bytes of values")
+            }
+            DecodeError::UnexpectedVariant { found, .. } => {
+                format!("it holds an unknown variant {found}")
+            }
+            other => other.to_string(),
         })?;
     if used != bytes.len() {
-        return Err(TraceError::Malformed {
-            path: path.to_owned(),
-            what,
-            message: format!("{} trailing bytes", bytes.len() - used),
-        });
+        return Err(format!(
+            "{} bytes follow its last value",
+            bytes.len() - used
+        ));
     }
     Ok(value)
 }
 
-/// Why the event stream ended before a clean end.
+/// Why the event stream of an unfinished recording ended before a clean
+/// end (in a complete trace the same is [`TraceError::Damaged`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TailProblem {
     /// The last frame is cut short (the recorder stopped while writing).
     Truncated { frame: u64 },
-    /// A frame fails its checks (checksum, length, decoding).
+    /// The last frame fails its checks (checksum, length, decoding).
     Corrupt { frame: u64, message: String },
+}
+
+impl std::fmt::Display for TailProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TailProblem::Truncated { frame } => write!(f, "frame {frame} is cut short"),
+            TailProblem::Corrupt { frame, message } => write!(f, "frame {frame}: {message}"),
+        }
+    }
 }
 
 /// Reads a trace.
@@ -365,12 +456,18 @@ pub struct TraceReader<E> {
     /// `None` when the recording did not end cleanly.
     pub complete: Option<Summary>,
     events: BufReader<File>,
+    /// Size of the events file when opened.
+    events_size: u64,
     /// Opened at the first payload read.
     payloads: Option<File>,
     frames_read: u64,
+    events_read: u64,
+    /// Byte offset of the next frame.
+    offset: u64,
     /// The rest of the frame `next_event` is in.
     current: std::vec::IntoIter<E>,
-    /// Set when the stream ended on a torn or corrupt frame.
+    /// Set when the stream of an unfinished recording ended on a torn or
+    /// corrupt last frame.
     pub tail_problem: Option<TailProblem>,
     _events: PhantomData<E>,
 }
@@ -378,7 +475,7 @@ pub struct TraceReader<E> {
 impl<E: DeserializeOwned> TraceReader<E> {
     pub fn open(dir: &Path) -> Result<Self, TraceError> {
         let header_path = dir.join(HEADER_FILE);
-        let bytes = std::fs::read(&header_path).map_err(io_err(&header_path))?;
+        let bytes = files::read_bounded(&header_path, MAX_HEADER_BYTES, "trace header")?;
         if bytes.len() < 12 || bytes[..8] != MAGIC {
             return Err(TraceError::BadMagic(dir.to_owned()));
         }
@@ -389,26 +486,82 @@ impl<E: DeserializeOwned> TraceReader<E> {
                 found: version,
             });
         }
-        let header = decode(&bytes[12..], &header_path, "header")?;
+        let encoded = check_crc(&bytes[12..], &header_path, "header")?;
+        let header = decode(encoded, &header_path, "header")?;
         let complete_path = dir.join(COMPLETE_FILE);
-        let complete = match std::fs::read(&complete_path) {
-            Ok(b) => Some(decode(&b, &complete_path, "completion summary")?),
-            Err(e) if e.kind() == ErrorKind::NotFound => None,
-            Err(e) => return Err(io_err(&complete_path)(e)),
-        };
+        let complete: Option<Summary> =
+            match files::read_bounded(&complete_path, MAX_SUMMARY_BYTES, "completion summary") {
+                Ok(b) => {
+                    let encoded = check_crc(&b, &complete_path, "completion summary")?;
+                    Some(decode(encoded, &complete_path, "completion summary")?)
+                }
+                Err(files::FileError::Io { source, .. })
+                    if source.kind() == ErrorKind::NotFound =>
+                {
+                    None
+                }
+                Err(e) => return Err(e.into()),
+            };
         let events_path = dir.join(EVENTS_FILE);
-        let events = File::open(&events_path).map_err(io_err(&events_path))?;
-        Ok(TraceReader {
+        let events = files::open_regular(&events_path)?;
+        let events_size = events.metadata().map_err(io_err(&events_path))?.len();
+        let mut reader = TraceReader {
             dir: dir.to_owned(),
             header,
             complete,
             events: BufReader::new(events),
+            events_size,
             payloads: None,
             frames_read: 0,
+            events_read: 0,
+            offset: 0,
             current: Vec::new().into_iter(),
             tail_problem: None,
             _events: PhantomData,
-        })
+        };
+        if let Some(summary) = complete {
+            // A complete trace's files are as long as its summary says,
+            // before anything is replayed from them.
+            if events_size != summary.event_bytes {
+                return Err(reader.damaged(
+                    EVENTS_FILE,
+                    "its size".into(),
+                    format!(
+                        "{events_size} bytes, its completion summary says {}",
+                        summary.event_bytes
+                    ),
+                ));
+            }
+            let payloads_size = reader
+                .payload_file()?
+                .metadata()
+                .map_err(io_err(dir))?
+                .len();
+            if payloads_size != summary.payload_bytes {
+                return Err(reader.damaged(
+                    PAYLOADS_FILE,
+                    "its size".into(),
+                    format!(
+                        "{payloads_size} bytes, its completion summary says {}",
+                        summary.payload_bytes
+                    ),
+                ));
+            }
+        }
+        Ok(reader)
+    }
+
+    /// The trace directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn damaged(&self, file: &str, at: String, message: String) -> TraceError {
+        TraceError::Damaged {
+            path: self.dir.join(file),
+            at,
+            message,
+        }
     }
 
     /// The next event, across frames; `None` at the end of the stream
@@ -434,60 +587,125 @@ impl<E: DeserializeOwned> TraceReader<E> {
         }
         let path = self.dir.join(EVENTS_FILE);
         let frame = self.frames_read;
-        let mut head = [0u8; 8];
+        let mut head = [0u8; FRAME_HEAD];
         match read_full(&mut self.events, &mut head).map_err(io_err(&path))? {
-            0 => return Ok(None),
-            8 => {}
-            _ => return self.stop(TailProblem::Truncated { frame }),
+            0 => return self.end_of_log().map(|()| None),
+            FRAME_HEAD => {}
+            _ => return self.stop(TailProblem::Truncated { frame }, true),
         }
         let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
         let count = u32::from_le_bytes([head[4], head[5], head[6], head[7]]) as usize;
+        let first = u64::from_le_bytes(head[8..16].try_into().expect("8 bytes"));
         if len > MAX_FRAME_BYTES || count == 0 {
-            let message = format!("length {len}, {count} events");
-            return self.stop(TailProblem::Corrupt { frame, message });
+            // Where the next frame would start is unknown: the stream ends.
+            let message = format!("its head declares {len} bytes and {count} events");
+            return self.stop(TailProblem::Corrupt { frame, message }, true);
+        }
+        let end = self.offset + (FRAME_HEAD + len) as u64;
+        if end > self.events_size {
+            return self.stop(TailProblem::Truncated { frame }, true);
         }
         let mut compressed = vec![0u8; len];
         if read_full(&mut self.events, &mut compressed).map_err(io_err(&path))? < len {
-            return self.stop(TailProblem::Truncated { frame });
+            return self.stop(TailProblem::Truncated { frame }, true);
         }
-        let raw = match zstd::bulk::decompress(&compressed, MAX_FRAME_BYTES) {
-            Ok(raw) => raw,
-            Err(e) => {
-                let message = e.to_string();
-                return self.stop(TailProblem::Corrupt { frame, message });
+        let last = end == self.events_size;
+        if first != self.events_read {
+            // A frame duplicated, moved or lost.
+            let message = format!(
+                "it starts at event {first}, the frames before it end at event {}",
+                self.events_read
+            );
+            return self.stop(TailProblem::Corrupt { frame, message }, last);
+        }
+        // Room for what the frame says it holds, within the bound.
+        let capacity = match zstd::zstd_safe::get_frame_content_size(&compressed) {
+            Ok(Some(n)) if n <= MAX_FRAME_BYTES as u64 => n as usize,
+            Ok(None) => MAX_FRAME_BYTES,
+            _ => {
+                let message = "its compressed events declare no valid size".to_owned();
+                return self.stop(TailProblem::Corrupt { frame, message }, last);
             }
         };
-        let events: Vec<E> = match decode(&raw, &path, "event frame") {
-            Ok(events) => events,
+        let raw = match zstd::bulk::decompress(&compressed, capacity) {
+            Ok(raw) => raw,
             Err(e) => {
-                let message = e.to_string();
-                return self.stop(TailProblem::Corrupt { frame, message });
+                let message = format!("its compressed events fail to decompress ({e})");
+                return self.stop(TailProblem::Corrupt { frame, message }, last);
+            }
+        };
+        let events: Vec<E> = match decode_value(&raw) {
+            Ok(events) => events,
+            Err(message) => {
+                let message = format!("its events do not decode ({message})");
+                return self.stop(TailProblem::Corrupt { frame, message }, last);
             }
         };
         if events.len() != count {
-            let message = format!("{} events, header says {count}", events.len());
-            return self.stop(TailProblem::Corrupt { frame, message });
+            let message = format!("it holds {} events, its head says {count}", events.len());
+            return self.stop(TailProblem::Corrupt { frame, message }, last);
         }
         self.frames_read += 1;
+        self.events_read += count as u64;
+        self.offset = end;
         Ok(Some(events))
     }
 
-    fn stop(&mut self, problem: TailProblem) -> Result<Option<Vec<E>>, TraceError> {
+    /// The log ended cleanly after whole frames: a complete trace's counts
+    /// must be its summary's.
+    fn end_of_log(&self) -> Result<(), TraceError> {
+        let Some(summary) = self.complete else {
+            return Ok(());
+        };
+        let read = (self.frames_read, self.events_read, self.offset);
+        let said = (summary.frames, summary.events, summary.event_bytes);
+        if read != said {
+            return Err(self.damaged(
+                EVENTS_FILE,
+                format!("its end at byte {}", self.offset),
+                format!(
+                    "{} frames of {} events, its completion summary says {} frames of {} events",
+                    read.0, read.1, said.0, said.1
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Ends the stream of an unfinished recording on `problem`, found in
+    /// its last frame; in a complete trace, or before the last frame, it
+    /// is damage.
+    fn stop(&mut self, problem: TailProblem, last: bool) -> Result<Option<Vec<E>>, TraceError> {
+        if self.complete.is_some() || !last {
+            let (frame, message) = match problem {
+                TailProblem::Truncated { frame } => (frame, "it is cut short".to_owned()),
+                TailProblem::Corrupt { frame, message } => (frame, message),
+            };
+            return Err(self.damaged(
+                EVENTS_FILE,
+                format!("frame {frame} at byte {}", self.offset),
+                message,
+            ));
+        }
         self.tail_problem = Some(problem);
         Ok(None)
     }
 
+    fn payload_file(&mut self) -> Result<&File, TraceError> {
+        if self.payloads.is_none() {
+            let path = self.dir.join(PAYLOADS_FILE);
+            self.payloads = Some(files::open_regular(&path)?);
+        }
+        Ok(self.payloads.as_ref().expect("opened above"))
+    }
+
     /// Reads a payload the events reference (checked against the payload
-    /// file's size before anything is allocated).
+    /// file's size before anything is allocated, and against its
+    /// checksum after).
     pub fn payload(&mut self, at: PayloadRef) -> Result<Vec<u8>, TraceError> {
         use std::os::unix::fs::FileExt;
         let path = self.dir.join(PAYLOADS_FILE);
-        let file = match self.payloads.take() {
-            Some(f) => self.payloads.insert(f),
-            None => self
-                .payloads
-                .insert(File::open(&path).map_err(io_err(&path))?),
-        };
+        let file = self.payload_file()?;
         let size = file.metadata().map_err(io_err(&path))?.len();
         if at
             .offset
@@ -506,6 +724,17 @@ impl<E: DeserializeOwned> TraceReader<E> {
         let mut buf = vec![0u8; at.len as usize];
         file.read_exact_at(&mut buf, at.offset)
             .map_err(io_err(&path))?;
+        let crc = crc32fast::hash(&buf);
+        if crc != at.crc32 {
+            return Err(self.damaged(
+                PAYLOADS_FILE,
+                format!("the {} bytes at byte {}", at.len, at.offset),
+                format!(
+                    "checksum mismatch (logged {:08x}, computed {crc:08x})",
+                    at.crc32
+                ),
+            ));
+        }
         Ok(buf)
     }
 }

@@ -123,9 +123,10 @@ fn a_crashed_recording_reads_as_a_prefix() {
 }
 
 #[test]
-fn a_corrupt_frame_ends_the_stream_and_says_so() {
+fn a_corrupt_last_frame_ends_an_unfinished_recording_and_says_so() {
     let dir = scratch("corrupt");
     write(&dir, 5000);
+    std::fs::remove_file(dir.join(COMPLETE_FILE)).unwrap();
     let events = dir.join(EVENTS_FILE);
     let mut bytes = std::fs::read(&events).unwrap();
     let last = bytes.len() - 20;
@@ -137,6 +138,109 @@ fn a_corrupt_frame_ends_the_stream_and_says_so() {
         r.tail_problem,
         Some(TailProblem::Corrupt { frame: 1, .. })
     ));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A trace's events, the payloads they reference, and how the log ended.
+type Whole = (Vec<Ev>, Vec<Vec<u8>>, Option<TailProblem>);
+
+/// Reads every event and payload; the first error found.
+fn read_whole(dir: &Path) -> Result<Whole, TraceError> {
+    let mut r = TraceReader::<Ev>::open(dir)?;
+    let mut evs = Vec::new();
+    while let Some(frame) = r.next_frame()? {
+        evs.extend(frame);
+    }
+    let mut payloads = Vec::new();
+    for e in &evs {
+        if let Ev::Packet(p) = e {
+            payloads.push(r.payload(*p)?);
+        }
+    }
+    Ok((evs, payloads, r.tail_problem.clone()))
+}
+
+#[test]
+fn damage_in_a_complete_trace_is_an_error_naming_the_frame() {
+    let dir = scratch("damaged");
+    write(&dir, 5000);
+    let events = dir.join(EVENTS_FILE);
+    let original = std::fs::read(&events).unwrap();
+    // A flipped byte in the first of two frames.
+    let mut bytes = original.clone();
+    bytes[100] ^= 0x55;
+    std::fs::write(&events, &bytes).unwrap();
+    let err = read_whole(&dir).unwrap_err();
+    assert!(err.is_damage(), "{err}");
+    assert!(err.to_string().contains("frame 0 at byte 0"), "{err}");
+    // Cut exactly after the first frame.
+    let first_len = 16 + u32::from_le_bytes(original[..4].try_into().unwrap()) as usize;
+    std::fs::write(&events, &original[..first_len]).unwrap();
+    let err = read_whole(&dir).unwrap_err();
+    assert!(
+        err.is_damage() && err.to_string().contains("its completion summary says"),
+        "{err}"
+    );
+    // Emptied.
+    std::fs::write(&events, b"").unwrap();
+    assert!(read_whole(&dir).unwrap_err().is_damage());
+    // A frame appended after the end (the second one again).
+    let mut bytes = original.clone();
+    bytes.extend_from_slice(&original[first_len..]);
+    std::fs::write(&events, &bytes).unwrap();
+    assert!(read_whole(&dir).unwrap_err().is_damage());
+    // The same frame duplicated in an unfinished recording is found by
+    // where it says it starts.
+    std::fs::remove_file(dir.join(COMPLETE_FILE)).unwrap();
+    let mut bytes = original[..first_len].to_vec();
+    bytes.extend_from_slice(&original[..first_len]);
+    bytes.extend_from_slice(&original[first_len..]);
+    std::fs::write(&events, &bytes).unwrap();
+    let err = read_whole(&dir).unwrap_err();
+    assert!(err.to_string().contains("starts at event 0"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn header_summary_and_payload_bytes_are_checksummed() {
+    let dir = scratch("crc");
+    write(&dir, 2000);
+    for (file, at) in [(HEADER_FILE, 40), (COMPLETE_FILE, 5), (PAYLOADS_FILE, 3)] {
+        let path = dir.join(file);
+        let original = std::fs::read(&path).unwrap();
+        let mut bytes = original.clone();
+        bytes[at] ^= 1;
+        std::fs::write(&path, &bytes).unwrap();
+        let err = read_whole(&dir).unwrap_err();
+        assert!(err.is_damage(), "{file}: {err}");
+        assert!(
+            err.to_string().contains("checksum mismatch"),
+            "{file}: {err}"
+        );
+        std::fs::write(&path, &original).unwrap();
+    }
+    assert_eq!(read_whole(&dir).unwrap().0.len(), 2000);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn untrusted_trace_files_are_refused_unless_regular_and_bounded() {
+    let dir = scratch("special");
+    write(&dir, 10);
+    let header = dir.join(HEADER_FILE);
+    std::fs::remove_file(&header).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", &header).unwrap();
+    let err = TraceReader::<Ev>::open(&dir).err().unwrap().to_string();
+    assert!(
+        err.contains("is a character device, not a regular file"),
+        "{err}"
+    );
+    assert!(!is_trace(&dir));
+    std::fs::remove_file(&header).unwrap();
+    let big = std::fs::File::create(&header).unwrap();
+    big.set_len(MAX_HEADER_BYTES + 1).unwrap();
+    let err = TraceReader::<Ev>::open(&dir).err().unwrap().to_string();
+    assert!(err.contains("more than the"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -185,6 +289,9 @@ fn writer_refuses_a_non_empty_directory() {
 fn arbitrary_event_files_never_panic() {
     let dir = scratch("fuzz");
     write(&dir, 10);
+    // As an unfinished recording, so that garbage is read, not refused by
+    // its size.
+    std::fs::remove_file(dir.join(COMPLETE_FILE)).unwrap();
     let mut x = 0x1234_5678_9abc_def1u64;
     for round in 0..300 {
         let len = (x % 300) as usize;
@@ -195,14 +302,228 @@ fn arbitrary_event_files_never_panic() {
             x ^= x << 17;
             bytes.push(x as u8);
         }
-        if round % 3 == 0 && len >= 8 {
+        if round % 3 == 0 && len >= 16 {
             // Plausible lengths, garbage contents.
-            bytes[..4].copy_from_slice(&((len - 8) as u32).to_le_bytes());
+            bytes[..4].copy_from_slice(&((len - 16) as u32).to_le_bytes());
             bytes[4..8].copy_from_slice(&1u32.to_le_bytes());
+            bytes[8..16].copy_from_slice(&0u64.to_le_bytes());
         }
         std::fs::write(dir.join(EVENTS_FILE), &bytes).unwrap();
-        let mut r = TraceReader::<Ev>::open(&dir).unwrap();
-        let _ = all(&mut r);
+        // Garbage never reads as events: it ends the stream, reported.
+        match read_whole(&dir) {
+            Ok((evs, _, problem)) => {
+                assert!(evs.is_empty(), "garbage read as {evs:?}");
+                assert_eq!(problem.is_some(), len > 0, "{len} bytes: {problem:?}");
+            }
+            Err(e) => panic!("garbage at the end of an unfinished recording: {e}"),
+        }
     }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The largest single allocation made by each thread, so that a test can
+/// bound what a damaged trace makes the reader allocate.
+mod largest_allocation {
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::cell::Cell;
+
+    struct Tracking;
+
+    thread_local! {
+        static LARGEST: Cell<usize> = const { Cell::new(0) };
+    }
+
+    // SAFETY: every call is forwarded to the system allocator unchanged;
+    // the thread-local cell is const-initialized and never allocates.
+    unsafe impl GlobalAlloc for Tracking {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            note(layout.size());
+            // SAFETY: the caller's contract is passed on as it is.
+            unsafe { System.alloc(layout) }
+        }
+        unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+            note(layout.size());
+            // SAFETY: as above.
+            unsafe { System.alloc_zeroed(layout) }
+        }
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            // SAFETY: as above.
+            unsafe { System.dealloc(ptr, layout) }
+        }
+        unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+            note(new_size);
+            // SAFETY: as above.
+            unsafe { System.realloc(ptr, layout, new_size) }
+        }
+    }
+
+    fn note(size: usize) {
+        let _ = LARGEST.try_with(|l| l.set(l.get().max(size)));
+    }
+
+    #[global_allocator]
+    static TRACKING: Tracking = Tracking;
+
+    /// Resets this thread's record; returns what it was.
+    pub fn take() -> usize {
+        LARGEST.with(|l| l.replace(0))
+    }
+}
+
+/// A trace of small frames, its files' bytes, and where its frames start.
+struct Specimen {
+    files: Vec<(&'static str, Vec<u8>)>,
+    frame_starts: Vec<usize>,
+    events: Vec<Ev>,
+    payloads: Vec<Vec<u8>>,
+}
+
+fn specimen(dir: &Path) -> Specimen {
+    let mut w = TraceWriter::create(dir, &header()).unwrap();
+    let mut events = Vec::new();
+    let mut payloads = Vec::new();
+    let mut frame_starts = Vec::new();
+    for i in 0..300u64 {
+        if i % 50 == 0 {
+            w.flush().unwrap();
+            frame_starts.push(w.summary().event_bytes as usize);
+        }
+        let e = if i % 40 == 3 {
+            let bytes = format!("payload {i}").into_bytes();
+            let p = Ev::Packet(w.payload(&bytes).unwrap());
+            payloads.push(bytes);
+            p
+        } else {
+            Ev::PortIn {
+                ordinal: i,
+                port: (i % 7) as u16,
+                value: (i * 31) as u32,
+            }
+        };
+        events.push(e.clone());
+        w.push(e).unwrap();
+    }
+    w.finish().unwrap();
+    let files = [HEADER_FILE, EVENTS_FILE, PAYLOADS_FILE, COMPLETE_FILE]
+        .into_iter()
+        .map(|f| (f, std::fs::read(dir.join(f)).unwrap()))
+        .collect();
+    Specimen {
+        files,
+        frame_starts,
+        events,
+        payloads,
+    }
+}
+
+#[test]
+fn randomly_damaged_traces_are_read_faithfully_or_refused() {
+    const CASES: u64 = 10_000;
+    let dir = scratch("damage-fuzz");
+    let s = specimen(&dir);
+    let ends: Vec<usize> = s
+        .frame_starts
+        .iter()
+        .skip(1)
+        .copied()
+        .chain([s.files[1].1.len()])
+        .collect();
+    let frames: Vec<(usize, usize)> = s.frame_starts.iter().copied().zip(ends).collect();
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut rand = move |n: usize| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (x % n.max(1) as u64) as usize
+    };
+    let (mut refused, mut unchanged) = (0, 0);
+    for case in 0..CASES {
+        let mut files = s.files.clone();
+        let how = case % 6;
+        let which = if how == 0 { rand(4) } else { 1 };
+        let bytes = &mut files[which].1;
+        let what = match how {
+            // A flipped bit anywhere in any file.
+            0 => {
+                let at = rand(bytes.len());
+                bytes[at] ^= 1 << rand(8);
+                format!("bit flip at {at} of {}", files[which].0)
+            }
+            // Cut at a frame boundary or inside a frame.
+            1 | 2 => {
+                let at = if how == 1 {
+                    frames[rand(frames.len())].0
+                } else {
+                    rand(bytes.len())
+                };
+                bytes.truncate(at);
+                format!("log cut at {at}")
+            }
+            // A frame duplicated, or two frames swapped.
+            3 => {
+                let (a, b) = frames[rand(frames.len())];
+                let copy = bytes[a..b].to_vec();
+                bytes.splice(b..b, copy);
+                format!("frame at {a} duplicated")
+            }
+            4 => {
+                let i = rand(frames.len() - 1);
+                let ((a, b), (_, c)) = (frames[i], frames[i + 1]);
+                let mut swapped = bytes[b..c].to_vec();
+                swapped.extend_from_slice(&bytes[a..b]);
+                bytes.splice(a..c, swapped);
+                format!("frames {i} and {} swapped", i + 1)
+            }
+            // A huge or zero length or count in a frame head.
+            _ => {
+                let (a, _) = frames[rand(frames.len())];
+                let field = a + 4 * rand(2);
+                let value = [0u32, u32::MAX, 1 << 26, 1 << 30][rand(4)];
+                bytes[field..field + 4].copy_from_slice(&value.to_le_bytes());
+                format!("head field at {field} set to {value}")
+            }
+        };
+        for (name, bytes) in &files {
+            std::fs::write(dir.join(name), bytes).unwrap();
+        }
+        largest_allocation::take();
+        let result = read_whole(&dir);
+        let largest = largest_allocation::take();
+        assert!(
+            largest <= MAX_FRAME_BYTES,
+            "{what}: an allocation of {largest} bytes"
+        );
+        match result {
+            Err(e) => {
+                // Refused as damage, or as not a trace of this version
+                // (a flip in the magic or the version number).
+                assert!(
+                    e.is_damage()
+                        || matches!(
+                            e,
+                            TraceError::BadMagic(_) | TraceError::UnsupportedVersion { .. }
+                        ),
+                    "{what}: {e}"
+                );
+                refused += 1;
+            }
+            Ok((events, payloads, problem)) => {
+                // Not refused: what is read must be what was written (a
+                // flip in compressed bytes that decode to the same events,
+                // once in these cases).
+                assert_eq!(problem, None, "{what}");
+                assert!(
+                    events == s.events && payloads == s.payloads,
+                    "{what}: read as changed"
+                );
+                unchanged += 1;
+            }
+        }
+    }
+    assert!(
+        unchanged <= CASES / 1000,
+        "{unchanged} of {CASES} damaged traces read as they were written"
+    );
+    assert_eq!(refused + unchanged, CASES);
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -28,6 +28,8 @@ use serde::Deserialize;
 /// 32-bit MMIO hole.
 pub const MIN_MEMORY_MIB: u64 = 32;
 pub const MAX_MEMORY_MIB: u64 = 3072;
+/// Largest config file read (a config is a few lines of TOML).
+pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 /// Boot time grows with memory (the kernel initializes and frees every
 /// page while interpreted), so the default is modest.
 pub const DEFAULT_MEMORY_MIB: u64 = 128;
@@ -44,6 +46,8 @@ pub enum ConfigError {
         #[source]
         source: std::io::Error,
     },
+    #[error("cannot read config")]
+    File(#[from] trace::files::FileError),
     #[error("config {path} is not valid: {message}")]
     Parse { path: PathBuf, message: String },
     #[error("config {path}: {message}")]
@@ -201,9 +205,15 @@ impl VmConfig {
 
     /// Reads and validates a config file.
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        let bytes = trace::files::read_bounded(path, MAX_CONFIG_BYTES, "config file").map_err(
+            |e| match e {
+                trace::files::FileError::Io { path, source } => ConfigError::Read { path, source },
+                other => ConfigError::File(other),
+            },
+        )?;
+        let text = String::from_utf8(bytes).map_err(|_| ConfigError::Invalid {
             path: path.to_owned(),
-            source,
+            message: "it is not UTF-8 text".into(),
         })?;
         let base = path.parent().unwrap_or(Path::new("."));
         Self::parse(&text, base).map_err(|e| match e {

@@ -34,6 +34,8 @@ pub enum GuestError {
         #[source]
         source: std::io::Error,
     },
+    #[error("cannot use this image")]
+    Image(#[from] trace::files::FileError),
     #[error("the trace was recorded with {role} {path} of SHA-256 {recorded}, but that file now has SHA-256 {found}: replay needs the exact image the recording booted (rebuild or restore it)")]
     ImageChanged {
         role: String,
@@ -198,11 +200,16 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// Largest kernel or initramfs image read: none larger fits in the
+/// largest guest memory.
+pub const MAX_IMAGE_BYTES: u64 = crate::config::MAX_MEMORY_MIB << 20;
+
 fn read_image(path: &std::path::Path) -> Result<Vec<u8>, GuestError> {
-    std::fs::read(path).map_err(|source| GuestError::ReadImage {
-        path: path.to_owned(),
-        source,
-    })
+    Ok(trace::files::read_bounded(
+        path,
+        MAX_IMAGE_BYTES,
+        "boot image",
+    )?)
 }
 
 /// The images and boot parameters of `spec`, for a trace header: the
@@ -328,10 +335,7 @@ fn check_digest(
 }
 
 fn open_disk(path: &Path) -> Result<DiskImage, GuestError> {
-    let file = std::fs::File::open(path).map_err(|source| GuestError::ReadImage {
-        path: path.to_owned(),
-        source,
-    })?;
+    let file = trace::files::open_regular(path)?;
     Ok(DiskImage {
         path: path.to_owned(),
         file,

@@ -15,13 +15,19 @@ pub enum InitramfsError {
         #[source]
         source: io::Error,
     },
-    #[error("guest path {0} must be absolute and must not contain '..'")]
-    BadGuestPath(PathBuf),
+    #[error("cannot copy a file into the guest")]
+    File(#[from] trace::files::FileError),
+    #[error("guest path {path} {why}")]
+    BadGuestPath { path: PathBuf, why: &'static str },
     #[error("{path} is not a regular file, directory or symbolic link")]
     Unsupported { path: PathBuf },
     #[error("{0} is too large for a cpio archive (4 GiB per file)")]
     TooLarge(PathBuf),
 }
+
+/// Largest single file copied into the guest: the trace header that
+/// carries the archive is bounded by the same amount.
+pub const MAX_GUEST_FILE_BYTES: u64 = trace::MAX_FRAME_BYTES as u64;
 
 const S_IFDIR: u32 = 0o040000;
 const S_IFREG: u32 = 0o100000;
@@ -116,7 +122,7 @@ impl CpioWriter {
                 target.as_os_str().as_encoded_bytes(),
             );
         } else if meta.is_file() {
-            let data = fs::read(host).map_err(read_err)?;
+            let data = trace::files::read_bounded(host, MAX_GUEST_FILE_BYTES, "guest file")?;
             self.add_file(guest, mode, &data)?;
         } else if meta.is_dir() {
             let name = archive_name(guest)?;
@@ -147,20 +153,25 @@ impl CpioWriter {
 
 /// The archive name of an absolute guest path: relative, no `..`.
 fn archive_name(guest: &Path) -> Result<String, InitramfsError> {
-    let bad = || InitramfsError::BadGuestPath(guest.to_owned());
+    let bad = |why| InitramfsError::BadGuestPath {
+        path: guest.to_owned(),
+        why,
+    };
     if !guest.is_absolute() {
-        return Err(bad());
+        return Err(bad("is not absolute"));
     }
     let mut parts = Vec::new();
     for c in guest.components() {
         match c {
             Component::RootDir | Component::CurDir => {}
-            Component::Normal(p) => parts.push(p.to_str().ok_or_else(bad)?),
-            Component::ParentDir | Component::Prefix(_) => return Err(bad()),
+            Component::Normal(p) => parts.push(p.to_str().ok_or_else(|| bad("is not UTF-8"))?),
+            Component::ParentDir | Component::Prefix(_) => return Err(bad("contains '..'")),
         }
     }
     if parts.is_empty() {
-        return Err(bad());
+        return Err(bad(
+            "is the root directory: name a file or directory under it",
+        ));
     }
     Ok(parts.join("/"))
 }

@@ -6,7 +6,7 @@
 
 use std::fmt;
 
-use trace::{Header, TraceReader};
+use trace::{Header, TraceError, TraceReader};
 
 use super::entry::{register_digest, rip_of};
 use super::{EndReason, Entry, Input, Journal, JournalError, Progress};
@@ -27,6 +27,8 @@ pub struct Replayer {
     exhausted: bool,
     /// The input entry `replay_input` took last.
     last_input: Option<Entry>,
+    /// Nothing follows the log's end entry.
+    end_checked: bool,
 }
 
 impl Replayer {
@@ -42,6 +44,7 @@ impl Replayer {
             guest_ns: 0,
             exhausted: false,
             last_input: None,
+            end_checked: false,
         }
     }
 
@@ -110,10 +113,25 @@ impl Replayer {
 
     /// The recorded end, if the log has reached it: replay stops there.
     pub fn end_reached(&mut self) -> Result<Option<EndReason>, JournalError> {
-        Ok(match self.peek()? {
-            Some(Entry::End(reason)) => Some(reason.clone()),
-            _ => None,
-        })
+        let reason = match self.peek()? {
+            Some(Entry::End(reason)) => reason.clone(),
+            _ => return Ok(None),
+        };
+        // The end is the last entry: anything after it is damage, and
+        // reading on to the end of the log checks a complete trace's
+        // counts.
+        if !self.end_checked {
+            if let Some(after) = self.reader.next_event()? {
+                return Err(TraceError::Damaged {
+                    path: self.reader.dir().to_owned(),
+                    at: format!("entry {} of its log", self.entries + 1),
+                    message: format!("the log goes on after its end entry ({after})"),
+                }
+                .into());
+            }
+            self.end_checked = true;
+        }
+        Ok(Some(reason))
     }
 
     /// Whether the log has run out without an end entry.

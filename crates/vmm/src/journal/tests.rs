@@ -170,13 +170,18 @@ fn inputs_replay_in_their_recorded_order_with_their_payloads() {
     assert_eq!(j.replay_input().unwrap(), None);
     assert_eq!(j.replay_interrupt().unwrap(), Some(0x26));
 
-    // A payload cut short: an error naming the payload, no panic.
+    // A payload cut short: an error naming the payload, no panic; in a
+    // complete trace, before replay starts.
     std::fs::OpenOptions::new()
         .write(true)
         .open(dir.join("payloads"))
         .unwrap()
         .set_len(100)
         .unwrap();
+    let err = TraceReader::<Entry>::open(&dir).err().unwrap();
+    assert!(err.is_damage(), "{err}");
+    assert!(err.to_string().contains("payloads is damaged"), "{err}");
+    std::fs::remove_file(dir.join("complete")).unwrap();
     let mut j = replayer(&dir);
     j.exit(Entry::Halt { rip: 0x300 }, &regs(0x300, 4)).unwrap();
     match j.replay_input() {
@@ -191,6 +196,27 @@ fn inputs_replay_in_their_recorded_order_with_their_payloads() {
             "a cut payload was accepted: {:?}",
             other.map(|i| i.is_some())
         ),
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn entries_after_the_end_are_damage() {
+    let dir = temp_trace("after-end");
+    let mut w = TraceWriter::create(&dir, &header(64)).unwrap();
+    w.push(Entry::End(EndReason::CommandExited(0))).unwrap();
+    w.push(serial_out(b'X')).unwrap();
+    w.finish().unwrap();
+    let mut j = replayer(&dir);
+    let Journal::Replay(r) = &mut j else {
+        unreachable!()
+    };
+    match r.end_reached() {
+        Err(JournalError::Trace(e)) => {
+            assert!(e.is_damage(), "{e}");
+            assert!(e.to_string().contains("goes on after its end entry"), "{e}");
+        }
+        other => panic!("an entry after the end was accepted: {other:?}"),
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
