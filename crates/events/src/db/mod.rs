@@ -1,12 +1,13 @@
 //! The event database: an SQLite file a replay writes and the diagnosis
-//! tools (or `sqlite3`) read. Schema version 2, documented in
+//! tools (or `sqlite3`) read. Schema version 3, documented in
 //! docs/events.md; a change to it bumps [`SCHEMA_VERSION`].
 //!
 //! Events are stored in one of two formats, named by the `events_format`
 //! meta key: `packed` (the default: blocks of compressed column streams,
 //! a few bytes per event, see [`crate::packed`]) or `rows` (one row of the
 //! `events` table per event, for SQL queries, about 37 bytes per event).
-//! Readers take both, and version 1 databases (rows).
+//! Readers take both, and version 1 and 2 databases. Version 3 adds the
+//! checksums of [`digest`]: every block's, and every table's.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -14,6 +15,7 @@ use std::path::{Path, PathBuf};
 use crate::abi::{Kind, Source};
 use crate::packed::PackedEvent;
 
+pub mod digest;
 mod reader;
 #[cfg(test)]
 mod tests;
@@ -23,9 +25,9 @@ pub use reader::EventDb;
 pub use writer::EventWriter;
 
 /// `PRAGMA user_version` of the databases this insight writes.
-pub const SCHEMA_VERSION: i64 = 2;
-/// Older versions this insight still reads.
-const READABLE_VERSIONS: [i64; 2] = [1, 2];
+pub const SCHEMA_VERSION: i64 = 3;
+/// Older versions this insight still reads (without checksums).
+const READABLE_VERSIONS: [i64; 3] = [1, 2, 3];
 /// `PRAGMA application_id`: "INSG".
 pub const APPLICATION_ID: i64 = 0x494e_5347;
 
@@ -64,7 +66,8 @@ CREATE TABLE event_blocks(
     count INTEGER NOT NULL,
     first_time INTEGER NOT NULL,
     last_time INTEGER NOT NULL,
-    data BLOB NOT NULL
+    data BLOB NOT NULL,
+    crc32 INTEGER NOT NULL
 );
 CREATE TABLE stacks(seq INTEGER PRIMARY KEY, frames BLOB NOT NULL);
 CREATE TABLE anomalies(what TEXT PRIMARY KEY, count INTEGER NOT NULL, example TEXT);

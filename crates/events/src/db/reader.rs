@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use rusqlite::{Connection, OpenFlags};
 
 use super::*;
+use crate::db::digest;
 use crate::packed::{self, PackedEvent};
 
 /// An open event database.
@@ -12,6 +13,8 @@ pub struct EventDb {
     conn: Connection,
     path: PathBuf,
     format: EventFormat,
+    /// Schema version: 3 and later carry checksums.
+    version: i64,
 }
 
 impl EventDb {
@@ -46,8 +49,26 @@ impl EventDb {
             conn,
             path: path.to_owned(),
             format: EventFormat::Rows,
+            version: found,
         };
+        let corrupt = |what: String| DbError::Corrupt {
+            path: path.to_owned(),
+            what,
+        };
+        let stored_digest = db.meta(digest::DIGEST_KEY)?;
+        if found >= 3 {
+            digest::check(&db.conn, path, stored_digest.as_deref())?;
+        } else if stored_digest.is_some() {
+            return Err(corrupt(format!(
+                "it says schema version {found} but carries version 3's checksums"
+            )));
+        }
         db.format = match db.meta("events_format")?.as_deref() {
+            None if db.has_blocks()? => {
+                return Err(corrupt(
+                    "it holds packed event blocks but its meta table names no events_format".into(),
+                ))
+            }
             None | Some("rows") => EventFormat::Rows,
             Some("packed") => EventFormat::Packed,
             Some(other) => {
@@ -58,6 +79,14 @@ impl EventDb {
             }
         };
         Ok(db)
+    }
+
+    fn has_blocks(&self) -> Result<bool, DbError> {
+        self.conn
+            .query_row("SELECT EXISTS(SELECT 1 FROM event_blocks)", [], |r| {
+                r.get(0)
+            })
+            .map_err(sql(&self.path))
     }
 
     pub fn path(&self) -> &Path {
@@ -74,10 +103,14 @@ impl EventDb {
         &self,
         mut f: impl FnMut(u64, PackedEvent) -> Result<(), DbError>,
     ) -> Result<(), DbError> {
-        let mut stmt = self
-            .conn
-            .prepare("SELECT first_seq, count, data FROM event_blocks ORDER BY first_seq")
-            .map_err(sql(&self.path))?;
+        let checked = self.version >= 3;
+        let query = if checked {
+            "SELECT first_seq, count, data, first_time, last_time, crc32 FROM event_blocks \
+             ORDER BY first_seq"
+        } else {
+            "SELECT first_seq, count, data FROM event_blocks ORDER BY first_seq"
+        };
+        let mut stmt = self.conn.prepare(query).map_err(sql(&self.path))?;
         let mut rows = stmt.query([]).map_err(sql(&self.path))?;
         let mut next = 1u64;
         while let Some(r) = rows.next().map_err(sql(&self.path))? {
@@ -95,6 +128,17 @@ impl EventDb {
             let blob = data
                 .as_blob()
                 .map_err(|_| corrupt("data is not a blob".into()))?;
+            if checked {
+                let first_time: i64 = r.get(3).map_err(sql(&self.path))?;
+                let last_time: i64 = r.get(4).map_err(sql(&self.path))?;
+                let stored: i64 = r.get(5).map_err(sql(&self.path))?;
+                let crc = digest::block_crc(first, count as i64, first_time, last_time, blob);
+                if stored != i64::from(crc) {
+                    return Err(corrupt(format!(
+                        "checksum mismatch (stored {stored:08x}, computed {crc:08x})"
+                    )));
+                }
+            }
             let events = packed::decode(blob, count).map_err(corrupt)?;
             for (i, e) in events.into_iter().enumerate() {
                 f(first as u64 + i as u64, e)?;

@@ -1,6 +1,7 @@
 //! The event database against databases written in the tests.
 
 use super::*;
+use crate::db::digest;
 use crate::packed::{self, BLOCK_EVENTS};
 use rusqlite::Connection;
 
@@ -9,6 +10,19 @@ fn temp(name: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir.join("events.db")
+}
+
+/// Runs `sql` on the database at `path` and recomputes its table digests,
+/// as a forger would: what only the deeper checks can catch.
+fn tamper_and_reseal(path: &Path, sql: &str) {
+    let conn = Connection::open(path).unwrap();
+    conn.execute_batch(sql).unwrap();
+    let digests = digest::table_digests(&conn, path).unwrap();
+    conn.execute(
+        "UPDATE meta SET value = ?1 WHERE key = ?2",
+        [digests.as_str(), digest::DIGEST_KEY],
+    )
+    .unwrap();
 }
 
 fn row(time: u64, kind: Kind, addr: Option<u64>, caller: Option<u64>, value: Option<i64>) -> Row {
@@ -129,10 +143,7 @@ fn copies_between_formats_keep_everything() {
     assert_eq!(packed.anomalies().unwrap(), original.anomalies().unwrap());
     // A database with a gap in its sequence is refused, not renumbered.
     drop(original);
-    Connection::open(&rows_path)
-        .unwrap()
-        .execute_batch("DELETE FROM events WHERE seq = 10;")
-        .unwrap();
+    tamper_and_reseal(&rows_path, "DELETE FROM events WHERE seq = 10;");
     let mut w = EventWriter::create(&temp("copy-gap"), &[]).unwrap();
     let err = EventDb::open(&rows_path)
         .unwrap()
@@ -188,38 +199,34 @@ fn packed_blocks_keep_order_stacks_and_refuse_corruption() {
     assert!(std::fs::metadata(&rows_path).unwrap().len() > 4 * size);
 
     // A stack longer than any writer keeps is refused.
-    let conn = Connection::open(&path).unwrap();
-    conn.execute(
-        "INSERT INTO stacks VALUES (1, ?1)",
-        [vec![0u8; (packed::MAX_FRAMES + 1) * 8]],
-    )
-    .unwrap();
+    let long_stack = format!("x'{}'", "00".repeat((packed::MAX_FRAMES + 1) * 8));
+    tamper_and_reseal(
+        &path,
+        &format!("INSERT INTO stacks VALUES (1, {long_stack});"),
+    );
     let err = EventDb::open(&path).unwrap().stacks().unwrap_err();
     assert!(err.to_string().contains("the stack of event 1"), "{err}");
-    conn.execute_batch("DELETE FROM stacks WHERE seq = 1;")
-        .unwrap();
-    drop(conn);
+    tamper_and_reseal(&path, "DELETE FROM stacks WHERE seq = 1;");
 
-    // A damaged block is an error naming it, not a panic.
-    Connection::open(&path)
-        .unwrap()
-        .execute_batch("UPDATE event_blocks SET data = x'28b52ffd00' WHERE first_seq = 4097;")
-        .unwrap();
+    // A damaged block is an error naming it, not a panic: by its checksum,
+    // and by its decoding once the checksum is forged too.
+    tamper_and_reseal(
+        &path,
+        "UPDATE event_blocks SET data = x'28b52ffd00' WHERE first_seq = 4097;",
+    );
     let db = EventDb::open(&path).unwrap();
     let err = db.for_each(&[], |_| Ok(())).unwrap_err();
-    assert!(err.to_string().contains("event block 4097"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("event block 4097: checksum mismatch"),
+        "{err}"
+    );
     drop(db);
-    Connection::open(&path)
-        .unwrap()
-        .execute_batch("DELETE FROM event_blocks WHERE first_seq = 4097;")
-        .unwrap();
+    tamper_and_reseal(&path, "DELETE FROM event_blocks WHERE first_seq = 4097;");
     let err = EventDb::open(&path).unwrap().counts().unwrap_err();
     assert!(err.to_string().contains("start at event 4097"), "{err}");
     // Blocks lost at the end are noticed too.
-    Connection::open(&path)
-        .unwrap()
-        .execute_batch("DELETE FROM event_blocks WHERE first_seq > 4096;")
-        .unwrap();
+    tamper_and_reseal(&path, "DELETE FROM event_blocks WHERE first_seq > 4096;");
     let err = EventDb::open(&path).unwrap().counts().unwrap_err();
     assert!(
         err.to_string()
@@ -285,4 +292,154 @@ fn an_unfinished_writer_leaves_its_committed_events() {
         db.counts().unwrap(),
         vec![(Kind::Lock, BLOCK_EVENTS as u64 + 5)]
     );
+}
+
+#[test]
+fn changed_blocks_and_metadata_are_refused_naming_the_table() {
+    let path = temp("digest");
+    let mut w = EventWriter::create(&path, &[("trace", "t".into())]).unwrap();
+    for i in 0..(BLOCK_EVENTS as u64 + 100) {
+        w.push(&row(i * 10, Kind::Lock, Some(0x1000), Some(0x400), None))
+            .unwrap();
+    }
+    w.set_meta("events", &(BLOCK_EVENTS + 100).to_string())
+        .unwrap();
+    w.finish().unwrap();
+    let pristine = std::fs::read(&path).unwrap();
+    let run = |sql: &str| {
+        std::fs::write(&path, &pristine).unwrap();
+        Connection::open(&path).unwrap().execute_batch(sql).unwrap();
+        EventDb::open(&path)
+            .and_then(|db| db.counts().map(|_| ()))
+            .unwrap_err()
+            .to_string()
+    };
+    // One byte of a block's data changed: a lock's times would change.
+    let err = run("UPDATE event_blocks SET data = \
+                   substr(data, 1, 20) || x'ff' || substr(data, 22) WHERE first_seq = 1;");
+    assert!(
+        err.contains("its event_blocks table does not match its checksum"),
+        "{err}"
+    );
+    // The format key deleted: the database would read as empty.
+    let err = run("DELETE FROM meta WHERE key = 'events_format';");
+    assert!(err.contains("its meta table does not match"), "{err}");
+    let err = run("UPDATE threads SET comm = 'other' WHERE 0; \
+                   INSERT INTO threads VALUES (9, 5, 'forged', 1);");
+    assert!(err.contains("its threads table"), "{err}");
+    // Labelled as an older version to skip the checks.
+    let err = run("PRAGMA user_version = 2;");
+    assert!(err.contains("carries version 3's checksums"), "{err}");
+    let err =
+        run("PRAGMA user_version = 2; DELETE FROM meta WHERE key IN ('digest', 'events_format');");
+    assert!(err.contains("names no events_format"), "{err}");
+    std::fs::write(&path, &pristine).unwrap();
+    assert_eq!(
+        EventDb::open(&path).unwrap().counts().unwrap(),
+        vec![(Kind::Lock, BLOCK_EVENTS as u64 + 100)]
+    );
+}
+
+/// Everything a tool can read from a database.
+type Contents = (
+    Vec<Row>,
+    HashMap<u64, Vec<u64>>,
+    Vec<(u32, u32, String)>,
+    Vec<(u64, String)>,
+    Vec<(String, u64, String)>,
+    Option<String>,
+);
+
+fn contents(path: &Path) -> Result<Contents, DbError> {
+    let db = EventDb::open(path)?;
+    let mut rows = Vec::new();
+    db.for_each(&[], |r| {
+        rows.push(r);
+        Ok(())
+    })?;
+    Ok((
+        rows,
+        db.stacks()?,
+        db.threads()?,
+        db.objects(5)?,
+        db.anomalies()?,
+        db.meta("trace")?,
+    ))
+}
+
+#[test]
+fn randomly_damaged_databases_are_read_faithfully_or_refused() {
+    const CASES: u64 = 10_000;
+    let path = temp("damage-fuzz");
+    let mut w = EventWriter::create(&path, &[("trace", "t".into())]).unwrap();
+    for i in 0..300u64 {
+        let seq = w
+            .push(&row(i * 7, Kind::Sample, Some(0x4000 + i), None, Some(0)))
+            .unwrap();
+        w.stack(seq, &[0x4000 + i, 0x5000]).unwrap();
+    }
+    w.thread(5, 6, "worker", 1).unwrap();
+    w.object(5, 0x4000, "/usr/bin/prog", 1).unwrap();
+    w.anomalies(&[("lost".into(), 1, "x".into())]).unwrap();
+    w.set_meta("events", "300").unwrap();
+    w.finish().unwrap();
+    let pristine = std::fs::read(&path).unwrap();
+    let expected = contents(&path).unwrap();
+    let page = 4096.min(pristine.len());
+    let pages = pristine.len() / page;
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut rand = move |n: usize| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        (x % n.max(1) as u64) as usize
+    };
+    let (mut refused, mut unchanged) = (0u64, 0u64);
+    for case in 0..CASES {
+        let mut bytes = pristine.clone();
+        let what = match case % 5 {
+            0 | 1 => {
+                let at = rand(bytes.len());
+                bytes[at] ^= 1 << rand(8);
+                format!("bit flip at {at}")
+            }
+            2 => {
+                let at = if rand(2) == 0 {
+                    page * rand(pages)
+                } else {
+                    rand(bytes.len())
+                };
+                bytes.truncate(at);
+                format!("cut at {at}")
+            }
+            3 => {
+                let (a, b) = (rand(pages) * page, rand(pages) * page);
+                let copy = bytes[a..a + page].to_vec();
+                bytes[b..b + page].copy_from_slice(&copy);
+                format!("page at {a} copied over page at {b}")
+            }
+            _ => {
+                // A large value in a random 4-byte field.
+                let at = rand(bytes.len() - 4);
+                bytes[at..at + 4].copy_from_slice(&[0x7f, 0xff, 0xff, 0xff]);
+                format!("0x7fffffff at {at}")
+            }
+        };
+        std::fs::write(&path, &bytes).unwrap();
+        match contents(&path) {
+            Err(_) => refused += 1,
+            Ok(got) => {
+                assert!(got == expected, "{what}: read as changed");
+                unchanged += 1;
+            }
+        }
+    }
+    // Most of a small database's pages is free space SQLite never reads:
+    // damage there leaves the content as it was (about 6 cases in 10).
+    // The rest is refused, none is read as something else.
+    assert!(
+        refused > CASES / 4,
+        "{refused} refused, {unchanged} unchanged"
+    );
+    assert_eq!(refused + unchanged, CASES);
 }

@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 
 use rusqlite::{params, Connection};
 
+use super::digest;
 use super::*;
 use crate::packed::{self, PackedEvent, BLOCK_EVENTS};
 
@@ -21,6 +22,8 @@ pub struct EventWriter {
     /// Packed: the block being filled, from sequence number `block_seq`.
     block: Vec<PackedEvent>,
     block_seq: u64,
+    /// Sealed and committed: nothing left for `drop` to do.
+    done: bool,
 }
 
 impl EventWriter {
@@ -70,6 +73,7 @@ impl EventWriter {
             in_batch: 0,
             block: Vec::new(),
             block_seq: 1,
+            done: false,
         };
         w.set_meta("events_format", format.name())?;
         for (k, v) in meta {
@@ -142,15 +146,18 @@ impl EventWriter {
         };
         let (first_time, last_time) = (first.time, last.time);
         let data = packed::encode(&self.block);
+        let (first_seq, count) = (self.block_seq as i64, self.block.len() as i64);
+        let crc = digest::block_crc(first_seq, count, first_time as i64, last_time as i64, &data);
         self.conn
-            .prepare_cached("INSERT INTO event_blocks VALUES (?1, ?2, ?3, ?4, ?5)")
+            .prepare_cached("INSERT INTO event_blocks VALUES (?1, ?2, ?3, ?4, ?5, ?6)")
             .and_then(|mut s| {
                 s.execute(params![
-                    self.block_seq as i64,
-                    self.block.len() as i64,
+                    first_seq,
+                    count,
                     first_time as i64,
                     last_time as i64,
-                    data
+                    data,
+                    i64::from(crc)
                 ])
             })
             .map_err(sql(&self.partial))?;
@@ -222,12 +229,23 @@ impl EventWriter {
         self.next_seq - 1
     }
 
+    /// Writes what is pending and the table digests, and commits.
+    fn seal(&mut self) -> Result<(), DbError> {
+        self.flush_block()?;
+        let digests = digest::table_digests(&self.conn, &self.partial)?;
+        self.set_meta(digest::DIGEST_KEY, &digests)?;
+        self.conn
+            .execute_batch("COMMIT; BEGIN;")
+            .map_err(sql(&self.partial))
+    }
+
     /// Commits and moves the database to its final name.
     pub fn finish(mut self) -> Result<PathBuf, DbError> {
-        self.flush_block()?;
+        self.seal()?;
         self.conn
             .execute_batch("COMMIT;")
             .map_err(sql(&self.partial))?;
+        self.done = true;
         let (partial, path) = (self.partial.clone(), self.path.clone());
         drop(self);
         std::fs::rename(&partial, &path).map_err(|e| DbError::Rename(path.clone(), e))?;
@@ -237,8 +255,12 @@ impl EventWriter {
 
 impl Drop for EventWriter {
     fn drop(&mut self) {
-        // Keep what was written: an unfinished writer still commits.
-        let _ = self.flush_block();
+        if self.done {
+            return;
+        }
+        // Keep what was written: an unfinished writer still commits, with
+        // its digests, so that what it leaves can be read.
+        let _ = self.seal();
         let _ = self.conn.execute_batch("COMMIT;");
     }
 }
