@@ -15,3 +15,7 @@ pub mod render;
 pub mod symbols;
 #[cfg(test)]
 mod test_db;
+
+/// A comment every flame graph insight writes carries, by which insight
+/// knows the file as its own before replacing it.
+pub const FLAME_GRAPH_MARK: &str = "<!-- flame graph written by insight -->";

@@ -19,8 +19,9 @@ Start with `insight run` (boots the built-in guest and runs a demo) and \
 and `insight replay TRACE`; with the probe library preloaded in the guest, \
 `insight replay TRACE --diagnose locks`.",
     after_help = "Exit status: the guest command's status for `run` and `record`; for \
-`replay` 0 (faithful), 1 (diverged), 4 (prefix of an incomplete trace); 125 when insight \
-itself fails; 2 for usage errors."
+`replay` 0 (faithful), 1 (diverged), 4 (prefix of an incomplete trace); 3 when a trace or \
+event database is damaged (a checksum, size or count does not match; any command); 125 \
+when insight itself fails; 2 for usage errors."
 )]
 struct Cli {
     #[command(subcommand)]

@@ -14,6 +14,29 @@ pub const EXIT_DIVERGED: u8 = 1;
 /// `replay` exit status when an incomplete trace's prefix replayed.
 pub const EXIT_PREFIX_ONLY: u8 = 4;
 
+/// Exit status when a trace or an event database is damaged: stored
+/// bytes fail their checksum, or its sizes and counts contradict each
+/// other (distinct from an incomplete trace, which is not an error).
+pub const EXIT_DAMAGED: u8 = 3;
+
+/// The exit status for an error: [`EXIT_DAMAGED`] when a damaged trace or
+/// database caused it, [`EXIT_INSIGHT_ERROR`] otherwise.
+pub fn status_of(err: &anyhow::Error) -> u8 {
+    let damaged = err.chain().any(|e| {
+        e.downcast_ref::<trace::TraceError>()
+            .is_some_and(trace::TraceError::is_damage)
+            || matches!(
+                e.downcast_ref::<events::db::DbError>(),
+                Some(events::db::DbError::Corrupt { .. })
+            )
+    });
+    if damaged {
+        EXIT_DAMAGED
+    } else {
+        EXIT_INSIGHT_ERROR
+    }
+}
+
 /// Formats an error with its causes on one line.
 pub fn error_chain(err: &anyhow::Error) -> String {
     err.chain()

@@ -73,7 +73,10 @@ pub fn prepare_guest(args: &GuestArgs) -> Result<(vmm::VmSpec, String)> {
         Some(path) => format!(
             "# {}\n{}",
             path.display(),
-            std::fs::read_to_string(path).unwrap_or_default()
+            trace::files::read_bounded(path, vmm::config::MAX_CONFIG_BYTES, "config file")
+                .ok()
+                .and_then(|b| String::from_utf8(b).ok())
+                .unwrap_or_default()
         ),
         None => "# built-in guest\n".to_string(),
     };

@@ -4,6 +4,7 @@ mod cli;
 mod cmd;
 mod exit;
 mod guest_args;
+mod outputs;
 mod pcap;
 mod status;
 mod traces;
@@ -14,8 +15,10 @@ fn main() -> ExitCode {
     match cli::main() {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("insight: error: {}", exit::error_chain(&err));
-            ExitCode::from(exit::EXIT_INSIGHT_ERROR)
+            // Errors quote configs, traces and guest text: escaped.
+            let message = exit::error_chain(&err);
+            eprintln!("insight: error: {}", status::printable(&message));
+            ExitCode::from(exit::status_of(&err))
         }
     }
 }

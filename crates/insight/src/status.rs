@@ -106,6 +106,27 @@ impl Write for StatusConsole {
     }
 }
 
+/// `text` from a trace or the guest, safe to print on a terminal:
+/// control characters other than newline and tab (an escape sequence
+/// could move the cursor, retitle the window or worse) are shown as
+/// `\x1b`-style escapes.
+pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    let unsafe_char = |c: char| c.is_control() && c != '\n' && c != '\t';
+    if !text.contains(unsafe_char) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        // Control characters (Unicode's Cc) are all below U+0100.
+        if unsafe_char(c) {
+            out.push_str(&format!("\\x{:02x}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 /// `bytes` in B, KiB, MiB or GiB.
 pub fn human_bytes(bytes: u64) -> String {
     const UNITS: [&str; 4] = ["B", "KiB", "MiB", "GiB"];
@@ -125,6 +146,17 @@ pub fn human_bytes(bytes: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn control_characters_are_escaped_for_the_terminal() {
+        assert_eq!(
+            printable("plain text\tand\nlines"),
+            "plain text\tand\nlines"
+        );
+        assert_eq!(printable("\x1b]0;owned\x07red"), "\\x1b]0;owned\\x07red");
+        assert_eq!(printable("csi \u{9b}31m"), "csi \\x9b31m");
+        assert_eq!(printable("del \x7f"), "del \\x7f");
+    }
 
     #[test]
     fn human_bytes_picks_the_unit() {

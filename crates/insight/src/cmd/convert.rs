@@ -6,12 +6,19 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 use events::db::{EventDb, EventWriter};
 
+use crate::outputs;
+
 #[derive(clap::Args)]
 pub struct ConvertArgs {
     /// The event database to read.
     db: PathBuf,
-    /// The database to write (replaced if it exists).
+    /// The database to write, as OUT.partial renamed when complete; an
+    /// existing OUT is replaced only if it is an insight event database.
     out: PathBuf,
+    /// Replace OUT even if it is not an insight event database (never a
+    /// device, link, directory, or a file of a trace).
+    #[arg(long)]
+    force: bool,
     /// The format of OUT.
     #[arg(long, value_enum, default_value = "rows", value_name = "FORMAT")]
     events_format: super::replay::EventsFormat,
@@ -30,12 +37,18 @@ pub fn convert(args: &ConvertArgs) -> Result<ExitCode> {
             );
         }
     }
+    outputs::check_event_db(&args.out, args.force)?;
     let mut w = EventWriter::create_with(&args.out, &[], args.events_format.into())
         .with_context(|| format!("cannot create {}", args.out.display()))?;
-    src.copy_to(&mut w)?;
+    let copied = src.copy_to(&mut w);
     let events = w.events_written();
     let format = w.format().name();
-    w.finish()?;
+    if let Err(e) = copied.map(|()| w).and_then(EventWriter::finish) {
+        // Nothing half-written is left: the source is still there.
+        let partial = EventWriter::partial_path(&args.out);
+        let _ = std::fs::remove_file(&partial);
+        return Err(e).with_context(|| format!("cannot convert {}", args.db.display()));
+    }
     let size = std::fs::metadata(&args.out).map(|m| m.len()).unwrap_or(0);
     eprintln!(
         "insight: {events} events written to {} ({format}, {size} bytes)",

@@ -7,6 +7,7 @@ use anyhow::Result;
 use vmm::journal::Entry;
 
 use super::open_trace;
+use crate::status::printable;
 use crate::traces;
 
 #[derive(clap::Args)]
@@ -44,7 +45,7 @@ pub fn diff(args: DiffArgs) -> Result<ExitCode> {
             exit += 1;
         }
         let show = |e: &Option<Entry>| match e {
-            Some(e) => e.to_string().trim_start().to_string(),
+            Some(e) => printable(e.to_string().trim_start()).into_owned(),
             None => "(end of log)".to_string(),
         };
         if x != y {
@@ -64,6 +65,14 @@ pub fn diff(args: DiffArgs) -> Result<ExitCode> {
         entries += 1;
     }
     println!("the logs are identical: {entries} entries, {exit} deterministic exits");
+    for (name, reader) in [(&args.first, &a), (&args.second, &b)] {
+        if let Some(problem) = &reader.tail_problem {
+            eprintln!(
+                "insight: {} is incomplete and its log ends early: {problem}",
+                name.display()
+            );
+        }
+    }
     Ok(if same_start {
         ExitCode::SUCCESS
     } else {

@@ -10,8 +10,9 @@ use trace::{Header, TraceReader};
 use vmm::journal::Entry;
 
 use super::open_trace;
+use crate::outputs::{self, Output};
 use crate::pcap::PcapWriter;
-use crate::status::human_bytes;
+use crate::status::{human_bytes, printable};
 use crate::traces;
 
 #[derive(clap::Args)]
@@ -37,10 +38,17 @@ pub struct DumpArgs {
     /// FILE (pcap, stamped with guest time) instead of printing the log.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["json", "header", "limit"])]
     rx_pcap: Option<PathBuf>,
+    /// Replace an existing --rx-pcap file even if it is not a pcap capture
+    /// (never a device, link, directory, or a file of a trace).
+    #[arg(long, requires = "rx_pcap")]
+    force: bool,
 }
 
 pub fn dump(args: DumpArgs) -> Result<ExitCode> {
     let trace = traces::resolve(args.trace.as_deref())?;
+    if let Some(path) = &args.rx_pcap {
+        outputs::check(path, Output::Pcap, args.force)?;
+    }
     let mut reader = open_trace(&trace)?;
     if let Some(path) = &args.rx_pcap {
         return dump_rx_pcap(reader, path);
@@ -80,9 +88,9 @@ pub fn dump(args: DumpArgs) -> Result<ExitCode> {
                 serde_json::json!({ "exit": exit, "event": event })
             )?;
         } else if event.is_exit() {
-            writeln!(out, "{exit:>10}  {event}")?;
+            writeln!(out, "{exit:>10}  {}", printable(&event.to_string()))?;
         } else {
-            writeln!(out, "{:>10}  {event}", "")?;
+            writeln!(out, "{:>10}  {}", "", printable(&event.to_string()))?;
         }
     }
     if let Some(problem) = &reader.tail_problem {
@@ -90,13 +98,14 @@ pub fn dump(args: DumpArgs) -> Result<ExitCode> {
             writeln!(
                 out,
                 "{}",
-                serde_json::json!({ "tail_problem": format!("{problem:?}") })
+                serde_json::json!({ "tail_problem": problem.to_string() })
             )?;
         } else {
-            writeln!(out, "(log ends early: {problem:?})")?;
+            writeln!(out, "(the log ends early: {problem})")?;
         }
     }
     out.flush()?;
+    report_tail(&reader);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -139,9 +148,10 @@ fn dump_stats(mut reader: TraceReader<Entry>, trace: &Path) -> Result<ExitCode> 
         1.0 / ratio.max(f64::MIN_POSITIVE)
     )?;
     if let Some(problem) = &reader.tail_problem {
-        writeln!(out, "(log ends early: {problem:?})")?;
+        writeln!(out, "(the log ends early: {problem})")?;
     }
     out.flush()?;
+    report_tail(&reader);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -161,16 +171,24 @@ fn dump_rx_pcap(mut reader: TraceReader<Entry>, path: &Path) -> Result<ExitCode>
             } => guest_ns = value,
             Entry::NetRx { payload, lens } => {
                 let data = reader.payload(payload)?;
+                let total: u64 = lens.iter().map(|&l| u64::from(l)).sum();
+                let short = lens
+                    .iter()
+                    .any(|&l| (l as usize) < devices::tap::VNET_HDR_LEN);
+                if total != data.len() as u64 || short {
+                    bail!(
+                        "a received-frames entry of the log is malformed: its frame lengths \
+                         {lens:?} do not divide its {}-byte payload into frames of at least \
+                         {} bytes",
+                        data.len(),
+                        devices::tap::VNET_HDR_LEN
+                    );
+                }
                 let mut at = 0usize;
                 for len in lens {
-                    let end = at.saturating_add(len as usize);
-                    let Some(frame) = data.get(at..end) else {
-                        bail!(
-                            "a network event's frame lengths exceed its payload ({} bytes)",
-                            data.len()
-                        );
-                    };
-                    let ethernet = frame.get(devices::tap::VNET_HDR_LEN..).unwrap_or(&[]);
+                    let end = at + len as usize;
+                    let frame = &data[at..end];
+                    let ethernet = &frame[devices::tap::VNET_HDR_LEN..];
                     pcap.frame(guest_ns, ethernet)
                         .with_context(|| format!("cannot write {}", path.display()))?;
                     bytes += ethernet.len() as u64;
@@ -188,10 +206,19 @@ fn dump_rx_pcap(mut reader: TraceReader<Entry>, path: &Path) -> Result<ExitCode>
         human_bytes(bytes),
         path.display()
     );
-    if let Some(problem) = &reader.tail_problem {
-        eprintln!("insight: the log ends early: {problem:?}");
-    }
+    report_tail(&reader);
     Ok(ExitCode::SUCCESS)
+}
+
+/// Says on standard error that an unfinished recording's log ends on a
+/// torn or unreadable frame (a complete trace's would be an error).
+fn report_tail(reader: &TraceReader<Entry>) {
+    if let Some(problem) = &reader.tail_problem {
+        eprintln!(
+            "insight: the trace is incomplete (its recorder did not finish) and its log ends \
+             early: {problem}"
+        );
+    }
 }
 
 fn header_json(h: &Header, reader: &TraceReader<Entry>) -> serde_json::Value {
@@ -236,13 +263,13 @@ fn print_header(out: &mut impl Write, h: &Header, reader: &TraceReader<Entry>) -
         writeln!(
             out,
             "  {:<11} {} (sha256 {})",
-            format!("{}:", image.role),
-            image.path,
-            image.digest
+            printable(&format!("{}:", image.role)),
+            printable(&image.path),
+            printable(&image.digest)
         )?;
     }
     writeln!(out, "  memory:     {} MiB", h.boot.memory_mib)?;
-    writeln!(out, "  cmdline:    {}", h.boot.cmdline)?;
+    writeln!(out, "  cmdline:    {}", printable(&h.boot.cmdline))?;
     writeln!(
         out,
         "  extra initramfs: {} bytes (command, environment, files)",
@@ -266,7 +293,7 @@ fn print_header(out: &mut impl Write, h: &Header, reader: &TraceReader<Entry>) -
     }
     writeln!(out, "  config:")?;
     for line in h.config.lines() {
-        writeln!(out, "    {line}")?;
+        writeln!(out, "    {}", printable(line))?;
     }
     Ok(())
 }

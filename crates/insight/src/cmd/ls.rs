@@ -7,7 +7,7 @@ use anyhow::Result;
 use trace::TraceReader;
 use vmm::journal::Entry;
 
-use crate::status::human_bytes;
+use crate::status::{human_bytes, printable};
 use crate::traces;
 
 #[derive(clap::Args)]
@@ -66,6 +66,7 @@ pub fn ls(_: LsArgs) -> Result<ExitCode> {
         } else {
             ""
         };
+        let name = printable(&name).into_owned();
         let bytes = trace::stored_bytes(&dir);
         let db = dir.join(traces::EVENTS_DB);
         let events = if db.is_file() {
@@ -87,10 +88,13 @@ pub fn ls(_: LsArgs) -> Result<ExitCode> {
                     human_bytes(bytes),
                     state,
                     events,
-                    command_of(&r.header.config)
+                    printable(&command_of(&r.header.config))
                 );
             }
-            Err(e) => println!("{name:<22} unreadable: {e}"),
+            Err(e) => println!(
+                "{name:<22} unreadable: {}",
+                printable(&crate::exit::error_chain(&e.into()))
+            ),
         }
     }
     println!("(* latest; {})", store.display());

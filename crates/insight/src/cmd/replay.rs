@@ -21,8 +21,9 @@ use super::report;
 use super::{attach_progress, open_trace, user_rdtsc_traps};
 use crate::exit::{EXIT_DIVERGED, EXIT_PREFIX_ONLY};
 use crate::guest_args::net_problems;
+use crate::outputs::{self, Output};
 use crate::pcap::PcapWriter;
-use crate::status::StatusLine;
+use crate::status::{printable, StatusLine};
 use crate::traces;
 
 #[derive(clap::Args)]
@@ -40,9 +41,16 @@ pub struct ReplayArgs {
     /// Collect the events the guest raises (probes preloaded with
     /// LD_PRELOAD=/usr/lib/libinsight-probes.so, and the guest kernel's
     /// context switches and exits) into the event database FILE (SQLite,
-    /// docs/events.md). An existing FILE is replaced when replay ends.
+    /// docs/events.md). It is written as FILE.partial and renamed when
+    /// replay ends; an existing FILE is replaced only if it is an insight
+    /// event database (see --force).
     #[arg(long, value_name = "FILE")]
     events: Option<PathBuf>,
+    /// Replace an existing --events or --tx-pcap file even if it is not
+    /// one insight wrote (never a device, link, directory, or a file of a
+    /// trace).
+    #[arg(long)]
+    force: bool,
     /// How the database stores events: packed (compressed blocks, a few
     /// bytes per event; read them with `insight report`) or rows (one SQL
     /// row per event, about 37 bytes, for your own queries with sqlite3).
@@ -97,6 +105,11 @@ fn parse_period(text: &str) -> Result<Duration, String> {
         "us" => Duration::from_micros(value),
         "ms" => Duration::from_millis(value),
         "s" => Duration::from_secs(value),
+        "" => {
+            return Err(format!(
+                "'{text}' has no unit: say {text}ms, {text}us or {text}s"
+            ))
+        }
         unit => return Err(format!("unknown unit '{unit}' in '{text}' (ns, us, ms, s)")),
     };
     // The vCPU is woken for a sample at most once a millisecond.
@@ -126,6 +139,13 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
     }
     if args.sample_period.is_some() && args.events.is_none() {
         bail!("--sample-period needs somewhere to put the samples: --events FILE or --diagnose");
+    }
+    // Outputs are checked before anything runs: a replay can be long.
+    if let Some(path) = &args.events {
+        outputs::check_event_db(path, args.force)?;
+    }
+    if let Some(path) = &args.tx_pcap {
+        outputs::check(path, Output::Pcap, args.force)?;
     }
     let reader = open_trace(&trace)?;
     if reader.header.clock != ClockKind::Exit {
@@ -224,15 +244,27 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
     }
     let outcome = match result {
         Err(VmError::Journal(JournalError::Diverged(d))) => {
-            eprintln!("insight: {d}");
+            eprintln!("insight: {}", printable(&d.to_string()));
             if !d.state.is_empty() {
                 eprintln!("insight: replay state at the divergence: {}", d.state);
             }
             if let Some(path) = &args.events {
-                eprintln!(
-                    "insight: {} holds the events raised before the divergence",
-                    path.display()
-                );
+                // The database is finished at a divergence too; if that
+                // failed (the error is the divergence's), it is left
+                // under its partial name, committed up to the divergence.
+                let partial = EventWriter::partial_path(path);
+                if partial.is_file() {
+                    eprintln!(
+                        "insight: the event database could not be finished: {} holds the \
+                         events raised before the divergence",
+                        partial.display()
+                    );
+                } else {
+                    eprintln!(
+                        "insight: {} holds the events raised before the divergence",
+                        path.display()
+                    );
+                }
             }
             return Ok(ExitCode::from(EXIT_DIVERGED));
         }
@@ -252,7 +284,7 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
                 if i > 0 {
                     println!();
                 }
-                print!("{}", out.text);
+                print!("{}", printable(&out.text));
             }
         }
     }
@@ -263,13 +295,17 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
                 Some(s) => EndReason::CommandExited(s),
                 None => EndReason::PowerOff,
             };
-            eprintln!("insight: replay matched the recording: {exits} deterministic exits; {how}");
+            eprintln!(
+                "insight: replay matched the recording: {exits} deterministic exits; {}",
+                printable(&how.to_string())
+            );
             ExitCode::SUCCESS
         }
         StopReason::RecordingEnded(reason) => {
             eprintln!(
                 "insight: replay matched the recording up to its end after {exits} deterministic \
-                 exits (the recording ended there: {reason})"
+                 exits (the recording ended there: {})",
+                printable(&reason.to_string())
             );
             ExitCode::SUCCESS
         }
@@ -346,7 +382,10 @@ mod tests {
         assert_eq!(parse_period("1500us"), Ok(Duration::from_micros(1500)));
         assert!(parse_period("500us").is_err());
         assert_eq!(parse_period("2s"), Ok(Duration::from_secs(2)));
-        assert!(parse_period("5").is_err());
+        assert_eq!(
+            parse_period("5"),
+            Err("'5' has no unit: say 5ms, 5us or 5s".into())
+        );
         assert!(parse_period("0ms").is_err());
         assert!(parse_period("3h").is_err());
         assert!(parse_period("ms").is_err());

@@ -6,10 +6,12 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use diagnosis::plugin::{self, Output, Plugin};
-use diagnosis::plugins::{self, deadlock, locks, profile};
+use diagnosis::plugins::{self, deadlock, locks, profile, threads};
 use diagnosis::symbols::GuestFiles;
 use events::db::EventDb;
 
+use crate::outputs::{self, Output as OutputKind};
+use crate::status::printable;
 use crate::traces;
 
 #[derive(clap::Args)]
@@ -68,9 +70,16 @@ report.\n\n\
 Example:\n  insight replay t1 --events t1.db && insight report deadlock t1.db -o t1.html"
     )]
     Deadlock(DeadlockArgs),
-    /// Any other tool: `insight report NAME [DB] [--trace DIR] [--json]`,
-    /// e.g. `threads` (per thread: lifetime, switches, samples, lock calls
-    /// and time waiting in them).
+    /// Per thread: lifetime, context switches, samples, lock calls and
+    /// time waiting in them.
+    #[command(
+        long_about = "Per thread of the processes that raised probe events: when it \
+started and ended, how often it was switched in, its samples, its lock calls and the time \
+it waited in them, from the context-switch, thread and lock events of an event database.\n\n\
+Example:\n  insight replay t1 --events t1.db && insight report threads t1.db"
+    )]
+    Threads(PluginArgs),
+    /// Any other tool: `insight report NAME [DB] [--trace DIR] [--json]`.
     #[command(external_subcommand)]
     Other(Vec<OsString>),
 }
@@ -92,6 +101,11 @@ struct Input {
     /// internal functions (libc6-dbg for glibc).
     #[arg(long, value_name = "DIR", default_value = DEFAULT_DEBUG_DIR)]
     debug_dir: PathBuf,
+    /// Replace an existing output file (-o, --svg, --folded) even if it is
+    /// not one insight wrote (never a device, link, directory, or a file
+    /// of a trace).
+    #[arg(long)]
+    force: bool,
 }
 
 /// Where Debian installs detached debug files.
@@ -172,7 +186,7 @@ pub fn report(args: ReportArgs) -> Result<ExitCode> {
             };
             let out = run_one(Box::new(locks::Locks::new(options)), &a.input)?;
             if a.csv {
-                print!("{}", out.attachment("csv").unwrap_or_default());
+                print!("{}", printable(out.attachment("csv").unwrap_or_default()));
             } else {
                 print_output(&out, a.json);
             }
@@ -184,13 +198,29 @@ pub fn report(args: ReportArgs) -> Result<ExitCode> {
             };
             let out = run_one(Box::new(profile::Profile::new(options)), &a.input)?;
             print_output(&out, a.json);
-            save(&out, "folded", a.folded.as_deref(), "folded stacks")?;
-            save(&out, "svg", a.svg.as_deref(), "flame graph")?;
+            save(
+                &out,
+                "folded",
+                a.folded.as_deref(),
+                "folded stacks",
+                a.input.force,
+            )?;
+            save(&out, "svg", a.svg.as_deref(), "flame graph", a.input.force)?;
         }
         Tool::Deadlock(a) => {
             let out = run_one(Box::new(deadlock::Deadlock::new()), &a.input)?;
             print_output(&out, a.json);
-            save(&out, "html", a.html.as_deref(), "HTML report")?;
+            save(
+                &out,
+                "html",
+                a.html.as_deref(),
+                "HTML report",
+                a.input.force,
+            )?;
+        }
+        Tool::Threads(a) => {
+            let out = run_one(Box::new(threads::Threads::new()), &a.input)?;
+            print_output(&out, a.json);
         }
         Tool::Other(argv) => {
             let Some(name) = argv.first().and_then(|n| n.to_str()) else {
@@ -229,12 +259,19 @@ pub fn parse_tool(name: &str) -> Result<String, String> {
 fn print_output(out: &Output, json: bool) {
     match (&out.json, json) {
         (Some(doc), true) => println!("{doc}"),
-        _ => print!("{}", out.text),
+        // Thread names, paths and symbols come from the guest.
+        _ => print!("{}", printable(&out.text)),
     }
 }
 
-fn save(out: &Output, format: &str, path: Option<&Path>, what: &str) -> Result<()> {
+fn save(out: &Output, format: &str, path: Option<&Path>, what: &str, force: bool) -> Result<()> {
     let Some(path) = path else { return Ok(()) };
+    let kind = match format {
+        "html" => OutputKind::Html,
+        "svg" => OutputKind::Svg,
+        _ => OutputKind::Folded,
+    };
+    outputs::check(path, kind, force)?;
     let content = out.attachment(format).unwrap_or_default();
     std::fs::write(path, content).with_context(|| format!("cannot write {}", path.display()))?;
     eprintln!("insight: {what} written to {}", path.display());

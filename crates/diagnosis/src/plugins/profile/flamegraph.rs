@@ -57,13 +57,14 @@ pub fn svg(title: &str, folded: &BTreeMap<String, u64>) -> String {
     let depth = root.depth();
     let height = TOP + FRAME_HEIGHT * (depth + 1) as f64 + BOTTOM;
     let mut out = format!(
-        "<?xml version=\"1.0\" standalone=\"no\"?>\n\
+        "<?xml version=\"1.0\" standalone=\"no\"?>\n{}\n\
          <svg version=\"1.1\" width=\"{WIDTH}\" height=\"{height}\" \
          viewBox=\"0 0 {WIDTH} {height}\" xmlns=\"http://www.w3.org/2000/svg\">\n\
          <style>text{{font-family:monospace;font-size:11px;fill:#000}}\
          rect{{stroke:#fff;stroke-width:0.5}}</style>\n\
          <rect width=\"{WIDTH}\" height=\"{height}\" fill=\"#f8f8f8\"/>\n\
          <text x=\"{}\" y=\"20\" text-anchor=\"middle\" style=\"font-size:15px\">{}</text>\n",
+        crate::FLAME_GRAPH_MARK,
         WIDTH / 2.0,
         xml_escape(title)
     );

@@ -1,0 +1,242 @@
+//! What insight may write over. An output path that exists is replaced
+//! only if it is a regular file of the kind insight writes there (an
+//! insight event database, a pcap capture, an insight HTML report, flame
+//! graph or folded stacks), or an empty file; another regular file only
+//! with `--force`; a device, FIFO, socket, directory or symbolic link
+//! never, and never a file inside a trace directory other than the event
+//! database `replay --diagnose` keeps there.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+
+use crate::traces;
+
+/// A kind of file insight writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Output {
+    EventDb,
+    Pcap,
+    Html,
+    Svg,
+    Folded,
+}
+
+/// Bytes of an existing file looked at to recognize it.
+const HEAD_BYTES: u64 = 4096;
+
+impl Output {
+    fn name(self) -> &'static str {
+        match self {
+            Output::EventDb => "an insight event database",
+            Output::Pcap => "a pcap capture",
+            Output::Html => "an insight HTML report",
+            Output::Svg => "an insight flame graph",
+            Output::Folded => "a file of folded stacks",
+        }
+    }
+
+    /// Whether a file starting with `head` is of this kind.
+    fn recognizes(self, head: &[u8]) -> bool {
+        let text = || String::from_utf8_lossy(head);
+        match self {
+            Output::EventDb => {
+                head.starts_with(b"SQLite format 3\0")
+                    && head.get(68..72)
+                        == Some(&(events::db::APPLICATION_ID as u32).to_be_bytes()[..])
+            }
+            Output::Pcap => {
+                const MAGICS: [u32; 2] = [0xa1b2_c3d4, 0xa1b2_3c4d];
+                head.get(..4)
+                    .map(|m| u32::from_le_bytes(m.try_into().expect("4 bytes")))
+                    .is_some_and(|m| MAGICS.contains(&m) || MAGICS.contains(&m.swap_bytes()))
+            }
+            Output::Html => {
+                text().starts_with("<!DOCTYPE html>") && text().contains("<title>insight:")
+            }
+            Output::Svg => {
+                text().starts_with("<?xml") && text().contains(diagnosis::FLAME_GRAPH_MARK)
+            }
+            Output::Folded => {
+                // Lines of "frame;frame;... COUNT"; the head may end inside
+                // a character and a line.
+                let cut = head.len() as u64 == HEAD_BYTES;
+                let text = match std::str::from_utf8(head) {
+                    Ok(t) => t,
+                    Err(e) if cut => std::str::from_utf8(&head[..e.valid_up_to()]).unwrap_or(""),
+                    Err(_) => return false,
+                };
+                let mut lines: Vec<&str> = text.lines().collect();
+                if cut && !text.ends_with('\n') {
+                    lines.pop();
+                }
+                !lines.is_empty()
+                    && lines.iter().all(|l| {
+                        l.rsplit_once(' ').is_some_and(|(_, n)| {
+                            !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())
+                        })
+                    })
+            }
+        }
+    }
+}
+
+/// Checks that `path` may be written as `kind` (see the module's rules);
+/// `force` allows replacing a regular file of another kind.
+pub fn check(path: &Path, kind: Output, force: bool) -> Result<()> {
+    not_in_a_trace(path, kind)?;
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e).with_context(|| format!("cannot look at {}", path.display())),
+    };
+    let file_type = meta.file_type();
+    if file_type.is_symlink() {
+        bail!(
+            "{} is a symbolic link: insight does not replace links; name the file itself or a \
+             new one",
+            path.display()
+        );
+    }
+    if !file_type.is_file() {
+        bail!(
+            "{} is {}: insight writes only regular files, and never replaces anything else",
+            path.display(),
+            trace::files::kind_of(file_type)
+        );
+    }
+    if meta.len() == 0 || force {
+        return Ok(());
+    }
+    let mut head = Vec::new();
+    trace::files::open_regular(path)?
+        .take(HEAD_BYTES)
+        .read_to_end(&mut head)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    if kind.recognizes(&head) {
+        return Ok(());
+    }
+    bail!(
+        "{} exists and is not {}: name a new file, or add --force to replace it",
+        path.display(),
+        kind.name()
+    )
+}
+
+/// Checks an event database's path and where it is written until it is
+/// finished.
+pub fn check_event_db(path: &Path, force: bool) -> Result<()> {
+    check(path, Output::EventDb, force)?;
+    check(&partial_path(path), Output::EventDb, force)
+}
+
+fn partial_path(path: &Path) -> PathBuf {
+    events::db::EventWriter::partial_path(path)
+}
+
+/// Refuses a path inside a trace directory, except its event database.
+fn not_in_a_trace(path: &Path, kind: Output) -> Result<()> {
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    if !trace::is_trace(dir) {
+        return Ok(());
+    }
+    let name = path.file_name().unwrap_or_default();
+    let db = Path::new(traces::EVENTS_DB);
+    if kind == Output::EventDb && (name == db || name == partial_path(db)) {
+        return Ok(());
+    }
+    bail!(
+        "{} is inside the trace {}: insight writes nothing there but its event database \
+         ({}); name a path outside the trace",
+        path.display(),
+        dir.display(),
+        traces::EVENTS_DB
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp_dir(name: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("insight-outputs-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn only_files_insight_wrote_are_replaced_without_force() {
+        let dir = temp_dir("kinds");
+        let new = dir.join("new");
+        assert!(check(&new, Output::Pcap, false).is_ok());
+        let mine = dir.join("mine.pcap");
+        let mut pcap = crate::pcap::PcapWriter::create(&mine).unwrap();
+        pcap.flush().unwrap();
+        drop(pcap);
+        assert!(check(&mine, Output::Pcap, false).is_ok());
+        let err = check(&mine, Output::EventDb, false)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("is not an insight event database"), "{err}");
+        assert!(check(&mine, Output::EventDb, true).is_ok());
+        let notes = dir.join("notes.txt");
+        std::fs::write(&notes, "my notes\n").unwrap();
+        for kind in [Output::Html, Output::Svg, Output::Folded, Output::Pcap] {
+            let err = check(&notes, kind, false).unwrap_err().to_string();
+            assert!(err.contains("add --force"), "{kind:?}: {err}");
+        }
+        std::fs::write(&notes, "main;work 12\nmain;idle 3\n").unwrap();
+        assert!(check(&notes, Output::Folded, false).is_ok());
+        let empty = dir.join("empty");
+        std::fs::write(&empty, "").unwrap();
+        assert!(check(&empty, Output::Html, false).is_ok());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn devices_links_and_directories_are_never_replaced() {
+        let dir = temp_dir("special");
+        let link = dir.join("link");
+        std::os::unix::fs::symlink(dir.join("target"), &link).unwrap();
+        let err = check(&link, Output::Pcap, true).unwrap_err().to_string();
+        assert!(err.contains("symbolic link"), "{err}");
+        let err = check(&dir, Output::EventDb, true).unwrap_err().to_string();
+        assert!(err.contains("is a directory"), "{err}");
+        // As root, a scratch character device (the null device's numbers).
+        let node = dir.join("null");
+        let made = std::process::Command::new("mknod")
+            .arg(&node)
+            .args(["c", "1", "3"])
+            .status()
+            .is_ok_and(|s| s.success());
+        if made {
+            let err = check(&node, Output::EventDb, true).unwrap_err().to_string();
+            assert!(err.contains("is a character device"), "{err}");
+        } else {
+            eprintln!("not root: the character-device case is left to the end-to-end tests");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_traces_own_files_are_never_replaced() {
+        let dir = temp_dir("trace");
+        std::fs::write(dir.join("header"), b"INSIGHT\0\x06\0\0\0").unwrap();
+        assert!(trace::is_trace(&dir));
+        for name in ["events", "header", "notes.html"] {
+            let err = check(&dir.join(name), Output::Html, true)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("is inside the trace"), "{name}: {err}");
+        }
+        assert!(check_event_db(&dir.join(traces::EVENTS_DB), false).is_ok());
+        assert!(check(&dir.join("events"), Output::EventDb, true).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
