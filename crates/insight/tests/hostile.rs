@@ -338,3 +338,57 @@ fn a_recording_survives_hostile_arguments_and_damage_is_named() {
     assert!(stderr.contains("header is damaged"), "{stderr}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn every_diagnosis_tool_is_listed_in_report_help() {
+    let help = run_expecting([os("report"), os("--help")], 0);
+    for tool in ["locks", "profile", "deadlock", "threads"] {
+        let listed = help
+            .lines()
+            .any(|l| l.trim_start().starts_with(&format!("{tool} ")));
+        assert!(listed, "{tool} is not among the commands:\n{help}");
+    }
+}
+
+#[test]
+fn received_frames_whose_lengths_miss_their_payload_are_refused() {
+    let dir = scratch("hostile-netrx");
+    let header = trace::Header {
+        clock: trace::ClockKind::Exit,
+        created_unix_secs: 0,
+        guest_cpuid: vec![],
+        kvm_caps: vec![],
+        user_rdtsc_traps: false,
+        host_apic_id: None,
+        config: String::new(),
+        images: vec![],
+        boot: trace::BootParams {
+            cmdline: String::new(),
+            memory_mib: 16,
+            rng_seed: vec![0; 32],
+            extra_initramfs: vec![],
+            net: None,
+        },
+        digest_interval: 1,
+    };
+    // A frame of 40 bytes logged with lengths that cover 5 (shorter than
+    // the virtio header) and then 35: before, dump wrote a 0-byte frame.
+    for (name, lens) in [("short", vec![5, 35]), ("over", vec![40, 10])] {
+        let t = dir.join(name);
+        let mut w = trace::TraceWriter::create(&t, &header).unwrap();
+        let payload = w.payload(&[0x55; 40]).unwrap();
+        w.push(vmm::journal::Entry::NetRx { payload, lens })
+            .unwrap();
+        w.finish().unwrap();
+        let pcap = dir.join(format!("{name}.pcap"));
+        let stderr = refused(
+            &[os("dump"), t.as_os_str(), os("--rx-pcap"), pcap.as_os_str()],
+            125,
+        );
+        assert!(
+            stderr.contains("received-frames entry of the log is malformed"),
+            "{stderr}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
