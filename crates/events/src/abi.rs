@@ -441,15 +441,31 @@ mod tests {
             encode(Kind::Exit as u16, 1, 1, "a", &[0xff; 8]),
         ];
         for s in &samples {
-            for n in 0..=s.len() {
-                let _ = parse(&s[..n], PAGE);
+            assert!(parse(s, PAGE).is_ok());
+            // A cut event is never read, whatever its size field says.
+            for n in 0..s.len() {
+                assert!(parse(&s[..n], PAGE).is_err(), "{n} bytes of {s:x?}");
             }
             for i in 0..s.len() {
                 for v in [0u8, 1, 0x7f, 0xff] {
                     let mut b = s.clone();
                     b[i] = v;
                     for room in [0, 47, 48, 72, PAGE] {
-                        let _ = parse(&b, room);
+                        let r = parse(&b, room);
+                        // A changed magic or version is named as such.
+                        if v != s[i] && i < 4 {
+                            assert!(matches!(r, Err(AbiError::BadMagic(_))), "{r:?}");
+                        }
+                        if v != s[i] && (4..6).contains(&i) {
+                            assert!(matches!(r, Err(AbiError::Version(_))), "{r:?}");
+                        }
+                        // What is read is what the bytes say, and lies
+                        // within the room the event had.
+                        if let Ok(e) = &r {
+                            assert!(u32_at(&b, 8) as usize <= room.min(b.len()), "{e:?}");
+                            assert_eq!(e.kind as u16, u16_at(&b, 6));
+                            assert_eq!((e.pid, e.lwpid), (u32_at(&b, 12), u32_at(&b, 16)));
+                        }
                     }
                 }
             }

@@ -359,15 +359,44 @@ mod tests {
         // Guest-controlled garbage in the first 64 KiB, tables pointing
         // anywhere (often outside guest memory).
         for i in 0..8192u64 {
-            put(&m, i * 8, next());
+            let entry = next();
+            // Half of them present and pointing into the garbage itself,
+            // so that some walks end in a translation.
+            let entry = if entry & 1 == 0 {
+                entry
+            } else {
+                (entry & 0xf000) | (entry & 0xfff) | 1
+            };
+            put(&m, i * 8, entry);
         }
         let mut buf = [0u8; 64];
+        let (mut mapped, mut unmapped) = (0, 0);
         for _ in 0..20_000 {
             let cr3 = next() & 0xf000;
             let va = next();
-            let _ = translate(&m, cr3, va);
-            let _ = read_virt(&m, cr3, va, &mut buf);
+            match translate(&m, cr3, va) {
+                // A translation keeps the offset in the page, and what it
+                // reads is guest memory at that address.
+                Ok(pa) => {
+                    assert_eq!(pa & 0xfff, va & 0xfff, "{va:#x} -> {pa:#x}");
+                    let mut byte = [0u8; 1];
+                    if read_virt(&m, cr3, va, &mut byte).is_ok() {
+                        let at: u8 = m.read_obj(GuestAddress(pa)).unwrap();
+                        assert_eq!(byte[0], at, "{va:#x} -> {pa:#x}");
+                    }
+                    mapped += 1;
+                }
+                // What does not translate cannot be read.
+                Err(_) => {
+                    assert!(read_virt(&m, cr3, va, &mut buf).is_err(), "{va:#x}");
+                    unmapped += 1;
+                }
+            }
         }
+        assert!(
+            mapped > 0 && unmapped > 0,
+            "{mapped} mapped, {unmapped} not"
+        );
     }
 
     #[test]

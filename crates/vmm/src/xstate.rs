@@ -473,15 +473,48 @@ mod tests {
     fn restore_of_arbitrary_areas_never_panics() {
         let l = layout();
         let mut seed = 7;
+        let mut ok = 0;
         for _ in 0..2_000 {
             let mut area: Vec<u8> = (0..1152).map(|_| xorshift(&mut seed) as u8).collect();
             if xorshift(&mut seed) & 1 == 0 {
                 area[HEADER + 8..LEGACY_AND_HEADER].fill(0);
             }
+            if xorshift(&mut seed) & 1 == 0 {
+                // A valid header and MXCSR: the restore itself is reached.
+                let bv = xorshift(&mut seed) & 0xe7;
+                area[HEADER..HEADER + 8].copy_from_slice(&bv.to_le_bytes());
+                let mxcsr = xorshift(&mut seed) as u32 & 0xffbf;
+                area[MXCSR].copy_from_slice(&mxcsr.to_le_bytes());
+            }
             let mut cpu = cpu_image();
+            let before = cpu.clone();
             let rfbm = xorshift(&mut seed) & 0b100111;
-            let _ = restore(&mut cpu, &area, rfbm, 0xe7, &l);
+            let bv = header_bv(&area, HEADER);
+            match restore(&mut cpu, &area, rfbm, 0xe7, &l) {
+                // A fault leaves the vCPU state as it was.
+                Err(_) => assert_eq!(cpu, before),
+                Ok(()) => {
+                    // Each requested component is the area's or its
+                    // initial value; the others are untouched.
+                    let (sse, avx) = (XMM, 576..576 + 256);
+                    for (bit, range) in [(1u64 << 1, sse), (1 << 2, avx)] {
+                        let expected = if rfbm & bit == 0 {
+                            before[range.clone()].to_vec()
+                        } else if bv & bit != 0 {
+                            area[range.clone()].to_vec()
+                        } else {
+                            vec![0; range.len()]
+                        };
+                        assert_eq!(cpu[range], expected[..], "rfbm {rfbm:#x} bv {bv:#x}");
+                    }
+                    ok += 1;
+                }
+            }
         }
+        assert!(
+            ok > 100,
+            "only {ok} areas restored: the checks above went unexercised"
+        );
     }
 
     #[test]
