@@ -67,9 +67,45 @@ fn host_report_is_consistent() {
     kvm_present();
     let r = host_check::HostReport::measure().unwrap();
     assert!(r.can_run(), "{r:?}");
-    if r.pmu.host_branch_counter.is_err() || r.pmu.guest_counters == 0 {
+    // Facts about the host do not change between two measurements.
+    let again = host_check::HostReport::measure().unwrap();
+    let facts = |r: &host_check::HostReport| {
+        format!(
+            "{:?}",
+            (
+                &r.syscall,
+                r.user_port_io,
+                &r.int3_kernel,
+                &r.int3_user,
+                (r.hw_breakpoint_kernel, r.hw_breakpoint_user),
+                (r.single_step_kernel, r.single_step_user),
+                r.user_tsd,
+                r.user_xcr0,
+                &r.pmu,
+            )
+        )
+    };
+    assert_eq!(facts(&r), facts(&again));
+    // Against what the host says elsewhere: without a CPU PMU driver in
+    // sysfs no hardware branch counter can be opened, and the exit clock
+    // is the one left.
+    if !std::path::Path::new("/sys/bus/event_source/devices/cpu").exists() {
+        assert!(r.pmu.host_branch_counter.is_err(), "{r:?}");
         assert_eq!(r.clock(), host_check::ClockKind::Exit);
     }
+    // Guest counters come from KVM's CPUID leaf 0xA, asked here directly.
+    let kvm = kvm_ioctls::Kvm::new().unwrap();
+    let cpuid = kvm
+        .get_supported_cpuid(kvm_bindings::KVM_MAX_CPUID_ENTRIES)
+        .unwrap();
+    let leaf_a = cpuid
+        .as_slice()
+        .iter()
+        .find(|e| e.function == 0xa)
+        .map_or(0, |e| (e.eax >> 8) & 0xff);
+    assert_eq!(r.pmu.guest_counters, leaf_a, "{r:?}");
+    // x87 and SSE state are always enabled for user code.
+    assert_eq!(r.user_xcr0 & 3, 3, "{r:?}");
 }
 
 #[ignore = "needs /dev/kvm (tools/test runs it)"]
