@@ -178,7 +178,7 @@ fn tampered_truncated_and_foreign_traces() {
         &["--digest-every", "1"],
         &["sh", "-c", "echo some output to tamper with; sleep 0.3"],
     );
-    expect_status(&out, 0);
+    let recorded = expect_status(&out, 0);
     let dir = trace.parent().unwrap().to_owned();
     let (header, events) = read_all(&trace);
 
@@ -272,7 +272,7 @@ fn tampered_truncated_and_foreign_traces() {
 
     // Cut right after a HLT, before the interrupt that woke the guest:
     // the natural end of a killed recording of an idle guest.
-    let (at, _) = nth_exit(&events, 1, |e| matches!(e, Entry::Halt { .. }));
+    let (at, ordinal) = nth_exit(&events, 1, |e| matches!(e, Entry::Halt { .. }));
     let after_hlt = dir.join("cut-after-hlt");
     let mut writer = trace::TraceWriter::create(&after_hlt, &header).unwrap();
     for e in &events[..=at] {
@@ -281,8 +281,18 @@ fn tampered_truncated_and_foreign_traces() {
     writer.flush().unwrap();
     drop(writer);
     let out = replay(&after_hlt);
-    let (_, stderr) = text(&out);
+    let (replayed, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(4), "{stderr}");
+    // Every exit up to the HLT replayed, and what the guest printed by
+    // then is what the recording printed first.
+    assert!(
+        stderr.contains(&format!("all {ordinal} deterministic exits it holds")),
+        "{stderr}"
+    );
+    assert!(
+        recorded.starts_with(&replayed),
+        "{replayed:?} / {recorded:?}"
+    );
 
     // A future format version is refused, naming the versions.
     let future = dir.join("future");
@@ -319,32 +329,49 @@ fn killed_recorder_leaves_a_replayable_prefix() {
     let mut child = insight()
         .args(["record", "--no-stdin", "-o"])
         .arg(&trace)
-        .args(["--", "sh", "-c", "echo started; while :; do sleep 1; done"])
+        .args([
+            "--",
+            "sh",
+            "-c",
+            "echo started; i=0; while :; do i=$((i+1)); echo tick $i; sleep 0.2; done",
+        ])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    // Wait for the guest command to start, then a bit more, then kill -9.
+    // Wait for the guest command's third tick, then 2 s more, then kill -9.
     let mut stdout = child.stdout.take().unwrap();
     let mut seen = Vec::new();
     let mut buf = [0u8; 4096];
-    while !String::from_utf8_lossy(&seen).contains("started") {
+    while !String::from_utf8_lossy(&seen).contains("tick 3\n") {
         use std::io::Read;
         let n = stdout.read(&mut buf).unwrap();
         assert!(n > 0, "recorder ended early");
         seen.extend_from_slice(&buf[..n]);
     }
-    std::thread::sleep(std::time::Duration::from_secs(3));
+    std::thread::sleep(std::time::Duration::from_secs(2));
     child.kill().unwrap();
     child.wait().unwrap();
+    {
+        use std::io::Read;
+        stdout.read_to_end(&mut seen).unwrap();
+    }
+    let recorded = String::from_utf8_lossy(&seen).into_owned();
     assert!(!trace.join("complete").exists());
 
     let out = replay(&trace);
     let (replayed, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(4), "{stderr}");
     assert!(stderr.contains("incomplete"), "{stderr}");
-    assert!(replayed.contains("started"), "{replayed}");
+    // The replay prints what the recording printed, up to where its log
+    // ends; the recorder flushes at least once a second, so the log holds
+    // what was printed 2 s before the kill.
+    assert!(
+        recorded.starts_with(&replayed),
+        "{replayed:?} / {recorded:?}"
+    );
+    assert!(replayed.contains("tick 3\n"), "{replayed:?} / {recorded:?}");
     let _ = std::fs::remove_dir_all(trace.parent().unwrap());
 }
 
