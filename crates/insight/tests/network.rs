@@ -209,6 +209,46 @@ fn assert_replays_without_a_network(trace: &Path, recorded: &str) {
     }
 }
 
+/// The datagrams `udp_sink ... && cat FILE` printed after its summary
+/// line, in the order the guest received them.
+fn received_datagrams(stdout: &str) -> Vec<String> {
+    stdout
+        .lines()
+        .skip_while(|l| !l.starts_with("udp_sink: ") || !l.contains(" datagrams, sha256 "))
+        .skip(1)
+        .map(str::trim_end)
+        .filter(|l| {
+            *l == "end"
+                || l.split_once(' ')
+                    .is_some_and(|(s, i)| (s == "a" || s == "b") && i.parse::<u32>().is_ok())
+        })
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The payloads of the UDP datagrams to `port` in a pcap capture of
+/// Ethernet frames, in capture order.
+fn udp_payloads(pcap: &[u8], port: u16) -> Vec<Vec<u8>> {
+    let u16_be = |b: &[u8], at: usize| u16::from_be_bytes([b[at], b[at + 1]]);
+    let mut payloads = Vec::new();
+    let mut at = 24;
+    while at < pcap.len() {
+        let len = u32::from_le_bytes(pcap[at + 8..at + 12].try_into().unwrap()) as usize;
+        let frame = &pcap[at + 16..at + 16 + len];
+        at += 16 + len;
+        // IPv4 (ethertype 0x0800) carrying UDP (protocol 17).
+        if frame.len() < 34 || u16_be(frame, 12) != 0x0800 || frame[23] != 17 {
+            continue;
+        }
+        let ip = &frame[14..];
+        let udp = &ip[usize::from(ip[0] & 0xf) * 4..usize::from(u16_be(ip, 2))];
+        if u16_be(udp, 2) == port {
+            payloads.push(udp[8..usize::from(u16_be(udp, 4))].to_vec());
+        }
+    }
+    payloads
+}
+
 #[ignore = "needs root, /dev/kvm and the guest image (tools/test runs it)"]
 #[test]
 fn interleaved_udp_senders_replay_without_a_network() {
@@ -216,13 +256,15 @@ fn interleaved_udp_senders_replay_without_a_network() {
     let dir = scratch("udp");
     let trace = dir.join("trace");
     let ns = Netns::new("udp");
-    let config = config(&dir, "udp_sink 5000 2 /tmp/in");
+    // The guest prints what it received, in the order it received it.
+    let config = config(&dir, "udp_sink 5000 2 /tmp/in && cat /tmp/in");
     let mut rec = Recording::start(&ns, &config, &trace);
     rec.wait_for("udp_sink: listening");
-    // Two senders at once, 50 datagrams each and an "end".
+    // Two senders at once, 50 datagrams each and an "end", each pausing
+    // between datagrams so that both are sending while the other is.
     let senders = ns.bash(&format!(
         "for s in a b; do (for i in $(seq 1 50); do echo \"$s $i\" > /dev/udp/{GUEST}/5000; \
-         done; echo end > /dev/udp/{GUEST}/5000) & done; wait"
+         sleep 0.01; done; echo end > /dev/udp/{GUEST}/5000) & done; wait"
     ));
     assert!(senders.status.success(), "{senders:?}");
     let (status, stdout, stderr) = rec.finish();
@@ -232,6 +274,29 @@ fn interleaved_udp_senders_replay_without_a_network() {
         "{stdout}"
     );
     assert!(!stderr.contains("network:"), "{stderr}");
+    let received = received_datagrams(&stdout);
+    assert_eq!(received.len(), 102, "{stdout}");
+    // Each sender's datagrams all came, in the order it sent them.
+    for s in ["a", "b"] {
+        let numbers: Vec<String> = received
+            .iter()
+            .filter_map(|d| d.strip_prefix(&format!("{s} ")))
+            .map(str::to_owned)
+            .collect();
+        let sent: Vec<String> = (1..=50).map(|i| i.to_string()).collect();
+        assert_eq!(numbers, sent, "sender {s}: {received:?}");
+    }
+    // They interleaved: before either sender's "end", the guest received
+    // from one, then the other, then the first again.
+    let first_end = received.iter().position(|d| d == "end").unwrap();
+    let switches = received[..first_end]
+        .windows(2)
+        .filter(|w| w[0][..1] != w[1][..1])
+        .count();
+    assert!(
+        switches >= 2,
+        "the senders did not interleave before the first end: {received:?}"
+    );
     // Replay needs no namespace, no TAP device, no network.
     drop(ns);
     assert_replays_without_a_network(&trace, &stdout);
@@ -251,6 +316,11 @@ fn interleaved_udp_senders_replay_without_a_network() {
     assert_eq!(&bytes[..4], &[0xd4, 0xc3, 0xb2, 0xa1]);
     let datagrams = bytes.windows(4).filter(|w| w == b"end\n").count();
     assert_eq!(datagrams, 2, "the capture holds both senders' ends");
+    // The frames the trace delivered carry, in order, what the guest
+    // received.
+    let delivered: Vec<u8> = udp_payloads(&bytes, 5000).concat();
+    let printed: String = received.iter().map(|d| format!("{d}\n")).collect();
+    assert_eq!(String::from_utf8_lossy(&delivered), printed);
     let dump = insight().arg("dump").arg(&trace).output().unwrap();
     assert!(text(&dump).0.contains("frames received"));
     let _ = std::fs::remove_dir_all(&dir);

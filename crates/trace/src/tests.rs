@@ -289,9 +289,8 @@ fn writer_refuses_a_non_empty_directory() {
 fn arbitrary_event_files_never_panic() {
     let dir = scratch("fuzz");
     write(&dir, 10);
-    // As an unfinished recording, so that garbage is read, not refused by
-    // its size.
-    std::fs::remove_file(dir.join(COMPLETE_FILE)).unwrap();
+    let summary = std::fs::read(dir.join(COMPLETE_FILE)).unwrap();
+    let (mut truncated, mut corrupt) = (0, 0);
     let mut x = 0x1234_5678_9abc_def1u64;
     for round in 0..300 {
         let len = (x % 300) as usize;
@@ -309,15 +308,45 @@ fn arbitrary_event_files_never_panic() {
             bytes[8..16].copy_from_slice(&0u64.to_le_bytes());
         }
         std::fs::write(dir.join(EVENTS_FILE), &bytes).unwrap();
+        // In a complete trace, garbage is damage, never a crash's end.
+        std::fs::write(dir.join(COMPLETE_FILE), &summary).unwrap();
+        match read_whole(&dir) {
+            Err(e) => assert!(e.is_damage(), "{len} bytes: {e}"),
+            Ok(whole) => panic!("garbage in a complete trace read as {whole:?}"),
+        }
+        // In an unfinished recording it is read, not refused by its size.
+        std::fs::remove_file(dir.join(COMPLETE_FILE)).unwrap();
         // Garbage never reads as events: it ends the stream, reported.
         match read_whole(&dir) {
             Ok((evs, _, problem)) => {
                 assert!(evs.is_empty(), "garbage read as {evs:?}");
                 assert_eq!(problem.is_some(), len > 0, "{len} bytes: {problem:?}");
+                // Shorter than a frame head, or than the (bounded) length
+                // its head declares: the frame is cut short; whole but
+                // garbage: it is corrupt. Either way it is the first frame.
+                let le = |b: &[u8]| u32::from_le_bytes(b.try_into().unwrap()) as usize;
+                let cut = match bytes.get(..FRAME_HEAD) {
+                    None => true,
+                    Some(head) => {
+                        let (n, count) = (le(&head[..4]), le(&head[4..8]));
+                        n <= MAX_FRAME_BYTES && count != 0 && FRAME_HEAD + n > len
+                    }
+                };
+                match problem {
+                    None => {}
+                    Some(TailProblem::Truncated { frame: 0 }) if cut => truncated += 1,
+                    Some(TailProblem::Corrupt { frame: 0, .. }) if !cut => corrupt += 1,
+                    Some(p) => panic!("{len} bytes ({bytes:x?}) reported as {p:?}"),
+                }
             }
             Err(e) => panic!("garbage at the end of an unfinished recording: {e}"),
         }
     }
+    // Both kinds came up, so both checks above ran.
+    assert!(
+        truncated > 0 && corrupt > 0,
+        "{truncated} cut, {corrupt} corrupt"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

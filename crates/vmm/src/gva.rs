@@ -356,25 +356,61 @@ mod tests {
             x ^= x << 17;
             x
         };
-        // Guest-controlled garbage in the first 64 KiB, tables pointing
-        // anywhere (often outside guest memory).
-        for i in 0..8192u64 {
-            let entry = next();
-            // Half of them present and pointing into the garbage itself,
-            // so that some walks end in a translation.
-            let entry = if entry & 1 == 0 {
-                entry
-            } else {
-                (entry & 0xf000) | (entry & 0xfff) | 1
+        // Guest-controlled garbage in the first 64 KiB: a quarter of the
+        // entries not present, a quarter present and pointing anywhere
+        // (often outside guest memory), half present and pointing into the
+        // garbage itself, so that some walks end in a translation.
+        let mut image = vec![0u64; 8192];
+        for (i, slot) in image.iter_mut().enumerate() {
+            let raw = next();
+            let entry = match raw % 4 {
+                0 | 1 => (raw & 0xf000) | (raw & 0xfff) | 1,
+                _ => raw,
             };
-            put(&m, i * 8, entry);
+            *slot = entry;
+            put(&m, i as u64 * 8, entry);
         }
+        // The walk the architecture defines, over the test's own copy of
+        // those tables (the rest of the 8 MiB is zero).
+        let expected = |cr3: u64, va: u64| {
+            let mut table = cr3 & ADDR_MASK;
+            for level in (0..4).rev() {
+                let shift = 12 + 9 * level;
+                let at = table + ((va >> shift) & 0x1ff) * 8;
+                let entry = if at + 8 > 8 << 20 {
+                    return Err(TranslateError::TableOutsideMemory(at));
+                } else if at < 0x10000 {
+                    image[at as usize / 8]
+                } else {
+                    0
+                };
+                if entry & PRESENT == 0 {
+                    return Err(TranslateError::NotMapped(va));
+                }
+                let mask = (1u64 << shift) - 1;
+                if level == 0 || (entry & HUGE != 0 && level <= 2) {
+                    return Ok((entry & ADDR_MASK & !mask) | (va & mask));
+                }
+                table = entry & ADDR_MASK;
+            }
+            unreachable!("level 0 ends the walk")
+        };
         let mut buf = [0u8; 64];
         let (mut mapped, mut unmapped) = (0, 0);
+        let (mut not_present, mut outside) = (0, 0);
         for _ in 0..20_000 {
             let cr3 = next() & 0xf000;
             let va = next();
-            match translate(&m, cr3, va) {
+            // Each walk ends where the tables say: a translation, a
+            // non-present entry, or a table outside guest memory.
+            let result = translate(&m, cr3, va);
+            assert_eq!(result, expected(cr3, va), "cr3 {cr3:#x} va {va:#x}");
+            match result {
+                Err(TranslateError::NotMapped(_)) => not_present += 1,
+                Err(TranslateError::TableOutsideMemory(_)) => outside += 1,
+                _ => {}
+            }
+            match result {
                 // A translation keeps the offset in the page, and what it
                 // reads is guest memory at that address.
                 Ok(pa) => {
@@ -396,6 +432,10 @@ mod tests {
         assert!(
             mapped > 0 && unmapped > 0,
             "{mapped} mapped, {unmapped} not"
+        );
+        assert!(
+            not_present > 0 && outside > 0,
+            "{not_present} not present, {outside} outside guest memory"
         );
     }
 

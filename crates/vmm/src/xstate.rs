@@ -452,11 +452,19 @@ mod tests {
 
     #[test]
     fn arbitrary_bytes_never_panic_and_lengths_stay_in_bounds() {
+        use iced_x86::{DecoderOptions, Mnemonic, Register};
+        const RIP: u64 = 0x7f00_1234_5000;
+        let mut decoded_ops = [0; 2];
         let mut seed = 0x9e37_79b9_7f4a_7c15;
         for _ in 0..200_000 {
             let r = xorshift(&mut seed);
             let len = (r % 16) as usize;
-            let mut bytes: Vec<u8> = (0..len).map(|_| xorshift(&mut seed) as u8).collect();
+            // The top byte of xorshift64*: the low bytes of consecutive
+            // xorshift values are linked (a ModRM byte would decide bits
+            // of the SIB byte after it).
+            let mut bytes: Vec<u8> = (0..len)
+                .map(|_| (xorshift(&mut seed).wrapping_mul(0x2545_f491_4f6c_dd1d) >> 56) as u8)
+                .collect();
             // Bias towards the opcode so that the operand decoder is reached.
             if len >= 3 && r & 1 == 0 {
                 bytes[0] = 0x48;
@@ -466,7 +474,46 @@ mod tests {
             if let Some(x) = decode(&bytes) {
                 assert!(x.len as usize <= bytes.len(), "{bytes:x?} -> {x:?}");
             }
+            // A full x86 decoder agrees: the same instructions (those
+            // without prefixes other than REX), lengths and addresses.
+            let mut full = iced_x86::Decoder::with_ip(64, &bytes, RIP, DecoderOptions::NONE);
+            let insn = full.decode();
+            let code = insn.code();
+            let op = match insn.mnemonic() {
+                Mnemonic::Xsave | Mnemonic::Xsave64 | Mnemonic::Xsaveopt | Mnemonic::Xsaveopt64 => {
+                    Some(XOp::Save)
+                }
+                Mnemonic::Xrstor | Mnemonic::Xrstor64 => Some(XOp::Restore),
+                _ => None,
+            };
+            let rex = bytes.first().is_some_and(|b| (0x40..=0x4f).contains(b));
+            let plain = bytes[usize::from(rex)..].starts_with(&[0x0f, 0xae]);
+            let decoded = decode(&bytes);
+            assert_eq!(
+                decoded.map(|x| x.op),
+                op.filter(|_| plain),
+                "{bytes:x?}: {code:?}"
+            );
+            if let Some(x) = decoded {
+                assert_eq!(x.len, insn.len() as u64, "{bytes:x?}: {code:?}");
+                let gprs: [u64; 16] = std::array::from_fn(|_| xorshift(&mut seed));
+                let value = |reg: Register, _, _| {
+                    Some(if reg.is_gpr64() {
+                        gprs[reg.number()]
+                    } else {
+                        0
+                    })
+                };
+                assert_eq!(
+                    Some(x.mem.address(&gprs, RIP + x.len)),
+                    insn.virtual_address(0, 0, value),
+                    "{bytes:x?}: {code:?}"
+                );
+                decoded_ops[x.op as usize] += 1;
+            }
         }
+        // Both instructions came up, so the checks above ran.
+        assert!(decoded_ops.iter().all(|&n| n > 100), "{decoded_ops:?}");
     }
 
     #[test]
@@ -474,26 +521,65 @@ mod tests {
         let l = layout();
         let mut seed = 7;
         let mut ok = 0;
+        let (mut bad_header, mut bad_mxcsr) = (0, 0);
         for _ in 0..2_000 {
             let mut area: Vec<u8> = (0..1152).map(|_| xorshift(&mut seed) as u8).collect();
             if xorshift(&mut seed) & 1 == 0 {
                 area[HEADER + 8..LEGACY_AND_HEADER].fill(0);
             }
             if xorshift(&mut seed) & 1 == 0 {
-                // A valid header and MXCSR: the restore itself is reached.
+                // A valid header and, three times in four, a valid MXCSR:
+                // the restore itself is reached.
                 let bv = xorshift(&mut seed) & 0xe7;
                 area[HEADER..HEADER + 8].copy_from_slice(&bv.to_le_bytes());
-                let mxcsr = xorshift(&mut seed) as u32 & 0xffbf;
+                let mxcsr = xorshift(&mut seed) as u32;
+                let mxcsr = if mxcsr & 0x3_0000 == 0 {
+                    mxcsr
+                } else {
+                    mxcsr & 0xffbf
+                };
                 area[MXCSR].copy_from_slice(&mxcsr.to_le_bytes());
             }
             let mut cpu = cpu_image();
             let before = cpu.clone();
             let rfbm = xorshift(&mut seed) & 0b100111;
             let bv = header_bv(&area, HEADER);
+            let mxcsr = u32::from_le_bytes(area[MXCSR].try_into().unwrap());
+            let header_ok =
+                bv & !0xe7 == 0 && area[HEADER + 8..LEGACY_AND_HEADER].iter().all(|&b| b == 0);
+            let mxcsr_ok = rfbm & 0b110 == 0 || mxcsr & !0xffff == 0;
             match restore(&mut cpu, &area, rfbm, 0xe7, &l) {
-                // A fault leaves the vCPU state as it was.
-                Err(_) => assert_eq!(cpu, before),
+                // A fault leaves the vCPU state as it was, and is the one
+                // the area calls for: the header first, then MXCSR.
+                Err(fault) => {
+                    assert_eq!(cpu, before);
+                    if !header_ok {
+                        assert_eq!(fault, XstateFault::BadHeader);
+                        bad_header += 1;
+                    } else {
+                        assert_eq!(fault, XstateFault::BadMxcsr, "{mxcsr:#x}");
+                        assert!(!mxcsr_ok, "{mxcsr:#x} refused");
+                        bad_mxcsr += 1;
+                    }
+                }
                 Ok(()) => {
+                    assert!(header_ok && mxcsr_ok, "bv {bv:#x} mxcsr {mxcsr:#x} taken");
+                    // MXCSR comes with SSE or AVX, and x87 state is the
+                    // area's or its initial value (FCW 0x37f, the rest 0).
+                    let expected = if rfbm & 0b110 == 0 { &before } else { &area };
+                    assert_eq!(cpu[MXCSR], expected[MXCSR], "rfbm {rfbm:#x}");
+                    let mut x87_init = [0u8; 160];
+                    x87_init[..2].copy_from_slice(&0x037fu16.to_le_bytes());
+                    for range in X87 {
+                        let expected = if rfbm & 1 == 0 {
+                            &before[range.clone()]
+                        } else if bv & 1 != 0 {
+                            &area[range.clone()]
+                        } else {
+                            &x87_init[range.clone()]
+                        };
+                        assert_eq!(&cpu[range], expected, "rfbm {rfbm:#x} bv {bv:#x}");
+                    }
                     // Each requested component is the area's or its
                     // initial value; the others are untouched.
                     let (sse, avx) = (XMM, 576..576 + 256);
@@ -514,6 +600,10 @@ mod tests {
         assert!(
             ok > 100,
             "only {ok} areas restored: the checks above went unexercised"
+        );
+        assert!(
+            bad_header > 100 && bad_mxcsr > 10,
+            "{bad_header} bad headers, {bad_mxcsr} bad MXCSRs refused"
         );
     }
 

@@ -104,8 +104,75 @@ fn host_report_is_consistent() {
         .find(|e| e.function == 0xa)
         .map_or(0, |e| (e.eax >> 8) & 0xff);
     assert_eq!(r.pmu.guest_counters, leaf_a, "{r:?}");
+    // KVM offers guests no more counters than the host CPU has (CPUID run
+    // here), and none where the host kernel found no architectural PMU.
+    let host_counters = if host_cpuid(0).eax >= 0xa {
+        (host_cpuid(0xa).eax >> 8) & 0xff
+    } else {
+        0
+    };
+    assert!(r.pmu.guest_counters <= host_counters, "{r:?}");
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap();
+    let arch_perfmon = cpuinfo
+        .lines()
+        .find(|l| l.starts_with("flags"))
+        .is_some_and(|l| l.split_whitespace().any(|f| f == "arch_perfmon"));
+    if !arch_perfmon {
+        assert_eq!(r.pmu.guest_counters, 0, "{r:?}");
+    }
+    // The branch clock only where both halves exist on this host.
+    if r.clock() == host_check::ClockKind::Branch {
+        assert!(
+            Path::new("/sys/bus/event_source/devices/cpu").exists() && leaf_a > 0,
+            "{r:?}"
+        );
+    }
     // x87 and SSE state are always enabled for user code.
     assert_eq!(r.user_xcr0 & 3, 3, "{r:?}");
+    // User code sees the guest's XCR0 (x87|SSE) or the host's own, read
+    // here with XGETBV.
+    let host_xcr0 = host_xcr0();
+    assert!(
+        r.user_xcr0 == 3 || u64::from(r.user_xcr0) == host_xcr0 & 0xff,
+        "user code saw XCR0 {:#x}, the host's is {host_xcr0:#x}",
+        r.user_xcr0
+    );
+    // Breakpoints and single steps exit to the VMM only through guest
+    // debugging, which KVM must then report it has.
+    let debug_exits = r.single_step_kernel
+        || r.single_step_user
+        || r.hw_breakpoint_kernel
+        || r.hw_breakpoint_user
+        || r.int3_kernel == Int3Behaviour::Intercepted
+        || r.int3_user == Int3Behaviour::Intercepted;
+    if debug_exits {
+        assert!(kvm.check_extension(kvm_ioctls::Cap::SetGuestDebug), "{r:?}");
+    }
+    // The delivery rounds add up: every one exact means none was late.
+    let d = &r.delivery;
+    assert!(d.rounds > 0 && d.exact <= d.rounds, "{d:?}");
+    assert!(d.exact < d.rounds || d.max_late == 0, "{d:?}");
+    // A state-matching probe that works stopped for no reason.
+    let m = &r.state_match;
+    if m.works() {
+        assert_eq!(m.failure, None, "{m:?}");
+    }
+}
+
+/// CPUID run on the host (not through KVM).
+fn host_cpuid(leaf: u32) -> std::arch::x86_64::CpuidResult {
+    std::arch::x86_64::__cpuid(leaf)
+}
+
+/// The host's XCR0, with XGETBV.
+fn host_xcr0() -> u64 {
+    assert!(
+        std::arch::is_x86_feature_detected!("xsave"),
+        "KVM's probes enable XSAVE in their guest; this host has none"
+    );
+    // SAFETY: XGETBV with ECX = 0 only reads XCR0, which exists when the
+    // CPU has XSAVE and the OS enabled it (checked above).
+    unsafe { std::arch::x86_64::_xgetbv(0) }
 }
 
 #[ignore = "needs /dev/kvm (tools/test runs it)"]
