@@ -522,30 +522,22 @@ impl<E: DeserializeOwned> TraceReader<E> {
         if let Some(summary) = complete {
             // A complete trace's files are as long as its summary says,
             // before anything is replayed from them.
-            if events_size != summary.event_bytes {
-                return Err(reader.damaged(
-                    EVENTS_FILE,
-                    "its size".into(),
-                    format!(
-                        "{events_size} bytes, its completion summary says {}",
-                        summary.event_bytes
-                    ),
-                ));
-            }
             let payloads_size = reader
                 .payload_file()?
                 .metadata()
                 .map_err(io_err(dir))?
                 .len();
-            if payloads_size != summary.payload_bytes {
-                return Err(reader.damaged(
-                    PAYLOADS_FILE,
-                    "its size".into(),
-                    format!(
-                        "{payloads_size} bytes, its completion summary says {}",
-                        summary.payload_bytes
-                    ),
-                ));
+            for (file, size, said) in [
+                (EVENTS_FILE, events_size, summary.event_bytes),
+                (PAYLOADS_FILE, payloads_size, summary.payload_bytes),
+            ] {
+                if size != said {
+                    return Err(reader.damaged(
+                        file,
+                        "its size".into(),
+                        format!("{size} bytes, its completion summary says {said}"),
+                    ));
+                }
             }
         }
         Ok(reader)
