@@ -4,22 +4,8 @@
 mod common;
 
 use common::*;
-use events::abi::{Kind, Source};
-use events::db::{EventDb, EventFormat, EventWriter, Row};
-
-fn lock_row(time: u64, kind: Kind) -> Row {
-    Row {
-        seq: 0,
-        time,
-        kind,
-        source: Source::Probe,
-        pid: 7,
-        lwpid: 8,
-        addr: Some(0x1000),
-        caller: Some(0x40_0000),
-        value: None,
-    }
-}
+use events::abi::Kind;
+use events::db::{EventDb, EventFormat, EventWriter};
 
 #[test]
 fn converts_both_ways_and_never_overwrites_its_input() {

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::*;
-use events::abi::{Kind, Source};
+use events::abi::Kind;
 use events::db::{EventWriter, Row};
 
 /// A damaged input or a refused output is found at once, before any
@@ -42,15 +42,8 @@ fn event_db(path: &Path) {
     for i in 0..50u64 {
         for kind in [Kind::Lock, Kind::LockRet, Kind::Unlock] {
             w.push(&Row {
-                seq: 0,
-                time: 10 * i,
-                kind,
-                source: Source::Probe,
-                pid: 7,
-                lwpid: 8,
-                addr: Some(0x1000),
-                caller: Some(0x40_0000),
                 value: (kind == Kind::LockRet).then_some(0),
+                ..lock_row(10 * i, kind)
             })
             .unwrap();
         }
@@ -70,6 +63,14 @@ fn scratch_device(dir: &Path) -> PathBuf {
         .unwrap();
     assert!(made.success(), "mknod needs root (tools/test runs as root)");
     node
+}
+
+fn mkfifo(path: &Path) {
+    let made = std::process::Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .unwrap();
+    assert!(made.success(), "mkfifo {}", path.display());
 }
 
 fn is_char_device(path: &Path) -> bool {
@@ -282,19 +283,11 @@ fn a_recording_survives_hostile_arguments_and_damage_is_named() {
     let fifo_complete = dir.join("fifo-complete");
     copy_trace(&trace, &fifo_complete);
     std::fs::remove_file(fifo_complete.join("complete")).unwrap();
-    let made = std::process::Command::new("mkfifo")
-        .arg(fifo_complete.join("complete"))
-        .status()
-        .unwrap();
-    assert!(made.success());
+    mkfifo(&fifo_complete.join("complete"));
     let stderr = refused(&[os("dump"), fifo_complete.as_os_str()], 125);
     assert!(stderr.contains("is a FIFO"), "{stderr}");
     let fifo_disk = dir.join("disk.img");
-    let made = std::process::Command::new("mkfifo")
-        .arg(&fifo_disk)
-        .status()
-        .unwrap();
-    assert!(made.success());
+    mkfifo(&fifo_disk);
     let disk_config = dir.join("disk.toml");
     std::fs::write(&disk_config, "disk = \"disk.img\"\ncommand = \"true\"\n").unwrap();
     let stderr = refused(&[os("run"), os("--no-stdin"), disk_config.as_os_str()], 125);

@@ -111,6 +111,21 @@ pub fn host_has_avx() -> bool {
         .unwrap_or(false)
 }
 
+/// A lock event of thread 8 of process 7 on the mutex at 0x1000.
+pub fn lock_row(time: u64, kind: events::abi::Kind) -> events::db::Row {
+    events::db::Row {
+        seq: 0,
+        time,
+        kind,
+        source: events::abi::Source::Probe,
+        pid: 7,
+        lwpid: 8,
+        addr: Some(0x1000),
+        caller: Some(0x40_0000),
+        value: None,
+    }
+}
+
 /// Every event of the database at `db`, in order.
 pub fn rows(db: &Path) -> Vec<events::db::Row> {
     let db = events::db::EventDb::open(db).unwrap();
