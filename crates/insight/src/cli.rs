@@ -15,9 +15,8 @@ use crate::cmd;
     long_about = "insight boots a Linux guest on KVM with every asynchronous input routed \
 through the VMM, so that a run can be recorded once and replayed deterministically.\n\n\
 Start with `insight run` (boots the built-in guest and runs a demo) and \
-`insight host-check` (what this host's KVM can do); then `insight record -o TRACE -- CMD` \
-and `insight replay TRACE`; with the probe library preloaded in the guest, \
-`insight replay TRACE --diagnose locks`.",
+`insight host-check` (what this host's KVM can do); then `insight record --probes -- CMD` \
+(the probe library preloaded in the command) and `insight replay --diagnose locks`.",
     after_help = "Exit status: the guest command's status for `run` and `record`; for \
 `replay` 0 (faithful), 1 (diverged), 4 (prefix of an incomplete trace); 3 when a trace or \
 event database is damaged (a checksum, size or count does not match; any command); 125 \
@@ -31,18 +30,25 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Boot a guest and run a command in it.
-    #[command(long_about = "Boot a guest and run a command in it.\n\n\
+    // Options from 1: --probes (0) leads.
+    #[command(
+        next_display_order = 1,
+        long_about = "Boot a guest and run a command in it.\n\n\
 The guest's console is this terminal: its output goes to standard output, and standard \
 input is forwarded to it (on a terminal, keys go to the guest raw, Ctrl-C included; \
 Ctrl-A x stops the VM, Ctrl-A Ctrl-A sends Ctrl-A). insight exits with the guest \
 command's exit status (128+N if a signal N killed it; 130 if you stopped the VM).\n\n\
+--probes preloads the probe library in the command, as `insight record --probes` does \
+(events are collected when a recording is replayed).\n\n\
 Examples:\n  \
+insight run --probes -- syn_cont 1000 2000   # a workload with the probe library\n  \
 insight run                                  # built-in guest, demo workload\n  \
 insight run -- sh                            # an interactive shell in the guest\n  \
 insight run -- sh -c 'uname -r; exit 3'      # exits with status 3\n  \
 insight run my-vm.toml                       # your kernel, files, command\n  \
 insight run my-vm.toml -- /usr/local/bin/prog --flag\n\n\
-The config file format is described in docs/config.md.")]
+The config file format is described in docs/config.md."
+    )]
     Run(cmd::run::RunArgs),
     /// Measure what this host's KVM supports and which strategy insight uses.
     #[command(
@@ -58,9 +64,16 @@ Exit status 0 when insight can run its guest on this host, 1 otherwise."
     )]
     HostCheck,
     /// Boot a guest, run a command in it, and record the run into a trace.
+    // Options from 1: --probes (0) leads.
     #[command(
+        next_display_order = 1,
         long_about = "Boot a guest, run a command in it, and record the run into a \
 trace directory that `insight replay` re-executes exactly.\n\n\
+With --probes the command runs with the probe library preloaded (LD_PRELOAD), so that \
+`insight replay --diagnose locks` (or --events) finds its lock, thread, fork and exit \
+events. The probes cost the recording no VM exit: the events come out at replay. The \
+trace keeps the setting, and replay needs no --probes. `probes = true` in a config does \
+the same, and `env LD_PRELOAD=...` in the command still works.\n\n\
 Takes the same config, options and command as `insight run`; the console works the same \
 way, and what you type is recorded. Only the guest's non-deterministic inputs are logged: \
 the values it reads from devices and the paravirtual clock, and where each interrupt was \
@@ -75,10 +88,12 @@ $XDG_DATA_HOME/insight/traces, else ~/.local/share/insight/traces) under a name 
 from the config or the command, and becomes the latest recording, which `replay`, \
 `dump` and `report` take when no trace is named (`insight ls` lists them).\n\n\
 Examples:\n  \
-insight record my-vm.toml                    # record your guest (into my-vm-0)\n  \
-insight record -- syn_cont                   # a workload of the built-in guest\n  \
-insight replay                               # re-execute the latest\n  \
-insight record -o t1 -- syn_cont             # into trace directory t1\n\n\
+insight record --probes -- syn_cont 1000 2000  # a workload, with the probe library\n  \
+insight replay --diagnose locks                # replay the latest, diagnose its locks\n  \
+insight record my-vm.toml                      # record your guest (into my-vm-0)\n  \
+insight record -- syn_cont                     # a workload of the built-in guest\n  \
+insight replay                                 # re-execute the latest\n  \
+insight record -o t1 -- syn_cont               # into trace directory t1\n\n\
 Exit status: the guest command's, as for `run`. The trace format is in \
 docs/trace-format.md."
     )]
@@ -166,5 +181,38 @@ pub fn main() -> Result<ExitCode> {
         Command::Convert(args) => cmd::convert::convert(&args),
         Command::Ls(args) => cmd::ls::ls(args),
         Command::Rm(args) => cmd::ls::rm(args),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory, Parser};
+
+    use super::*;
+
+    #[test]
+    fn record_and_run_take_probes_and_their_help_leads_with_it() {
+        for sub in ["record", "run"] {
+            let argv = ["insight", sub, "--probes", "--", "syn_cont", "1000", "2000"];
+            assert!(Cli::try_parse_from(argv).is_ok(), "{sub}");
+            let mut cli = Cli::command();
+            let help = cli
+                .find_subcommand_mut(sub)
+                .unwrap()
+                .render_long_help()
+                .to_string();
+            let first = |section: &str| {
+                help.split(section)
+                    .nth(1)
+                    .and_then(|s| s.lines().find(|l| !l.trim().is_empty()))
+                    .map(str::trim_start)
+                    .unwrap_or_default()
+                    .to_owned()
+            };
+            let example = format!("insight {sub} --probes -- syn_cont 1000 2000");
+            assert!(first("Examples:").starts_with(&example), "{help}");
+            assert!(first("Options:").starts_with("--probes"), "{help}");
+            assert!(help.contains("/usr/lib/libinsight-probes.so"), "{help}");
+        }
     }
 }

@@ -14,6 +14,14 @@ use vmm::{Vm, VmConfig};
 pub struct GuestArgs {
     /// VM config file (TOML); default: the built-in guest.
     config: Option<PathBuf>,
+    // Listed first; its help names the library by its one constant.
+    #[arg(
+        long,
+        display_order = 0,
+        help = "Preload the probe library in the guest command (events for diagnosis)",
+        long_help = probes_help()
+    )]
+    probes: bool,
     /// Guest memory in MiB (overrides the config).
     #[arg(long, value_name = "MIB")]
     memory: Option<u64>,
@@ -43,6 +51,15 @@ impl GuestArgs {
     }
 }
 
+fn probes_help() -> String {
+    format!(
+        "Preload the probe library ({}) in the guest command (LD_PRELOAD, after the \
+         config's own), as `probes = true` in the config does: a replay of the recording \
+         collects the command's lock, thread, fork and exit events",
+        guest::PROBE_LIBRARY
+    )
+}
+
 fn load_config(path: Option<&PathBuf>) -> Result<VmConfig> {
     Ok(match path {
         Some(p) => VmConfig::from_file(p)?,
@@ -50,9 +67,8 @@ fn load_config(path: Option<&PathBuf>) -> Result<VmConfig> {
     })
 }
 
-/// The boot specification for `args`, and a description of the config
-/// for trace headers.
-pub fn prepare_guest(args: &GuestArgs) -> Result<(vmm::VmSpec, String)> {
+/// The config `args` name, with the command line's overrides applied.
+fn guest_config(args: &GuestArgs) -> Result<VmConfig> {
     let mut config = load_config(args.config.as_ref())?;
     if !args.command.is_empty() {
         config.command = args.command.clone();
@@ -64,12 +80,27 @@ pub fn prepare_guest(args: &GuestArgs) -> Result<(vmm::VmSpec, String)> {
     if let Some(extra) = &args.cmdline {
         config.cmdline = format!("{} {}", config.cmdline, extra);
     }
+    // The flag turns probes on; without it the config decides.
+    config.probes |= args.probes;
+    Ok(config)
+}
+
+/// The boot specification for `args`, and a description of the config
+/// for trace headers.
+pub fn prepare_guest(args: &GuestArgs) -> Result<(vmm::VmSpec, String)> {
+    let config = guest_config(args)?;
     let options = BootOptions {
         quirks: GuestQuirks::for_this_host()?,
         quiet: !args.verbose_boot,
     };
     let spec = guest::prepare(&config, &options)?;
-    let description = match &args.config {
+    Ok((spec, describe(args.config.as_ref(), &config)))
+}
+
+/// The config for people reading a trace header: the file's text, then
+/// what the command line changed.
+fn describe(path: Option<&PathBuf>, config: &VmConfig) -> String {
+    let mut description = match path {
         Some(path) => format!(
             "# {}\n{}",
             path.display(),
@@ -80,10 +111,11 @@ pub fn prepare_guest(args: &GuestArgs) -> Result<(vmm::VmSpec, String)> {
         ),
         None => "# built-in guest\n".to_string(),
     };
-    Ok((
-        spec,
-        format!("{description}# command: {:?}\n", config.command),
-    ))
+    description += &format!("# command: {:?}\n", config.command);
+    if config.probes {
+        description += &format!("# probes: {} preloaded\n", guest::PROBE_LIBRARY);
+    }
+    description
 }
 
 /// Forwards standard input to the guest unless told not to; the guard
@@ -130,4 +162,93 @@ pub fn net_problems(report: Option<&vmm::vm::NetReport>) -> Option<String> {
         }
     }
     (!parts.is_empty()).then(|| format!("network: {}", parts.join("; ")))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    /// `run` and `record` flatten these arguments.
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        guest: GuestArgs,
+    }
+
+    const PROBES_PRELOADED: &str = "LD_PRELOAD=/usr/lib/libinsight-probes.so";
+
+    /// The guest command's environment for these arguments.
+    fn env_for(argv: &[&str]) -> Vec<String> {
+        let cli =
+            Cli::try_parse_from(std::iter::once("insight").chain(argv.iter().copied())).unwrap();
+        guest::command_env(&guest_config(&cli.guest).unwrap())
+    }
+
+    /// A config file in a directory of its own.
+    fn config_file(name: &str, text: &str) -> (PathBuf, String) {
+        let dir = std::env::temp_dir().join(format!("insight-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("vm.toml");
+        std::fs::write(&path, text).unwrap();
+        let arg = path.to_str().unwrap().to_owned();
+        (dir, arg)
+    }
+
+    #[test]
+    fn the_probes_flag_preloads_the_library_and_nothing_else_does() {
+        assert_eq!(
+            env_for(&["--probes", "--", "syn_cont", "1000", "2000"]),
+            [PROBES_PRELOADED]
+        );
+        assert!(env_for(&["--", "syn_cont", "1000", "2000"]).is_empty());
+        assert!(env_for(&[]).is_empty());
+        // The env form is a command like any other, passed on unchanged.
+        let cli =
+            Cli::try_parse_from(["insight", "--", "env", PROBES_PRELOADED, "syn_cont"]).unwrap();
+        let config = guest_config(&cli.guest).unwrap();
+        assert_eq!(config.command, ["env", PROBES_PRELOADED, "syn_cont"]);
+        assert!(guest::command_env(&config).is_empty());
+    }
+
+    #[test]
+    fn probes_in_the_config_preload_the_library_and_the_flag_adds_to_the_config() {
+        let (dir, with) = config_file("probes-config-on", "probes = true\ncommand = \"true\"\n");
+        let (dir_off, without) = config_file(
+            "probes-config-off",
+            "probes = false\nenv = { LD_PRELOAD = \"/opt/mine.so\", A = \"1\" }\n",
+        );
+        let on = env_for(&[&with]);
+        let off = env_for(&[&without]);
+        let added = env_for(&["--probes", &without]);
+        std::fs::remove_dir_all(&dir).unwrap();
+        std::fs::remove_dir_all(&dir_off).unwrap();
+        assert_eq!(on, [PROBES_PRELOADED]);
+        assert_eq!(off, ["A=1", "LD_PRELOAD=/opt/mine.so"]);
+        // The user's own preload is kept, the library appended.
+        assert_eq!(
+            added,
+            [
+                "A=1",
+                "LD_PRELOAD=/opt/mine.so:/usr/lib/libinsight-probes.so"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_trace_header_describes_the_probes() {
+        let mut config = VmConfig::builtin();
+        config.command = vec!["syn_cont".into()];
+        assert_eq!(
+            describe(None, &config),
+            "# built-in guest\n# command: [\"syn_cont\"]\n"
+        );
+        config.probes = true;
+        assert_eq!(
+            describe(None, &config),
+            "# built-in guest\n# command: [\"syn_cont\"]\n\
+             # probes: /usr/lib/libinsight-probes.so preloaded\n"
+        );
+    }
 }

@@ -6,6 +6,7 @@
 //! memory_mib = 128
 //! cmdline = "loglevel=7"               # appended to insight's own
 //! command = ["sh", "-c", "echo hi"]    # or a string run by `sh -c`
+//! probes = true                        # preload the probe library in it
 //!
 //! [[files]]                            # host files to add to the guest
 //! host = "build/myprog"                # relative to this file
@@ -82,6 +83,8 @@ struct RawConfig {
     command: Option<CommandSpec>,
     #[serde(default)]
     env: BTreeMap<String, String>,
+    #[serde(default)]
+    probes: bool,
     #[serde(default)]
     files: Vec<FileSpec>,
     disk: Option<PathBuf>,
@@ -187,6 +190,9 @@ pub struct VmConfig {
     pub command: Vec<String>,
     /// Environment for the guest command.
     pub env: BTreeMap<String, String>,
+    /// Preload the probe library in the guest command
+    /// (`crate::guest::PROBE_LIBRARY`, added to `LD_PRELOAD`).
+    pub probes: bool,
     pub files: Vec<FileSpec>,
     /// Base image of the guest's virtio disk (`/dev/vda`), never written.
     pub disk: Option<PathBuf>,
@@ -291,6 +297,7 @@ impl VmConfig {
             cmdline,
             command,
             env: raw.env,
+            probes: raw.probes,
             files,
             disk: raw.disk.map(resolve),
             net: raw.net.map(RawNet::validate).transpose()?,
@@ -396,6 +403,16 @@ mod tests {
         assert_eq!(c.command, ["/usr/local/bin/prog", "--flag"]);
         assert_eq!(c.env["RUST_LOG"], "debug");
         assert_eq!(c.files[0].host, Path::new("/cfg/build/prog"));
+        assert!(!c.probes);
+    }
+
+    #[test]
+    fn probes_are_a_boolean_off_by_default() {
+        assert!(parse("probes = true").unwrap().probes);
+        assert!(!parse("probes = false").unwrap().probes);
+        assert!(!parse("").unwrap().probes);
+        let err = parse("probes = \"yes\"").unwrap_err();
+        assert!(err.contains("probes"), "{err}");
     }
 
     #[test]

@@ -17,6 +17,9 @@ pub const COMMAND_FILE: &str = "/etc/insight/command";
 pub const ENV_FILE: &str = "/etc/insight/env";
 /// Where `/init` looks for the address of eth0 ("a.b.c.d/len").
 pub const NET_FILE: &str = "/etc/insight/net";
+/// The probe library in the built guest image (`probes/`,
+/// tools/build-guest), which `probes = true` or `--probes` preloads.
+pub const PROBE_LIBRARY: &str = "/usr/lib/libinsight-probes.so";
 
 #[derive(Debug, thiserror::Error)]
 pub enum GuestError {
@@ -119,6 +122,24 @@ fn init_strings(
     Ok(bytes)
 }
 
+/// The guest command's environment, `KEY=VALUE` entries as `/init` reads
+/// them: the config's, with [`PROBE_LIBRARY`] appended to `LD_PRELOAD`
+/// (after the libraries the config preloads itself) when it asks for probes.
+pub fn command_env(config: &VmConfig) -> Vec<String> {
+    let mut env = config.env.clone();
+    if config.probes {
+        let preload = env.entry("LD_PRELOAD".to_owned()).or_default();
+        // The dynamic loader takes a list separated by spaces or colons.
+        if !preload.split([' ', ':']).any(|lib| lib == PROBE_LIBRARY) {
+            if !preload.is_empty() {
+                preload.push(':');
+            }
+            preload.push_str(PROBE_LIBRARY);
+        }
+    }
+    env.iter().map(|(k, v)| format!("{k}={v}")).collect()
+}
+
 /// Builds the boot specification for `config`.
 pub fn prepare(config: &VmConfig, options: &BootOptions) -> Result<VmSpec, GuestError> {
     let kernel = config.kernel.clone().unwrap_or_else(image::default_kernel);
@@ -142,7 +163,7 @@ pub fn prepare(config: &VmConfig, options: &BootOptions) -> Result<VmSpec, Guest
         config.command.iter().map(String::as_str).collect()
     };
     let command = init_strings("command", &command, INIT_COMMAND_BYTES)?;
-    let env: Vec<String> = config.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let env = command_env(config);
     let env: Vec<&str> = env.iter().map(String::as_str).collect();
     let env = init_strings("environment", &env, INIT_ENV_BYTES)?;
     extra.add_file(COMMAND_FILE.as_ref(), 0o644, &command)?;
@@ -420,6 +441,115 @@ mod tests {
             err.contains("/no/such/vmlinux") && err.contains("tools/build-guest"),
             "{err}"
         );
+    }
+
+    /// The entry `--probes` and `probes = true` must put in the guest
+    /// command's environment (spelled out: it checks the constant too).
+    const PROBES_PRELOADED: &str = "LD_PRELOAD=/usr/lib/libinsight-probes.so";
+
+    fn contains(haystack: &[u8], needle: &str) -> bool {
+        haystack
+            .windows(needle.len())
+            .any(|w| w == needle.as_bytes())
+    }
+
+    #[test]
+    fn probes_put_the_library_in_ld_preload_and_nothing_else_does() {
+        let mut config = VmConfig::builtin();
+        config.env.insert("X".into(), "1".into());
+        assert_eq!(command_env(&config), ["X=1"]);
+        config.probes = true;
+        assert_eq!(command_env(&config), [PROBES_PRELOADED, "X=1"]);
+        assert!(
+            !config.env.contains_key("LD_PRELOAD"),
+            "the config is left as is"
+        );
+    }
+
+    #[test]
+    fn a_user_ld_preload_is_kept_and_the_library_appended_once() {
+        let mut config = VmConfig::builtin();
+        config
+            .env
+            .insert("LD_PRELOAD".into(), "/opt/a.so /opt/b.so".into());
+        assert_eq!(command_env(&config), ["LD_PRELOAD=/opt/a.so /opt/b.so"]);
+        config.probes = true;
+        assert_eq!(
+            command_env(&config),
+            ["LD_PRELOAD=/opt/a.so /opt/b.so:/usr/lib/libinsight-probes.so"]
+        );
+        // Already preloaded by the user, in either separator's list.
+        for own in [
+            "/usr/lib/libinsight-probes.so",
+            "/opt/a.so:/usr/lib/libinsight-probes.so",
+            "/usr/lib/libinsight-probes.so /opt/a.so",
+        ] {
+            config.env.insert("LD_PRELOAD".into(), own.into());
+            assert_eq!(command_env(&config), [format!("LD_PRELOAD={own}")]);
+        }
+        config.env.insert("LD_PRELOAD".into(), String::new());
+        assert_eq!(command_env(&config), [PROBES_PRELOADED]);
+    }
+
+    /// Stand-in images in a directory of their own: `prepare` reads them,
+    /// nothing boots them.
+    fn config_with_stand_in_images(name: &str) -> (PathBuf, VmConfig) {
+        let dir = std::env::temp_dir().join(format!("insight-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (kernel, initramfs) = (dir.join("vmlinux"), dir.join("base.cpio"));
+        std::fs::write(&kernel, b"").unwrap();
+        std::fs::write(&initramfs, b"BASE").unwrap();
+        let config = VmConfig {
+            kernel: Some(kernel),
+            initramfs: Some(initramfs),
+            command: vec!["syn_cont".into(), "1000".into()],
+            ..VmConfig::builtin()
+        };
+        (dir, config)
+    }
+
+    const OPTIONS: BootOptions = BootOptions {
+        quirks: GuestQuirks {
+            syscall_trap: false,
+        },
+        quiet: true,
+    };
+
+    #[test]
+    fn probes_reach_the_archive_the_trace_keeps_and_replay_boots() {
+        let (dir, mut config) = config_with_stand_in_images("probes-trace");
+        let without = prepare(&config, &OPTIONS).unwrap();
+        assert!(!contains(&without.extra_initramfs, "LD_PRELOAD"));
+        config.probes = true;
+        let spec = prepare(&config, &OPTIONS).unwrap();
+        let entry = format!("{PROBES_PRELOADED}\0");
+        assert!(contains(&spec.extra_initramfs, &entry));
+        assert!(contains(&spec.initramfs, &entry));
+
+        // Recorded: the header holds the archive; replay rebuilds the
+        // guest from the header alone, probes included.
+        let (images, boot) = trace_images(&spec).unwrap();
+        let header = trace::Header {
+            clock: trace::ClockKind::Exit,
+            created_unix_secs: 0,
+            guest_cpuid: Vec::new(),
+            kvm_caps: Vec::new(),
+            user_rdtsc_traps: false,
+            host_apic_id: None,
+            config: String::new(),
+            images,
+            boot,
+            digest_interval: 1,
+        };
+        let trace_dir = dir.join("trace");
+        let writer =
+            trace::TraceWriter::<crate::journal::Entry>::create(&trace_dir, &header).unwrap();
+        writer.finish().unwrap();
+        let reader = trace::TraceReader::<crate::journal::Entry>::open(&trace_dir).unwrap();
+        let replayed = from_trace(&reader.header).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(replayed.extra_initramfs, spec.extra_initramfs);
+        assert!(contains(&replayed.initramfs, &entry));
     }
 
     #[test]

@@ -38,8 +38,8 @@ pub struct ReplayArgs {
     /// they go nowhere else: no network is used.
     #[arg(long, value_name = "FILE")]
     tx_pcap: Option<PathBuf>,
-    /// Collect the events the guest raises (probes preloaded with
-    /// LD_PRELOAD=/usr/lib/libinsight-probes.so, and the guest kernel's
+    /// Collect the events the guest raises (the probe library's, in
+    /// programs recorded with `record --probes`, and the guest kernel's
     /// context switches and exits) into the event database FILE (SQLite,
     /// docs/events.md). It is written as FILE.partial and renamed when
     /// replay ends; an existing FILE is replaced only if it is an insight

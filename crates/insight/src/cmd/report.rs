@@ -47,7 +47,7 @@ symbolized with the symbol tables of the guest's ELF files, read from the initra
 trace the database was replayed from (its digest is checked), and for stripped libraries \
 (the guest's glibc) their debug files under --debug-dir.\n\n\
 Samples are taken at replay with --sample-period (or --diagnose profile), only of threads \
-of processes that raised a probe event (run them with the probe library preloaded). A \
+of processes that raised a probe event (record them with `insight record --probes`). A \
 sample taken as a thread enters or leaves the guest kernel counts as [kernel] time; the \
 folded stacks show which user function it served.\n\n\
 Example:\n  insight replay t1 --events t1.db --sample-period 1ms\n  \
