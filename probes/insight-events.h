@@ -5,7 +5,8 @@
  *
  * All fields are little-endian. A probe writes an event into a buffer that
  * does not cross a page boundary, puts the buffer's address in RAX and
- * INSIGHT_EVENTNOTIFY in EBX, and executes int3 -- or, when the guest
+ * calls the probe gate (below). Where there is no gate, it also puts
+ * INSIGHT_EVENTNOTIFY in EBX and executes int3 -- or, when the guest
  * kernel granted it the port (ioperm), a 32-bit OUT to INSIGHT_EVENT_PORT,
  * which reaches the hypervisor without entering the guest kernel.
  */
@@ -18,6 +19,26 @@
 #define INSIGHT_EVENT_MAGIC 0x45534e49u /* "INSE" */
 #define INSIGHT_EVENT_VERSION 1
 #define INSIGHT_EVENT_PORT 0xf04
+
+/*
+ * The probe gate (docs/events.md): the hypervisor keeps this header at
+ * INSIGHT_GATE_HEADER_OFFSET in the code page of the [insight] mapping,
+ * and the gate's code at code_offset: call it with the event's address in
+ * RAX. It returns at once while recording and leaves the guest at replay;
+ * it changes no register and no flag.
+ */
+#define INSIGHT_GATE_MAGIC 0x47534e49u /* "INSG" */
+#define INSIGHT_GATE_VERSION 1
+#define INSIGHT_GATE_HEADER_OFFSET 0xfc0
+/* The [insight] mapping: code, data and exit pages. */
+#define INSIGHT_GATE_MAPPING_PAGES 3
+
+struct insight_gate {
+	uint32_t magic;
+	uint32_t version;
+	uint32_t code_offset; /* from the start of the page */
+	uint32_t reserved;
+};
 
 enum insight_event_kind {
 	INSIGHT_EV_LOCK = 1,

@@ -16,18 +16,50 @@ use events::db::{EventDb, Row};
 
 const PRELOAD: &str = "LD_PRELOAD=/usr/lib/libinsight-probes.so";
 
-/// Records `command` with the probes preloaded (and `env`, NAME=VALUE
-/// settings for the guest command); returns the trace directory and the
-/// guest's output.
+/// Records `command` with the probes preloaded: by `--probes`, or, with
+/// `env` settings (NAME=VALUE) for the guest command, the way users did
+/// before the flag, `env LD_PRELOAD=… NAME=VALUE… command`. Returns the
+/// trace directory and the guest's output.
 fn record_probed(name: &str, env: &[&str], command: &[&str], status: i32) -> (PathBuf, String) {
-    let guest_command: Vec<&str> = ["env", PRELOAD]
-        .iter()
-        .chain(env)
-        .chain(command)
-        .copied()
-        .collect();
-    let (trace, out) = record(name, &[], &guest_command);
+    let (trace, out) = if env.is_empty() {
+        record(name, &["--probes"], command)
+    } else {
+        let guest_command: Vec<&str> = ["env", PRELOAD]
+            .iter()
+            .chain(env)
+            .chain(command)
+            .copied()
+            .collect();
+        record(name, &[], &guest_command)
+    };
     (trace, expect_status(&out, status))
+}
+
+/// Replays `trace` into fresh databases REPLAYS times with `extra` replay
+/// arguments; asserts that every replay wrote the same events (kinds,
+/// order, threads, values); returns the first database's path and rows,
+/// and its replay's output.
+fn replays_agree(trace: &Path, extra: &[&str]) -> (PathBuf, Vec<Row>, Output) {
+    let dir = trace.parent().unwrap();
+    let mut first: Option<(PathBuf, Vec<Row>, Output)> = None;
+    for round in 1..=REPLAYS {
+        let db = dir.join(format!("replay-{round}.db"));
+        let out = replay_into(trace, &db, extra);
+        let (_, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(0), "replay {round}: {stderr}");
+        assert!(stderr.contains("replay matched the recording"), "{stderr}");
+        let events = rows(&db);
+        match &first {
+            None => first = Some((db, events, out)),
+            Some((_, expected, _)) => assert!(
+                &events == expected,
+                "replay {round} wrote other events than replay 1 ({} against {})",
+                events.len(),
+                expected.len()
+            ),
+        }
+    }
+    first.unwrap()
 }
 
 /// Replays `trace` with `--events db` and `extra`, more `replay`
@@ -48,22 +80,16 @@ fn replay_events(trace: &Path, db: &Path) -> String {
 
 #[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
 #[test]
-fn syn_cont_yields_exactly_its_lock_events_identically_in_two_replays() {
+fn syn_cont_yields_exactly_its_lock_events_identically_in_every_replay() {
     guest_ready();
-    let (trace, stdout) = record_probed("ev-syn", &[], &["syn_cont", "1000", "2000"], 0);
+    // Enough work per iteration that each thread runs for several timer
+    // ticks: on the guest's one CPU, locks are contended only where a tick
+    // preempts a thread inside a critical section.
+    let (trace, stdout) = record_probed("ev-syn", &[], &["syn_cont", "1000", "50000"], 0);
     assert!(stdout.contains("syn_cont: counts correct"), "{stdout}");
     let dir = trace.parent().unwrap();
-    let (a, b) = (dir.join("a.db"), dir.join("b.db"));
-    // The two replays run side by side: each is one vCPU thread.
-    let stderr = std::thread::scope(|s| {
-        let first = s.spawn(|| replay_events(&trace, &a));
-        replay_events(&trace, &b);
-        first.join().unwrap()
-    });
-    assert!(stderr.contains("events written to"), "{stderr}");
-    let first = rows(&a);
-    assert_eq!(first, rows(&b), "two replays, different events");
-
+    let (a, first, out) = replays_agree(&trace, &[]);
+    assert!(text(&out).1.contains("events written to"));
     let probes: Vec<&Row> = first.iter().filter(|r| r.source == Source::Probe).collect();
     let creates = probes
         .iter()
@@ -136,9 +162,14 @@ fn syn_cont_yields_exactly_its_lock_events_identically_in_two_replays() {
     );
     assert!(db.anomalies().unwrap().is_empty());
 
-    // The contention report counts every request, and the level-2 locks
-    // (shared by 8 threads) change hands more often than level-1 locks
-    // (shared by 2).
+    // The contention report counts every request; more of the requests
+    // for the level-2 locks (shared by 8 threads) block than for level-1
+    // locks (shared by 2), the shape of the paper's Table 3. Ownership
+    // changes are not compared: on one CPU every lock changes hands at
+    // context switches alone, at the same rate per request for both
+    // levels (measured: 1.6-2.1 %), unlike the paper's multiprocessor; an
+    // exit per probe event made level-2 locks change hands more, as
+    // preemptions inside critical sections did.
     let out = insight()
         .args(["report", "locks", "--json"])
         .arg(&a)
@@ -159,14 +190,16 @@ fn syn_cont_yields_exactly_its_lock_events_identically_in_two_replays() {
     let mean = |ls: &[&serde_json::Value], field: &str| -> f64 {
         ls.iter().map(|l| l[field].as_f64().unwrap()).sum::<f64>() / ls.len() as f64
     };
-    // More of their requests block, and they change hands more often (the
-    // paper's Table 3 shape).
-    for field in ["blocked_percent", "ownership_change_percent"] {
-        assert!(
-            mean(&level2, field) > mean(&level1, field),
-            "{field}: {json}"
-        );
-    }
+    assert!(
+        mean(&level2, "blocked_percent") > mean(&level1, "blocked_percent"),
+        "{json}"
+    );
+    assert!(
+        locks
+            .iter()
+            .all(|l| l["ownership_changes"].as_u64() > Some(0)),
+        "{json}"
+    );
 
     // The per-thread summary (a plugin with no command of its own) counts
     // every lock call, at least 2000 in each of the 16 workers.
@@ -369,9 +402,8 @@ fn the_papers_deadlock_programs_are_diagnosed() {
     let (trace, stdout) = record_probed("ev-deadlock", &[], &["sh", "-c", script], 0);
     assert_eq!(stdout.matches("no deadlock").count(), 4, "{stdout}");
     let dir = trace.parent().unwrap();
-    let db = dir.join("events.db");
-    // Two tools after one replay, in one pass over the database.
-    let out = replay_into(&trace, &db, &["--diagnose", "deadlock,threads"]);
+    // Two tools after each replay, in one pass over the database.
+    let (db, _, out) = replays_agree(&trace, &["--diagnose", "deadlock,threads"]);
     let (stdout, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     assert!(
@@ -448,4 +480,38 @@ fn the_papers_deadlock_programs_are_diagnosed() {
     let page = std::fs::read_to_string(&html).unwrap();
     assert!(page.starts_with("<!DOCTYPE html>") && page.contains("L1(T1)"));
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A program cannot tell a recording from a replay through the probes:
+/// right after each probed call it checksums the return value, the
+/// callee-saved registers, the flags and the 4 KiB below its stack
+/// pointer, where the probe ran, and prints the checksums. The probes are
+/// silent while recording and leave the guest at replay; the output must
+/// not show it.
+#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
+#[test]
+fn the_probes_leave_the_same_traces_in_recording_and_replay() {
+    guest_ready();
+    let stdout = record_and_replay(
+        "ev-snapshot",
+        &["--probes"],
+        &["probe_snapshot", "2", "50"],
+        0,
+        |trace, _| {
+            // The events are there at replay (one per probed call, and
+            // the printing's lock calls), though recording raised none.
+            let db = trace.parent().unwrap().join("snapshot.db");
+            let out = replay_into(trace, &db, &[]);
+            assert_eq!(out.status.code(), Some(0), "{}", text(&out).1);
+            let locks = rows(&db)
+                .into_iter()
+                .filter(|r| r.source == Source::Probe && r.kind.is_lock())
+                .count();
+            assert!(locks >= 2 * 50 * 4, "{locks} lock events");
+        },
+    );
+    assert!(stdout.contains("probe_snapshot: 300 calls"), "{stdout}");
+    // The trylock of a held lock failed (EBUSY) and said so.
+    assert!(stdout.contains("t0 0 trylock 16 "), "{stdout}");
+    assert_eq!(stdout.matches(" below ").count(), 300, "{stdout}");
 }

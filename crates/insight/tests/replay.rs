@@ -1,6 +1,6 @@
 //! Record and replay, end to end: the determinism suite (every workload
-//! recorded once and replayed three times with byte-identical console
-//! output),
+//! recorded once with the probe library preloaded and replayed three times
+//! with byte-identical console output),
 //! proof that recordings capture real non-determinism, and replays of
 //! tampered, truncated, future-version and foreign-image traces.
 //!
@@ -15,10 +15,12 @@ use std::process::Stdio;
 use common::*;
 use vmm::journal::Entry;
 
-/// Records a workload and replays it REPLAYS times; returns the recorded
-/// output.
+/// Records a workload with the probe library preloaded (`--probes`: its
+/// events must change nothing the workload computes) and replays it
+/// REPLAYS times; returns the recorded output. Recordings without the
+/// probes are the other suites' (preempt.rs, e2e.rs, network.rs).
 fn determinism(name: &str, command: &[&str], status: i32) -> String {
-    record_and_replay(name, &[], command, status, |_, _| {})
+    record_and_replay(name, &["--probes"], command, status, |_, _| {})
 }
 
 #[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]

@@ -19,6 +19,7 @@ pub mod initramfs;
 pub mod journal;
 mod kvm_ext;
 pub mod preempt;
+pub mod probe_gate;
 mod sys;
 pub mod unemulated;
 pub mod vm;

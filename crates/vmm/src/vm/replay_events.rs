@@ -9,11 +9,13 @@ use events::abi::Source;
 use events::capture::Capture;
 use vm_memory::GuestMemoryMmap;
 
+use super::preempt::Candidate;
 use super::run::RunOutcome;
 use super::{kvm_err, Sampling, Vm, VmError, MAX_SAMPLE_FRAMES};
 use crate::guest_events::{self, SwitchRing};
 use crate::gva;
 use crate::journal::Journal;
+use crate::probe_gate;
 use events::abi::SampleMode;
 use kvm_bindings::kvm_regs;
 
@@ -159,6 +161,42 @@ impl Vm {
                 Ok(())
             }
         }
+    }
+}
+
+impl Vm {
+    /// Replay: a store to the probe gate's address (`crate::probe_gate`).
+    /// When the gate made it, a probe raised an event whose buffer is at
+    /// the address stored: it is captured at the VM time of the last
+    /// deterministic exit, and the guest goes on as if nothing happened.
+    pub(super) fn gate_event(&mut self, data: &[u8]) -> Result<Candidate, VmError> {
+        let rip = self.vcpu.sync_regs().regs.rip;
+        let Ok(address) = <[u8; 8]>::try_from(data).map(u64::from_le_bytes) else {
+            return Ok(Candidate::NotOurs);
+        };
+        if !probe_gate::is_gate_store(rip, &self.stub_mappings()) {
+            return Ok(Candidate::NotOurs);
+        }
+        self.preempt.gate_exit();
+        if self.events.is_none() {
+            return Ok(Candidate::Passed);
+        }
+        // Switches since the last exit come before the event.
+        self.drain_switches()?;
+        let cr3 = self.vcpu.get_sregs().map_err(kvm_err("GET_SREGS"))?.cr3;
+        let ns = self.journal.progress().guest_ns;
+        let Some(capture) = &mut self.events else {
+            return Ok(Candidate::Passed);
+        };
+        let buffer = guest_events::read_buffer(&self.mem, cr3, address, true);
+        let raised_by = capture.current();
+        capture.raised(
+            ns,
+            Source::Probe,
+            raised_by,
+            buffer.as_deref().map_err(Clone::clone),
+        )?;
+        Ok(Candidate::Passed)
     }
 }
 

@@ -19,6 +19,7 @@ use super::preempt::Candidate;
 use super::{kvm_err, PreemptStats, Vm, VmError, BOOT_VCPU};
 use crate::journal::{self, EndReason, Entry, Journal, JournalError, Progress};
 use crate::preempt::EXIT_PAGE_GPA;
+use crate::probe_gate;
 
 /// Why the guest stopped.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -200,11 +201,13 @@ impl Vm {
             let resumed_at = self.resume_rip.take();
             let exit = self.vcpu.run();
             // A store to the exit page while a trampoline is in place is
-            // it saying it found what it looks for: not a deterministic
-            // exit (unless the store is the guest's own).
+            // it saying it found what it looks for, and one at replay to
+            // the probe gate's address a probe raising an event: not
+            // deterministic exits (unless the store is the guest's own).
             let store = match &exit {
                 Ok(VcpuExit::MmioWrite(addr, data))
-                    if *addr == EXIT_PAGE_GPA && self.preempt.patched() =>
+                    if (*addr == EXIT_PAGE_GPA && self.preempt.patched())
+                        || (*addr == probe_gate::STORE_GPA && self.journal.is_replay()) =>
                 {
                     Some((*addr, data.to_vec()))
                 }
@@ -212,7 +215,12 @@ impl Vm {
             };
             let (next, observed) = if let Some((addr, data)) = store {
                 drop(exit);
-                match self.trampoline_exit(addr)? {
+                let candidate = if addr == probe_gate::STORE_GPA {
+                    self.gate_event(&data)?
+                } else {
+                    self.trampoline_exit(addr)?
+                };
+                match candidate {
                     Candidate::Reached => {
                         self.at_delivery_point = true;
                         continue;

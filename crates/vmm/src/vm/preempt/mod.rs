@@ -13,6 +13,7 @@ use crate::preempt::site::{self, Site};
 use crate::preempt::state::PageSet;
 use crate::preempt::trampoline::Stub;
 use crate::preempt::{AsyncPoint, CodeMap, GuestArea, EXIT_PAGE_GPA};
+use crate::probe_gate;
 
 mod record;
 mod replay;
@@ -57,6 +58,9 @@ pub struct PreemptStats {
     pub candidates: u64,
     /// Replay: candidates whose extended state or memory differed.
     pub rejected: u64,
+    /// Replay: probe gate exits (events raised, none of them the
+    /// recording's exits).
+    pub gate_exits: u64,
     /// Host time spent on the points: reading the state and its digests
     /// when recording, searching when replaying.
     pub busy_ns: u64,
@@ -124,6 +128,14 @@ impl Preemption {
         self.search.is_some() || self.trap.is_some()
     }
 
+    /// Replay: a probe gate exit (a search under way allows for it).
+    pub(in crate::vm) fn gate_exit(&mut self) {
+        self.stats.gate_exits += 1;
+        if let Some(search) = &mut self.search {
+            search.gate_exits += 1;
+        }
+    }
+
     /// Replay: what the search for a point under way has seen.
     pub(in crate::vm) fn search_progress(&self) -> Option<String> {
         self.search.as_ref().map(Search::progress)
@@ -141,11 +153,32 @@ impl Preemption {
 
 impl Vm {
     /// The guest kernel announced its preemption area (RSI).
+    /// The probe gate goes at the end of its code page, silent unless
+    /// replaying (`crate::probe_gate`): every replay takes the same path,
+    /// whether it captures events or not.
     pub(in crate::vm) fn attach_preempt_area(&mut self) {
         let gpa = self.vcpu.sync_regs().regs.rsi;
-        if GuestArea::read(&self.mem, gpa).is_ok() {
-            self.preempt.area_gpa = Some(gpa);
-        }
+        let Ok(area) = GuestArea::read(&self.mem, gpa) else {
+            return;
+        };
+        self.preempt.area_gpa = Some(gpa);
+        let mode = if self.journal.is_replay() {
+            probe_gate::Mode::Exit
+        } else {
+            probe_gate::Mode::Silent
+        };
+        let at = GuestAddress(area.code_pa + probe_gate::HEADER_OFFSET);
+        // The area was checked to name a page of RAM.
+        let _ = self.mem.write_slice(&probe_gate::bytes(mode), at);
+    }
+
+    /// The process of the task on the vCPU maps the trampoline pages here
+    /// (none before the guest kernel announced its area).
+    pub(in crate::vm) fn stub_mappings(&self) -> [u64; 2] {
+        self.preempt
+            .area_gpa
+            .and_then(|gpa| GuestArea::read(&self.mem, gpa).ok())
+            .map_or([0; 2], |a| a.stub_va)
     }
 
     /// Recording: never preempt user code where it stands (for hosts where

@@ -9,6 +9,10 @@ use crate::preempt::state::{self, PageSet, UserState};
 use crate::preempt::{site, trampoline, AsyncPoint};
 use crate::vm::{kvm_err, Vm, VmError};
 
+/// What a probe gate exit may add to a search's time: a user-mode exit
+/// costs 30-45 us on these hosts, and the event's capture a few more.
+const GATE_EXIT_ALLOWANCE: Duration = Duration::from_micros(200);
+
 /// A point replay is looking for.
 pub(super) struct Search {
     pub(super) point: AsyncPoint,
@@ -19,6 +23,9 @@ pub(super) struct Search {
     rejected: u64,
     /// How the last rejected candidate differed, for the report.
     last_rejection: Vec<String>,
+    /// Probe gate exits since the search began: replay's alone, each a
+    /// round trip the recording did not make.
+    pub(super) gate_exits: u64,
 }
 
 impl Search {
@@ -27,7 +34,9 @@ impl Search {
     /// so three times that (and two seconds for a loaded host) means the
     /// state will never come.
     fn bound(&self) -> Duration {
-        Duration::from_nanos(self.point.run_ns.saturating_mul(3)) + Duration::from_secs(2)
+        Duration::from_nanos(self.point.run_ns.saturating_mul(3))
+            + Duration::from_secs(2)
+            + GATE_EXIT_ALLOWANCE.saturating_mul(self.gate_exits.min(u32::MAX as u64) as u32)
     }
 
     /// What the search has seen, for a report that it failed.
@@ -93,6 +102,7 @@ impl Vm {
             candidates: 0,
             rejected: 0,
             last_rejection: Vec::new(),
+            gate_exits: 0,
         });
         Ok(())
     }
