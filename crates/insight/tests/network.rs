@@ -252,6 +252,7 @@ fn udp_payloads(pcap: &[u8], port: u16) -> Vec<Vec<u8>> {
 #[ignore = "needs root, /dev/kvm and the guest image (tools/test runs it)"]
 #[test]
 fn interleaved_udp_senders_replay_without_a_network() {
+    const PER_SENDER: usize = 200;
     network_ready();
     let dir = scratch("udp");
     let trace = dir.join("trace");
@@ -260,22 +261,28 @@ fn interleaved_udp_senders_replay_without_a_network() {
     let config = config(&dir, "udp_sink 5000 2 /tmp/in && cat /tmp/in");
     let mut rec = Recording::start(&ns, &config, &trace);
     rec.wait_for("udp_sink: listening");
-    // Two senders at once, 50 datagrams each and an "end", each pausing
-    // between datagrams so that both are sending while the other is.
+    // Two senders at once, 200 datagrams each and an "end", each pausing
+    // between datagrams so that both are sending while the other is: a few
+    // hundred datagrams a second, which UDP does not retransmit. A
+    // recording whose receive path kept the reading program from the CPU
+    // lost most of them (the socket's buffer overflowed) where a plain run
+    // lost none.
     let senders = ns.bash(&format!(
-        "for s in a b; do (for i in $(seq 1 50); do echo \"$s $i\" > /dev/udp/{GUEST}/5000; \
-         sleep 0.01; done; echo end > /dev/udp/{GUEST}/5000) & done; wait"
+        "for s in a b; do (for i in $(seq 1 {PER_SENDER}); do \
+         echo \"$s $i\" > /dev/udp/{GUEST}/5000; sleep 0.005; done; \
+         echo end > /dev/udp/{GUEST}/5000) & done; wait"
     ));
     assert!(senders.status.success(), "{senders:?}");
     let (status, stdout, stderr) = rec.finish();
     assert_eq!(status, Some(0), "{stdout}\n{stderr}");
+    let all = 2 * PER_SENDER + 2;
     assert!(
-        stdout.contains("udp_sink: 102 datagrams, sha256 "),
+        stdout.contains(&format!("udp_sink: {all} datagrams, sha256 ")),
         "{stdout}"
     );
     assert!(!stderr.contains("network:"), "{stderr}");
     let received = received_datagrams(&stdout);
-    assert_eq!(received.len(), 102, "{stdout}");
+    assert_eq!(received.len(), all, "{stdout}");
     // Each sender's datagrams all came, in the order it sent them.
     for s in ["a", "b"] {
         let numbers: Vec<String> = received
@@ -283,7 +290,7 @@ fn interleaved_udp_senders_replay_without_a_network() {
             .filter_map(|d| d.strip_prefix(&format!("{s} ")))
             .map(str::to_owned)
             .collect();
-        let sent: Vec<String> = (1..=50).map(|i| i.to_string()).collect();
+        let sent: Vec<String> = (1..=PER_SENDER).map(|i| i.to_string()).collect();
         assert_eq!(numbers, sent, "sender {s}: {received:?}");
     }
     // They interleaved: before either sender's "end", the guest received

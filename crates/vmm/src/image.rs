@@ -59,7 +59,15 @@ impl GuestQuirks {
 ///   instructions the host's emulator cannot run in ring 0;
 /// - `lpj=`: skips delay-loop calibration;
 /// - `io_delay=none`: no port 0x80 writes for I/O delays;
-/// - `insight.platform`: power-off and panic reach the control port.
+/// - `insight.platform`: power-off and panic reach the control port;
+/// - `virtio_net.napi_weight=8`: the receive softirq polls at most 8
+///   frames before it looks at the time. On these hosts each frame costs
+///   milliseconds of interpreted kernel; with the default 64, one poll ran
+///   so long that the program reading the socket never got the CPU before
+///   its buffer overflowed, and a recording lost datagrams a plain run
+///   received (docs/BENCHMARKS.md, "Network"). The guest kernel also gives
+///   a deterministic point after every received frame (patch 0007), so
+///   that under the exit clock a due tick arrives there and time passes.
 pub fn kernel_cmdline(quirks: GuestQuirks, quiet: bool, extra: &str) -> String {
     let mut parts = vec![
         "console=ttyS0",
@@ -76,6 +84,7 @@ pub fn kernel_cmdline(quirks: GuestQuirks, quiet: bool, extra: &str) -> String {
         // User-mode RDTSC/RDTSCP answered by the kernel's (replayed) clock
         // where the host honours CR4.TSD; a no-op where it does not.
         "insight.rdtsc=emulate",
+        "virtio_net.napi_weight=8",
     ];
     if quirks.syscall_trap {
         parts.push("insight.syscall=pf");
