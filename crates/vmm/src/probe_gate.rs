@@ -7,7 +7,7 @@
 //! the probe library checks, and code that differs by mode:
 //! - recording and plain runs: `ret` — a probe's `call` to the gate comes
 //!   straight back without leaving the guest;
-//! - replay: `mov [exit page + GATE_STORE], rax; ret` — the store is an
+//! - replay: `mov [exit page + STORE_OFFSET], rax; ret` — the store is an
 //!   MMIO exit (the exit page is no RAM), RAX holds the event buffer's
 //!   address, and the VMM captures the event there.
 //!

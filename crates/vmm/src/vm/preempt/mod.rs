@@ -245,13 +245,18 @@ impl Vm {
 
     /// Whether a trampoline can be placed at `rip` in the code `map`
     /// finds, with one of the process's trampoline mappings `stubs`: the
-    /// site and the mapping to use.
+    /// site and the mapping to use. Never inside those mappings: the probe
+    /// gate runs there, silently while recording, otherwise at replay, so
+    /// no position there can be found again.
     pub(in crate::vm) fn patchable(
         &self,
         map: &dyn CodeMap,
         rip: u64,
         stubs: &[u64],
     ) -> Option<(Site, u64)> {
+        if probe_gate::in_stub_pages(rip, stubs) {
+            return None;
+        }
         let (code, before) = code_around(&self.mem, map, rip);
         let site = site::choose(rip, &code, &before).ok()?;
         let stub = stubs

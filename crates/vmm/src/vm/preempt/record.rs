@@ -11,7 +11,6 @@ use crate::preempt::guest_code::{trampoline_entries, PageTables};
 use crate::preempt::state::{self, PageSet, UserState};
 use crate::preempt::trampoline::{self, StubError};
 use crate::preempt::{AsyncPoint, CodeMap, GuestArea};
-use crate::probe_gate;
 use crate::vm::{kvm_err, Vm, VmError};
 
 /// What the recorder makes of the position a kick found.
@@ -103,11 +102,6 @@ impl Vm {
             Ok(a) if a.cr3 == cr3 => a,
             _ => return Ok(Position::Decline),
         };
-        // The probe gate runs there, silently while recording, otherwise
-        // at replay: no position there can be found again.
-        if probe_gate::in_stub_pages(regs.rip, &area.stub_va) {
-            return Ok(Position::Decline);
-        }
         let tables = PageTables {
             mem: &self.mem,
             cr3,
@@ -182,11 +176,6 @@ impl Vm {
         else {
             return Ok(false);
         };
-        // The probe gate runs there, silently while recording, otherwise
-        // at replay: no position there can be found again.
-        if probe_gate::in_stub_pages(rip, &area.stub_va) {
-            return Ok(false);
-        }
         let tables = PageTables {
             mem: &self.mem,
             cr3,
