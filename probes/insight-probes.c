@@ -241,7 +241,7 @@ static void notify(struct insight_event_header *e)
 		__asm__ volatile("int3" : : "a"(e), "b"(INSIGHT_EVENTNOTIFY) : "memory");
 }
 
-/* The calling thread's buffer, with the generic fields filled in. */
+/* The calling thread's buffer, with the generic fields filled in (never NULL). */
 static struct insight_event_header *begin(uint16_t kind, uint32_t payload)
 {
 	if (!my_lwpid)
@@ -279,8 +279,6 @@ static int raise_symbol(struct dl_phdr_info *info, size_t size, void *data)
 		return 0;
 	struct insight_event_header *h =
 		begin(INSIGHT_EV_SYMBOL, (uint32_t)(sizeof(struct insight_symbol_payload) + len));
-	if (!h)
-		return 0;
 	struct insight_symbol_payload *s = (void *)(h + 1);
 	s->base = info->dlpi_addr;
 	s->path_len = (uint32_t)len;
@@ -311,8 +309,6 @@ static void leave(void)
 static void raise_lock_event(uint16_t kind, pthread_mutex_t *m, void *caller, int result)
 {
 	struct insight_event_header *h = begin(kind, sizeof(struct insight_lock_payload));
-	if (!h)
-		return;
 	struct insight_lock_payload *p = (void *)(h + 1);
 	p->lock = (uintptr_t)m;
 	p->caller = (uintptr_t)caller;
@@ -459,17 +455,14 @@ static void *start_thread(void *p)
 	if (enter()) {
 		struct insight_event_header *h =
 			begin(INSIGHT_EV_THREADCREATE, sizeof(struct insight_threadcreate_payload));
-		if (h) {
-			struct insight_threadcreate_payload *t = (void *)(h + 1);
-			t->parent_lwpid = (uint32_t)s.parent_lwpid;
-			t->creator_events = s.parent_events;
-			t->start_routine = (uintptr_t)s.routine;
-			notify(h);
-		}
+		struct insight_threadcreate_payload *t = (void *)(h + 1);
+		t->parent_lwpid = (uint32_t)s.parent_lwpid;
+		t->creator_events = s.parent_events;
+		t->start_routine = (uintptr_t)s.routine;
+		notify(h);
 		leave();
 	}
-	void *r = s.routine(s.arg);
-	return r;
+	return s.routine(s.arg);
 }
 
 EXPORT int pthread_create(pthread_t *t, const pthread_attr_t *a, void *(*routine)(void *), void *arg)
@@ -496,12 +489,10 @@ EXPORT int pthread_join(pthread_t t, void **result)
 	if (joined && enter()) {
 		struct insight_event_header *h =
 			begin(INSIGHT_EV_THREADJOIN, sizeof(struct insight_threadjoin_payload));
-		if (h) {
-			struct insight_threadjoin_payload *j = (void *)(h + 1);
-			j->joined_lwpid = (uint32_t)joined;
-			j->reserved = 0;
-			notify(h);
-		}
+		struct insight_threadjoin_payload *j = (void *)(h + 1);
+		j->joined_lwpid = (uint32_t)joined;
+		j->reserved = 0;
+		notify(h);
 		leave();
 	}
 	return r;
@@ -518,12 +509,10 @@ EXPORT pid_t fork(void)
 		if (enter()) {
 			struct insight_event_header *h =
 				begin(INSIGHT_EV_FORK, sizeof(struct insight_fork_payload));
-			if (h) {
-				struct insight_fork_payload *f = (void *)(h + 1);
-				f->parent_pid = (uint32_t)parent;
-				f->reserved = 0;
-				notify(h);
-			}
+			struct insight_fork_payload *f = (void *)(h + 1);
+			f->parent_pid = (uint32_t)parent;
+			f->reserved = 0;
+			notify(h);
 			leave();
 		}
 	}
@@ -536,12 +525,10 @@ static void raise_exit(int status)
 		return;
 	exit_raised = 1;
 	struct insight_event_header *h = begin(INSIGHT_EV_EXIT, sizeof(struct insight_exit_payload));
-	if (h) {
-		struct insight_exit_payload *e = (void *)(h + 1);
-		e->status = status;
-		e->reserved = 0;
-		notify(h);
-	}
+	struct insight_exit_payload *e = (void *)(h + 1);
+	e->status = status;
+	e->reserved = 0;
+	notify(h);
 	leave();
 }
 
