@@ -33,7 +33,7 @@ use vm_memory::GuestMemoryMmap;
 
 use crate::doorbell::Doorbell;
 use crate::tap::{self, Tap, VNET_HDR_LEN};
-use crate::virtio_mmio::{self, Access, MmioTransport, VIRTIO_F_VERSION_1};
+use crate::virtio_mmio::{self, Access, Desc, MmioTransport, VIRTIO_F_VERSION_1};
 
 /// Where the device's registers are in guest physical memory (after the
 /// block device's).
@@ -53,8 +53,16 @@ pub fn kernel_cmdline() -> String {
 const VIRTIO_NET_F_GUEST_CSUM: u64 = 1 << 1;
 const VIRTIO_NET_F_MAC: u64 = 1 << 5;
 const VIRTIO_NET_F_GUEST_TSO4: u64 = 1 << 7;
-const DEVICE_FEATURES: u64 =
-    VIRTIO_F_VERSION_1 | VIRTIO_NET_F_MAC | VIRTIO_NET_F_GUEST_CSUM | VIRTIO_NET_F_GUEST_TSO4;
+/// The guest posts small receive buffers and a frame may span several:
+/// without it, a guest that takes TSO frames posts 64 KiB buffers, each a
+/// chain of 17 pages the driver allocates for every frame, and charges a
+/// page or more of its sockets' receive buffers to every small datagram.
+const VIRTIO_NET_F_MRG_RXBUF: u64 = 1 << 15;
+const DEVICE_FEATURES: u64 = VIRTIO_F_VERSION_1
+    | VIRTIO_NET_F_MAC
+    | VIRTIO_NET_F_GUEST_CSUM
+    | VIRTIO_NET_F_GUEST_TSO4
+    | VIRTIO_NET_F_MRG_RXBUF;
 
 /// Ethernet header; frames shorter than it and the virtio header are runts.
 const ETH_HLEN: usize = 14;
@@ -109,8 +117,8 @@ pub enum NetError {
     },
     #[error("cannot start the network reader thread")]
     Thread(#[source] std::io::Error),
-    #[error("the guest has {available} receive buffers, {needed} frames are to be delivered")]
-    NoBuffers { needed: usize, available: usize },
+    #[error("the guest has receive buffers for {fit} of the {needed} frames to be delivered")]
+    NoBuffers { needed: usize, fit: usize },
     #[error("a frame of {len} bytes cannot be delivered (the guest accepts {min} to {max})")]
     BadFrame { len: usize, min: usize, max: usize },
 }
@@ -369,14 +377,12 @@ impl VirtioNet {
         if let Some(tap) = &self.tap {
             while let Ok(item) = tap.frames.try_recv() {
                 match item {
-                    Ok(mut frame) => {
+                    Ok(frame) => {
                         if frame.len() < VNET_HDR_LEN + ETH_HLEN || frame.len() > max {
                             self.stats.rx_bad_size += 1;
                         } else if self.pending.len() >= MAX_PENDING {
                             self.stats.rx_overflow += 1;
                         } else {
-                            // num_buffers: one buffer per frame.
-                            frame[10..12].copy_from_slice(&1u16.to_le_bytes());
                             self.pending.push_back(frame);
                         }
                     }
@@ -389,41 +395,31 @@ impl VirtioNet {
         }
     }
 
-    /// Receive buffers the guest has made available.
-    fn rx_buffers(&mut self, mem: &GuestMemoryMmap) -> usize {
-        if !self.transport.driver_ok() {
-            return 0;
-        }
-        self.transport
-            .queue(RX)
-            .map_or(0, |q| usize::from(virtio_mmio::available(q, mem)))
-    }
-
     /// Delivers as many received frames as the guest has buffers for, and
     /// returns them (what a recording logs).
     pub fn deliver_received(&mut self, mem: &GuestMemoryMmap) -> Vec<Vec<u8>> {
         self.collect();
-        let n = self.rx_buffers(mem).min(self.pending.len());
-        if n == 0 {
-            return Vec::new();
-        }
         // Sizes were checked on arrival, but the guest may have
         // renegotiated (smaller) since: only what it accepts now goes in.
         let max = self.max_frame_len();
-        let (frames, refused): (Vec<Vec<u8>>, Vec<Vec<u8>>) =
-            self.pending.drain(..n).partition(|f| f.len() <= max);
-        self.stats.rx_bad_size += refused.len() as u64;
-        // Buffers were counted just now: delivery cannot fail.
-        if self.deliver(&frames, mem).is_err() {
+        let before = self.pending.len();
+        self.pending.retain(|f| f.len() <= max);
+        self.stats.rx_bad_size += (before - self.pending.len()) as u64;
+        let lens: Vec<usize> = self.pending.iter().map(Vec::len).collect();
+        let buffers = self.take_buffers(lens.into_iter(), mem);
+        if buffers.is_empty() {
             return Vec::new();
         }
+        let frames: Vec<Vec<u8>> = self.pending.drain(..buffers.len()).collect();
+        self.fill(&frames, buffers, mem);
         frames
     }
 
-    /// Delivers exactly `frames` (each with its virtio header), one per
-    /// receive buffer, and raises the interrupt. Errors, delivering
-    /// nothing, if a frame has a size the guest does not accept or the
-    /// guest has fewer buffers than frames.
+    /// Delivers exactly `frames` (each with its virtio header), each into
+    /// one receive buffer or, when the guest merges buffers, into as many
+    /// as it needs, and raises the interrupt. Errors, delivering nothing,
+    /// if a frame has a size the guest does not accept or the guest's
+    /// buffers cannot hold them all.
     pub fn deliver(&mut self, frames: &[Vec<u8>], mem: &GuestMemoryMmap) -> Result<(), NetError> {
         let (min, max) = (VNET_HDR_LEN + ETH_HLEN, self.max_frame_len());
         if let Some(f) = frames.iter().find(|f| f.len() < min || f.len() > max) {
@@ -433,41 +429,128 @@ impl VirtioNet {
                 max,
             });
         }
-        let available = self.rx_buffers(mem);
-        if available < frames.len() {
-            return Err(NetError::NoBuffers {
-                needed: frames.len(),
-                available,
-            });
-        }
         if frames.is_empty() {
             return Ok(());
         }
-        let Some(queue) = self.transport.queue(RX) else {
-            return Ok(());
-        };
-        let chains = virtio_mmio::pop_chains(queue, mem, frames.len()).unwrap_or_default();
-        for (frame, (head, descs)) in frames.iter().zip(&chains) {
-            let len = match virtio_mmio::write_chain(descs, mem, frame) {
-                Some(n) => {
-                    self.stats.rx_frames += 1;
-                    self.stats.rx_bytes += frame.len() as u64;
-                    n
-                }
-                None => {
-                    self.stats.rx_bad_chains += 1;
-                    0
-                }
-            };
-            if queue.add_used(mem, *head, len).is_err() {
-                self.stats.rx_bad_chains += 1;
+        let start = self.transport.queue(RX).map(|q| q.next_avail());
+        let buffers = self.take_buffers(frames.iter().map(Vec::len), mem);
+        if buffers.len() < frames.len() {
+            if let (Some(queue), Some(start)) = (self.transport.queue(RX), start) {
+                queue.set_next_avail(start);
             }
+            return Err(NetError::NoBuffers {
+                needed: frames.len(),
+                fit: buffers.len(),
+            });
         }
-        self.stats.rx_bad_chains += frames.len().saturating_sub(chains.len()) as u64;
-        self.transport.signal_used();
-        self.irq = true;
+        self.fill(frames, buffers, mem);
         Ok(())
     }
+
+    /// Takes receive chains for frames of the given lengths, in order, as
+    /// many frames as the guest's buffers hold: a chain per frame, or as
+    /// many as the frame needs when buffers are merged. The queue is left
+    /// after the chains of the last frame that fits. A malformed chain
+    /// ends its frame's chains (the frame will be dropped).
+    fn take_buffers(
+        &mut self,
+        lens: impl Iterator<Item = usize>,
+        mem: &GuestMemoryMmap,
+    ) -> Vec<Vec<(u16, Vec<Desc>)>> {
+        let mergeable = self.transport.negotiated(VIRTIO_NET_F_MRG_RXBUF);
+        let mut taken = Vec::new();
+        if !self.transport.driver_ok() {
+            return taken;
+        }
+        let Some(queue) = self.transport.queue(RX) else {
+            return taken;
+        };
+        'frames: for len in lens {
+            let start = queue.next_avail();
+            let (mut chains, mut room) = (Vec::new(), 0u64);
+            loop {
+                let Some((head, descs)) =
+                    virtio_mmio::pop_chains(queue, mem, 1).and_then(|mut c| c.pop())
+                else {
+                    queue.set_next_avail(start);
+                    break 'frames;
+                };
+                let chain_room = writable_room(&descs);
+                chains.push((head, descs));
+                match chain_room {
+                    Some(r) if mergeable => room += r,
+                    _ => break,
+                }
+                if room >= len as u64 {
+                    break;
+                }
+            }
+            taken.push(chains);
+        }
+        taken
+    }
+
+    /// Writes each frame into the chains taken for it (its virtio header
+    /// saying how many), returns them used, and raises the interrupt.
+    fn fill(
+        &mut self,
+        frames: &[Vec<u8>],
+        buffers: Vec<Vec<(u16, Vec<Desc>)>>,
+        mem: &GuestMemoryMmap,
+    ) {
+        let Some(queue) = self.transport.queue(RX) else {
+            return;
+        };
+        for (frame, chains) in frames.iter().zip(buffers) {
+            let lens = write_frame(frame, &chains, mem);
+            if lens.is_some() {
+                self.stats.rx_frames += 1;
+                self.stats.rx_bytes += frame.len() as u64;
+            } else {
+                self.stats.rx_bad_chains += 1;
+            }
+            for (i, (head, _)) in chains.iter().enumerate() {
+                let len = lens.as_ref().map_or(0, |l| l[i]);
+                if queue.add_used(mem, *head, len).is_err() {
+                    self.stats.rx_bad_chains += 1;
+                }
+            }
+        }
+        self.transport.signal_used();
+        self.irq = true;
+    }
+}
+
+/// The bytes a receive chain can take; `None` if a descriptor is
+/// device-readable.
+fn writable_room(descs: &[Desc]) -> Option<u64> {
+    if descs.iter().any(|d| !d.2) {
+        return None;
+    }
+    Some(descs.iter().map(|d| u64::from(d.1)).sum())
+}
+
+/// Writes `frame` across `chains` in order, its header's `num_buffers`
+/// set to their number; returns the bytes written into each, or `None` if
+/// they cannot hold it (a readable descriptor, outside guest memory, too
+/// short).
+fn write_frame(
+    frame: &[u8],
+    chains: &[(u16, Vec<Desc>)],
+    mem: &GuestMemoryMmap,
+) -> Option<Vec<u32>> {
+    let mut bytes = frame.to_vec();
+    let count = u16::try_from(chains.len()).ok()?;
+    bytes.get_mut(10..12)?.copy_from_slice(&count.to_le_bytes());
+    let mut rest = &bytes[..];
+    let mut lens = Vec::with_capacity(chains.len());
+    for (_, descs) in chains {
+        let room = usize::try_from(writable_room(descs)?).ok()?;
+        let (piece, after) = rest.split_at(room.min(rest.len()));
+        lens.push(virtio_mmio::write_chain(descs, mem, piece)?);
+        rest = after;
+    }
+    rest.is_empty().then_some(lens)
 }
 
 #[cfg(test)]
@@ -483,7 +566,8 @@ mod tests {
         dev.mmio_write(offset, &v.to_le_bytes(), mem);
     }
 
-    fn setup() -> (VirtioNet, GuestMemoryMmap) {
+    /// A device whose driver accepted `features` and set up both queues.
+    fn setup(features: u64) -> (VirtioNet, GuestMemoryMmap) {
         let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x40000)]).unwrap();
         let mut dev = VirtioNet::new(DEFAULT_MAC, NetBackend::None, Doorbell::new()).unwrap();
         let mut id = [0u8; 4];
@@ -493,9 +577,9 @@ mod tests {
         dev.mmio_read(0x100, &mut mac);
         assert_eq!(mac, DEFAULT_MAC);
         w32(&mut dev, &mem, 0x024, 0);
-        w32(&mut dev, &mem, 0x020, DEVICE_FEATURES as u32);
+        w32(&mut dev, &mem, 0x020, features as u32);
         w32(&mut dev, &mem, 0x024, 1);
-        w32(&mut dev, &mem, 0x020, (DEVICE_FEATURES >> 32) as u32);
+        w32(&mut dev, &mem, 0x020, (features >> 32) as u32);
         for (n, q) in [RXQ, TXQ].iter().enumerate() {
             w32(&mut dev, &mem, 0x030, n as u32);
             w32(&mut dev, &mem, 0x038, 8);
@@ -532,16 +616,10 @@ mod tests {
 
     #[test]
     fn frames_are_delivered_only_when_asked_and_only_into_buffers() {
-        let (mut dev, mem) = setup();
+        let (mut dev, mem) = setup(DEVICE_FEATURES);
         // No receive buffers: nothing can be delivered, nothing changes.
         let err = dev.deliver(&[frame(100, 7)], &mem).unwrap_err();
-        assert!(matches!(
-            err,
-            NetError::NoBuffers {
-                needed: 1,
-                available: 0
-            }
-        ));
+        assert!(matches!(err, NetError::NoBuffers { needed: 1, fit: 0 }));
         offer(&mem, RXQ, 0, 0, BUF, 2048, true);
         offer(&mem, RXQ, 1, 1, BUF + 0x1000, 2048, true);
         assert_eq!(used_idx(&mem, RXQ), 0);
@@ -560,7 +638,8 @@ mod tests {
 
     #[test]
     fn bad_frames_and_chains_are_counted_never_fatal() {
-        let (mut dev, mem) = setup();
+        // One buffer per frame: a short buffer is a bad chain.
+        let (mut dev, mem) = setup(DEVICE_FEATURES & !VIRTIO_NET_F_MRG_RXBUF);
         offer(&mem, RXQ, 0, 0, BUF, 2048, true);
         // Larger than the negotiated size, or a runt: refused.
         let huge = frame(VNET_HDR_LEN + MAX_GSO_FRAME + 1, 1);
@@ -601,5 +680,43 @@ mod tests {
         let captured = captured.lock().unwrap();
         assert_eq!(captured.len(), 1);
         assert_eq!(captured[0].len(), 80 - VNET_HDR_LEN);
+    }
+
+    #[test]
+    fn merged_buffers_take_a_frame_in_pieces_or_not_at_all() {
+        let (mut dev, mem) = setup(DEVICE_FEATURES);
+        for i in 0..3 {
+            offer(&mem, RXQ, i, i, BUF + 0x100 * u64::from(i), 64, true);
+        }
+        // 150 bytes need all three 64-byte buffers; two frames do not fit,
+        // and nothing is taken.
+        let err = dev
+            .deliver(&[frame(150, 5), frame(60, 6)], &mem)
+            .unwrap_err();
+        assert!(matches!(err, NetError::NoBuffers { needed: 2, fit: 1 }));
+        assert_eq!(used_idx(&mem, RXQ), 0);
+        dev.deliver(&[frame(150, 5)], &mem).unwrap();
+        assert_eq!(used_idx(&mem, RXQ), 3);
+        let num_buffers: u16 = mem.read_obj(GuestAddress(BUF + 10)).unwrap();
+        assert_eq!(num_buffers, 3);
+        let used_len =
+            |n: u64| -> u32 { mem.read_obj(GuestAddress(RXQ[2] + 4 + 8 * n + 4)).unwrap() };
+        assert_eq!((used_len(0), used_len(1), used_len(2)), (64, 64, 22));
+        assert_eq!(
+            mem.read_obj::<u8>(GuestAddress(BUF + 0x200 + 21)).unwrap(),
+            5
+        );
+        assert_eq!(dev.stats().rx_frames, 1);
+        // What the recorder delivers stops at the first frame that does
+        // not fit, and keeps it for later.
+        offer(&mem, RXQ, 3, 3, BUF + 0x400, 2048, true);
+        dev.pending.extend([frame(100, 7), frame(100, 8)]);
+        let delivered = dev.deliver_received(&mem);
+        assert_eq!(delivered.len(), 1);
+        assert_eq!(dev.pending.len(), 1);
+        assert_eq!(
+            mem.read_obj::<u8>(GuestAddress(BUF + 0x400 + 99)).unwrap(),
+            7
+        );
     }
 }

@@ -385,8 +385,10 @@ fn a_tap_device_that_disappears_is_reported_and_the_trace_replays() {
     let config = config(&dir, "udp_sink 5000 1 /tmp/in 5");
     let mut rec = Recording::start(&ns, &config, &trace);
     rec.wait_for("udp_sink: listening");
+    // A burst far larger than the guest's receive ring and insight's
+    // queue together: what neither holds is dropped, and said.
     let sent = ns.bash(&format!(
-        "for i in $(seq 1 10); do echo \"a $i\" > /dev/udp/{GUEST}/5000; done"
+        "for i in $(seq 1 3000); do echo \"a $i\" > /dev/udp/{GUEST}/5000; done"
     ));
     assert!(sent.status.success(), "{sent:?}");
     std::thread::sleep(Duration::from_millis(500));
@@ -398,6 +400,25 @@ fn a_tap_device_that_disappears_is_reported_and_the_trace_replays() {
     assert!(
         stderr.contains("network: the TAP device stopped working"),
         "{stderr}"
+    );
+    let dropped = stderr
+        .split(" received frames were dropped while the guest took none")
+        .next()
+        .and_then(|s| s.rsplit(' ').next())
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no count of dropped frames: {stderr}"));
+    assert!(dropped > 0, "{stderr}");
+    // The trace says so too.
+    let dump = insight()
+        .arg("dump")
+        .arg("--header")
+        .arg(&trace)
+        .output()
+        .unwrap();
+    let (header, _) = text(&dump);
+    assert!(
+        header.contains(&format!("dropped:    {dropped} received network frames")),
+        "{header}"
     );
     drop(ns);
     // What was logged before the device went away is all there.

@@ -34,7 +34,7 @@ pub mod files;
 
 /// Format version, bumped on every change of the layout or of the types
 /// serialized in it.
-pub const TRACE_VERSION: u32 = 6;
+pub const TRACE_VERSION: u32 = 7;
 pub const MAGIC: [u8; 8] = *b"INSIGHT\0";
 
 const HEADER_FILE: &str = "header";
@@ -198,6 +198,10 @@ pub struct Summary {
     /// Guest time the recording covers (the guest clock's last value),
     /// in nanoseconds, as the recorder says with `set_guest_ns`.
     pub guest_ns: u64,
+    /// Frames the host received for the guest that never reached it (too
+    /// large for the guest, or arriving while it took none): not in the
+    /// log, and not in any replay. Said with `set_net_rx_dropped`.
+    pub net_rx_dropped: u64,
 }
 
 /// Appends to a new trace.
@@ -322,6 +326,11 @@ impl<E: Serialize> TraceWriter<E> {
     /// The guest time the recording has covered so far (for the summary).
     pub fn set_guest_ns(&mut self, ns: u64) {
         self.summary.guest_ns = ns;
+    }
+
+    /// Received frames the guest never got (for the summary).
+    pub fn set_net_rx_dropped(&mut self, frames: u64) {
+        self.summary.net_rx_dropped = frames;
     }
 
     pub fn summary(&self) -> Summary {

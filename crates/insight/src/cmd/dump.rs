@@ -259,6 +259,14 @@ fn print_header(out: &mut impl Write, h: &Header, reader: &TraceReader<Entry>) -
         )?,
         None => writeln!(out, "  complete:   no (the recorder did not finish)")?,
     }
+    if let Some(s) = reader.complete.filter(|s| s.net_rx_dropped > 0) {
+        writeln!(
+            out,
+            "  dropped:    {} received network frames never reached the guest (too large for \
+             it, or arriving while it took none); no replay has them",
+            s.net_rx_dropped
+        )?;
+    }
     for image in &h.images {
         writeln!(
             out,

@@ -81,10 +81,16 @@ impl Recorder {
         }
     }
 
-    /// Logs the end and marks the trace complete.
-    pub fn finish(mut self, reason: EndReason) -> Result<Summary, JournalError> {
+    /// Logs the end and marks the trace complete, saying how many
+    /// received network frames never reached the guest.
+    pub fn finish(
+        mut self,
+        reason: EndReason,
+        net_rx_dropped: u64,
+    ) -> Result<Summary, JournalError> {
         self.push(Entry::End(reason))?;
         self.writer.set_guest_ns(self.guest_ns);
+        self.writer.set_net_rx_dropped(net_rx_dropped);
         Ok(self.writer.finish()?)
     }
 

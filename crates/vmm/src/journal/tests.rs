@@ -65,7 +65,7 @@ fn record(dir: &std::path::Path, complete: bool) {
         unreachable!()
     };
     if complete {
-        r.finish(EndReason::CommandExited(3)).unwrap();
+        r.finish(EndReason::CommandExited(3), 0).unwrap();
     } else {
         r.abandon();
     }
@@ -155,7 +155,7 @@ fn inputs_replay_in_their_recorded_order_with_their_payloads() {
         let Journal::Record(r) = j else {
             unreachable!()
         };
-        r.finish(EndReason::PowerOff).unwrap();
+        r.finish(EndReason::PowerOff, 0).unwrap();
     }
     let mut j = replayer(&dir);
     j.exit(Entry::Halt { rip: 0x300 }, &regs(0x300, 4)).unwrap();

@@ -437,7 +437,7 @@ mod tests {
         let Journal::Record(r) = record else {
             unreachable!()
         };
-        r.finish(journal::EndReason::PowerOff).unwrap();
+        r.finish(journal::EndReason::PowerOff, 0).unwrap();
 
         // The same exits on a platform whose wall clock is years later:
         // the guest reads what the recording read.
@@ -462,7 +462,7 @@ mod tests {
         let Journal::Record(r) = record else {
             unreachable!()
         };
-        r.finish(journal::EndReason::PowerOff).unwrap();
+        r.finish(journal::EndReason::PowerOff, 0).unwrap();
 
         let reader = trace::TraceReader::open(&dir).unwrap();
         let mut replay = Journal::Replay(Box::new(Replayer::new(reader)));

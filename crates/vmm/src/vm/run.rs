@@ -429,7 +429,11 @@ impl Vm {
             Err(VmError::StoppedByUser) => EndReason::StoppedByUser,
             Err(e) => EndReason::Failed(e.to_string()),
         };
-        let summary = recorder.finish(reason)?;
+        let dropped = self.net.as_ref().map_or(0, |net| {
+            let stats = net.stats();
+            stats.rx_overflow + stats.rx_bad_size
+        });
+        let summary = recorder.finish(reason, dropped)?;
         self.trace_summary = Some(summary);
         result.map(|mut o| {
             o.trace = Some(summary);
