@@ -213,16 +213,6 @@ pub fn pop_chains(
     Some(chains)
 }
 
-/// How many chains the guest has made available on `queue` and the device
-/// has not taken yet (0 when the ring is unreadable).
-pub fn available(queue: &Queue, mem: &GuestMemoryMmap) -> u16 {
-    queue
-        .avail_idx(mem, std::sync::atomic::Ordering::Acquire)
-        .map(|idx| idx.0.wrapping_sub(queue.next_avail()))
-        .unwrap_or(0)
-        .min(queue.size())
-}
-
 /// Copies the device-readable part of a chain out of guest memory, at most
 /// `max` bytes; `None` if a descriptor is device-writable, outside guest
 /// memory, or the total exceeds `max`.
