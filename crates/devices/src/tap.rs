@@ -6,7 +6,7 @@
 //! virtio 1.0 driver uses, so frames pass between TAP and guest unchanged.
 
 use std::fs::{File, OpenOptions};
-use std::io;
+use std::io::{self, Read};
 use std::net::Ipv4Addr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
@@ -110,6 +110,21 @@ impl Tap {
 
     pub fn file(&self) -> &File {
         &self.file
+    }
+
+    /// Frames the host kernel dropped on their way to this device's
+    /// reader (its queue was full): the interface's `tx_dropped` counter,
+    /// from sysfs; `None` where sysfs does not show this network
+    /// namespace's interfaces.
+    pub fn host_dropped(&self) -> Option<u64> {
+        let path = format!("/sys/class/net/{}/statistics/tx_dropped", self.name);
+        let mut text = String::new();
+        File::open(path)
+            .ok()?
+            .take(32)
+            .read_to_string(&mut text)
+            .ok()?;
+        text.trim().parse().ok()
     }
 
     /// Tells the host which offloads the guest accepts: with TSO4 the host

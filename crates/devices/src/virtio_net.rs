@@ -92,6 +92,10 @@ pub struct NetStats {
     pub rx_bad_size: u64,
     /// Received frames dropped because the guest took none for a while.
     pub rx_overflow: u64,
+    /// Frames for the guest the host kernel dropped at the TAP device
+    /// before the device's reader took them (the interface's queue was
+    /// full), since the device opened.
+    pub rx_host_dropped: u64,
     /// Receive chains the guest formed wrongly (device-readable, outside
     /// guest memory, too short for the frame): the frame is dropped.
     pub rx_bad_chains: u64,
@@ -129,11 +133,14 @@ struct TapBackend {
     frames: Receiver<std::io::Result<Vec<u8>>>,
     stop: Arc<AtomicBool>,
     overflow: Arc<AtomicU64>,
+    /// The interface's drop counter when the device opened.
+    host_dropped_at_start: Option<u64>,
     reader: Option<JoinHandle<()>>,
 }
 
 impl TapBackend {
     fn start(tap: Tap, doorbell: Doorbell) -> Result<Self, NetError> {
+        let host_dropped_at_start = tap.host_dropped();
         let tap = Arc::new(tap);
         let (tx, rx) = mpsc::sync_channel(MAX_PENDING);
         let stop = Arc::new(AtomicBool::new(false));
@@ -151,6 +158,7 @@ impl TapBackend {
             frames: rx,
             stop,
             overflow,
+            host_dropped_at_start,
             reader: Some(reader),
         })
     }
@@ -266,6 +274,9 @@ impl VirtioNet {
         let mut stats = self.stats;
         if let Some(tap) = &self.tap {
             stats.rx_overflow += tap.overflow.load(Ordering::Relaxed);
+            if let (Some(start), Some(now)) = (tap.host_dropped_at_start, tap.tap.host_dropped()) {
+                stats.rx_host_dropped = now.saturating_sub(start);
+            }
         }
         stats
     }

@@ -147,6 +147,11 @@ pub fn net_problems(report: Option<&vmm::vm::NetReport>) -> Option<String> {
             "received frames were dropped while the guest took none",
         ),
         (
+            s.rx_host_dropped,
+            "frames for the guest were dropped by the host kernel at the TAP device before \
+             insight read them",
+        ),
+        (
             s.rx_bad_chains,
             "receive buffers from the guest were malformed",
         ),

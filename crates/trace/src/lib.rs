@@ -199,8 +199,9 @@ pub struct Summary {
     /// in nanoseconds, as the recorder says with `set_guest_ns`.
     pub guest_ns: u64,
     /// Frames the host received for the guest that never reached it (too
-    /// large for the guest, or arriving while it took none): not in the
-    /// log, and not in any replay. Said with `set_net_rx_dropped`.
+    /// large for the guest, arriving while it took none, or dropped by the
+    /// host kernel at the TAP device): not in the log, and not in any
+    /// replay. Said with `set_net_rx_dropped`.
     pub net_rx_dropped: u64,
 }
 

@@ -263,7 +263,8 @@ fn print_header(out: &mut impl Write, h: &Header, reader: &TraceReader<Entry>) -
         writeln!(
             out,
             "  dropped:    {} received network frames never reached the guest (too large for \
-             it, or arriving while it took none); no replay has them",
+             it, arriving while it took none, or dropped by the host kernel at the TAP \
+             device); no replay has them",
             s.net_rx_dropped
         )?;
     }

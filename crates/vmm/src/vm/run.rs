@@ -431,7 +431,7 @@ impl Vm {
         };
         let dropped = self.net.as_ref().map_or(0, |net| {
             let stats = net.stats();
-            stats.rx_overflow + stats.rx_bad_size
+            stats.rx_overflow + stats.rx_bad_size + stats.rx_host_dropped
         });
         let summary = recorder.finish(reason, dropped)?;
         self.trace_summary = Some(summary);
