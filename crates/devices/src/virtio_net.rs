@@ -105,6 +105,14 @@ pub struct NetStats {
     pub tx_errors: u64,
 }
 
+impl NetStats {
+    /// Received frames that never reached the guest: dropped by the host
+    /// kernel, by the device's queue, or for their size.
+    pub fn rx_dropped(&self) -> u64 {
+        self.rx_host_dropped + self.rx_overflow + self.rx_bad_size
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum NetError {
     #[error("cannot open TAP device {name}")]

@@ -116,7 +116,9 @@ fn a_thread_without_frame_pointers_unwinds_to_its_start() {
     let frames = space.unwind(&mut snap, regs, 64);
     let named: Vec<String> = frames
         .iter()
-        .map(|&ra| function(&exe_data, ra.wrapping_sub(exe_bias) - 1).unwrap_or_default())
+        .map(|&ra| {
+            function(&exe_data, ra.wrapping_sub(exe_bias).wrapping_sub(1)).unwrap_or_default()
+        })
         .collect();
     assert_eq!(
         function(&exe_data, regs.rip - exe_bias).as_deref(),

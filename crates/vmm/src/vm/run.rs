@@ -429,10 +429,7 @@ impl Vm {
             Err(VmError::StoppedByUser) => EndReason::StoppedByUser,
             Err(e) => EndReason::Failed(e.to_string()),
         };
-        let dropped = self.net.as_ref().map_or(0, |net| {
-            let stats = net.stats();
-            stats.rx_overflow + stats.rx_bad_size + stats.rx_host_dropped
-        });
+        let dropped = self.net.as_ref().map_or(0, |net| net.stats().rx_dropped());
         let summary = recorder.finish(reason, dropped)?;
         self.trace_summary = Some(summary);
         result.map(|mut o| {
