@@ -41,6 +41,7 @@ pub fn lock_event(r: &Row) -> Option<LockEvent> {
         lock,
         kind,
         site: r.caller.unwrap_or(0),
+        seq: r.seq,
     })
 }
 

@@ -21,7 +21,8 @@ pub enum LockEventKind {
 
 /// One lock event: deterministic replay time, thread (lwpid), lock
 /// (its address in the guest process), kind, and where it was called
-/// from (the return address into the caller; 0 if unknown).
+/// from (the return address into the caller; 0 if unknown); `seq`, the
+/// event's sequence number in its database.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LockEvent {
     pub time: u64,
@@ -29,6 +30,7 @@ pub struct LockEvent {
     pub lock: u64,
     pub kind: LockEventKind,
     pub site: u64,
+    pub seq: u64,
 }
 
 /// `ETIMEDOUT` on Linux: a timed lock that gave up.

@@ -37,6 +37,14 @@ pub struct CaptureSummary {
     pub anomalies: Vec<(String, u64, String)>,
 }
 
+/// An event the capture stored: its sequence number, the process that
+/// raised it, and what it said.
+pub struct Stored {
+    pub seq: u64,
+    pub pid: u32,
+    pub event: RawEvent,
+}
+
 /// Turns raised events into database rows.
 pub struct Capture {
     db: EventWriter,
@@ -84,15 +92,15 @@ impl Capture {
 
     /// One raised event: `time` in ns of the recording, `raiser` the
     /// (pid, lwpid) the guest kernel says raised it (`None`: unknown, the
-    /// buffer's word is taken), `buffer` what could be read. Only database
-    /// failures are errors.
+    /// buffer's word is taken), `buffer` what could be read. Returns the
+    /// event stored, if it was one; only database failures are errors.
     pub fn raised(
         &mut self,
         time: u64,
         source: Source,
         raiser: Option<(u32, u32)>,
         buffer: Result<&[u8], BufferError>,
-    ) -> Result<(), DbError> {
+    ) -> Result<Option<Stored>, DbError> {
         let lwpid = raiser.map_or(0, |(_, lwpid)| lwpid);
         let bytes = match buffer {
             Ok(b) => b,
@@ -103,7 +111,7 @@ impl Capture {
                     BufferError::CrossesPage { .. } => "event buffer crosses a page boundary",
                 };
                 self.anomaly(what, format!("lwpid {lwpid}: {e}"));
-                return Ok(());
+                return Ok(None);
             }
         };
         let time = self.advance(time);
@@ -121,12 +129,12 @@ impl Capture {
                     abi::AbiError::BadPath => "bad SYMBOL path",
                 };
                 self.anomaly(what, format!("lwpid {lwpid}: {e}"));
-                return Ok(());
+                return Ok(None);
             }
         };
         let Some((pid, lwpid)) = raiser else {
             let (pid, lwpid) = (event.pid, event.lwpid);
-            return self.store(time, source, pid, lwpid, event);
+            return self.store(time, source, pid, lwpid, event).map(Some);
         };
         if source == Source::Probe && (event.pid, event.lwpid) != (pid, lwpid) {
             self.anomaly(
@@ -137,7 +145,7 @@ impl Capture {
                 ),
             );
         }
-        self.store(time, source, pid, lwpid, event)
+        self.store(time, source, pid, lwpid, event).map(Some)
     }
 
     fn store(
@@ -147,7 +155,7 @@ impl Capture {
         pid: u32,
         lwpid: u32,
         e: RawEvent,
-    ) -> Result<(), DbError> {
+    ) -> Result<Stored, DbError> {
         let kind = e.kind;
         let (addr, caller, value) = match &e.payload {
             Payload::Lock {
@@ -204,7 +212,16 @@ impl Capture {
         if source == Source::Probe && kind != Kind::Exit {
             self.tracked.insert(lwpid);
         }
-        Ok(())
+        Ok(Stored { seq, pid, event: e })
+    }
+
+    /// The user stack of the event just stored as `seq`: return
+    /// addresses, innermost first.
+    pub fn stack(&mut self, seq: u64, frames: &[u64]) -> Result<(), DbError> {
+        if frames.is_empty() {
+            return Ok(());
+        }
+        self.db.stack(seq, frames)
     }
 
     /// The latest time seen (events are stored with non-decreasing times).

@@ -171,7 +171,7 @@ fn syn_cont_yields_exactly_its_lock_events_identically_in_every_replay() {
     // exit per probe event made level-2 locks change hands more, as
     // preemptions inside critical sections did.
     let out = insight()
-        .args(["report", "locks", "--json"])
+        .args(["report", "locks", "--json", "--stacks", "2"])
         .arg(&a)
         .output()
         .unwrap();
@@ -179,6 +179,31 @@ fn syn_cont_yields_exactly_its_lock_events_identically_in_every_replay() {
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     let report: serde_json::Value = serde_json::from_str(&json).unwrap();
     let locks = report["locks"].as_array().unwrap();
+    // Contended acquisitions come with the whole stacks of their requests
+    // (syn_cont is built without frame pointers): the worker that called
+    // pthread_mutex_lock, under glibc's thread start.
+    let mut stacks = 0;
+    for l in locks.iter().filter(|l| l["contended"].as_u64() > Some(0)) {
+        let shares = l["stacks"].as_array().expect("stacks of a contended lock");
+        assert!(!shares.is_empty() && shares.len() <= 2, "{l}");
+        for share in shares {
+            let frames: Vec<&str> = share["frames"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|f| f.as_str())
+                .collect();
+            assert!(
+                frames.len() >= 3
+                    && frames[0].starts_with("worker+")
+                    && frames[0].contains("(syn_cont.c:")
+                    && frames[1].starts_with("start_thread+"),
+                "{frames:?}"
+            );
+            stacks += 1;
+        }
+    }
+    assert!(stacks > 0, "no contended acquisition: {json}");
     let level = |requests: u64| -> Vec<&serde_json::Value> {
         locks
             .iter()
@@ -365,6 +390,31 @@ fn samples_land_where_the_program_spends_its_time() {
             .any(|l| l.starts_with("hotspot;") && l.contains(";hot ")),
         "{folded}"
     );
+    // hotspot is built without frame pointers: its stacks are unwound by
+    // call-frame information, each function under the thread routine,
+    // glibc's start_thread and clone3, as perf's DWARF unwinding of the
+    // same program finds them natively.
+    let ours = top_stacks(folded.lines().filter_map(|l| {
+        let (path, count) = l.rsplit_once(' ')?;
+        // "thread;outermost;...;innermost": the thread's name first.
+        let mut frames: Vec<String> = path.split(';').skip(1).map(str::to_owned).collect();
+        frames.reverse();
+        Some((frames, count.parse().ok()?))
+    }));
+    let native = perf_stacks(dir, "hotspot", &["60"]);
+    for function in ["hot", "warm", "cool"] {
+        let stack = ours.get(function).map(Vec::as_slice).unwrap_or_default();
+        assert_eq!(
+            stack,
+            [function, "worker", "start_thread", "clone3"],
+            "{function}:\n{folded}"
+        );
+        assert_eq!(
+            Some(stack),
+            native.get(function).map(Vec::as_slice),
+            "insight's stack of {function} against perf's"
+        );
+    }
     // The flame graph's box for hot() has its share in its tooltip.
     let svg = std::fs::read_to_string(dir.join("flame.svg")).unwrap();
     let hot_box = svg
@@ -378,6 +428,94 @@ fn samples_land_where_the_program_spends_its_time() {
         "hot() {hot_box}% in the SVG, {hot}% in the table"
     );
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// glibc's internal names as their public ones: "__GI___clone3" is
+/// "clone3".
+fn public_name(name: &str) -> String {
+    name.trim_start_matches("__GI_")
+        .trim_start_matches('_')
+        .to_owned()
+}
+
+/// Per leaf function, its most frequent stack (innermost first, glibc's
+/// names made public) among `(stack, count)` pairs.
+fn top_stacks(stacks: impl Iterator<Item = (Vec<String>, u64)>) -> HashMap<String, Vec<String>> {
+    let mut counts: HashMap<Vec<String>, u64> = HashMap::new();
+    for (frames, n) in stacks {
+        let frames: Vec<String> = frames.iter().map(|f| public_name(f)).collect();
+        *counts.entry(frames).or_default() += n;
+    }
+    let mut best: HashMap<String, (u64, Vec<String>)> = HashMap::new();
+    for (frames, n) in counts {
+        let Some(leaf) = frames.first().cloned() else {
+            continue;
+        };
+        let entry = best.entry(leaf).or_insert((0, Vec::new()));
+        if n > entry.0 {
+            *entry = (n, frames);
+        }
+    }
+    best.into_iter()
+        .map(|(leaf, (_, frames))| (leaf, frames))
+        .collect()
+}
+
+/// The workload `name` built natively as the guest image builds it and
+/// profiled with `perf record --call-graph dwarf`: per leaf function, its
+/// most frequent stack (inlined frames left out, as insight's samples
+/// see the function they are inlined into).
+fn perf_stacks(dir: &Path, name: &str, args: &[&str]) -> HashMap<String, Vec<String>> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../images/workloads")
+        .join(format!("{name}.c"));
+    let prog = dir.join(format!("{name}-native"));
+    let cc = std::process::Command::new("gcc")
+        .args(["-O2", "-g", "-fomit-frame-pointer", "-pthread", "-o"])
+        .arg(&prog)
+        .arg(&src)
+        .status()
+        .expect("gcc is needed to build the workload natively");
+    assert!(cc.success(), "gcc failed on {}", src.display());
+    let data = dir.join("perf.data");
+    let out = std::process::Command::new("perf")
+        .args([
+            "record",
+            "-q",
+            "-e",
+            "cpu-clock",
+            "-F",
+            "1000",
+            "--call-graph",
+            "dwarf",
+            "-o",
+        ])
+        .arg(&data)
+        .arg(&prog)
+        .args(args)
+        .output()
+        .expect("perf (linux-perf) is needed to compare stacks with it");
+    assert!(out.status.success(), "perf record: {}", text(&out).1);
+    let out = std::process::Command::new("perf")
+        .args(["script", "-i"])
+        .arg(&data)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "perf script: {}", text(&out).1);
+    // Samples are blank-line separated: a header, then one frame a line,
+    // "ADDRESS SYMBOL+OFFSET (OBJECT)".
+    let script = String::from_utf8_lossy(&out.stdout);
+    let samples = script.split("\n\n").map(|sample| {
+        let frames = sample
+            .lines()
+            .skip(1)
+            .filter(|l| !l.ends_with("(inlined)"))
+            .filter_map(|l| l.split_whitespace().nth(1))
+            .map(|f| f.split('+').next().unwrap_or(f).to_owned())
+            .collect();
+        (frames, 1)
+    });
+    top_stacks(samples)
 }
 
 /// Whether `found` is `expected` up to rotation ("A -> B -> C -> A" and
@@ -459,6 +597,31 @@ fn the_papers_deadlock_programs_are_diagnosed() {
     // The line of the call, from the program's DWARF.
     assert!(
         section("deadlock_trylock").contains("(deadlock_trylock.c:"),
+        "{report}"
+    );
+    // Every step shows the whole stacks of both acquisitions, unwound
+    // without frame pointers: the locking function with its source line,
+    // then glibc's thread start.
+    let trylock = section("deadlock_trylock");
+    assert_eq!(trylock.matches(" requested at:").count(), 2, "{report}");
+    assert_eq!(trylock.matches(" taken before, at:").count(), 2, "{report}");
+    let frames = |n: &str| -> Vec<&str> {
+        trylock
+            .lines()
+            .map(str::trim)
+            .filter(|l| l.starts_with(n))
+            .collect()
+    };
+    let (first, second) = (frames("#0 "), frames("#1 "));
+    assert_eq!((first.len(), second.len()), (4, 4), "{report}");
+    assert!(
+        first
+            .iter()
+            .all(|f| f.starts_with("#0 t") && f.contains("(deadlock_trylock.c:")),
+        "{report}"
+    );
+    assert!(
+        second.iter().all(|f| f.starts_with("#1 start_thread+")),
         "{report}"
     );
     let transitive = notation(&section("deadlock_transitive"), "Potential deadlock");

@@ -14,6 +14,7 @@
 //! a frame must lie above the one before it, and a walk stops after the
 //! number of frames it is given.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use gimli::{
@@ -267,5 +268,85 @@ impl AddressSpace {
             lookup = rip.wrapping_sub(1);
         }
         frames
+    }
+}
+
+/// Reads a guest file by its absolute path (`None`: no such file).
+pub type FileLoader = Box<dyn FnMut(&str) -> Option<Vec<u8>> + Send>;
+
+/// The objects every process has mapped, as the processes announced them
+/// (a path and a load bias per object), with each file's call-frame
+/// information read once, however many processes map it.
+pub struct Processes {
+    load: FileLoader,
+    /// Per path: its call-frame information, or `None` when the file is
+    /// missing or not an ELF file this reads (its frames are walked by
+    /// frame pointer).
+    objects: HashMap<String, Option<Arc<ObjectCfi>>>,
+    spaces: HashMap<u32, AddressSpace>,
+    /// Processes that raised an event after announcing their objects: a
+    /// new announcement is of a new program (exec).
+    settled: HashSet<u32>,
+}
+
+/// Files larger than this are not read for their call-frame information
+/// (1 GiB).
+const MAX_OBJECT: usize = 1 << 30;
+
+impl Processes {
+    /// Reads files through `load` as processes map them.
+    pub fn new(load: FileLoader) -> Self {
+        Processes {
+            load,
+            objects: HashMap::new(),
+            spaces: HashMap::new(),
+            settled: HashSet::new(),
+        }
+    }
+
+    /// Process `pid` has the object at `path` loaded at `bias`. Processes
+    /// announce all their objects before their first other event, and
+    /// again after an exec: an announcement after another event starts
+    /// the process's list anew.
+    pub fn mapped(&mut self, pid: u32, bias: u64, path: &str) {
+        if self.settled.remove(&pid) {
+            self.spaces.remove(&pid);
+        }
+        let object = match self.objects.get(path) {
+            Some(object) => object.clone(),
+            None => {
+                let object = (self.load)(path)
+                    .filter(|data| data.len() <= MAX_OBJECT)
+                    .and_then(|data| ObjectCfi::parse(&data))
+                    .map(Arc::new);
+                self.objects.insert(path.to_owned(), object.clone());
+                object
+            }
+        };
+        if let Some(object) = object {
+            self.spaces.entry(pid).or_default().add(bias, object);
+        }
+    }
+
+    /// Process `pid` raised an event other than an object's announcement.
+    pub fn raised(&mut self, pid: u32) {
+        if self.spaces.contains_key(&pid) {
+            self.settled.insert(pid);
+        }
+    }
+
+    /// The stack of a thread of `pid` (see [`AddressSpace::unwind`]); a
+    /// process that announced nothing is walked by frame pointer.
+    pub fn unwind(&self, pid: u32, mem: &mut impl Memory, regs: Regs, max: usize) -> Vec<u64> {
+        match self.spaces.get(&pid) {
+            Some(space) => space.unwind(mem, regs, max),
+            None => AddressSpace::default().unwind(mem, regs, max),
+        }
+    }
+
+    /// The files read so far and how many had call-frame information.
+    pub fn files(&self) -> (usize, usize) {
+        let with = self.objects.values().filter(|o| o.is_some()).count();
+        (self.objects.len(), with)
     }
 }

@@ -8,7 +8,7 @@ use std::process::Command;
 use std::sync::Arc;
 
 use object::{Object, ObjectSymbol};
-use unwind::{AddressSpace, Memory, ObjectCfi, Regs};
+use unwind::{AddressSpace, Memory, ObjectCfi, Processes, Regs};
 
 struct Snapshot {
     regs: Regs,
@@ -24,8 +24,8 @@ impl Memory for Snapshot {
     }
 }
 
-fn scratch() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("insight-unwind-{}", std::process::id()));
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("insight-unwind-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
@@ -91,7 +91,7 @@ fn function(exe: &[u8], addr: u64) -> Option<String> {
 
 #[test]
 fn a_thread_without_frame_pointers_unwinds_to_its_start() {
-    let dir = scratch();
+    let dir = scratch("walk");
     let (mut snap, exe) = capture(&dir);
     let mut space = AddressSpace::default();
     let mut files: HashMap<u64, (String, Vec<u8>)> = HashMap::new();
@@ -147,6 +147,56 @@ fn a_thread_without_frame_pointers_unwinds_to_its_start() {
     bare.add(exe_bias, Arc::new(empty));
     let fp_frames = bare.unwind(&mut snap, regs, 64);
     assert_ne!(&fp_frames[..fp_frames.len().min(3)], &frames[..3]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn processes_read_each_file_once_and_start_over_after_an_exec() {
+    let dir = scratch("processes");
+    let (mut snap, exe) = capture(&dir);
+    let exe_path = exe.display().to_string();
+    let reads = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let log = Arc::clone(&reads);
+    let mut processes = Processes::new(Box::new(move |path: &str| {
+        log.lock().unwrap().push(path.to_owned());
+        std::fs::read(path).ok()
+    }));
+    let objects: Vec<(u64, String)> = snap
+        .objects
+        .iter()
+        .map(|(bias, path)| {
+            let path = if path.is_empty() { &exe_path } else { path };
+            (*bias, path.clone())
+        })
+        .collect();
+    // Two processes map the same files (a fork): each is read once.
+    for pid in [10, 11] {
+        for (bias, path) in &objects {
+            processes.mapped(pid, *bias, path);
+        }
+    }
+    let read = reads.lock().unwrap().len();
+    assert_eq!(read, objects.len(), "{:?}", reads.lock().unwrap());
+    let regs = snap.regs;
+    let whole = processes.unwind(10, &mut snap, regs, 64);
+    assert_eq!(whole.len(), 5, "{whole:x?}");
+    assert_eq!(processes.unwind(11, &mut snap, regs, 64), whole);
+    // A process nothing is known of is walked by frame pointer.
+    assert_ne!(processes.unwind(12, &mut snap, regs, 64), whole);
+    // Process 10 raised an event, then announced objects again: it has
+    // run another program, and only the new objects count. A missing
+    // file is remembered as such.
+    processes.raised(10);
+    processes.mapped(10, 0x7000_0000, "/nonexistent/lib.so");
+    assert_ne!(processes.unwind(10, &mut snap, regs, 64), whole);
+    assert_eq!(processes.unwind(11, &mut snap, regs, 64), whole);
+    processes.mapped(11, 0x7000_0000, "/nonexistent/lib.so");
+    assert_eq!(reads.lock().unwrap().len(), read + 1);
+    let on_disk = objects
+        .iter()
+        .filter(|(_, path)| Path::new(path).is_file())
+        .count();
+    assert_eq!(processes.files(), (objects.len() + 1, on_disk));
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -84,6 +84,24 @@ pub fn frame_chain(mem: &GuestMemoryMmap, cr3: u64, rbp: u64, max: usize) -> Vec
     frames
 }
 
+/// A user stack in guest memory, read through the guest's page tables
+/// (for `unwind`); nothing at or above the user half is read.
+pub struct UserMemory<'a> {
+    pub mem: &'a GuestMemoryMmap,
+    pub cr3: u64,
+}
+
+impl unwind::Memory for UserMemory<'_> {
+    fn read_u64(&mut self, addr: u64) -> Option<u64> {
+        if addr >= USER_END - 8 {
+            return None;
+        }
+        let mut word = [0u8; 8];
+        gva::read_virt(self.mem, self.cr3, addr, &mut word).ok()?;
+        Some(u64::from_le_bytes(word))
+    }
+}
+
 /// The guest kernel's context-switch ring (docs/events.md): a header
 /// (magic "INSW", size, head = records ever written) and `size` records
 /// of (from pid, from lwpid, to pid, to lwpid), all u32 but `head`.

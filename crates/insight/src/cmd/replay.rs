@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use diagnosis::plugin::Plugin;
 use diagnosis::plugins;
+use diagnosis::symbols::GuestFiles;
 use events::capture::{Capture, CaptureSummary};
 use events::db::{EventFormat, EventWriter};
 use trace::ClockKind;
@@ -67,6 +68,15 @@ pub struct ReplayArgs {
     /// event database. Tasks are tracked once they raise a probe event.
     #[arg(long, value_name = "PERIOD", value_parser = parse_period)]
     sample_period: Option<Duration>,
+    /// How the user stacks of samples and lock events are found: cfi
+    /// (the call-frame information of the guest's executables and
+    /// libraries, their .eh_frame, as exceptions and `perf --call-graph
+    /// dwarf` use it; whole stacks without frame pointers) or
+    /// frame-pointers (samples follow RBP, lock events keep their caller
+    /// only: for programs built with -fno-omit-frame-pointer, and to
+    /// compare).
+    #[arg(long, value_enum, default_value = "cfi", value_name = "HOW")]
+    unwind: Unwind,
     /// Find the positions where the recording preempted user code by
     /// their registers alone, without the memory and extended-state
     /// checks: shows that those checks are needed (such a replay can
@@ -74,6 +84,13 @@ pub struct ReplayArgs {
     /// otherwise.
     #[arg(long, hide = true)]
     match_registers_only: bool,
+}
+
+/// How user stacks are unwound at replay (`--unwind`).
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Unwind {
+    Cfi,
+    FramePointers,
 }
 
 /// How an event database stores its events (`--events-format`).
@@ -221,6 +238,11 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
         let db = EventWriter::create_with(path, &meta, args.events_format.into())
             .with_context(|| format!("cannot create the event database {}", path.display()))?;
         vm.capture_events(Capture::new(db));
+        if args.unwind == Unwind::Cfi {
+            let files = GuestFiles::from_initramfs(&spec.initramfs);
+            let load = move |path: &str| files.get(path).map(<[u8]>::to_vec);
+            vm.unwind_stacks(unwind::Processes::new(Box::new(load)));
+        }
         if let Some(period) = args.sample_period {
             vm.sample_every(period);
         }

@@ -158,6 +158,11 @@ pub struct LocksArgs {
     /// Also break each lock down per thread.
     #[arg(long)]
     threads: bool,
+    /// Also show, per lock, the N call stacks whose contended acquisitions
+    /// waited longest in all (whole stacks where the replay unwound them,
+    /// the default; else the caller alone).
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    stacks: usize,
     /// JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -183,6 +188,7 @@ pub fn report(args: ReportArgs) -> Result<ExitCode> {
                 limit: a.limit,
                 min_blocked: a.min_blocked,
                 threads: a.threads,
+                stacks: a.stacks,
             };
             let out = run_one(Box::new(locks::Locks::new(options)), &a.input)?;
             if a.csv {

@@ -163,6 +163,9 @@ pub struct Vm {
     /// The guest kernel's context-switch ring, once announced (replay with
     /// an event capture only).
     switch_ring: Option<SwitchRing>,
+    /// What each traced process mapped, for unwinding user stacks by
+    /// their call-frame information (replay with events).
+    stacks: Option<unwind::Processes>,
     /// Rung by device threads when they have something for the guest.
     doorbell: Doorbell,
     /// The last KVM_RUN ended in a deterministic exit, or the vCPU is at an
@@ -187,8 +190,8 @@ pub struct Vm {
     host_cpu: Option<usize>,
 }
 
-/// Return addresses a SAMPLE keeps.
-const MAX_SAMPLE_FRAMES: usize = 32;
+/// Return addresses a SAMPLE, or a lock event, keeps.
+const MAX_STACK_FRAMES: usize = 32;
 
 struct Sampling {
     period_ns: u64,

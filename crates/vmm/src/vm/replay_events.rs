@@ -11,13 +11,15 @@ use vm_memory::GuestMemoryMmap;
 
 use super::preempt::Candidate;
 use super::run::RunOutcome;
-use super::{kvm_err, Sampling, Vm, VmError, MAX_SAMPLE_FRAMES};
-use crate::guest_events::{self, SwitchRing};
+use super::{kvm_err, Sampling, Vm, VmError, MAX_STACK_FRAMES};
+use crate::guest_events::{self, SwitchRing, UserMemory};
 use crate::gva;
 use crate::journal::Journal;
 use crate::probe_gate;
-use events::abi::SampleMode;
+use events::abi::{Kind, Payload, SampleMode};
+use events::capture::Stored;
 use kvm_bindings::kvm_regs;
+use unwind::Regs;
 
 impl Vm {
     /// Stores the events the guest raises during replay in `capture`.
@@ -34,6 +36,14 @@ impl Vm {
             period_ns,
             next_ns: period_ns,
         });
+    }
+
+    /// Unwinds the user stacks of samples and lock events by the
+    /// call-frame information of the objects each process announces
+    /// (SYMBOL events), read from the guest's files; without it, samples
+    /// follow frame pointers and lock events keep their caller only.
+    pub fn unwind_stacks(&mut self, processes: unwind::Processes) {
+        self.stacks = Some(processes);
     }
 
     /// Closes the event database, keeping what was captured even when the
@@ -55,7 +65,7 @@ impl Vm {
 
     /// A SAMPLE of the task on the vCPU, if one is due and the task is
     /// tracked: RIP, where the task was (`SampleMode`), and the user
-    /// stack's return addresses by frame pointers. `resumed_at`: the RIP
+    /// stack's return addresses. `resumed_at`: the RIP
     /// at which the interrupted KVM_RUN started right after a VM exit.
     pub(super) fn take_sample(&mut self, resumed_at: Option<u64>) -> Result<(), VmError> {
         let (Some(sampling), true) = (&mut self.sampling, self.events.is_some()) else {
@@ -79,21 +89,34 @@ impl Vm {
         let regs = self.vcpu.get_regs().map_err(kvm_err("GET_REGS"))?;
         let sregs = self.vcpu.get_sregs().map_err(kvm_err("GET_SREGS"))?;
         let user = sregs.cs.selector & 3 == 3;
+        // Inside the trampoline, the program is at the patched position.
+        let rip = self.preempt.sample_rip(regs.rip);
         let (mode, stack) = if user {
             let mode = if at_kernel_boundary(&self.mem, sregs.cr3, &regs, resumed_at) {
                 SampleMode::KernelBoundary
             } else {
                 SampleMode::User
             };
-            let stack =
-                guest_events::frame_chain(&self.mem, sregs.cr3, regs.rbp, MAX_SAMPLE_FRAMES);
+            let stack = match &self.stacks {
+                Some(stacks) => {
+                    let mut mem = UserMemory {
+                        mem: &self.mem,
+                        cr3: sregs.cr3,
+                    };
+                    let at = Regs {
+                        rip,
+                        rsp: regs.rsp,
+                        rbp: regs.rbp,
+                    };
+                    stacks.unwind(pid, &mut mem, at, MAX_STACK_FRAMES)
+                }
+                None => guest_events::frame_chain(&self.mem, sregs.cr3, regs.rbp, MAX_STACK_FRAMES),
+            };
             (mode, stack)
         } else {
             (SampleMode::Kernel, Vec::new())
         };
         let time = self.journal.progress().guest_ns;
-        // Inside the trampoline, the program is at the patched position.
-        let rip = self.preempt.sample_rip(regs.rip);
         capture.sample(time, pid, lwpid, rip, mode, &stack)?;
         Ok(())
     }
@@ -157,8 +180,15 @@ impl Vm {
                 let buffer =
                     guest_events::read_buffer(&self.mem, cr3, address, source == Source::Probe);
                 let buffer = buffer.as_deref().map_err(Clone::clone);
-                capture.raised(ns, source, raised_by, buffer)?;
-                Ok(())
+                let stored = capture.raised(ns, source, raised_by, buffer)?;
+                // At the port the registers are the probe's own; a trap's
+                // are the kernel's, which forwarded it.
+                let at = (raiser == EventRaiser::ProbePort).then_some(Regs {
+                    rip: regs.rip,
+                    rsp: regs.rsp,
+                    rbp: regs.rbp,
+                });
+                self.stack_of(stored, cr3, at)
             }
         }
     }
@@ -190,14 +220,79 @@ impl Vm {
         };
         let buffer = guest_events::read_buffer(&self.mem, cr3, address, true);
         let raised_by = capture.current();
-        capture.raised(
+        let stored = capture.raised(
             ns,
             Source::Probe,
             raised_by,
             buffer.as_deref().map_err(Clone::clone),
         )?;
+        // The gate was called past the probe's red zone: the probe's own
+        // frame starts above the return address and those 128 bytes.
+        let regs = self.vcpu.sync_regs().regs;
+        let mut mem = UserMemory {
+            mem: &self.mem,
+            cr3,
+        };
+        let at = unwind::Memory::read_u64(&mut mem, regs.rsp).map(|rip| Regs {
+            rip,
+            rsp: regs.rsp.wrapping_add(8 + 128),
+            rbp: regs.rbp,
+        });
+        self.stack_of(stored, cr3, at)?;
         Ok(Candidate::Passed)
     }
+
+    /// Follows what a stored event tells of the process's objects, and
+    /// gives lock and unlock events the stack of their caller, unwound
+    /// from the probe's registers `at` (when known).
+    fn stack_of(
+        &mut self,
+        stored: Option<Stored>,
+        cr3: u64,
+        at: Option<Regs>,
+    ) -> Result<(), VmError> {
+        let (Some(stacks), Some(capture), Some(stored)) =
+            (&mut self.stacks, &mut self.events, stored)
+        else {
+            return Ok(());
+        };
+        let caller = match &stored.event.payload {
+            Payload::Symbol { base, path } => {
+                stacks.mapped(stored.pid, *base, path);
+                return Ok(());
+            }
+            Payload::Lock { caller, .. } if has_stack(stored.event.kind) => *caller,
+            _ => {
+                stacks.raised(stored.pid);
+                return Ok(());
+            }
+        };
+        stacks.raised(stored.pid);
+        let Some(at) = at else {
+            return Ok(());
+        };
+        let mut mem = UserMemory {
+            mem: &self.mem,
+            cr3,
+        };
+        // The probe library's own frames come first: the stack starts at
+        // the caller the probe named.
+        let frames = stacks.unwind(stored.pid, &mut mem, at, MAX_STACK_FRAMES + 4);
+        if let Some(first) = frames.iter().position(|&ra| ra == caller) {
+            let end = frames.len().min(first + MAX_STACK_FRAMES);
+            capture.stack(stored.seq, &frames[first..end])?;
+        }
+        Ok(())
+    }
+}
+
+/// Lock events that keep their caller's whole stack: requests and
+/// releases (a request's return shares its request's).
+fn has_stack(kind: Kind) -> bool {
+    matches!(
+        kind,
+        Kind::Lock | Kind::TryLock | Kind::TimedLock | Kind::Unlock
+    )
 }
 
 /// RFLAGS.RF: set when a fault handler returns to restart the instruction

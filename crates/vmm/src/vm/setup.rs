@@ -215,6 +215,7 @@ impl Vm {
             events: None,
             sampling: None,
             switch_ring: None,
+            stacks: None,
             guest_cpuid,
             kvm_caps,
         })

@@ -94,6 +94,10 @@ struct Edge {
     /// return address into the caller, and the event time.
     site: u64,
     time: u64,
+    /// The requests (their events' sequence numbers) that took `from` and
+    /// `to` then.
+    from_at: u64,
+    to_at: u64,
     clock: Clock,
 }
 
@@ -103,7 +107,9 @@ type EdgeKey = (u32, u64, u64, bool, BTreeSet<u64>, Vec<(u32, u64)>);
 
 /// One step of a reported cycle: in `thread`, `held` was held while
 /// `acquired` was taken at `site` (the return address into the caller of
-/// the lock call; 0 if unknown) at `time`.
+/// the lock call; 0 if unknown) at `time`. `held_at` and `acquired_at`
+/// are the sequence numbers of the requests that took them (the events
+/// whose stacks say where).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CycleStep {
     pub thread: u32,
@@ -111,6 +117,8 @@ pub struct CycleStep {
     pub acquired: u64,
     pub site: u64,
     pub time: u64,
+    pub held_at: u64,
+    pub acquired_at: u64,
 }
 
 /// A lock-order cycle.
@@ -172,9 +180,11 @@ pub fn analyze<'a>(events: impl IntoIterator<Item = &'a Event> + Clone) -> Deadl
     }
     let mut pending: HashSet<u32> = creations.values().flatten().map(|&(_, c)| c).collect();
     let mut own_events: HashMap<u32, u64> = HashMap::new();
-    // Per thread: held locks in acquisition order (lock, by trylock).
-    let mut held: HashMap<u32, Vec<(u64, bool)>> = HashMap::new();
-    let mut requests: HashMap<u32, LockOp> = HashMap::new();
+    // Per thread: held locks in acquisition order (lock, by trylock, the
+    // request that took it).
+    let mut held: HashMap<u32, Vec<(u64, bool, u64)>> = HashMap::new();
+    // Per thread: its pending request.
+    let mut requests: HashMap<u32, u64> = HashMap::new();
     let mut edges: Vec<Edge> = Vec::new();
     let mut seen: HashSet<EdgeKey> = HashSet::new();
 
@@ -229,22 +239,22 @@ pub fn analyze<'a>(events: impl IntoIterator<Item = &'a Event> + Clone) -> Deadl
                 clocks.insert(joiner, c);
             }
             Event::Lock(le) => match le.kind {
-                LockEventKind::Request(op) => {
-                    requests.insert(le.thread, op);
+                LockEventKind::Request(_) => {
+                    requests.insert(le.thread, le.seq);
                 }
                 LockEventKind::Return(op, result) => {
-                    requests.remove(&le.thread);
+                    let request = requests.remove(&le.thread).unwrap_or(le.seq);
                     if result != 0 {
                         continue; // failed trylock / timedlock: no node
                     }
                     let clock = clock_of(&mut clocks, le.thread);
                     let stack = held.entry(le.thread).or_default();
-                    if stack.iter().any(|&(l, _)| l == le.lock) {
-                        stack.push((le.lock, op == LockOp::TryLock));
+                    if stack.iter().any(|&(l, _, _)| l == le.lock) {
+                        stack.push((le.lock, op == LockOp::TryLock, request));
                         continue; // recursive: no new order
                     }
-                    for (i, &(from, _)) in stack.iter().enumerate() {
-                        let gates: BTreeSet<u64> = stack[..i].iter().map(|&(l, _)| l).collect();
+                    for (i, &(from, _, from_at)) in stack.iter().enumerate() {
+                        let gates: BTreeSet<u64> = stack[..i].iter().map(|&(l, _, _)| l).collect();
                         let by_try = op == LockOp::TryLock;
                         let mut key_clock: Vec<(u32, u64)> =
                             clock.0.iter().map(|(&t, &v)| (t, v)).collect();
@@ -259,15 +269,17 @@ pub fn analyze<'a>(events: impl IntoIterator<Item = &'a Event> + Clone) -> Deadl
                                 gates,
                                 site: le.site,
                                 time: le.time,
+                                from_at,
+                                to_at: request,
                                 clock: clock.clone(),
                             });
                         }
                     }
-                    stack.push((le.lock, op == LockOp::TryLock));
+                    stack.push((le.lock, op == LockOp::TryLock, request));
                 }
                 LockEventKind::Release => {
                     let stack = held.entry(le.thread).or_default();
-                    match stack.iter().rposition(|&(l, _)| l == le.lock) {
+                    match stack.iter().rposition(|&(l, _, _)| l == le.lock) {
                         Some(i) => {
                             stack.remove(i);
                         }
@@ -379,6 +391,8 @@ fn record(edges: &[Edge], path: &[usize], found: &mut HashMap<Vec<(u32, u64, u64
                 acquired: e.to,
                 site: e.site,
                 time: e.time,
+                held_at: e.from_at,
+                acquired_at: e.to_at,
             })
             .collect(),
         gates,
@@ -407,6 +421,7 @@ mod tests {
                 lock,
                 kind,
                 site: 0x1000 + self.1,
+                seq: self.1,
             }));
             self
         }

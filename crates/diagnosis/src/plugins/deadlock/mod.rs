@@ -20,6 +20,10 @@ use lock_order::Cycle;
 #[derive(Default)]
 pub struct Deadlock {
     input: DeadlockInput,
+    /// The user stacks of lock requests, by event sequence number.
+    stacks: HashMap<u64, Vec<u64>>,
+    /// Whether the last event passed was a lock request.
+    last_was_request: bool,
 }
 
 impl Deadlock {
@@ -43,7 +47,18 @@ impl Plugin for Deadlock {
     }
 
     fn event(&mut self, row: &Row) {
+        self.last_was_request = matches!(row.kind, Kind::Lock | Kind::TryLock | Kind::TimedLock);
         self.input.push(row);
+    }
+
+    fn wants_stacks(&self) -> bool {
+        true
+    }
+
+    fn stack(&mut self, seq: u64, frames: &[u64]) {
+        if self.last_was_request {
+            self.stacks.insert(seq, frames.to_vec());
+        }
     }
 
     fn finish(&mut self, cx: &Context) -> Result<Output, PluginError> {
@@ -84,7 +99,7 @@ impl Plugin for Deadlock {
             ];
             for (title, cycles) in groups {
                 for (i, c) in cycles.iter().enumerate() {
-                    let d = describe_cycle(c, pid, &mut sym, &names);
+                    let d = describe_cycle(c, pid, &mut sym, &names, &self.stacks);
                     let gate = if d.gates.is_empty() {
                         String::new()
                     } else {
@@ -94,7 +109,13 @@ impl Plugin for Deadlock {
                     let _ = writeln!(text, "    {}", d.threads);
                     let _ = writeln!(text, "    {}", d.locks);
                     for step in &d.steps {
-                        let _ = writeln!(text, "    {step}");
+                        let _ = writeln!(text, "    {}", step.line);
+                        for (title, frames) in step.stacks() {
+                            let _ = writeln!(text, "      {title}:");
+                            for (i, frame) in frames.iter().enumerate() {
+                                let _ = writeln!(text, "        #{i} {frame}");
+                            }
+                        }
                     }
                     let _ = writeln!(
                         html,
@@ -106,10 +127,7 @@ impl Plugin for Deadlock {
                         xml_escape(&d.notation),
                         xml_escape(&d.threads),
                         xml_escape(&d.locks),
-                        d.steps
-                            .iter()
-                            .map(|s| format!("<li>{}</li>", xml_escape(s)))
-                            .collect::<String>()
+                        d.steps.iter().map(StepText::html).collect::<String>()
                     );
                     cycles_json.push(serde_json::json!({
                         "pid": pid,
@@ -119,7 +137,11 @@ impl Plugin for Deadlock {
                         "notation": d.notation,
                         "threads": d.threads,
                         "locks": d.locks,
-                        "steps": d.steps,
+                        "steps": d.steps.iter().map(|s| &s.line).collect::<Vec<_>>(),
+                        "stacks": d.steps.iter().map(|s| serde_json::json!({
+                            "acquired": s.acquired_stack,
+                            "held": s.held_stack,
+                        })).collect::<Vec<_>>(),
                     }));
                 }
             }
@@ -144,7 +166,9 @@ impl Plugin for Deadlock {
              body{{font-family:sans-serif;margin:2em;max-width:60em}}\
              .notation{{font-family:monospace;font-size:1.1em}}\
              .cycle{{border-left:4px solid #c0392b;padding-left:1em;margin:1em 0}}\
-             .cycle.protected{{border-color:#7f8c8d}}</style></head><body>\
+             .cycle.protected{{border-color:#7f8c8d}}\
+             ol.stack{{font-family:monospace;font-size:0.9em;margin:0.2em 0}}\
+             ol.stack li{{list-style:none}}</style></head><body>\
              <h1>Potential deadlocks</h1><p>{} &mdash; {}</p>{}</body></html>\n",
             xml_escape(&cx.label),
             xml_escape(&summary),
@@ -179,8 +203,48 @@ struct CycleText {
     notation: String,
     threads: String,
     locks: String,
-    steps: Vec<String>,
+    steps: Vec<StepText>,
     gates: String,
+}
+
+/// One step of a cycle: "T1 holds L1 while taking L2 at ...", with the
+/// stacks of the two acquisitions (symbolized frames, innermost first;
+/// empty when the database has none).
+struct StepText {
+    line: String,
+    acquired: String,
+    acquired_stack: Vec<String>,
+    held: String,
+    held_stack: Vec<String>,
+}
+
+impl StepText {
+    /// The stacks that are known, with their titles.
+    fn stacks(&self) -> impl Iterator<Item = (String, &[String])> {
+        [
+            (
+                format!("{} requested at", self.acquired),
+                &self.acquired_stack,
+            ),
+            (format!("{} taken before, at", self.held), &self.held_stack),
+        ]
+        .into_iter()
+        .filter(|(_, frames)| !frames.is_empty())
+        .map(|(title, frames)| (title, frames.as_slice()))
+    }
+
+    fn html(&self) -> String {
+        let mut li = format!("<li>{}", xml_escape(&self.line));
+        for (title, frames) in self.stacks() {
+            let _ = write!(li, "<br>{}:<ol class=\"stack\">", xml_escape(&title));
+            for (i, f) in frames.iter().enumerate() {
+                let _ = write!(li, "<li>#{i} {}</li>", xml_escape(f));
+            }
+            li.push_str("</ol>");
+        }
+        li.push_str("</li>");
+        li
+    }
 }
 
 fn describe_cycle(
@@ -188,6 +252,7 @@ fn describe_cycle(
     pid: u32,
     sym: &mut Symbolizer,
     names: &HashMap<(u32, u32), String>,
+    stacks: &HashMap<u64, Vec<u64>>,
 ) -> CycleText {
     let mut lwpids: Vec<u32> = c.steps.iter().map(|s| s.thread).collect();
     lwpids.sort_unstable();
@@ -258,12 +323,26 @@ fn describe_cycle(
             } else {
                 format!(" at {}", sym.describe_code(pid, s.site.saturating_sub(1)))
             };
-            format!(
-                "{} holds {} while taking {}{at}",
-                t(s.thread),
-                name(s.held),
-                name(s.acquired)
-            )
+            let mut frames = |seq: u64| -> Vec<String> {
+                stacks.get(&seq).map_or_else(Vec::new, |stack| {
+                    stack
+                        .iter()
+                        .map(|&ra| sym.describe_code(pid, ra.saturating_sub(1)))
+                        .collect()
+                })
+            };
+            StepText {
+                line: format!(
+                    "{} holds {} while taking {}{at}",
+                    t(s.thread),
+                    name(s.held),
+                    name(s.acquired)
+                ),
+                acquired: name(s.acquired),
+                acquired_stack: frames(s.acquired_at),
+                held: name(s.held),
+                held_stack: frames(s.held_at),
+            }
         })
         .collect();
     CycleText {

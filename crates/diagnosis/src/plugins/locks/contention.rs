@@ -87,8 +87,17 @@ struct LockState {
     depth: u32,
     acquired_at: u64,
     last_owner: Option<u32>,
-    /// Pending requests: thread -> (time, op, found the lock held).
-    pending: HashMap<u32, (u64, LockOp, bool)>,
+    /// Pending requests: thread -> (time, op, found the lock held, the
+    /// request's event).
+    pending: HashMap<u32, (u64, LockOp, bool, LockEvent)>,
+}
+
+/// An acquisition that had to wait for another thread: the request's
+/// event (where it was called from) and how long it waited.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Contended {
+    pub request: LockEvent,
+    pub wait: u64,
 }
 
 /// The result of the analysis.
@@ -97,6 +106,8 @@ pub struct ContentionReport {
     pub locks: HashMap<u64, LockStats>,
     pub per_thread: HashMap<(u64, u32), LockStats>,
     pub anomalies: Anomalies,
+    /// Every contended acquisition, in the order acquired.
+    pub contended: Vec<Contended>,
 }
 
 impl ContentionReport {
@@ -138,7 +149,7 @@ impl Contention {
                 let blocks = held_by_other && op != LockOp::TryLock;
                 if state
                     .pending
-                    .insert(ev.thread, (ev.time, op, blocks))
+                    .insert(ev.thread, (ev.time, op, blocks, *ev))
                     .is_some()
                 {
                     self.report.anomalies.return_without_request += 1;
@@ -150,7 +161,9 @@ impl Contention {
                 }
             }
             LockEventKind::Return(op, result) => {
-                let Some((requested_at, _, was_blocked)) = state.pending.remove(&ev.thread) else {
+                let Some((requested_at, _, was_blocked, request)) =
+                    state.pending.remove(&ev.thread)
+                else {
                     self.report.anomalies.return_without_request += 1;
                     return;
                 };
@@ -184,6 +197,9 @@ impl Contention {
                 let changed = state.last_owner.is_some_and(|o| o != ev.thread);
                 state.last_owner = Some(ev.thread);
                 let wait = ev.time.saturating_sub(requested_at);
+                if was_blocked {
+                    self.report.contended.push(Contended { request, wait });
+                }
                 let (l, t) = stats_pair(&mut self.report, ev.lock, ev.thread);
                 for s in [l, t] {
                     s.acquisitions += 1;
@@ -258,6 +274,7 @@ mod tests {
                 lock,
                 kind,
                 site: 0,
+                seq: 0,
             });
             self
         }

@@ -12,8 +12,10 @@ use crate::plugin::{Attachment, Context, Output, Plugin, PluginError};
 use crate::symbols::Symbolizer;
 
 pub mod contention;
+pub mod stacks;
 
 use contention::{Contention, ContentionReport, Durations, LockStats};
+use stacks::{RequestStacks, StackShare};
 
 /// How the report is cut.
 #[derive(Clone, Copy, Debug)]
@@ -24,6 +26,9 @@ pub struct LocksOptions {
     pub min_blocked: u64,
     /// Each lock broken down per thread.
     pub threads: bool,
+    /// Per lock, the call stacks of this many of its contended
+    /// acquisitions' requests, most waited-for first (0: none).
+    pub stacks: usize,
 }
 
 impl Default for LocksOptions {
@@ -32,6 +37,7 @@ impl Default for LocksOptions {
             limit: 20,
             min_blocked: 0,
             threads: false,
+            stacks: 0,
         }
     }
 }
@@ -45,6 +51,10 @@ pub struct Locks {
     /// Lock -> (pid, return address) of its first pthread_mutex_init: what
     /// names a lock that is no global variable (on the heap, say).
     init_site: HashMap<u64, (u32, u64)>,
+    /// The stacks of lock requests (with `options.stacks`).
+    request_stacks: RequestStacks,
+    /// Whether the last event passed was a lock request.
+    last_was_request: bool,
 }
 
 impl Locks {
@@ -55,6 +65,8 @@ impl Locks {
             events: 0,
             first_user: HashMap::new(),
             init_site: HashMap::new(),
+            request_stacks: RequestStacks::default(),
+            last_was_request: false,
         }
     }
 }
@@ -72,7 +84,18 @@ impl Plugin for Locks {
         &LOCK_KINDS_AND_INIT
     }
 
+    fn wants_stacks(&self) -> bool {
+        self.options.stacks > 0
+    }
+
+    fn stack(&mut self, seq: u64, frames: &[u64]) {
+        if self.last_was_request {
+            self.request_stacks.add(seq, frames);
+        }
+    }
+
     fn event(&mut self, row: &Row) {
+        self.last_was_request = matches!(row.kind, Kind::Lock | Kind::TryLock | Kind::TimedLock);
         if row.kind == Kind::LockInit {
             if let (Some(lock), Some(site)) = (row.addr, row.caller) {
                 self.init_site.entry(lock).or_insert((row.pid, site));
@@ -103,6 +126,29 @@ impl Plugin for Locks {
             self.events
         );
         text.push_str(&table(&report, &ranked, &names, threads));
+        let stacks = self.top_stacks(cx, &report, &ranked)?;
+        for ((lock, s), top) in ranked.iter().zip(&stacks) {
+            if top.is_empty() {
+                continue;
+            }
+            let name = names.get(lock).map(|n| format!(" {n}")).unwrap_or_default();
+            let _ = writeln!(
+                text,
+                "\nContended acquisitions of {lock:#x}{name} ({} in all), by call stack:",
+                s.contended
+            );
+            for share in top {
+                let _ = writeln!(
+                    text,
+                    "  {} acquisitions, waited {} µs:",
+                    share.acquisitions,
+                    us(share.wait)
+                );
+                for (i, frame) in share.frames.iter().enumerate() {
+                    let _ = writeln!(text, "    #{i} {frame}");
+                }
+            }
+        }
         let mut warnings = Vec::new();
         if let Some(why) = &cx.files_missing {
             warnings.push(format!("locks are not named: {why}"));
@@ -130,13 +176,49 @@ impl Plugin for Locks {
         }
         Ok(Output {
             text,
-            json: Some(json(&report, &ranked, &names, threads)),
+            json: Some(json(&report, &ranked, &names, threads, &stacks)),
             attachments: vec![Attachment {
                 format: "csv",
                 content: csv(&report, &ranked, &names, threads),
             }],
             warnings,
         })
+    }
+}
+
+impl Locks {
+    /// Per ranked lock, the stacks of its contended acquisitions (none
+    /// unless `options.stacks`), symbolized in the process that first
+    /// used the lock.
+    fn top_stacks(
+        &self,
+        cx: &Context,
+        report: &ContentionReport,
+        ranked: &[(u64, &LockStats)],
+    ) -> Result<Vec<Vec<StackShare>>, PluginError> {
+        let n = self.options.stacks;
+        let mut sym = Symbolizer::new(cx.files);
+        let mut added = Vec::new();
+        let mut out = Vec::new();
+        for (lock, _) in ranked {
+            let Some(&pid) = self.first_user.get(lock).filter(|_| n > 0) else {
+                out.push(Vec::new());
+                continue;
+            };
+            if !added.contains(&pid) {
+                sym.add_process(pid, cx.db.objects(pid)?);
+                added.push(pid);
+            }
+            out.push(stacks::top_stacks(
+                &report.contended,
+                &self.request_stacks,
+                *lock,
+                n,
+                pid,
+                &mut sym,
+            ));
+        }
+        Ok(out)
     }
 }
 
@@ -332,13 +414,27 @@ fn json(
     ranked: &[(u64, &LockStats)],
     names: &HashMap<u64, String>,
     threads: bool,
+    stacks: &[Vec<StackShare>],
 ) -> serde_json::Value {
     let locks: Vec<serde_json::Value> = ranked
         .iter()
-        .map(|(lock, s)| {
+        .zip(stacks)
+        .map(|((lock, s), top)| {
             let mut v = stats_json(s);
             v["lock"] = serde_json::json!(format!("{lock:#x}"));
             v["name"] = serde_json::json!(names.get(lock));
+            if !top.is_empty() {
+                v["stacks"] = top
+                    .iter()
+                    .map(|share| {
+                        serde_json::json!({
+                            "acquisitions": share.acquisitions,
+                            "wait_ns": share.wait,
+                            "frames": share.frames,
+                        })
+                    })
+                    .collect();
+            }
             if threads {
                 v["threads"] = thread_rows(report, *lock)
                     .into_iter()
