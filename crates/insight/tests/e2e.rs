@@ -219,7 +219,24 @@ fn vector_check_detects_state_an_fxsave_only_kernel_loses() {
         );
         return;
     }
-    let args = ["run", "--no-stdin", "--cmdline", "noxsave", "--"];
-    let stdout = run_expecting(args.iter().chain(&["vector_check", "4", "2", "30"]), 1);
+    let out = insight()
+        .args(["run", "--no-stdin", "--cmdline", "noxsave", "--"])
+        .args(["vector_check", "4", "2", "30"])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    // Some hosts (or host kernels) report CPUID.OSXSAVE to guest user code
+    // as the guest kernel set it: under `noxsave` user code then finds no
+    // AVX state (vector_check prints xcr0=0, and glibc keeps to SSE), and
+    // FXSAVE saves all it uses.
+    if out.status.code() == Some(0) && stdout.contains(" xcr0=0 avx=off") {
+        eprintln!(
+            "not run: under noxsave guest user code sees no XSAVE state on this host \
+             ({}), so an FXSAVE-only kernel loses nothing",
+            stdout.trim()
+        );
+        return;
+    }
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
     assert!(stdout.contains("vector_check: FAILED"), "{stdout}");
 }
