@@ -56,6 +56,7 @@ enum insight_event_kind {
 	INSIGHT_EV_CONTEXTSWITCH = 13, /* from the guest kernel's switch ring */
 	INSIGHT_EV_SAMPLE = 14, /* the host's */
 	INSIGHT_EV_THREADJOIN = 15,
+	INSIGHT_EV_THREADSPAWN = 16,
 };
 
 struct insight_event_header {
@@ -84,6 +85,13 @@ struct insight_threadcreate_payload {
 	 * the creation lies in its stream of events. */
 	uint32_t creator_events;
 	uint64_t start_routine;
+};
+
+/* Raised by the creator as it calls pthread_create (the new thread's
+ * THREADCREATE names the creator's event count right after it). */
+struct insight_threadspawn_payload {
+	uint64_t start_routine;
+	uint64_t caller; /* return address into pthread_create's caller */
 };
 
 struct insight_threadjoin_payload {

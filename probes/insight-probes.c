@@ -474,7 +474,17 @@ EXPORT int pthread_create(pthread_t *t, const pthread_attr_t *a, void *(*routine
 		return EAGAIN;
 	s->routine = routine;
 	s->arg = arg;
+	if (enter()) {
+		struct insight_event_header *h =
+			begin(INSIGHT_EV_THREADSPAWN, sizeof(struct insight_threadspawn_payload));
+		struct insight_threadspawn_payload *p = (void *)(h + 1);
+		p->start_routine = (uintptr_t)routine;
+		p->caller = (uintptr_t)__builtin_return_address(0);
+		notify(h);
+		leave();
+	}
 	s->parent_lwpid = my_lwpid ? my_lwpid : (pid_t)syscall(SYS_gettid);
+	/* After the THREADSPAWN: the count says which event it was. */
 	s->parent_events = events_raised;
 	int r = REAL(real_create)(t, a, start_thread, s);
 	if (r != 0)

@@ -35,10 +35,11 @@ pub enum Kind {
     ContextSwitch = 13,
     Sample = 14,
     ThreadJoin = 15,
+    ThreadSpawn = 16,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 15] = [
+    pub const ALL: [Kind; 16] = [
         Kind::Lock,
         Kind::LockRet,
         Kind::TryLock,
@@ -54,6 +55,7 @@ impl Kind {
         Kind::ContextSwitch,
         Kind::Sample,
         Kind::ThreadJoin,
+        Kind::ThreadSpawn,
     ];
 
     pub fn from_u16(v: u16) -> Option<Kind> {
@@ -78,6 +80,7 @@ impl Kind {
             Kind::ContextSwitch => "CONTEXTSWITCH",
             Kind::Sample => "SAMPLE",
             Kind::ThreadJoin => "THREADJOIN",
+            Kind::ThreadSpawn => "THREADSPAWN",
         }
     }
 
@@ -151,6 +154,12 @@ pub enum Payload {
         creator_events: u32,
         start_routine: u64,
     },
+    /// Raised in the creator as it calls pthread_create: the new thread's
+    /// start routine and the return address into the caller.
+    ThreadSpawn {
+        start_routine: u64,
+        caller: u64,
+    },
     /// pthread_join returned: the joined thread.
     ThreadJoin {
         joined_lwpid: u32,
@@ -221,7 +230,7 @@ fn comm_at(b: &[u8], at: usize) -> String {
 fn payload_len(kind: Kind) -> usize {
     match kind {
         k if k.is_lock() => 24,
-        Kind::ThreadCreate => 16,
+        Kind::ThreadCreate | Kind::ThreadSpawn => 16,
         Kind::Fork | Kind::Exit | Kind::ThreadJoin => 8,
         Kind::Symbol => 16,
         _ => 0,
@@ -278,6 +287,10 @@ pub fn parse(buf: &[u8], room: usize) -> Result<RawEvent, AbiError> {
             parent_lwpid: u32_at(buf, p),
             creator_events: u32_at(buf, p + 4),
             start_routine: u64_at(buf, p + 8),
+        },
+        Kind::ThreadSpawn => Payload::ThreadSpawn {
+            start_routine: u64_at(buf, p),
+            caller: u64_at(buf, p + 8),
         },
         Kind::ThreadJoin => Payload::ThreadJoin {
             joined_lwpid: u32_at(buf, p),
@@ -371,6 +384,26 @@ mod tests {
                 result: 0
             }
         );
+    }
+
+    #[test]
+    fn thread_spawns_carry_the_start_routine_and_the_caller() {
+        let mut p = 0x5555_0000_1234u64.to_le_bytes().to_vec();
+        p.extend_from_slice(&0x5555_0000_4321u64.to_le_bytes());
+        let b = encode(Kind::ThreadSpawn as u16, 3, 3, "main", &p);
+        let e = parse(&b, PAGE).unwrap();
+        assert_eq!(
+            e.payload,
+            Payload::ThreadSpawn {
+                start_routine: 0x5555_0000_1234,
+                caller: 0x5555_0000_4321
+            }
+        );
+        assert_eq!(Kind::from_u16(16), Some(Kind::ThreadSpawn));
+        assert!(matches!(
+            parse(&b[..b.len() - 1], PAGE),
+            Err(AbiError::Size { .. })
+        ));
     }
 
     #[test]

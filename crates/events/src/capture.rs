@@ -182,6 +182,10 @@ impl Capture {
                 Some(u64::from(*creator_events)),
                 Some(i64::from(*parent_lwpid)),
             ),
+            Payload::ThreadSpawn {
+                start_routine,
+                caller,
+            } => (Some(*start_routine), Some(*caller), None),
             Payload::ThreadJoin { joined_lwpid } => (None, None, Some(i64::from(*joined_lwpid))),
             Payload::Fork { parent_pid } => (None, None, Some(i64::from(*parent_pid))),
             Payload::Exit { status } => (None, None, Some(i64::from(*status))),

@@ -214,6 +214,7 @@ fn the_c_probe_library_writes_what_the_parser_reads() {
             Kind::TryLock,
             Kind::TryLockRet,
             Kind::Unlock,
+            Kind::ThreadSpawn,
             Kind::ThreadJoin,
             Kind::Exit,
         ],
@@ -225,6 +226,29 @@ fn the_c_probe_library_writes_what_the_parser_reads() {
         results[..6],
         [Some(0), Some(0), Some(0), Some(0), Some(16), Some(0)]
     );
+    // The creator says what it starts, from where, as it calls
+    // pthread_create.
+    let spawn = events
+        .iter()
+        .position(|e| e.kind == Kind::ThreadSpawn)
+        .expect("no THREADSPAWN");
+    match events[spawn].payload {
+        Payload::ThreadSpawn {
+            start_routine,
+            caller,
+        } => assert!(
+            start_routine == worker && caller != 0,
+            "{:?}",
+            events[spawn]
+        ),
+        ref other => panic!("{other:?}"),
+    }
+    // Its count of events raised, THREADSPAWN included, is the one the
+    // new thread's THREADCREATE names.
+    let raised_by_main = events[..=spawn]
+        .iter()
+        .filter(|e| e.lwpid as u64 == lwpid)
+        .count() as u32;
     // The worker: created by the main thread at its start routine, then
     // its lock calls; joined by its id; the exit status.
     let worker_lwpid = events
@@ -237,7 +261,7 @@ fn the_c_probe_library_writes_what_the_parser_reads() {
             } => {
                 assert_eq!(parent_lwpid as u64, lwpid, "{e:?}");
                 assert_eq!(start_routine, worker, "{e:?}");
-                assert!(creator_events >= 7, "{e:?}");
+                assert_eq!(creator_events, raised_by_main, "{e:?}");
                 Some(e.lwpid)
             }
             _ => None,

@@ -243,7 +243,8 @@ impl Vm {
     }
 
     /// Follows what a stored event tells of the process's objects, and
-    /// gives lock and unlock events the stack of their caller, unwound
+    /// gives lock, unlock and thread spawn events the stack of their
+    /// caller, unwound
     /// from the probe's registers `at` (when known).
     fn stack_of(
         &mut self,
@@ -262,6 +263,7 @@ impl Vm {
                 return Ok(());
             }
             Payload::Lock { caller, .. } if has_stack(stored.event.kind) => *caller,
+            Payload::ThreadSpawn { caller, .. } => *caller,
             _ => {
                 stacks.raised(stored.pid);
                 return Ok(());

@@ -22,6 +22,12 @@ pub struct DeadlockInput {
     // the events it raised.
     own: HashMap<u32, u64>,
     history: HashMap<u32, Vec<u64>>,
+    /// THREADSPAWN events by (creator, its event index): their sequence
+    /// numbers.
+    spawns: HashMap<(u32, usize), u64>,
+    /// (pid, lwpid) of a created thread -> the THREADSPAWN its creator
+    /// raised for it.
+    spawned_at: HashMap<(u32, u32), u64>,
 }
 
 impl DeadlockInput {
@@ -31,10 +37,21 @@ impl DeadlockInput {
             return;
         }
         let before = self.own.get(&r.lwpid).copied().unwrap_or(0);
-        self.history.entry(r.lwpid).or_default().push(before);
+        let history = self.history.entry(r.lwpid).or_default();
+        if r.kind == Kind::ThreadSpawn {
+            self.spawns.insert((r.lwpid, history.len()), r.seq);
+        }
+        history.push(before);
         let event = match r.kind {
             Kind::ThreadCreate => r.value.and_then(|p| u32::try_from(p).ok()).map(|parent| {
                 let raised = r.caller.and_then(|n| usize::try_from(n).ok());
+                // The creator's event right before the count it named.
+                let spawn = raised
+                    .and_then(|n| n.checked_sub(1))
+                    .and_then(|i| self.spawns.get(&(parent, i)));
+                if let Some(&seq) = spawn {
+                    self.spawned_at.insert((r.pid, r.lwpid), seq);
+                }
                 let seen = self.history.get(&parent);
                 let after = match (raised, seen) {
                     (Some(n), Some(h)) if n < h.len() => Some(h[n]),
@@ -65,6 +82,13 @@ impl DeadlockInput {
             }
             self.out.entry(r.pid).or_default().push(e);
         }
+    }
+
+    /// Per created thread, (pid, lwpid): the sequence number of the
+    /// THREADSPAWN event its creator raised for it (whose stack says where
+    /// it was created).
+    pub fn spawned_at(&self) -> &HashMap<(u32, u32), u64> {
+        &self.spawned_at
     }
 
     /// The input per process.

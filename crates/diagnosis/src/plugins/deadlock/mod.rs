@@ -20,10 +20,11 @@ use lock_order::Cycle;
 #[derive(Default)]
 pub struct Deadlock {
     input: DeadlockInput,
-    /// The user stacks of lock requests, by event sequence number.
+    /// The user stacks of lock requests and thread spawns, by event
+    /// sequence number.
     stacks: HashMap<u64, Vec<u64>>,
-    /// Whether the last event passed was a lock request.
-    last_was_request: bool,
+    /// Whether the last event passed was a lock request or a spawn.
+    last_has_stack: bool,
 }
 
 impl Deadlock {
@@ -47,7 +48,10 @@ impl Plugin for Deadlock {
     }
 
     fn event(&mut self, row: &Row) {
-        self.last_was_request = matches!(row.kind, Kind::Lock | Kind::TryLock | Kind::TimedLock);
+        self.last_has_stack = matches!(
+            row.kind,
+            Kind::Lock | Kind::TryLock | Kind::TimedLock | Kind::ThreadSpawn
+        );
         self.input.push(row);
     }
 
@@ -56,7 +60,7 @@ impl Plugin for Deadlock {
     }
 
     fn stack(&mut self, seq: u64, frames: &[u64]) {
-        if self.last_was_request {
+        if self.last_has_stack {
             self.stacks.insert(seq, frames.to_vec());
         }
     }
@@ -74,7 +78,9 @@ impl Plugin for Deadlock {
         let mut html = String::new();
         let (mut deadlocks, mut protected) = (0, 0);
         let mut cycles_json = Vec::new();
-        for (pid, events) in std::mem::take(&mut self.input).finish() {
+        let input = std::mem::take(&mut self.input);
+        let spawned_at = input.spawned_at().clone();
+        for (pid, events) in input.finish() {
             let report = lock_order::analyze(&events);
             if report.deadlocks.is_empty() && report.protected.is_empty() {
                 continue;
@@ -99,7 +105,7 @@ impl Plugin for Deadlock {
             ];
             for (title, cycles) in groups {
                 for (i, c) in cycles.iter().enumerate() {
-                    let d = describe_cycle(c, pid, &mut sym, &names, &self.stacks);
+                    let d = describe_cycle(c, pid, &mut sym, &names, &self.stacks, &spawned_at);
                     let gate = if d.gates.is_empty() {
                         String::new()
                     } else {
@@ -117,6 +123,12 @@ impl Plugin for Deadlock {
                             }
                         }
                     }
+                    for (thread, frames) in &d.created {
+                        let _ = writeln!(text, "    {thread} created at:");
+                        for (i, frame) in frames.iter().enumerate() {
+                            let _ = writeln!(text, "      #{i} {frame}");
+                        }
+                    }
                     let _ = writeln!(
                         html,
                         "<div class=\"cycle{}\"><h3>{title} {}{}</h3><p class=\"notation\">{}</p>\
@@ -128,6 +140,16 @@ impl Plugin for Deadlock {
                         xml_escape(&d.threads),
                         xml_escape(&d.locks),
                         d.steps.iter().map(StepText::html).collect::<String>()
+                            + &d.created
+                                .iter()
+                                .map(|(thread, frames)| {
+                                    format!(
+                                        "<li>{} created at:{}</li>",
+                                        xml_escape(thread),
+                                        stack_html(frames)
+                                    )
+                                })
+                                .collect::<String>()
                     );
                     cycles_json.push(serde_json::json!({
                         "pid": pid,
@@ -141,6 +163,10 @@ impl Plugin for Deadlock {
                         "stacks": d.steps.iter().map(|s| serde_json::json!({
                             "acquired": s.acquired_stack,
                             "held": s.held_stack,
+                        })).collect::<Vec<_>>(),
+                        "created": d.created.iter().map(|(thread, frames)| serde_json::json!({
+                            "thread": thread,
+                            "frames": frames,
                         })).collect::<Vec<_>>(),
                     }));
                 }
@@ -205,6 +231,8 @@ struct CycleText {
     locks: String,
     steps: Vec<StepText>,
     gates: String,
+    /// Per thread of the cycle ("T1"), where it was created, if known.
+    created: Vec<(String, Vec<String>)>,
 }
 
 /// One step of a cycle: "T1 holds L1 while taking L2 at ...", with the
@@ -236,15 +264,29 @@ impl StepText {
     fn html(&self) -> String {
         let mut li = format!("<li>{}", xml_escape(&self.line));
         for (title, frames) in self.stacks() {
-            let _ = write!(li, "<br>{}:<ol class=\"stack\">", xml_escape(&title));
-            for (i, f) in frames.iter().enumerate() {
-                let _ = write!(li, "<li>#{i} {}</li>", xml_escape(f));
-            }
-            li.push_str("</ol>");
+            let _ = write!(li, "<br>{}:{}", xml_escape(&title), stack_html(frames));
         }
         li.push_str("</li>");
         li
     }
+}
+
+/// The return addresses of `stack`, each described at its call.
+fn symbolized(stack: &[u64], pid: u32, sym: &mut Symbolizer) -> Vec<String> {
+    stack
+        .iter()
+        .map(|&ra| sym.describe_code(pid, ra.saturating_sub(1)))
+        .collect()
+}
+
+/// Symbolized frames as a numbered list.
+fn stack_html(frames: &[String]) -> String {
+    let mut ol = String::from("<ol class=\"stack\">");
+    for (i, f) in frames.iter().enumerate() {
+        let _ = write!(ol, "<li>#{i} {}</li>", xml_escape(f));
+    }
+    ol.push_str("</ol>");
+    ol
 }
 
 fn describe_cycle(
@@ -253,6 +295,7 @@ fn describe_cycle(
     sym: &mut Symbolizer,
     names: &HashMap<(u32, u32), String>,
     stacks: &HashMap<u64, Vec<u64>>,
+    spawned_at: &HashMap<(u32, u32), u64>,
 ) -> CycleText {
     let mut lwpids: Vec<u32> = c.steps.iter().map(|s| s.thread).collect();
     lwpids.sort_unstable();
@@ -314,6 +357,13 @@ fn describe_cycle(
         .map(|&l| format!("{} = {l:#x}", name(l)))
         .collect::<Vec<_>>()
         .join(", ");
+    let created = lwpids
+        .iter()
+        .filter_map(|&l| {
+            let stack = symbolized(stacks.get(spawned_at.get(&(pid, l))?)?, pid, sym);
+            (!stack.is_empty()).then(|| (t(l), stack))
+        })
+        .collect();
     let steps = c
         .steps
         .iter()
@@ -323,14 +373,6 @@ fn describe_cycle(
             } else {
                 format!(" at {}", sym.describe_code(pid, s.site.saturating_sub(1)))
             };
-            let mut frames = |seq: u64| -> Vec<String> {
-                stacks.get(&seq).map_or_else(Vec::new, |stack| {
-                    stack
-                        .iter()
-                        .map(|&ra| sym.describe_code(pid, ra.saturating_sub(1)))
-                        .collect()
-                })
-            };
             StepText {
                 line: format!(
                     "{} holds {} while taking {}{at}",
@@ -339,9 +381,13 @@ fn describe_cycle(
                     name(s.acquired)
                 ),
                 acquired: name(s.acquired),
-                acquired_stack: frames(s.acquired_at),
+                acquired_stack: stacks
+                    .get(&s.acquired_at)
+                    .map_or_else(Vec::new, |st| symbolized(st, pid, sym)),
                 held: name(s.held),
-                held_stack: frames(s.held_at),
+                held_stack: stacks
+                    .get(&s.held_at)
+                    .map_or_else(Vec::new, |st| symbolized(st, pid, sym)),
             }
         })
         .collect();
@@ -355,5 +401,74 @@ fn describe_cycle(
             .map(|&g| name(g))
             .collect::<Vec<_>>()
             .join(", "),
+        created,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plugin::run;
+    use crate::test_db::{probe_row, TestDb};
+
+    #[test]
+    fn each_step_and_each_thread_shows_its_stacks() {
+        let on = |lwpid: u32, kind: Kind, addr: u64, caller: u64, value: Option<i64>| {
+            let mut r = probe_row(0, kind, value);
+            (r.lwpid, r.addr, r.caller) = (lwpid, Some(addr), Some(caller));
+            r
+        };
+        let (a, b) = (0xa0, 0xb0);
+        let mut rows = vec![
+            // Thread 2 creates threads 3 and 4: each THREADCREATE names
+            // the creator's event count right after its THREADSPAWN.
+            on(2, Kind::ThreadSpawn, 0x500, 0x1001, None),
+            on(2, Kind::ThreadSpawn, 0x600, 0x1101, None),
+            on(3, Kind::ThreadCreate, 0x500, 1, Some(2)),
+            on(4, Kind::ThreadCreate, 0x600, 2, Some(2)),
+        ];
+        for (t, first, second) in [(3, a, b), (4, b, a)] {
+            rows.extend([
+                on(t, Kind::Lock, first, 0x3001, None),
+                on(t, Kind::LockRet, first, 0x3001, Some(0)),
+                on(t, Kind::Lock, second, 0x3011, None),
+                on(t, Kind::LockRet, second, 0x3011, Some(0)),
+                on(t, Kind::Unlock, second, 0x3021, None),
+                on(t, Kind::Unlock, first, 0x3031, None),
+            ]);
+        }
+        for (time, r) in rows.iter_mut().enumerate() {
+            r.time = time as u64 + 1;
+        }
+        // Sequence numbers start at 1; requests are the 5th, 7th, 11th
+        // and 13th events.
+        let stacks: [(u64, &[u64]); 6] = [
+            (1, &[0x1001, 0x2001]),
+            (2, &[0x1101, 0x2001]),
+            (5, &[0x3001, 0x4001]),
+            (7, &[0x3011, 0x4001]),
+            (11, &[0x3001, 0x4101]),
+            (13, &[0x3011, 0x4101]),
+        ];
+        let db = TestDb::with_stacks("deadlock-stacks", &rows, &stacks);
+        let mut plugins: Vec<Box<dyn Plugin>> = vec![Box::new(Deadlock::new())];
+        let out = run(&mut plugins, &db.context()).unwrap().remove(0);
+        assert!(out.text.contains("1 potential deadlock,"), "{}", out.text);
+        // No symbols here: frames are addresses, at their calls.
+        for expected in [
+            "L2 requested at:\n        #0 0x3010\n        #1 0x4000\n",
+            "L1 taken before, at:\n        #0 0x3000\n        #1 0x4000\n",
+            "L1 requested at:\n        #0 0x3010\n        #1 0x4100\n",
+            "T1 created at:\n      #0 0x1000\n      #1 0x2000\n",
+            "T2 created at:\n      #0 0x1100\n      #1 0x2000\n",
+        ] {
+            assert!(out.text.contains(expected), "{expected}\n{}", out.text);
+        }
+        let json = out.json.clone().unwrap();
+        let cycle = &json["cycles"][0];
+        assert_eq!(cycle["created"].as_array().unwrap().len(), 2, "{cycle}");
+        assert_eq!(cycle["stacks"][0]["acquired"][1], "0x4000", "{cycle}");
+        let page = out.attachment("html").unwrap();
+        assert!(page.contains("T2 created at:<ol class=\"stack\"><li>#0 0x1100</li>"));
     }
 }
