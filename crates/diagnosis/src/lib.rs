@@ -7,6 +7,7 @@
 //! tested on synthetic streams; the event database feeds them in
 //! production.
 
+pub mod event_stacks;
 pub mod from_db;
 pub mod lock_events;
 pub mod plugin;

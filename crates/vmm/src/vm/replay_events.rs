@@ -244,8 +244,7 @@ impl Vm {
 
     /// Follows what a stored event tells of the process's objects, and
     /// gives lock, unlock and thread spawn events the stack of their
-    /// caller, unwound
-    /// from the probe's registers `at` (when known).
+    /// caller, unwound from the probe's registers `at` (when known).
     fn stack_of(
         &mut self,
         stored: Option<Stored>,

@@ -7,6 +7,7 @@ use std::fmt::Write as _;
 use events::abi::Kind;
 use events::db::Row;
 
+use crate::event_stacks::EventStacks;
 use crate::plugin::{Attachment, Context, Output, Plugin, PluginError};
 use crate::render::xml_escape;
 use crate::symbols::Symbolizer;
@@ -20,9 +21,8 @@ use lock_order::Cycle;
 #[derive(Default)]
 pub struct Deadlock {
     input: DeadlockInput,
-    /// The user stacks of lock requests and thread spawns, by event
-    /// sequence number.
-    stacks: HashMap<u64, Vec<u64>>,
+    /// The user stacks of lock requests and thread spawns.
+    stacks: EventStacks,
     /// Whether the last event passed was a lock request or a spawn.
     last_has_stack: bool,
 }
@@ -61,7 +61,7 @@ impl Plugin for Deadlock {
 
     fn stack(&mut self, seq: u64, frames: &[u64]) {
         if self.last_has_stack {
-            self.stacks.insert(seq, frames.to_vec());
+            self.stacks.add(seq, frames);
         }
     }
 
@@ -294,7 +294,7 @@ fn describe_cycle(
     pid: u32,
     sym: &mut Symbolizer,
     names: &HashMap<(u32, u32), String>,
-    stacks: &HashMap<u64, Vec<u64>>,
+    stacks: &EventStacks,
     spawned_at: &HashMap<(u32, u32), u64>,
 ) -> CycleText {
     let mut lwpids: Vec<u32> = c.steps.iter().map(|s| s.thread).collect();
@@ -360,7 +360,7 @@ fn describe_cycle(
     let created = lwpids
         .iter()
         .filter_map(|&l| {
-            let stack = symbolized(stacks.get(spawned_at.get(&(pid, l))?)?, pid, sym);
+            let stack = symbolized(stacks.get(*spawned_at.get(&(pid, l))?)?, pid, sym);
             (!stack.is_empty()).then(|| (t(l), stack))
         })
         .collect();
@@ -382,11 +382,11 @@ fn describe_cycle(
                 ),
                 acquired: name(s.acquired),
                 acquired_stack: stacks
-                    .get(&s.acquired_at)
+                    .get(s.acquired_at)
                     .map_or_else(Vec::new, |st| symbolized(st, pid, sym)),
                 held: name(s.held),
                 held_stack: stacks
-                    .get(&s.held_at)
+                    .get(s.held_at)
                     .map_or_else(Vec::new, |st| symbolized(st, pid, sym)),
             }
         })

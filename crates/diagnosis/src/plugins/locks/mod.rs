@@ -7,6 +7,7 @@ use std::fmt::Write as _;
 use events::abi::Kind;
 use events::db::Row;
 
+use crate::event_stacks::EventStacks;
 use crate::from_db::{lock_event, LOCK_KINDS_AND_INIT};
 use crate::plugin::{Attachment, Context, Output, Plugin, PluginError};
 use crate::symbols::Symbolizer;
@@ -15,7 +16,7 @@ pub mod contention;
 pub mod stacks;
 
 use contention::{Contention, ContentionReport, Durations, LockStats};
-use stacks::{RequestStacks, StackShare};
+use stacks::StackShare;
 
 /// How the report is cut.
 #[derive(Clone, Copy, Debug)]
@@ -52,7 +53,7 @@ pub struct Locks {
     /// names a lock that is no global variable (on the heap, say).
     init_site: HashMap<u64, (u32, u64)>,
     /// The stacks of lock requests (with `options.stacks`).
-    request_stacks: RequestStacks,
+    request_stacks: EventStacks,
     /// Whether the last event passed was a lock request.
     last_was_request: bool,
 }
@@ -65,7 +66,7 @@ impl Locks {
             events: 0,
             first_user: HashMap::new(),
             init_site: HashMap::new(),
-            request_stacks: RequestStacks::default(),
+            request_stacks: EventStacks::default(),
             last_was_request: false,
         }
     }

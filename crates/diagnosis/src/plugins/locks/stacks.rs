@@ -4,35 +4,16 @@
 use std::collections::HashMap;
 
 use super::contention::Contended;
+use crate::event_stacks::EventStacks;
 use crate::symbols::Symbolizer;
 
-/// The stacks of lock requests, by event sequence number; each distinct
-/// stack is kept once.
-#[derive(Default)]
-pub struct RequestStacks {
-    ids: HashMap<Vec<u64>, usize>,
-    stacks: Vec<Vec<u64>>,
-    of: HashMap<u64, usize>,
-}
-
-impl RequestStacks {
-    pub fn add(&mut self, seq: u64, frames: &[u64]) {
-        let next = self.stacks.len();
-        let id = *self.ids.entry(frames.to_vec()).or_insert(next);
-        if id == next {
-            self.stacks.push(frames.to_vec());
-        }
-        self.of.insert(seq, id);
-    }
-
-    /// The stack of the request `seq`; without one, its call site alone
-    /// (the probe's caller, `site`, where known).
-    fn frames(&self, seq: u64, site: u64) -> Vec<u64> {
-        match self.of.get(&seq) {
-            Some(&id) => self.stacks[id].clone(),
-            None if site != 0 => vec![site],
-            None => Vec::new(),
-        }
+/// The stack of the request `seq`; without one, its call site alone (the
+/// probe's caller, `site`, where known).
+fn frames(stacks: &EventStacks, seq: u64, site: u64) -> Vec<u64> {
+    match stacks.get(seq) {
+        Some(frames) => frames.to_vec(),
+        None if site != 0 => vec![site],
+        None => Vec::new(),
     }
 }
 
@@ -51,7 +32,7 @@ pub struct StackShare {
 /// process `pid`.
 pub fn top_stacks(
     contended: &[Contended],
-    stacks: &RequestStacks,
+    stacks: &EventStacks,
     lock: u64,
     n: usize,
     pid: u32,
@@ -60,7 +41,7 @@ pub fn top_stacks(
     let mut by_stack: HashMap<Vec<u64>, (u64, u64)> = HashMap::new();
     for c in contended.iter().filter(|c| c.request.lock == lock) {
         let e = by_stack
-            .entry(stacks.frames(c.request.seq, c.request.site))
+            .entry(frames(stacks, c.request.seq, c.request.site))
             .or_default();
         e.0 += 1;
         e.1 = e.1.saturating_add(c.wait);
@@ -104,7 +85,7 @@ mod tests {
 
     #[test]
     fn groups_blocked_requests_by_stack_longest_wait_first() {
-        let mut stacks = RequestStacks::default();
+        let mut stacks = EventStacks::default();
         stacks.add(1, &[0x101, 0x201]);
         stacks.add(2, &[0x102, 0x202]);
         stacks.add(3, &[0x101, 0x201]);
@@ -128,6 +109,6 @@ mod tests {
         assert_eq!(all.len(), 3);
         assert_eq!(all[2].frames, ["0x103"]);
         // The same stack is kept once.
-        assert_eq!(stacks.stacks.len(), 2);
+        assert_eq!(stacks.distinct(), 2);
     }
 }
