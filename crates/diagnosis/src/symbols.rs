@@ -289,6 +289,11 @@ impl<'a> ElfSymbols<'a> {
     pub fn data(&self, rel: u64) -> Option<&str> {
         containing(&self.data, rel)
     }
+
+    /// The address of the data object (global variable) named `name`.
+    pub fn data_address(&self, name: &str) -> Option<u64> {
+        self.data.iter().find(|d| d.2 == name).map(|d| d.0)
+    }
 }
 
 /// The DWARF of `file` for line lookups; `None` without debug information

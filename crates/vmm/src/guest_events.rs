@@ -102,6 +102,34 @@ impl unwind::Memory for UserMemory<'_> {
     }
 }
 
+/// `struct pt_regs` of x86-64 Linux: where a task entering the kernel
+/// from user mode leaves its registers, at the top of its kernel stack.
+const PT_REGS_SIZE: u64 = 21 * 8;
+const PT_REGS_RBP: usize = 4;
+const PT_REGS_RIP: usize = 16;
+const PT_REGS_CS: usize = 17;
+const PT_REGS_RSP: usize = 19;
+
+/// The user registers (RIP, RSP, RBP) of the task in the guest kernel, as
+/// its kernel entry saved them: `top_of_stack` is the guest virtual
+/// address of the kernel variable holding the top of the current task's
+/// kernel stack (`cpu_current_top_of_stack` of a uniprocessor kernel).
+/// `None` unless they look like user mode's (a kernel thread, a task
+/// between switches, or another kernel).
+pub fn user_regs_in_kernel(mem: &GuestMemoryMmap, cr3: u64, top_of_stack: u64) -> Option<[u64; 3]> {
+    let mut word = [0u8; 8];
+    gva::read_virt(mem, cr3, top_of_stack, &mut word).ok()?;
+    let top = u64::from_le_bytes(word);
+    if top < USER_END || !top.is_multiple_of(8) {
+        return None;
+    }
+    let mut bytes = [0u8; PT_REGS_SIZE as usize];
+    gva::read_virt(mem, cr3, top.checked_sub(PT_REGS_SIZE)?, &mut bytes).ok()?;
+    let at = |i: usize| u64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().unwrap_or_default());
+    let (rip, rsp, cs) = (at(PT_REGS_RIP), at(PT_REGS_RSP), at(PT_REGS_CS));
+    (cs & 3 == 3 && rip < USER_END && rsp < USER_END).then_some([rip, rsp, at(PT_REGS_RBP)])
+}
+
 /// The guest kernel's context-switch ring (docs/events.md): a header
 /// (magic "INSW", size, head = records ever written) and `size` records
 /// of (from pid, from lwpid, to pid, to lwpid), all u32 but `head`.
@@ -191,6 +219,49 @@ mod tests {
         mem.write_obj(0x3003u64, GuestAddress(0x2000)).unwrap();
         mem.write_obj(0x83u64, GuestAddress(0x3000)).unwrap();
         mem
+    }
+
+    /// Maps the 2 MiB page holding kernel address `va` to physical
+    /// 0x20_0000 (PDPT at 0x4000, PD at 0x5000).
+    fn map_kernel_page(mem: &GuestMemoryMmap, va: u64) {
+        let index = |shift: u32| (va >> shift) & 0x1ff;
+        mem.write_obj(0x4003u64, GuestAddress(CR3 + 8 * index(39)))
+            .unwrap();
+        mem.write_obj(0x5003u64, GuestAddress(0x4000 + 8 * index(30)))
+            .unwrap();
+        mem.write_obj(0x20_0083u64, GuestAddress(0x5000 + 8 * index(21)))
+            .unwrap();
+    }
+
+    #[test]
+    fn user_registers_come_from_the_top_of_the_kernel_stack() {
+        let mem = memory();
+        let var: u64 = 0xffff_ffff_81a3_a030;
+        map_kernel_page(&mem, var);
+        let page = var & !0x1f_ffff;
+        let phys = |va: u64| GuestAddress(0x20_0000 + (va - page));
+        let top = page + 0x10_0000;
+        mem.write_obj(top, phys(var)).unwrap();
+        let regs = top - PT_REGS_SIZE;
+        let put = |i: usize, v: u64| mem.write_obj(v, phys(regs + 8 * i as u64)).unwrap();
+        put(PT_REGS_RBP, 0x7ffd_0100);
+        put(PT_REGS_RIP, 0x40_1234);
+        put(PT_REGS_CS, 0x33);
+        put(PT_REGS_RSP, 0x7ffd_0000);
+        assert_eq!(
+            user_regs_in_kernel(&mem, CR3, var),
+            Some([0x40_1234, 0x7ffd_0000, 0x7ffd_0100])
+        );
+        // Registers saved from kernel mode, or a user RIP that is not one.
+        put(PT_REGS_CS, 0x10);
+        assert_eq!(user_regs_in_kernel(&mem, CR3, var), None);
+        put(PT_REGS_CS, 0x33);
+        put(PT_REGS_RIP, 0xffff_ffff_8100_0000);
+        assert_eq!(user_regs_in_kernel(&mem, CR3, var), None);
+        // A variable that is not mapped, or that holds no kernel address.
+        assert_eq!(user_regs_in_kernel(&mem, CR3, var + (4 << 20)), None);
+        mem.write_obj(0x7000u64, phys(var)).unwrap();
+        assert_eq!(user_regs_in_kernel(&mem, CR3, var), None);
     }
 
     #[test]

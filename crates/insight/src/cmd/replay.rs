@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use diagnosis::plugin::Plugin;
 use diagnosis::plugins;
-use diagnosis::symbols::GuestFiles;
+use diagnosis::symbols::{ElfSymbols, GuestFiles};
 use events::capture::{Capture, CaptureSummary};
 use events::db::{EventFormat, EventWriter};
 use trace::ClockKind;
@@ -85,6 +85,9 @@ pub struct ReplayArgs {
     #[arg(long, hide = true)]
     match_registers_only: bool,
 }
+
+/// Where the kernel half of the guest's address space starts.
+const KERNEL_HALF: u64 = 0xffff_8000_0000_0000;
 
 /// How user stacks are unwound at replay (`--unwind`).
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -242,6 +245,13 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
             let files = GuestFiles::from_initramfs(&spec.initramfs);
             let load = move |path: &str| files.get(path).map(<[u8]>::to_vec);
             vm.unwind_stacks(unwind::Processes::new(Box::new(load)));
+            // A uniprocessor kernel's per-CPU variables are plain globals.
+            let top = ElfSymbols::parse(&spec.kernel_image)
+                .and_then(|k| k.data_address("cpu_current_top_of_stack"))
+                .filter(|&a| a >= KERNEL_HALF);
+            if let Some(gva) = top {
+                vm.user_registers_below(gva);
+            }
         }
         if let Some(period) = args.sample_period {
             vm.sample_every(period);

@@ -166,6 +166,9 @@ pub struct Vm {
     /// What each traced process mapped, for unwinding user stacks by
     /// their call-frame information (replay with events).
     stacks: Option<unwind::Processes>,
+    /// Where the guest kernel keeps the top of the current task's kernel
+    /// stack, so that samples in the kernel find the user registers.
+    kernel_stack_top: Option<u64>,
     /// Rung by device threads when they have something for the guest.
     doorbell: Doorbell,
     /// The last KVM_RUN ended in a deterministic exit, or the vCPU is at an

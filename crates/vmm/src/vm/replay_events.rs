@@ -46,6 +46,16 @@ impl Vm {
         self.stacks = Some(processes);
     }
 
+    /// `gva`: the guest kernel variable holding the top of the current
+    /// task's kernel stack (`cpu_current_top_of_stack` of a uniprocessor
+    /// kernel), below which a task entering the kernel from user mode
+    /// leaves its user registers. With it (and [`Vm::unwind_stacks`]), a
+    /// sample taken in the kernel carries the user stack the task entered
+    /// from: the user RIP first, then its callers.
+    pub fn user_registers_below(&mut self, gva: u64) {
+        self.kernel_stack_top = Some(gva);
+    }
+
     /// Closes the event database, keeping what was captured even when the
     /// run failed.
     pub(super) fn end_events(
@@ -114,7 +124,24 @@ impl Vm {
             };
             (mode, stack)
         } else {
-            (SampleMode::Kernel, Vec::new())
+            let user = match (&self.stacks, self.kernel_stack_top) {
+                (Some(stacks), Some(top)) => {
+                    guest_events::user_regs_in_kernel(&self.mem, sregs.cr3, top)
+                        .map(|regs| (stacks, regs))
+                }
+                _ => None,
+            };
+            let stack = user.map_or_else(Vec::new, |(stacks, [rip, rsp, rbp])| {
+                let mut mem = UserMemory {
+                    mem: &self.mem,
+                    cr3: sregs.cr3,
+                };
+                let at = Regs { rip, rsp, rbp };
+                let mut frames = vec![rip];
+                frames.extend(stacks.unwind(pid, &mut mem, at, MAX_STACK_FRAMES - 1));
+                frames
+            });
+            (SampleMode::Kernel, stack)
         };
         let time = self.journal.progress().guest_ns;
         capture.sample(time, pid, lwpid, rip, mode, &stack)?;

@@ -216,6 +216,7 @@ impl Vm {
             sampling: None,
             switch_ring: None,
             stacks: None,
+            kernel_stack_top: None,
             guest_cpuid,
             kvm_caps,
         })
