@@ -220,6 +220,54 @@ fn gpr_number(r: Register) -> Option<usize> {
 }
 
 impl Site {
+    /// Whether a direct branch near the site jumps strictly inside the
+    /// bytes the patch covers: into the middle of the `jmp rel32` that
+    /// replaces them, where the code it reaches is no instruction at all.
+    /// Compilers enter rotated loops that way (`jmp` to the condition in
+    /// the middle of the loop), and a thread that enters while the patch
+    /// waits for another position runs garbage. Looks at the covered
+    /// instructions and those after them in `code` (read at `rip`), and
+    /// at the `before` bytes decoded from every offset that leads to
+    /// `rip` exactly (one of them is the real instruction stream; a false
+    /// one can only make this say yes more often).
+    pub fn entered_inside(&self, code: &[u8], before: &[u8]) -> bool {
+        let end = self.rip + self.len as u64;
+        let into = |i: &Instruction| {
+            matches!(
+                i.flow_control(),
+                FlowControl::ConditionalBranch | FlowControl::UnconditionalBranch
+            ) && (self.rip + 1..end).contains(&i.near_branch_target())
+        };
+        let mut after = Decoder::with_ip(64, code, self.rip, DecoderOptions::NONE);
+        while after.can_decode() {
+            let i = after.decode();
+            if i.is_invalid() {
+                break;
+            }
+            if into(&i) {
+                return true;
+            }
+        }
+        let base = self.rip - before.len() as u64;
+        (0..before.len()).any(|offset| {
+            let mut d = Decoder::with_ip(
+                64,
+                &before[offset..],
+                base + offset as u64,
+                DecoderOptions::NONE,
+            );
+            let mut branches_in = false;
+            while d.can_decode() && d.ip() < self.rip {
+                let i = d.decode();
+                if i.is_invalid() {
+                    return false;
+                }
+                branches_in |= into(&i);
+            }
+            branches_in && d.ip() == self.rip
+        })
+    }
+
     /// Addresses of memory the code at the position reads or writes, as
     /// far as the registers at the position determine them: the memory
     /// operands of the covered instructions and of the loop body before
@@ -324,6 +372,42 @@ mod tests {
 
     fn site(code: &[u8]) -> Result<Site, Decline> {
         choose(AT, code, &[])
+    }
+
+    #[test]
+    fn a_patch_entered_in_its_middle_is_refused() {
+        // The spin loop gcc -O2 makes of `while (flag != r) n++;`, entered
+        // at its condition:
+        //   xor edx,edx; jmp 1f; nopl 0(rax)
+        //   0: add rdx,1
+        //   1: movslq flag(rip),rax; cmp rax,r14; jne 0b; ...
+        let before = [0x31, 0xd2, 0xeb, 0x08, 0x0f, 0x1f, 0x40, 0x00];
+        let code = [
+            0x48, 0x83, 0xc2, 0x01, // add
+            0x48, 0x63, 0x05, 0xa5, 0x2d, 0x00, 0x00, // movslq
+            0x4c, 0x39, 0xf0, // cmp
+            0x75, 0xf0, // jne -16
+            0x48, 0x81, 0xfa, 0xe9, 0x03, 0x00, 0x00,
+        ];
+        let loop_at = AT + before.len() as u64;
+        let mut all = before.to_vec();
+        all.extend(code);
+        let at = |offset: usize| {
+            let rip = AT + offset as u64;
+            let s = choose(rip, &all[offset..], &all[..offset]).unwrap();
+            s.entered_inside(&all[offset..], &all[..offset])
+        };
+        // At the add, the patch covers the movslq the jmp enters at.
+        assert_eq!(loop_at, AT + 8);
+        assert!(at(8));
+        // At the movslq or the cmp, every branch lands outside the patch.
+        assert!(!at(12));
+        assert!(!at(19));
+        // A backward branch into the middle of the patch counts too.
+        // nop; nop; nop; nop; nop; jne -6 (to the second nop)
+        let code = [0x90, 0x90, 0x90, 0x90, 0x90, 0x75, 0xfa];
+        let s = choose(AT, &code, &[]).unwrap();
+        assert!(s.entered_inside(&code, &[]));
     }
 
     #[test]

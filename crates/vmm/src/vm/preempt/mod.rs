@@ -247,7 +247,9 @@ impl Vm {
     /// finds, with one of the process's trampoline mappings `stubs`: the
     /// site and the mapping to use. Never inside those mappings: the probe
     /// gate runs there, silently while recording, otherwise at replay, so
-    /// no position there can be found again.
+    /// no position there can be found again. Never where a branch nearby
+    /// enters the patch in its middle (`Site::entered_inside`): the
+    /// recorder takes the position at another pass instead.
     pub(in crate::vm) fn patchable(
         &self,
         map: &dyn CodeMap,
@@ -259,6 +261,9 @@ impl Vm {
         }
         let (code, before) = code_around(&self.mem, map, rip);
         let site = site::choose(rip, &code, &before).ok()?;
+        if site.entered_inside(&code, &before) {
+            return None;
+        }
         let stub = stubs
             .iter()
             .copied()
