@@ -395,6 +395,21 @@ impl<'a> Symbolizer<'a> {
         })
     }
 
+    /// A return address of process `pid` described where its call is
+    /// (the byte before it), as [`Self::describe_code`] does.
+    pub fn describe_return(&mut self, pid: u32, ra: u64) -> String {
+        self.describe_code(pid, ra.saturating_sub(1))
+    }
+
+    /// A stack's return addresses, innermost first, each described at its
+    /// call.
+    pub fn describe_stack(&mut self, pid: u32, stack: &[u64]) -> Vec<String> {
+        stack
+            .iter()
+            .map(|&ra| self.describe_return(pid, ra))
+            .collect()
+    }
+
     /// A code address of process `pid` for people: "function+0x1f in
     /// object (file.c:42)" (the line where DWARF tells), or the bare
     /// address.

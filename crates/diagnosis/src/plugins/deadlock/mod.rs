@@ -271,14 +271,6 @@ impl StepText {
     }
 }
 
-/// The return addresses of `stack`, each described at its call.
-fn symbolized(stack: &[u64], pid: u32, sym: &mut Symbolizer) -> Vec<String> {
-    stack
-        .iter()
-        .map(|&ra| sym.describe_code(pid, ra.saturating_sub(1)))
-        .collect()
-}
-
 /// Symbolized frames as a numbered list.
 fn stack_html(frames: &[String]) -> String {
     let mut ol = String::from("<ol class=\"stack\">");
@@ -360,7 +352,7 @@ fn describe_cycle(
     let created = lwpids
         .iter()
         .filter_map(|&l| {
-            let stack = symbolized(stacks.get(*spawned_at.get(&(pid, l))?)?, pid, sym);
+            let stack = sym.describe_stack(pid, stacks.get(*spawned_at.get(&(pid, l))?)?);
             (!stack.is_empty()).then(|| (t(l), stack))
         })
         .collect();
@@ -371,7 +363,7 @@ fn describe_cycle(
             let at = if s.site == 0 {
                 String::new()
             } else {
-                format!(" at {}", sym.describe_code(pid, s.site.saturating_sub(1)))
+                format!(" at {}", sym.describe_return(pid, s.site))
             };
             StepText {
                 line: format!(
@@ -383,11 +375,11 @@ fn describe_cycle(
                 acquired: name(s.acquired),
                 acquired_stack: stacks
                     .get(s.acquired_at)
-                    .map_or_else(Vec::new, |st| symbolized(st, pid, sym)),
+                    .map_or_else(Vec::new, |st| sym.describe_stack(pid, st)),
                 held: name(s.held),
                 held_stack: stacks
                     .get(s.held_at)
-                    .map_or_else(Vec::new, |st| symbolized(st, pid, sym)),
+                    .map_or_else(Vec::new, |st| sym.describe_stack(pid, st)),
             }
         })
         .collect();

@@ -245,10 +245,7 @@ fn lock_names(
         .filter_map(|(&lock, &pid)| {
             let name = sym.variable(pid, lock).or_else(|| {
                 let &(init_pid, site) = init_site.get(&lock)?;
-                Some(format!(
-                    "init at {}",
-                    sym.describe_code(init_pid, site.saturating_sub(1))
-                ))
+                Some(format!("init at {}", sym.describe_return(init_pid, site)))
             })?;
             Some((lock, name))
         })

@@ -53,10 +53,7 @@ pub fn top_stacks(
     ranked
         .into_iter()
         .map(|(frames, (acquisitions, wait))| StackShare {
-            frames: frames
-                .iter()
-                .map(|&ra| sym.describe_code(pid, ra.saturating_sub(1)))
-                .collect(),
+            frames: sym.describe_stack(pid, &frames),
             acquisitions,
             wait,
         })
