@@ -260,7 +260,12 @@ impl Vm {
             mem: &self.mem,
             cr3,
         };
-        let at = unwind::Memory::read_u64(&mut mem, regs.rsp).map(|rip| Regs {
+        // Read only when unwinding: each replayed event passes here.
+        let return_address = match self.stacks {
+            Some(_) => unwind::Memory::read_u64(&mut mem, regs.rsp),
+            None => None,
+        };
+        let at = return_address.map(|rip| Regs {
             rip,
             rsp: regs.rsp.wrapping_add(8 + 128),
             rbp: regs.rbp,
