@@ -4,6 +4,8 @@
 //! the wall-clock time the VM started at plus elapsed VM time, both given
 //! by the owner, so that a replay can show the recorded time.
 
+use serde::{Deserialize, Serialize};
+
 pub const CMOS_PORTS: [u16; 2] = [0x70, 0x71];
 
 const REG_SECONDS: usize = 0x00;
@@ -70,7 +72,34 @@ pub struct Cmos {
     boot_unix_secs: u64,
 }
 
+/// What a checkpoint keeps of the CMOS: the selected register, the RAM,
+/// and the wall-clock time VM time 0 stands for.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CmosState {
+    pub index: u8,
+    pub ram: Vec<u8>,
+    pub boot_unix_secs: u64,
+}
+
 impl Cmos {
+    pub fn state(&self) -> CmosState {
+        CmosState {
+            index: self.index as u8,
+            ram: self.ram.to_vec(),
+            boot_unix_secs: self.boot_unix_secs,
+        }
+    }
+
+    /// The CMOS as `state` describes it (`None` if it is not one).
+    pub fn from_state(state: &CmosState) -> Option<Self> {
+        let ram: [u8; 128] = state.ram.as_slice().try_into().ok()?;
+        (usize::from(state.index) < ram.len()).then_some(Cmos {
+            index: usize::from(state.index),
+            ram,
+            boot_unix_secs: state.boot_unix_secs,
+        })
+    }
+
     /// `boot_unix_secs`: the wall-clock time VM time 0 stands for.
     pub fn new(boot_unix_secs: u64) -> Self {
         let mut ram = [0u8; 128];

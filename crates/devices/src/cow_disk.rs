@@ -37,7 +37,19 @@ pub struct CowDisk {
     sectors: u64,
     /// One bit per sector: written in this run, so in the overlay.
     written: Vec<u64>,
+    /// Sectors written since `take_changes` last ran, as `written`.
+    changed: Vec<u64>,
 }
+
+/// Consecutive sectors of a disk and their bytes.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SectorRun {
+    pub sector: u64,
+    pub data: Vec<u8>,
+}
+
+/// Longest run `take_changes` returns (bounds one allocation).
+const MAX_RUN_SECTORS: u64 = 2048;
 
 impl CowDisk {
     /// Opens `base` read-only, with a fresh overlay in `overlay_dir`.
@@ -73,6 +85,7 @@ impl CowDisk {
             overlay,
             sectors,
             written: vec![0; sectors.div_ceil(64) as usize],
+            changed: vec![0; sectors.div_ceil(64) as usize],
         })
     }
 
@@ -128,7 +141,46 @@ impl CowDisk {
         self.overlay.write_all_at(data, sector * SECTOR_SIZE)?;
         for s in sector..sector + data.len() as u64 / SECTOR_SIZE {
             self.written[(s / 64) as usize] |= 1 << (s % 64);
+            self.changed[(s / 64) as usize] |= 1 << (s % 64);
         }
+        Ok(())
+    }
+
+    /// The sectors written since the last call, with their contents, in
+    /// runs of at most 1 MiB; afterwards none counts as changed.
+    pub fn take_changes(&mut self) -> io::Result<Vec<SectorRun>> {
+        let changed = |s: u64| self.changed[(s / 64) as usize] & (1 << (s % 64)) != 0;
+        let mut runs = Vec::new();
+        let mut s = 0;
+        while s < self.sectors {
+            if self.changed[(s / 64) as usize] == 0 {
+                s = (s / 64 + 1) * 64;
+                continue;
+            }
+            if !changed(s) {
+                s += 1;
+                continue;
+            }
+            let mut n = 1;
+            while s + n < self.sectors && n < MAX_RUN_SECTORS && changed(s + n) {
+                n += 1;
+            }
+            let mut data = vec![0u8; (n * SECTOR_SIZE) as usize];
+            self.overlay.read_exact_at(&mut data, s * SECTOR_SIZE)?;
+            runs.push(SectorRun { sector: s, data });
+            s += n;
+        }
+        self.changed.fill(0);
+        Ok(runs)
+    }
+
+    /// Writes `runs` (a restored checkpoint's) into the overlay; they
+    /// count as written, not as changed since.
+    pub fn apply(&mut self, runs: &[SectorRun]) -> io::Result<()> {
+        for run in runs {
+            self.write(run.sector, &run.data)?;
+        }
+        self.changed.fill(0);
         Ok(())
     }
 }
@@ -210,5 +262,43 @@ mod tests {
             Err(DiskError::Size { .. })
         ));
         std::fs::remove_file(&base).unwrap();
+    }
+
+    #[test]
+    fn changes_since_the_last_call_carry_over_to_another_overlay() {
+        let base = base_image("changes", 4096);
+        let mut a = CowDisk::open(&base, &std::env::temp_dir()).unwrap();
+        a.write(3, &[7u8; 1024]).unwrap();
+        a.write(4000, &[9u8; 512]).unwrap();
+        let first = a.take_changes().unwrap();
+        assert_eq!(
+            first
+                .iter()
+                .map(|r| (r.sector, r.data.len()))
+                .collect::<Vec<_>>(),
+            vec![(3, 1024), (4000, 512)]
+        );
+        assert!(a.take_changes().unwrap().is_empty());
+        // A long write comes back in runs of at most MAX_RUN_SECTORS.
+        a.write(10, &vec![5u8; 3000 * 512]).unwrap();
+        let second = a.take_changes().unwrap();
+        assert_eq!(second.len(), 2);
+        assert_eq!(second[0].data.len(), MAX_RUN_SECTORS as usize * 512);
+        // Another disk over the same base, given both sets, reads the same.
+        let mut b = CowDisk::open(&base, &std::env::temp_dir()).unwrap();
+        b.apply(&first).unwrap();
+        b.apply(&second).unwrap();
+        assert!(b.take_changes().unwrap().is_empty());
+        let (mut x, mut y) = (vec![0u8; 4096 * 512], vec![0u8; 4096 * 512]);
+        a.read(0, &mut x).unwrap();
+        b.read(0, &mut y).unwrap();
+        assert!(x == y);
+        // A run beyond the disk is refused.
+        let beyond = SectorRun {
+            sector: 4096,
+            data: vec![0; 512],
+        };
+        assert!(b.apply(&[beyond]).is_err());
+        let _ = std::fs::remove_file(&base);
     }
 }

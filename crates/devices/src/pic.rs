@@ -6,6 +6,8 @@
 //! and when. Lines are edge-triggered, as the PC's ELCR leaves them for the
 //! legacy devices insight emulates.
 
+use serde::{Deserialize, Serialize};
+
 /// I/O ports of the master and slave controllers.
 pub const MASTER_PORTS: [u16; 2] = [0x20, 0x21];
 pub const SLAVE_PORTS: [u16; 2] = [0xa0, 0xa1];
@@ -13,7 +15,7 @@ pub const SLAVE_PORTS: [u16; 2] = [0xa0, 0xa1];
 const CASCADE_LINE: u8 = 2;
 
 /// Where the controller is in its initialization command sequence.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 enum InitStep {
     Ready,
     Icw2,
@@ -22,7 +24,7 @@ enum InitStep {
 }
 
 /// One 8259A.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Pic8259 {
     irr: u8,
     isr: u8,
@@ -238,8 +240,9 @@ impl Pic8259 {
     }
 }
 
-/// The PC's cascaded pair.
-#[derive(Clone, Debug, Default)]
+/// The PC's cascaded pair (its state is all there is: a checkpoint keeps
+/// it whole).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DualPic {
     pub master: Pic8259,
     pub slave: Pic8259,

@@ -13,17 +13,19 @@ pub const PIT_PORTS: [u16; 4] = [0x40, 0x41, 0x42, 0x43];
 /// System control port B.
 pub const PORT_61: u16 = 0x61;
 
+use serde::{Deserialize, Serialize};
+
 const NS_PER_SEC: u64 = 1_000_000_000;
 
 /// Which bytes of the 16-bit count a data-port access moves.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 enum Access {
     Low,
     High,
     LowThenHigh,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 struct Channel {
     mode: u8,
     access: Access,
@@ -117,8 +119,9 @@ impl Channel {
     }
 }
 
-/// The three-channel timer.
-#[derive(Clone, Debug)]
+/// The three-channel timer (its state is all there is: a checkpoint
+/// keeps it whole, its times in VM time).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Pit {
     channels: [Channel; 3],
     speaker: bool,

@@ -6,11 +6,13 @@
 
 use std::io::Write;
 
-use crate::cmos::Cmos;
+use serde::{Deserialize, Serialize};
+
+use crate::cmos::{Cmos, CmosState};
 use crate::control::{self, ControlMessage, CONTROL_PORT, CONTROL_PORTS};
 use crate::pic::DualPic;
 use crate::pit::{Pit, PORT_61};
-use crate::serial::{SerialConsole, COM1_BASE, COM1_IRQ, UART_PORTS};
+use crate::serial::{SerialConsole, UartState, COM1_BASE, COM1_IRQ, UART_PORTS};
 
 /// ISA line of the PIT's channel 0.
 pub const PIT_IRQ: u8 = 0;
@@ -48,11 +50,22 @@ pub fn port_owner(port: u16) -> PortOwner {
 }
 
 /// Counters of accesses the platform could not make sense of.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PlatformStats {
     pub unassigned_reads: u64,
     pub unassigned_writes: u64,
     pub unknown_control_messages: u64,
+}
+
+/// What a checkpoint keeps of the legacy platform: every device's state.
+/// Taken between exits, when no control message is waiting.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlatformState {
+    pub pic: DualPic,
+    pub pit: Pit,
+    pub cmos: CmosState,
+    pub serial: UartState,
+    pub stats: PlatformStats,
 }
 
 /// The legacy devices and their interrupt wiring.
@@ -77,6 +90,32 @@ impl<W: Write> LegacyPlatform<W> {
             messages: Vec::new(),
             stats: PlatformStats::default(),
         }
+    }
+
+    pub fn state(&self) -> PlatformState {
+        PlatformState {
+            pic: self.pic.clone(),
+            pit: self.pit.clone(),
+            cmos: self.cmos.state(),
+            serial: self.serial.state(),
+            stats: self.stats,
+        }
+    }
+
+    /// Puts every device in the state `state` gives, keeping the console
+    /// writer; on an error (a state no device can be in) nothing changed
+    /// but possibly the UART.
+    pub fn restore(&mut self, state: &PlatformState) -> Result<(), &'static str> {
+        let cmos = Cmos::from_state(&state.cmos).ok_or("the CMOS state is malformed")?;
+        if !self.serial.restore(&state.serial) {
+            return Err("the UART state is malformed");
+        }
+        self.pic = state.pic.clone();
+        self.pit = state.pit.clone();
+        self.cmos = cmos;
+        self.stats = state.stats;
+        self.messages.clear();
+        Ok(())
     }
 
     /// A port read of `data.len()` bytes.
@@ -229,5 +268,35 @@ mod tests {
                 unknown_control_messages: 1
             }
         );
+    }
+
+    #[test]
+    fn a_platform_restored_from_its_state_behaves_the_same() {
+        let mut a = platform();
+        a.port_write(0x43, &[0x34], 0);
+        a.port_write(0x40, &[0x9c], 0);
+        a.port_write(0x40, &[0x2e], 0);
+        a.port_write(0x70, &[0x0e], 0);
+        a.port_write(0x71, &[0x5a], 0);
+        a.port_write(0x3f9, &[0x01], 0);
+        a.receive_input(b"xy");
+        let state = a.state();
+        let mut b = LegacyPlatform::new(99, Vec::new());
+        b.restore(&state).unwrap();
+        assert_eq!(b.state(), state);
+        assert_eq!(a.next_timer_ns(), b.next_timer_ns());
+        for p in [&mut a, &mut b] {
+            let mut d = [0u8; 1];
+            p.port_read(0x3f8, &mut d, 0);
+            assert_eq!(d, [b'x']);
+            p.port_read(0x71, &mut d, 0);
+            assert_eq!(d, [0x5a]);
+        }
+        let mut bad = state.clone();
+        bad.cmos.ram.pop();
+        assert!(b.restore(&bad).is_err());
+        let mut bad = state;
+        bad.serial.input = vec![0; 65];
+        assert!(b.restore(&bad).is_err());
     }
 }

@@ -5,11 +5,15 @@ use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use serde::{Deserialize, Serialize};
+use vm_superio::serial::{NoEvents, SerialState};
 use vm_superio::{Serial, Trigger};
 
 /// Base port and interrupt line of COM1.
 pub const COM1_BASE: u16 = 0x3f8;
 pub const COM1_IRQ: u8 = 4;
+/// Bytes the UART's receive FIFO holds (vm-superio's size).
+const UART_FIFO: usize = 64;
 /// Number of registers the UART decodes.
 pub const UART_PORTS: u16 = 8;
 
@@ -35,9 +39,18 @@ impl Trigger for IrqFlag {
     }
 }
 
+/// What a checkpoint keeps of the UART: its nine registers (divisor low
+/// and high, IER, IIR, LCR, LSR, MCR, MSR, scratch) and the receive FIFO.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UartState {
+    pub registers: [u8; 9],
+    pub input: Vec<u8>,
+}
+
 /// COM1 with its console writer.
 pub struct SerialConsole<W: Write> {
-    uart: Serial<IrqFlag, vm_superio::serial::NoEvents, W>,
+    /// Always `Some` but while `restore` swaps it.
+    uart: Option<Serial<IrqFlag, NoEvents, W>>,
     irq: IrqFlag,
 }
 
@@ -45,35 +58,98 @@ impl<W: Write> SerialConsole<W> {
     pub fn new(out: W) -> Self {
         let irq = IrqFlag::default();
         SerialConsole {
-            uart: Serial::new(irq.clone(), out),
+            uart: Some(Serial::new(irq.clone(), out)),
             irq,
         }
     }
 
+    fn uart(&self) -> &Serial<IrqFlag, NoEvents, W> {
+        self.uart
+            .as_ref()
+            .expect("the UART is only taken inside restore")
+    }
+
+    fn uart_mut(&mut self) -> &mut Serial<IrqFlag, NoEvents, W> {
+        self.uart
+            .as_mut()
+            .expect("the UART is only taken inside restore")
+    }
+
+    /// The UART's registers and receive FIFO, for a checkpoint.
+    pub fn state(&self) -> UartState {
+        let s = self.uart().state();
+        UartState {
+            registers: [
+                s.baud_divisor_low,
+                s.baud_divisor_high,
+                s.interrupt_enable,
+                s.interrupt_identification,
+                s.line_control,
+                s.line_status,
+                s.modem_control,
+                s.modem_status,
+                s.scratch,
+            ],
+            input: s.in_buffer,
+        }
+    }
+
+    /// Puts the UART in `state`, keeping the console writer. The
+    /// interrupt the UART raises for a pending condition is dropped: the
+    /// PIC's own state says whether it was seen. `false` if `state` is not
+    /// a UART's (a receive FIFO that overflows).
+    pub fn restore(&mut self, state: &UartState) -> bool {
+        let [bl, bh, ie, ii, lc, ls, mc, ms, sc] = state.registers;
+        let s = SerialState {
+            baud_divisor_low: bl,
+            baud_divisor_high: bh,
+            interrupt_enable: ie,
+            interrupt_identification: ii,
+            line_control: lc,
+            line_status: ls,
+            modem_control: mc,
+            modem_status: ms,
+            scratch: sc,
+            in_buffer: state.input.clone(),
+        };
+        if s.in_buffer.len() > UART_FIFO {
+            return false;
+        }
+        let Some(old) = self.uart.take() else {
+            return false;
+        };
+        let out = old.into_writer();
+        let uart = Serial::from_state(&s, self.irq.clone(), NoEvents, out);
+        // The FIFO was checked above, and the trigger cannot fail.
+        self.uart = uart.ok();
+        self.irq.take();
+        self.uart.is_some()
+    }
+
     pub fn read(&mut self, offset: u8) -> u8 {
-        self.uart.read(offset)
+        self.uart_mut().read(offset)
     }
 
     /// A write to a UART register. Console output the host cannot take
     /// (a closed pipe) is dropped: the guest must not stop for it.
     pub fn write(&mut self, offset: u8, value: u8) {
-        let _ = self.uart.write(offset, value);
+        let _ = self.uart_mut().write(offset, value);
     }
 
     /// Queues host input for the guest; returns how many bytes fit.
     pub fn enqueue_input(&mut self, bytes: &[u8]) -> usize {
-        let room = self.uart.fifo_capacity();
+        let room = self.uart().fifo_capacity();
         if room == 0 || bytes.is_empty() {
             return 0;
         }
-        self.uart
+        self.uart_mut()
             .enqueue_raw_bytes(&bytes[..bytes.len().min(room)])
             .unwrap_or(0)
     }
 
     /// How many input bytes the receive FIFO can take now.
     pub fn input_room(&self) -> usize {
-        self.uart.fifo_capacity()
+        self.uart().fifo_capacity()
     }
 
     /// Whether the UART raised its interrupt since the last call.
@@ -82,11 +158,11 @@ impl<W: Write> SerialConsole<W> {
     }
 
     pub fn writer(&self) -> &W {
-        self.uart.writer()
+        self.uart().writer()
     }
 
     pub fn writer_mut(&mut self) -> &mut W {
-        self.uart.writer_mut()
+        self.uart_mut().writer_mut()
     }
 }
 

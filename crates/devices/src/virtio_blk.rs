@@ -22,12 +22,13 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
 use virtio_queue::QueueT;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use crate::cow_disk::{CowDisk, SECTOR_SIZE};
+use crate::cow_disk::{CowDisk, SectorRun, SECTOR_SIZE};
 use crate::doorbell::Doorbell;
-use crate::virtio_mmio::{self, Access, Desc, MmioTransport, VIRTIO_F_VERSION_1};
+use crate::virtio_mmio::{self, Access, Desc, MmioTransport, TransportState, VIRTIO_F_VERSION_1};
 
 /// Where the device's registers are in guest physical memory.
 pub const MMIO_BASE: u64 = 0xd000_0000;
@@ -56,7 +57,7 @@ const STATUS_UNSUPP: u8 = 2;
 /// Largest request accepted (bounds host allocations).
 const MAX_REQUEST_BYTES: u64 = 4 << 20;
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BlockStats {
     pub requests: u64,
     pub bytes_read: u64,
@@ -71,13 +72,39 @@ pub struct BlockStats {
 pub enum BlockError {
     #[error("the disk I/O thread stopped")]
     WorkerGone,
+    #[error("the disk overlay")]
+    Overlay(#[source] std::io::Error),
     #[error("cannot start the disk I/O thread")]
     Thread(#[source] std::io::Error),
 }
 
 enum Job {
-    Read { id: u64, sector: u64, len: usize },
-    Write { id: u64, sector: u64, data: Vec<u8> },
+    Read {
+        id: u64,
+        sector: u64,
+        len: usize,
+    },
+    Write {
+        id: u64,
+        sector: u64,
+        data: Vec<u8>,
+    },
+    /// The overlay's sectors written since the last `Changes`.
+    Changes(Sender<std::io::Result<Vec<SectorRun>>>),
+    /// Writes sectors into the overlay (a checkpoint restored).
+    Apply(Vec<SectorRun>, Sender<std::io::Result<()>>),
+}
+
+/// What a checkpoint keeps of the block device: the transport and the
+/// counts. Taken only when no request is in flight, so nothing else is
+/// pending; the overlay's contents go with it as sector runs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlockState {
+    pub transport: TransportState,
+    pub submitted: u64,
+    pub published: u64,
+    pub irq: bool,
+    pub stats: BlockStats,
 }
 
 struct Done {
@@ -151,6 +178,63 @@ impl VirtioBlock {
     /// Requests taken from the queue so far.
     pub fn submitted(&self) -> u64 {
         self.next_id
+    }
+
+    /// The device's state, if it is at rest: no request in flight (a
+    /// checkpoint waits for the next exit where none is).
+    pub fn state(&self) -> Option<BlockState> {
+        self.in_flight.is_empty().then(|| BlockState {
+            transport: self.transport.state(),
+            submitted: self.next_id,
+            published: self.published,
+            irq: self.irq,
+            stats: self.stats,
+        })
+    }
+
+    /// Puts the device in `state` (it must be at rest, as after creation).
+    pub fn restore(&mut self, state: &BlockState) -> Result<(), String> {
+        if !self.in_flight.is_empty() {
+            return Err("the device has requests in flight".into());
+        }
+        if state.published != state.submitted {
+            return Err(format!(
+                "{} requests submitted but {} published: not at rest",
+                state.submitted, state.published
+            ));
+        }
+        self.transport.restore(&state.transport)?;
+        self.next_id = state.submitted;
+        self.published = state.published;
+        self.irq = state.irq;
+        self.stats = state.stats;
+        Ok(())
+    }
+
+    /// The overlay's sectors written since the last call (since the
+    /// device was created for the first), as runs.
+    pub fn overlay_changes(&mut self) -> Result<Vec<SectorRun>, BlockError> {
+        let (tx, rx) = mpsc::channel();
+        self.send(Job::Changes(tx))?;
+        rx.recv()
+            .map_err(|_| BlockError::WorkerGone)?
+            .map_err(BlockError::Overlay)
+    }
+
+    /// Writes `runs` into the overlay, as a restored checkpoint has them.
+    pub fn apply_overlay(&mut self, runs: Vec<SectorRun>) -> Result<(), BlockError> {
+        let (tx, rx) = mpsc::channel();
+        self.send(Job::Apply(runs, tx))?;
+        rx.recv()
+            .map_err(|_| BlockError::WorkerGone)?
+            .map_err(BlockError::Overlay)
+    }
+
+    fn send(&self, job: Job) -> Result<(), BlockError> {
+        match &self.jobs {
+            Some(jobs) => jobs.send(job).map_err(|_| BlockError::WorkerGone),
+            None => Err(BlockError::WorkerGone),
+        }
     }
 
     /// Whether the device raised its interrupt since the last call.
@@ -410,6 +494,14 @@ fn io_thread(mut disk: CowDisk, jobs: Receiver<Job>, done: Sender<Done>, doorbel
                 (id, disk.read(sector, &mut buf).map(|()| buf))
             }
             Job::Write { id, sector, data } => (id, disk.write(sector, &data).map(|()| Vec::new())),
+            Job::Changes(reply) => {
+                let _ = reply.send(disk.take_changes());
+                continue;
+            }
+            Job::Apply(runs, reply) => {
+                let _ = reply.send(disk.apply(&runs));
+                continue;
+            }
         };
         if done.send(Done { id, result }).is_err() {
             return;

@@ -7,7 +7,8 @@
 //! Also here: copying bytes in and out of descriptor chains, with every
 //! address and length the guest wrote validated.
 
-use virtio_queue::{Queue, QueueOwnedT, QueueT};
+use serde::{Deserialize, Serialize};
+use virtio_queue::{Queue, QueueOwnedT, QueueState, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 pub const VIRTIO_F_VERSION_1: u64 = 1 << 32;
@@ -28,6 +29,33 @@ pub enum Access {
     Reset,
     /// The driver set DRIVER_OK: features are final.
     DriverOk,
+}
+
+/// What a checkpoint keeps of a transport: the driver's registers and
+/// each queue's addresses and positions.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TransportState {
+    pub device_features_sel: u32,
+    pub driver_features_sel: u32,
+    pub driver_features: u64,
+    pub status: u32,
+    pub interrupt_status: u32,
+    pub queue_sel: u32,
+    pub queues: Vec<QueueRegs>,
+}
+
+/// A queue's state (virtio-queue's `QueueState`, which is not serde).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueRegs {
+    pub max_size: u16,
+    pub next_avail: u16,
+    pub next_used: u16,
+    pub event_idx: bool,
+    pub size: u16,
+    pub ready: bool,
+    pub desc_table: u64,
+    pub avail_ring: u64,
+    pub used_ring: u64,
 }
 
 pub struct MmioTransport {
@@ -62,6 +90,77 @@ impl MmioTransport {
                 .collect(),
             max_sizes: queue_sizes.to_vec(),
         }
+    }
+
+    pub fn state(&self) -> TransportState {
+        TransportState {
+            device_features_sel: self.device_features_sel,
+            driver_features_sel: self.driver_features_sel,
+            driver_features: self.driver_features,
+            status: self.status,
+            interrupt_status: self.interrupt_status,
+            queue_sel: self.queue_sel,
+            queues: self
+                .queues
+                .iter()
+                .map(|q| {
+                    let s = q.state();
+                    QueueRegs {
+                        max_size: s.max_size,
+                        next_avail: s.next_avail,
+                        next_used: s.next_used,
+                        event_idx: s.event_idx_enabled,
+                        size: s.size,
+                        ready: s.ready,
+                        desc_table: s.desc_table,
+                        avail_ring: s.avail_ring,
+                        used_ring: s.used_ring,
+                    }
+                })
+                .collect(),
+        }
+    }
+
+    /// Puts the transport in `state`; an error says what no transport of
+    /// this device can be (other queues, an invalid queue size).
+    pub fn restore(&mut self, state: &TransportState) -> Result<(), String> {
+        if state.queues.len() != self.queues.len() {
+            return Err(format!(
+                "{} queues, the device has {}",
+                state.queues.len(),
+                self.queues.len()
+            ));
+        }
+        let mut queues = Vec::with_capacity(state.queues.len());
+        for (i, (q, &max)) in state.queues.iter().zip(&self.max_sizes).enumerate() {
+            if q.max_size != max {
+                return Err(format!(
+                    "queue {i} has {} entries at most, not {max}",
+                    q.max_size
+                ));
+            }
+            let queue = Queue::try_from(QueueState {
+                max_size: q.max_size,
+                next_avail: q.next_avail,
+                next_used: q.next_used,
+                event_idx_enabled: q.event_idx,
+                size: q.size,
+                ready: q.ready,
+                desc_table: q.desc_table,
+                avail_ring: q.avail_ring,
+                used_ring: q.used_ring,
+            })
+            .map_err(|e| format!("queue {i}: {e}"))?;
+            queues.push(queue);
+        }
+        self.device_features_sel = state.device_features_sel;
+        self.driver_features_sel = state.driver_features_sel;
+        self.driver_features = state.driver_features;
+        self.status = state.status;
+        self.interrupt_status = state.interrupt_status;
+        self.queue_sel = state.queue_sel;
+        self.queues = queues;
+        Ok(())
     }
 
     /// Whether the driver accepted `feature`.

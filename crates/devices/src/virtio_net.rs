@@ -28,12 +28,13 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
 use virtio_queue::QueueT;
 use vm_memory::GuestMemoryMmap;
 
 use crate::doorbell::Doorbell;
 use crate::tap::{self, Tap, VNET_HDR_LEN};
-use crate::virtio_mmio::{self, Access, Desc, MmioTransport, VIRTIO_F_VERSION_1};
+use crate::virtio_mmio::{self, Access, Desc, MmioTransport, TransportState, VIRTIO_F_VERSION_1};
 
 /// Where the device's registers are in guest physical memory (after the
 /// block device's).
@@ -79,7 +80,7 @@ const READ_BUFFER: usize = 128 << 10;
 /// The default MAC address (locally administered).
 pub const DEFAULT_MAC: [u8; 6] = [0x52, 0x54, 0x00, 0x12, 0x34, 0x56];
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NetStats {
     /// Frames made visible to the guest, and their bytes (headers included).
     pub rx_frames: u64,
@@ -231,6 +232,17 @@ pub enum NetBackend {
 /// Receives Ethernet frames (without the virtio header).
 pub type FrameSink = Box<dyn FnMut(&[u8]) + Send>;
 
+/// What a checkpoint keeps of the network device: the transport, the
+/// frames waiting for the guest, the counts.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetState {
+    pub transport: TransportState,
+    pub pending: Vec<Vec<u8>>,
+    pub irq: bool,
+    pub stats: NetStats,
+    pub failure: Option<String>,
+}
+
 pub struct VirtioNet {
     transport: MmioTransport,
     mac: [u8; 6],
@@ -271,6 +283,32 @@ impl VirtioNet {
             stats: NetStats::default(),
             failure: None,
         })
+    }
+
+    pub fn state(&self) -> NetState {
+        NetState {
+            transport: self.transport.state(),
+            pending: self.pending.iter().cloned().collect(),
+            irq: self.irq,
+            stats: self.stats,
+            failure: self.failure.clone(),
+        }
+    }
+
+    /// Puts the device in `state` (its TAP device, if any, stays as is).
+    pub fn restore(&mut self, state: &NetState) -> Result<(), String> {
+        if state.pending.len() > MAX_PENDING {
+            return Err(format!(
+                "{} frames pending, at most {MAX_PENDING}",
+                state.pending.len()
+            ));
+        }
+        self.transport.restore(&state.transport)?;
+        self.pending = state.pending.iter().cloned().collect();
+        self.irq = state.irq;
+        self.stats = state.stats;
+        self.failure = state.failure.clone();
+        Ok(())
     }
 
     /// Also hands every transmitted Ethernet frame to `capture`.

@@ -45,6 +45,23 @@ pub struct Stored {
     pub event: RawEvent,
 }
 
+/// What a checkpoint keeps of a capture, so that a replay restored there
+/// goes on capturing as if it had run from boot: the next sequence number,
+/// the threads tracked and the one on the CPU, the time reached, and the
+/// thread names and loaded objects seen so far (written again into the
+/// new database, which the reports need to name threads and symbolize).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct CaptureState {
+    pub next_seq: u64,
+    pub tracked: Vec<u32>,
+    pub current: Option<(u32, u32)>,
+    pub last_time: u64,
+    /// (pid, lwpid, comm, sequence number of its first event).
+    pub threads: Vec<(u32, u32, String, u64)>,
+    /// (pid, base, path, sequence number of its SYMBOL event).
+    pub objects: Vec<(u32, u64, String, u64)>,
+}
+
 /// Turns raised events into database rows.
 pub struct Capture {
     db: EventWriter,
@@ -57,6 +74,9 @@ pub struct Capture {
     current: Option<(u32, u32)>,
     last_time: u64,
     named: HashSet<(u32, u32)>,
+    /// What `state` reports of thread names and objects.
+    threads: Vec<(u32, u32, String, u64)>,
+    objects: Vec<(u32, u64, String, u64)>,
 }
 
 impl Capture {
@@ -69,7 +89,43 @@ impl Capture {
             current: None,
             last_time: 0,
             named: HashSet::new(),
+            threads: Vec::new(),
+            objects: Vec::new(),
         }
+    }
+
+    /// The capture's state, for a checkpoint.
+    pub fn state(&self) -> CaptureState {
+        let mut tracked: Vec<u32> = self.tracked.iter().copied().collect();
+        tracked.sort_unstable();
+        CaptureState {
+            next_seq: self.db.next_seq(),
+            tracked,
+            current: self.current,
+            last_time: self.last_time,
+            threads: self.threads.clone(),
+            objects: self.objects.clone(),
+        }
+    }
+
+    /// Goes on from a checkpoint's `state` (before any event is captured):
+    /// the database starts at its sequence number and gets its thread
+    /// names and objects. The counts and anomalies are this database's.
+    pub fn resume(&mut self, state: &CaptureState) -> Result<(), DbError> {
+        self.db.start_at(state.next_seq)?;
+        self.tracked = state.tracked.iter().copied().collect();
+        self.current = state.current;
+        self.last_time = state.last_time;
+        for (pid, lwpid, comm, seq) in &state.threads {
+            self.named.insert((*pid, *lwpid));
+            self.db.thread(*pid, *lwpid, comm, *seq)?;
+        }
+        for (pid, base, path, seq) in &state.objects {
+            self.db.object(*pid, *base, path, *seq)?;
+        }
+        self.threads = state.threads.clone();
+        self.objects = state.objects.clone();
+        Ok(())
     }
 
     /// The task on the CPU as (pid, lwpid), from the last CONTEXTSWITCH.
@@ -205,9 +261,13 @@ impl Capture {
         *self.per_kind.entry(kind).or_insert(0) += 1;
         if self.named.insert((pid, lwpid)) {
             self.db.thread(pid, lwpid, &e.comm, seq)?;
+            self.threads.push((pid, lwpid, e.comm.clone(), seq));
         }
         match &e.payload {
-            Payload::Symbol { base, path } => self.db.object(pid, *base, path, seq)?,
+            Payload::Symbol { base, path } => {
+                self.db.object(pid, *base, path, seq)?;
+                self.objects.push((pid, *base, path.clone(), seq));
+            }
             Payload::Exit { .. } if source == Source::Kernel => {
                 self.tracked.remove(&lwpid);
             }

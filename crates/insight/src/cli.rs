@@ -106,10 +106,16 @@ address, RIP, value written; a register digest every 64 exits by default). The g
 output is printed again. Guest idle time is skipped.\n\n\
 The first mismatch stops the replay with its position (exit ordinal) and both states. \
 With no TRACE, the latest recording (`insight ls`).\n\n\
+Checkpoints (the whole VM state, docs/trace-format.md) let a replay start where one \
+is instead of at boot, and split a replay into segments that run side by side \
+(docs/scale-out.md).\n\n\
 Examples:\n  \
 insight replay                               # the latest recording\n  \
 insight replay --diagnose locks,deadlock     # and diagnose it (events in TRACE/events.db)\n  \
-insight replay syn_cont-1 --events s.db --sample-period 1ms\n\n\
+insight replay syn_cont-1 --events s.db --sample-period 1ms\n  \
+insight replay t1 --checkpoint-every 2s --events t1.db  # and keep a checkpoint every 2 s\n  \
+insight replay t1 --from 30s --to 32s         # two seconds of it, from the checkpoint before\n  \
+insight replay t1 --jobs 2 --events t1.db    # the segments between checkpoints, 2 at a time\n\n\
 Exit status: 0 when the replay matched the whole recording; 1 when it diverged; 4 when \
 the trace is incomplete (its recorder did not finish) and its whole prefix replayed \
 faithfully; 125 when insight could not replay (missing or changed image, unreadable \
@@ -149,6 +155,8 @@ anomalies, meta. OUT is written as OUT.partial and renamed when complete.\n\n\
 Example:\n  insight convert t1.db t1-rows.db --events-format rows\n  \
 sqlite3 t1-rows.db 'SELECT kind, count(*) FROM named_events GROUP BY kind'")]
     Convert(cmd::convert::ConvertArgs),
+    /// Work on event databases: merge the databases of replay segments.
+    Events(cmd::events::EventsArgs),
     /// List the recordings in the trace store.
     #[command(
         long_about = "List the recordings `insight record` made without -o, in \
@@ -179,6 +187,7 @@ pub fn main() -> Result<ExitCode> {
         Command::Diff(args) => cmd::diff::diff(args),
         Command::Report(args) => cmd::report::report(args),
         Command::Convert(args) => cmd::convert::convert(&args),
+        Command::Events(args) => cmd::events::events(args),
         Command::Ls(args) => cmd::ls::ls(args),
         Command::Rm(args) => cmd::ls::rm(args),
     }

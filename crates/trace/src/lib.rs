@@ -30,6 +30,7 @@ use std::path::{Path, PathBuf};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+pub mod checkpoints;
 pub mod files;
 
 /// Format version, bumped on every change of the layout or of the types
@@ -93,6 +94,9 @@ pub enum TraceError {
     },
     #[error(transparent)]
     File(#[from] files::FileError),
+    /// A checkpoint that must not be restored: the message says why.
+    #[error("checkpoint {path} is refused: {message}")]
+    Checkpoint { path: PathBuf, message: String },
 }
 
 impl TraceError {
@@ -563,6 +567,62 @@ impl<E: DeserializeOwned> TraceReader<E> {
             path: self.dir.join(file),
             at,
             message,
+        }
+    }
+
+    /// Moves to event `index` (0-based) of the log: the next
+    /// `next_event` returns it. Frames before it are skipped by their
+    /// heads alone; the frame holding it is read and checked as usual.
+    pub fn seek_event(&mut self, index: u64) -> Result<(), TraceError> {
+        use std::io::{Seek, SeekFrom};
+        let path = self.dir.join(EVENTS_FILE);
+        let (mut offset, mut frames, mut events) = (0u64, 0u64, 0u64);
+        loop {
+            self.events
+                .seek(SeekFrom::Start(offset))
+                .map_err(io_err(&path))?;
+            let mut head = [0u8; FRAME_HEAD];
+            if read_full(&mut self.events, &mut head).map_err(io_err(&path))? < FRAME_HEAD {
+                return Err(self.damaged(
+                    EVENTS_FILE,
+                    format!("byte {offset}"),
+                    format!("the log ends at event {events}, before event {index}"),
+                ));
+            }
+            let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as u64;
+            let count = u32::from_le_bytes([head[4], head[5], head[6], head[7]]) as u64;
+            let first = u64::from_le_bytes(head[8..16].try_into().expect("8 bytes"));
+            if first != events || count == 0 || len > MAX_FRAME_BYTES as u64 {
+                return Err(self.damaged(
+                    EVENTS_FILE,
+                    format!("frame {frames} at byte {offset}"),
+                    format!("its head says {count} events from event {first} in {len} bytes"),
+                ));
+            }
+            if index < first + count {
+                self.events
+                    .seek(SeekFrom::Start(offset))
+                    .map_err(io_err(&path))?;
+                (self.offset, self.frames_read, self.events_read) = (offset, frames, events);
+                self.tail_problem = None;
+                self.current = Vec::new().into_iter();
+                let Some(frame) = self.next_frame()? else {
+                    return Err(self.damaged(
+                        EVENTS_FILE,
+                        format!("frame {frames} at byte {offset}"),
+                        "it is cut short".into(),
+                    ));
+                };
+                let mut rest = frame.into_iter();
+                for _ in first..index {
+                    rest.next();
+                }
+                self.current = rest;
+                return Ok(());
+            }
+            offset += (FRAME_HEAD as u64) + len;
+            frames += 1;
+            events += count;
         }
     }
 

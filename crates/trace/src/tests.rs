@@ -556,3 +556,31 @@ fn randomly_damaged_traces_are_read_faithfully_or_refused() {
     assert_eq!(refused + unchanged, CASES);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn seeking_to_an_event_reads_on_from_it_to_the_checked_end() {
+    let d = scratch("seek");
+    let evs = write(&d, 3 * FRAME_EVENTS as u64 + 10);
+    for at in [
+        0,
+        1,
+        FRAME_EVENTS as u64 - 1,
+        FRAME_EVENTS as u64,
+        2 * FRAME_EVENTS as u64 + 9,
+        evs.len() as u64 - 1,
+    ] {
+        let mut r = TraceReader::<Ev>::open(&d).unwrap();
+        // Where the reader was before does not matter.
+        r.next_event().unwrap();
+        r.seek_event(at).unwrap();
+        let mut rest = Vec::new();
+        while let Some(e) = r.next_event().unwrap() {
+            rest.push(e);
+        }
+        assert_eq!(rest, evs[at as usize..], "from event {at}");
+    }
+    let mut r = TraceReader::<Ev>::open(&d).unwrap();
+    let e = r.seek_event(evs.len() as u64).unwrap_err();
+    assert!(e.to_string().contains("before event"), "{e}");
+    let _ = std::fs::remove_dir_all(&d);
+}

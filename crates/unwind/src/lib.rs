@@ -284,10 +284,17 @@ pub struct Processes {
     /// frame pointer).
     objects: HashMap<String, Option<Arc<ObjectCfi>>>,
     spaces: HashMap<u32, AddressSpace>,
+    /// What each process announced, in order: (load bias, path).
+    announced: HashMap<u32, Vec<(u64, String)>>,
     /// Processes that raised an event after announcing their objects: a
     /// new announcement is of a new program (exec).
     settled: HashSet<u32>,
 }
+
+/// What [`Processes`] knows of each process, without the files: the
+/// objects each announced (bias, path) and those that settled. Enough to
+/// put it back as it was (a replay checkpoint).
+pub type ProcessesState = (Vec<(u32, Vec<(u64, String)>)>, Vec<u32>);
 
 /// Files larger than this are not read for their call-frame information
 /// (1 GiB).
@@ -300,8 +307,36 @@ impl Processes {
             load,
             objects: HashMap::new(),
             spaces: HashMap::new(),
+            announced: HashMap::new(),
             settled: HashSet::new(),
         }
+    }
+
+    /// The processes' announcements, by pid.
+    pub fn state(&self) -> ProcessesState {
+        let mut spaces: Vec<_> = self
+            .announced
+            .iter()
+            .map(|(pid, objects)| (*pid, objects.clone()))
+            .collect();
+        spaces.sort_by_key(|s| s.0);
+        let mut settled: Vec<u32> = self.settled.iter().copied().collect();
+        settled.sort_unstable();
+        (spaces, settled)
+    }
+
+    /// Announces again what `state` says each process announced (files
+    /// are read as they were the first time).
+    pub fn restore(&mut self, state: &ProcessesState) {
+        self.spaces.clear();
+        self.announced.clear();
+        self.settled.clear();
+        for (pid, objects) in &state.0 {
+            for (bias, path) in objects {
+                self.mapped(*pid, *bias, path);
+            }
+        }
+        self.settled = state.1.iter().copied().collect();
     }
 
     /// Process `pid` has the object at `path` loaded at `bias`. Processes
@@ -311,7 +346,12 @@ impl Processes {
     pub fn mapped(&mut self, pid: u32, bias: u64, path: &str) {
         if self.settled.remove(&pid) {
             self.spaces.remove(&pid);
+            self.announced.remove(&pid);
         }
+        self.announced
+            .entry(pid)
+            .or_default()
+            .push((bias, path.to_owned()));
         let object = match self.objects.get(path) {
             Some(object) => object.clone(),
             None => {

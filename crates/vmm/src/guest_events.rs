@@ -151,6 +151,18 @@ pub struct Switches {
 }
 
 impl SwitchRing {
+    /// Where the ring is and how many records were read (a checkpoint).
+    pub fn position(&self) -> (u64, u64) {
+        (self.gpa, self.seen)
+    }
+
+    /// The ring at `gpa` with `seen` records read, checked as by `new`.
+    pub fn resume(mem: &GuestMemoryMmap, gpa: u64, seen: u64) -> Result<Self, String> {
+        let mut ring = Self::new(mem, gpa)?;
+        ring.seen = seen;
+        Ok(ring)
+    }
+
     /// The ring at guest physical `gpa`, checked: an error says why it
     /// cannot be used.
     pub fn new(mem: &GuestMemoryMmap, gpa: u64) -> Result<Self, String> {

@@ -26,4 +26,7 @@ pub mod vm;
 pub mod xstate;
 
 pub use config::VmConfig;
-pub use vm::{RunOutcome, StopReason, Vm, VmError, VmSpec};
+pub use vm::{
+    CheckpointEvery, CheckpointRestored, CheckpointTaken, ReplayPoint, RunOutcome, StopReason, Vm,
+    VmError, VmSpec,
+};

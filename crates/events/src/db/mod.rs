@@ -94,6 +94,9 @@ pub enum DbError {
     Corrupt { path: PathBuf, what: String },
     #[error("{0}: cannot replace it: {1}")]
     Rename(PathBuf, #[source] std::io::Error),
+    /// A request the database cannot honour (a bug in its caller).
+    #[error("{0}")]
+    Invalid(String),
 }
 
 /// One event as stored. Column meanings per kind are in docs/events.md.

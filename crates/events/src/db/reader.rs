@@ -110,9 +110,10 @@ impl EventDb {
         } else {
             "SELECT first_seq, count, data FROM event_blocks ORDER BY first_seq"
         };
+        let start = self.first_seq()?;
         let mut stmt = self.conn.prepare(query).map_err(sql(&self.path))?;
         let mut rows = stmt.query([]).map_err(sql(&self.path))?;
-        let mut next = 1u64;
+        let mut next = start;
         while let Some(r) = rows.next().map_err(sql(&self.path))? {
             let first: i64 = r.get(0).map_err(sql(&self.path))?;
             let count: i64 = r.get(1).map_err(sql(&self.path))?;
@@ -147,17 +148,33 @@ impl EventDb {
         }
         // Blocks lost at the end would otherwise go unnoticed.
         if let Some(recorded) = self.meta("events")? {
-            if recorded.parse::<u64>().ok() != Some(next - 1) {
+            if recorded.parse::<u64>().ok() != Some(next - start) {
                 return Err(DbError::Corrupt {
                     path: self.path.clone(),
                     what: format!(
                         "its blocks hold {} events, its meta table says {recorded}",
-                        next - 1
+                        next - start
                     ),
                 });
             }
         }
         Ok(())
+    }
+
+    /// The sequence number of the database's first event: 1, or where
+    /// the replay that wrote it started (a checkpoint, a segment).
+    pub fn first_seq(&self) -> Result<u64, DbError> {
+        match self.meta("first_seq")? {
+            None => Ok(1),
+            Some(v) => v
+                .parse()
+                .ok()
+                .filter(|&s| s > 0)
+                .ok_or_else(|| DbError::Corrupt {
+                    path: self.path.clone(),
+                    what: format!("its first_seq is {v:?}, not a sequence number"),
+                }),
+        }
     }
 
     pub fn meta(&self, key: &str) -> Result<Option<String>, DbError> {
@@ -372,16 +389,12 @@ impl EventDb {
     /// meta (but the format), threads, objects, anomalies, and every event
     /// with its stack, in order. Sequence numbers are kept.
     pub fn copy_to(&self, w: &mut EventWriter) -> Result<(), DbError> {
-        let text_rows = |query: &str| -> Result<Vec<Vec<rusqlite::types::Value>>, DbError> {
-            let mut stmt = self.conn.prepare(query).map_err(sql(&self.path))?;
-            let n = stmt.column_count();
-            let rows = stmt
-                .query_map([], |r| (0..n).map(|i| r.get(i)).collect())
-                .map_err(sql(&self.path))?;
-            rows.collect::<Result<_, _>>().map_err(sql(&self.path))
-        };
+        let first = self.first_seq()?;
+        if first != 1 {
+            w.start_at(first)?;
+        }
         for table in ["meta", "threads", "objects", "anomalies"] {
-            let rows = text_rows(&format!("SELECT * FROM {table}"))?;
+            let rows = self.rows(&format!("SELECT * FROM {table}"))?;
             for row in rows {
                 if table == "meta"
                     && row.first() == Some(&rusqlite::types::Value::Text("events_format".into()))
@@ -397,6 +410,22 @@ impl EventDb {
                     .map_err(sql(&w.partial))?;
             }
         }
+        self.push_events_to(w)
+    }
+
+    /// Every row `query` returns, as values.
+    fn rows(&self, query: &str) -> Result<Vec<Vec<rusqlite::types::Value>>, DbError> {
+        let mut stmt = self.conn.prepare(query).map_err(sql(&self.path))?;
+        let n = stmt.column_count();
+        let rows = stmt
+            .query_map([], |r| (0..n).map(|i| r.get(i)).collect())
+            .map_err(sql(&self.path))?;
+        rows.collect::<Result<_, _>>().map_err(sql(&self.path))
+    }
+
+    /// Pushes every event, with its stack, into `w`, which must number
+    /// them as they are numbered here.
+    fn push_events_to(&self, w: &mut EventWriter) -> Result<(), DbError> {
         self.for_each_with_stacks(&[], |r, stack| {
             let seq = w.push(&r)?;
             if seq != r.seq {
@@ -410,6 +439,57 @@ impl EventDb {
             }
             Ok(())
         })
+    }
+
+    /// Appends this database to `w`, which holds the databases of the
+    /// replay segments before it (or nothing): its events must go on from
+    /// their last, with their sequence numbers. Thread names and objects
+    /// are added where new, anomaly counts summed, and meta keys the
+    /// first database set are kept.
+    pub fn append_to(&self, w: &mut EventWriter) -> Result<(), DbError> {
+        let first = self.first_seq()?;
+        if w.events_written() == 0 && w.next_seq() != first {
+            w.start_at(first)?;
+        }
+        if first != w.next_seq() {
+            return Err(DbError::Corrupt {
+                path: self.path.clone(),
+                what: format!(
+                    "its events start at {first}, the databases before it end at event {} \
+                     (a segment missing, or out of order)",
+                    w.next_seq() - 1
+                ),
+            });
+        }
+        let copies = [
+            (
+                "SELECT key, value FROM meta WHERE key NOT IN \
+                 ('events_format', 'events', 'first_seq', 'digest', 'segment')",
+                "INSERT OR IGNORE INTO meta VALUES (?1, ?2)",
+            ),
+            (
+                "SELECT * FROM threads",
+                "INSERT OR IGNORE INTO threads VALUES (?1, ?2, ?3, ?4)",
+            ),
+            (
+                "SELECT * FROM objects",
+                "INSERT INTO objects SELECT ?1, ?2, ?3, ?4 WHERE NOT EXISTS (SELECT 1 FROM \
+                 objects WHERE pid = ?1 AND base = ?2 AND path = ?3 AND seq = ?4)",
+            ),
+            (
+                "SELECT * FROM anomalies",
+                "INSERT INTO anomalies VALUES (?1, ?2, ?3) ON CONFLICT(what) DO UPDATE SET \
+                 count = count + excluded.count",
+            ),
+        ];
+        for (read, write) in copies {
+            for row in self.rows(read)? {
+                w.conn
+                    .execute(write, rusqlite::params_from_iter(row))
+                    .map_err(sql(&w.partial))?;
+            }
+        }
+        self.push_events_to(w)
     }
 
     /// The anomalies the capture counted: (what, count, example).

@@ -443,3 +443,87 @@ fn randomly_damaged_databases_are_read_faithfully_or_refused() {
     );
     assert_eq!(refused + unchanged, CASES);
 }
+
+fn all_rows(db: &EventDb) -> Vec<Row> {
+    let mut rows = Vec::new();
+    db.for_each(&[], |r| {
+        rows.push(r);
+        Ok(())
+    })
+    .unwrap();
+    rows
+}
+
+#[test]
+fn segments_numbered_from_where_the_last_ended_merge_into_one_replay() {
+    let whole = temp("merge-whole");
+    let mut all = Vec::new();
+    for i in 0..(BLOCK_EVENTS as u64 + 20) {
+        all.push(row(i * 10, Kind::Lock, Some(0x1000 + i), Some(0x40), None));
+    }
+    // One database of the whole run, and the same run in three segments
+    // (the second and third numbered from where the one before ended).
+    let mut w = EventWriter::create(&whole, &[("trace", "t".into())]).unwrap();
+    for r in &all {
+        w.push(r).unwrap();
+    }
+    w.thread(5, 6, "worker", 1).unwrap();
+    w.set_meta("events", &all.len().to_string()).unwrap();
+    w.finish().unwrap();
+    let cuts = [0, 7, BLOCK_EVENTS + 3, all.len()];
+    let mut parts = Vec::new();
+    for (n, span) in cuts.windows(2).enumerate() {
+        let path = temp(&format!("merge-{n}"));
+        let mut w = EventWriter::create(&path, &[("trace", "t".into())]).unwrap();
+        if span[0] > 0 {
+            w.start_at(span[0] as u64 + 1).unwrap();
+            assert!(w.start_at(1).is_ok(), "still nothing written");
+            w.start_at(span[0] as u64 + 1).unwrap();
+        }
+        for (i, r) in all[span[0]..span[1]].iter().enumerate() {
+            assert_eq!(w.push(r).unwrap(), (span[0] + i + 1) as u64);
+        }
+        assert!(w.start_at(1).is_err(), "events already written");
+        // Every segment knows the thread (a checkpoint carries it).
+        w.thread(5, 6, "worker", 1).unwrap();
+        w.anomalies(&[("odd".into(), 2, "example".into())]).unwrap();
+        let count = w.events_written();
+        w.set_meta("events", &count.to_string()).unwrap();
+        w.finish().unwrap();
+        // Each segment reads back on its own, numbered as in the whole.
+        let db = EventDb::open(&path).unwrap();
+        let seqs: Vec<u64> = all_rows(&db).iter().map(|r| r.seq).collect();
+        assert_eq!(seqs.first(), Some(&(span[0] as u64 + 1)));
+        assert_eq!(seqs.len(), span[1] - span[0]);
+        parts.push(path);
+    }
+    let merged = temp("merge-out");
+    let mut w = EventWriter::create(&merged, &[]).unwrap();
+    for p in &parts {
+        EventDb::open(p).unwrap().append_to(&mut w).unwrap();
+    }
+    let n = w.events_written();
+    w.set_meta("events", &n.to_string()).unwrap();
+    w.finish().unwrap();
+    let (a, b) = (
+        EventDb::open(&whole).unwrap(),
+        EventDb::open(&merged).unwrap(),
+    );
+    assert_eq!(all_rows(&a), all_rows(&b));
+    assert_eq!(b.threads().unwrap(), vec![(5, 6, "worker".to_owned())]);
+    assert_eq!(
+        b.anomalies().unwrap(),
+        vec![("odd".into(), 6, "example".into())]
+    );
+    assert_eq!(b.meta("trace").unwrap().as_deref(), Some("t"));
+
+    // A segment left out, or out of order, is named.
+    let out = temp("merge-gap");
+    let mut w = EventWriter::create(&out, &[]).unwrap();
+    EventDb::open(&parts[0]).unwrap().append_to(&mut w).unwrap();
+    let e = EventDb::open(&parts[2])
+        .unwrap()
+        .append_to(&mut w)
+        .unwrap_err();
+    assert!(e.to_string().contains("a segment missing"), "{e}");
+}

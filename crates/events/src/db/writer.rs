@@ -18,6 +18,9 @@ pub struct EventWriter {
     path: PathBuf,
     format: EventFormat,
     next_seq: u64,
+    /// The sequence number of this database's first event (1 unless it
+    /// goes on from a checkpoint).
+    first_seq: u64,
     in_batch: u64,
     /// Packed: the block being filled, from sequence number `block_seq`.
     block: Vec<PackedEvent>,
@@ -70,6 +73,7 @@ impl EventWriter {
             path: path.to_owned(),
             format,
             next_seq: 1,
+            first_seq: 1,
             in_batch: 0,
             block: Vec::new(),
             block_seq: 1,
@@ -226,7 +230,26 @@ impl EventWriter {
     }
 
     pub fn events_written(&self) -> u64 {
-        self.next_seq - 1
+        self.next_seq - self.first_seq
+    }
+
+    /// The sequence number the next event gets.
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    /// Numbers events from `seq` on (a database that goes on from a
+    /// replay checkpoint: its events are those of a whole replay's with
+    /// the same numbers). Only before the first event.
+    pub fn start_at(&mut self, seq: u64) -> Result<(), DbError> {
+        if self.next_seq != self.first_seq || seq == 0 {
+            return Err(DbError::Invalid(format!(
+                "cannot number events from {seq} after {} were written",
+                self.events_written()
+            )));
+        }
+        (self.next_seq, self.first_seq, self.block_seq) = (seq, seq, seq);
+        self.set_meta("first_seq", &seq.to_string())
     }
 
     /// Writes what is pending and the table digests, and commits.

@@ -277,6 +277,25 @@ fn print_header(out: &mut impl Write, h: &Header, reader: &TraceReader<Entry>) -
             printable(&image.digest)
         )?;
     }
+    // Checkpoints a replay took (docs/trace-format.md): listed, not read.
+    match trace::checkpoints::list(reader.dir()) {
+        Ok(c) if c.is_empty() => {}
+        Ok(c) => writeln!(
+            out,
+            "  checkpoints: {} at exits {} ({} in all; `insight replay --list-checkpoints`)",
+            c.len(),
+            c.iter()
+                .map(|c| c.exit.to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            human_bytes(c.iter().map(|c| c.bytes).sum())
+        )?,
+        Err(e) => writeln!(
+            out,
+            "  checkpoints: unreadable ({})",
+            printable(&e.to_string())
+        )?,
+    }
     writeln!(out, "  memory:     {} MiB", h.boot.memory_mib)?;
     writeln!(out, "  cmdline:    {}", printable(&h.boot.cmdline))?;
     writeln!(

@@ -12,12 +12,14 @@ use crate::status::{human_bytes, StatusLine};
 pub mod convert;
 pub mod diff;
 pub mod dump;
+pub mod events;
 pub mod host_check;
 pub mod ls;
 pub mod record;
 pub mod replay;
 pub mod report;
 pub mod run;
+pub mod segments;
 
 pub(crate) fn open_trace(dir: &std::path::Path) -> Result<TraceReader<Entry>> {
     TraceReader::open(dir).with_context(|| format!("cannot open trace {}", dir.display()))

@@ -16,9 +16,13 @@ use events::capture::{Capture, CaptureSummary};
 use events::db::{EventFormat, EventWriter};
 use trace::ClockKind;
 use vmm::journal::{EndReason, HostMismatch, Journal, JournalError, Replayer};
-use vmm::{guest, StopReason, Vm, VmError};
+use vmm::{guest, CheckpointEvery, ReplayPoint, StopReason, Vm, VmError};
 
 use super::report;
+use super::segments::{
+    describe_point, list_checkpoints, parse_interval, parse_position, parse_segment,
+    report_checkpoints, segment_bounds,
+};
 use super::{attach_progress, open_trace, user_rdtsc_traps};
 use crate::exit::{EXIT_DIVERGED, EXIT_PREFIX_ONLY};
 use crate::guest_args::net_problems;
@@ -34,7 +38,7 @@ pub struct ReplayArgs {
     trace: Option<PathBuf>,
     /// Do not print the guest's console output.
     #[arg(long)]
-    no_console: bool,
+    pub(super) no_console: bool,
     /// Write the Ethernet frames the guest sends to FILE (pcap). At replay
     /// they go nowhere else: no network is used.
     #[arg(long, value_name = "FILE")]
@@ -46,17 +50,17 @@ pub struct ReplayArgs {
     /// replay ends; an existing FILE is replaced only if it is an insight
     /// event database (see --force).
     #[arg(long, value_name = "FILE")]
-    events: Option<PathBuf>,
+    pub(super) events: Option<PathBuf>,
     /// Replace an existing --events or --tx-pcap file even if it is not
     /// one insight wrote (never a device, link, directory, or a file of a
     /// trace).
     #[arg(long)]
-    force: bool,
+    pub(super) force: bool,
     /// How the database stores events: packed (compressed blocks, a few
     /// bytes per event; read them with `insight report`) or rows (one SQL
     /// row per event, about 37 bytes, for your own queries with sqlite3).
     #[arg(long, value_enum, default_value = "packed", value_name = "FORMAT")]
-    events_format: EventsFormat,
+    pub(super) events_format: EventsFormat,
     /// After replay, run diagnosis tools over the events (written to
     /// TRACE/events.db unless --events names a file): locks, deadlock,
     /// profile (samples every 1 ms unless --sample-period says otherwise),
@@ -67,7 +71,7 @@ pub struct ReplayArgs {
     /// PERIOD of host time, e.g. 1ms (the least), 5ms, 20ms; into the
     /// event database. Tasks are tracked once they raise a probe event.
     #[arg(long, value_name = "PERIOD", value_parser = parse_period)]
-    sample_period: Option<Duration>,
+    pub(super) sample_period: Option<Duration>,
     /// How the user stacks of samples and lock events are found: cfi
     /// (the call-frame information of the guest's executables and
     /// libraries, their .eh_frame, as exceptions and `perf --call-graph
@@ -76,7 +80,7 @@ pub struct ReplayArgs {
     /// only: for programs built with -fno-omit-frame-pointer, and to
     /// compare).
     #[arg(long, value_enum, default_value = "cfi", value_name = "HOW")]
-    unwind: Unwind,
+    pub(super) unwind: Unwind,
     /// Find the positions where the recording preempted user code by
     /// their registers alone, without the memory and extended-state
     /// checks: shows that those checks are needed (such a replay can
@@ -84,6 +88,48 @@ pub struct ReplayArgs {
     /// otherwise.
     #[arg(long, hide = true)]
     match_registers_only: bool,
+    /// Take a checkpoint (the whole VM state, docs/trace-format.md) every
+    /// INTERVAL into TRACE/checkpoints, replacing those it had (or, with
+    /// --from, those after the one restored): recorded guest time such as
+    /// 2s or 500ms, or a number of deterministic exits such as 200000.
+    /// Checkpoints land at the first exit after each interval where no
+    /// disk request is in flight, at the same exits in every replay.
+    #[arg(long, value_name = "INTERVAL", value_parser = parse_interval)]
+    checkpoint_every: Option<CheckpointEvery>,
+    /// Start from the trace's latest checkpoint at or before POS instead
+    /// of booting: an exit ordinal (123456), or recorded guest time (12s,
+    /// 1500ms). Every exit from there on is checked as usual.
+    #[arg(long, value_name = "POS", value_parser = parse_position)]
+    from: Option<ReplayPoint>,
+    /// Stop after POS (as for --from) instead of at the recording's end.
+    #[arg(long, value_name = "POS", value_parser = parse_position)]
+    to: Option<ReplayPoint>,
+    /// List the trace's checkpoints (exit, guest time, size) and exit.
+    #[arg(long)]
+    list_checkpoints: bool,
+    /// Replay segment K of N only: the trace's checkpoints (and boot)
+    /// start the segments, split into N runs of about as many each; K
+    /// runs from its first start to the next segment's. With --events,
+    /// the database holds that span's events, numbered as in a whole
+    /// replay; `insight events merge` joins the segments' databases.
+    /// For running segments on several machines (docs/scale-out.md).
+    #[arg(long, value_name = "K/N", value_parser = parse_segment, conflicts_with_all = ["from", "to", "jobs"])]
+    segment: Option<(usize, usize)>,
+    /// Replay the segments between the trace's checkpoints N at a time, in
+    /// separate processes, and join their events: the same database as one
+    /// replay (samples excepted: they follow host time), sooner. Needs
+    /// checkpoints taken with --events when events are collected.
+    /// Segments run on any host CPU (see --any-cpu), or they would all
+    /// share the one the recording ran on.
+    #[arg(long, value_name = "N", conflicts_with_all = ["from", "to", "checkpoint_every", "tx_pcap"])]
+    jobs: Option<usize>,
+    /// Run on any host CPU, not only one reporting the APIC ID the
+    /// recording ran on. Guest user code reads CPUID without the host
+    /// trapping it, so a program that starts in this replay and keeps the
+    /// APIC ID CPUID gave it (glibc does) may differ from the recording;
+    /// replay's checks then report a divergence, never a wrong result.
+    #[arg(long)]
+    pub(super) any_cpu: bool,
 }
 
 /// Where the kernel half of the guest's address space starts.
@@ -94,6 +140,16 @@ const KERNEL_HALF: u64 = 0xffff_8000_0000_0000;
 pub enum Unwind {
     Cfi,
     FramePointers,
+}
+
+impl Unwind {
+    /// As `--unwind` takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Unwind::Cfi => "cfi",
+            Unwind::FramePointers => "frame-pointers",
+        }
+    }
 }
 
 /// How an event database stores its events (`--events-format`).
@@ -116,6 +172,18 @@ impl From<EventsFormat> for EventFormat {
 const MIN_SAMPLE_PERIOD: Duration = Duration::from_millis(1);
 
 fn parse_period(text: &str) -> Result<Duration, String> {
+    let period = parse_duration(text)?;
+    // The vCPU is woken for a sample at most once a millisecond.
+    if period < MIN_SAMPLE_PERIOD {
+        return Err(format!(
+            "'{text}' is shorter than the least sampling period, 1ms"
+        ));
+    }
+    Ok(period)
+}
+
+/// "500us", "1ms", "2s", "1000000ns" (a unit is required).
+pub(super) fn parse_duration(text: &str) -> Result<Duration, String> {
     let digits = text.trim_end_matches(|c: char| c.is_ascii_alphabetic());
     let value: u64 = digits
         .parse()
@@ -132,17 +200,22 @@ fn parse_period(text: &str) -> Result<Duration, String> {
         }
         unit => return Err(format!("unknown unit '{unit}' in '{text}' (ns, us, ms, s)")),
     };
-    // The vCPU is woken for a sample at most once a millisecond.
-    if period < MIN_SAMPLE_PERIOD {
-        return Err(format!(
-            "'{text}' is shorter than the least sampling period, 1ms"
-        ));
+    if period.is_zero() {
+        return Err(format!("'{text}' is no time at all"));
     }
     Ok(period)
 }
 
 pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
     let trace = traces::resolve(args.trace.as_deref())?;
+    if args.list_checkpoints {
+        return list_checkpoints(&trace);
+    }
+    if let Some(segment) = args.segment {
+        let (from, to) = segment_bounds(&trace, segment)?;
+        args.from = from.map(ReplayPoint::Exit);
+        args.to = to.map(ReplayPoint::Exit);
+    }
     let tools: Vec<Box<dyn Plugin>> = args
         .diagnose
         .iter()
@@ -167,6 +240,9 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
     if let Some(path) = &args.tx_pcap {
         outputs::check(path, Output::Pcap, args.force)?;
     }
+    if let Some(jobs) = args.jobs {
+        return super::segments::replay_in_parallel(&trace, &args, jobs, tools);
+    }
     let reader = open_trace(&trace)?;
     if reader.header.clock != ClockKind::Exit {
         bail!(
@@ -186,7 +262,7 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
     if args.match_registers_only {
         vm.match_registers_only();
     }
-    if let Some(apic_id) = reader.header.host_apic_id {
+    if let (Some(apic_id), false) = (reader.header.host_apic_id, args.any_cpu) {
         match vmm::host_cpu::with_apic_id(apic_id).context("cannot list the host's CPUs")? {
             Some(cpu) => vm.run_on_host_cpu(cpu.cpu),
             None => eprintln!(
@@ -258,9 +334,39 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
         }
     }
     vm.set_journal(Journal::Replay(Box::new(Replayer::new(reader))));
+    if let Some(from) = args.from {
+        let Some(start) = Vm::checkpoint_before(&trace, from)? else {
+            bail!(
+                "{} has no checkpoint at or before {}: take some with `insight replay {} \
+                 --checkpoint-every 2s`",
+                trace.display(),
+                describe_point(from),
+                trace.display()
+            );
+        };
+        let restored = vm.restore_checkpoint(&trace, start.exit)?;
+        eprintln!(
+            "insight: restored the checkpoint at exit {} (guest time {:.3} s; {} checkpoint{} \
+             read in {:.2} s)",
+            restored.exit,
+            restored.guest_ns as f64 / 1e9,
+            restored.chain,
+            if restored.chain == 1 { "" } else { "s" },
+            restored.took_ns as f64 / 1e9
+        );
+    }
+    if let Some(to) = args.to {
+        vm.stop_at(to);
+    }
+    if let Some(every) = args.checkpoint_every {
+        vm.take_checkpoints(&trace, every)?;
+    }
     attach_progress(&mut vm, &status, "replay");
     let result = vm.run();
     status.clear();
+    if let Ok(outcome) = &result {
+        report_checkpoints(&outcome.checkpoints, &trace);
+    }
     if let (Some(capture), Some(path)) = (tx_capture, &args.tx_pcap) {
         let mut pcap = capture
             .lock()
@@ -307,18 +413,7 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
     }
     if let (Some(summary), Some(path)) = (&outcome.events, &args.events) {
         report_capture(summary, path);
-        if !tools.is_empty() {
-            for (i, out) in
-                report::run_plugins(tools, path, None, Path::new(report::DEFAULT_DEBUG_DIR))?
-                    .iter()
-                    .enumerate()
-            {
-                if i > 0 {
-                    println!();
-                }
-                print!("{}", printable(&out.text));
-            }
-        }
+        diagnose(tools, path)?;
     }
     let exits = outcome.journal.exits;
     let code = match &outcome.stop {
@@ -341,6 +436,14 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
             );
             ExitCode::SUCCESS
         }
+        StopReason::WindowEnded => {
+            eprintln!(
+                "insight: replay matched the recording up to the end of the window, after \
+                 {exits} deterministic exits (guest time {:.3} s)",
+                outcome.journal.guest_ns as f64 / 1e9
+            );
+            ExitCode::SUCCESS
+        }
         StopReason::TraceEnded => {
             let why = if complete {
                 "its log ends early"
@@ -355,6 +458,24 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
         }
     };
     Ok(code)
+}
+
+/// Runs the diagnosis `tools` over the event database at `path` and
+/// prints what they found.
+pub(super) fn diagnose(tools: Vec<Box<dyn Plugin>>, path: &Path) -> Result<()> {
+    if tools.is_empty() {
+        return Ok(());
+    }
+    for (i, out) in report::run_plugins(tools, path, None, Path::new(report::DEFAULT_DEBUG_DIR))?
+        .iter()
+        .enumerate()
+    {
+        if i > 0 {
+            println!();
+        }
+        print!("{}", printable(&out.text));
+    }
+    Ok(())
 }
 
 /// What went into the event database, and what the guest got wrong.

@@ -221,9 +221,14 @@ pub fn replay_with(trace: &Path, extra: &[&str]) -> Output {
 /// recording and printed exactly what it printed; returns the replays'
 /// standard error.
 pub fn assert_replays_identically(trace: &Path, recorded_stdout: &str) -> Vec<String> {
-    (1..=REPLAYS)
+    let stderrs = (1..=REPLAYS)
         .map(|round| {
-            let out = replay(trace);
+            // The first replay also takes checkpoints, restored below.
+            let out = if round == 1 {
+                replay_with(trace, &["--checkpoint-every", CHECKPOINT_EVERY])
+            } else {
+                replay(trace)
+            };
             let (stdout, stderr) = text(&out);
             assert_eq!(
                 out.status.code(),
@@ -238,5 +243,51 @@ pub fn assert_replays_identically(trace: &Path, recorded_stdout: &str) -> Vec<St
             );
             stderr
         })
-        .collect()
+        .collect();
+    assert_checkpoints_replay_faithfully(trace, recorded_stdout);
+    stderrs
+}
+
+/// How often the determinism suite's first replay takes a checkpoint
+/// (recorded guest time: a few per workload).
+pub const CHECKPOINT_EVERY: &str = "3s";
+
+/// Restores the first, the middle and the last checkpoint of `trace` (all
+/// of them: `checkpoints.rs`; three keep the suite's time in bounds for
+/// long workloads) and replays from each to the end: each must match the
+/// recording, and print the end of what it printed.
+pub fn assert_checkpoints_replay_faithfully(trace: &Path, recorded_stdout: &str) {
+    let mut stored = trace::checkpoints::list(trace).unwrap();
+    assert!(
+        !stored.is_empty(),
+        "a replay with --checkpoint-every {CHECKPOINT_EVERY} took no checkpoint of {}",
+        trace.display()
+    );
+    let picks = [0, stored.len() / 2, stored.len() - 1];
+    let mut i = 0;
+    stored.retain(|_| {
+        i += 1;
+        picks.contains(&(i - 1))
+    });
+    for c in stored {
+        let from = c.exit.to_string();
+        let out = replay_with(trace, &["--from", &from]);
+        let (stdout, stderr) = text(&out);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "replay of {} from the checkpoint at exit {from}: {stderr}",
+            trace.display()
+        );
+        assert!(
+            stderr.contains(&format!("restored the checkpoint at exit {from} ")),
+            "{stderr}"
+        );
+        assert!(stderr.contains("replay matched the recording"), "{stderr}");
+        assert!(
+            recorded_stdout.ends_with(&stdout),
+            "replay from exit {from} printed what the recording did not end with.\n\
+             recorded:\n{recorded_stdout}\nreplayed:\n{stdout}"
+        );
+    }
 }

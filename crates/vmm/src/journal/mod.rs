@@ -23,7 +23,9 @@ pub(crate) mod tests;
 
 pub use entry::{register_digest, EndReason, Entry, Input};
 pub use record::Recorder;
-pub use replay::{check_host, regs_text, CpuidEntry, Divergence, HostMismatch, Replayer};
+pub use replay::{
+    check_host, regs_text, CpuidEntry, Divergence, HostMismatch, LogPosition, Replayer,
+};
 
 /// Default for how often registers are digested: at every exit whose
 /// ordinal is a multiple of this.

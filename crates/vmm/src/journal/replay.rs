@@ -12,6 +12,18 @@ use super::entry::{register_digest, rip_of};
 use super::{EndReason, Entry, Input, Journal, JournalError, Progress};
 use crate::preempt::AsyncPoint;
 
+/// A position in the log, and the counts replay had reached there.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LogPosition {
+    /// Entries taken: the index of the next one.
+    pub entry: u64,
+    /// Deterministic exits so far.
+    pub exits: u64,
+    pub async_points: u64,
+    /// The last guest clock value read.
+    pub guest_ns: u64,
+}
+
 pub struct Replayer {
     reader: TraceReader<Entry>,
     digest_interval: u64,
@@ -46,6 +58,31 @@ impl Replayer {
             last_input: None,
             end_checked: false,
         }
+    }
+
+    /// Where replay stands in the log (between exits: no exit entry
+    /// taken early).
+    pub fn position(&self) -> LogPosition {
+        LogPosition {
+            entry: self.entries,
+            exits: self.exits,
+            async_points: self.async_points,
+            guest_ns: self.guest_ns,
+        }
+    }
+
+    /// Goes on from `at` (a checkpoint's position) instead of the start.
+    pub fn seek(&mut self, at: &LogPosition) -> Result<(), JournalError> {
+        self.reader.seek_event(at.entry)?;
+        self.entries = at.entry;
+        self.exits = at.exits;
+        self.async_points = at.async_points;
+        self.guest_ns = at.guest_ns;
+        self.peeked = None;
+        self.current = None;
+        self.exhausted = false;
+        self.last_input = None;
+        Ok(())
     }
 
     /// Whether the trace was marked complete by its recorder.

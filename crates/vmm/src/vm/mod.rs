@@ -26,6 +26,7 @@ use crate::initramfs;
 use crate::journal::{Journal, JournalError};
 use crate::xstate::XsaveLayout;
 
+mod checkpoint;
 mod complete;
 mod dispatch;
 mod inputs;
@@ -35,6 +36,7 @@ mod replay_events;
 mod run;
 mod setup;
 
+pub use checkpoint::{CheckpointEvery, CheckpointRestored, CheckpointTaken, ReplayPoint};
 pub use preempt::PreemptStats;
 pub use run::{ExitCounts, NetReport, ProgressFn, RunOutcome, StopReason};
 pub use setup::{DiskImage, NetSpec, VmSpec};
@@ -97,6 +99,10 @@ pub enum VmError {
     Net(#[from] NetError),
     #[error("event database")]
     Events(#[from] DbError),
+    #[error(transparent)]
+    Checkpoint(trace::TraceError),
+    #[error("cannot restore the checkpoint: {0}")]
+    Restore(String),
 }
 
 pub(super) fn kvm_err(op: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
@@ -114,6 +120,14 @@ impl VmClock {
     pub fn new() -> Self {
         VmClock {
             start: Instant::now(),
+        }
+    }
+
+    /// A clock that reads `ns` now (a VM restored from a checkpoint).
+    pub fn resumed_at(ns: u64) -> Self {
+        let now = Instant::now();
+        VmClock {
+            start: now.checked_sub(Duration::from_nanos(ns)).unwrap_or(now),
         }
     }
 
@@ -191,6 +205,16 @@ pub struct Vm {
     resume_rip: Option<u64>,
     /// The host CPU the vCPU thread is kept on (`crate::host_cpu`).
     host_cpu: Option<usize>,
+    /// Replay: checkpoints being taken.
+    checkpoints: Option<checkpoint::Taker>,
+    /// The checkpoint this VM was restored from (exit, digest), and guest
+    /// memory as it restored it: where a new set of checkpoints goes on.
+    restored: Option<((u64, trace::checkpoints::Digest32), Vec<u8>)>,
+    /// The last KVM_RUN ended in a deterministic exit, checked: a
+    /// checkpoint may be taken before anything else happens.
+    after_exit: bool,
+    /// Replay: where the window ends.
+    stop_at: Option<ReplayPoint>,
 }
 
 /// Return addresses a SAMPLE, or a lock event, keeps.

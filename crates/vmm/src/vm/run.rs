@@ -34,10 +34,12 @@ pub enum StopReason {
     RecordingEnded(EndReason),
     /// Replay of an incomplete trace reached the end of its log.
     TraceEnded,
+    /// Replay reached the end of the window it was asked for (`stop_at`).
+    WindowEnded,
 }
 
 /// Counts of VM exits by kind, and other run statistics.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct ExitCounts {
     pub port_io: u64,
     pub mmio: u64,
@@ -72,6 +74,8 @@ pub struct RunOutcome {
     pub events: Option<CaptureSummary>,
     /// Asynchronous points taken or reached (recording, replay).
     pub preempt: PreemptStats,
+    /// Checkpoints taken (replay with `take_checkpoints`).
+    pub checkpoints: Vec<super::CheckpointTaken>,
 }
 
 /// How the network device fared.
@@ -174,6 +178,12 @@ impl Vm {
             let now = self.clock.now_ns();
             self.platform.advance_to(now);
             self.housekeeping()?;
+            if std::mem::take(&mut self.after_exit) {
+                self.checkpoint_if_due()?;
+                if self.window_ended() {
+                    return Ok(self.outcome(StopReason::WindowEnded));
+                }
+            }
             if let Journal::Replay(r) = &mut self.journal {
                 if let Some(reason) = r.end_reached()? {
                     return Ok(self.outcome(StopReason::RecordingEnded(reason)));
@@ -251,6 +261,7 @@ impl Vm {
                 }
             };
             self.at_delivery_point = observed.is_some();
+            self.after_exit = observed.is_some() && self.journal.is_replay();
             if observed.is_some() {
                 self.preempt_after_exit(self.clock.now_ns())?;
             } else if matches!(self.journal, Journal::Record(_)) {
@@ -355,6 +366,7 @@ impl Vm {
             }),
             events: self.events.as_ref().map(Capture::summary),
             preempt: self.preempt.stats,
+            checkpoints: self.checkpoints_taken().to_vec(),
         }
     }
 

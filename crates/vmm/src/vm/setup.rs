@@ -219,6 +219,10 @@ impl Vm {
             kernel_stack_top: None,
             guest_cpuid,
             kvm_caps,
+            checkpoints: None,
+            restored: None,
+            after_exit: false,
+            stop_at: None,
         })
     }
 }

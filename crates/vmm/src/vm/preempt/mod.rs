@@ -43,7 +43,7 @@ const DIRTY_RESET_NS: u64 = 5_000_000;
 const RAM_SLOT: u32 = 0;
 
 /// Counts shown with a run's outcome.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PreemptStats {
     /// Asynchronous points recorded, or reached at replay.
     pub points: u64,
@@ -123,6 +123,18 @@ pub(super) enum Candidate {
 }
 
 impl Preemption {
+    /// Where the guest kernel keeps its area, once announced.
+    pub(in crate::vm) fn area_gpa(&self) -> Option<u64> {
+        self.area_gpa
+    }
+
+    /// A restored checkpoint's: the area the guest announced (its probe
+    /// gate is in the restored memory), and the counts so far.
+    pub(in crate::vm) fn resume(&mut self, area_gpa: Option<u64>, stats: PreemptStats) {
+        self.area_gpa = area_gpa;
+        self.stats = stats;
+    }
+
     /// Whether a trampoline is in place.
     pub(in crate::vm) fn patched(&self) -> bool {
         self.search.is_some() || self.trap.is_some()

@@ -1,0 +1,376 @@
+//! Checkpoints, windows and segments of `insight replay`: the positions
+//! and intervals it takes, the checkpoint listing, and `--jobs N`, where
+//! the segments between a trace's checkpoints replay side by side, each
+//! by an `insight replay --segment K/M` of its own, and their event
+//! databases are merged: the same commands an external scheduler runs
+//! (docs/scale-out.md), run here N at a time.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use diagnosis::plugin::Plugin;
+
+use super::replay::{parse_duration, ReplayArgs};
+use crate::exit::EXIT_INSIGHT_ERROR;
+use crate::status::printable;
+use vmm::{CheckpointEvery, ReplayPoint};
+
+pub(super) fn parse_segment(text: &str) -> Result<(usize, usize), String> {
+    let parsed = text
+        .split_once('/')
+        .and_then(|(k, n)| Some((k.parse::<usize>().ok()?, n.parse::<usize>().ok()?)));
+    match parsed {
+        Some((k, n)) if k >= 1 && k <= n => Ok((k, n)),
+        _ => Err(format!(
+            "'{text}' is not a segment such as 2/4 (K from 1 to N)"
+        )),
+    }
+}
+
+/// The exits segment `k` of `n` runs between: from the checkpoint at the
+/// first (`None`: boot) to the second (`None`: the recording's end).
+pub(super) fn segment_bounds(
+    trace: &Path,
+    segment: (usize, usize),
+) -> Result<(Option<u64>, Option<u64>)> {
+    let exits: Vec<u64> = trace::checkpoints::list(trace)?
+        .iter()
+        .map(|c| c.exit)
+        .collect();
+    split(&exits, segment).with_context(|| {
+        format!(
+            "{} has {} checkpoint{}, so at most {} segments: take more with --checkpoint-every",
+            trace.display(),
+            exits.len(),
+            if exits.len() == 1 { "" } else { "s" },
+            exits.len() + 1
+        )
+    })
+}
+
+/// Segment `k` of `n` when checkpoints are at `exits`: the starts (boot,
+/// then each checkpoint) split into `n` runs of about as many each.
+fn split(exits: &[u64], (k, n): (usize, usize)) -> Option<(Option<u64>, Option<u64>)> {
+    let starts: Vec<Option<u64>> = std::iter::once(None)
+        .chain(exits.iter().copied().map(Some))
+        .collect();
+    if n > starts.len() || k == 0 || k > n {
+        return None;
+    }
+    let at = |i: usize| i * starts.len() / n;
+    Some((starts[at(k - 1)], starts.get(at(k)).copied().flatten()))
+}
+
+pub(super) fn parse_position(text: &str) -> Result<ReplayPoint, String> {
+    if let Ok(exit) = text.parse::<u64>() {
+        return Ok(ReplayPoint::Exit(exit));
+    }
+    parse_duration(text)
+        .map(|d| ReplayPoint::GuestNs(d.as_nanos() as u64))
+        .map_err(|_| {
+            format!(
+                "'{text}' is not a position: an exit ordinal (123456) or guest time (12s, 1500ms)"
+            )
+        })
+}
+
+pub(super) fn parse_interval(text: &str) -> Result<CheckpointEvery, String> {
+    let every = match text.parse::<u64>() {
+        Ok(exits) => CheckpointEvery::Exits(exits),
+        Err(_) => match parse_duration(text) {
+            Ok(d) => CheckpointEvery::GuestNs(d.as_nanos() as u64),
+            Err(_) => {
+                return Err(format!(
+                    "'{text}' is not an interval: a number of exits (200000) or guest time \
+                     (2s, 500ms)"
+                ))
+            }
+        },
+    };
+    match every {
+        CheckpointEvery::Exits(0) | CheckpointEvery::GuestNs(0) => {
+            Err("the interval between checkpoints must not be 0".into())
+        }
+        every => Ok(every),
+    }
+}
+
+pub(super) fn describe_point(point: ReplayPoint) -> String {
+    match point {
+        ReplayPoint::Exit(e) => format!("exit {e}"),
+        ReplayPoint::GuestNs(ns) => format!("guest time {:.3} s", ns as f64 / 1e9),
+    }
+}
+
+/// `--list-checkpoints`.
+pub(super) fn list_checkpoints(trace: &Path) -> Result<ExitCode> {
+    let stored = trace::checkpoints::list(trace)?;
+    if stored.is_empty() {
+        println!(
+            "{} has no checkpoints (take some with `insight replay {} --checkpoint-every 2s`)",
+            trace.display(),
+            trace.display()
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("{:>14}  {:>12}  {:>12}", "exit", "guest time", "size");
+    let mut total = 0;
+    for c in &stored {
+        total += c.bytes;
+        println!(
+            "{:>14}  {:>10.3} s  {:>9.2} MiB",
+            c.exit,
+            c.guest_ns as f64 / 1e9,
+            c.bytes as f64 / f64::from(1 << 20)
+        );
+    }
+    println!(
+        "{} checkpoints, {:.1} MiB in all",
+        stored.len(),
+        total as f64 / f64::from(1 << 20)
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What the checkpoints a replay took cost.
+pub(super) fn report_checkpoints(taken: &[vmm::CheckpointTaken], trace: &Path) {
+    if taken.is_empty() {
+        return;
+    }
+    let bytes: u64 = taken.iter().map(|c| c.bytes).sum();
+    let ns: u64 = taken.iter().map(|c| c.took_ns).sum();
+    eprintln!(
+        "insight: {} checkpoints written to {} ({:.1} MiB in all, {:.0} ms each on average)",
+        taken.len(),
+        trace.join(trace::checkpoints::CHECKPOINTS_DIR).display(),
+        bytes as f64 / f64::from(1 << 20),
+        ns as f64 / 1e6 / taken.len() as f64
+    );
+}
+
+/// A segment's replay under way: its number and where its outputs go.
+struct Running {
+    k: usize,
+    child: Child,
+    stdout: PathBuf,
+    stderr: PathBuf,
+}
+
+/// Replays every segment of `trace`, `jobs` at a time; prints their
+/// console output in order, merges their events into `args.events`, and
+/// runs `tools` over them.
+pub fn replay_in_parallel(
+    trace: &Path,
+    args: &ReplayArgs,
+    jobs: usize,
+    tools: Vec<Box<dyn Plugin>>,
+) -> Result<ExitCode> {
+    if jobs == 0 {
+        bail!("--jobs 0: say how many segments may replay at once (1 or more)");
+    }
+    let stored = trace::checkpoints::list(trace)?;
+    if stored.is_empty() {
+        bail!(
+            "{} has no checkpoints to split its replay at: take some first with \
+             `insight replay {} --checkpoint-every 2s{}`",
+            trace.display(),
+            trace.display(),
+            if args.events.is_some() {
+                " --events FILE"
+            } else {
+                ""
+            }
+        );
+    }
+    let segments = stored.len() + 1;
+    let work = tempdir()?;
+    let exe = std::env::current_exe().context("cannot find the insight executable")?;
+    let started = Instant::now();
+    eprintln!(
+        "insight: replaying {} in {segments} segments, {} at a time",
+        trace.display(),
+        jobs.min(segments)
+    );
+    let spawn = |k: usize| -> Result<Running> {
+        let stdout = work.join(format!("segment-{k}.out"));
+        let stderr = work.join(format!("segment-{k}.err"));
+        let mut cmd = Command::new(&exe);
+        cmd.arg("replay")
+            .arg(trace)
+            .args(["--segment", &format!("{k}/{segments}")])
+            .arg("--any-cpu")
+            .stdin(Stdio::null())
+            .stdout(File::create(&stdout)?)
+            .stderr(File::create(&stderr)?);
+        if args.no_console {
+            cmd.arg("--no-console");
+        }
+        if args.events.is_some() {
+            cmd.arg("--events")
+                .arg(work.join(format!("segment-{k}.db")))
+                .args(["--unwind", args.unwind.name()]);
+            if let Some(period) = args.sample_period {
+                cmd.arg("--sample-period")
+                    .arg(format!("{}us", period.as_micros()));
+            }
+        }
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("cannot start {}", exe.display()))?;
+        Ok(Running {
+            k,
+            child,
+            stdout,
+            stderr,
+        })
+    };
+    let mut running = std::collections::VecDeque::new();
+    let mut next = 1;
+    let mut last_words = String::new();
+    let result = (|| -> Result<Option<ExitCode>> {
+        while next <= segments || !running.is_empty() {
+            while next <= segments && running.len() < jobs {
+                running.push_back(spawn(next)?);
+                next += 1;
+            }
+            // In order: a segment's console output follows the one before.
+            let Some(mut r) = running.pop_front() else {
+                break;
+            };
+            let status = r.child.wait()?;
+            let out = std::fs::read(&r.stdout).unwrap_or_default();
+            std::io::stdout().write_all(&out)?;
+            let err = std::fs::read_to_string(&r.stderr).unwrap_or_default();
+            if !status.success() {
+                eprint!("{}", printable(&err));
+                eprintln!("insight: segment {}/{segments} failed", r.k);
+                for mut other in running.drain(..) {
+                    let _ = other.child.kill();
+                    let _ = other.child.wait();
+                }
+                let code = status.code().map_or(EXIT_INSIGHT_ERROR, |c| c as u8);
+                return Ok(Some(ExitCode::from(code)));
+            }
+            if r.k == segments {
+                last_words = err
+                    .lines()
+                    .filter(|l| l.starts_with("insight: replay matched"))
+                    .collect::<Vec<_>>()
+                    .join("\n");
+            }
+        }
+        Ok(None)
+    })();
+    let outcome = match result {
+        Ok(Some(code)) => {
+            let _ = std::fs::remove_dir_all(&work);
+            return Ok(code);
+        }
+        Ok(None) => Ok(()),
+        Err(e) => Err(e),
+    };
+    let merged = outcome.and_then(|()| match &args.events {
+        Some(path) => {
+            let dbs: Vec<PathBuf> = (1..=segments)
+                .map(|k| work.join(format!("segment-{k}.db")))
+                .collect();
+            let events = super::events::merge(path, &dbs, args.events_format.into())?;
+            eprintln!(
+                "insight: {events} events of {segments} segments written to {}",
+                path.display()
+            );
+            Ok(())
+        }
+        None => Ok(()),
+    });
+    let _ = std::fs::remove_dir_all(&work);
+    merged?;
+    if !last_words.is_empty() {
+        eprintln!("{last_words}");
+    }
+    eprintln!(
+        "insight: {segments} segments replayed faithfully in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    if let Some(path) = &args.events {
+        super::replay::diagnose(tools, path)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A new private directory for the segments' outputs.
+fn tempdir() -> Result<PathBuf> {
+    let base = std::env::temp_dir();
+    for attempt in 0..100u32 {
+        let dir = base.join(format!("insight-segments-{}-{attempt}", std::process::id()));
+        match std::fs::create_dir(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e).with_context(|| format!("cannot create {}", dir.display())),
+        }
+    }
+    bail!(
+        "cannot create a directory for the segments in {}",
+        base.display()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segments_cover_the_run_once_in_order() {
+        let exits = [100, 200, 300, 400, 500];
+        // As many segments as starts: one between each pair.
+        let all: Vec<_> = (1..=6).map(|k| split(&exits, (k, 6)).unwrap()).collect();
+        assert_eq!(all[0], (None, Some(100)));
+        assert_eq!(all[2], (Some(200), Some(300)));
+        assert_eq!(all[5], (Some(500), None));
+        // Fewer: each takes a run of checkpoints, end to start.
+        for n in 1..=6 {
+            let segs: Vec<_> = (1..=n).map(|k| split(&exits, (k, n)).unwrap()).collect();
+            assert_eq!(segs[0].0, None, "{n} segments start at boot");
+            assert_eq!(segs[n - 1].1, None, "{n} segments end at the end");
+            for w in segs.windows(2) {
+                assert_eq!(
+                    w[0].1, w[1].0,
+                    "{n} segments: each starts where the last ended"
+                );
+                assert!(w[1].0.is_some());
+            }
+        }
+        assert_eq!(split(&exits, (1, 7)), None);
+        assert_eq!(split(&[], (1, 1)), Some((None, None)));
+    }
+
+    #[test]
+    fn positions_intervals_and_segments_parse_or_say_why_not() {
+        assert_eq!(parse_position("1234"), Ok(ReplayPoint::Exit(1234)));
+        assert_eq!(
+            parse_position("12s"),
+            Ok(ReplayPoint::GuestNs(12_000_000_000))
+        );
+        assert!(parse_position("soon")
+            .unwrap_err()
+            .contains("not a position"));
+        assert_eq!(
+            parse_interval("500ms"),
+            Ok(CheckpointEvery::GuestNs(500_000_000))
+        );
+        assert_eq!(
+            parse_interval("200000"),
+            Ok(CheckpointEvery::Exits(200_000))
+        );
+        assert!(parse_interval("0").is_err());
+        assert!(parse_interval("0s").is_err());
+        assert_eq!(parse_segment("2/4"), Ok((2, 4)));
+        for bad in ["0/4", "5/4", "2", "a/b", "2/"] {
+            assert!(parse_segment(bad).is_err(), "{bad}");
+        }
+    }
+}

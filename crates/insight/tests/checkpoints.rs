@@ -1,0 +1,265 @@
+//! Checkpoints taken at replay and restored: windows of a recording, and
+//! checkpoints that are damaged, cut short or of another trace, each
+//! refused with a one-line error naming the cause. (Every workload of the
+//! determinism suite also restores each of its checkpoints and replays on
+//! to the end: `common::assert_checkpoints_replay_faithfully`.)
+
+mod common;
+
+use std::path::Path;
+
+use common::*;
+
+fn refusal(trace: &Path, from: u64) -> String {
+    let out = replay_with(trace, &["--from", &from.to_string()]);
+    let (_, stderr) = text(&out);
+    // insight's own error status, not a divergence's.
+    assert_eq!(out.status.code(), Some(125), "{stderr}");
+    let error = stderr
+        .lines()
+        .find(|l| l.starts_with("insight: error"))
+        .unwrap_or_else(|| panic!("no error line in:\n{stderr}"))
+        .to_owned();
+    assert_eq!(
+        stderr.lines().filter(|l| l.contains("is refused")).count(),
+        1,
+        "{stderr}"
+    );
+    error
+}
+
+#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
+#[test]
+fn windows_and_refused_checkpoints() {
+    guest_ready();
+    let (trace, out) = record("ckpt", &[], &["clock_sleep", "4"]);
+    let recorded = expect_status(&out, 0);
+    let out = replay_with(&trace, &["--checkpoint-every", "1s"]);
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let stored = trace::checkpoints::list(&trace).unwrap();
+    assert!(stored.len() >= 3, "{} checkpoints: {stderr}", stored.len());
+    assert!(stderr.contains(&format!("{} checkpoints written", stored.len())));
+
+    let out = replay_with(&trace, &["--list-checkpoints"]);
+    let listing = expect_status(&out, 0);
+    for c in &stored {
+        assert!(listing.contains(&format!(" {} ", c.exit)), "{listing}");
+    }
+
+    let out = insight()
+        .args(["dump", "--header"])
+        .arg(&trace)
+        .output()
+        .unwrap();
+    let header = expect_status(&out, 0);
+    assert!(
+        header.contains(&format!(
+            "checkpoints: {} at exits {},",
+            stored.len(),
+            stored[0].exit
+        )),
+        "{header}"
+    );
+
+    // A window between two checkpoints ends where it was asked to.
+    let (from, to) = (stored[1].exit, stored[2].exit + 3);
+    let out = replay_with(
+        &trace,
+        &["--from", &from.to_string(), "--to", &to.to_string()],
+    );
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "end of the window, after {to} deterministic exits"
+        )),
+        "{stderr}"
+    );
+    // From a position between checkpoints: the one before it.
+    let out = replay_with(&trace, &["--from", &(stored[1].exit + 1).to_string()]);
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains(&format!("restored the checkpoint at exit {from} ")));
+    // Event capture from a checkpoint taken without it is refused, not
+    // half done.
+    let db = trace.parent().unwrap().join("events.db");
+    let out = replay_with(
+        &trace,
+        &[
+            "--from",
+            &from.to_string(),
+            "--events",
+            db.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(125));
+    assert!(text(&out)
+        .1
+        .contains("was taken by a replay that collected no events"));
+
+    // Every checkpoint restores and replays faithfully to the end.
+    for c in &stored {
+        let out = replay_with(&trace, &["--from", &c.exit.to_string()]);
+        let (stdout, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(0), "from {}: {stderr}", c.exit);
+        assert!(stderr.contains("replay matched the recording"), "{stderr}");
+        assert!(recorded.ends_with(&stdout));
+    }
+
+    // Another trace's checkpoint in place of the second.
+    let (other, out) = record("ckpt-other", &[], &["true"]);
+    expect_status(&out, 0);
+    expect_status(&replay_with(&other, &["--checkpoint-every", "1s"]), 0);
+    let foreign = trace::checkpoints::list(&other).unwrap();
+    std::fs::copy(&foreign[0].path, &stored[1].path).unwrap();
+    let e = refusal(&trace, stored[1].exit);
+    assert!(e.contains("belongs to another trace"), "{e}");
+    // Its successors need it: refused too, naming it.
+    let e = refusal(&trace, stored[2].exit);
+    assert!(e.contains("belongs to another trace"), "{e}");
+
+    // One byte changed.
+    let last = stored.last().unwrap();
+    let mut bytes = std::fs::read(&last.path).unwrap();
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x40;
+    std::fs::write(&last.path, &bytes).unwrap();
+    let e = refusal(&trace, last.exit);
+    assert!(e.contains("do not match its digest"), "{e}");
+    assert!(e.contains(&last.path.display().to_string()), "{e}");
+    // Cut short.
+    bytes[at] ^= 0x40;
+    std::fs::write(&last.path, &bytes[..bytes.len() - 4096]).unwrap();
+    let e = refusal(&trace, last.exit);
+    assert!(e.contains("do not match its digest"), "{e}");
+
+    // The first checkpoint is untouched: replay from it still works.
+    let out = replay_with(&trace, &["--from", &stored[0].exit.to_string()]);
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("replay matched the recording"), "{stderr}");
+    assert!(recorded.ends_with(&stdout));
+
+    for t in [&trace, &other] {
+        let _ = std::fs::remove_dir_all(t.parent().unwrap());
+    }
+}
+
+/// Every event of the database at `db`, with its stack.
+fn events_with_stacks(db: &Path) -> Vec<(events::db::Row, Option<Vec<u64>>)> {
+    let db = events::db::EventDb::open(db).unwrap();
+    let mut all = Vec::new();
+    db.for_each_with_stacks(&[], |r, stack| {
+        all.push((r, stack.map(<[u64]>::to_vec)));
+        Ok(())
+    })
+    .unwrap();
+    all
+}
+
+#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
+#[test]
+fn segments_merge_into_the_replay_from_boot() {
+    guest_ready();
+    let (trace, out) = record("ckpt-seg", &["--probes"], &["syn_cont", "1000", "2000"]);
+    let recorded = expect_status(&out, 0);
+    let dir = trace.parent().unwrap().to_owned();
+    let db = |name: &str| dir.join(name).to_str().unwrap().to_owned();
+
+    // From boot, taking checkpoints with the capture's state.
+    let out = replay_with(
+        &trace,
+        &["--checkpoint-every", "1s", "--events", &db("whole.db")],
+    );
+    expect_status(&out, 0);
+    let whole = events_with_stacks(Path::new(&db("whole.db")));
+    assert!(
+        whole
+            .iter()
+            .any(|(r, s)| r.kind == events::abi::Kind::Lock && s.is_some()),
+        "no lock event with a stack"
+    );
+    let stored = trace::checkpoints::list(&trace).unwrap();
+    assert!(stored.len() >= 3, "{} checkpoints", stored.len());
+
+    // --jobs 2: every segment in a process of its own, merged.
+    let out = replay_with(&trace, &["--jobs", "2", "--events", &db("jobs.db")]);
+    let stdout = expect_status(&out, 0);
+    let stderr = text(&out).1;
+    assert!(stderr.contains("segments replayed faithfully"), "{stderr}");
+    assert!(stderr.contains("replay matched the recording"), "{stderr}");
+    assert_eq!(stdout, recorded, "the segments' console output, in order");
+    assert!(events_with_stacks(Path::new(&db("jobs.db"))) == whole);
+
+    // The Slurm job array of docs/scale-out.md, one array task after the
+    // other, then its merge job.
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../docs/examples/replay-segments.slurm"
+    );
+    let segments = 3.to_string();
+    let run = |vars: &[(&str, &str)]| {
+        let out = std::process::Command::new("bash")
+            .arg(script)
+            .env("INSIGHT", env!("CARGO_BIN_EXE_insight"))
+            .env("TRACE", &trace)
+            .env("SEGMENTS", &segments)
+            .env("OUT", dir.join("slurm"))
+            .envs(vars.iter().copied())
+            .output()
+            .unwrap();
+        expect_status(&out, 0);
+    };
+    for k in ["1", "2", "3"] {
+        run(&[("SLURM_ARRAY_TASK_ID", k)]);
+    }
+    run(&[("MERGE", "1")]);
+    assert!(events_with_stacks(&dir.join("slurm/events.db")) == whole);
+
+    // A window with events: the same span of the replay from boot.
+    let (from, to) = (stored[stored.len() - 2].exit, stored[stored.len() - 1].exit);
+    let out = replay_with(
+        &trace,
+        &[
+            "--from",
+            &from.to_string(),
+            "--to",
+            &to.to_string(),
+            "--events",
+            &db("window.db"),
+        ],
+    );
+    expect_status(&out, 0);
+    let window = events_with_stacks(Path::new(&db("window.db")));
+    assert!(!window.is_empty());
+    let first = window[0].0.seq;
+    let span: Vec<_> = whole
+        .iter()
+        .filter(|(r, _)| r.seq >= first && r.seq < first + window.len() as u64)
+        .cloned()
+        .collect();
+    assert!(
+        span == window,
+        "the window's events differ from the same span from boot"
+    );
+    // The window's database names the threads named before it, as the
+    // replay from boot does.
+    let threads = |name: &str| {
+        events::db::EventDb::open(Path::new(&db(name)))
+            .unwrap()
+            .threads()
+            .unwrap()
+    };
+    let named = threads("window.db");
+    for t in threads("whole.db") {
+        let seen_before = whole
+            .iter()
+            .any(|(r, _)| r.seq < first && (r.pid, r.lwpid) == (t.0, t.1));
+        assert!(
+            !seen_before || named.contains(&t),
+            "{t:?} is not named in the window"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
