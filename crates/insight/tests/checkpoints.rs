@@ -252,14 +252,53 @@ fn segments_merge_into_the_replay_from_boot() {
             .unwrap()
     };
     let named = threads("window.db");
-    for t in threads("whole.db") {
-        let seen_before = whole
-            .iter()
-            .any(|(r, _)| r.seq < first && (r.pid, r.lwpid) == (t.0, t.1));
-        assert!(
-            !seen_before || named.contains(&t),
-            "{t:?} is not named in the window"
-        );
+    let conn = rusqlite::Connection::open(db("whole.db")).unwrap();
+    let mut stmt = conn
+        .prepare("SELECT pid, lwpid, comm, first_seq FROM threads")
+        .unwrap();
+    let before: Vec<(u32, u32, String)> = stmt
+        .query_map([], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get::<_, i64>(3)?))
+        })
+        .unwrap()
+        .map(Result::unwrap)
+        .filter(|t| (t.3 as u64) < first)
+        .map(|t| (t.0, t.1, t.2))
+        .collect();
+    for t in before {
+        assert!(named.contains(&t), "{t:?} is not named in the window");
     }
+
+    // A window from and to the first lock call of the thread that calls
+    // last, found in the trace's event database.
+    std::fs::copy(db("whole.db"), trace.join("events.db")).unwrap();
+    let lock = events::abi::Kind::Lock;
+    let lwpid = whole
+        .iter()
+        .rev()
+        .find(|(r, _)| r.kind == lock)
+        .unwrap()
+        .0
+        .lwpid;
+    let (first_lock, _) = whole
+        .iter()
+        .find(|(r, _)| r.kind == lock && r.lwpid == lwpid)
+        .unwrap();
+    let pos = format!("first:lock:{lwpid}");
+    let out = replay_with(
+        &trace,
+        &["--from", &pos, "--to", &pos, "--events", &db("lock.db")],
+    );
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("end of the window"), "{stderr}");
+    let window = events_with_stacks(Path::new(&db("lock.db")));
+    assert!(
+        window.iter().any(|(r, _)| r == first_lock),
+        "the window {pos} lacks event {first_lock:?}"
+    );
+    assert!(window.iter().all(|(r, _)| r.time <= first_lock.time + 1));
+    let out = replay_with(&trace, &["--from", "first:lock:999999"]);
+    assert!(text(&out).1.contains("has no LOCK event of thread 999999"));
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -21,7 +21,7 @@ use vmm::{guest, CheckpointEvery, ReplayPoint, StopReason, Vm, VmError};
 use super::report;
 use super::segments::{
     describe_point, list_checkpoints, parse_interval, parse_position, parse_segment,
-    report_checkpoints, segment_bounds,
+    report_checkpoints, segment_bounds, Position,
 };
 use super::{attach_progress, open_trace, user_rdtsc_traps};
 use crate::exit::{EXIT_DIVERGED, EXIT_PREFIX_ONLY};
@@ -97,13 +97,17 @@ pub struct ReplayArgs {
     #[arg(long, value_name = "INTERVAL", value_parser = parse_interval)]
     checkpoint_every: Option<CheckpointEvery>,
     /// Start from the trace's latest checkpoint at or before POS instead
-    /// of booting: an exit ordinal (123456), or recorded guest time (12s,
-    /// 1500ms). Every exit from there on is checked as usual.
+    /// of booting: an exit ordinal (123456), recorded guest time (12s,
+    /// 1500ms), or the first event of a kind, of one thread or any
+    /// (first:lock:LWPID, first:threadcreate), as the trace's event
+    /// database TRACE/events.db has it. Every exit from there on is
+    /// checked as usual.
     #[arg(long, value_name = "POS", value_parser = parse_position)]
-    from: Option<ReplayPoint>,
-    /// Stop after POS (as for --from) instead of at the recording's end.
+    from: Option<Position>,
+    /// Stop after POS (as for --from; an event's is the first exit after
+    /// it) instead of at the recording's end.
     #[arg(long, value_name = "POS", value_parser = parse_position)]
-    to: Option<ReplayPoint>,
+    to: Option<Position>,
     /// List the trace's checkpoints (exit, guest time, size) and exit.
     #[arg(long)]
     list_checkpoints: bool,
@@ -113,7 +117,7 @@ pub struct ReplayArgs {
     /// the database holds that span's events, numbered as in a whole
     /// replay; `insight events merge` joins the segments' databases.
     /// For running segments on several machines (docs/scale-out.md).
-    #[arg(long, value_name = "K/N", value_parser = parse_segment, conflicts_with_all = ["from", "to", "jobs"])]
+    #[arg(long, value_name = "K/N", value_parser = parse_segment, conflicts_with_all = ["from", "to", "jobs", "checkpoint_every"])]
     segment: Option<(usize, usize)>,
     /// Replay the segments between the trace's checkpoints N at a time, in
     /// separate processes, and join their events: the same database as one
@@ -213,8 +217,8 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
     }
     if let Some(segment) = args.segment {
         let (from, to) = segment_bounds(&trace, segment)?;
-        args.from = from.map(ReplayPoint::Exit);
-        args.to = to.map(ReplayPoint::Exit);
+        args.from = from.map(|e| Position::At(ReplayPoint::Exit(e)));
+        args.to = to.map(|e| Position::At(ReplayPoint::Exit(e)));
     }
     let tools: Vec<Box<dyn Plugin>> = args
         .diagnose
@@ -334,7 +338,9 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
         }
     }
     vm.set_journal(Journal::Replay(Box::new(Replayer::new(reader))));
-    if let Some(from) = args.from {
+    let from = args.from.map(|p| p.resolve(&trace, false)).transpose()?;
+    let to = args.to.map(|p| p.resolve(&trace, true)).transpose()?;
+    if let Some(from) = from {
         let Some(start) = Vm::checkpoint_before(&trace, from)? else {
             bail!(
                 "{} has no checkpoint at or before {}: take some with `insight replay {} \
@@ -355,7 +361,7 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
             restored.took_ns as f64 / 1e9
         );
     }
-    if let Some(to) = args.to {
+    if let Some(to) = to {
         vm.stop_at(to);
     }
     if let Some(every) = args.checkpoint_every {

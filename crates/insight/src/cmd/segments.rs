@@ -14,6 +14,9 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use diagnosis::plugin::Plugin;
 
+use events::abi::Kind;
+use events::db::EventDb;
+
 use super::replay::{parse_duration, ReplayArgs};
 use crate::exit::EXIT_INSIGHT_ERROR;
 use crate::status::printable;
@@ -65,17 +68,85 @@ fn split(exits: &[u64], (k, n): (usize, usize)) -> Option<(Option<u64>, Option<u
     Some((starts[at(k - 1)], starts.get(at(k)).copied().flatten()))
 }
 
-pub(super) fn parse_position(text: &str) -> Result<ReplayPoint, String> {
+/// A position in a recording as `--from` and `--to` take it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Position {
+    At(ReplayPoint),
+    /// The first event of a kind (of one thread), found in the trace's
+    /// event database (`TRACE/events.db`, what `--diagnose` writes).
+    First {
+        kind: Kind,
+        lwpid: Option<u32>,
+    },
+}
+
+pub(super) fn parse_position(text: &str) -> Result<Position, String> {
     if let Ok(exit) = text.parse::<u64>() {
-        return Ok(ReplayPoint::Exit(exit));
+        return Ok(Position::At(ReplayPoint::Exit(exit)));
+    }
+    if let Some(event) = text.strip_prefix("first:") {
+        let (name, lwpid) = match event.split_once(':') {
+            Some((name, lwpid)) => match lwpid.parse::<u32>() {
+                Ok(l) => (name, Some(l)),
+                Err(_) => return Err(format!("'{lwpid}' in '{text}' is not a thread id")),
+            },
+            None => (event, None),
+        };
+        let kind = Kind::ALL
+            .into_iter()
+            .find(|k| k.name().eq_ignore_ascii_case(name))
+            .ok_or_else(|| {
+                format!(
+                    "'{name}' is not an event kind ({})",
+                    Kind::ALL.map(|k| k.name().to_ascii_lowercase()).join(", ")
+                )
+            })?;
+        return Ok(Position::First { kind, lwpid });
     }
     parse_duration(text)
-        .map(|d| ReplayPoint::GuestNs(d.as_nanos() as u64))
+        .map(|d| Position::At(ReplayPoint::GuestNs(d.as_nanos() as u64)))
         .map_err(|_| {
             format!(
-                "'{text}' is not a position: an exit ordinal (123456) or guest time (12s, 1500ms)"
+                "'{text}' is not a position: an exit ordinal (123456), guest time (12s, \
+                 1500ms), or the first event of a kind (first:lock, first:lock:LWPID)"
             )
         })
+}
+
+impl Position {
+    /// The point in the recording: an event's is its recorded time, from
+    /// the trace's event database; as a window's end (`end`), the first
+    /// exit after it, so that the event is in the window.
+    pub(super) fn resolve(self, trace: &Path, end: bool) -> Result<ReplayPoint> {
+        let (kind, lwpid) = match self {
+            Position::At(p) => return Ok(p),
+            Position::First { kind, lwpid } => (kind, lwpid),
+        };
+        let path = trace.join(crate::traces::EVENTS_DB);
+        let db = EventDb::open(&path).with_context(|| {
+            format!(
+                "an event position needs the trace's events: replay it once with --events {} \
+                 (or --diagnose)",
+                path.display()
+            )
+        })?;
+        let mut found = None;
+        db.for_each(&[kind], |r| {
+            if found.is_none() && lwpid.is_none_or(|l| l == r.lwpid) {
+                found = Some(r.time);
+            }
+            Ok(())
+        })?;
+        let Some(time) = found else {
+            bail!(
+                "{} has no {} event{}",
+                path.display(),
+                kind.name(),
+                lwpid.map_or(String::new(), |l| format!(" of thread {l}"))
+            );
+        };
+        Ok(ReplayPoint::GuestNs(if end { time + 1 } else { time }))
+    }
 }
 
 pub(super) fn parse_interval(text: &str) -> Result<CheckpointEvery, String> {
@@ -350,14 +421,35 @@ mod tests {
 
     #[test]
     fn positions_intervals_and_segments_parse_or_say_why_not() {
-        assert_eq!(parse_position("1234"), Ok(ReplayPoint::Exit(1234)));
+        let at = |p| Ok(Position::At(p));
+        assert_eq!(parse_position("1234"), at(ReplayPoint::Exit(1234)));
         assert_eq!(
             parse_position("12s"),
-            Ok(ReplayPoint::GuestNs(12_000_000_000))
+            at(ReplayPoint::GuestNs(12_000_000_000))
         );
         assert!(parse_position("soon")
             .unwrap_err()
             .contains("not a position"));
+        assert_eq!(
+            parse_position("first:lock:77"),
+            Ok(Position::First {
+                kind: Kind::Lock,
+                lwpid: Some(77)
+            })
+        );
+        assert_eq!(
+            parse_position("first:THREADCREATE"),
+            Ok(Position::First {
+                kind: Kind::ThreadCreate,
+                lwpid: None
+            })
+        );
+        assert!(parse_position("first:lok")
+            .unwrap_err()
+            .contains("not an event kind"));
+        assert!(parse_position("first:lock:x")
+            .unwrap_err()
+            .contains("not a thread id"));
         assert_eq!(
             parse_interval("500ms"),
             Ok(CheckpointEvery::GuestNs(500_000_000))
