@@ -180,10 +180,15 @@ impl VirtioBlock {
         self.next_id
     }
 
-    /// The device's state, if it is at rest: no request in flight (a
-    /// checkpoint waits for the next exit where none is).
+    /// Whether no request is in flight: a checkpoint waits for an exit
+    /// where none is.
+    pub fn at_rest(&self) -> bool {
+        self.in_flight.is_empty()
+    }
+
+    /// The device's state, if it is at rest.
     pub fn state(&self) -> Option<BlockState> {
-        self.in_flight.is_empty().then(|| BlockState {
+        self.at_rest().then(|| BlockState {
             transport: self.transport.state(),
             submitted: self.next_id,
             published: self.published,

@@ -295,6 +295,11 @@ impl VirtioNet {
         }
     }
 
+    /// Received frames waiting for the guest to take them.
+    pub fn pending_frames(&self) -> usize {
+        self.pending.len()
+    }
+
     /// Puts the device in `state` (its TAP device, if any, stays as is).
     pub fn restore(&mut self, state: &NetState) -> Result<(), String> {
         if state.pending.len() > MAX_PENDING {

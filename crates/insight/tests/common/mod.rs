@@ -257,19 +257,15 @@ pub const CHECKPOINT_EVERY: &str = "3s";
 /// long workloads) and replays from each to the end: each must match the
 /// recording, and print the end of what it printed.
 pub fn assert_checkpoints_replay_faithfully(trace: &Path, recorded_stdout: &str) {
-    let mut stored = trace::checkpoints::list(trace).unwrap();
+    let stored = trace::checkpoints::list(trace).unwrap();
     assert!(
         !stored.is_empty(),
         "a replay with --checkpoint-every {CHECKPOINT_EVERY} took no checkpoint of {}",
         trace.display()
     );
-    let picks = [0, stored.len() / 2, stored.len() - 1];
-    let mut i = 0;
-    stored.retain(|_| {
-        i += 1;
-        picks.contains(&(i - 1))
-    });
-    for c in stored {
+    let mut picks = vec![0, stored.len() / 2, stored.len() - 1];
+    picks.dedup();
+    for c in picks.into_iter().map(|i| &stored[i]) {
         let from = c.exit.to_string();
         let out = replay_with(trace, &["--from", &from]);
         let (stdout, stderr) = text(&out);

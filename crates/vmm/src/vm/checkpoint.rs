@@ -22,7 +22,7 @@ use std::time::Instant;
 
 use devices::cow_disk::SectorRun;
 use devices::platform::PlatformState;
-use devices::virtio_blk::BlockState;
+use devices::virtio_blk::{BlockState, VirtioBlock};
 use devices::virtio_net::NetState;
 use kvm_bindings::{
     kvm_debugregs, kvm_mp_state, kvm_msr_entry, kvm_regs, kvm_sregs, kvm_vcpu_events, kvm_xcrs,
@@ -55,6 +55,16 @@ pub enum ReplayPoint {
     /// Recorded guest time (ns): the first exit where the guest clock
     /// has reached it.
     GuestNs(u64),
+}
+
+impl CheckpointEvery {
+    /// Where the next checkpoint is due when one was taken at `position`.
+    fn after(self, position: &LogPosition) -> ReplayPoint {
+        match self {
+            CheckpointEvery::Exits(n) => ReplayPoint::Exit(position.exits + n),
+            CheckpointEvery::GuestNs(ns) => ReplayPoint::GuestNs(position.guest_ns + ns),
+        }
+    }
 }
 
 impl ReplayPoint {
@@ -167,8 +177,8 @@ pub(super) struct Taker {
     trace: PathBuf,
     identity: Digest32,
     every: CheckpointEvery,
-    /// Exit ordinal, or guest ns, of the next one due.
-    next_due: u64,
+    /// Where the next one is due.
+    next_due: ReplayPoint,
     /// Guest memory as of the last checkpoint (zeros before the first).
     shadow: Vec<u8>,
     previous: Option<(u64, Digest32)>,
@@ -207,16 +217,11 @@ impl Vm {
                 }
             }
         }
-        let position = self.log_position();
-        let next_due = match every {
-            CheckpointEvery::Exits(n) => position.exits + n,
-            CheckpointEvery::GuestNs(ns) => position.guest_ns + ns,
-        };
         self.checkpoints = Some(Taker {
             trace: trace.to_owned(),
             identity,
             every,
-            next_due,
+            next_due: every.after(&self.log_position()),
             shadow,
             previous,
             taken: Vec::new(),
@@ -259,25 +264,14 @@ impl Vm {
             return Ok(());
         };
         let position = self.log_position();
-        let reached = match taker.every {
-            CheckpointEvery::Exits(_) => position.exits,
-            CheckpointEvery::GuestNs(_) => position.guest_ns,
-        };
-        if reached < taker.next_due || !self.at_rest() {
+        if !taker.next_due.reached(&position) || !self.at_rest() {
             return Ok(());
         }
         let started = Instant::now();
         self.complete_exit()?;
         let vcpu = self.vcpu_state()?;
-        let block = match &mut self.block {
-            Some(b) => {
-                let state = b.state();
-                Some((state, b.overlay_changes()?))
-            }
-            None => None,
-        };
-        let (block, overlay) = match block {
-            Some((state, runs)) => (state, runs),
+        let (block, overlay) = match &mut self.block {
+            Some(b) => (b.state(), b.overlay_changes()?),
             None => (None, Vec::new()),
         };
         let taker = self.checkpoints.as_mut().expect("checked above");
@@ -318,10 +312,7 @@ impl Vm {
         )
         .map_err(ckpt_err)?;
         taker.previous = Some((position.exits, digest));
-        taker.next_due = match taker.every {
-            CheckpointEvery::Exits(n) => position.exits + n,
-            CheckpointEvery::GuestNs(ns) => position.guest_ns + ns,
-        };
+        taker.next_due = taker.every.after(&position);
         taker.taken.push(CheckpointTaken {
             exit: position.exits,
             guest_ns: position.guest_ns,
@@ -358,11 +349,8 @@ impl Vm {
     fn at_rest(&self) -> bool {
         !self.exception_pending
             && !self.preempt.patched()
-            && self.block.as_ref().is_none_or(|b| b.state().is_some())
-            && self
-                .net
-                .as_ref()
-                .is_none_or(|n| n.state().pending.is_empty())
+            && self.block.as_ref().is_none_or(VirtioBlock::at_rest)
+            && self.net.as_ref().is_none_or(|n| n.pending_frames() == 0)
     }
 
     fn vcpu_state(&mut self) -> Result<VcpuState, VmError> {
