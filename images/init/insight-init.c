@@ -1,12 +1,18 @@
 /*
  * /init of the insight guest.
  *
- * Mounts the usual file systems, brings up the loopback interface and, if
- * the host put an address in /etc/insight/net, eth0; runs the guest
- * command that the host put
- * in /etc/insight/command (NUL-separated argv, appended to the initramfs at
- * boot), reaps orphans while it runs, and reports the command's exit status
- * to the hypervisor's platform control port before powering off.
+ * Mounts the usual file systems and tells the hypervisor it is ready: a
+ * boot snapshot is taken at that point, and what follows is the same
+ * whether the guest booted or was restored. It then fetches the run's
+ * archive from the hypervisor and unpacks it (the command, environment,
+ * the user's files, a random seed, the wall-clock time), attaches the
+ * disk and network devices the archive lists, brings up the loopback
+ * interface and, if the host put an address in /etc/insight/net, eth0;
+ * runs the guest command that the host put in /etc/insight/command
+ * (NUL-separated argv), reaps orphans while it runs, and reports the
+ * command's exit status to the hypervisor's platform control port before
+ * powering off. Outside insight (QEMU), the files come appended to the
+ * initramfs instead and nothing is fetched.
  *
  * Exit status as a shell reports it: the code of a normal exit, 128+N for
  * death by signal N.
@@ -15,6 +21,8 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <linux/random.h>
 #include <net/if.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -29,17 +37,26 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <termios.h>
+#include <time.h>
 #include <unistd.h>
 
 /* The protocol of the platform control port (see docs/ARCHITECTURE.md). */
 #define CTL_PORT 0x0f00
+#define CTL_PORTS 12
+#define ARCHIVE_PORT 0x0f08
+#define CTL_SIGNATURE 0x47534e49u /* "INSG" */
 #define CTL_INIT_REACHED 0x01
 #define CTL_EXIT_STATUS 0x02
+#define CTL_READY 0x09
+#define CTL_FETCH 0x0a
 #define CTL_MSG(code, arg) (((unsigned)(code) << 24) | ((unsigned)(arg) & 0xffffff))
 
 #define COMMAND_FILE "/etc/insight/command"
 #define ENV_FILE "/etc/insight/env"
 #define NET_FILE "/etc/insight/net"
+#define DEVICES_FILE "/etc/insight/devices"
+#define SEED_FILE "/etc/insight/seed"
+#define CLOCK_FILE "/etc/insight/clock"
 #define MAX_ARGS 4096
 
 static int have_port;
@@ -59,6 +76,217 @@ static void die(const char *what)
 	reboot(RB_POWER_OFF);
 	for (;;)
 		pause();
+}
+
+/*
+ * The run's archive ("newc" cpio), fetched from the hypervisor a piece at
+ * a time: a CTL_FETCH message asks it to write the piece at offset RCX,
+ * RDI bytes, to this buffer at RSI.
+ */
+static unsigned char piece[64 * 1024] __attribute__((aligned(4096)));
+static size_t archive_len, fetched, piece_pos, piece_len, consumed;
+
+static void fetch_piece(void)
+{
+	size_t n = archive_len - fetched;
+
+	if (n > sizeof(piece))
+		n = sizeof(piece);
+	/* Its pages must be present and writable when the hypervisor writes. */
+	memset(piece, 0, n);
+	__asm__ volatile("outl %%eax, %%dx"
+			 :
+			 : "a"(CTL_MSG(CTL_FETCH, 0)), "d"(CTL_PORT), "S"(piece), "D"(n),
+			   "c"(fetched)
+			 : "memory");
+	fetched += n;
+	piece_pos = 0;
+	piece_len = n;
+}
+
+/* The next n bytes of the archive, into dst (discarded if NULL). */
+static void take(void *dst, size_t n)
+{
+	unsigned char *d = dst;
+
+	while (n) {
+		if (piece_pos == piece_len) {
+			if (fetched == archive_len) {
+				errno = EPROTO;
+				die("the run's archive ends too soon");
+			}
+			fetch_piece();
+		}
+		size_t k = piece_len - piece_pos;
+		if (k > n)
+			k = n;
+		if (d) {
+			memcpy(d, piece + piece_pos, k);
+			d += k;
+		}
+		piece_pos += k;
+		consumed += k;
+		n -= k;
+	}
+}
+
+static void align4(void)
+{
+	take(NULL, (4 - consumed % 4) % 4);
+}
+
+static unsigned long hex_field(const char *p)
+{
+	char text[9];
+
+	memcpy(text, p, 8);
+	text[8] = 0;
+	return strtoul(text, NULL, 16);
+}
+
+/* Unpacks the archive's entries relative to the current directory. */
+static void unpack_archive(void)
+{
+	static char name[PATH_MAX], target[PATH_MAX];
+
+	archive_len = have_port ? inl(ARCHIVE_PORT) : 0;
+	while (archive_len) {
+		char hdr[110];
+
+		take(hdr, sizeof(hdr));
+		errno = EPROTO;
+		if (memcmp(hdr, "070701", 6) != 0)
+			die("the run's archive is not a newc cpio archive");
+		unsigned long mode = hex_field(hdr + 14);
+		unsigned long size = hex_field(hdr + 54);
+		unsigned long namesize = hex_field(hdr + 94);
+		if (namesize == 0 || namesize > sizeof(name))
+			die("a name in the run's archive is too long");
+		take(name, namesize);
+		name[namesize - 1] = 0;
+		align4();
+		/* Archives may follow one another, as in an initramfs. */
+		if (strcmp(name, "TRAILER!!!") == 0) {
+			if (consumed >= archive_len)
+				break;
+			continue;
+		}
+		switch (mode & S_IFMT) {
+		case S_IFDIR:
+			if (mkdir(name, mode & 07777) != 0 && errno != EEXIST)
+				die(name);
+			break;
+		case S_IFREG: {
+			unlink(name);
+			int fd = open(name, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode & 07777);
+			if (fd < 0)
+				die(name);
+			for (unsigned long left = size; left;) {
+				if (piece_pos == piece_len)
+					fetch_piece();
+				size_t k = piece_len - piece_pos;
+				if (k > left)
+					k = left;
+				for (size_t done = 0; done < k;) {
+					ssize_t w = write(fd, piece + piece_pos + done, k - done);
+					if (w < 0 && errno == EINTR)
+						continue;
+					if (w < 0)
+						die(name);
+					done += (size_t)w;
+				}
+				piece_pos += k;
+				consumed += k;
+				left -= k;
+			}
+			if (fchmod(fd, mode & 07777) != 0 || close(fd) != 0)
+				die(name);
+			size = 0;
+			break;
+		}
+		case S_IFLNK:
+			if (size >= sizeof(target))
+				die("a link target in the run's archive is too long");
+			take(target, size);
+			target[size] = 0;
+			size = 0;
+			unlink(name);
+			if (symlink(target, name) != 0)
+				die(name);
+			break;
+		default:
+			die("the run's archive holds an entry of an unknown type");
+		}
+		take(NULL, size);
+		align4();
+	}
+}
+
+/* Binds the devices the host attached (platform device names, one a line). */
+static void attach_devices(void)
+{
+	char line[64];
+	FILE *f = fopen(DEVICES_FILE, "r");
+
+	if (!f)
+		return;
+	while (fgets(line, sizeof(line), f)) {
+		int fd = open("/sys/bus/platform/drivers_probe", O_WRONLY | O_CLOEXEC);
+		line[strcspn(line, "\n")] = 0;
+		if (fd < 0 || write(fd, line, strlen(line)) < 0)
+			fprintf(stderr, "insight-init: cannot attach %s: %s\n", line, strerror(errno));
+		if (fd >= 0)
+			close(fd);
+	}
+	fclose(f);
+}
+
+/*
+ * Mixes the run's own seed into the kernel's random number generator and
+ * reseeds it: a restored guest would otherwise draw what every run from
+ * the same snapshot draws.
+ */
+static void seed_random(void)
+{
+	struct {
+		struct rand_pool_info info;
+		unsigned char bytes[64];
+	} seed;
+	int fd = open(SEED_FILE, O_RDONLY | O_CLOEXEC);
+
+	if (fd < 0)
+		return;
+	ssize_t n = read(fd, seed.bytes, sizeof(seed.bytes));
+	close(fd);
+	unlink(SEED_FILE);
+	if (n <= 0)
+		return;
+	seed.info.entropy_count = (int)n * 8;
+	seed.info.buf_size = (int)n;
+	fd = open("/dev/urandom", O_WRONLY | O_CLOEXEC);
+	if (fd < 0 || ioctl(fd, RNDADDENTROPY, &seed) != 0 || ioctl(fd, RNDRESEEDCRNG) != 0)
+		fprintf(stderr, "insight-init: cannot seed the random number generator: %s\n",
+			strerror(errno));
+	if (fd >= 0)
+		close(fd);
+}
+
+/* Sets the wall clock to the host's ("SECONDS NANOSECONDS"), if it is given. */
+static void set_clock(void)
+{
+	long long sec = 0;
+	long nsec = 0;
+	FILE *f = fopen(CLOCK_FILE, "r");
+
+	if (!f)
+		return;
+	if (fscanf(f, "%lld %ld", &sec, &nsec) == 2 && nsec >= 0 && nsec < 1000000000) {
+		struct timespec ts = { .tv_sec = (time_t)sec, .tv_nsec = nsec };
+		if (clock_settime(CLOCK_REALTIME, &ts) != 0)
+			fprintf(stderr, "insight-init: cannot set the clock: %s\n", strerror(errno));
+	}
+	fclose(f);
+	unlink(CLOCK_FILE);
 }
 
 static void mount_or_warn(const char *src, const char *dst, const char *type,
@@ -236,7 +464,7 @@ static void setup_network(void)
 
 int main(void)
 {
-	have_port = ioperm(CTL_PORT, 4, 1) == 0;
+	have_port = ioperm(CTL_PORT, CTL_PORTS, 1) == 0 && inl(CTL_PORT) == CTL_SIGNATURE;
 	ctl(CTL_INIT_REACHED, 0);
 
 	mount_or_warn("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC);
@@ -244,6 +472,15 @@ int main(void)
 	mount_or_warn("devtmpfs", "/dev", "devtmpfs", MS_NOSUID);
 	mount_or_warn("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV);
 	mount_or_warn("tmpfs", "/run", "tmpfs", MS_NOSUID | MS_NODEV);
+
+	/* A boot snapshot is taken here; the run's own part comes next. */
+	ctl(CTL_READY, 0);
+	if (chdir("/") != 0)
+		die("chdir");
+	unpack_archive();
+	attach_devices();
+	seed_random();
+	set_clock();
 
 	setenv("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", 1);
 	setenv("HOME", "/root", 1);

@@ -100,6 +100,12 @@ impl Cmos {
         })
     }
 
+    /// Makes VM time 0 stand for `boot_unix_secs` from now on (a VM
+    /// restored from a boot snapshot taken at another time).
+    pub fn set_boot_unix_secs(&mut self, boot_unix_secs: u64) {
+        self.boot_unix_secs = boot_unix_secs;
+    }
+
     /// `boot_unix_secs`: the wall-clock time VM time 0 stands for.
     pub fn new(boot_unix_secs: u64) -> Self {
         let mut ram = [0u8; 128];

@@ -1,19 +1,23 @@
 //! insight's platform control port: how the guest tells the hypervisor
-//! that it powered off, panicked, reached `/init`, what its command
-//! exited with, and that an event was raised.
+//! that it powered off, panicked, reached `/init`, is ready for the run's
+//! files, what its command exited with, and that an event was raised.
 //!
 //! Protocol (shared with the guest kernel patch and `/init`): 32-bit
 //! writes to port 0x0f00; bits 31..24 are the code, bits 23..0 the
 //! argument. Reads return `CONTROL_SIGNATURE` so a guest can detect insight.
 //! A 32-bit write to port 0x0f04 (`EVENT_PORT`) is a probe raising an event
 //! directly from user mode (docs/events.md), when the guest kernel granted
-//! the process that port.
+//! the process that port. A 32-bit read of port 0x0f08 (`ARCHIVE_PORT`)
+//! returns the size of the run's archive, which `/init` then fetches with
+//! `CODE_FETCH` messages (docs/ARCHITECTURE.md, "Boot snapshots").
 
 pub const CONTROL_PORT: u16 = 0x0f00;
-/// Ports the device decodes (two 32-bit registers).
-pub const CONTROL_PORTS: u16 = 8;
+/// Ports the device decodes (three 32-bit registers).
+pub const CONTROL_PORTS: u16 = 12;
 /// The user-mode event doorbell.
 pub const EVENT_PORT: u16 = 0x0f04;
+/// Reads: the size of the run's archive in bytes.
+pub const ARCHIVE_PORT: u16 = 0x0f08;
 /// Read value: "INSG".
 pub const CONTROL_SIGNATURE: u32 = 0x4753_4e49;
 
@@ -25,6 +29,8 @@ const CODE_SYNC: u8 = 0x05;
 const CODE_EVENT: u8 = 0x06;
 const CODE_SWITCH_RING: u8 = 0x07;
 const CODE_PREEMPT_AREA: u8 = 0x08;
+const CODE_READY: u8 = 0x09;
+const CODE_FETCH: u8 = 0x0a;
 /// Arguments of `CODE_EVENT`: who raised the event.
 const EVENT_FROM_PROBE: u32 = 0;
 const EVENT_FROM_KERNEL: u32 = 1;
@@ -66,6 +72,13 @@ pub enum ControlMessage {
     /// pages are: the area at the guest physical address in RSI
     /// (docs/ARCHITECTURE.md, "Asynchronous points").
     PreemptArea,
+    /// `/init` has mounted its file systems and waits for the run's
+    /// archive: the moment a boot snapshot is taken, and after which the
+    /// disk and network devices answer.
+    Ready,
+    /// `/init` asks for the part of the run's archive at offset RDX, to be
+    /// written to its buffer at virtual address RSI of RDI bytes.
+    Fetch,
     /// A write this version does not understand.
     Unknown(u32),
 }
@@ -83,6 +96,8 @@ impl ControlMessage {
             CODE_EVENT if arg == EVENT_FROM_KERNEL => ControlMessage::Event(EventRaiser::Kernel),
             CODE_SWITCH_RING => ControlMessage::SwitchRing,
             CODE_PREEMPT_AREA => ControlMessage::PreemptArea,
+            CODE_READY => ControlMessage::Ready,
+            CODE_FETCH => ControlMessage::Fetch,
             _ => ControlMessage::Unknown(value),
         }
     }
@@ -99,11 +114,15 @@ pub fn decode_write(offset: u16, data: &[u8]) -> Option<ControlMessage> {
     }
 }
 
-/// The bytes a read of `len` bytes at `offset` returns.
-pub fn read(offset: u16, data: &mut [u8]) {
-    let sig = CONTROL_SIGNATURE.to_le_bytes();
+/// The bytes a read of `data.len()` bytes at `offset` returns, the run's
+/// archive being `archive_len` bytes long.
+pub fn read(offset: u16, data: &mut [u8], archive_len: u32) {
+    let mut regs = [0xffu8; CONTROL_PORTS as usize];
+    regs[..4].copy_from_slice(&CONTROL_SIGNATURE.to_le_bytes());
+    let archive = usize::from(ARCHIVE_PORT - CONTROL_PORT);
+    regs[archive..archive + 4].copy_from_slice(&archive_len.to_le_bytes());
     for (i, b) in data.iter_mut().enumerate() {
-        *b = sig.get(usize::from(offset) + i).copied().unwrap_or(0xff);
+        *b = regs.get(usize::from(offset) + i).copied().unwrap_or(0xff);
     }
 }
 
@@ -147,6 +166,8 @@ mod tests {
             ControlMessage::decode(0x0600_0002),
             ControlMessage::Unknown(0x0600_0002)
         );
+        assert_eq!(ControlMessage::decode(0x0900_0000), ControlMessage::Ready);
+        assert_eq!(ControlMessage::decode(0x0a00_0000), ControlMessage::Fetch);
         assert_eq!(
             ControlMessage::decode(0x7700_0000),
             ControlMessage::Unknown(0x7700_0000)
@@ -171,10 +192,16 @@ mod tests {
     #[test]
     fn reads_return_the_signature() {
         let mut d = [0u8; 4];
-        read(0, &mut d);
+        read(0, &mut d, 7);
         assert_eq!(&d, b"INSG");
         let mut b = [0u8; 1];
-        read(3, &mut b);
+        read(3, &mut b, 7);
         assert_eq!(b[0], b'G');
+        read(8, &mut d, 0x1234_5678);
+        assert_eq!(u32::from_le_bytes(d), 0x1234_5678);
+        read(4, &mut d, 7);
+        assert_eq!(d, [0xff; 4]);
+        read(10, &mut d, 0x1234_5678);
+        assert_eq!(d, [0x34, 0x12, 0xff, 0xff]);
     }
 }

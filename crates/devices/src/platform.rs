@@ -76,6 +76,8 @@ pub struct LegacyPlatform<W: Write> {
     pub serial: SerialConsole<W>,
     messages: Vec<ControlMessage>,
     stats: PlatformStats,
+    /// Size of the run's archive, as the control port tells `/init`.
+    archive_len: u32,
 }
 
 impl<W: Write> LegacyPlatform<W> {
@@ -89,7 +91,13 @@ impl<W: Write> LegacyPlatform<W> {
             serial: SerialConsole::new(console),
             messages: Vec::new(),
             stats: PlatformStats::default(),
+            archive_len: 0,
         }
+    }
+
+    /// Sets the size of the run's archive the control port reports.
+    pub fn set_archive_len(&mut self, len: u32) {
+        self.archive_len = len;
     }
 
     pub fn state(&self) -> PlatformState {
@@ -127,7 +135,7 @@ impl<W: Write> LegacyPlatform<W> {
             PortOwner::Cmos => self.cmos.read(port, now_ns),
             PortOwner::Serial(offset) => self.serial.read(offset),
             PortOwner::Control(offset) => {
-                control::read(offset, data);
+                control::read(offset, data, self.archive_len);
                 return;
             }
             PortOwner::Post => 0xff,

@@ -40,6 +40,9 @@ Ctrl-A x stops the VM, Ctrl-A Ctrl-A sends Ctrl-A). insight exits with the guest
 command's exit status (128+N if a signal N killed it; 130 if you stopped the VM).\n\n\
 --probes preloads the probe library in the command, as `insight record --probes` does \
 (events are collected when a recording is replayed).\n\n\
+The guest starts from a snapshot of its boot, restored in about a second: the first run of \
+a kernel, initramfs, memory size and command line boots it and takes the snapshot \
+(`insight cache` lists them). --cold-boot boots the kernel instead.\n\n\
 Examples:\n  \
 insight run --probes -- syn_cont 1000 2000   # a workload with the probe library\n  \
 insight run                                  # built-in guest, demo workload\n  \
@@ -75,7 +78,9 @@ events. The probes cost the recording no VM exit: the events come out at replay.
 trace keeps the setting, and replay needs no --probes. `probes = true` in a config does \
 the same, and `env LD_PRELOAD=...` in the command still works.\n\n\
 Takes the same config, options and command as `insight run`; the console works the same \
-way, and what you type is recorded. Only the guest's non-deterministic inputs are logged: \
+way, and what you type is recorded. Like a run, the recording starts from the guest's boot \
+snapshot (--cold-boot: from power-on); the trace holds the snapshot (boot.snap, a hard link \
+to the cached one), so it replays anywhere it is copied. Only the guest's non-deterministic inputs are logged: \
 the values it reads from devices and the paravirtual clock, and where each interrupt was \
 delivered. Asynchronous input reaches the guest at deterministic VM exits (the exit \
 clock) or, when its user code runs 2 ms without one, where that code stands (an \
@@ -174,6 +179,20 @@ or trace directories. A directory that is not a trace is refused and left alone.
 latest recording goes, the newest one left becomes the latest."
     )]
     Rm(cmd::ls::RmArgs),
+    /// List or clear the cached boot snapshots.
+    #[command(
+        long_about = "List or clear the boot snapshots insight keeps so that `run` and \
+`record` need not boot the guest kernel: one per kernel, initramfs, memory size, kernel \
+command line and guest CPU, taken the first time it is needed and restored in about a \
+second after that. A snapshot whose key no longer matches is never used, and one that \
+fails its digest is taken again. The cache ($INSIGHT_SNAPSHOT_DIR, else `snapshots` in \
+the guest image cache) keeps the snapshots used last. A trace recorded from a snapshot \
+holds its own link or copy (boot.snap), so clearing the cache never breaks a trace.\n\n\
+Examples:\n  \
+insight cache          # list them\n  \
+insight cache clear    # remove them all"
+    )]
+    Cache(cmd::cache::CacheArgs),
 }
 
 pub fn main() -> Result<ExitCode> {
@@ -190,6 +209,7 @@ pub fn main() -> Result<ExitCode> {
         Command::Events(args) => cmd::events::events(args),
         Command::Ls(args) => cmd::ls::ls(args),
         Command::Rm(args) => cmd::ls::rm(args),
+        Command::Cache(args) => cmd::cache::cache(args),
     }
 }
 

@@ -28,9 +28,15 @@ pub struct GuestArgs {
     /// Extra kernel command-line text (appended to the config's).
     #[arg(long, value_name = "TEXT")]
     cmdline: Option<String>,
-    /// Show the kernel's boot messages (no `quiet`).
+    /// Show the kernel's boot messages (no `quiet`; with a boot snapshot
+    /// they appear only on the boot that takes it: add --cold-boot).
     #[arg(long)]
     verbose_boot: bool,
+    /// Boot the guest kernel from power-on instead of restoring the boot
+    /// snapshot of this image (taken on its first run, cached; `insight
+    /// cache` lists and clears them).
+    #[arg(long)]
+    pub cold_boot: bool,
     /// Do not forward standard input to the guest console.
     #[arg(long)]
     pub no_stdin: bool,
@@ -92,6 +98,7 @@ pub fn prepare_guest(args: &GuestArgs) -> Result<(vmm::VmSpec, String)> {
     let options = BootOptions {
         quirks: GuestQuirks::for_this_host()?,
         quiet: !args.verbose_boot,
+        cold_boot: args.cold_boot,
     };
     let spec = guest::prepare(&config, &options)?;
     Ok((spec, describe(args.config.as_ref(), &config)))
@@ -116,6 +123,34 @@ fn describe(path: Option<&PathBuf>, config: &VmConfig) -> String {
         description += &format!("# probes: {} preloaded\n", guest::PROBE_LIBRARY);
     }
     description
+}
+
+/// Creates the VM for `spec` and, unless it boots cold, restores its boot
+/// snapshot (taking it first if the cache has none). `console` gets the
+/// guest's output; so does the boot that takes a snapshot, when `spec`
+/// shows boot messages.
+pub fn start_vm(
+    spec: &vmm::VmSpec,
+    console: vmm::vm::Console,
+    build_console: impl FnOnce() -> vmm::vm::Console,
+) -> Result<(Vm, Option<vmm::snapshot::CacheStart>)> {
+    let mut vm = Vm::new(spec, console)?;
+    if spec.start != vmm::vm::Start::Snapshot {
+        return Ok((vm, None));
+    }
+    let mut say = |text: &str| eprintln!("insight: {text}");
+    let started = vmm::snapshot::restore_cached(&mut vm, spec, build_console(), &mut say)
+        .context("cannot start from a boot snapshot (--cold-boot boots without one)")?;
+    if let Some(built) = &started.built {
+        eprintln!(
+            "insight: boot snapshot taken at guest time {:.1} s ({}, {:.2} s to store) in {}",
+            built.vm_ns as f64 / 1e9,
+            crate::status::human_bytes(built.bytes),
+            built.took_ns as f64 / 1e9,
+            started.path.display()
+        );
+    }
+    Ok((vm, Some(started)))
 }
 
 /// Forwards standard input to the guest unless told not to; the guard

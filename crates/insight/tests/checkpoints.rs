@@ -34,7 +34,7 @@ fn windows_and_refused_checkpoints() {
     guest_ready();
     let (trace, out) = record("ckpt", &[], &["clock_sleep", "4"]);
     let recorded = expect_status(&out, 0);
-    let out = replay_with(&trace, &["--checkpoint-every", "1s"]);
+    let out = replay_with(&trace, &["--checkpoint-every", "200ms"]);
     let (_, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     let stored = trace::checkpoints::list(&trace).unwrap();
@@ -170,7 +170,7 @@ fn segments_merge_into_the_replay_from_boot() {
     // From boot, taking checkpoints with the capture's state.
     let out = replay_with(
         &trace,
-        &["--checkpoint-every", "1s", "--events", &db("whole.db")],
+        &["--checkpoint-every", "250ms", "--events", &db("whole.db")],
     );
     expect_status(&out, 0);
     let whole = events_with_stacks(Path::new(&db("whole.db")));

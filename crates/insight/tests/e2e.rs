@@ -143,7 +143,12 @@ fn run_with_kernel(name: &str, kernel: Option<&[u8]>, config_extra: &str) -> Out
         format!("kernel = \"vmlinux\"\ninitramfs = \"initrd.cpio\"\n{config_extra}"),
     )
     .unwrap();
-    let out = insight().arg("run").arg(&cfg).output().unwrap();
+    // These kernels never reach an /init to take a boot snapshot at.
+    let out = insight()
+        .args(["run", "--cold-boot"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
     out
 }

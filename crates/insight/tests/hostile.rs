@@ -213,7 +213,9 @@ fn a_recording_survives_hostile_arguments_and_damage_is_named() {
     std::fs::write(&config, "command = [\"sh\", \"-c\", \"echo hostile-ok\"]\n").unwrap();
     let trace = dir.join("trace");
     let mut cmd = insight();
-    cmd.args(["record", "--no-stdin", "-o"])
+    // From power-on: the log of a boot spans several frames, which the
+    // damage below needs.
+    cmd.args(["record", "--no-stdin", "--cold-boot", "-o"])
         .arg(&trace)
         .arg(&config);
     let out = output_within(cmd, Duration::from_secs(600));
@@ -359,7 +361,9 @@ fn received_frames_whose_lengths_miss_their_payload_are_refused() {
             cmdline: String::new(),
             memory_mib: 16,
             rng_seed: vec![0; 32],
-            extra_initramfs: vec![],
+            archive: vec![],
+            snapshot: None,
+            wall_clock: None,
             net: None,
         },
         digest_interval: 1,

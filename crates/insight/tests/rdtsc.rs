@@ -62,6 +62,7 @@ fn run_under_tcg(name: &str, extra: &str) -> Vec<String> {
             syscall_trap: false,
         },
         quiet: true,
+        cold_boot: true,
     };
     let spec = guest::prepare(&config, &options).unwrap();
     assert!(
@@ -70,7 +71,8 @@ fn run_under_tcg(name: &str, extra: &str) -> Vec<String> {
         spec.cmdline
     );
     let initrd = dir.join("initrd");
-    std::fs::write(&initrd, &spec.initramfs).unwrap();
+    let archive = guest::delivered_archive(&spec.archive, &spec.rng_seed, None).unwrap();
+    std::fs::write(&initrd, guest::with_archive(&spec.initramfs, &archive)).unwrap();
 
     let mut qemu = Command::new(QEMU)
         .args(["-accel", "tcg", "-cpu", "max", "-m"])

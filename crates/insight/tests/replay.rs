@@ -135,13 +135,23 @@ fn read_all(trace: &Path) -> (trace::Header, Vec<Entry>) {
     (reader.header.clone(), events)
 }
 
-/// Writes `events` as a complete trace with `header`.
-fn write_all(trace: &Path, header: &trace::Header, events: Vec<Entry>) {
+/// Writes `events` as a complete trace with `header`, and the boot
+/// snapshot of `original` (the trace they came from), if it has one.
+fn write_all(trace: &Path, original: &Path, header: &trace::Header, events: Vec<Entry>) {
     let mut writer = trace::TraceWriter::create(trace, header).unwrap();
     for e in events {
         writer.push(e).unwrap();
     }
     writer.finish().unwrap();
+    copy_snapshot(original, trace);
+}
+
+/// Copies the boot snapshot of trace `from`, if it has one, into `to`.
+fn copy_snapshot(from: &Path, to: &Path) {
+    let snapshot = from.join(trace::SNAPSHOT_FILE);
+    if snapshot.exists() {
+        std::fs::copy(snapshot, to.join(trace::SNAPSHOT_FILE)).unwrap();
+    }
 }
 
 /// The exit ordinal reported by a divergence message.
@@ -189,7 +199,7 @@ fn tampered_truncated_and_foreign_traces() {
     let mut tampered = events.clone();
     tampered[at] = tampered[at].clone().with_rip(0xdead_beef);
     let bad_rip = dir.join("bad-rip");
-    write_all(&bad_rip, &header, tampered);
+    write_all(&bad_rip, &trace, &header, tampered);
     let out = replay(&bad_rip);
     let (_, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
@@ -246,7 +256,7 @@ fn tampered_truncated_and_foreign_traces() {
         *value = 0;
     }
     let bad_value = dir.join("bad-value");
-    write_all(&bad_value, &header, tampered);
+    write_all(&bad_value, &trace, &header, tampered);
     let out = replay(&bad_value);
     let (_, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
@@ -262,6 +272,7 @@ fn tampered_truncated_and_foreign_traces() {
     for f in ["header", "payloads"] {
         std::fs::copy(trace.join(f), cut.join(f)).unwrap();
     }
+    copy_snapshot(&trace, &cut);
     let full = std::fs::read(trace.join("events")).unwrap();
     // A frame: a 16-byte head, then its compressed events.
     let first_frame = 16 + u32::from_le_bytes(full[..4].try_into().unwrap()) as usize;
@@ -282,6 +293,7 @@ fn tampered_truncated_and_foreign_traces() {
     }
     writer.flush().unwrap();
     drop(writer);
+    copy_snapshot(&trace, &after_hlt);
     let out = replay(&after_hlt);
     let (replayed, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(4), "{stderr}");
@@ -314,7 +326,7 @@ fn tampered_truncated_and_foreign_traces() {
     let mut foreign = header.clone();
     foreign.images[0].digest = "0".repeat(64);
     let other = dir.join("other-image");
-    write_all(&other, &foreign, events);
+    write_all(&other, &trace, &foreign, events);
     let out = replay(&other);
     let (_, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(125), "{stderr}");

@@ -29,7 +29,7 @@ use crate::{files, io_err, TraceError, HEADER_FILE, MAX_HEADER_BYTES};
 
 /// Format version of checkpoint files, bumped on every change of their
 /// layout or of the state they hold.
-pub const CHECKPOINT_VERSION: u32 = 1;
+pub const CHECKPOINT_VERSION: u32 = 2;
 pub const CHECKPOINT_MAGIC: [u8; 8] = *b"INSCKPT\0";
 /// The subdirectory of a trace that holds its checkpoints.
 pub const CHECKPOINTS_DIR: &str = "checkpoints";
@@ -157,15 +157,28 @@ pub fn write<T: Serialize>(
     if !is_directory(&dir)? {
         std::fs::create_dir(&dir).map_err(io_err(&dir))?;
     }
+    write_to(&dir.join(file_name(exit)), identity, exit, guest_ns, state)
+}
+
+/// Writes a state in the checkpoint format to `path` (through a partial
+/// file renamed into place): a checkpoint, or a boot snapshot, whose
+/// identity is its cache key. Returns the body's digest and the file size.
+pub fn write_to<T: Serialize>(
+    path: &Path,
+    identity: &Digest32,
+    exit: u64,
+    guest_ns: u64,
+    state: &T,
+) -> Result<(Digest32, u64), TraceError> {
     let encoded =
         bincode::serde::encode_to_vec(state, bincode_config()).map_err(|e| TraceError::Encode {
             what: "checkpoint",
             message: e.to_string(),
         })?;
-    let mut compressor = zstd::bulk::Compressor::new(ZSTD_LEVEL).map_err(io_err(&dir))?;
-    compressor.include_checksum(true).map_err(io_err(&dir))?;
-    compressor.include_contentsize(true).map_err(io_err(&dir))?;
-    let body = compressor.compress(&encoded).map_err(io_err(&dir))?;
+    let mut compressor = zstd::bulk::Compressor::new(ZSTD_LEVEL).map_err(io_err(path))?;
+    compressor.include_checksum(true).map_err(io_err(path))?;
+    compressor.include_contentsize(true).map_err(io_err(path))?;
+    let body = compressor.compress(&encoded).map_err(io_err(path))?;
     let digest: Digest32 = Sha256::digest(&body).into();
     let mut bytes = Vec::with_capacity(HEAD + body.len());
     bytes.extend_from_slice(&CHECKPOINT_MAGIC);
@@ -176,8 +189,11 @@ pub fn write<T: Serialize>(
     bytes.extend_from_slice(&digest);
     bytes.extend_from_slice(&body);
 
-    let path = dir.join(file_name(exit));
-    let partial = dir.join(format!(".{}.partial", file_name(exit)));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let partial = path.with_file_name(format!(".{name}.{}.partial", std::process::id()));
     let _ = std::fs::remove_file(&partial);
     let mut file = OpenOptions::new()
         .write(true)
@@ -187,7 +203,7 @@ pub fn write<T: Serialize>(
     file.write_all(&bytes)
         .and_then(|()| file.sync_data())
         .map_err(io_err(&partial))?;
-    std::fs::rename(&partial, &path).map_err(io_err(&path))?;
+    std::fs::rename(&partial, path).map_err(io_err(path))?;
     Ok((digest, bytes.len() as u64))
 }
 
@@ -198,15 +214,30 @@ pub fn read<T: DeserializeOwned>(
     path: &Path,
     identity: &Digest32,
 ) -> Result<(T, Digest32), TraceError> {
-    let refused = |message: String| TraceError::Checkpoint {
-        path: path.to_owned(),
-        message,
-    };
     let named_exit = path
         .file_name()
         .and_then(|n| n.to_str())
         .and_then(exit_of)
-        .ok_or_else(|| refused("its name is not exit-<16 digits>.ckpt".into()))?;
+        .ok_or_else(|| TraceError::Checkpoint {
+            path: path.to_owned(),
+            message: "its name is not exit-<16 digits>.ckpt".into(),
+        })?;
+    read_at(path, identity, named_exit, "trace")
+}
+
+/// Reads and checks a state in the checkpoint format at `path`, which
+/// must have been taken at `named_exit` for the owner `identity` names (a
+/// trace, or a boot image for a snapshot); returns it with its digest.
+pub fn read_at<T: DeserializeOwned>(
+    path: &Path,
+    identity: &Digest32,
+    named_exit: u64,
+    owner: &str,
+) -> Result<(T, Digest32), TraceError> {
+    let refused = |message: String| TraceError::Checkpoint {
+        path: path.to_owned(),
+        message,
+    };
     let bytes = files::read_bounded(path, MAX_CHECKPOINT_BYTES, "checkpoint")?;
     if bytes.len() < HEAD {
         return Err(refused(format!(
@@ -227,10 +258,9 @@ pub fn read<T: DeserializeOwned>(
         )));
     }
     if bytes[12..44] != identity[..] {
-        return Err(refused(
-            "it belongs to another trace (its trace digest differs from this trace's header)"
-                .into(),
-        ));
+        return Err(refused(format!(
+            "it belongs to another {owner} (its identity digest differs from this {owner}'s)"
+        )));
     }
     let exit = u64::from_le_bytes(bytes[44..52].try_into().expect("8 bytes"));
     if exit != named_exit {

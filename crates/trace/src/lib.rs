@@ -35,13 +35,16 @@ pub mod files;
 
 /// Format version, bumped on every change of the layout or of the types
 /// serialized in it.
-pub const TRACE_VERSION: u32 = 7;
+pub const TRACE_VERSION: u32 = 8;
 pub const MAGIC: [u8; 8] = *b"INSIGHT\0";
 
 const HEADER_FILE: &str = "header";
 const EVENTS_FILE: &str = "events";
 const PAYLOADS_FILE: &str = "payloads";
 const COMPLETE_FILE: &str = "complete";
+/// The boot snapshot a recording started from, in the checkpoint format
+/// (`checkpoints::read_at`), when it did not boot from power-on.
+pub const SNAPSHOT_FILE: &str = "boot.snap";
 
 /// Events per frame before the writer compresses and appends it.
 pub const FRAME_EVENTS: usize = 4096;
@@ -169,11 +172,29 @@ pub struct BootParams {
     pub memory_mib: u64,
     /// Seed handed to the guest kernel's random number generator.
     pub rng_seed: Vec<u8>,
-    /// The archive appended to the base initramfs (command, environment,
-    /// the user's files).
-    pub extra_initramfs: Vec<u8>,
+    /// The run's archive, which the guest's `/init` fetches once it is
+    /// ready (command, environment, the user's files, the devices to
+    /// attach), followed by the seed and the wall-clock time.
+    pub archive: Vec<u8>,
+    /// The wall-clock time `/init` sets, (seconds, nanoseconds) since the
+    /// Unix epoch: given to a guest restored from a boot snapshot.
+    pub wall_clock: Option<(u64, u32)>,
     /// The virtio network device, if the guest had one.
     pub net: Option<NetParams>,
+    /// The boot snapshot the recording started from (`SNAPSHOT_FILE`);
+    /// `None`: it booted from power-on.
+    pub snapshot: Option<SnapshotRef>,
+}
+
+/// A boot snapshot, by content.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotRef {
+    /// SHA-256 of what determines the boot (its cache key), in hex.
+    pub key: String,
+    /// SHA-256 of the snapshot's compressed body, in hex.
+    pub digest: String,
+    /// Guest time at which it was taken (ns).
+    pub guest_ns: u64,
 }
 
 /// The guest's network device.

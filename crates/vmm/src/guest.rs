@@ -1,13 +1,16 @@
 //! Turns a [`VmConfig`] into what the VM boots: the kernel, the base
-//! initramfs with an archive appended that carries the guest command, its
-//! environment and the user's files, and the command line.
+//! initramfs and the command line, which are the same for every run of an
+//! image (and make its boot snapshot), and the run's archive, which
+//! `/init` fetches once it is ready: the guest command, its environment,
+//! the user's files, the devices to attach, a random seed and, for a VM
+//! restored from a snapshot, the wall-clock time.
 
 use std::path::{Path, PathBuf};
 
 use crate::config::VmConfig;
 use crate::image::{self, GuestQuirks};
 use crate::initramfs::{CpioWriter, InitramfsError};
-use crate::vm::{DiskImage, NetSpec, VmSpec};
+use crate::vm::{DiskImage, NetSpec, Start, VmSpec};
 
 /// The command the guest runs when neither the config nor the command line
 /// names one.
@@ -17,6 +20,19 @@ pub const COMMAND_FILE: &str = "/etc/insight/command";
 pub const ENV_FILE: &str = "/etc/insight/env";
 /// Where `/init` looks for the address of eth0 ("a.b.c.d/len").
 pub const NET_FILE: &str = "/etc/insight/net";
+/// Where `/init` looks for the platform devices to attach, one a line.
+pub const DEVICES_FILE: &str = "/etc/insight/devices";
+/// Where `/init` looks for the seed it mixes into the kernel's random
+/// number generator.
+pub const SEED_FILE: &str = "/etc/insight/seed";
+/// Where `/init` looks for the wall-clock time ("SECONDS NANOSECONDS").
+pub const CLOCK_FILE: &str = "/etc/insight/clock";
+/// The platform devices the kernel command line declares for the disk and
+/// the network device, in its order: always declared, so that every run
+/// of an image boots the same, and attached by `/init` when the run has
+/// them.
+const BLOCK_PLATFORM_DEVICE: &str = "virtio-mmio.0";
+const NET_PLATFORM_DEVICE: &str = "virtio-mmio.1";
 /// The probe library in the built guest image (`probes/`,
 /// tools/build-guest), which `probes = true` or `--probes` preloads.
 pub const PROBE_LIBRARY: &str = "/usr/lib/libinsight-probes.so";
@@ -29,8 +45,6 @@ pub enum GuestError {
     Files(#[from] InitramfsError),
     #[error("cannot read a random seed from /dev/urandom")]
     Seed(#[source] std::io::Error),
-    #[error("the initramfs to boot is shorter than its base image")]
-    InitramfsBase,
     #[error("cannot read {path}")]
     ReadImage {
         path: PathBuf,
@@ -83,6 +97,9 @@ pub struct BootOptions {
     pub quirks: GuestQuirks,
     /// `quiet` on the kernel command line.
     pub quiet: bool,
+    /// Boot the kernel from power-on instead of restoring the cached boot
+    /// snapshot.
+    pub cold_boot: bool,
 }
 
 /// NUL-terminated strings, the format `/init` reads.
@@ -150,8 +167,8 @@ pub fn prepare(config: &VmConfig, options: &BootOptions) -> Result<VmSpec, Guest
         .unwrap_or_else(image::default_initramfs);
     image::require(&initramfs_path, "guest initramfs").map_err(GuestError::MissingImage)?;
     let kernel_image = read_image(&kernel)?;
-    let mut initramfs = read_image(&initramfs_path)?;
-    let initramfs_base_len = initramfs.len();
+    let initramfs = read_image(&initramfs_path)?;
+    let rng_seed = random_seed()?;
 
     let mut extra = CpioWriter::new();
     for file in &config.files {
@@ -177,38 +194,88 @@ pub fn prepare(config: &VmConfig, options: &BootOptions) -> Result<VmSpec, Guest
         )?;
     }
 
-    let extra = extra.finish();
-    append_archive(&mut initramfs, &extra);
-    let mut cmdline = image::kernel_cmdline(options.quirks, options.quiet, &config.cmdline);
+    let mut attach = String::new();
     if let Some(disk) = &config.disk {
         image::require(disk, "disk image").map_err(GuestError::MissingImage)?;
-        cmdline = format!("{cmdline} {}", devices::virtio_blk::kernel_cmdline());
+        attach += &format!("{BLOCK_PLATFORM_DEVICE}\n");
     }
     if config.net.is_some() {
-        cmdline = format!("{cmdline} {}", devices::virtio_net::kernel_cmdline());
+        attach += &format!("{NET_PLATFORM_DEVICE}\n");
     }
+    if !attach.is_empty() {
+        extra.add_file(DEVICES_FILE.as_ref(), 0o644, attach.as_bytes())?;
+    }
+    let (start, wall_clock) = if options.cold_boot {
+        (Start::Cold, None)
+    } else {
+        // The snapshot's clock stopped when it was taken; a booted kernel
+        // reads the time from the CMOS clock instead.
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        (Start::Snapshot, Some((now.as_secs(), now.subsec_nanos())))
+    };
+    let archive = extra.finish();
     Ok(VmSpec {
         kernel,
         kernel_image,
         initramfs,
-        initramfs_base_len,
         initramfs_path,
-        extra_initramfs: extra,
+        archive,
+        start,
+        wall_clock,
         disk: config.disk.as_deref().map(open_disk).transpose()?,
         net: config.net.as_ref().map(|n| NetSpec {
             mac: n.mac,
             tap: Some((n.tap.clone(), n.host_address)),
         }),
-        cmdline,
+        cmdline: base_cmdline(options, &config.cmdline),
         memory_mib: config.memory_mib,
-        rng_seed: random_seed()?,
+        rng_seed,
     })
 }
 
-fn append_archive(initramfs: &mut Vec<u8>, extra: &[u8]) {
+/// The kernel command line of every run of an image: the disk and network
+/// devices are always declared (and answer once `/init` attaches them).
+fn base_cmdline(options: &BootOptions, extra: &str) -> String {
+    format!(
+        "{} {} {}",
+        image::kernel_cmdline(options.quirks, options.quiet, extra),
+        devices::virtio_blk::kernel_cmdline(),
+        devices::virtio_net::kernel_cmdline()
+    )
+}
+
+/// What `/init` fetches: the run's `archive`, followed by one with the
+/// random seed and, for a guest restored from a snapshot, the wall-clock
+/// time (seconds, nanoseconds): they differ in every run, and the trace
+/// header keeps them apart from the archive.
+pub fn delivered_archive(
+    archive: &[u8],
+    rng_seed: &[u8; crate::boot::RNG_SEED_LEN],
+    wall_clock: Option<(u64, u32)>,
+) -> Result<Vec<u8>, GuestError> {
+    let mut own = CpioWriter::new();
+    own.add_file(SEED_FILE.as_ref(), 0o600, rng_seed)?;
+    if let Some((secs, nanos)) = wall_clock {
+        own.add_file(
+            CLOCK_FILE.as_ref(),
+            0o644,
+            format!("{secs} {nanos}\n").as_bytes(),
+        )?;
+    }
+    Ok(with_archive(archive, &own.finish()))
+}
+
+/// `initramfs` with `archive` appended, as a kernel unpacks them both:
+/// what a guest booted outside insight needs, and where the files of a
+/// run are found for symbols.
+pub fn with_archive(initramfs: &[u8], archive: &[u8]) -> Vec<u8> {
+    let mut out = initramfs.to_vec();
     // Concatenated archives must each start 4-byte aligned.
-    initramfs.resize(initramfs.len().next_multiple_of(4), 0);
-    initramfs.extend_from_slice(extra);
+    out.resize(out.len().next_multiple_of(4), 0);
+    out.extend_from_slice(archive);
+    out
 }
 
 /// SHA-256 of `bytes`, in hex.
@@ -239,10 +306,7 @@ pub fn trace_images(
     spec: &VmSpec,
 ) -> Result<(Vec<trace::ImageDigest>, trace::BootParams), GuestError> {
     let kernel = &spec.kernel_image;
-    let initramfs = spec
-        .initramfs
-        .get(..spec.initramfs_base_len)
-        .ok_or(GuestError::InitramfsBase)?;
+    let initramfs = &spec.initramfs;
     // The resolved paths: the cache's `default` links move with rebuilds,
     // the content-keyed directories they point to do not.
     let resolved = |p: &std::path::Path| {
@@ -274,15 +338,18 @@ pub fn trace_images(
         cmdline: spec.cmdline.clone(),
         memory_mib: spec.memory_mib,
         rng_seed: spec.rng_seed.to_vec(),
-        extra_initramfs: spec.extra_initramfs.clone(),
+        archive: spec.archive.clone(),
+        wall_clock: spec.wall_clock,
         net: spec.net.as_ref().map(|n| trace::NetParams { mac: n.mac }),
+        // Known once the VM has started (`Vm::started_from`).
+        snapshot: None,
     };
     Ok((images, boot))
 }
 
-/// Rebuilds the boot specification a trace was recorded with, checking
-/// that the image files are the ones it booted.
-pub fn from_trace(header: &trace::Header) -> Result<VmSpec, GuestError> {
+/// Rebuilds the boot specification the trace in `dir` was recorded with,
+/// checking that the image files are the ones it booted.
+pub fn from_trace(header: &trace::Header, dir: &Path) -> Result<VmSpec, GuestError> {
     let image = |role: &'static str| -> Result<(PathBuf, Vec<u8>), GuestError> {
         let d = header
             .images
@@ -292,8 +359,7 @@ pub fn from_trace(header: &trace::Header) -> Result<VmSpec, GuestError> {
         image_checked(d, role)
     };
     let (kernel, kernel_image) = image("kernel")?;
-    let (initramfs_path, mut initramfs) = image("initramfs")?;
-    let initramfs_base_len = initramfs.len();
+    let (initramfs_path, initramfs) = image("initramfs")?;
     let disk = match header.images.iter().find(|i| i.role == "disk") {
         Some(d) => {
             let disk = open_disk(Path::new(&d.path))?;
@@ -302,7 +368,6 @@ pub fn from_trace(header: &trace::Header) -> Result<VmSpec, GuestError> {
         }
         None => None,
     };
-    append_archive(&mut initramfs, &header.boot.extra_initramfs);
     let rng_seed = header
         .boot
         .rng_seed
@@ -313,9 +378,16 @@ pub fn from_trace(header: &trace::Header) -> Result<VmSpec, GuestError> {
         kernel,
         kernel_image,
         initramfs,
-        initramfs_base_len,
         initramfs_path,
-        extra_initramfs: header.boot.extra_initramfs.clone(),
+        archive: header.boot.archive.clone(),
+        wall_clock: header.boot.wall_clock,
+        start: match &header.boot.snapshot {
+            Some(snapshot) => Start::TraceSnapshot {
+                path: dir.join(trace::SNAPSHOT_FILE),
+                snapshot: snapshot.clone(),
+            },
+            None => Start::Cold,
+        },
         disk,
         // Replay needs no network: received frames come from the log.
         net: header.boot.net.as_ref().map(|n| NetSpec {
@@ -435,6 +507,7 @@ mod tests {
                 syscall_trap: false,
             },
             quiet: true,
+            cold_boot: false,
         };
         let err = prepare(&config, &opts).unwrap_err().to_string();
         assert!(
@@ -513,18 +586,22 @@ mod tests {
             syscall_trap: false,
         },
         quiet: true,
+        cold_boot: false,
     };
 
     #[test]
     fn probes_reach_the_archive_the_trace_keeps_and_replay_boots() {
         let (dir, mut config) = config_with_stand_in_images("probes-trace");
         let without = prepare(&config, &OPTIONS).unwrap();
-        assert!(!contains(&without.extra_initramfs, "LD_PRELOAD"));
+        assert!(!contains(&without.archive, "LD_PRELOAD"));
         config.probes = true;
         let spec = prepare(&config, &OPTIONS).unwrap();
         let entry = format!("{PROBES_PRELOADED}\0");
-        assert!(contains(&spec.extra_initramfs, &entry));
-        assert!(contains(&spec.initramfs, &entry));
+        assert!(contains(&spec.archive, &entry));
+        assert!(
+            !contains(&spec.initramfs, &entry),
+            "the base image is every run's"
+        );
 
         // Recorded: the header holds the archive; replay rebuilds the
         // guest from the header alone, probes included.
@@ -546,10 +623,17 @@ mod tests {
             trace::TraceWriter::<crate::journal::Entry>::create(&trace_dir, &header).unwrap();
         writer.finish().unwrap();
         let reader = trace::TraceReader::<crate::journal::Entry>::open(&trace_dir).unwrap();
-        let replayed = from_trace(&reader.header).unwrap();
+        let replayed = from_trace(&reader.header, &trace_dir).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
-        assert_eq!(replayed.extra_initramfs, spec.extra_initramfs);
-        assert!(contains(&replayed.initramfs, &entry));
+        assert_eq!(replayed.archive, spec.archive);
+        assert_eq!(replayed.wall_clock, spec.wall_clock);
+        assert_eq!(replayed.rng_seed, spec.rng_seed);
+        assert!(
+            spec.wall_clock.is_some(),
+            "a snapshot run is given the time"
+        );
+        // No snapshot was taken for this header: replay boots.
+        assert_eq!(replayed.start, Start::Cold);
     }
 
     #[test]
@@ -572,15 +656,41 @@ mod tests {
         let opts = BootOptions {
             quirks: GuestQuirks { syscall_trap: true },
             quiet: false,
+            cold_boot: true,
         };
         let spec = prepare(&config, &opts).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
-        assert_eq!(&spec.initramfs[..8], b"BASE1\0\0\0");
-        assert_eq!(&spec.initramfs[8..14], b"070701");
-        let text = String::from_utf8_lossy(&spec.initramfs);
+        assert_eq!(spec.initramfs, b"BASE1", "the base image as it is");
+        assert_eq!(spec.start, Start::Cold);
+        assert_eq!(
+            spec.wall_clock, None,
+            "a booted kernel reads the CMOS clock"
+        );
+        assert_eq!(&spec.archive[..6], b"070701");
+        let text = String::from_utf8_lossy(&spec.archive);
         assert!(text.contains("usr/local/bin/prog"));
         assert!(text.contains("prog\0a b\0"));
         assert!(text.contains("X=1\0"));
+        assert!(!text.contains("etc/insight/devices"), "no disk, no network");
         assert!(spec.cmdline.contains("insight.syscall=pf"));
+        // Both devices are always declared, in the order /init names them.
+        let blk = spec
+            .cmdline
+            .find("virtio_mmio.device=0x200@0xd0000000")
+            .unwrap();
+        let net = spec
+            .cmdline
+            .find("virtio_mmio.device=0x200@0xd0000200")
+            .unwrap();
+        assert!(blk < net);
+
+        // For a QEMU boot: the archives after the base, 4-byte aligned,
+        // the seed in a second one.
+        let delivered = delivered_archive(&spec.archive, &spec.rng_seed, Some((5, 6))).unwrap();
+        let text = String::from_utf8_lossy(&delivered);
+        assert!(text.contains("etc/insight/seed") && text.contains("5 6\n"));
+        let booted = with_archive(&spec.initramfs, &spec.archive);
+        assert_eq!(&booted[..8], b"BASE1\0\0\0");
+        assert_eq!(&booted[8..14], b"070701");
     }
 }

@@ -163,6 +163,15 @@ impl SwitchRing {
         Ok(ring)
     }
 
+    /// The ring at `gpa` with every record written so far taken as read
+    /// (a VM restored from a boot snapshot: the boot's switches are not
+    /// part of the recording).
+    pub fn from_head(mem: &GuestMemoryMmap, gpa: u64) -> Result<Self, String> {
+        let mut ring = Self::new(mem, gpa)?;
+        ring.seen = mem.read_obj(GuestAddress(gpa + 8)).unwrap_or(0);
+        Ok(ring)
+    }
+
     /// The ring at guest physical `gpa`, checked: an error says why it
     /// cannot be used.
     pub fn new(mem: &GuestMemoryMmap, gpa: u64) -> Result<Self, String> {

@@ -20,6 +20,7 @@ pub mod journal;
 mod kvm_ext;
 pub mod preempt;
 pub mod probe_gate;
+pub mod snapshot;
 mod sys;
 pub mod unemulated;
 pub mod vm;

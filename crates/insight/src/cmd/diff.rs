@@ -28,9 +28,13 @@ pub fn diff(args: DiffArgs) -> Result<ExitCode> {
     }
     if a.header.boot.cmdline != b.header.boot.cmdline
         || a.header.boot.memory_mib != b.header.boot.memory_mib
-        || a.header.boot.extra_initramfs != b.header.boot.extra_initramfs
+        || a.header.boot.archive != b.header.boot.archive
     {
         println!("the traces booted with different command lines, memory or commands");
+        same_start = false;
+    }
+    if a.header.boot.snapshot != b.header.boot.snapshot {
+        println!("the traces started from different boot snapshots (or one booted cold)");
         same_start = false;
     }
     if a.header.boot.rng_seed != b.header.boot.rng_seed {

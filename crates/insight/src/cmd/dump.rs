@@ -231,7 +231,8 @@ fn header_json(h: &Header, reader: &TraceReader<Entry>) -> serde_json::Value {
         "images": h.images,
         "cmdline": h.boot.cmdline,
         "memory_mib": h.boot.memory_mib,
-        "extra_initramfs_bytes": h.boot.extra_initramfs.len(),
+        "archive_bytes": h.boot.archive.len(),
+        "snapshot": h.boot.snapshot,
         "config": h.config,
         "guest_cpuid_entries": h.guest_cpuid.len(),
         "kvm_caps": h.kvm_caps,
@@ -300,9 +301,19 @@ fn print_header(out: &mut impl Write, h: &Header, reader: &TraceReader<Entry>) -
     writeln!(out, "  cmdline:    {}", printable(&h.boot.cmdline))?;
     writeln!(
         out,
-        "  extra initramfs: {} bytes (command, environment, files)",
-        h.boot.extra_initramfs.len()
+        "  archive:    {} bytes (command, environment, files, devices)",
+        h.boot.archive.len()
     )?;
+    match &h.boot.snapshot {
+        Some(s) => writeln!(
+            out,
+            "  start:      boot snapshot {} (taken at guest time {:.3} s; {})",
+            printable(&s.digest),
+            s.guest_ns as f64 / 1e9,
+            trace::SNAPSHOT_FILE
+        )?,
+        None => writeln!(out, "  start:      booted from power-on")?,
+    }
     writeln!(out, "  CPUID:      {} entries", h.guest_cpuid.len())?;
     writeln!(
         out,

@@ -22,7 +22,7 @@ pub struct RmArgs {
 }
 
 /// `YYYY-MM-DD HH:MM` (UTC) of Unix time `secs`.
-fn utc(secs: u64) -> String {
+pub(crate) fn utc(secs: u64) -> String {
     let t = devices::cmos::CivilTime::from_unix(secs);
     format!(
         "{:04}-{:02}-{:02} {:02}:{:02}",

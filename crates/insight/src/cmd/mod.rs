@@ -9,6 +9,7 @@ use vmm::Vm;
 
 use crate::status::{human_bytes, StatusLine};
 
+pub mod cache;
 pub mod convert;
 pub mod diff;
 pub mod dump;

@@ -7,11 +7,11 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use anyhow::{bail, Context, Result};
 use trace::{ClockKind, Header, TraceWriter};
 use vmm::journal::{Journal, Recorder};
-use vmm::{guest, Vm, VmError};
+use vmm::{guest, VmError};
 
 use super::{attach_progress, user_rdtsc_traps};
 use crate::exit::EXIT_STOPPED_BY_USER;
-use crate::guest_args::{attach_stdin, net_problems, prepare_guest, GuestArgs};
+use crate::guest_args::{attach_stdin, net_problems, prepare_guest, start_vm, GuestArgs};
 use crate::status::{human_bytes, StatusLine};
 use crate::traces;
 
@@ -91,8 +91,15 @@ pub fn record(args: RecordArgs) -> Result<ExitCode> {
         }
     };
     let status = StatusLine::for_stderr();
-    let mut vm = Vm::new(&spec, status.console(Box::new(std::io::stdout())))?;
-    let (images, boot) = guest::trace_images(&spec)?;
+    let (mut vm, snapshot) = start_vm(&spec, status.console(Box::new(std::io::stdout())), || {
+        status.console(Box::new(std::io::stdout()))
+    })?;
+    let (images, mut boot) = guest::trace_images(&spec)?;
+    boot.snapshot = snapshot.as_ref().map(|s| trace::SnapshotRef {
+        key: trace::checkpoints::hex(&s.key),
+        digest: trace::checkpoints::hex(&s.restored.digest),
+        guest_ns: s.restored.vm_ns,
+    });
     let host_cpu =
         vmm::host_cpu::for_recording().context("cannot choose a host CPU for the vCPU")?;
     vm.run_on_host_cpu(host_cpu.cpu);
@@ -113,6 +120,12 @@ pub fn record(args: RecordArgs) -> Result<ExitCode> {
     };
     let writer = TraceWriter::create(&output, &header)
         .with_context(|| format!("cannot create trace {}", output.display()))?;
+    if let Some(s) = snapshot {
+        vmm::snapshot::link_into(&s, &output.join(trace::SNAPSHOT_FILE))
+            .context("cannot put the boot snapshot in the trace")?;
+        // Other runs may take the snapshot's lock from here on.
+        drop(s);
+    }
     vm.set_journal(Journal::Record(Box::new(Recorder::new(
         writer,
         args.digest_every,

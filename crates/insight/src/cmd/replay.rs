@@ -255,7 +255,7 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
         );
     }
     let complete = reader.complete.is_some();
-    let spec = guest::from_trace(&reader.header)?;
+    let spec = guest::from_trace(&reader.header, &trace)?;
     let status = StatusLine::for_stderr();
     let console: Box<dyn Write + Send> = if args.no_console {
         Box::new(std::io::sink())
@@ -322,7 +322,8 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
             .with_context(|| format!("cannot create the event database {}", path.display()))?;
         vm.capture_events(Capture::new(db));
         if args.unwind == Unwind::Cfi {
-            let files = GuestFiles::from_initramfs(&spec.initramfs);
+            let files =
+                GuestFiles::from_initramfs(&guest::with_archive(&spec.initramfs, &spec.archive));
             let load = move |path: &str| files.get(path).map(<[u8]>::to_vec);
             vm.unwind_stacks(unwind::Processes::new(Box::new(load)));
             // A uniprocessor kernel's per-CPU variables are plain globals.
@@ -360,6 +361,9 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
             if restored.chain == 1 { "" } else { "s" },
             restored.took_ns as f64 / 1e9
         );
+    }
+    if from.is_none() {
+        vm.restore_trace_snapshot(&spec.start)?;
     }
     if let Some(to) = to {
         vm.stop_at(to);
@@ -462,6 +466,8 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
             );
             ExitCode::from(EXIT_PREFIX_ONLY)
         }
+        // A replay never asks for one.
+        StopReason::SnapshotTaken => bail!("the replay stopped to take a boot snapshot"),
     };
     Ok(code)
 }

@@ -5,10 +5,10 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::Parser;
-use vmm::{Vm, VmError};
+use vmm::VmError;
 
 use crate::exit::EXIT_STOPPED_BY_USER;
-use crate::guest_args::{attach_stdin, net_problems, prepare_guest, GuestArgs};
+use crate::guest_args::{attach_stdin, net_problems, prepare_guest, start_vm, GuestArgs};
 
 #[derive(Parser)]
 pub struct RunArgs {
@@ -20,9 +20,13 @@ pub struct RunArgs {
 }
 
 pub fn run(args: RunArgs) -> Result<ExitCode> {
+    let started = std::time::Instant::now();
     let (spec, _) = prepare_guest(&args.guest)?;
     let console: vmm::vm::Console = Box::new(std::io::stdout());
-    let mut vm = Vm::new(&spec, console)?;
+    let (mut vm, snapshot) = start_vm(&spec, console, || Box::new(std::io::stdout()))?;
+    let restored_in = started.elapsed();
+    // Other runs may take the snapshot's lock from here on.
+    let snapshot = snapshot.map(|s| s.restored);
     let _terminal = attach_stdin(&mut vm, args.guest.no_stdin);
     let outcome = match vm.run() {
         Err(VmError::StoppedByUser) => {
@@ -40,6 +44,16 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
             .init_reached
             .map(|d| format!("{:.3} s", d.as_secs_f64()))
             .unwrap_or_else(|| "never".into());
+        if let Some(s) = &snapshot {
+            let _ = writeln!(
+                err,
+                "insight: restored the boot snapshot (guest time {:.3} s) in {:.3} s, {:.3} s \
+                 after insight started",
+                s.vm_ns as f64 / 1e9,
+                s.took_ns as f64 / 1e9,
+                restored_in.as_secs_f64()
+            );
+        }
         let _ = writeln!(
             err,
             "insight: /init reached at {init}; guest ran {:.3} s; exits: {} port I/O, {} MMIO, \

@@ -249,8 +249,9 @@ pub fn assert_replays_identically(trace: &Path, recorded_stdout: &str) -> Vec<St
 }
 
 /// How often the determinism suite's first replay takes a checkpoint
-/// (recorded guest time: a few per workload).
-pub const CHECKPOINT_EVERY: &str = "3s";
+/// (recorded guest time: a few per workload, which starts from a boot
+/// snapshot).
+pub const CHECKPOINT_EVERY: &str = "500ms";
 
 /// Restores the first, the middle and the last checkpoint of `trace` (all
 /// of them: `checkpoints.rs`; three keep the suite's time in bounds for

@@ -79,7 +79,7 @@ impl ReplayPoint {
 
 /// The vCPU as KVM describes it.
 #[derive(Serialize, Deserialize)]
-struct VcpuState {
+pub(super) struct VcpuState {
     regs: kvm_regs,
     sregs: kvm_sregs,
     xsave: kvm_xsave,
@@ -99,27 +99,31 @@ struct VcpuState {
 /// Pages of guest memory: their numbers and, in the same order, their
 /// bytes.
 #[derive(Clone, Default, Serialize, Deserialize)]
-struct MemoryDelta {
+pub(super) struct MemoryDelta {
     pages: Vec<u32>,
     data: Vec<u8>,
 }
 
 /// What the VMM itself keeps about the run.
 #[derive(Clone, Serialize, Deserialize)]
-struct VmState {
+pub(super) struct VmState {
     exits: ExitCounts,
     init_reached_ns: Option<u64>,
     exception_pending: bool,
     resume_rip: Option<u64>,
     preempt_area: Option<u64>,
     preempt_stats: PreemptStats,
+    /// `/init` was ready: the disk and network devices answer.
+    pub(super) devices_attached: bool,
+    /// Where the guest kernel announced its context-switch ring.
+    switch_ring_gpa: Option<u64>,
 }
 
 /// What the event capture had reached, when the replay captured events:
 /// a replay restored here goes on capturing with the same numbers, the
 /// same threads tracked, and the same objects to unwind stacks by.
 #[derive(Clone, Serialize, Deserialize)]
-struct EventsState {
+pub(super) struct EventsState {
     capture: events::capture::CaptureState,
     /// The guest kernel's context-switch ring: (address, records read).
     switch_ring: Option<(u64, u64)>,
@@ -127,26 +131,26 @@ struct EventsState {
     processes: Option<unwind::ProcessesState>,
 }
 
-/// One checkpoint, as stored.
+/// One checkpoint, as stored; a boot snapshot is one too (`super::snapshot`).
 #[derive(Serialize, Deserialize)]
-struct Checkpoint {
+pub(super) struct Checkpoint {
     /// The deterministic exit it follows.
-    exit: u64,
+    pub(super) exit: u64,
     /// The checkpoint before it in the same replay (exit, digest): its
     /// memory and overlay are changes since that one.
-    previous: Option<(u64, Digest32)>,
-    log: LogPosition,
+    pub(super) previous: Option<(u64, Digest32)>,
+    pub(super) log: LogPosition,
     /// VM time (ns since the VM started).
-    vm_ns: u64,
-    memory_bytes: u64,
-    memory: MemoryDelta,
-    vcpu: VcpuState,
-    platform: PlatformState,
-    block: Option<BlockState>,
-    overlay: Vec<SectorRun>,
-    net: Option<NetState>,
-    vm: VmState,
-    events: Option<EventsState>,
+    pub(super) vm_ns: u64,
+    pub(super) memory_bytes: u64,
+    pub(super) memory: MemoryDelta,
+    pub(super) vcpu: VcpuState,
+    pub(super) platform: PlatformState,
+    pub(super) block: Option<BlockState>,
+    pub(super) overlay: Vec<SectorRun>,
+    pub(super) net: Option<NetState>,
+    pub(super) vm: VmState,
+    pub(super) events: Option<EventsState>,
 }
 
 /// A checkpoint taken: where, and what it cost.
@@ -246,7 +250,7 @@ impl Vm {
         self.checkpoints.as_ref().map_or(&[], |t| &t.taken)
     }
 
-    fn ram_bytes(&self) -> usize {
+    pub(super) fn ram_bytes(&self) -> usize {
         self.mem.iter().map(|r| r.len() as usize).sum()
     }
 
@@ -274,6 +278,7 @@ impl Vm {
             Some(b) => (b.state(), b.overlay_changes()?),
             None => (None, Vec::new()),
         };
+        let vm = self.vm_state();
         let taker = self.checkpoints.as_mut().expect("checked above");
         let memory = changed_pages(&self.mem, &mut taker.shadow);
         let pages = memory.pages.len() as u64;
@@ -289,14 +294,7 @@ impl Vm {
             block,
             overlay,
             net: self.net.as_ref().map(|n| n.state()),
-            vm: VmState {
-                exits: self.exits,
-                init_reached_ns: self.init_reached.map(|d| d.as_nanos() as u64),
-                exception_pending: self.exception_pending,
-                resume_rip: self.resume_rip,
-                preempt_area: self.preempt.area_gpa(),
-                preempt_stats: self.preempt.stats,
-            },
+            vm,
             events: self.events.as_ref().map(|capture| EventsState {
                 capture: capture.state(),
                 switch_ring: self.switch_ring.as_ref().map(|r| r.position()),
@@ -323,13 +321,57 @@ impl Vm {
         Ok(())
     }
 
+    pub(super) fn vm_state(&self) -> VmState {
+        VmState {
+            exits: self.exits,
+            init_reached_ns: self.init_reached.map(|d| d.as_nanos() as u64),
+            exception_pending: self.exception_pending,
+            resume_rip: self.resume_rip,
+            preempt_area: self.preempt.area_gpa(),
+            preempt_stats: self.preempt.stats,
+            devices_attached: self.devices_attached,
+            switch_ring_gpa: self.switch_ring_gpa,
+        }
+    }
+
+    /// Puts back what `vm_state` took, and the clock at `vm_ns`.
+    pub(super) fn set_vm_state(&mut self, vm: &VmState, vm_ns: u64) {
+        self.clock = VmClock::resumed_at(vm_ns);
+        self.exits = vm.exits;
+        self.init_reached = vm.init_reached_ns.map(std::time::Duration::from_nanos);
+        self.exception_pending = vm.exception_pending;
+        self.resume_rip = vm.resume_rip;
+        self.preempt.resume(vm.preempt_area, vm.preempt_stats);
+        self.devices_attached = vm.devices_attached;
+        self.switch_ring_gpa = vm.switch_ring_gpa;
+    }
+
+    /// Guest memory from zeros and `deltas`, oldest first; returns it as
+    /// written, the copy a new set of checkpoints compares with.
+    pub(super) fn load_memory<'a>(
+        &mut self,
+        deltas: impl Iterator<Item = &'a MemoryDelta>,
+    ) -> Result<Vec<u8>, VmError> {
+        let mut shadow = vec![0u8; self.ram_bytes()];
+        for delta in deltas {
+            for (i, &page) in delta.pages.iter().enumerate() {
+                let at = page as usize * PAGE;
+                shadow[at..at + PAGE].copy_from_slice(&delta.data[i * PAGE..(i + 1) * PAGE]);
+            }
+        }
+        self.mem
+            .write_slice(&shadow, GuestAddress(0))
+            .map_err(|_| VmError::Restore("guest memory cannot be written".into()))?;
+        Ok(shadow)
+    }
+
     /// Lets KVM finish the instruction of the last exit (store what a read
     /// returned, move RIP past it) without entering the guest: a KVM_RUN
     /// with `immediate_exit`. KVM keeps that completion to itself until
     /// the next KVM_RUN, and a new VM would not have it: a checkpoint
     /// taken before would restore to the instruction's start, and the
     /// guest would execute it again.
-    fn complete_exit(&mut self) -> Result<(), VmError> {
+    pub(super) fn complete_exit(&mut self) -> Result<(), VmError> {
         self.vcpu.set_kvm_immediate_exit(1);
         let result = self.vcpu.run().map(|_| ());
         self.vcpu.set_kvm_immediate_exit(0);
@@ -353,7 +395,7 @@ impl Vm {
             && self.net.as_ref().is_none_or(|n| n.pending_frames() == 0)
     }
 
-    fn vcpu_state(&mut self) -> Result<VcpuState, VmError> {
+    pub(super) fn vcpu_state(&mut self) -> Result<VcpuState, VmError> {
         let run = self.vcpu.get_kvm_run();
         let (if_flag, ready_for_injection) = (run.if_flag, run.ready_for_interrupt_injection);
         let v = &self.vcpu;
@@ -389,7 +431,7 @@ impl Vm {
         })
     }
 
-    fn set_vcpu_state(&mut self, s: &VcpuState) -> Result<(), VmError> {
+    pub(super) fn set_vcpu_state(&mut self, s: &VcpuState) -> Result<(), VmError> {
         let v = &self.vcpu;
         v.set_sregs(&s.sregs).map_err(kvm_err("SET_SREGS"))?;
         if let Some(xcrs) = &s.xcrs {
@@ -516,16 +558,7 @@ impl Vm {
 
         // Memory: from zeros, oldest changes first; the copy kept for a
         // new set of checkpoints is the same.
-        let mut shadow = vec![0u8; size];
-        for c in chain.iter().rev() {
-            for (i, &page) in c.memory.pages.iter().enumerate() {
-                let at = page as usize * PAGE;
-                shadow[at..at + PAGE].copy_from_slice(&c.memory.data[i * PAGE..(i + 1) * PAGE]);
-            }
-        }
-        self.mem
-            .write_slice(&shadow, GuestAddress(0))
-            .map_err(|_| VmError::Restore("guest memory cannot be written".into()))?;
+        let shadow = self.load_memory(chain.iter().rev().map(|c| &c.memory))?;
         if let Some(block) = &mut self.block {
             for c in chain.iter().rev() {
                 block.apply_overlay(c.overlay.clone())?;
@@ -548,12 +581,7 @@ impl Vm {
         if let Journal::Replay(r) = &mut self.journal {
             r.seek(&c.log)?;
         }
-        self.clock = VmClock::resumed_at(c.vm_ns);
-        self.exits = c.vm.exits;
-        self.init_reached = c.vm.init_reached_ns.map(std::time::Duration::from_nanos);
-        self.exception_pending = c.vm.exception_pending;
-        self.resume_rip = c.vm.resume_rip;
-        self.preempt.resume(c.vm.preempt_area, c.vm.preempt_stats);
+        self.set_vm_state(&c.vm, c.vm_ns);
         if let (Some(capture), Some(state)) = (&mut self.events, &c.events) {
             capture.resume(&state.capture)?;
             self.switch_ring = match state.switch_ring {
@@ -583,6 +611,25 @@ impl Vm {
 /// Checks what a checkpoint says against this VM before any of it is
 /// used: memory size, page numbers and lengths, the devices it has.
 fn check_shape(c: &Checkpoint, ram: usize, block: bool, net: bool) -> Result<(), VmError> {
+    check_memory(c, ram)?;
+    let refuse = |why: String| {
+        Err(VmError::Restore(format!(
+            "checkpoint at exit {}: {why}",
+            c.exit
+        )))
+    };
+    if c.block.is_some() != block || (!block && !c.overlay.is_empty()) {
+        return refuse("its disk differs from the trace's".into());
+    }
+    if c.net.is_some() != net {
+        return refuse("its network device differs from the trace's".into());
+    }
+    Ok(())
+}
+
+/// Checks a checkpoint's memory against this VM's: its size, page numbers
+/// and lengths.
+pub(super) fn check_memory(c: &Checkpoint, ram: usize) -> Result<(), VmError> {
     let refuse = |why: String| {
         Err(VmError::Restore(format!(
             "checkpoint at exit {}: {why}",
@@ -603,18 +650,12 @@ fn check_shape(c: &Checkpoint, ram: usize, block: bool, net: bool) -> Result<(),
     if let Some(p) = c.memory.pages.iter().find(|&&p| p as usize >= pages) {
         return refuse(format!("it holds page {p}, beyond guest memory"));
     }
-    if c.block.is_some() != block || (!block && !c.overlay.is_empty()) {
-        return refuse("its disk differs from the trace's".into());
-    }
-    if c.net.is_some() != net {
-        return refuse("its network device differs from the trace's".into());
-    }
     Ok(())
 }
 
 /// The pages of `mem` that differ from `shadow`, which is brought up to
 /// date.
-fn changed_pages(mem: &vm_memory::GuestMemoryMmap, shadow: &mut [u8]) -> MemoryDelta {
+pub(super) fn changed_pages(mem: &vm_memory::GuestMemoryMmap, shadow: &mut [u8]) -> MemoryDelta {
     let mut delta = MemoryDelta::default();
     let mut page = [0u8; PAGE];
     for (i, old) in shadow.chunks_exact_mut(PAGE).enumerate() {

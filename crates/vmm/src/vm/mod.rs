@@ -35,11 +35,12 @@ mod preempt;
 mod replay_events;
 mod run;
 mod setup;
+pub mod snapshot;
 
 pub use checkpoint::{CheckpointEvery, CheckpointRestored, CheckpointTaken, ReplayPoint};
 pub use preempt::PreemptStats;
 pub use run::{ExitCounts, NetReport, ProgressFn, RunOutcome, StopReason};
-pub use setup::{DiskImage, NetSpec, VmSpec};
+pub use setup::{DiskImage, NetSpec, Start, VmSpec};
 
 /// The vCPU id of the (only) vCPU.
 pub const BOOT_VCPU: u8 = 0;
@@ -103,6 +104,12 @@ pub enum VmError {
     Checkpoint(trace::TraceError),
     #[error("cannot restore the checkpoint: {0}")]
     Restore(String),
+    #[error("the run's archive has {bytes} bytes; the guest's /init takes at most 4 GiB")]
+    ArchiveTooLarge { bytes: usize },
+    #[error("the guest's /init asked for the run's archive {why}")]
+    BadFetch { why: String },
+    #[error("the guest powered off or failed before /init was ready for a boot snapshot")]
+    NoSnapshotPoint,
 }
 
 pub(super) fn kvm_err(op: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
@@ -151,6 +158,14 @@ pub struct Vm {
     _kvm: Kvm,
     mem: GuestMemoryMmap,
     platform: LegacyPlatform<Console>,
+    /// The run's archive, for `/init` to fetch.
+    archive: Vec<u8>,
+    /// `/init` said it is ready: the disk and network devices answer.
+    devices_attached: bool,
+    /// Where the guest kernel announced its context-switch ring.
+    switch_ring_gpa: Option<u64>,
+    /// Taking a boot snapshot when `/init` is ready, instead of going on.
+    snapshot_builder: Option<snapshot::Builder>,
     clock: VmClock,
     exits: ExitCounts,
     exit_status: Option<u8>,

@@ -150,10 +150,11 @@ impl Vm {
 
     /// The guest kernel announced its context-switch ring (at boot).
     pub(super) fn attach_switch_ring(&mut self) {
+        let gpa = self.vcpu.sync_regs().regs.rsi;
+        self.switch_ring_gpa = Some(gpa);
         let Some(capture) = &mut self.events else {
             return;
         };
-        let gpa = self.vcpu.sync_regs().regs.rsi;
         match SwitchRing::new(&self.mem, gpa) {
             Ok(ring) => self.switch_ring = Some(ring),
             Err(why) => capture.bad_switch_ring(why),

@@ -36,6 +36,9 @@ pub enum StopReason {
     TraceEnded,
     /// Replay reached the end of the window it was asked for (`stop_at`).
     WindowEnded,
+    /// `/init` was ready and the boot snapshot asked for is written
+    /// (`snapshot_when_ready`).
+    SnapshotTaken,
 }
 
 /// Counts of VM exits by kind, and other run statistics.
@@ -76,6 +79,8 @@ pub struct RunOutcome {
     pub preempt: PreemptStats,
     /// Checkpoints taken (replay with `take_checkpoints`).
     pub checkpoints: Vec<super::CheckpointTaken>,
+    /// The boot snapshot taken (`snapshot_when_ready`).
+    pub boot_snapshot: Option<super::snapshot::SnapshotTaken>,
 }
 
 /// How the network device fared.
@@ -110,11 +115,12 @@ extern "C" fn on_kick(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_v
 impl Vm {
     /// Dispatches an exit the vCPU is no longer borrowed for.
     fn dispatch(&mut self, exit: VcpuExit<'_>) -> Result<(Next, Option<Entry>), VmError> {
+        let attached = self.devices_attached;
         dispatch(
             &mut Bus {
                 platform: &mut self.platform,
-                block: self.block.as_mut(),
-                net: self.net.as_mut(),
+                block: self.block.as_mut().filter(|_| attached),
+                net: self.net.as_mut().filter(|_| attached),
                 mem: &self.mem,
             },
             &mut self.journal,
@@ -239,12 +245,13 @@ impl Vm {
                     Candidate::NotOurs => self.dispatch(VcpuExit::MmioWrite(addr, &data))?,
                 }
             } else {
+                let attached = self.devices_attached;
                 match exit {
                     Ok(exit) => dispatch(
                         &mut Bus {
                             platform: &mut self.platform,
-                            block: self.block.as_mut(),
-                            net: self.net.as_mut(),
+                            block: self.block.as_mut().filter(|_| attached),
+                            net: self.net.as_mut().filter(|_| attached),
                             mem: &self.mem,
                         },
                         &mut self.journal,
@@ -311,6 +318,13 @@ impl Vm {
                     ControlMessage::Event(raiser) => self.guest_event(raiser)?,
                     ControlMessage::SwitchRing => self.attach_switch_ring(),
                     ControlMessage::PreemptArea => self.attach_preempt_area(),
+                    ControlMessage::Ready => {
+                        if self.take_boot_snapshot()? {
+                            return Ok(self.outcome(StopReason::SnapshotTaken));
+                        }
+                        self.devices_attached = true;
+                    }
+                    ControlMessage::Fetch => self.fetch_archive()?,
                     ControlMessage::Sync | ControlMessage::Unknown(_) => {}
                 }
             }
@@ -367,6 +381,7 @@ impl Vm {
             events: self.events.as_ref().map(Capture::summary),
             preempt: self.preempt.stats,
             checkpoints: self.checkpoints_taken().to_vec(),
+            boot_snapshot: self.snapshot_taken().cloned(),
         }
     }
 
@@ -400,6 +415,34 @@ impl Vm {
             self.platform.receive_input(&bytes);
         }
         Ok(())
+    }
+
+    /// `/init` asks for a piece of the run's archive: RCX bytes in, RDI
+    /// bytes of it to its buffer at virtual address RSI. The same archive
+    /// is written at the same exit in every replay.
+    fn fetch_archive(&mut self) -> Result<(), VmError> {
+        /// A piece larger than `/init`'s buffer is not one it asks for.
+        const MAX_PIECE: u64 = 1 << 20;
+        let regs = self.vcpu.sync_regs().regs;
+        let (gva, len, offset) = (regs.rsi, regs.rdi, regs.rcx);
+        let bad = |why: String| VmError::BadFetch { why };
+        let end = offset
+            .checked_add(len)
+            .filter(|&end| end <= self.archive.len() as u64 && len <= MAX_PIECE)
+            .ok_or_else(|| {
+                bad(format!(
+                    "at offset {offset}, {len} bytes, beyond its {} bytes",
+                    self.archive.len()
+                ))
+            })?;
+        let cr3 = self.vcpu.get_sregs().map_err(kvm_err("GET_SREGS"))?.cr3;
+        crate::gva::write_virt(
+            &self.mem,
+            cr3,
+            gva,
+            &self.archive[offset as usize..end as usize],
+        )
+        .map_err(|e| bad(format!("into a buffer at {gva:#x} it cannot write ({e})")))
     }
 
     /// Adds the vCPU's registers to a divergence report, and what the

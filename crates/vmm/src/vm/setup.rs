@@ -25,14 +25,18 @@ pub struct VmSpec {
     /// digested for a trace is what boots.
     pub kernel: PathBuf,
     pub kernel_image: Vec<u8>,
-    /// The base initramfs image, followed by archives generated at boot.
+    /// The base initramfs image.
     pub initramfs: Vec<u8>,
-    /// How many bytes of `initramfs` are the base image.
-    pub initramfs_base_len: usize,
-    /// Where the base initramfs image came from.
+    /// Where it came from.
     pub initramfs_path: PathBuf,
-    /// The archive appended to it (already part of `initramfs`).
-    pub extra_initramfs: Vec<u8>,
+    /// The run's archive, which `/init` fetches once it is ready
+    /// (`crate::guest`).
+    pub archive: Vec<u8>,
+    /// Whether the run boots the kernel or restores a boot snapshot.
+    pub start: Start,
+    /// The wall-clock time `/init` sets (a guest restored from a
+    /// snapshot), as (seconds, nanoseconds) since the Unix epoch.
+    pub wall_clock: Option<(u64, u32)>,
     /// Base image of the virtio disk, if the guest has one.
     pub disk: Option<DiskImage>,
     /// The virtio network device, if the guest has one.
@@ -41,6 +45,22 @@ pub struct VmSpec {
     pub memory_mib: u64,
     /// Seed for the guest kernel's random number generator.
     pub rng_seed: [u8; boot::RNG_SEED_LEN],
+}
+
+/// Where a run begins.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Start {
+    /// From power-on: the kernel boots.
+    Cold,
+    /// From the boot snapshot of this kernel, initramfs, memory size and
+    /// command line in the snapshot cache, taken first if there is none
+    /// (`crate::snapshot`).
+    Snapshot,
+    /// From a trace's boot snapshot, which must be the one it names.
+    TraceSnapshot {
+        path: PathBuf,
+        snapshot: trace::SnapshotRef,
+    },
 }
 
 /// The base image of the guest's disk, opened once: the file a trace's
@@ -187,12 +207,24 @@ impl Vm {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0);
+        let mut platform = LegacyPlatform::new(boot_unix_secs, console);
+        let archive =
+            crate::guest::delivered_archive(&spec.archive, &spec.rng_seed, spec.wall_clock)
+                .map_err(|e| VmError::Restore(format!("the run's archive: {e}")))?;
+        let archive_len = u32::try_from(archive.len()).map_err(|_| VmError::ArchiveTooLarge {
+            bytes: archive.len(),
+        })?;
+        platform.set_archive_len(archive_len);
         Ok(Vm {
             vcpu,
             _vm: vm,
             _kvm: kvm,
             mem,
-            platform: LegacyPlatform::new(boot_unix_secs, console),
+            platform,
+            archive,
+            devices_attached: false,
+            switch_ring_gpa: None,
+            snapshot_builder: None,
             clock: VmClock::new(),
             resume_rip: None,
             host_cpu: None,

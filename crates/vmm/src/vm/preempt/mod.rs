@@ -170,10 +170,23 @@ impl Vm {
     /// whether it captures events or not.
     pub(in crate::vm) fn attach_preempt_area(&mut self) {
         let gpa = self.vcpu.sync_regs().regs.rsi;
-        let Ok(area) = GuestArea::read(&self.mem, gpa) else {
+        if GuestArea::read(&self.mem, gpa).is_err() {
+            return;
+        }
+        self.preempt.area_gpa = Some(gpa);
+        self.install_probe_gate();
+    }
+
+    /// Writes the probe gate into the announced area's code page, in the
+    /// mode this run needs.
+    pub(in crate::vm) fn install_probe_gate(&mut self) {
+        let Some(area) = self
+            .preempt
+            .area_gpa
+            .and_then(|gpa| GuestArea::read(&self.mem, gpa).ok())
+        else {
             return;
         };
-        self.preempt.area_gpa = Some(gpa);
         let mode = if self.journal.is_replay() {
             probe_gate::Mode::Exit
         } else {
