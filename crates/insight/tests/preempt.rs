@@ -46,6 +46,20 @@ fn a_busy_waiting_thread_is_preempted_and_replays() {
 
 #[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
 #[test]
+fn points_in_loops_whose_back_edge_is_far_from_their_head_replay() {
+    guest_ready();
+    // Busybox bc's digit loops jump back into the first bytes of the loop
+    // from 25 and 43 bytes further on: a trampoline placed over those
+    // bytes, with the back edge unseen, made the replay run garbage.
+    let stdout = record_preempted_and_replay(
+        "busybox-bc",
+        &["sh", "-c", "echo 'scale=1000; a(1)*4' | bc -l | head -c 8"],
+    );
+    assert_eq!(stdout, "3.141592", "{stdout}");
+}
+
+#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
+#[test]
 fn spin_lock_holders_preempted_in_their_critical_section_replay() {
     guest_ready();
     let stdout = record_preempted_and_replay("spin-lock", &["spin_lock", "4", "300"]);

@@ -22,9 +22,13 @@ use iced_x86::{
 
 /// Bytes a `jmp rel32` takes.
 pub const PATCH_LEN: usize = 5;
-/// Code bytes the recorder reads at a position: enough for the longest
-/// patch (four 15-byte instructions cannot all be needed, five bytes are).
-pub const CODE_WINDOW: usize = PATCH_LEN + 15;
+/// Code bytes the recorder reads at a position: the longest patch (four
+/// 15-byte instructions cannot all be needed, five bytes are), and the
+/// code after it, where a loop's back edge may jump into the bytes the
+/// patch covers (`Site::entered_inside`). Busybox's `bc` has such a loop
+/// whose back edge is 43 bytes after its head. At most a page, so that the
+/// three pages an asynchronous point keeps hold it.
+pub const CODE_WINDOW: usize = 1024;
 /// How far back the start of a spin loop may be.
 pub const LOOP_WINDOW: u64 = 64;
 
@@ -408,6 +412,49 @@ mod tests {
         let code = [0x90, 0x90, 0x90, 0x90, 0x90, 0x75, 0xfa];
         let s = choose(AT, &code, &[]).unwrap();
         assert!(s.entered_inside(&code, &[]));
+    }
+
+    #[test]
+    fn a_back_edge_far_after_the_patch_is_seen() {
+        // Busybox bc's digit subtraction: the inner loop's `jmp` at +0x26
+        // goes back to the `mov` at +0x11, the outer one's at +0x2b to the
+        // `cmp` at +0x2; both land inside a patch at +0x0 or +0xd.
+        let code = [
+            0x31, 0xc0, // +0x00 xor eax,eax
+            0x48, 0x39, 0xd0, // +0x02 cmp rax,rdx
+            0x74, 0x26, // +0x05 je +0x2d
+            0x8a, 0x0c, 0x06, // +0x07 mov cl,[rsi+rax]
+            0x28, 0x0c, 0x07, // +0x0a sub [rdi+rax],cl
+            0x48, 0x8d, 0x0c, 0x07, // +0x0d lea rcx,[rdi+rax]
+            0x44, 0x8a, 0x01, // +0x11 mov r8b,[rcx]
+            0x48, 0xff, 0xc1, // +0x14 inc rcx
+            0x45, 0x84, 0xc0, // +0x17 test r8b,r8b
+            0x79, 0x0c, // +0x1a jns +0x28
+            0x41, 0x83, 0xc0, 0x0a, // +0x1c add r8d,10
+            0xfe, 0x09, // +0x20 dec byte [rcx]
+            0x44, 0x88, 0x41, 0xff, // +0x22 mov [rcx-1],r8b
+            0xeb, 0xe9, // +0x26 jmp +0x11
+            0x48, 0xff, 0xc0, // +0x28 inc rax
+            0xeb, 0xd5, // +0x2b jmp +0x02
+            0xc3, // +0x2d ret
+        ];
+        assert!(code.len() <= CODE_WINDOW);
+        for offset in [0x0, 0xd] {
+            let s = choose(
+                AT + offset,
+                &code[offset as usize..],
+                &code[..offset as usize],
+            )
+            .unwrap();
+            assert!(
+                s.entered_inside(&code[offset as usize..], &code[..offset as usize]),
+                "a patch at +{offset:#x} is entered in its middle"
+            );
+        }
+        // At the `sub`, the patch covers the `sub` and the `lea`: nothing
+        // enters there.
+        let s = choose(AT + 0xa, &code[0xa..], &code[..0xa]).unwrap();
+        assert!(!s.entered_inside(&code[0xa..], &code[..0xa]));
     }
 
     #[test]
