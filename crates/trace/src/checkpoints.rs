@@ -225,6 +225,16 @@ pub fn read<T: DeserializeOwned>(
     read_at(path, identity, named_exit, "trace")
 }
 
+/// The body digest a file in the checkpoint format says it has, read
+/// from its head alone (not checked against the body: `read_at` does that).
+pub fn stored_digest(path: &Path) -> Result<Digest32, TraceError> {
+    let mut head = [0u8; HEAD];
+    std::fs::File::open(path)
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut head))
+        .map_err(io_err(path))?;
+    Ok(head[60..HEAD].try_into().expect("32 bytes"))
+}
+
 /// Reads and checks a state in the checkpoint format at `path`, which
 /// must have been taken at `named_exit` for the owner `identity` names (a
 /// trace, or a boot image for a snapshot); returns it with its digest.

@@ -276,11 +276,11 @@ pub fn link_into(started: &CacheStart, to: &Path) -> Result<(), SnapshotError> {
     if std::fs::hard_link(cached, to).is_err() {
         std::fs::copy(cached, to).map_err(cache_err(to))?;
     }
-    let mut head = [0u8; 92];
-    std::fs::File::open(to)
-        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut head))
-        .map_err(cache_err(to))?;
-    if head[60..92] != started.restored.digest[..] {
+    let linked = checkpoints::stored_digest(to).map_err(|e| SnapshotError::Cache {
+        path: to.to_owned(),
+        source: std::io::Error::other(e.to_string()),
+    })?;
+    if linked != started.restored.digest {
         let _ = std::fs::remove_file(to);
         return Err(SnapshotError::Cache {
             path: cached.clone(),
