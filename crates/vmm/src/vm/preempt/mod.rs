@@ -71,8 +71,11 @@ pub struct PreemptStats {
 pub(super) struct Preemption {
     /// Where the guest kernel keeps its area, once announced.
     area_gpa: Option<u64>,
-    /// VM time of the last deterministic exit.
-    last_exit_ns: u64,
+    /// VM time of the last deterministic exit; `None` before the run's
+    /// first (a restored guest's log starts at its first exit, and a
+    /// point before it would follow no exit: replay could not look for
+    /// it).
+    last_exit_ns: Option<u64>,
     /// Recording: VM time the dirty log last started afresh.
     last_reset_ns: u64,
     /// No new attempt before this VM time.
@@ -256,7 +259,7 @@ impl Vm {
     /// hold what is not, such as a host TSC a user-mode RDTSC returned on
     /// hosts that cannot trap it; `without_timestamps` leaves those out).
     pub(in crate::vm) fn preempt_after_exit(&mut self, now: u64) -> Result<(), VmError> {
-        self.preempt.last_exit_ns = now;
+        self.preempt.last_exit_ns = Some(now);
         if let Some(trap) = self.preempt.trap.take() {
             self.restore(&trap.saved);
         }

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use vm_memory::{Bytes, GuestAddress};
 
-use super::{Candidate, PREEMPT_AFTER_NS, RETRY_NS, TRAP_NS};
+use super::{Candidate, Preemption, PREEMPT_AFTER_NS, RETRY_NS, TRAP_NS};
 use crate::journal::Journal;
 use crate::preempt::guest_code::{trampoline_entries, PageTables};
 use crate::preempt::state::{self, PageSet, UserState};
@@ -28,20 +28,15 @@ impl Vm {
     /// Recording: when the vCPU should be kicked to look for an
     /// asynchronous point (u64::MAX: not before something else happens).
     pub(in crate::vm) fn preempt_deadline(&self) -> u64 {
-        if !matches!(self.journal, Journal::Record(_))
-            || self.preempt.area_gpa.is_none()
-            || self.preempt.exits_only
-        {
+        if !matches!(self.journal, Journal::Record(_)) {
             return u64::MAX;
         }
-        if let Some(trap) = &self.preempt.trap {
-            return trap.since_ns + TRAP_NS;
-        }
-        let mut due = (self.preempt.last_exit_ns + PREEMPT_AFTER_NS).max(self.preempt.retry_ns);
-        if !self.platform.pic.has_pending() {
-            due = due.max(self.platform.next_timer_ns().unwrap_or(u64::MAX));
-        }
-        due
+        let interrupt = if self.platform.pic.has_pending() {
+            Some(0)
+        } else {
+            self.platform.next_timer_ns()
+        };
+        self.preempt.point_due(interrupt)
     }
 
     /// Recording, at a kick: if an interrupt has waited a tick for an exit
@@ -159,7 +154,7 @@ impl Vm {
             },
             stub,
             code_pages,
-            run_ns: now.saturating_sub(self.preempt.last_exit_ns),
+            run_ns: now.saturating_sub(self.preempt.last_exit_ns.unwrap_or(now)),
         })))
     }
 
@@ -237,6 +232,29 @@ impl Vm {
     }
 }
 
+impl Preemption {
+    /// Recording: the VM time at which to look for an asynchronous point,
+    /// given when an interrupt is or will be pending (`interrupt`);
+    /// u64::MAX for never before something else happens. A tick after the
+    /// last deterministic exit, and never before the run's first: a point
+    /// must follow an exit, where replay puts its trampoline in place (a
+    /// restored guest's first kick may come before its first exit).
+    fn point_due(&self, interrupt: Option<u64>) -> u64 {
+        if self.area_gpa.is_none() || self.exits_only {
+            return u64::MAX;
+        }
+        if let Some(trap) = &self.trap {
+            return trap.since_ns + TRAP_NS;
+        }
+        let Some(last_exit_ns) = self.last_exit_ns else {
+            return u64::MAX;
+        };
+        (last_exit_ns + PREEMPT_AFTER_NS)
+            .max(self.retry_ns)
+            .max(interrupt.unwrap_or(u64::MAX))
+    }
+}
+
 /// Of `pages`, those the address space `cr3` maps for user mode: the
 /// memory the program can see. The guest kernel's pages are left out: a
 /// point tells loop iterations apart by what the program sees (registers
@@ -266,4 +284,27 @@ fn without_timestamps(
                 .chunks_exact(8)
                 .any(|w| tsc.contains(&u64::from_le_bytes(w.try_into().unwrap_or([0; 8]))))
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn points_are_due_a_tick_after_an_exit_and_never_before_the_first() {
+        let mut p = Preemption {
+            area_gpa: Some(0x1000),
+            ..Default::default()
+        };
+        // A restored guest 10 s into its boot, before its first exit.
+        assert_eq!(p.point_due(Some(0)), u64::MAX);
+        p.last_exit_ns = Some(10_000_000_000);
+        assert_eq!(p.point_due(Some(0)), 10_000_000_000 + PREEMPT_AFTER_NS);
+        assert_eq!(p.point_due(Some(20_000_000_000)), 20_000_000_000);
+        assert_eq!(p.point_due(None), u64::MAX);
+        p.retry_ns = 10_050_000_000;
+        assert_eq!(p.point_due(Some(0)), 10_050_000_000);
+        p.exits_only = true;
+        assert_eq!(p.point_due(Some(0)), u64::MAX);
+    }
 }
