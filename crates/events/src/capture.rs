@@ -137,6 +137,15 @@ impl Capture {
         self.current.map(|(_, lwpid)| lwpid)
     }
 
+    /// The name (comm) a process's threads raised their first events
+    /// under, if any has.
+    pub fn comm_of(&self, pid: u32) -> Option<&str> {
+        self.threads
+            .iter()
+            .find(|t| t.0 == pid)
+            .map(|t| t.2.as_str())
+    }
+
     pub fn is_tracked(&self, lwpid: u32) -> bool {
         self.tracked.contains(&lwpid)
     }

@@ -21,6 +21,8 @@ pub enum Output {
     Html,
     Svg,
     Folded,
+    InstructionTrace,
+    MemoryTrace,
 }
 
 /// Bytes of an existing file looked at to recognize it.
@@ -34,6 +36,8 @@ impl Output {
             Output::Html => "an insight HTML report",
             Output::Svg => "an insight flame graph",
             Output::Folded => "a file of folded stacks",
+            Output::InstructionTrace => "an insight instruction trace",
+            Output::MemoryTrace => "an insight memory-access trace",
         }
     }
 
@@ -58,28 +62,43 @@ impl Output {
             Output::Svg => {
                 text().starts_with("<?xml") && text().contains(diagnosis::FLAME_GRAPH_MARK)
             }
-            Output::Folded => {
-                // Lines of "frame;frame;... COUNT"; the head may end inside
-                // a character and a line.
-                let cut = head.len() as u64 == HEAD_BYTES;
-                let text = match std::str::from_utf8(head) {
-                    Ok(t) => t,
-                    Err(e) if cut => std::str::from_utf8(&head[..e.valid_up_to()]).unwrap_or(""),
-                    Err(_) => return false,
-                };
-                let mut lines: Vec<&str> = text.lines().collect();
-                if cut && !text.ends_with('\n') {
-                    lines.pop();
-                }
-                !lines.is_empty()
-                    && lines.iter().all(|l| {
-                        l.rsplit_once(' ').is_some_and(|(_, n)| {
-                            !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())
-                        })
+            // A zstd frame.
+            Output::InstructionTrace => head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]),
+            Output::MemoryTrace => lines_of(head).is_some_and(|lines| {
+                lines.iter().all(|l| {
+                    let f: Vec<&str> = l.split(' ').collect();
+                    f.len() == 5
+                        && matches!(f[0], "L" | "S" | "M")
+                        && f[1].starts_with("0x")
+                        && f[4].starts_with("0x")
+                })
+            }),
+            // Lines of "frame;frame;... COUNT".
+            Output::Folded => lines_of(head).is_some_and(|lines| {
+                lines.iter().all(|l| {
+                    l.rsplit_once(' ').is_some_and(|(_, n)| {
+                        !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())
                     })
-            }
+                })
+            }),
         }
     }
+}
+
+/// The whole lines of a file's `head` (which may end inside a character
+/// and a line); `None` if it is not text or has none.
+fn lines_of(head: &[u8]) -> Option<Vec<&str>> {
+    let cut = head.len() as u64 == HEAD_BYTES;
+    let text = match std::str::from_utf8(head) {
+        Ok(t) => t,
+        Err(e) if cut => std::str::from_utf8(&head[..e.valid_up_to()]).unwrap_or(""),
+        Err(_) => return None,
+    };
+    let mut lines: Vec<&str> = text.lines().collect();
+    if cut && !text.ends_with('\n') {
+        lines.pop();
+    }
+    (!lines.is_empty()).then_some(lines)
 }
 
 /// Checks that `path` may be written as `kind` (see the module's rules);

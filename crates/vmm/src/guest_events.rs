@@ -108,6 +108,7 @@ const PT_REGS_SIZE: u64 = 21 * 8;
 const PT_REGS_RBP: usize = 4;
 const PT_REGS_RIP: usize = 16;
 const PT_REGS_CS: usize = 17;
+const PT_REGS_FLAGS: usize = 18;
 const PT_REGS_RSP: usize = 19;
 
 /// The user registers (RIP, RSP, RBP) of the task in the guest kernel, as
@@ -128,6 +129,30 @@ pub fn user_regs_in_kernel(mem: &GuestMemoryMmap, cr3: u64, top_of_stack: u64) -
     let at = |i: usize| u64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().unwrap_or_default());
     let (rip, rsp, cs) = (at(PT_REGS_RIP), at(PT_REGS_RSP), at(PT_REGS_CS));
     (cs & 3 == 3 && rip < USER_END && rsp < USER_END).then_some([rip, rsp, at(PT_REGS_RBP)])
+}
+
+/// Sets `flags` in the user RFLAGS the current task's kernel entry saved
+/// (see [`user_regs_in_kernel`]), which its return to user mode loads;
+/// false if the task did not enter from user mode.
+pub fn set_user_flags_in_kernel(
+    mem: &GuestMemoryMmap,
+    cr3: u64,
+    top_of_stack: u64,
+    flags: u64,
+) -> bool {
+    if user_regs_in_kernel(mem, cr3, top_of_stack).is_none() {
+        return false;
+    }
+    let mut word = [0u8; 8];
+    let Ok(()) = gva::read_virt(mem, cr3, top_of_stack, &mut word) else {
+        return false;
+    };
+    let at = u64::from_le_bytes(word) - PT_REGS_SIZE + PT_REGS_FLAGS as u64 * 8;
+    if gva::read_virt(mem, cr3, at, &mut word).is_err() {
+        return false;
+    }
+    let value = u64::from_le_bytes(word) | flags;
+    gva::write_virt(mem, cr3, at, &value.to_le_bytes()).is_ok()
 }
 
 /// The guest kernel's context-switch ring (docs/events.md): a header

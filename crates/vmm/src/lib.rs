@@ -9,6 +9,7 @@ pub mod branch_clock;
 pub mod config;
 pub mod console;
 pub mod cpuid;
+pub mod expand;
 pub mod guest;
 pub mod guest_events;
 pub mod gva;
@@ -28,6 +29,6 @@ pub mod xstate;
 
 pub use config::VmConfig;
 pub use vm::{
-    CheckpointEvery, CheckpointRestored, CheckpointTaken, ReplayPoint, RunOutcome, StopReason, Vm,
-    VmError, VmSpec,
+    CheckpointEvery, CheckpointRestored, CheckpointTaken, ExpansionSpec, ExpansionStats,
+    ReplayPoint, RunOutcome, StopReason, TraceTarget, Vm, VmError, VmSpec,
 };

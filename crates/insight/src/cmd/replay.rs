@@ -134,6 +134,36 @@ pub struct ReplayArgs {
     /// replay's checks then report a divergence, never a wrong result.
     #[arg(long)]
     pub(super) any_cpu: bool,
+    /// Single-step the user code of one process at replay: its pid, or the
+    /// name its threads raise events under (the kernel's 15-character
+    /// `comm`; the first such process), and write what it executed with
+    /// --trace-instructions and the memory it read and wrote with
+    /// --trace-memory. The process must be tracked (recorded with
+    /// --probes), and is traced from its first event on. About 10,000
+    /// instructions a second on hosts without user-mode single-stepping:
+    /// for short programs and windows (docs/expansion.md).
+    #[arg(long, value_name = "PID|NAME", value_parser = parse_trace_target)]
+    trace_process: Option<vmm::TraceTarget>,
+    /// Write each user instruction the traced process executed (thread,
+    /// address, bytes) to FILE, zstd-compressed (docs/expansion.md).
+    #[arg(long, value_name = "FILE", requires = "trace_process")]
+    trace_instructions: Option<PathBuf>,
+    /// Write each load and store of the traced process's user code to
+    /// FILE, a line per access: kind (L, S or M for read-modify-write, as
+    /// Valgrind's lackey), address, size, thread, instruction address.
+    #[arg(long, value_name = "FILE", requires = "trace_process")]
+    trace_memory: Option<PathBuf>,
+}
+
+/// `--trace-process`: a pid, or a process name.
+fn parse_trace_target(text: &str) -> Result<vmm::TraceTarget, String> {
+    if text.is_empty() {
+        return Err("name a process: its pid or its name".into());
+    }
+    Ok(match text.parse::<u32>() {
+        Ok(pid) => vmm::TraceTarget::Pid(pid),
+        Err(_) => vmm::TraceTarget::Name(text.to_owned()),
+    })
 }
 
 /// Where the kernel half of the guest's address space starts.
@@ -234,6 +264,21 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
             .filter_map(|t| t.replay_needs().sample_period)
             .min();
     }
+    if args.trace_process.is_some() {
+        if args.trace_instructions.is_none() && args.trace_memory.is_none() {
+            bail!(
+                "--trace-process needs somewhere to write: --trace-instructions FILE, \
+                 --trace-memory FILE or both"
+            );
+        }
+        if args.jobs.is_some() {
+            bail!("--trace-process traces one replay: it cannot be split with --jobs");
+        }
+        // The event capture says which task is on the CPU.
+        if args.events.is_none() {
+            args.events = Some(trace.join(traces::EVENTS_DB));
+        }
+    }
     if args.sample_period.is_some() && args.events.is_none() {
         bail!("--sample-period needs somewhere to put the samples: --events FILE or --diagnose");
     }
@@ -243,6 +288,12 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
     }
     if let Some(path) = &args.tx_pcap {
         outputs::check(path, Output::Pcap, args.force)?;
+    }
+    if let Some(path) = &args.trace_instructions {
+        outputs::check(path, Output::InstructionTrace, args.force)?;
+    }
+    if let Some(path) = &args.trace_memory {
+        outputs::check(path, Output::MemoryTrace, args.force)?;
     }
     if let Some(jobs) = args.jobs {
         return super::segments::replay_in_parallel(&trace, &args, jobs, tools);
@@ -326,17 +377,36 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
                 GuestFiles::from_initramfs(&guest::with_archive(&spec.initramfs, &spec.archive));
             let load = move |path: &str| files.get(path).map(<[u8]>::to_vec);
             vm.unwind_stacks(unwind::Processes::new(Box::new(load)));
-            // A uniprocessor kernel's per-CPU variables are plain globals.
-            let top = ElfSymbols::parse(&spec.kernel_image)
-                .and_then(|k| k.data_address("cpu_current_top_of_stack"))
-                .filter(|&a| a >= KERNEL_HALF);
-            if let Some(gva) = top {
-                vm.user_registers_below(gva);
-            }
+        }
+        // Samples in the kernel find the user registers there, and the
+        // tracing of a process sets its trap flag there. A uniprocessor
+        // kernel's per-CPU variables are plain globals.
+        let top = ElfSymbols::parse(&spec.kernel_image)
+            .and_then(|k| k.data_address("cpu_current_top_of_stack"))
+            .filter(|&a| a >= KERNEL_HALF);
+        if let Some(gva) = top {
+            vm.user_registers_below(gva);
         }
         if let Some(period) = args.sample_period {
             vm.sample_every(period);
         }
+    }
+    if let Some(target) = &args.trace_process {
+        vm.expand_user(vmm::ExpansionSpec {
+            target: target.clone(),
+            instructions: args
+                .trace_instructions
+                .as_deref()
+                .map(instruction_trace)
+                .transpose()?,
+            memory: args
+                .trace_memory
+                .as_deref()
+                .map(|p| -> Result<Box<dyn Write + Send>> {
+                    Ok(Box::new(BufWriter::new(create_output(p)?)))
+                })
+                .transpose()?,
+        });
     }
     vm.set_journal(Journal::Replay(Box::new(Replayer::new(reader))));
     let from = args.from.map(|p| p.resolve(&trace, false)).transpose()?;
@@ -372,7 +442,9 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
         vm.take_checkpoints(&trace, every)?;
     }
     attach_progress(&mut vm, &status, "replay");
+    let started = Instant::now();
     let result = vm.run();
+    let replay_time = started.elapsed();
     status.clear();
     if let Ok(outcome) = &result {
         report_checkpoints(&outcome.checkpoints, &trace);
@@ -420,6 +492,9 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
     };
     if let Some(problems) = net_problems(outcome.net.as_ref()) {
         eprintln!("insight: {problems}");
+    }
+    if let Some(stats) = &outcome.expansion {
+        report_expansion(stats, &args, replay_time);
     }
     if let (Some(summary), Some(path)) = (&outcome.events, &args.events) {
         report_capture(summary, path);
@@ -488,6 +563,56 @@ pub(super) fn diagnose(tools: Vec<Box<dyn Plugin>>, path: &Path) -> Result<()> {
         print!("{}", printable(&out.text));
     }
     Ok(())
+}
+
+/// A new output file at `path` (checked by `outputs::check` before the
+/// replay started).
+fn create_output(path: &Path) -> Result<File> {
+    File::create(path).with_context(|| format!("cannot create {}", path.display()))
+}
+
+/// The zstd-compressed instruction trace at `path`.
+fn instruction_trace(path: &Path) -> Result<Box<dyn Write + Send>> {
+    let encoder = zstd::Encoder::new(BufWriter::new(create_output(path)?), 3)
+        .with_context(|| format!("cannot start compressing {}", path.display()))?;
+    Ok(Box::new(encoder.auto_finish()))
+}
+
+/// What the single-stepping of `--trace-process` found.
+fn report_expansion(stats: &vmm::ExpansionStats, args: &ReplayArgs, replay_time: Duration) {
+    let Some(pid) = stats.pid else {
+        eprintln!(
+            "insight: no process matching --trace-process raised an event: nothing was traced \
+             (trace a process recorded with --probes, by its pid or name as `insight report \
+             threads` lists them)"
+        );
+        return;
+    };
+    let mut written = Vec::new();
+    if let Some(p) = &args.trace_instructions {
+        written.push(format!("instructions to {}", p.display()));
+    }
+    if let Some(p) = &args.trace_memory {
+        written.push(format!("accesses to {}", p.display()));
+    }
+    let secs = replay_time.as_secs_f64();
+    eprintln!(
+        "insight: traced process {pid}: {} instructions and {} memory accesses in {} thread{} \
+         during a replay of {secs:.1} s (at least {:.0} instructions/s); {}",
+        stats.instructions,
+        stats.accesses,
+        stats.threads,
+        if stats.threads == 1 { "" } else { "s" },
+        stats.instructions as f64 / secs.max(1e-3),
+        written.join(", ")
+    );
+    if stats.unreadable > 0 {
+        eprintln!(
+            "insight: {} instructions of process {pid} were executed from pages it had unmapped \
+             before they could be read: counted, not in the traces",
+            stats.unreadable
+        );
+    }
 }
 
 /// What went into the event database, and what the guest got wrong.

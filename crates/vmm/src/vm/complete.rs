@@ -12,6 +12,20 @@ const INTERNAL_ERROR_EMULATION: u32 = 1;
 const MAX_INSN_LEN: usize = 15;
 
 impl Vm {
+    /// Completes the instruction of the last exit now, without entering
+    /// the guest (a KVM_RUN with `immediate_exit`): its registers are then
+    /// the ones to read or change. False if the vCPU ran on instead.
+    pub(super) fn complete_exit_now(&mut self, what: &'static str) -> Result<bool, VmError> {
+        self.vcpu.set_kvm_immediate_exit(1);
+        let completed = self.vcpu.run().map(|_| ());
+        self.vcpu.set_kvm_immediate_exit(0);
+        match completed {
+            Err(e) if e.errno() == libc::EINTR => Ok(true),
+            Err(e) => Err(kvm_err(what)(e)),
+            Ok(()) => Ok(false),
+        }
+    }
+
     /// KVM could not emulate a guest instruction: complete it if it is one
     /// the VMM knows, otherwise stop with its bytes.
     pub(super) fn complete_unemulated(&mut self) -> Result<(), VmError> {

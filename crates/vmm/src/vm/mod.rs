@@ -29,6 +29,7 @@ use crate::xstate::XsaveLayout;
 mod checkpoint;
 mod complete;
 mod dispatch;
+mod expand;
 mod inputs;
 mod interrupts;
 mod preempt;
@@ -38,6 +39,7 @@ mod setup;
 pub mod snapshot;
 
 pub use checkpoint::{CheckpointEvery, CheckpointRestored, CheckpointTaken, ReplayPoint};
+pub use expand::{ExpansionSpec, ExpansionStats, TraceTarget};
 pub use preempt::PreemptStats;
 pub use run::{ExitCounts, NetReport, ProgressFn, RunOutcome, StopReason};
 pub use setup::{DiskImage, NetSpec, Start, VmSpec};
@@ -102,6 +104,8 @@ pub enum VmError {
     Events(#[from] DbError),
     #[error(transparent)]
     Checkpoint(trace::TraceError),
+    #[error("tracing the process: {0}")]
+    Expansion(String),
     #[error("cannot restore the checkpoint: {0}")]
     Restore(String),
     #[error("the run's archive has {bytes} bytes; the guest's /init takes at most 4 GiB")]
@@ -230,6 +234,9 @@ pub struct Vm {
     after_exit: bool,
     /// Replay: where the window ends.
     stop_at: Option<ReplayPoint>,
+    /// Replay: a process single-stepped for its instructions and memory
+    /// accesses.
+    expansion: Option<expand::Expansion>,
 }
 
 /// Return addresses a SAMPLE, or a lock event, keeps.

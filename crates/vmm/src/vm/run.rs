@@ -81,6 +81,8 @@ pub struct RunOutcome {
     pub checkpoints: Vec<super::CheckpointTaken>,
     /// The boot snapshot taken (`snapshot_when_ready`).
     pub boot_snapshot: Option<super::snapshot::SnapshotTaken>,
+    /// What the expansion traced (replay with `expand_user`).
+    pub expansion: Option<super::ExpansionStats>,
 }
 
 /// How the network device fared.
@@ -151,6 +153,10 @@ impl Vm {
                 let result = vm.run_vcpu(&shared);
                 let result = vm.describe_divergence(result);
                 vm.end_patches();
+                let result = match (result, vm.end_expansion()) {
+                    (Ok(_), Err(e)) => Err(e),
+                    (result, _) => result,
+                };
                 let result = vm.end_journal(result);
                 let result = vm.end_events(result);
                 shared.done.store(true, Ordering::Release);
@@ -215,6 +221,7 @@ impl Vm {
             kick.deadline_ns.store(deadline, Ordering::Release);
 
             let resumed_at = self.resume_rip.take();
+            let expanding = self.expanding();
             let exit = self.vcpu.run();
             // A store to the exit page while a trampoline is in place is
             // it saying it found what it looks for, and one at replay to
@@ -229,6 +236,12 @@ impl Vm {
                 }
                 _ => None,
             };
+            if expanding && matches!(exit, Ok(VcpuExit::Debug(_))) {
+                drop(exit);
+                self.expansion_step()?;
+                self.preempt.traced_step();
+                continue;
+            }
             let (next, observed) = if let Some((addr, data)) = store {
                 drop(exit);
                 let candidate = if addr == probe_gate::STORE_GPA {
@@ -241,7 +254,13 @@ impl Vm {
                         self.at_delivery_point = true;
                         continue;
                     }
-                    Candidate::Passed => continue,
+                    Candidate::Passed => {
+                        if addr == probe_gate::STORE_GPA {
+                            // A probe event: its task may be one to trace.
+                            self.arm_expansion()?;
+                        }
+                        continue;
+                    }
                     Candidate::NotOurs => self.dispatch(VcpuExit::MmioWrite(addr, &data))?,
                 }
             } else {
@@ -267,8 +286,9 @@ impl Vm {
                     Err(e) => return Err(kvm_err("RUN")(e)),
                 }
             };
-            self.at_delivery_point = observed.is_some();
-            self.after_exit = observed.is_some() && self.journal.is_replay();
+            let observed_exit = observed.is_some();
+            self.at_delivery_point = observed_exit;
+            self.after_exit = observed_exit && self.journal.is_replay();
             if observed.is_some() {
                 self.preempt_after_exit(self.clock.now_ns())?;
             } else if matches!(self.journal, Journal::Record(_)) {
@@ -328,6 +348,9 @@ impl Vm {
                     ControlMessage::Sync | ControlMessage::Unknown(_) => {}
                 }
             }
+            if observed_exit {
+                self.arm_expansion()?;
+            }
             match next {
                 Next::Continue => {}
                 Next::WaitForInterrupt if self.journal.is_replay() => {
@@ -382,6 +405,7 @@ impl Vm {
             preempt: self.preempt.stats,
             checkpoints: self.checkpoints_taken().to_vec(),
             boot_snapshot: self.snapshot_taken().cloned(),
+            expansion: self.expansion_stats(),
         }
     }
 

@@ -255,6 +255,7 @@ impl Vm {
             restored: None,
             after_exit: false,
             stop_at: None,
+            expansion: None,
         })
     }
 }

@@ -151,6 +151,14 @@ impl Preemption {
         }
     }
 
+    /// Replay: a single step of a traced process (a search under way
+    /// allows for it, as for a gate exit).
+    pub(in crate::vm) fn traced_step(&mut self) {
+        if let Some(search) = &mut self.search {
+            search.gate_exits += 1;
+        }
+    }
+
     /// Replay: what the search for a point under way has seen.
     pub(in crate::vm) fn search_progress(&self) -> Option<String> {
         self.search.as_ref().map(Search::progress)
@@ -381,18 +389,11 @@ impl Vm {
     /// store, puts the guest's bytes back and moves RIP to the patched
     /// position, where an interrupt may then be delivered.
     pub(in crate::vm) fn complete_trampoline_exit(&mut self, patch: &Patch) -> Result<(), VmError> {
-        self.vcpu.set_kvm_immediate_exit(1);
-        let completed = self.vcpu.run().map(|_| ());
-        self.vcpu.set_kvm_immediate_exit(0);
-        match completed {
-            Err(e) if e.errno() == libc::EINTR => {}
-            Err(e) => return Err(kvm_err("RUN (completing a trampoline's exit)")(e)),
-            Ok(()) => {
-                return Err(self
-                    .journal
-                    .async_point_missed("the vCPU ran on past the trampoline".into())
-                    .into())
-            }
+        if !self.complete_exit_now("RUN (completing a trampoline's exit)")? {
+            return Err(self
+                .journal
+                .async_point_missed("the vCPU ran on past the trampoline".into())
+                .into());
         }
         self.restore(&patch.saved);
         let mut regs = self.vcpu.get_regs().map_err(kvm_err("GET_REGS"))?;

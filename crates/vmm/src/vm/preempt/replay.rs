@@ -9,8 +9,9 @@ use crate::preempt::state::{self, PageSet, UserState};
 use crate::preempt::{site, trampoline, AsyncPoint};
 use crate::vm::{kvm_err, Vm, VmError};
 
-/// What a probe gate exit may add to a search's time: a user-mode exit
-/// costs 30-45 us on these hosts, and the event's capture a few more.
+/// What a probe gate exit, or a single step of a traced process, may add
+/// to a search's time: a user-mode exit costs 30-45 us on these hosts,
+/// and the event's capture (or the step's logging) a few more.
 const GATE_EXIT_ALLOWANCE: Duration = Duration::from_micros(200);
 
 /// A point replay is looking for.
@@ -23,8 +24,8 @@ pub(super) struct Search {
     rejected: u64,
     /// How the last rejected candidate differed, for the report.
     last_rejection: Vec<String>,
-    /// Probe gate exits since the search began: replay's alone, each a
-    /// round trip the recording did not make.
+    /// Probe gate exits and traced steps since the search began: replay's
+    /// alone, each a round trip the recording did not make.
     pub(super) gate_exits: u64,
 }
 
@@ -122,7 +123,9 @@ impl Vm {
         let mut found = UserState {
             cr3: sregs.cr3 & state::CR3_ROOT,
             rip: logged.rip,
-            rflags: regs.rflags & !state::RF,
+            // A traced process runs with the trap flag, which the
+            // recording never set.
+            rflags: regs.rflags & !state::RF & !self.expansion_flags(),
             gprs: state::gprs(regs),
             fs_base: sregs.fs.base,
             gs_base: sregs.gs.base,

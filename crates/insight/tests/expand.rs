@@ -1,0 +1,195 @@
+//! Replay-time expansion (docs/expansion.md): a process single-stepped at
+//! replay yields every user instruction it executed and every load and
+//! store, without changing the replay.
+//!
+//! One recording of tests/programs/mem_access.c (built without PIE, so that
+//! its globals have the same addresses in the guest and natively) serves
+//! every check: the exact instruction count of a hand-written loop, the
+//! accesses to a global array, the same counts over the program's whole
+//! data as Valgrind's lackey finds natively, and a faithful replay with
+//! the same events as one that traces nothing.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+
+use common::*;
+
+/// (kind, size) -> accesses in [lo, hi), from lines "KIND ADDRESS,SIZE"
+/// (lackey) or "KIND ADDRESS SIZE ..." (insight).
+fn count_accesses(text: &str, lo: u64, hi: u64) -> BTreeMap<(String, u32), u64> {
+    let mut counts = BTreeMap::new();
+    for line in text.lines() {
+        let fields: Vec<&str> = line.split([' ', ',']).filter(|f| !f.is_empty()).collect();
+        let [kind, addr, size, ..] = fields[..] else {
+            continue;
+        };
+        if !matches!(kind, "L" | "S" | "M") {
+            continue;
+        }
+        let addr = addr.trim_start_matches("0x");
+        let (Ok(addr), Ok(size)) = (u64::from_str_radix(addr, 16), size.parse::<u32>()) else {
+            continue;
+        };
+        if (lo..hi).contains(&addr) {
+            *counts.entry((kind.to_owned(), size)).or_insert(0) += 1;
+        }
+    }
+    counts
+}
+
+/// Symbol and section addresses of the program, from binutils.
+fn symbol(prog: &Path, name: &str) -> u64 {
+    let out = Command::new("nm")
+        .arg(prog)
+        .output()
+        .expect("nm (binutils)");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() == 3 && f[2] == name).then(|| u64::from_str_radix(f[0], 16).unwrap())
+        })
+        .unwrap_or_else(|| panic!("{} has no symbol {name}", prog.display()))
+}
+
+/// [start, end) of the program's writable data: .data through .bss.
+fn data_range(prog: &Path) -> (u64, u64) {
+    let out = Command::new("readelf")
+        .args(["-SW"])
+        .arg(prog)
+        .output()
+        .expect("readelf (binutils)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let section = |name: &str| {
+        text.lines()
+            .find_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                let at = f.iter().position(|w| *w == name)?;
+                let addr = u64::from_str_radix(f.get(at + 2)?, 16).ok()?;
+                let size = u64::from_str_radix(f.get(at + 4)?, 16).ok()?;
+                Some((addr, size))
+            })
+            .unwrap_or_else(|| panic!("{} has no {name} section", prog.display()))
+    };
+    let (data, _) = section(".data");
+    let (bss, bss_size) = section(".bss");
+    (data, bss + bss_size)
+}
+
+/// The "N events written to FILE (kinds)" line, without the file.
+fn events_written(stderr: &str) -> String {
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("events written to"))
+        .unwrap_or_else(|| panic!("no event summary in:\n{stderr}"));
+    let (count, rest) = line.split_once(" events written to ").unwrap();
+    let kinds = rest.split_once(' ').map_or("", |(_, k)| k);
+    format!("{count} {kinds}")
+}
+
+#[ignore = "needs /dev/kvm, the guest image and valgrind (tools/test runs it)"]
+#[test]
+fn traced_instructions_and_accesses_are_exact_and_replay_unchanged() {
+    guest_ready();
+    let dir = scratch("expand");
+    let prog = compile_test_program(&dir, "mem_access", &["-O1", "-no-pie"]);
+    let cfg = dir.join("vm.toml");
+    std::fs::write(
+        &cfg,
+        "command = \"mem_access\"\n[[files]]\nhost = \"mem_access\"\nguest = \
+         \"/usr/local/bin/mem_access\"\n",
+    )
+    .unwrap();
+    let trace = dir.join("trace");
+    let mut cmd = insight();
+    cmd.args(["record", "--no-stdin", "--probes", "-o"])
+        .arg(&trace)
+        .arg(&cfg);
+    let out = output_within(cmd, std::time::Duration::from_secs(600));
+    let recorded = expect_status(&out, 0);
+    assert!(recorded.contains("sum 999000"), "{recorded}");
+
+    // A replay that traces nothing: its events, and the program's pid.
+    let plain_db = dir.join("plain.db");
+    let out = replay_with(&trace, &["--events", plain_db.to_str().unwrap()]);
+    expect_status(&out, 0);
+    let plain_events = events_written(&text(&out).1);
+    let threads = insight()
+        .args(["report", "threads"])
+        .arg(&plain_db)
+        .output()
+        .unwrap();
+    let threads = String::from_utf8_lossy(&threads.stdout).into_owned();
+    let pid = threads
+        .lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() > 2 && f[2] == "mem_access").then(|| f[1].to_owned())
+        })
+        .unwrap_or_else(|| panic!("no mem_access thread in:\n{threads}"));
+
+    // The traced replay: faithful, with the same events.
+    let (insns, accesses) = (dir.join("insns.zst"), dir.join("accesses.txt"));
+    let traced_db = dir.join("traced.db");
+    let out = replay_with(
+        &trace,
+        &[
+            "--events",
+            traced_db.to_str().unwrap(),
+            "--trace-process",
+            &pid,
+            "--trace-instructions",
+            insns.to_str().unwrap(),
+            "--trace-memory",
+            accesses.to_str().unwrap(),
+        ],
+    );
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("replay matched the recording"), "{stderr}");
+    assert!(recorded.ends_with(&stdout), "{stdout}");
+    assert!(
+        stderr.contains(&format!("traced process {pid}:")),
+        "{stderr}"
+    );
+    assert_eq!(events_written(&stderr), plain_events);
+
+    // The hand-written loop: exactly its 2001 instructions.
+    let raw = zstd::decode_all(std::fs::File::open(&insns).unwrap()).unwrap();
+    let traced = vmm::expand::read_instructions(&raw).unwrap();
+    let (start, end) = (symbol(&prog, "exact_loop"), symbol(&prog, "exact_loop_end"));
+    let in_loop = traced
+        .iter()
+        .filter(|i| (start..end).contains(&i.rip))
+        .count();
+    assert_eq!(in_loop, 2001);
+    assert!(traced.iter().all(|i| i.lwpid.to_string() == pid));
+
+    // The global array: each element stored once and loaded twice.
+    let accesses = std::fs::read_to_string(&accesses).unwrap();
+    let a = symbol(&prog, "a");
+    let on_a = count_accesses(&accesses, a, a + 4000);
+    assert_eq!(
+        on_a,
+        BTreeMap::from([(("L".into(), 4), 2000), (("S".into(), 4), 1000)])
+    );
+
+    // The whole of its data, as Valgrind's lackey counts it natively.
+    let lackey_log = dir.join("lackey.txt");
+    let status = Command::new("valgrind")
+        .args(["--tool=lackey", "--trace-mem=yes"])
+        .arg(format!("--log-file={}", lackey_log.display()))
+        .arg(&prog)
+        .status()
+        .expect("valgrind is needed (tools/test installs it)");
+    assert!(status.success());
+    let (lo, hi) = data_range(&prog);
+    let lackey = count_accesses(&std::fs::read_to_string(&lackey_log).unwrap(), lo, hi);
+    assert!(lackey.values().sum::<u64>() >= 3000, "{lackey:?}");
+    assert_eq!(count_accesses(&accesses, lo, hi), lackey);
+
+    let _ = std::fs::remove_dir_all(&dir);
+}

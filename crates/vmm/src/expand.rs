@@ -1,0 +1,378 @@
+//! Replay-time expansion: what one user instruction of a traced process
+//! was and which memory it touched, and the files that hold them
+//! (docs/expansion.md).
+//!
+//! The replaying VM single-steps the traced process (`vm/expand.rs`) and
+//! hands each step here as the registers before the instruction and its
+//! bytes; the accesses are computed from the decoded operands, as the
+//! processor computes them, so a step costs no second look at memory.
+
+use std::io::{self, Write};
+
+use iced_x86::{Decoder, DecoderOptions, Instruction, InstructionInfoFactory, OpAccess, Register};
+
+/// The longest x86 instruction.
+pub const MAX_INSN: usize = 15;
+
+/// Magic at the start of an instruction trace (after decompression).
+pub const INSN_MAGIC: &[u8; 8] = b"INSITRC1";
+
+/// How an instruction used a memory operand.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AccessKind {
+    Load,
+    Store,
+    /// Read and written by the same instruction (`add [rax], 1`).
+    Modify,
+}
+
+impl AccessKind {
+    /// The letter Valgrind's lackey uses: L, S or M.
+    pub fn letter(self) -> char {
+        match self {
+            AccessKind::Load => 'L',
+            AccessKind::Store => 'S',
+            AccessKind::Modify => 'M',
+        }
+    }
+}
+
+/// One memory access of one instruction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Access {
+    pub addr: u64,
+    pub size: u32,
+    pub kind: AccessKind,
+}
+
+/// The user registers before an instruction, as the decoder needs them.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct UserRegs {
+    pub gprs: [u64; 16],
+    pub rip: u64,
+    pub fs_base: u64,
+    pub gs_base: u64,
+}
+
+impl UserRegs {
+    pub fn from_kvm(regs: &kvm_bindings::kvm_regs) -> Self {
+        UserRegs {
+            gprs: [
+                regs.rax, regs.rcx, regs.rdx, regs.rbx, regs.rsp, regs.rbp, regs.rsi, regs.rdi,
+                regs.r8, regs.r9, regs.r10, regs.r11, regs.r12, regs.r13, regs.r14, regs.r15,
+            ],
+            rip: regs.rip,
+            fs_base: 0,
+            gs_base: 0,
+        }
+    }
+
+    /// The value of a register an address is computed from; `None` for
+    /// one that never is (vector index registers: gathers are left out).
+    fn value(&self, reg: Register, next_ip: u64) -> Option<u64> {
+        let full = reg.full_register();
+        let value = match full {
+            Register::RIP => next_ip,
+            // Segment bases, whole: the register itself is 16 bits.
+            Register::FS => return Some(self.fs_base),
+            Register::GS => return Some(self.gs_base),
+            Register::ES | Register::CS | Register::SS | Register::DS => return Some(0),
+            _ if full.is_gpr64() => *self.gprs.get(full.number())?,
+            _ => return None,
+        };
+        Some(match reg.size() {
+            4 => value & 0xffff_ffff,
+            2 => value & 0xffff,
+            _ => value,
+        })
+    }
+}
+
+/// Whether an instruction reads FS- or GS-relative memory (the bases are
+/// read from the vCPU only then).
+pub fn uses_segment_base(insn: &Instruction) -> bool {
+    matches!(insn.memory_segment(), Register::FS | Register::GS)
+}
+
+/// Decodes the instruction at `rip` from `bytes` (which may be shorter
+/// than 15 where the next page is not mapped); `None` if they are not one.
+pub fn decode(bytes: &[u8], rip: u64) -> Option<Instruction> {
+    let mut decoder = Decoder::with_ip(64, bytes, rip, DecoderOptions::NONE);
+    let insn = decoder.decode();
+    (!insn.is_invalid()).then_some(insn)
+}
+
+/// The general-purpose registers (64-bit names) an instruction writes.
+pub fn written_registers(
+    factory: &mut InstructionInfoFactory,
+    insn: &Instruction,
+) -> Vec<Register> {
+    factory
+        .info(insn)
+        .used_registers()
+        .iter()
+        .filter(|u| {
+            matches!(
+                u.access(),
+                OpAccess::Write
+                    | OpAccess::CondWrite
+                    | OpAccess::ReadWrite
+                    | OpAccess::ReadCondWrite
+            )
+        })
+        .map(|u| u.register().full_register())
+        .filter(|r| r.is_gpr64())
+        .collect()
+}
+
+/// Whether any memory an instruction accesses (implicit stack operands
+/// included) is addressed through one of `regs` (64-bit names).
+pub fn address_uses_any(
+    factory: &mut InstructionInfoFactory,
+    insn: &Instruction,
+    regs: &[Register],
+) -> bool {
+    factory.info(insn).used_memory().iter().any(|m| {
+        [m.base(), m.index()]
+            .iter()
+            .any(|r| *r != Register::None && regs.contains(&r.full_register()))
+    })
+}
+
+/// The memory an instruction reads and writes, from the registers before
+/// it. Conditional accesses (CMOVcc) count as done, as lackey counts them.
+pub fn accesses(
+    factory: &mut InstructionInfoFactory,
+    insn: &Instruction,
+    regs: &UserRegs,
+) -> Vec<Access> {
+    let next_ip = insn.next_ip();
+    let info = factory.info(insn);
+    let mut out = Vec::new();
+    for used in info.used_memory() {
+        let kind = match used.access() {
+            OpAccess::Read | OpAccess::CondRead => AccessKind::Load,
+            OpAccess::Write | OpAccess::CondWrite => AccessKind::Store,
+            OpAccess::ReadWrite | OpAccess::ReadCondWrite => AccessKind::Modify,
+            // LEA, prefetches, NOP with a memory operand: no access.
+            _ => continue,
+        };
+        let size = used.memory_size().size() as u32;
+        if size == 0 {
+            continue;
+        }
+        let addr = used.virtual_address(0, |reg, _, _| regs.value(reg, next_ip));
+        if let Some(addr) = addr {
+            out.push(Access { addr, size, kind });
+        }
+    }
+    out
+}
+
+/// The instruction trace: a zstd stream of `INSN_MAGIC`, then per
+/// instruction its thread (u32), address (u64), length (u8) and bytes,
+/// little-endian.
+pub struct InstructionTrace {
+    out: Box<dyn Write + Send>,
+    started: bool,
+}
+
+impl InstructionTrace {
+    pub fn new(out: Box<dyn Write + Send>) -> Self {
+        InstructionTrace {
+            out,
+            started: false,
+        }
+    }
+
+    pub fn push(&mut self, lwpid: u32, rip: u64, bytes: &[u8]) -> io::Result<()> {
+        if !self.started {
+            self.out.write_all(INSN_MAGIC)?;
+            self.started = true;
+        }
+        let mut record = [0u8; 13 + MAX_INSN];
+        let len = bytes.len().min(MAX_INSN);
+        record[..4].copy_from_slice(&lwpid.to_le_bytes());
+        record[4..12].copy_from_slice(&rip.to_le_bytes());
+        record[12] = len as u8;
+        record[13..13 + len].copy_from_slice(&bytes[..len]);
+        self.out.write_all(&record[..13 + len])
+    }
+
+    pub fn finish(&mut self) -> io::Result<()> {
+        if !self.started {
+            self.out.write_all(INSN_MAGIC)?;
+            self.started = true;
+        }
+        self.out.flush()
+    }
+}
+
+/// One instruction read back from an instruction trace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TracedInstruction {
+    pub lwpid: u32,
+    pub rip: u64,
+    pub bytes: Vec<u8>,
+}
+
+/// Reads the records of a decompressed instruction trace; an error names
+/// what is wrong with it.
+pub fn read_instructions(data: &[u8]) -> Result<Vec<TracedInstruction>, String> {
+    let rest = data
+        .strip_prefix(INSN_MAGIC.as_slice())
+        .ok_or("not an insight instruction trace (no INSITRC1 magic)")?;
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at < rest.len() {
+        let head = rest
+            .get(at..at + 13)
+            .ok_or_else(|| format!("the record at byte {} is cut short", at + 8))?;
+        let len = head[12] as usize;
+        if len == 0 || len > MAX_INSN {
+            return Err(format!(
+                "the record at byte {} says its instruction is {len} bytes long",
+                at + 8
+            ));
+        }
+        let bytes = rest
+            .get(at + 13..at + 13 + len)
+            .ok_or_else(|| format!("the record at byte {} is cut short", at + 8))?;
+        out.push(TracedInstruction {
+            lwpid: u32::from_le_bytes(head[..4].try_into().expect("4 bytes")),
+            rip: u64::from_le_bytes(head[4..12].try_into().expect("8 bytes")),
+            bytes: bytes.to_vec(),
+        });
+        at += 13 + len;
+    }
+    Ok(out)
+}
+
+/// The memory trace: a text line per access, `KIND ADDRESS SIZE LWPID
+/// RIP` (KIND as lackey's L, S, M; addresses in hex).
+pub struct MemoryTrace {
+    out: Box<dyn Write + Send>,
+}
+
+impl MemoryTrace {
+    pub fn new(out: Box<dyn Write + Send>) -> Self {
+        MemoryTrace { out }
+    }
+
+    pub fn push(&mut self, lwpid: u32, rip: u64, access: &Access) -> io::Result<()> {
+        writeln!(
+            self.out,
+            "{} {:#x} {} {lwpid} {rip:#x}",
+            access.kind.letter(),
+            access.addr,
+            access.size
+        )
+    }
+
+    pub fn finish(&mut self) -> io::Result<()> {
+        self.out.flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn regs() -> UserRegs {
+        let mut r = UserRegs {
+            rip: 0x401000,
+            fs_base: 0x7000_0000,
+            ..Default::default()
+        };
+        for (i, g) in r.gprs.iter_mut().enumerate() {
+            *g = 0x10_0000 * (i as u64 + 1);
+        }
+        r
+    }
+
+    fn one(bytes: &[u8]) -> Vec<Access> {
+        let r = regs();
+        let insn = decode(bytes, r.rip).expect("an instruction");
+        accesses(&mut InstructionInfoFactory::new(), &insn, &r)
+    }
+
+    #[test]
+    fn operands_give_addresses_sizes_and_kinds() {
+        // mov dword [rax+rcx*4+8], edx
+        assert_eq!(
+            one(&[0x89, 0x54, 0x88, 0x08]),
+            vec![Access {
+                addr: 0x10_0000 + 0x20_0000 * 4 + 8,
+                size: 4,
+                kind: AccessKind::Store
+            }]
+        );
+        // mov eax, [rip+0x100] (7 bytes: next_ip + 0x100)
+        assert_eq!(
+            one(&[0x8b, 0x05, 0x00, 0x01, 0x00, 0x00]),
+            vec![Access {
+                addr: 0x401006 + 0x100,
+                size: 4,
+                kind: AccessKind::Load
+            }]
+        );
+        // add qword [rbx], 1
+        assert_eq!(
+            one(&[0x48, 0x83, 0x03, 0x01]),
+            vec![Access {
+                addr: 0x40_0000,
+                size: 8,
+                kind: AccessKind::Modify
+            }]
+        );
+        // push rbp: a store below RSP
+        assert_eq!(
+            one(&[0x55]),
+            vec![Access {
+                addr: 0x50_0000 - 8,
+                size: 8,
+                kind: AccessKind::Store
+            }]
+        );
+        // mov rax, fs:[0x28]
+        assert_eq!(
+            one(&[0x64, 0x48, 0x8b, 0x04, 0x25, 0x28, 0, 0, 0]),
+            vec![Access {
+                addr: 0x7000_0028,
+                size: 8,
+                kind: AccessKind::Load
+            }]
+        );
+        // lea rax, [rbx+8] and nop: no access
+        assert!(one(&[0x48, 0x8d, 0x43, 0x08]).is_empty());
+        assert!(one(&[0x90]).is_empty());
+    }
+
+    #[test]
+    fn instruction_traces_read_back_and_damage_is_named() {
+        struct Shared(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+        impl Write for Shared {
+            fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> io::Result<()> {
+                Ok(())
+            }
+        }
+        let buf = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut t = InstructionTrace::new(Box::new(Shared(buf.clone())));
+        t.push(7, 0x401000, &[0x90]).unwrap();
+        t.push(8, 0x401001, &[0x48, 0x83, 0x03, 0x01]).unwrap();
+        t.finish().unwrap();
+        let data = buf.lock().unwrap().clone();
+        let read = read_instructions(&data).unwrap();
+        assert_eq!(read.len(), 2);
+        assert_eq!(read[1].lwpid, 8);
+        assert_eq!(read[1].bytes, vec![0x48, 0x83, 0x03, 0x01]);
+        assert!(read_instructions(&data[..data.len() - 1])
+            .unwrap_err()
+            .contains("cut short"));
+        assert!(read_instructions(b"nothing").unwrap_err().contains("magic"));
+    }
+}

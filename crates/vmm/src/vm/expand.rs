@@ -1,0 +1,447 @@
+//! Replay-time expansion: every user instruction of one process, and the
+//! memory each touched, by single-stepping it (docs/expansion.md).
+//!
+//! This host's KVM never stops in guest user mode, but the guest kernel
+//! receives the user's own debug exceptions. So the replay sets the trap
+//! flag in the traced process's user RFLAGS (its threads and the threads
+//! it creates keep it across kernel entries) and puts a hardware
+//! breakpoint, which fires in kernel mode, on the guest's #DB handler. A
+//! step exits there before the handler runs: the VMM reads the
+//! exception's frame for the user RIP, RSP and RFLAGS (the other
+//! registers are still the user's), logs the instruction about to run,
+//! and returns to user mode itself. The guest kernel never sees the step,
+//! and these exits are not the exit clock's: interrupts are never
+//! delivered at them.
+
+use std::collections::{HashMap, HashSet};
+use std::io::Write;
+use std::time::Instant;
+
+use iced_x86::InstructionInfoFactory;
+use kvm_bindings::{kvm_guest_debug, kvm_segment, KVM_GUESTDBG_ENABLE, KVM_GUESTDBG_USE_HW_BP};
+
+use crate::expand::{self, InstructionTrace, MemoryTrace, UserRegs, MAX_INSN};
+use crate::{guest_events, gva, probe_gate};
+
+use super::{kvm_err, Vm, VmError};
+
+/// RFLAGS.TF.
+pub(super) const TF: u64 = 1 << 8;
+
+/// The process to trace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TraceTarget {
+    Pid(u32),
+    /// The first process whose threads raise events under this name
+    /// (the kernel's `comm`, 15 characters at most).
+    Name(String),
+}
+
+/// What to trace, and where it goes.
+pub struct ExpansionSpec {
+    pub target: TraceTarget,
+    /// The instruction trace (`expand::InstructionTrace`'s records).
+    pub instructions: Option<Box<dyn Write + Send>>,
+    /// The memory-access trace (`expand::MemoryTrace`'s lines).
+    pub memory: Option<Box<dyn Write + Send>>,
+}
+
+/// What an expansion did.
+#[derive(Clone, Debug, Default)]
+pub struct ExpansionStats {
+    /// The process traced, once found.
+    pub pid: Option<u32>,
+    /// Its threads that were stepped.
+    pub threads: usize,
+    pub instructions: u64,
+    pub accesses: u64,
+    /// Steps of other processes that inherited the trap flag (a fork's
+    /// child), which were let go.
+    pub foreign_steps: u64,
+    /// Steps in insight's own code pages (probe gate, trampolines), not
+    /// the program's: left out.
+    pub insight_steps: u64,
+    /// Instructions whose bytes could not be read (on a page the process
+    /// unmapped before its next step): counted, not logged.
+    pub unreadable: u64,
+    /// Host time spent stepping.
+    pub busy_ns: u64,
+}
+
+pub(super) struct Expansion {
+    target: TraceTarget,
+    pid: Option<u32>,
+    /// Threads stepping (from their first step to their next SYSCALL),
+    /// and all that were seen stepping.
+    stepping: HashSet<u32>,
+    seen: HashSet<u32>,
+    /// Threads whose last logged instruction was a SYSCALL, and where it
+    /// returns: the instruction there runs before the next step.
+    in_syscall: HashMap<u32, u64>,
+    /// Threads whose last step stood at an instruction on a page not yet
+    /// mapped (its fetch faults it in): the registers there, to log the
+    /// instruction at the thread's next step.
+    unread: HashMap<u32, UserRegs>,
+    /// The guest's #DB handler, where the breakpoint is.
+    handler: Option<u64>,
+    instructions: Option<InstructionTrace>,
+    memory: Option<MemoryTrace>,
+    factory: InstructionInfoFactory,
+    stats: ExpansionStats,
+}
+
+impl Vm {
+    /// Replay: single-step the user code of `spec.target` and write what
+    /// it executed (before `run`; needs an event capture, which says
+    /// which task is on the CPU).
+    pub fn expand_user(&mut self, spec: ExpansionSpec) {
+        self.expansion = Some(Expansion {
+            target: spec.target,
+            pid: None,
+            stepping: HashSet::new(),
+            seen: HashSet::new(),
+            in_syscall: HashMap::new(),
+            unread: HashMap::new(),
+            handler: None,
+            instructions: spec.instructions.map(InstructionTrace::new),
+            memory: spec.memory.map(MemoryTrace::new),
+            factory: InstructionInfoFactory::new(),
+            stats: ExpansionStats::default(),
+        });
+    }
+
+    /// What the expansion did so far.
+    pub fn expansion_stats(&self) -> Option<ExpansionStats> {
+        self.expansion.as_ref().map(|e| ExpansionStats {
+            threads: e.seen.len(),
+            ..e.stats.clone()
+        })
+    }
+
+    /// Replay, after a deterministic exit: if the task on the CPU is one
+    /// of the traced process's and not yet stepping, sets its trap flag.
+    pub(super) fn arm_expansion(&mut self) -> Result<(), VmError> {
+        let (Some(x), Some(capture)) = (&mut self.expansion, &self.events) else {
+            return Ok(());
+        };
+        let Some((pid, lwpid)) = capture.current() else {
+            return Ok(());
+        };
+        if x.pid.is_none() {
+            let found = match &x.target {
+                TraceTarget::Pid(p) => *p == pid,
+                TraceTarget::Name(name) => capture.comm_of(pid).is_some_and(|comm| {
+                    let want: String = name.chars().take(15).collect();
+                    comm == want
+                }),
+            };
+            if !found {
+                return Ok(());
+            }
+            x.pid = Some(pid);
+            x.stats.pid = Some(pid);
+        }
+        if x.pid != Some(pid) || x.stepping.contains(&lwpid) {
+            return Ok(());
+        }
+        let sregs = self.vcpu.get_sregs().map_err(kvm_err("GET_SREGS"))?;
+        if x.handler.is_none() {
+            let handler = debug_handler(&self.mem, sregs.cr3, sregs.idt.base)?;
+            let mut debug = kvm_guest_debug {
+                control: KVM_GUESTDBG_ENABLE | KVM_GUESTDBG_USE_HW_BP,
+                ..Default::default()
+            };
+            debug.arch.debugreg[0] = handler;
+            debug.arch.debugreg[7] = 0x1; // L0, execution, 1 byte
+            self.vcpu
+                .set_guest_debug(&debug)
+                .map_err(kvm_err("SET_GUEST_DEBUG"))?;
+            x.handler = Some(handler);
+            // Each step reads and writes both register sets: through
+            // `kvm_run`, not four ioctls.
+            self.vcpu
+                .set_sync_valid_reg(kvm_ioctls::SyncReg::SystemRegister);
+        }
+        if sregs.cs.selector & 3 == 3 {
+            // The exit's instruction is completed first: its registers
+            // are then the ones to change.
+            if !self.complete_exit_now("RUN (completing an exit)")? {
+                return Err(VmError::Expansion(
+                    "the vCPU ran on while the trap flag was being set".into(),
+                ));
+            }
+            let mut regs = self.vcpu.get_regs().map_err(kvm_err("GET_REGS"))?;
+            regs.rflags |= TF;
+            self.vcpu.set_regs(&regs).map_err(kvm_err("SET_REGS"))?;
+        } else if let Some(top) = self.kernel_stack_top {
+            // Until the task's first step, this is tried again at every
+            // exit it is on the CPU for (a kernel thread's, or a task's
+            // on its way out of the kernel, has no user frame yet).
+            guest_events::set_user_flags_in_kernel(&self.mem, sregs.cr3, top, TF);
+        }
+        Ok(())
+    }
+
+    /// Replay: the breakpoint on the guest's #DB handler fired. A step of
+    /// the traced process is logged; any other task's trap flag (a
+    /// fork's child inherits it) is cleared. Either way the task goes
+    /// back to user mode where the exception found it.
+    pub(super) fn expansion_step(&mut self) -> Result<(), VmError> {
+        let started = Instant::now();
+        let synced = self.vcpu.sync_regs();
+        let (regs, mut sregs) = (synced.regs, synced.sregs);
+        let cr3 = sregs.cr3;
+        // The frame: RIP, CS, RFLAGS, RSP, SS.
+        let mut frame = [0u8; 40];
+        gva::read_virt(&self.mem, cr3, regs.rsp, &mut frame).map_err(|e| {
+            VmError::Expansion(format!(
+                "cannot read the debug exception's frame at {:#x}: {e}",
+                regs.rsp
+            ))
+        })?;
+        let word =
+            |i: usize| u64::from_le_bytes(frame[i * 8..i * 8 + 8].try_into().unwrap_or_default());
+        let (rip, cs, rflags, rsp, ss) = (word(0), word(1), word(2), word(3), word(4));
+        if cs & 3 != 3 || rflags & TF == 0 {
+            return Err(VmError::Expansion(format!(
+                "a debug exception the tracing did not cause (from {:#x}, CS {cs:#x}, RFLAGS \
+                 {rflags:#x})",
+                rip
+            )));
+        }
+        self.drain_switches()?;
+        let current = self.events.as_ref().and_then(|c| c.current());
+        let stubs = self.stub_mappings();
+        let Some(x) = &mut self.expansion else {
+            return Ok(());
+        };
+        let mut user = regs;
+        (user.rip, user.rsp, user.rflags) = (rip, rsp, rflags);
+        match current {
+            Some((pid, lwpid)) if Some(pid) == x.pid => {
+                x.stepping.insert(lwpid);
+                x.seen.insert(lwpid);
+                if probe_gate::in_stub_pages(rip, &stubs) {
+                    x.stats.insight_steps += 1;
+                } else {
+                    if let Some(before) = x.unread.remove(&lwpid) {
+                        if x.step(&self.mem, cr3, lwpid, &before, false)? {
+                            // It was a SYSCALL that ran with the flag.
+                            x.in_syscall.insert(lwpid, before.rip + 2);
+                        }
+                    }
+                    if let Some(ret) = x.in_syscall.remove(&lwpid) {
+                        x.after_syscall(&self.mem, cr3, lwpid, ret, &user, &sregs)?;
+                    }
+                    let mut at = UserRegs::from_kvm(&user);
+                    (at.fs_base, at.gs_base) = (sregs.fs.base, sregs.gs.base);
+                    if x.step(&self.mem, cr3, lwpid, &at, true)? {
+                        // SYSCALL saves RFLAGS in R11, where the program
+                        // would see the trap flag: it runs without, and
+                        // the flag is set again in the kernel (in the
+                        // saved RFLAGS, not R11) at the system call's
+                        // first exit, the entry's deterministic point.
+                        user.rflags &= !TF;
+                        x.stepping.remove(&lwpid);
+                        x.in_syscall.insert(lwpid, rip + 2);
+                    }
+                }
+            }
+            _ => {
+                user.rflags &= !TF;
+                x.stats.foreign_steps += 1;
+            }
+        }
+        sregs.cs = user_segment(&self.mem, cr3, &sregs, cs)?;
+        sregs.ss = user_segment(&self.mem, cr3, &sregs, ss)?;
+        let synced = self.vcpu.sync_regs_mut();
+        (synced.regs, synced.sregs) = (user, sregs);
+        self.vcpu.set_sync_dirty_reg(kvm_ioctls::SyncReg::Register);
+        self.vcpu
+            .set_sync_dirty_reg(kvm_ioctls::SyncReg::SystemRegister);
+        if let Some(x) = &mut self.expansion {
+            x.stats.busy_ns += started.elapsed().as_nanos() as u64;
+        }
+        Ok(())
+    }
+
+    /// RFLAGS bits the expansion sets in user mode, which a comparison
+    /// with the recording leaves out.
+    pub(super) fn expansion_flags(&self) -> u64 {
+        if self.expansion.is_some() {
+            TF
+        } else {
+            0
+        }
+    }
+
+    /// Replay: whether the expansion's breakpoint is armed (debug exits
+    /// are then its).
+    pub(super) fn expanding(&self) -> bool {
+        self.expansion.as_ref().is_some_and(|x| x.handler.is_some())
+    }
+
+    /// The run ended: the traces are flushed.
+    pub(super) fn end_expansion(&mut self) -> Result<(), VmError> {
+        let Some(x) = &mut self.expansion else {
+            return Ok(());
+        };
+        let write = |e: std::io::Error| VmError::Expansion(format!("cannot write a trace: {e}"));
+        if let Some(t) = &mut x.instructions {
+            t.finish().map_err(write)?;
+        }
+        if let Some(t) = &mut x.memory {
+            t.finish().map_err(write)?;
+        }
+        Ok(())
+    }
+}
+
+impl Expansion {
+    /// A step after a SYSCALL: if the guest kernel returned to `ret`
+    /// (with the trap flag), the instruction there ran before this step.
+    /// It is logged, its accesses computed from the registers after it
+    /// (left out if it changed one its address uses).
+    fn after_syscall(
+        &mut self,
+        mem: &vm_memory::GuestMemoryMmap,
+        cr3: u64,
+        lwpid: u32,
+        ret: u64,
+        user: &kvm_bindings::kvm_regs,
+        sregs: &kvm_bindings::kvm_sregs,
+    ) -> Result<(), VmError> {
+        let mut at = UserRegs::from_kvm(user);
+        (at.rip, at.fs_base, at.gs_base) = (ret, sregs.fs.base, sregs.gs.base);
+        let (bytes, len) = read_instruction(mem, cr3, ret);
+        let insn = expand::decode(&bytes[..len], ret);
+        let written = insn
+            .as_ref()
+            .map(|i| expand::written_registers(&mut self.factory, i))
+            .unwrap_or_default();
+        // A system call that did not return there (execve, rt_sigreturn,
+        // exit) left RCX other than its return address, which SYSCALL
+        // put there.
+        if user.rcx != ret && !written.contains(&iced_x86::Register::RCX) {
+            return Ok(());
+        }
+        let exact = insn
+            .as_ref()
+            .is_some_and(|i| !expand::address_uses_any(&mut self.factory, i, &written));
+        self.log(lwpid, &at, &bytes[..len], insn.as_ref().filter(|_| exact))
+    }
+
+    /// Logs the instruction the task `lwpid` is about to run (or, if its
+    /// bytes are on a page not mapped yet and `may_wait`, keeps it for the
+    /// thread's next step); true if it is a SYSCALL.
+    fn step(
+        &mut self,
+        mem: &vm_memory::GuestMemoryMmap,
+        cr3: u64,
+        lwpid: u32,
+        regs: &UserRegs,
+        may_wait: bool,
+    ) -> Result<bool, VmError> {
+        let (bytes, len) = read_instruction(mem, cr3, regs.rip);
+        let insn = expand::decode(&bytes[..len], regs.rip);
+        // Cut short by an unmapped page: a prefix may decode as another
+        // instruction, so only a whole one counts.
+        if insn.is_none() && len < MAX_INSN || insn.is_some_and(|i| i.len() > len) {
+            if may_wait {
+                self.unread.insert(lwpid, *regs);
+            } else {
+                self.stats.unreadable += 1;
+            }
+            return Ok(false);
+        }
+        let syscall = insn
+            .as_ref()
+            .is_some_and(|i| i.mnemonic() == iced_x86::Mnemonic::Syscall);
+        self.log(lwpid, regs, &bytes[..len], insn.as_ref())?;
+        Ok(syscall)
+    }
+
+    /// Writes one instruction (`bytes` read at `regs.rip`, decoded as
+    /// `insn`) and, if it was decoded, its accesses.
+    fn log(
+        &mut self,
+        lwpid: u32,
+        regs: &UserRegs,
+        bytes: &[u8],
+        insn: Option<&iced_x86::Instruction>,
+    ) -> Result<(), VmError> {
+        if bytes.is_empty() {
+            self.stats.unreadable += 1;
+            return Ok(());
+        }
+        let insn_len = insn.map_or(bytes.len().min(1), |i| i.len());
+        self.stats.instructions += 1;
+        let write = |e: std::io::Error| VmError::Expansion(format!("cannot write a trace: {e}"));
+        if let Some(t) = &mut self.instructions {
+            t.push(lwpid, regs.rip, &bytes[..insn_len]).map_err(write)?;
+        }
+        if let (Some(t), Some(insn)) = (&mut self.memory, insn) {
+            for access in expand::accesses(&mut self.factory, insn, regs) {
+                self.stats.accesses += 1;
+                t.push(lwpid, regs.rip, &access).map_err(write)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The bytes at user address `rip` (up to 15; fewer where the process
+/// has not mapped the next page) and how many could be read.
+fn read_instruction(
+    mem: &vm_memory::GuestMemoryMmap,
+    cr3: u64,
+    rip: u64,
+) -> ([u8; MAX_INSN], usize) {
+    let mut bytes = [0u8; MAX_INSN];
+    let first = ((0x1000 - (rip & 0xfff)) as usize).min(MAX_INSN);
+    let mut len = 0;
+    if gva::read_virt(mem, cr3, rip, &mut bytes[..first]).is_ok() {
+        len = first;
+        if first < MAX_INSN
+            && gva::read_virt(mem, cr3, rip + first as u64, &mut bytes[first..]).is_ok()
+        {
+            len = MAX_INSN;
+        }
+    }
+    (bytes, len)
+}
+
+/// The address of the guest's #DB handler, from its IDT.
+fn debug_handler(mem: &vm_memory::GuestMemoryMmap, cr3: u64, idt: u64) -> Result<u64, VmError> {
+    let mut gate = [0u8; 16];
+    gva::read_virt(mem, cr3, idt + 16, &mut gate)
+        .map_err(|e| VmError::Expansion(format!("cannot read the guest's IDT at {idt:#x}: {e}")))?;
+    let lo = u64::from(u16::from_le_bytes([gate[0], gate[1]]));
+    let mid = u64::from(u16::from_le_bytes([gate[6], gate[7]]));
+    let hi = u64::from(u32::from_le_bytes([gate[8], gate[9], gate[10], gate[11]]));
+    Ok(lo | (mid << 16) | (hi << 32))
+}
+
+/// The user segment `selector` names, as its GDT descriptor loads it.
+fn user_segment(
+    mem: &vm_memory::GuestMemoryMmap,
+    cr3: u64,
+    sregs: &kvm_bindings::kvm_sregs,
+    selector: u64,
+) -> Result<kvm_segment, VmError> {
+    let selector = selector as u16;
+    let at = sregs.gdt.base + u64::from(selector & !7);
+    let mut d = [0u8; 8];
+    gva::read_virt(mem, cr3, at, &mut d).map_err(|e| {
+        VmError::Expansion(format!(
+            "cannot read the guest's GDT entry {selector:#x}: {e}"
+        ))
+    })?;
+    let d = u64::from_le_bytes(d);
+    let limit = ((d & 0xffff) | ((d >> 32) & 0xf_0000)) as u32;
+    let base = (((d >> 16) & 0xff_ffff) | ((d >> 32) & 0xff00_0000)) as u32;
+    let flags = ((d >> 40) & 0xf0ff) as u16;
+    Ok(crate::boot::descriptor_segment(
+        selector, flags, base, limit,
+    ))
+}
