@@ -167,6 +167,23 @@ fn traced_instructions_and_accesses_are_exact_and_replay_unchanged() {
         .count();
     assert_eq!(in_loop, 2001);
     assert!(traced.iter().all(|i| i.lwpid.to_string() == pid));
+    // Nothing is missing anywhere: every instruction that falls through is
+    // followed by the next in memory (insight's trampolines and probe gate
+    // included, whose own instructions are left out).
+    let gaps: Vec<String> = traced
+        .windows(2)
+        .filter(|w| {
+            let insn = vmm::expand::decode(&w[0].bytes, w[0].rip).unwrap();
+            vmm::expand::continues_at_next(&insn) && w[1].rip != w[0].rip + w[0].bytes.len() as u64
+        })
+        .map(|w| format!("{:#x} {:02x?} -> {:#x}", w[0].rip, w[0].bytes, w[1].rip))
+        .collect();
+    assert!(
+        gaps.is_empty(),
+        "{} gaps, the first: {:?}",
+        gaps.len(),
+        &gaps[..gaps.len().min(5)]
+    );
 
     // The global array: each element stored once and loaded twice.
     let accesses = std::fs::read_to_string(&accesses).unwrap();

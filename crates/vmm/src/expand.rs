@@ -102,6 +102,16 @@ pub fn decode(bytes: &[u8], rip: u64) -> Option<Instruction> {
     (!insn.is_invalid()).then_some(insn)
 }
 
+/// Whether the next instruction a thread executes after `insn` is the
+/// one that follows it in memory (no branch, call, return, system call or
+/// interrupt; a REP string instruction is stepped once per iteration, so
+/// it follows itself until its count runs out).
+pub fn continues_at_next(insn: &Instruction) -> bool {
+    insn.flow_control() == iced_x86::FlowControl::Next
+        && !insn.has_rep_prefix()
+        && !insn.has_repne_prefix()
+}
+
 /// The general-purpose registers (64-bit names) an instruction writes.
 pub fn written_registers(
     factory: &mut InstructionInfoFactory,

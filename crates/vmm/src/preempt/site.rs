@@ -328,6 +328,26 @@ impl Site {
             .map_err(|e| e.to_string())
     }
 
+    /// Where each covered instruction the stub runs starts once
+    /// re-encoded at `ip` (as `relocated(ip)` lays them out): (address in
+    /// the stub, original address, original length).
+    pub fn relocated_layout(&self, ip: u64) -> Result<Vec<(u64, u64, usize)>, String> {
+        let block = InstructionBlock::new(&self.moved, ip);
+        let encoded = BlockEncoder::encode(
+            64,
+            block,
+            BlockEncoderOptions::RETURN_NEW_INSTRUCTION_OFFSETS,
+        )
+        .map_err(|e| e.to_string())?;
+        Ok(self
+            .moved
+            .iter()
+            .zip(&encoded.new_instruction_offsets)
+            .filter(|(_, &at)| at != u32::MAX)
+            .map(|(i, &at)| (ip + u64::from(at), i.ip(), i.len()))
+            .collect())
+    }
+
     /// Where execution continues after the covered instructions.
     pub fn resume(&self) -> u64 {
         self.rip + self.len as u64
@@ -480,6 +500,11 @@ mod tests {
         assert_eq!(moved[3], 0xe9);
         let rel = i32::from_le_bytes(moved[4..8].try_into().unwrap());
         assert_eq!(0x7008i64 + i64::from(rel), (AT - 6) as i64);
+        // Where each lands in the stub, and where it came from.
+        assert_eq!(
+            s.relocated_layout(0x7000).unwrap(),
+            vec![(0x7000, AT, 3), (0x7003, AT + 3, 2)]
+        );
     }
 
     #[test]

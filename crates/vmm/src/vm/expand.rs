@@ -82,6 +82,9 @@ pub(super) struct Expansion {
     /// mapped (its fetch faults it in): the registers there, to log the
     /// instruction at the thread's next step.
     unread: HashMap<u32, UserRegs>,
+    /// Threads whose last step stood at a trampoline's jump: the registers
+    /// before the instruction it covers.
+    at_patch: HashMap<u32, UserRegs>,
     /// The guest's #DB handler, where the breakpoint is.
     handler: Option<u64>,
     instructions: Option<InstructionTrace>,
@@ -102,6 +105,7 @@ impl Vm {
             seen: HashSet::new(),
             in_syscall: HashMap::new(),
             unread: HashMap::new(),
+            at_patch: HashMap::new(),
             handler: None,
             instructions: spec.instructions.map(InstructionTrace::new),
             memory: spec.memory.map(MemoryTrace::new),
@@ -211,7 +215,13 @@ impl Vm {
         }
         self.drain_switches()?;
         let current = self.events.as_ref().and_then(|c| c.current());
-        let stubs = self.stub_mappings();
+        let in_stub = probe_gate::in_stub_pages(rip, &self.stub_mappings());
+        let moved = if in_stub {
+            self.preempt.moved_instruction(cr3, rip)
+        } else {
+            None
+        };
+        let at_patch = self.preempt.search_patch_at(cr3) == Some(rip);
         let Some(x) = &mut self.expansion else {
             return Ok(());
         };
@@ -221,9 +231,25 @@ impl Vm {
             Some((pid, lwpid)) if Some(pid) == x.pid => {
                 x.stepping.insert(lwpid);
                 x.seen.insert(lwpid);
-                if probe_gate::in_stub_pages(rip, &stubs) {
+                let mut at = UserRegs::from_kvm(&user);
+                (at.fs_base, at.gs_base) = (sregs.fs.base, sregs.gs.base);
+                if at_patch {
+                    // The jump of a trampoline searching for a point: the
+                    // instruction it covers runs moved (next) or, where
+                    // the point is reached, in place after the interrupt.
+                    x.at_patch.insert(lwpid, at);
+                    x.stats.insight_steps += 1;
+                } else if let Some((ip, bytes)) = moved {
+                    x.at_patch.remove(&lwpid);
+                    at.rip = ip;
+                    let insn = expand::decode(&bytes, ip);
+                    x.log(lwpid, &at, &bytes, insn.as_ref())?;
+                } else if in_stub {
                     x.stats.insight_steps += 1;
                 } else {
+                    if let Some(before) = x.at_patch.remove(&lwpid) {
+                        x.step(&self.mem, cr3, lwpid, &before, false)?;
+                    }
                     if let Some(before) = x.unread.remove(&lwpid) {
                         if x.step(&self.mem, cr3, lwpid, &before, false)? {
                             // It was a SYSCALL that ran with the flag.
@@ -233,8 +259,6 @@ impl Vm {
                     if let Some(ret) = x.in_syscall.remove(&lwpid) {
                         x.after_syscall(&self.mem, cr3, lwpid, ret, &user, &sregs)?;
                     }
-                    let mut at = UserRegs::from_kvm(&user);
-                    (at.fs_base, at.gs_base) = (sregs.fs.base, sregs.gs.base);
                     if x.step(&self.mem, cr3, lwpid, &at, true)? {
                         // SYSCALL saves RFLAGS in R11, where the program
                         // would see the trap flag: it runs without, and

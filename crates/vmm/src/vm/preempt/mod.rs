@@ -10,7 +10,7 @@ use crate::gva;
 use crate::journal::Journal;
 use crate::preempt::guest_code::{self, build_stub, code_around, trampoline_entries, PageTables};
 use crate::preempt::site::{self, Site};
-use crate::preempt::state::PageSet;
+use crate::preempt::state::{self, PageSet};
 use crate::preempt::trampoline::Stub;
 use crate::preempt::{AsyncPoint, CodeMap, GuestArea, EXIT_PAGE_GPA};
 use crate::probe_gate;
@@ -157,6 +157,27 @@ impl Preemption {
         if let Some(search) = &mut self.search {
             search.gate_exits += 1;
         }
+    }
+
+    /// Replay, stepping a traced process in the address space `cr3`:
+    /// where the search under way put its trampoline's jump, if there.
+    pub(in crate::vm) fn search_patch_at(&self, cr3: u64) -> Option<u64> {
+        let search = self.search.as_ref()?;
+        (search.point.state.cr3 == cr3 & state::CR3_ROOT).then_some(search.patch.rip)
+    }
+
+    /// Replay, stepping a traced process: the instruction the trampoline
+    /// moved to `rip` in its code page, as (original address, bytes).
+    pub(in crate::vm) fn moved_instruction(&self, cr3: u64, rip: u64) -> Option<(u64, Vec<u8>)> {
+        let search = self.search.as_ref()?;
+        if search.point.state.cr3 != cr3 & state::CR3_ROOT {
+            return None;
+        }
+        search
+            .moved
+            .iter()
+            .find(|m| m.0 == rip)
+            .map(|m| (m.1, m.2.clone()))
     }
 
     /// Replay: what the search for a point under way has seen.

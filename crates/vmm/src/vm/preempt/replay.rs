@@ -24,6 +24,9 @@ pub(super) struct Search {
     rejected: u64,
     /// How the last rejected candidate differed, for the report.
     last_rejection: Vec<String>,
+    /// The instructions the trampoline moved into its code page: (address
+    /// there, original address, original bytes), for a traced process.
+    pub(super) moved: Vec<(u64, u64, Vec<u8>)>,
     /// Probe gate exits and traced steps since the search began: replay's
     /// alone, each a round trip the recording did not make.
     pub(super) gate_exits: u64,
@@ -91,6 +94,20 @@ impl Vm {
             }
         };
 
+        let displaced = AsyncPoint::pages_at(point.stub).code + stub.displaced_at;
+        let moved = site
+            .relocated_layout(displaced)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(at, ip, len)| {
+                let from = (ip - rip) as usize;
+                (
+                    at,
+                    ip,
+                    code.get(from..from + len).unwrap_or_default().to_vec(),
+                )
+            })
+            .collect();
         let data = trampoline::data_page(&point.state.kvm_regs(), &values);
         let code_pages = point.code_pages.clone();
         let patch = match self.install(cr3, &code_pages, rip, point.stub, &stub, Some(data), jump) {
@@ -103,6 +120,7 @@ impl Vm {
             candidates: 0,
             rejected: 0,
             last_rejection: Vec::new(),
+            moved,
             gate_exits: 0,
         });
         Ok(())
