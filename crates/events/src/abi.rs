@@ -36,10 +36,12 @@ pub enum Kind {
     Sample = 14,
     ThreadJoin = 15,
     ThreadSpawn = 16,
+    /// A load or store of a process traced at replay (the host's).
+    MemAccess = 17,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 16] = [
+    pub const ALL: [Kind; 17] = [
         Kind::Lock,
         Kind::LockRet,
         Kind::TryLock,
@@ -56,6 +58,7 @@ impl Kind {
         Kind::Sample,
         Kind::ThreadJoin,
         Kind::ThreadSpawn,
+        Kind::MemAccess,
     ];
 
     pub fn from_u16(v: u16) -> Option<Kind> {
@@ -81,6 +84,7 @@ impl Kind {
             Kind::Sample => "SAMPLE",
             Kind::ThreadJoin => "THREADJOIN",
             Kind::ThreadSpawn => "THREADSPAWN",
+            Kind::MemAccess => "MEMACCESS",
         }
     }
 
@@ -117,7 +121,7 @@ impl SampleMode {
 }
 
 /// Who raised the event: the guest kernel reports probe or kernel with
-/// the exit; SAMPLE events are the host's.
+/// the exit; SAMPLE and MEMACCESS events are the host's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub enum Source {
@@ -125,7 +129,7 @@ pub enum Source {
     Probe = 0,
     /// The guest kernel itself.
     Kernel = 1,
-    /// The hypervisor (SAMPLE).
+    /// The hypervisor (SAMPLE, MEMACCESS).
     Host = 2,
 }
 
@@ -263,7 +267,7 @@ pub fn parse(buf: &[u8], room: usize) -> Result<RawEvent, AbiError> {
     }
     let raw_kind = u16_at(buf, 6);
     let kind = Kind::from_u16(raw_kind).ok_or(AbiError::UnknownKind(raw_kind))?;
-    if matches!(kind, Kind::Sample | Kind::ContextSwitch) {
+    if matches!(kind, Kind::Sample | Kind::ContextSwitch | Kind::MemAccess) {
         return Err(AbiError::HostKind(raw_kind));
     }
     let size = u32_at(buf, 8);
@@ -458,6 +462,9 @@ mod tests {
         ));
         // Context switches come from the switch ring, never a buffer.
         let b = encode(Kind::ContextSwitch as u16, 1, 1, "a", &[0; 48]);
+        assert!(matches!(parse(&b, PAGE), Err(AbiError::HostKind(_))));
+        // Memory accesses are traced by the host, never raised.
+        let b = encode(Kind::MemAccess as u16, 1, 1, "a", &[0; 48]);
         assert!(matches!(parse(&b, PAGE), Err(AbiError::HostKind(_))));
     }
 

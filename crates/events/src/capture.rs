@@ -328,6 +328,36 @@ impl Capture {
         Ok(())
     }
 
+    /// A load or store of task (pid, lwpid), traced at replay: the
+    /// instruction at `rip` accessed `size` bytes at `addr`; `access` is
+    /// 1 (load), 2 (store) or 3 (read-modify-write). Stored as a
+    /// MEMACCESS event: addr, caller = RIP, value = size + 2^32 x access
+    /// (docs/events.md).
+    pub fn memory_access(
+        &mut self,
+        time_hint: u64,
+        (pid, lwpid): (u32, u32),
+        rip: u64,
+        addr: u64,
+        size: u32,
+        access: u8,
+    ) -> Result<(), DbError> {
+        let time = self.advance(time_hint);
+        self.db.push(&Row {
+            seq: 0,
+            time,
+            kind: Kind::MemAccess,
+            source: Source::Host,
+            pid,
+            lwpid,
+            addr: Some(addr),
+            caller: Some(rip),
+            value: Some(i64::from(size) | (i64::from(access) << 32)),
+        })?;
+        *self.per_kind.entry(Kind::MemAccess).or_insert(0) += 1;
+        Ok(())
+    }
+
     /// Context switches the ring overwrote before the hypervisor read them.
     pub fn lost_switches(&mut self, n: u64, example: String) {
         let entry = self

@@ -79,15 +79,22 @@ fn data_range(prog: &Path) -> (u64, u64) {
     (data, bss + bss_size)
 }
 
-/// The "N events written to FILE (kinds)" line, without the file.
-fn events_written(stderr: &str) -> String {
+/// The counts per kind of the "N events written to FILE (3 EXIT, ...)"
+/// line, but MEMACCESS (the traced accesses).
+fn events_written(stderr: &str) -> BTreeMap<String, u64> {
     let line = stderr
         .lines()
         .find(|l| l.contains("events written to"))
         .unwrap_or_else(|| panic!("no event summary in:\n{stderr}"));
-    let (count, rest) = line.split_once(" events written to ").unwrap();
-    let kinds = rest.split_once(' ').map_or("", |(_, k)| k);
-    format!("{count} {kinds}")
+    let kinds = line
+        .rsplit_once('(')
+        .map_or("", |(_, k)| k.trim_end_matches(')'));
+    kinds
+        .split(", ")
+        .filter_map(|k| k.split_once(' '))
+        .filter(|(_, kind)| *kind != "MEMACCESS")
+        .map(|(n, kind)| (kind.to_owned(), n.parse().unwrap()))
+        .collect()
 }
 
 #[ignore = "needs /dev/kvm, the guest image and valgrind (tools/test runs it)"]
@@ -156,6 +163,8 @@ fn traced_instructions_and_accesses_are_exact_and_replay_unchanged() {
         "{stderr}"
     );
     assert_eq!(events_written(&stderr), plain_events);
+    assert!(plain_events.contains_key("EXIT"), "{plain_events:?}");
+    assert!(stderr.contains(" MEMACCESS"), "{stderr}");
 
     // The hand-written loop: exactly its 2001 instructions.
     let raw = zstd::decode_all(std::fs::File::open(&insns).unwrap()).unwrap();
@@ -192,6 +201,34 @@ fn traced_instructions_and_accesses_are_exact_and_replay_unchanged() {
     assert_eq!(
         on_a,
         BTreeMap::from([(("L".into(), 4), 2000), (("S".into(), 4), 1000)])
+    );
+
+    // The same accesses as MEMACCESS events, named by variable.
+    let report = insight()
+        .args(["report", "memory", "--json"])
+        .arg(&traced_db)
+        .output()
+        .unwrap();
+    let (json, stderr) = text(&report);
+    assert!(report.status.success(), "{stderr}");
+    let json: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let var = json["variables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["variable"] == "a")
+        .unwrap_or_else(|| panic!("no variable a in {json}"));
+    assert_eq!(
+        (
+            var["loads"].as_u64(),
+            var["stores"].as_u64(),
+            var["bytes"].as_u64()
+        ),
+        (Some(2000), Some(1000), Some(12000))
+    );
+    assert_eq!(
+        json["accesses"].as_u64(),
+        Some(accesses.lines().count() as u64)
     );
 
     // The whole of its data, as Valgrind's lackey counts it natively.

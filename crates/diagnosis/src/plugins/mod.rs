@@ -6,6 +6,7 @@ use crate::plugin::Plugin;
 
 pub mod deadlock;
 pub mod locks;
+pub mod memory;
 pub mod profile;
 pub mod threads;
 
@@ -17,6 +18,7 @@ pub fn registry() -> Vec<Box<dyn Plugin>> {
         Box::new(deadlock::Deadlock::new()),
         Box::new(profile::Profile::new(profile::ProfileOptions::default())),
         Box::new(threads::Threads::new()),
+        Box::new(memory::Memory::new()),
     ]
 }
 

@@ -85,6 +85,8 @@ pub(super) struct Expansion {
     /// Threads whose last step stood at a trampoline's jump: the registers
     /// before the instruction it covers.
     at_patch: HashMap<u32, UserRegs>,
+    /// Accesses of the step not yet in the event capture (MEMACCESS).
+    to_capture: Vec<(u32, u64, expand::Access)>,
     /// The guest's #DB handler, where the breakpoint is.
     handler: Option<u64>,
     instructions: Option<InstructionTrace>,
@@ -106,6 +108,7 @@ impl Vm {
             in_syscall: HashMap::new(),
             unread: HashMap::new(),
             at_patch: HashMap::new(),
+            to_capture: Vec::new(),
             handler: None,
             instructions: spec.instructions.map(InstructionTrace::new),
             memory: spec.memory.map(MemoryTrace::new),
@@ -276,6 +279,19 @@ impl Vm {
                 x.stats.foreign_steps += 1;
             }
         }
+        let accesses = std::mem::take(&mut x.to_capture);
+        let pid = x.pid.unwrap_or(0);
+        if let (false, Some(capture)) = (accesses.is_empty(), &mut self.events) {
+            let time = self.journal.progress().guest_ns;
+            for (lwpid, rip, a) in &accesses {
+                let kind = match a.kind {
+                    expand::AccessKind::Load => 1,
+                    expand::AccessKind::Store => 2,
+                    expand::AccessKind::Modify => 3,
+                };
+                capture.memory_access(time, (pid, *lwpid), *rip, a.addr, a.size, kind)?;
+            }
+        }
         sregs.cs = user_segment(&self.mem, cr3, &sregs, cs)?;
         sregs.ss = user_segment(&self.mem, cr3, &sregs, ss)?;
         let synced = self.vcpu.sync_regs_mut();
@@ -408,6 +424,7 @@ impl Expansion {
             for access in expand::accesses(&mut self.factory, insn, regs) {
                 self.stats.accesses += 1;
                 t.push(lwpid, regs.rip, &access).map_err(write)?;
+                self.to_capture.push((lwpid, regs.rip, access));
             }
         }
         Ok(())
