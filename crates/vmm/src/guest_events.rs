@@ -106,6 +106,7 @@ impl unwind::Memory for UserMemory<'_> {
 /// from user mode leaves its registers, at the top of its kernel stack.
 const PT_REGS_SIZE: u64 = 21 * 8;
 const PT_REGS_RBP: usize = 4;
+const PT_REGS_R11: usize = 6;
 const PT_REGS_RIP: usize = 16;
 const PT_REGS_CS: usize = 17;
 const PT_REGS_FLAGS: usize = 18;
@@ -131,14 +132,26 @@ pub fn user_regs_in_kernel(mem: &GuestMemoryMmap, cr3: u64, top_of_stack: u64) -
     (cs & 3 == 3 && rip < USER_END && rsp < USER_END).then_some([rip, rsp, at(PT_REGS_RBP)])
 }
 
-/// Sets `flags` in the user RFLAGS the current task's kernel entry saved
-/// (see [`user_regs_in_kernel`]), which its return to user mode loads;
-/// false if the task did not enter from user mode.
-pub fn set_user_flags_in_kernel(
+/// A user register the guest kernel saved on entry (`pt_regs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SavedReg {
+    /// RFLAGS, which the return to user mode loads.
+    Flags,
+    /// R11, which the program gets back from a system call.
+    R11,
+}
+
+/// Sets the bits `set` and clears the bits `clear` of `reg` among the
+/// user registers the current task's kernel entry saved (see
+/// [`user_regs_in_kernel`]); false if the task did not enter from user
+/// mode.
+pub fn update_saved_user_reg(
     mem: &GuestMemoryMmap,
     cr3: u64,
     top_of_stack: u64,
-    flags: u64,
+    reg: SavedReg,
+    set: u64,
+    clear: u64,
 ) -> bool {
     if user_regs_in_kernel(mem, cr3, top_of_stack).is_none() {
         return false;
@@ -147,11 +160,15 @@ pub fn set_user_flags_in_kernel(
     let Ok(()) = gva::read_virt(mem, cr3, top_of_stack, &mut word) else {
         return false;
     };
-    let at = u64::from_le_bytes(word) - PT_REGS_SIZE + PT_REGS_FLAGS as u64 * 8;
+    let index = match reg {
+        SavedReg::Flags => PT_REGS_FLAGS,
+        SavedReg::R11 => PT_REGS_R11,
+    };
+    let at = u64::from_le_bytes(word) - PT_REGS_SIZE + index as u64 * 8;
     if gva::read_virt(mem, cr3, at, &mut word).is_err() {
         return false;
     }
-    let value = u64::from_le_bytes(word) | flags;
+    let value = (u64::from_le_bytes(word) | set) & !clear;
     gva::write_virt(mem, cr3, at, &value.to_le_bytes()).is_ok()
 }
 

@@ -21,7 +21,8 @@ use iced_x86::InstructionInfoFactory;
 use kvm_bindings::{kvm_guest_debug, kvm_segment, KVM_GUESTDBG_ENABLE, KVM_GUESTDBG_USE_HW_BP};
 
 use crate::expand::{self, InstructionTrace, MemoryTrace, UserRegs, MAX_INSN};
-use crate::{guest_events, gva, probe_gate};
+use crate::guest_events::{self, SavedReg};
+use crate::{gva, probe_gate};
 
 use super::{kvm_err, Vm, VmError};
 
@@ -78,6 +79,9 @@ pub(super) struct Expansion {
     /// Threads whose last logged instruction was a SYSCALL, and where it
     /// returns: the instruction there runs before the next step.
     in_syscall: HashMap<u32, u64>,
+    /// Threads in a system call made with the trap flag, whose saved R11
+    /// is to lose it.
+    r11_fix: HashSet<u32>,
     /// Threads whose last step stood at an instruction on a page not yet
     /// mapped (its fetch faults it in): the registers there, to log the
     /// instruction at the thread's next step.
@@ -106,6 +110,7 @@ impl Vm {
             stepping: HashSet::new(),
             seen: HashSet::new(),
             in_syscall: HashMap::new(),
+            r11_fix: HashSet::new(),
             unread: HashMap::new(),
             at_patch: HashMap::new(),
             to_capture: Vec::new(),
@@ -148,10 +153,39 @@ impl Vm {
             x.pid = Some(pid);
             x.stats.pid = Some(pid);
         }
-        if x.pid != Some(pid) || x.stepping.contains(&lwpid) {
+        let fix_r11 = x.r11_fix.contains(&lwpid);
+        if x.pid != Some(pid) || (x.stepping.contains(&lwpid) && !fix_r11) {
             return Ok(());
         }
         let sregs = self.vcpu.get_sregs().map_err(kvm_err("GET_SREGS"))?;
+        if fix_r11 {
+            // In a system call the thread made with the trap flag: R11,
+            // which it gets back, is the RFLAGS it had, the flag with it.
+            // Its first exit (the entry's deterministic point) comes
+            // before the return, which loads RFLAGS from another slot.
+            let ret = x.in_syscall.get(&lwpid).copied();
+            let fixed = sregs.cs.selector & 3 != 3
+                && self.kernel_stack_top.is_some_and(|top| {
+                    // The saved registers are the system call's (it
+                    // returns after the SYSCALL), not a later entry's.
+                    let saved = guest_events::user_regs_in_kernel(&self.mem, sregs.cr3, top);
+                    saved.map(|r| r[0]) == ret
+                        && guest_events::update_saved_user_reg(
+                            &self.mem,
+                            sregs.cr3,
+                            top,
+                            SavedReg::R11,
+                            0,
+                            TF,
+                        )
+                });
+            if fixed {
+                x.r11_fix.remove(&lwpid);
+            }
+            if x.stepping.contains(&lwpid) {
+                return Ok(());
+            }
+        }
         if x.handler.is_none() {
             let handler = debug_handler(&self.mem, sregs.cr3, sregs.idt.base)?;
             let mut debug = kvm_guest_debug {
@@ -184,7 +218,7 @@ impl Vm {
             // Until the task's first step, this is tried again at every
             // exit it is on the CPU for (a kernel thread's, or a task's
             // on its way out of the kernel, has no user frame yet).
-            guest_events::set_user_flags_in_kernel(&self.mem, sregs.cr3, top, TF);
+            guest_events::update_saved_user_reg(&self.mem, sregs.cr3, top, SavedReg::Flags, TF, 0);
         }
         Ok(())
     }
@@ -255,22 +289,24 @@ impl Vm {
                     }
                     if let Some(before) = x.unread.remove(&lwpid) {
                         if x.step(&self.mem, cr3, lwpid, &before, false)? {
-                            // It was a SYSCALL that ran with the flag.
+                            // A SYSCALL, whose R11 nobody fixed.
+                            x.r11_fix.insert(lwpid);
                             x.in_syscall.insert(lwpid, before.rip + 2);
                         }
                     }
                     if let Some(ret) = x.in_syscall.remove(&lwpid) {
-                        x.after_syscall(&self.mem, cr3, lwpid, ret, &user, &sregs)?;
+                        x.after_syscall(&self.mem, cr3, lwpid, ret, &mut user, &sregs)?;
                     }
                     if x.step(&self.mem, cr3, lwpid, &at, true)? {
-                        // SYSCALL saves RFLAGS in R11, where the program
-                        // would see the trap flag: it runs without, and
-                        // the flag is set again in the kernel (in the
-                        // saved RFLAGS, not R11) at the system call's
-                        // first exit, the entry's deterministic point.
-                        user.rflags &= !TF;
-                        x.stepping.remove(&lwpid);
+                        // SYSCALL saves RFLAGS, the trap flag with it, in
+                        // R11, where the program would see it: cleared
+                        // at the system call's first exit
+                        // (`arm_expansion`). An execve clears the flag:
+                        // the thread is armed again at its exits until
+                        // its next step.
+                        x.r11_fix.insert(lwpid);
                         x.in_syscall.insert(lwpid, rip + 2);
+                        x.stepping.remove(&lwpid);
                     }
                 }
             }
@@ -341,14 +377,16 @@ impl Expansion {
     /// A step after a SYSCALL: if the guest kernel returned to `ret`
     /// (with the trap flag), the instruction there ran before this step.
     /// It is logged, its accesses computed from the registers after it
-    /// (left out if it changed one its address uses).
+    /// (left out if it changed one its address uses). If R11 still holds
+    /// the trap flag (the system call had no exit to clear it at), it
+    /// loses it now, unless that instruction wrote R11.
     fn after_syscall(
         &mut self,
         mem: &vm_memory::GuestMemoryMmap,
         cr3: u64,
         lwpid: u32,
         ret: u64,
-        user: &kvm_bindings::kvm_regs,
+        user: &mut kvm_bindings::kvm_regs,
         sregs: &kvm_bindings::kvm_sregs,
     ) -> Result<(), VmError> {
         let mut at = UserRegs::from_kvm(user);
@@ -359,11 +397,15 @@ impl Expansion {
             .as_ref()
             .map(|i| expand::written_registers(&mut self.factory, i))
             .unwrap_or_default();
+        let late_r11 = self.r11_fix.remove(&lwpid);
         // A system call that did not return there (execve, rt_sigreturn,
         // exit) left RCX other than its return address, which SYSCALL
         // put there.
         if user.rcx != ret && !written.contains(&iced_x86::Register::RCX) {
             return Ok(());
+        }
+        if late_r11 && !written.contains(&iced_x86::Register::R11) {
+            user.r11 &= !TF;
         }
         let exact = insn
             .as_ref()
