@@ -120,6 +120,44 @@ impl SampleMode {
     }
 }
 
+/// How a traced instruction used memory: the access of a MEMACCESS event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum MemAccess {
+    Load = 1,
+    Store = 2,
+    /// Read and written by the same instruction (`add [rax], 1`).
+    Modify = 3,
+}
+
+impl MemAccess {
+    /// The letter Valgrind's lackey uses: L, S or M.
+    pub fn letter(self) -> char {
+        match self {
+            MemAccess::Load => 'L',
+            MemAccess::Store => 'S',
+            MemAccess::Modify => 'M',
+        }
+    }
+
+    /// A MEMACCESS event's value for an access of `size` bytes: the size
+    /// plus 2^32 times the access.
+    pub fn value(self, size: u32) -> i64 {
+        i64::from(size) | (i64::from(self as u8) << 32)
+    }
+
+    /// The access and size a MEMACCESS event's value says, if it says one.
+    pub fn from_value(value: i64) -> Option<(MemAccess, u32)> {
+        let access = match value >> 32 {
+            1 => MemAccess::Load,
+            2 => MemAccess::Store,
+            3 => MemAccess::Modify,
+            _ => return None,
+        };
+        Some((access, (value & 0xffff_ffff) as u32))
+    }
+}
+
 /// Who raised the event: the guest kernel reports probe or kernel with
 /// the exit; SAMPLE and MEMACCESS events are the host's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -463,6 +501,11 @@ mod tests {
         // Context switches come from the switch ring, never a buffer.
         let b = encode(Kind::ContextSwitch as u16, 1, 1, "a", &[0; 48]);
         assert!(matches!(parse(&b, PAGE), Err(AbiError::HostKind(_))));
+        // A MEMACCESS value says its access and size, or nothing.
+        for access in [MemAccess::Load, MemAccess::Store, MemAccess::Modify] {
+            assert_eq!(MemAccess::from_value(access.value(16)), Some((access, 16)));
+        }
+        assert_eq!(MemAccess::from_value(4 | (9 << 32)), None);
         // Memory accesses are traced by the host, never raised.
         let b = encode(Kind::MemAccess as u16, 1, 1, "a", &[0; 48]);
         assert!(matches!(parse(&b, PAGE), Err(AbiError::HostKind(_))));

@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use crate::abi::{self, Kind, Payload, RawEvent, SampleMode, Source};
+use crate::abi::{self, Kind, MemAccess, Payload, RawEvent, SampleMode, Source};
 use crate::db::{DbError, EventWriter, Row};
 
 /// The lowest user address Linux lets a process map (`vm.mmap_min_addr`'s
@@ -329,10 +329,9 @@ impl Capture {
     }
 
     /// A load or store of task (pid, lwpid), traced at replay: the
-    /// instruction at `rip` accessed `size` bytes at `addr`; `access` is
-    /// 1 (load), 2 (store) or 3 (read-modify-write). Stored as a
-    /// MEMACCESS event: addr, caller = RIP, value = size + 2^32 x access
-    /// (docs/events.md).
+    /// instruction at `rip` accessed `size` bytes at `addr`. Stored as a
+    /// MEMACCESS event: addr, caller = RIP, value as
+    /// [`MemAccess::value`] makes it (docs/events.md).
     pub fn memory_access(
         &mut self,
         time_hint: u64,
@@ -340,7 +339,7 @@ impl Capture {
         rip: u64,
         addr: u64,
         size: u32,
-        access: u8,
+        access: MemAccess,
     ) -> Result<(), DbError> {
         let time = self.advance(time_hint);
         self.db.push(&Row {
@@ -352,7 +351,7 @@ impl Capture {
             lwpid,
             addr: Some(addr),
             caller: Some(rip),
-            value: Some(i64::from(size) | (i64::from(access) << 32)),
+            value: Some(access.value(size)),
         })?;
         *self.per_kind.entry(Kind::MemAccess).or_insert(0) += 1;
         Ok(())

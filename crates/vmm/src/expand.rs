@@ -9,6 +9,7 @@
 
 use std::io::{self, Write};
 
+pub use events::abi::MemAccess;
 use iced_x86::{Decoder, DecoderOptions, Instruction, InstructionInfoFactory, OpAccess, Register};
 
 /// The longest x86 instruction.
@@ -17,32 +18,12 @@ pub const MAX_INSN: usize = 15;
 /// Magic at the start of an instruction trace (after decompression).
 pub const INSN_MAGIC: &[u8; 8] = b"INSITRC1";
 
-/// How an instruction used a memory operand.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AccessKind {
-    Load,
-    Store,
-    /// Read and written by the same instruction (`add [rax], 1`).
-    Modify,
-}
-
-impl AccessKind {
-    /// The letter Valgrind's lackey uses: L, S or M.
-    pub fn letter(self) -> char {
-        match self {
-            AccessKind::Load => 'L',
-            AccessKind::Store => 'S',
-            AccessKind::Modify => 'M',
-        }
-    }
-}
-
 /// One memory access of one instruction.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Access {
     pub addr: u64,
     pub size: u32,
-    pub kind: AccessKind,
+    pub kind: MemAccess,
 }
 
 /// The user registers before an instruction, as the decoder needs them.
@@ -161,9 +142,9 @@ pub fn accesses(
     let mut out = Vec::new();
     for used in info.used_memory() {
         let kind = match used.access() {
-            OpAccess::Read | OpAccess::CondRead => AccessKind::Load,
-            OpAccess::Write | OpAccess::CondWrite => AccessKind::Store,
-            OpAccess::ReadWrite | OpAccess::ReadCondWrite => AccessKind::Modify,
+            OpAccess::Read | OpAccess::CondRead => MemAccess::Load,
+            OpAccess::Write | OpAccess::CondWrite => MemAccess::Store,
+            OpAccess::ReadWrite | OpAccess::ReadCondWrite => MemAccess::Modify,
             // LEA, prefetches, NOP with a memory operand: no access.
             _ => continue,
         };
@@ -314,7 +295,7 @@ mod tests {
             vec![Access {
                 addr: 0x10_0000 + 0x20_0000 * 4 + 8,
                 size: 4,
-                kind: AccessKind::Store
+                kind: MemAccess::Store
             }]
         );
         // mov eax, [rip+0x100] (7 bytes: next_ip + 0x100)
@@ -323,7 +304,7 @@ mod tests {
             vec![Access {
                 addr: 0x401006 + 0x100,
                 size: 4,
-                kind: AccessKind::Load
+                kind: MemAccess::Load
             }]
         );
         // add qword [rbx], 1
@@ -332,7 +313,7 @@ mod tests {
             vec![Access {
                 addr: 0x40_0000,
                 size: 8,
-                kind: AccessKind::Modify
+                kind: MemAccess::Modify
             }]
         );
         // push rbp: a store below RSP
@@ -341,7 +322,7 @@ mod tests {
             vec![Access {
                 addr: 0x50_0000 - 8,
                 size: 8,
-                kind: AccessKind::Store
+                kind: MemAccess::Store
             }]
         );
         // mov rax, fs:[0x28]
@@ -350,7 +331,7 @@ mod tests {
             vec![Access {
                 addr: 0x7000_0028,
                 size: 8,
-                kind: AccessKind::Load
+                kind: MemAccess::Load
             }]
         );
         // lea rax, [rbx+8] and nop: no access

@@ -112,24 +112,44 @@ const PT_REGS_CS: usize = 17;
 const PT_REGS_FLAGS: usize = 18;
 const PT_REGS_RSP: usize = 19;
 
-/// The user registers (RIP, RSP, RBP) of the task in the guest kernel, as
-/// its kernel entry saved them: `top_of_stack` is the guest virtual
-/// address of the kernel variable holding the top of the current task's
-/// kernel stack (`cpu_current_top_of_stack` of a uniprocessor kernel).
+/// Where the current task's kernel entry saved its user registers
+/// (`pt_regs`, below the top of its kernel stack; `top_of_stack` is the
+/// guest virtual address of the kernel variable holding that top,
+/// `cpu_current_top_of_stack` of a uniprocessor kernel), and their bytes.
 /// `None` unless they look like user mode's (a kernel thread, a task
 /// between switches, or another kernel).
-pub fn user_regs_in_kernel(mem: &GuestMemoryMmap, cr3: u64, top_of_stack: u64) -> Option<[u64; 3]> {
+fn saved_user_frame(
+    mem: &GuestMemoryMmap,
+    cr3: u64,
+    top_of_stack: u64,
+) -> Option<(u64, [u8; PT_REGS_SIZE as usize])> {
     let mut word = [0u8; 8];
     gva::read_virt(mem, cr3, top_of_stack, &mut word).ok()?;
     let top = u64::from_le_bytes(word);
     if top < USER_END || !top.is_multiple_of(8) {
         return None;
     }
-    let mut bytes = [0u8; PT_REGS_SIZE as usize];
-    gva::read_virt(mem, cr3, top.checked_sub(PT_REGS_SIZE)?, &mut bytes).ok()?;
-    let at = |i: usize| u64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().unwrap_or_default());
-    let (rip, rsp, cs) = (at(PT_REGS_RIP), at(PT_REGS_RSP), at(PT_REGS_CS));
-    (cs & 3 == 3 && rip < USER_END && rsp < USER_END).then_some([rip, rsp, at(PT_REGS_RBP)])
+    let at = top.checked_sub(PT_REGS_SIZE)?;
+    let mut frame = [0u8; PT_REGS_SIZE as usize];
+    gva::read_virt(mem, cr3, at, &mut frame).ok()?;
+    let reg = |i: usize| saved_reg(&frame, i);
+    let (rip, rsp, cs) = (reg(PT_REGS_RIP), reg(PT_REGS_RSP), reg(PT_REGS_CS));
+    (cs & 3 == 3 && rip < USER_END && rsp < USER_END).then_some((at, frame))
+}
+
+fn saved_reg(frame: &[u8; PT_REGS_SIZE as usize], index: usize) -> u64 {
+    u64::from_le_bytes(
+        frame[index * 8..index * 8 + 8]
+            .try_into()
+            .unwrap_or_default(),
+    )
+}
+
+/// The user registers (RIP, RSP, RBP) of the task in the guest kernel, as
+/// its kernel entry saved them (see [`saved_user_frame`]).
+pub fn user_regs_in_kernel(mem: &GuestMemoryMmap, cr3: u64, top_of_stack: u64) -> Option<[u64; 3]> {
+    let (_, frame) = saved_user_frame(mem, cr3, top_of_stack)?;
+    Some([PT_REGS_RIP, PT_REGS_RSP, PT_REGS_RBP].map(|i| saved_reg(&frame, i)))
 }
 
 /// A user register the guest kernel saved on entry (`pt_regs`).
@@ -143,33 +163,28 @@ pub enum SavedReg {
 
 /// Sets the bits `set` and clears the bits `clear` of `reg` among the
 /// user registers the current task's kernel entry saved (see
-/// [`user_regs_in_kernel`]); false if the task did not enter from user
-/// mode.
+/// [`saved_user_frame`]), if it saved some and, with `returns_to`, they
+/// return there; whether it changed them.
 pub fn update_saved_user_reg(
     mem: &GuestMemoryMmap,
     cr3: u64,
     top_of_stack: u64,
     reg: SavedReg,
-    set: u64,
-    clear: u64,
+    (set, clear): (u64, u64),
+    returns_to: Option<u64>,
 ) -> bool {
-    if user_regs_in_kernel(mem, cr3, top_of_stack).is_none() {
-        return false;
-    }
-    let mut word = [0u8; 8];
-    let Ok(()) = gva::read_virt(mem, cr3, top_of_stack, &mut word) else {
+    let Some((at, frame)) = saved_user_frame(mem, cr3, top_of_stack) else {
         return false;
     };
+    if returns_to.is_some_and(|rip| rip != saved_reg(&frame, PT_REGS_RIP)) {
+        return false;
+    }
     let index = match reg {
         SavedReg::Flags => PT_REGS_FLAGS,
         SavedReg::R11 => PT_REGS_R11,
     };
-    let at = u64::from_le_bytes(word) - PT_REGS_SIZE + index as u64 * 8;
-    if gva::read_virt(mem, cr3, at, &mut word).is_err() {
-        return false;
-    }
-    let value = (u64::from_le_bytes(word) | set) & !clear;
-    gva::write_virt(mem, cr3, at, &value.to_le_bytes()).is_ok()
+    let value = (saved_reg(&frame, index) | set) & !clear;
+    gva::write_virt(mem, cr3, at + index as u64 * 8, &value.to_le_bytes()).is_ok()
 }
 
 /// The guest kernel's context-switch ring (docs/events.md): a header

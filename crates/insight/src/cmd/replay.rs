@@ -138,10 +138,12 @@ pub struct ReplayArgs {
     /// name its threads raise events under (the kernel's 15-character
     /// `comm`; the first such process), and write what it executed with
     /// --trace-instructions and the memory it read and wrote with
-    /// --trace-memory. The process must be tracked (recorded with
-    /// --probes), and is traced from its first event on. About 10,000
-    /// instructions a second on hosts without user-mode single-stepping:
-    /// for short programs and windows (docs/expansion.md).
+    /// --trace-memory. A pid is traced from the first exit it is on the
+    /// CPU for, a name from the process's first event (`insight report
+    /// threads` lists the pids of programs recorded with --probes). About
+    /// 10,000 instructions a second on hosts without user-mode
+    /// single-stepping: for short programs and windows
+    /// (docs/expansion.md).
     #[arg(long, value_name = "PID|NAME", value_parser = parse_trace_target)]
     trace_process: Option<vmm::TraceTarget>,
     /// Write each user instruction the traced process executed (thread,

@@ -15,7 +15,6 @@
 
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
-use std::time::Instant;
 
 use iced_x86::InstructionInfoFactory;
 use kvm_bindings::{kvm_guest_debug, kvm_segment, KVM_GUESTDBG_ENABLE, KVM_GUESTDBG_USE_HW_BP};
@@ -56,17 +55,9 @@ pub struct ExpansionStats {
     pub threads: usize,
     pub instructions: u64,
     pub accesses: u64,
-    /// Steps of other processes that inherited the trap flag (a fork's
-    /// child), which were let go.
-    pub foreign_steps: u64,
-    /// Steps in insight's own code pages (probe gate, trampolines), not
-    /// the program's: left out.
-    pub insight_steps: u64,
     /// Instructions whose bytes could not be read (on a page the process
     /// unmapped before its next step): counted, not logged.
     pub unreadable: u64,
-    /// Host time spent stepping.
-    pub busy_ns: u64,
 }
 
 pub(super) struct Expansion {
@@ -163,21 +154,20 @@ impl Vm {
             // which it gets back, is the RFLAGS it had, the flag with it.
             // Its first exit (the entry's deterministic point) comes
             // before the return, which loads RFLAGS from another slot.
+            // Only in the system call's own saved registers (they return
+            // after the SYSCALL), not a later entry's.
             let ret = x.in_syscall.get(&lwpid).copied();
             let fixed = sregs.cs.selector & 3 != 3
+                && ret.is_some()
                 && self.kernel_stack_top.is_some_and(|top| {
-                    // The saved registers are the system call's (it
-                    // returns after the SYSCALL), not a later entry's.
-                    let saved = guest_events::user_regs_in_kernel(&self.mem, sregs.cr3, top);
-                    saved.map(|r| r[0]) == ret
-                        && guest_events::update_saved_user_reg(
-                            &self.mem,
-                            sregs.cr3,
-                            top,
-                            SavedReg::R11,
-                            0,
-                            TF,
-                        )
+                    guest_events::update_saved_user_reg(
+                        &self.mem,
+                        sregs.cr3,
+                        top,
+                        SavedReg::R11,
+                        (0, TF),
+                        ret,
+                    )
                 });
             if fixed {
                 x.r11_fix.remove(&lwpid);
@@ -218,7 +208,14 @@ impl Vm {
             // Until the task's first step, this is tried again at every
             // exit it is on the CPU for (a kernel thread's, or a task's
             // on its way out of the kernel, has no user frame yet).
-            guest_events::update_saved_user_reg(&self.mem, sregs.cr3, top, SavedReg::Flags, TF, 0);
+            guest_events::update_saved_user_reg(
+                &self.mem,
+                sregs.cr3,
+                top,
+                SavedReg::Flags,
+                (TF, 0),
+                None,
+            );
         }
         Ok(())
     }
@@ -228,7 +225,6 @@ impl Vm {
     /// fork's child inherits it) is cleared. Either way the task goes
     /// back to user mode where the exception found it.
     pub(super) fn expansion_step(&mut self) -> Result<(), VmError> {
-        let started = Instant::now();
         let synced = self.vcpu.sync_regs();
         let (regs, mut sregs) = (synced.regs, synced.sregs);
         let cr3 = sregs.cr3;
@@ -275,15 +271,15 @@ impl Vm {
                     // instruction it covers runs moved (next) or, where
                     // the point is reached, in place after the interrupt.
                     x.at_patch.insert(lwpid, at);
-                    x.stats.insight_steps += 1;
                 } else if let Some((ip, bytes)) = moved {
                     x.at_patch.remove(&lwpid);
                     at.rip = ip;
                     let insn = expand::decode(&bytes, ip);
                     x.log(lwpid, &at, &bytes, insn.as_ref())?;
-                } else if in_stub {
-                    x.stats.insight_steps += 1;
-                } else {
+                } else if !in_stub {
+                    // The program's own code (other steps in the stub
+                    // pages are the probe gate's or a trampoline's: left
+                    // out).
                     if let Some(before) = x.at_patch.remove(&lwpid) {
                         x.step(&self.mem, cr3, lwpid, &before, false)?;
                     }
@@ -311,8 +307,9 @@ impl Vm {
                 }
             }
             _ => {
+                // Another process that inherited the flag (a fork's
+                // child): let go.
                 user.rflags &= !TF;
-                x.stats.foreign_steps += 1;
             }
         }
         let accesses = std::mem::take(&mut x.to_capture);
@@ -320,12 +317,7 @@ impl Vm {
         if let (false, Some(capture)) = (accesses.is_empty(), &mut self.events) {
             let time = self.journal.progress().guest_ns;
             for (lwpid, rip, a) in &accesses {
-                let kind = match a.kind {
-                    expand::AccessKind::Load => 1,
-                    expand::AccessKind::Store => 2,
-                    expand::AccessKind::Modify => 3,
-                };
-                capture.memory_access(time, (pid, *lwpid), *rip, a.addr, a.size, kind)?;
+                capture.memory_access(time, (pid, *lwpid), *rip, a.addr, a.size, a.kind)?;
             }
         }
         sregs.cs = user_segment(&self.mem, cr3, &sregs, cs)?;
@@ -335,9 +327,6 @@ impl Vm {
         self.vcpu.set_sync_dirty_reg(kvm_ioctls::SyncReg::Register);
         self.vcpu
             .set_sync_dirty_reg(kvm_ioctls::SyncReg::SystemRegister);
-        if let Some(x) = &mut self.expansion {
-            x.stats.busy_ns += started.elapsed().as_nanos() as u64;
-        }
         Ok(())
     }
 

@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 
-use events::abi::Kind;
+use events::abi::{Kind, MemAccess};
 use events::db::Row;
 
 use crate::plugin::{Context, Output, Plugin, PluginError};
@@ -67,22 +67,19 @@ impl Plugin for Memory {
     }
 
     fn event(&mut self, row: &Row) {
-        let (Some(addr), Some(value)) = (row.addr, row.value) else {
+        let (Some(addr), Some((access, size))) =
+            (row.addr, row.value.and_then(MemAccess::from_value))
+        else {
             self.malformed += 1;
             return;
         };
-        let size = (value & 0xffff_ffff) as u64;
         let c = self.by_address.entry((row.pid, addr)).or_default();
-        match value >> 32 {
-            1 => c.loads += 1,
-            2 => c.stores += 1,
-            3 => c.modifies += 1,
-            _ => {
-                self.malformed += 1;
-                return;
-            }
+        match access {
+            MemAccess::Load => c.loads += 1,
+            MemAccess::Store => c.stores += 1,
+            MemAccess::Modify => c.modifies += 1,
         }
-        c.bytes += size;
+        c.bytes += u64::from(size);
     }
 
     fn finish(&mut self, cx: &Context) -> Result<Output, PluginError> {
