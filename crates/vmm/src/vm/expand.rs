@@ -254,7 +254,8 @@ impl Vm {
         } else {
             None
         };
-        let at_patch = self.preempt.search_patch_at(cr3) == Some(rip);
+        let patch_rip = self.preempt.search_patch_at(cr3);
+        let at_patch = patch_rip == Some(rip);
         let Some(x) = &mut self.expansion else {
             return Ok(());
         };
@@ -272,10 +273,26 @@ impl Vm {
                     // the point is reached, in place after the interrupt.
                     x.at_patch.insert(lwpid, at);
                 } else if let Some((ip, bytes)) = moved {
-                    x.at_patch.remove(&lwpid);
-                    at.rip = ip;
-                    let insn = expand::decode(&bytes, ip);
-                    x.log(lwpid, &at, &bytes, insn.as_ref())?;
+                    // The first instruction the trampoline moved is
+                    // logged here if the thread came to it through the
+                    // trampoline's jump, or returning from a system call
+                    // (not again in `after_syscall`). Resuming into the
+                    // trampoline after a fault or an interrupt there, it
+                    // was logged at the step before it.
+                    let jumped = x.at_patch.remove(&lwpid).is_some();
+                    let returned = x.in_syscall.get(&lwpid) == Some(&ip);
+                    if returned {
+                        x.in_syscall.remove(&lwpid);
+                        if x.r11_fix.remove(&lwpid) {
+                            user.r11 &= !TF;
+                            at.gprs[11] = user.r11;
+                        }
+                    }
+                    if jumped || returned || patch_rip != Some(ip) {
+                        at.rip = ip;
+                        let insn = expand::decode(&bytes, ip);
+                        x.log(lwpid, &at, &bytes, insn.as_ref())?;
+                    }
                 } else if !in_stub {
                     // The program's own code (other steps in the stub
                     // pages are the probe gate's or a trampoline's: left
@@ -292,6 +309,7 @@ impl Vm {
                     }
                     if let Some(ret) = x.in_syscall.remove(&lwpid) {
                         x.after_syscall(&self.mem, cr3, lwpid, ret, &mut user, &sregs)?;
+                        at.gprs[11] = user.r11;
                     }
                     if x.step(&self.mem, cr3, lwpid, &at, true)? {
                         // SYSCALL saves RFLAGS, the trap flag with it, in
