@@ -37,7 +37,10 @@ struct insight_gate {
 	uint32_t magic;
 	uint32_t version;
 	uint32_t code_offset; /* from the start of the page */
-	uint32_t reserved;
+	/* The heap gate's code, for the heap events (ALLOC, FREE, HEAPCALL):
+	 * it leaves the guest only in replays that collect them. 0 when the
+	 * hypervisor offers none: then no heap event is raised. */
+	uint32_t heap_code_offset;
 };
 
 enum insight_event_kind {
@@ -57,6 +60,21 @@ enum insight_event_kind {
 	INSIGHT_EV_SAMPLE = 14, /* the host's */
 	INSIGHT_EV_THREADJOIN = 15,
 	INSIGHT_EV_THREADSPAWN = 16,
+	INSIGHT_EV_MEMACCESS = 17, /* the host's */
+	INSIGHT_EV_HEAPCALL = 18,
+	INSIGHT_EV_ALLOC = 19,
+	INSIGHT_EV_FREE = 20,
+};
+
+/* Which allocation function a heap event is about. */
+enum insight_heap_function {
+	INSIGHT_HEAP_MALLOC = 1,
+	INSIGHT_HEAP_CALLOC = 2,
+	INSIGHT_HEAP_REALLOC = 3,
+	INSIGHT_HEAP_FREE = 4,
+	INSIGHT_HEAP_MMAP = 5,
+	INSIGHT_HEAP_MUNMAP = 6,
+	INSIGHT_HEAP_MEMALIGN = 7, /* posix_memalign, aligned_alloc, memalign */
 };
 
 struct insight_event_header {
@@ -106,6 +124,25 @@ struct insight_fork_payload {
 
 struct insight_exit_payload {
 	int32_t status;
+	uint32_t reserved;
+};
+
+/*
+ * HEAPCALL, raised through the heap gate as an allocation function is
+ * called, and ALLOC or FREE as it returns: every HEAPCALL is followed in
+ * its thread by the ALLOC or FREE that ends the call (a realloc that
+ * returned a block: FREE of the old one, if any, then ALLOC of the new).
+ * The memory accesses between them are the allocator's own.
+ */
+struct insight_heap_payload {
+	/* ALLOC: the block (0: the call failed); FREE: the block freed (0:
+	 * the call failed); HEAPCALL: realloc's, free's or munmap's pointer */
+	uint64_t addr;
+	/* ALLOC and HEAPCALL: the bytes asked for; FREE: munmap's length,
+	 * else 0 */
+	uint64_t size;
+	uint64_t caller; /* return address into the caller */
+	uint32_t function; /* enum insight_heap_function */
 	uint32_t reserved;
 };
 

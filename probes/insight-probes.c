@@ -3,7 +3,9 @@
  * LD_PRELOAD.
  *
  * Wraps pthread_mutex_lock/trylock/timedlock/unlock/init, pthread_create,
- * pthread_join, fork, exit, _exit and _Exit, and raises an event around each call with
+ * pthread_join, fork, exit, _exit and _Exit, and the allocation functions
+ * (malloc, calloc, realloc, free, posix_memalign, aligned_alloc, memalign,
+ * mmap, munmap), and raises an event around each call with
  * the probe ABI of insight-events.h: the event is written into a
  * page-aligned per-thread buffer, its address goes in RAX, the key
  * INSIGHT_EVENTNOTIFY in EBX, and int3 hands it to the insight guest
@@ -19,6 +21,12 @@
  * and the hypervisor captures the event at that exit. The call changes
  * no register, no flag and no memory the program can read in either
  * mode (its return address goes below the red zone in both).
+ *
+ * The heap events (HEAPCALL, ALLOC, FREE) go through a gate of their own,
+ * which leaves the guest only in replays that collect them (`insight
+ * replay --heap-events`, `--trace-process`): a program that allocates a
+ * million times costs other replays no exit for it. They are raised only
+ * through a gate; INSIGHT_PROBES=noheap leaves them out.
  *
  * Without a gate (an older hypervisor), or with INSIGHT_PROBES=port or
  * int3, every event is a VM exit in every mode: an OUT to the event port
@@ -60,6 +68,15 @@ static pid_t (*real_fork)(void);
 static void (*real_exit)(int) __attribute__((noreturn));
 static void (*real__exit)(int) __attribute__((noreturn));
 static void (*real__Exit)(int) __attribute__((noreturn));
+static void *(*real_malloc)(size_t);
+static void *(*real_calloc)(size_t, size_t);
+static void *(*real_realloc)(void *, size_t);
+static void (*real_free)(void *);
+static int (*real_posix_memalign)(void **, size_t, size_t);
+static void *(*real_aligned_alloc)(size_t, size_t);
+static void *(*real_memalign)(size_t, size_t);
+static void *(*real_mmap)(void *, size_t, int, int, int, off_t);
+static int (*real_munmap)(void *, size_t);
 
 /* Whether this kernel forwards EVENTNOTIFY: decided once, at load. */
 static int active;
@@ -67,6 +84,8 @@ static int active;
 static enum { NOTIFY_INT3, NOTIFY_PORT, NOTIFY_GATE } notify_by;
 /* The probe gate's code, when notify_by is NOTIFY_GATE. */
 static void *gate;
+/* The heap gate's code: NULL when heap events are not raised. */
+static void *heap_gate;
 /* The process the SYMBOL events were raised for (fork makes a new one). */
 static pid_t symbols_for;
 static pid_t my_pid;
@@ -99,8 +118,43 @@ static void *resolve(const char *name)
 	return f;
 }
 
+/*
+ * What dlsym allocates while the real allocation functions are being
+ * looked up: a static arena, never freed (glibc's dlsym may call calloc).
+ */
+#define BOOT_HEAP 4096
+static char boot_heap[BOOT_HEAP] __attribute__((aligned(16)));
+static size_t boot_used;
+static int resolving;
+
+static void *boot_alloc(size_t n)
+{
+	n = (n + 15) & ~(size_t)15;
+	if (n > BOOT_HEAP - boot_used)
+		return NULL;
+	void *p = boot_heap + boot_used;
+	boot_used += n;
+	return p;
+}
+
+static int is_boot(const void *p)
+{
+	return (const char *)p >= boot_heap && (const char *)p < boot_heap + BOOT_HEAP;
+}
+
 static void resolve_all(void)
 {
+	resolving = 1;
+	real_malloc = resolve("malloc");
+	real_calloc = resolve("calloc");
+	real_realloc = resolve("realloc");
+	real_free = resolve("free");
+	real_posix_memalign = resolve("posix_memalign");
+	real_aligned_alloc = resolve("aligned_alloc");
+	real_memalign = resolve("memalign");
+	real_mmap = resolve("mmap");
+	real_munmap = resolve("munmap");
+	resolving = 0;
 	real_lock = resolve("pthread_mutex_lock");
 	real_trylock = resolve("pthread_mutex_trylock");
 	real_timedlock = resolve("pthread_mutex_timedlock");
@@ -137,14 +191,19 @@ static int kernel_forwards_events(void)
 	return 0;
 }
 
-/* The gate in the [insight] mapping at @start, if the header is there. */
-static void *gate_at(unsigned long start)
+/*
+ * The gate in the [insight] mapping at @start, if the header is there,
+ * and the heap gate in *heap (NULL if the hypervisor offers none).
+ */
+static void *gate_at(unsigned long start, void **heap)
 {
 	const struct insight_gate *g = (const void *)(start + INSIGHT_GATE_HEADER_OFFSET);
-	if (g->magic == INSIGHT_GATE_MAGIC && g->version == INSIGHT_GATE_VERSION &&
-	    g->code_offset > INSIGHT_GATE_HEADER_OFFSET && g->code_offset < PAGE)
-		return (void *)(start + g->code_offset);
-	return NULL;
+	if (g->magic != INSIGHT_GATE_MAGIC || g->version != INSIGHT_GATE_VERSION ||
+	    g->code_offset <= INSIGHT_GATE_HEADER_OFFSET || g->code_offset >= PAGE)
+		return NULL;
+	if (g->heap_code_offset > INSIGHT_GATE_HEADER_OFFSET && g->heap_code_offset < PAGE)
+		*heap = (void *)(start + g->heap_code_offset);
+	return (void *)(start + g->code_offset);
 }
 
 /*
@@ -153,7 +212,7 @@ static void *gate_at(unsigned long start)
  * call (msync fails on a range that is not all mapped), where reading
  * /proc/self/maps costs a tenth of a second of interpreted guest kernel.
  */
-static void *gate_below_executable(void)
+static void *gate_below_executable(void **heap)
 {
 	const ElfW(Phdr) *ph = (const void *)getauxval(AT_PHDR);
 	unsigned long n = getauxval(AT_PHNUM), bias = 0, low = ~0UL;
@@ -173,14 +232,14 @@ static void *gate_below_executable(void)
 	unsigned long start = exe - INSIGHT_GATE_MAPPING_PAGES * PAGE;
 	if (msync((void *)start, INSIGHT_GATE_MAPPING_PAGES * PAGE, MS_ASYNC) != 0)
 		return NULL;
-	return gate_at(start);
+	return gate_at(start, heap);
 }
 
 /*
  * Elsewhere: the first [insight] mapping whose code page ends with the
  * gate's header (the hypervisor wrote it); NULL when there is none.
  */
-static void *gate_in_maps(void)
+static void *gate_in_maps(void **heap)
 {
 	void *found = NULL;
 	char line[512];
@@ -192,7 +251,7 @@ static void *gate_in_maps(void)
 		size_t len = strlen(line);
 		if (len >= 10 && strcmp(line + len - 10, "[insight]\n") == 0 &&
 		    sscanf(line, "%lx-", &start) == 1)
-			found = gate_at(start);
+			found = gate_at(start, heap);
 	}
 	fclose(maps);
 	return found;
@@ -204,11 +263,14 @@ __attribute__((constructor)) static void probes_init(void)
 	const char *env = getenv("INSIGHT_PROBES");
 	int off = env && strcmp(env, "off") == 0;
 	int exits = env && (strcmp(env, "int3") == 0 || strcmp(env, "port") == 0);
+	void *heap = NULL;
 	/* A gate the hypervisor wrote is proof enough of an insight kernel. */
-	gate = off || exits ? NULL : gate_below_executable();
+	gate = off || exits ? NULL : gate_below_executable(&heap);
 	active = !off && (gate || kernel_forwards_events());
 	if (active && !exits && !gate)
-		gate = gate_in_maps();
+		gate = gate_in_maps(&heap);
+	if (gate && !(env && strcmp(env, "noheap") == 0))
+		heap_gate = heap;
 	if (gate)
 		notify_by = NOTIFY_GATE;
 	else if (active && !(env && strcmp(env, "int3") == 0) &&
@@ -220,18 +282,24 @@ __attribute__((constructor)) static void probes_init(void)
 	strncpy(comm, program_invocation_short_name, sizeof(comm) - 1);
 }
 
+/* Calls the gate @g with the event @e. */
+static inline void call_gate(struct insight_event_header *e, void *g)
+{
+	/* Past the red zone, where the compiler may keep locals. LEA leaves
+	 * the flags alone. */
+	__asm__ volatile("lea -128(%%rsp), %%rsp\n\t"
+			 "call *%1\n\t"
+			 "lea 128(%%rsp), %%rsp"
+			 :
+			 : "a"(e), "r"(g)
+			 : "memory");
+}
+
 static void notify(struct insight_event_header *e)
 {
 	events_raised++;
 	if (notify_by == NOTIFY_GATE)
-		/* Past the red zone, where the compiler may keep locals. LEA
-		 * leaves the flags alone. */
-		__asm__ volatile("lea -128(%%rsp), %%rsp\n\t"
-				 "call *%1\n\t"
-				 "lea 128(%%rsp), %%rsp"
-				 :
-				 : "a"(e), "r"(gate)
-				 : "memory");
+		call_gate(e, gate);
 	else if (notify_by == NOTIFY_PORT)
 		__asm__ volatile("outl %%eax, %%dx"
 				 :
@@ -558,6 +626,186 @@ EXPORT void _Exit(int status)
 {
 	raise_exit(status);
 	REAL(real__Exit)(status);
+}
+
+/*
+ * The heap events. A wrapper raises HEAPCALL, calls the real function
+ * with in_probe set (so that nothing it calls raises events: a HEAPCALL is
+ * always closed by its own call's ALLOC or FREE), then ALLOC or FREE. They
+ * do not count in events_raised: THREADCREATE's position is among the
+ * other events, which every replay collects.
+ */
+static void raise_heap(uint16_t kind, uint32_t function, const void *addr, size_t size,
+		       const void *caller)
+{
+	struct insight_event_header *h = begin(kind, sizeof(struct insight_heap_payload));
+	struct insight_heap_payload *p = (void *)(h + 1);
+	p->addr = (uintptr_t)addr;
+	p->size = size;
+	p->caller = (uintptr_t)caller;
+	p->function = function;
+	p->reserved = 0;
+	call_gate(h, heap_gate);
+}
+
+/* Raises HEAPCALL: 0 when no heap event must be raised. in_probe stays set
+ * until heap_return. */
+static int heap_call(uint32_t function, const void *addr, size_t size, const void *caller)
+{
+	if (!heap_gate || !enter())
+		return 0;
+	raise_heap(INSIGHT_EV_HEAPCALL, function, addr, size, caller);
+	return 1;
+}
+
+static void heap_return(uint16_t kind, uint32_t function, const void *addr, size_t size,
+			const void *caller)
+{
+	raise_heap(kind, function, addr, size, caller);
+	leave();
+}
+
+/* Resolves the real functions unless dlsym itself is allocating: 0 then. */
+#define HEAP_REAL(f) (__builtin_expect(f == NULL, 0) && (resolving || (resolve_all(), 0)) ? 0 : 1)
+
+EXPORT void *malloc(size_t n)
+{
+	if (!HEAP_REAL(real_malloc))
+		return boot_alloc(n);
+	const void *caller = __builtin_return_address(0);
+	if (!heap_call(INSIGHT_HEAP_MALLOC, NULL, n, caller))
+		return real_malloc(n);
+	void *p = real_malloc(n);
+	heap_return(INSIGHT_EV_ALLOC, INSIGHT_HEAP_MALLOC, p, n, caller);
+	return p;
+}
+
+EXPORT void *calloc(size_t count, size_t n)
+{
+	if (!HEAP_REAL(real_calloc)) {
+		if (n && count > (size_t)-1 / n)
+			return NULL;
+		return boot_alloc(count * n); /* the arena is zeroed and never reused */
+	}
+	const void *caller = __builtin_return_address(0);
+	size_t bytes = n && count > (size_t)-1 / n ? (size_t)-1 : count * n;
+	if (!heap_call(INSIGHT_HEAP_CALLOC, NULL, bytes, caller))
+		return real_calloc(count, n);
+	void *p = real_calloc(count, n);
+	heap_return(INSIGHT_EV_ALLOC, INSIGHT_HEAP_CALLOC, p, bytes, caller);
+	return p;
+}
+
+EXPORT void *realloc(void *old, size_t n)
+{
+	if (is_boot(old)) {
+		/* A block of the boot arena: copy what it can hold. */
+		void *p = malloc(n);
+		size_t room = (size_t)(boot_heap + BOOT_HEAP - (char *)old);
+		if (p)
+			memcpy(p, old, n < room ? n : room);
+		return p;
+	}
+	if (!HEAP_REAL(real_realloc))
+		return NULL;
+	const void *caller = __builtin_return_address(0);
+	if (!heap_call(INSIGHT_HEAP_REALLOC, old, n, caller))
+		return real_realloc(old, n);
+	void *p = real_realloc(old, n);
+	if (p && old) {
+		raise_heap(INSIGHT_EV_FREE, INSIGHT_HEAP_REALLOC, old, 0, caller);
+		heap_return(INSIGHT_EV_ALLOC, INSIGHT_HEAP_REALLOC, p, n, caller);
+	} else if (!p && old && n == 0) {
+		heap_return(INSIGHT_EV_FREE, INSIGHT_HEAP_REALLOC, old, 0, caller); /* freed */
+	} else {
+		heap_return(INSIGHT_EV_ALLOC, INSIGHT_HEAP_REALLOC, p, n, caller);
+	}
+	return p;
+}
+
+EXPORT void free(void *p)
+{
+	if (!p || is_boot(p))
+		return;
+	if (!HEAP_REAL(real_free))
+		return;
+	const void *caller = __builtin_return_address(0);
+	if (!heap_call(INSIGHT_HEAP_FREE, p, 0, caller)) {
+		real_free(p);
+		return;
+	}
+	real_free(p);
+	heap_return(INSIGHT_EV_FREE, INSIGHT_HEAP_FREE, p, 0, caller);
+}
+
+EXPORT int posix_memalign(void **out, size_t align, size_t n)
+{
+	if (!HEAP_REAL(real_posix_memalign))
+		return ENOMEM;
+	const void *caller = __builtin_return_address(0);
+	if (!heap_call(INSIGHT_HEAP_MEMALIGN, NULL, n, caller))
+		return real_posix_memalign(out, align, n);
+	int r = real_posix_memalign(out, align, n);
+	heap_return(INSIGHT_EV_ALLOC, INSIGHT_HEAP_MEMALIGN, r == 0 ? *out : NULL, n, caller);
+	return r;
+}
+
+/* aligned_alloc and memalign: the same call, two names. */
+#define ALIGNED_PROBE(real)                                                                 \
+	do {                                                                                \
+		if (!HEAP_REAL(real))                                                       \
+			return NULL;                                                        \
+		const void *caller = __builtin_return_address(0);                           \
+		if (!heap_call(INSIGHT_HEAP_MEMALIGN, NULL, n, caller))                     \
+			return real(align, n);                                              \
+		void *p = real(align, n);                                                   \
+		heap_return(INSIGHT_EV_ALLOC, INSIGHT_HEAP_MEMALIGN, p, n, caller);         \
+		return p;                                                                   \
+	} while (0)
+
+EXPORT void *aligned_alloc(size_t align, size_t n)
+{
+	ALIGNED_PROBE(real_aligned_alloc);
+}
+
+EXPORT void *memalign(size_t align, size_t n)
+{
+	ALIGNED_PROBE(real_memalign);
+}
+
+static void *mmap_probe(void *addr, size_t n, int prot, int flags, int fd, off_t off,
+			const void *caller)
+{
+	if (!HEAP_REAL(real_mmap))
+		return MAP_FAILED;
+	if (!heap_call(INSIGHT_HEAP_MMAP, addr, n, caller))
+		return real_mmap(addr, n, prot, flags, fd, off);
+	void *p = real_mmap(addr, n, prot, flags, fd, off);
+	heap_return(INSIGHT_EV_ALLOC, INSIGHT_HEAP_MMAP, p == MAP_FAILED ? NULL : p, n, caller);
+	return p;
+}
+
+EXPORT void *mmap(void *addr, size_t n, int prot, int flags, int fd, off_t off)
+{
+	return mmap_probe(addr, n, prot, flags, fd, off, __builtin_return_address(0));
+}
+
+/* On x86-64 mmap64 is mmap; both names are exported. */
+EXPORT void *mmap64(void *addr, size_t n, int prot, int flags, int fd, off_t off)
+{
+	return mmap_probe(addr, n, prot, flags, fd, off, __builtin_return_address(0));
+}
+
+EXPORT int munmap(void *addr, size_t n)
+{
+	if (!HEAP_REAL(real_munmap))
+		return -1;
+	const void *caller = __builtin_return_address(0);
+	if (!heap_call(INSIGHT_HEAP_MUNMAP, addr, n, caller))
+		return real_munmap(addr, n);
+	int r = real_munmap(addr, n);
+	heap_return(INSIGHT_EV_FREE, INSIGHT_HEAP_MUNMAP, r == 0 ? addr : NULL, n, caller);
+	return r;
 }
 
 /* A return from main() reaches exit() inside libc, not through us. */

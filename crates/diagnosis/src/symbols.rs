@@ -395,6 +395,20 @@ impl<'a> Symbolizer<'a> {
         })
     }
 
+    /// The caller a return address of process `pid` names, short:
+    /// "function+0x1f" (the offset of the return address), or the bare
+    /// address when no symbol covers its call.
+    pub fn call_site(&mut self, pid: u32, ra: u64) -> String {
+        let Some((_, elf, rel)) = self.object_at(pid, ra.saturating_sub(1)) else {
+            return format!("{ra:#x}");
+        };
+        let i = elf.functions.partition_point(|f| f.0 <= rel);
+        match i.checked_sub(1).and_then(|i| elf.functions.get(i)) {
+            Some((start, end, name)) if rel < *end => format!("{name}+{:#x}", rel + 1 - start),
+            _ => format!("{ra:#x}"),
+        }
+    }
+
     /// A return address of process `pid` described where its call is
     /// (the byte before it), as [`Self::describe_code`] does.
     pub fn describe_return(&mut self, pid: u32, ra: u64) -> String {

@@ -38,10 +38,17 @@ pub enum Kind {
     ThreadSpawn = 16,
     /// A load or store of a process traced at replay (the host's).
     MemAccess = 17,
+    /// An allocation function was called: the accesses until the thread's
+    /// next ALLOC or FREE are the allocator's own.
+    HeapCall = 18,
+    /// An allocation function returned a block.
+    Alloc = 19,
+    /// A block was freed (or unmapped, or moved by realloc).
+    Free = 20,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 17] = [
+    pub const ALL: [Kind; 20] = [
         Kind::Lock,
         Kind::LockRet,
         Kind::TryLock,
@@ -59,6 +66,9 @@ impl Kind {
         Kind::ThreadJoin,
         Kind::ThreadSpawn,
         Kind::MemAccess,
+        Kind::HeapCall,
+        Kind::Alloc,
+        Kind::Free,
     ];
 
     pub fn from_u16(v: u16) -> Option<Kind> {
@@ -85,11 +95,75 @@ impl Kind {
             Kind::ThreadJoin => "THREADJOIN",
             Kind::ThreadSpawn => "THREADSPAWN",
             Kind::MemAccess => "MEMACCESS",
+            Kind::HeapCall => "HEAPCALL",
+            Kind::Alloc => "ALLOC",
+            Kind::Free => "FREE",
         }
     }
 
     pub fn is_lock(self) -> bool {
         (Kind::Lock as u16..=Kind::LockInit as u16).contains(&(self as u16))
+    }
+
+    /// HEAPCALL, ALLOC and FREE: raised through the heap gate, collected
+    /// only by replays that ask for them.
+    pub fn is_heap(self) -> bool {
+        matches!(self, Kind::HeapCall | Kind::Alloc | Kind::Free)
+    }
+}
+
+/// The allocation function a heap event is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum HeapFunction {
+    Malloc = 1,
+    Calloc = 2,
+    Realloc = 3,
+    Free = 4,
+    Mmap = 5,
+    Munmap = 6,
+    /// posix_memalign, aligned_alloc and memalign.
+    Memalign = 7,
+}
+
+impl HeapFunction {
+    const ALL: [HeapFunction; 7] = [
+        HeapFunction::Malloc,
+        HeapFunction::Calloc,
+        HeapFunction::Realloc,
+        HeapFunction::Free,
+        HeapFunction::Mmap,
+        HeapFunction::Munmap,
+        HeapFunction::Memalign,
+    ];
+
+    pub fn from_u32(v: u32) -> Option<HeapFunction> {
+        HeapFunction::ALL.into_iter().find(|f| *f as u32 == v)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            HeapFunction::Malloc => "malloc",
+            HeapFunction::Calloc => "calloc",
+            HeapFunction::Realloc => "realloc",
+            HeapFunction::Free => "free",
+            HeapFunction::Mmap => "mmap",
+            HeapFunction::Munmap => "munmap",
+            HeapFunction::Memalign => "memalign",
+        }
+    }
+
+    /// The value of a heap event in the database: the size plus 2^56
+    /// times the function (sizes stay below 2^56 on x86-64).
+    pub fn value(self, size: u64) -> i64 {
+        (size.min((1 << 56) - 1) | (u64::from(self as u8) << 56)) as i64
+    }
+
+    /// The function and size a heap event's value says, if it says one.
+    pub fn from_value(value: i64) -> Option<(HeapFunction, u64)> {
+        let v = value as u64;
+        let f = HeapFunction::from_u32((v >> 56) as u32)?;
+        Some((f, v & ((1 << 56) - 1)))
     }
 }
 
@@ -216,6 +290,14 @@ pub enum Payload {
         base: u64,
         path: String,
     },
+    /// HEAPCALL, ALLOC, FREE (probes/insight-events.h,
+    /// struct insight_heap_payload).
+    Heap {
+        addr: u64,
+        size: u64,
+        caller: u64,
+        function: HeapFunction,
+    },
 }
 
 /// A parsed event. `pid`/`lwpid`/`comm` are what the buffer says; the
@@ -247,6 +329,8 @@ pub enum AbiError {
     },
     #[error("SYMBOL path is not UTF-8 or not absolute")]
     BadPath,
+    #[error("unknown allocation function {0} in a heap event")]
+    BadHeapFunction(u32),
 }
 
 fn u16_at(b: &[u8], at: usize) -> u16 {
@@ -275,6 +359,7 @@ fn payload_len(kind: Kind) -> usize {
         Kind::ThreadCreate | Kind::ThreadSpawn => 16,
         Kind::Fork | Kind::Exit | Kind::ThreadJoin => 8,
         Kind::Symbol => 16,
+        Kind::HeapCall | Kind::Alloc | Kind::Free => 32,
         _ => 0,
     }
 }
@@ -343,6 +428,15 @@ pub fn parse(buf: &[u8], room: usize) -> Result<RawEvent, AbiError> {
         Kind::Exit => Payload::Exit {
             status: u32_at(buf, p) as i32,
         },
+        Kind::HeapCall | Kind::Alloc | Kind::Free => {
+            let raw = u32_at(buf, p + 24);
+            Payload::Heap {
+                addr: u64_at(buf, p),
+                size: u64_at(buf, p + 8),
+                caller: u64_at(buf, p + 16),
+                function: HeapFunction::from_u32(raw).ok_or(AbiError::BadHeapFunction(raw))?,
+            }
+        }
         _ => {
             let len = u32_at(buf, p + 8) as usize;
             let start = p + 16;
@@ -390,6 +484,17 @@ pub fn encode(kind: u16, pid: u32, lwpid: u32, comm: &str, payload: &[u8]) -> Ve
     b.extend_from_slice(&name);
     b.extend_from_slice(payload);
     b
+}
+
+/// The payload bytes of a heap event.
+pub fn heap_payload(addr: u64, size: u64, caller: u64, function: HeapFunction) -> Vec<u8> {
+    let mut p = Vec::with_capacity(32);
+    p.extend_from_slice(&addr.to_le_bytes());
+    p.extend_from_slice(&size.to_le_bytes());
+    p.extend_from_slice(&caller.to_le_bytes());
+    p.extend_from_slice(&(function as u32).to_le_bytes());
+    p.extend_from_slice(&0u32.to_le_bytes());
+    p
 }
 
 /// The payload bytes of a lock event.
@@ -509,6 +614,35 @@ mod tests {
         // Memory accesses are traced by the host, never raised.
         let b = encode(Kind::MemAccess as u16, 1, 1, "a", &[0; 48]);
         assert!(matches!(parse(&b, PAGE), Err(AbiError::HostKind(_))));
+    }
+
+    #[test]
+    fn heap_events_carry_block_size_caller_and_function() {
+        let p = heap_payload(0x4052a0, 64, 0x401156, HeapFunction::Calloc);
+        let b = encode(Kind::Alloc as u16, 5, 5, "mem_access", &p);
+        let e = parse(&b, PAGE).unwrap();
+        assert_eq!(
+            e.payload,
+            Payload::Heap {
+                addr: 0x4052a0,
+                size: 64,
+                caller: 0x401156,
+                function: HeapFunction::Calloc
+            }
+        );
+        assert!(Kind::Alloc.is_heap() && !Kind::Lock.is_heap());
+        // A function the ABI does not number, and a short payload.
+        let mut bad = p.clone();
+        bad[24] = 99;
+        let b = encode(Kind::Free as u16, 5, 5, "m", &bad);
+        assert_eq!(parse(&b, PAGE), Err(AbiError::BadHeapFunction(99)));
+        let b = encode(Kind::HeapCall as u16, 5, 5, "m", &p[..24]);
+        assert!(matches!(parse(&b, PAGE), Err(AbiError::Size { .. })));
+        // The database value: size and function, both back.
+        for f in HeapFunction::ALL {
+            assert_eq!(HeapFunction::from_value(f.value(4096)), Some((f, 4096)));
+        }
+        assert_eq!(HeapFunction::from_value(64), None);
     }
 
     #[test]

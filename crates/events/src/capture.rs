@@ -192,6 +192,7 @@ impl Capture {
                     }
                     abi::AbiError::Size { .. } => "event size out of bounds",
                     abi::AbiError::BadPath => "bad SYMBOL path",
+                    abi::AbiError::BadHeapFunction(_) => "unknown allocation function",
                 };
                 self.anomaly(what, format!("lwpid {lwpid}: {e}"));
                 return Ok(None);
@@ -255,6 +256,12 @@ impl Capture {
             Payload::Fork { parent_pid } => (None, None, Some(i64::from(*parent_pid))),
             Payload::Exit { status } => (None, None, Some(i64::from(*status))),
             Payload::Symbol { base, .. } => (Some(*base), None, None),
+            Payload::Heap {
+                addr,
+                size,
+                caller,
+                function,
+            } => (Some(*addr), Some(*caller), Some(function.value(*size))),
         };
         let seq = self.db.push(&Row {
             seq: 0,

@@ -5,9 +5,10 @@
 //! One recording of tests/programs/mem_access.c (built without PIE, so that
 //! its globals have the same addresses in the guest and natively) serves
 //! every check: the exact instruction count of a hand-written loop, the
-//! accesses to a global array, the same counts over the program's whole
-//! data as Valgrind's lackey finds natively, and a faithful replay with
-//! the same events as one that traces nothing.
+//! accesses to a global array and to three heap blocks named by their
+//! allocation sites (one used after it was freed), the same counts over
+//! the program's whole data as Valgrind's lackey finds natively, and a
+//! faithful replay with the same events as one that traces nothing.
 
 mod common;
 
@@ -117,11 +118,15 @@ fn traced_instructions_and_accesses_are_exact_and_replay_unchanged() {
         .arg(&cfg);
     let out = output_within(cmd, std::time::Duration::from_secs(600));
     let recorded = expect_status(&out, 0);
-    assert!(recorded.contains("sum 999000"), "{recorded}");
+    assert!(recorded.contains("sum 999000 heap 120"), "{recorded}");
 
-    // A replay that traces nothing: its events, and the program's pid.
+    // A replay that traces nothing: its events (with the heap events, as
+    // tracing collects them), and the program's pid.
     let plain_db = dir.join("plain.db");
-    let out = replay_with(&trace, &["--events", plain_db.to_str().unwrap()]);
+    let out = replay_with(
+        &trace,
+        &["--events", plain_db.to_str().unwrap(), "--heap-events"],
+    );
     expect_status(&out, 0);
     let plain_events = events_written(&text(&out).1);
     let threads = insight()
@@ -164,13 +169,22 @@ fn traced_instructions_and_accesses_are_exact_and_replay_unchanged() {
     );
     assert_eq!(events_written(&stderr), plain_events);
     assert!(plain_events.contains_key("EXIT"), "{plain_events:?}");
+    assert!(plain_events.contains_key("ALLOC"), "{plain_events:?}");
     assert!(stderr.contains(" MEMACCESS"), "{stderr}");
 
-    // The hand-written loop: exactly its 2001 instructions.
+    // The hand-written loop: exactly its 2001 instructions. The pid is
+    // traced from before its execve: only what follows main's first
+    // instruction is the program's (the shell it was forked from is not
+    // PIE either, and may have code at the same addresses).
     let raw = zstd::decode_all(std::fs::File::open(&insns).unwrap()).unwrap();
     let traced = vmm::expand::read_instructions(&raw).unwrap();
     let (start, end) = (symbol(&prog, "exact_loop"), symbol(&prog, "exact_loop_end"));
-    let in_loop = traced
+    let main = symbol(&prog, "main");
+    let from_main = traced
+        .iter()
+        .position(|i| i.rip == main)
+        .expect("main was traced");
+    let in_loop = traced[from_main..]
         .iter()
         .filter(|i| (start..end).contains(&i.rip))
         .count();
@@ -229,6 +243,49 @@ fn traced_instructions_and_accesses_are_exact_and_replay_unchanged() {
     assert_eq!(
         json["accesses"].as_u64(),
         Some(accesses.lines().count() as u64)
+    );
+
+    // The heap blocks, by allocation site: exact counts, and the store
+    // after free flagged on the block free() was given.
+    let blocks = json["heap_blocks"].as_array().unwrap();
+    let block = |site: &str| {
+        let found: Vec<&serde_json::Value> = blocks
+            .iter()
+            .filter(|b| b["block"].as_str().unwrap_or("").starts_with(site))
+            .collect();
+        assert_eq!(found.len(), 1, "{site} in {blocks:?}");
+        found[0]
+    };
+    let counts =
+        |c: &serde_json::Value| ["loads", "stores", "modifies"].map(|k| c[k].as_u64().unwrap());
+    let ints = block("malloc@make_ints+");
+    assert_eq!(ints["size"].as_u64(), Some(64));
+    assert_eq!(counts(&ints["accesses"]), [16, 16, 0]);
+    assert_eq!(counts(&ints["after_free"]), [0, 0, 0]);
+    assert!(ints["freed_by"].is_null());
+    let longs = block("calloc@make_longs+");
+    assert_eq!(longs["size"].as_u64(), Some(64));
+    assert_eq!(counts(&longs["accesses"]), [8, 0, 0]);
+    assert_eq!(counts(&longs["after_free"]), [0, 1, 0]);
+    assert!(
+        longs["freed_by"]
+            .as_str()
+            .unwrap()
+            .starts_with("free@main+"),
+        "{longs}"
+    );
+    let bytes = block("malloc@make_bytes+");
+    assert_eq!(bytes["size"].as_u64(), Some(100));
+    assert_eq!(counts(&bytes["accesses"]), [0, 10, 0]);
+    let text_report = insight()
+        .args(["report", "memory"])
+        .arg(&traced_db)
+        .output()
+        .unwrap();
+    let (report_text, _) = text(&text_report);
+    assert!(
+        report_text.contains("1 access to calloc@make_longs+"),
+        "{report_text}"
     );
 
     // The whole of its data, as Valgrind's lackey counts it natively.

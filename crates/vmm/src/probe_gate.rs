@@ -11,6 +11,11 @@
 //!   MMIO exit (the exit page is no RAM), RAX holds the event buffer's
 //!   address, and the VMM captures the event there.
 //!
+//! A second gate, the heap gate, serves the probe library's heap events
+//! (HEAPCALL, ALLOC, FREE): it has the exit form only in replays that
+//! collect them, so that the allocations of a program cost other replays
+//! no exit.
+//!
 //! Neither form changes a register, the flags or memory the program can
 //! read but the gate's own bytes, which nothing but the probe library
 //! reads. The exits the gate makes at replay are not the recording's: they
@@ -25,8 +30,10 @@ const PAGE: u64 = 4096;
 pub const HEADER_OFFSET: u64 = 0xfc0;
 /// Where the gate's code starts.
 pub const CODE_OFFSET: u64 = 0xfe0;
-/// The header: magic "INSG", version, and the code's offset in the page
-/// (probes/insight-events.h, struct insight_gate).
+/// Where the heap gate's code starts.
+pub const HEAP_CODE_OFFSET: u64 = 0xff0;
+/// The header: magic "INSG", version, the code's offset in the page and
+/// the heap gate's (probes/insight-events.h, struct insight_gate).
 pub const MAGIC: u32 = 0x4753_4e49;
 pub const VERSION: u32 = 1;
 /// Offset in the exit page of the gate's store (the trampolines store to
@@ -46,32 +53,39 @@ pub enum Mode {
     Exit,
 }
 
-/// The bytes from `HEADER_OFFSET` to the end of the code page.
-pub fn bytes(mode: Mode) -> Vec<u8> {
+/// The bytes from `HEADER_OFFSET` to the end of the code page: the gate
+/// in `mode`, the heap gate in `heap`.
+pub fn bytes(mode: Mode, heap: Mode) -> Vec<u8> {
     let mut b = Vec::with_capacity((PAGE - HEADER_OFFSET) as usize);
     b.extend(MAGIC.to_le_bytes());
     b.extend(VERSION.to_le_bytes());
     b.extend((CODE_OFFSET as u32).to_le_bytes());
-    b.resize((CODE_OFFSET - HEADER_OFFSET) as usize, 0);
-    if mode == Mode::Exit {
-        // The exit page is two pages after the code page in every mapping,
-        // so the displacement is the same in all of them.
-        let disp = (2 * PAGE + STORE_OFFSET) - (CODE_OFFSET + STORE_LEN);
-        b.extend([0x48, 0x89, 0x05]);
-        b.extend((disp as u32).to_le_bytes());
+    b.extend((HEAP_CODE_OFFSET as u32).to_le_bytes());
+    for (offset, mode) in [(CODE_OFFSET, mode), (HEAP_CODE_OFFSET, heap)] {
+        // int3 between the header and the gates: nothing jumps there.
+        b.resize((offset - HEADER_OFFSET) as usize, 0xcc);
+        if mode == Mode::Exit {
+            // The exit page is two pages after the code page in every
+            // mapping, so the displacement is the same in all of them.
+            let disp = (2 * PAGE + STORE_OFFSET) - (offset + STORE_LEN);
+            b.extend([0x48, 0x89, 0x05]);
+            b.extend((disp as u32).to_le_bytes());
+        }
+        b.push(0xc3);
     }
-    b.push(0xc3);
-    // int3 up to the end of the page: nothing jumps there.
     b.resize((PAGE - HEADER_OFFSET) as usize, 0xcc);
     b
 }
 
-/// Whether a store that exited at `rip` is the replay gate's, for a task
+/// Whether a store that exited at `rip` is a replay gate's, for a task
 /// whose process maps the trampoline pages at `stubs` (0: not mapped).
 /// Hosts report an MMIO exit with RIP at the instruction or past it.
 pub fn is_gate_store(rip: u64, stubs: &[u64]) -> bool {
     stubs.iter().any(|&stub| {
-        stub != 0 && (rip == stub + CODE_OFFSET || rip == stub + CODE_OFFSET + STORE_LEN)
+        stub != 0
+            && [CODE_OFFSET, HEAP_CODE_OFFSET]
+                .iter()
+                .any(|&code| rip == stub + code || rip == stub + code + STORE_LEN)
     })
 }
 
@@ -90,11 +104,11 @@ mod tests {
 
     const STUB: u64 = 0x7f12_3456_7000;
 
-    /// The gate's instructions, decoded at their address in a mapping.
-    fn decode(mode: Mode) -> Vec<iced_x86::Instruction> {
-        let b = bytes(mode);
-        let code = &b[(CODE_OFFSET - HEADER_OFFSET) as usize..];
-        let mut d = Decoder::with_ip(64, code, STUB + CODE_OFFSET, DecoderOptions::NONE);
+    /// A gate's instructions (at `offset`), decoded at their address in a
+    /// mapping.
+    fn decode(b: &[u8], offset: u64) -> Vec<iced_x86::Instruction> {
+        let code = &b[(offset - HEADER_OFFSET) as usize..];
+        let mut d = Decoder::with_ip(64, code, STUB + offset, DecoderOptions::NONE);
         let mut out = Vec::new();
         loop {
             let i = d.decode();
@@ -108,37 +122,51 @@ mod tests {
     #[test]
     fn gate_fills_the_page_end_with_its_header_first() {
         for mode in [Mode::Silent, Mode::Exit] {
-            let b = bytes(mode);
+            let b = bytes(mode, mode);
             assert_eq!(b.len() as u64, PAGE - HEADER_OFFSET);
             assert_eq!(b[0..4], MAGIC.to_le_bytes());
             assert_eq!(b[4..8], VERSION.to_le_bytes());
             assert_eq!(b[8..12], (CODE_OFFSET as u32).to_le_bytes());
+            assert_eq!(b[12..16], (HEAP_CODE_OFFSET as u32).to_le_bytes());
         }
     }
 
     #[test]
     fn silent_gate_returns_and_the_exit_gate_stores_rax_to_the_exit_page() {
-        let silent = decode(Mode::Silent);
-        assert_eq!(silent.len(), 1);
-        assert_eq!(silent[0].ip(), STUB + CODE_OFFSET);
+        for (offset, silent_one, exit_one) in [
+            (
+                CODE_OFFSET,
+                bytes(Mode::Silent, Mode::Exit),
+                bytes(Mode::Exit, Mode::Silent),
+            ),
+            (
+                HEAP_CODE_OFFSET,
+                bytes(Mode::Exit, Mode::Silent),
+                bytes(Mode::Silent, Mode::Exit),
+            ),
+        ] {
+            let silent = decode(&silent_one, offset);
+            assert_eq!(silent.len(), 1);
+            assert_eq!(silent[0].ip(), STUB + offset);
 
-        let exit = decode(Mode::Exit);
-        assert_eq!(exit.len(), 2, "{exit:?}");
-        let store = exit[0];
-        assert_eq!(store.mnemonic(), Mnemonic::Mov);
-        assert_eq!(store.op1_register(), iced_x86::Register::RAX);
-        assert_eq!(store.memory_size(), iced_x86::MemorySize::UInt64);
-        // The exit page follows the code and data pages of the mapping.
-        assert_eq!(
-            store.memory_displacement64(),
-            STUB + 2 * PAGE + STORE_OFFSET
-        );
-        assert_eq!(store.len() as u64, STORE_LEN);
-        assert!(is_gate_store(store.ip(), &[0, STUB]));
-        assert!(is_gate_store(store.next_ip(), &[STUB, 0]));
-        assert!(!is_gate_store(store.ip() + 1, &[STUB]));
-        assert!(!is_gate_store(store.ip(), &[0, 0]));
-        assert!(!is_gate_store(store.ip(), &[STUB + PAGE]));
+            let exit = decode(&exit_one, offset);
+            assert_eq!(exit.len(), 2, "{exit:?}");
+            let store = exit[0];
+            assert_eq!(store.mnemonic(), Mnemonic::Mov);
+            assert_eq!(store.op1_register(), iced_x86::Register::RAX);
+            assert_eq!(store.memory_size(), iced_x86::MemorySize::UInt64);
+            // The exit page follows the code and data pages of the mapping.
+            assert_eq!(
+                store.memory_displacement64(),
+                STUB + 2 * PAGE + STORE_OFFSET
+            );
+            assert_eq!(store.len() as u64, STORE_LEN);
+            assert!(is_gate_store(store.ip(), &[0, STUB]));
+            assert!(is_gate_store(store.next_ip(), &[STUB, 0]));
+            assert!(!is_gate_store(store.ip() + 1, &[STUB]));
+            assert!(!is_gate_store(store.ip(), &[0, 0]));
+            assert!(!is_gate_store(store.ip(), &[STUB + PAGE]));
+        }
     }
 
     #[test]

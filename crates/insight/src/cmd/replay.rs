@@ -51,6 +51,15 @@ pub struct ReplayArgs {
     /// event database (see --force).
     #[arg(long, value_name = "FILE")]
     pub(super) events: Option<PathBuf>,
+    /// Also collect the heap events of programs recorded with --probes:
+    /// HEAPCALL, ALLOC and FREE around each call to malloc, calloc,
+    /// realloc, free, posix_memalign, aligned_alloc, memalign, mmap and
+    /// munmap (docs/events.md). They name heap blocks by their allocation
+    /// site in `insight report memory`, and cost this replay an exit per
+    /// event; other replays skip them at no cost. On with
+    /// --trace-process.
+    #[arg(long)]
+    pub(super) heap_events: bool,
     /// Replace an existing --events or --tx-pcap file even if it is not
     /// one insight wrote (never a device, link, directory, or a file of a
     /// trace).
@@ -280,6 +289,11 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
         if args.events.is_none() {
             args.events = Some(trace.join(traces::EVENTS_DB));
         }
+        // Heap blocks are named by their allocation events.
+        args.heap_events = true;
+    }
+    if args.heap_events && args.events.is_none() {
+        bail!("--heap-events needs somewhere to put the events: --events FILE or --diagnose");
     }
     if args.sample_period.is_some() && args.events.is_none() {
         bail!("--sample-period needs somewhere to put the samples: --events FILE or --diagnose");
@@ -374,6 +388,9 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
         let db = EventWriter::create_with(path, &meta, args.events_format.into())
             .with_context(|| format!("cannot create the event database {}", path.display()))?;
         vm.capture_events(Capture::new(db));
+        if args.heap_events {
+            vm.collect_heap_events();
+        }
         if args.unwind == Unwind::Cfi {
             let files =
                 GuestFiles::from_initramfs(&guest::with_archive(&spec.initramfs, &spec.archive));

@@ -288,6 +288,9 @@ pub fn replay_in_parallel(
                 cmd.arg("--sample-period")
                     .arg(format!("{}us", period.as_micros()));
             }
+            if args.heap_events {
+                cmd.arg("--heap-events");
+            }
         }
         let child = cmd
             .spawn()

@@ -276,8 +276,8 @@ impl Vm {
     }
 
     /// Follows what a stored event tells of the process's objects, and
-    /// gives lock, unlock and thread spawn events the stack of their
-    /// caller, unwound from the probe's registers `at` (when known).
+    /// gives lock, unlock, thread spawn and ALLOC events the stack of
+    /// their caller, unwound from the probe's registers `at` (when known).
     fn stack_of(
         &mut self,
         stored: Option<Stored>,
@@ -296,6 +296,7 @@ impl Vm {
             }
             Payload::Lock { caller, .. } if has_stack(stored.event.kind) => *caller,
             Payload::ThreadSpawn { caller, .. } => *caller,
+            Payload::Heap { caller, .. } if stored.event.kind == Kind::Alloc => *caller,
             _ => {
                 stacks.raised(stored.pid);
                 return Ok(());

@@ -91,6 +91,8 @@ pub(super) struct Preemption {
     registers_only: bool,
     /// Recording: deliver at deterministic exits only.
     exits_only: bool,
+    /// Replay: the heap gate leaves the guest (its events are collected).
+    heap_events: bool,
     /// Recording: the host TSC when the recording started.
     tsc_start: u64,
     /// Recording: the dirty bitmaps read since the log last started
@@ -219,14 +221,21 @@ impl Vm {
         else {
             return;
         };
-        let mode = if self.journal.is_replay() {
-            probe_gate::Mode::Exit
-        } else {
-            probe_gate::Mode::Silent
+        let (mode, heap) = match (self.journal.is_replay(), self.preempt.heap_events) {
+            (false, _) => (probe_gate::Mode::Silent, probe_gate::Mode::Silent),
+            (true, false) => (probe_gate::Mode::Exit, probe_gate::Mode::Silent),
+            (true, true) => (probe_gate::Mode::Exit, probe_gate::Mode::Exit),
         };
         let at = GuestAddress(area.code_pa + probe_gate::HEADER_OFFSET);
         // The area was checked to name a page of RAM.
-        let _ = self.mem.write_slice(&probe_gate::bytes(mode), at);
+        let _ = self.mem.write_slice(&probe_gate::bytes(mode, heap), at);
+    }
+
+    /// Replay: collect the probe library's heap events (HEAPCALL, ALLOC,
+    /// FREE) too: the heap gate leaves the guest like the other.
+    pub fn collect_heap_events(&mut self) {
+        self.preempt.heap_events = true;
+        self.install_probe_gate();
     }
 
     /// The process of the task on the vCPU maps the trampoline pages here
