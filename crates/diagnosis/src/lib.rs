@@ -20,3 +20,5 @@ mod test_db;
 /// A comment every flame graph insight writes carries, by which insight
 /// knows the file as its own before replacing it.
 pub const FLAME_GRAPH_MARK: &str = "<!-- flame graph written by insight -->";
+/// The same for the page heat maps of `report memory --svg`.
+pub const HEAT_MAP_MARK: &str = "<!-- memory heat map written by insight -->";

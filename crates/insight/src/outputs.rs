@@ -20,6 +20,7 @@ pub enum Output {
     Pcap,
     Html,
     Svg,
+    HeatMap,
     Folded,
     InstructionTrace,
     MemoryTrace,
@@ -35,6 +36,7 @@ impl Output {
             Output::Pcap => "a pcap capture",
             Output::Html => "an insight HTML report",
             Output::Svg => "an insight flame graph",
+            Output::HeatMap => "an insight memory heat map",
             Output::Folded => "a file of folded stacks",
             Output::InstructionTrace => "an insight instruction trace",
             Output::MemoryTrace => "an insight memory-access trace",
@@ -61,6 +63,9 @@ impl Output {
             }
             Output::Svg => {
                 text().starts_with("<?xml") && text().contains(diagnosis::FLAME_GRAPH_MARK)
+            }
+            Output::HeatMap => {
+                text().starts_with("<?xml") && text().contains(diagnosis::HEAT_MAP_MARK)
             }
             // A zstd frame.
             Output::InstructionTrace => head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]),
@@ -206,7 +211,13 @@ mod tests {
         assert!(check(&mine, Output::EventDb, true).is_ok());
         let notes = dir.join("notes.txt");
         std::fs::write(&notes, "my notes\n").unwrap();
-        for kind in [Output::Html, Output::Svg, Output::Folded, Output::Pcap] {
+        for kind in [
+            Output::Html,
+            Output::Svg,
+            Output::HeatMap,
+            Output::Folded,
+            Output::Pcap,
+        ] {
             let err = check(&notes, kind, false).unwrap_err().to_string();
             assert!(err.contains("add --force"), "{kind:?}: {err}");
         }

@@ -277,15 +277,25 @@ fn traced_instructions_and_accesses_are_exact_and_replay_unchanged() {
     let bytes = block("malloc@make_bytes+");
     assert_eq!(bytes["size"].as_u64(), Some(100));
     assert_eq!(counts(&bytes["accesses"]), [0, 10, 0]);
+    let heat_map = dir.join("pages.svg");
     let text_report = insight()
         .args(["report", "memory"])
         .arg(&traced_db)
+        .arg("--svg")
+        .arg(&heat_map)
         .output()
         .unwrap();
-    let (report_text, _) = text(&text_report);
+    let (report_text, stderr) = text(&text_report);
+    assert!(text_report.status.success(), "{stderr}");
     assert!(
         report_text.contains("1 access to calloc@make_longs+"),
         "{report_text}"
+    );
+    // The heat map has a row for the page where `a` starts, named after it.
+    let svg = std::fs::read_to_string(&heat_map).unwrap();
+    assert!(
+        svg.contains(&format!(">{pid} {:#x} a<", a & !0xfff)),
+        "no row for a's page in {svg}"
     );
 
     // The whole of its data, as Valgrind's lackey counts it natively.

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use diagnosis::plugin::{self, Output, Plugin};
-use diagnosis::plugins::{self, deadlock, locks, profile, threads};
+use diagnosis::plugins::{self, deadlock, locks, memory, profile, threads};
 use diagnosis::symbols::GuestFiles;
 use events::db::EventDb;
 
@@ -79,6 +79,12 @@ it waited in them, from the context-switch, thread and lock events of an event d
 Example:\n  insight replay t1 --events t1.db && insight report threads t1.db"
     )]
     Threads(PluginArgs),
+    /// Per variable and heap block of a process traced at replay: loads,
+    /// stores, read-modify-writes, uses after free; a page heat map.
+    #[command(
+        long_about = "Per variable and heap block of a process traced at replay (`insight replay TRACE --trace-process PID --trace-memory FILE`, docs/expansion.md), from the MEMACCESS and heap events of its event database: loads, stores, read-modify-writes and bytes. Global and static variables are named by the symbol tables of the objects the process loaded, heap blocks by their allocation site (malloc@function+0x1f, from the probe library's heap events: record with --probes), other memory by its page. An access to a heap block after it was freed is listed under \"Use after free\" with where the block was freed and the first such access; the allocator's own accesses (inside malloc, free ...) are counted apart. --svg FILE draws a heat map: a row per page, the accesses in the order made from left to right.\n\nExample:\n  insight replay t1 --trace-process 19 --trace-memory t1.mem\n  insight report memory t1 --svg t1-pages.svg"
+    )]
+    Memory(MemoryArgs),
     /// Any other tool: `insight report NAME [DB] [--trace DIR] [--json]`.
     #[command(external_subcommand)]
     Other(Vec<OsString>),
@@ -171,6 +177,19 @@ pub struct LocksArgs {
     csv: bool,
 }
 
+#[derive(clap::Args)]
+pub struct MemoryArgs {
+    #[command(flatten)]
+    input: Input,
+    /// Write a heat map of the accesses per page over the trace (SVG,
+    /// opens in a browser) to FILE.
+    #[arg(long, value_name = "FILE")]
+    svg: Option<PathBuf>,
+    /// JSON instead of text (every variable, block and page).
+    #[arg(long)]
+    json: bool,
+}
+
 /// Any plugin without options of its own: `insight report NAME DB`.
 #[derive(clap::Parser)]
 struct PluginArgs {
@@ -228,6 +247,11 @@ pub fn report(args: ReportArgs) -> Result<ExitCode> {
             let out = run_one(Box::new(threads::Threads::new()), &a.input)?;
             print_output(&out, a.json);
         }
+        Tool::Memory(a) => {
+            let out = run_one(Box::new(memory::Memory::new()), &a.input)?;
+            print_output(&out, a.json);
+            save(&out, "svg", a.svg.as_deref(), "heat map", a.input.force)?;
+        }
         Tool::Other(argv) => {
             let Some(name) = argv.first().and_then(|n| n.to_str()) else {
                 bail!("which tool? {}", tool_list());
@@ -272,9 +296,10 @@ fn print_output(out: &Output, json: bool) {
 
 fn save(out: &Output, format: &str, path: Option<&Path>, what: &str, force: bool) -> Result<()> {
     let Some(path) = path else { return Ok(()) };
-    let kind = match format {
-        "html" => OutputKind::Html,
-        "svg" => OutputKind::Svg,
+    let kind = match (format, what) {
+        ("html", _) => OutputKind::Html,
+        ("svg", "heat map") => OutputKind::HeatMap,
+        ("svg", _) => OutputKind::Svg,
         _ => OutputKind::Folded,
     };
     outputs::check(path, kind, force)?;

@@ -5,7 +5,10 @@
 //! loaded (its SYMBOL events), as `name`; heap blocks by their allocation
 //! site, `malloc@function+0x1f`, from the probe library's heap events
 //! (HEAPCALL, ALLOC, FREE), which also show an access to a block after it
-//! was freed; other memory by its page, `[page 0x7ffd1000]`.
+//! was freed; other memory by its page, `[page 0x7ffd1000]`. Its SVG
+//! attachment is a heat map of the accesses per page over the trace.
+
+pub mod heatmap;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
@@ -13,7 +16,7 @@ use std::fmt::Write as _;
 use events::abi::{HeapFunction, Kind, MemAccess};
 use events::db::Row;
 
-use crate::plugin::{Context, Output, Plugin, PluginError};
+use crate::plugin::{Attachment, Context, Output, Plugin, PluginError};
 use crate::symbols::Symbolizer;
 
 /// Rows of the report.
@@ -122,6 +125,10 @@ pub struct Memory {
     allocator: Counts,
     /// Heap events seen (none: the replay did not collect them).
     heap_events: u64,
+    /// Accesses so far, and per (pid, page) how many fell in each
+    /// [`heatmap::BUCKET`] of them: the heat map.
+    accesses: u64,
+    pages: HashMap<(u32, u64), BTreeMap<u64, u32>>,
     /// Events whose value does not say a kind of access or a function.
     malformed: u64,
 }
@@ -170,6 +177,13 @@ impl Memory {
     }
 
     fn access(&mut self, row: &Row, addr: u64, access: MemAccess, size: u32) {
+        *self
+            .pages
+            .entry((row.pid, addr & !0xfff))
+            .or_default()
+            .entry(self.accesses / heatmap::BUCKET)
+            .or_insert(0) += 1;
+        self.accesses += 1;
         let heap = self.heaps.get(&row.pid);
         let live = heap.and_then(|h| holding(&h.live, &self.blocks, addr));
         let freed = || heap.and_then(|h| holding(&h.freed, &self.blocks, addr));
@@ -248,13 +262,22 @@ impl Plugin for Memory {
         for &pid in &pids {
             sym.add_process(pid, cx.db.objects(pid)?);
         }
-        // Named by variable: the offset within it is dropped.
+        // Named by variable: the offset within it is dropped. Each page is
+        // labelled in the heat map by what was accessed most on it.
         let mut by_name: BTreeMap<(u32, String), Counts> = BTreeMap::new();
+        let mut page_label: HashMap<(u32, u64), (u64, String)> = HashMap::new();
+        let mut label = |pid: u32, page: u64, n: u64, name: &str| {
+            let l = page_label.entry((pid, page)).or_default();
+            if n > l.0 {
+                *l = (n, name.to_owned());
+            }
+        };
         for (&(pid, addr), c) in &self.by_address {
             let name = match sym.variable(pid, addr) {
                 Some(v) => v.split('+').next().unwrap_or(&v).to_owned(),
                 None => format!("[page {:#x}]", addr & !0xfff),
             };
+            label(pid, addr & !0xfff, c.total(), &name);
             by_name.entry((pid, name)).or_default().add(c);
         }
         // Heap blocks by their allocation site.
@@ -264,6 +287,7 @@ impl Plugin for Memory {
             .map(|b| format!("{}@{}", b.function.name(), sym.call_site(b.pid, b.site)))
             .collect();
         for (b, name) in self.blocks.iter().zip(&names) {
+            label(b.pid, b.addr & !0xfff, b.live.total(), name);
             if b.live.total() > 0 {
                 by_name
                     .entry((b.pid, name.clone()))
@@ -373,6 +397,23 @@ impl Plugin for Memory {
                 })
             })
             .collect();
+        let mut pages: Vec<_> = self.pages.iter().collect();
+        pages.sort_by_key(|p| *p.0);
+        let page_rows = pages
+            .into_iter()
+            .map(|(&(pid, page), buckets)| heatmap::Row {
+                label: format!(
+                    "{pid} {page:#x} {}",
+                    page_label.get(&(pid, page)).map_or("", |l| l.1.as_str())
+                ),
+                buckets,
+            })
+            .collect();
+        let svg = heatmap::svg(
+            &format!("Memory accesses per page: {}", cx.label),
+            page_rows,
+            self.accesses,
+        );
         let mut warnings = Vec::new();
         if self.malformed > 0 {
             warnings.push(format!(
@@ -396,8 +437,11 @@ impl Plugin for Memory {
                 "allocator_accesses": self.allocator.total(),
                 "accesses": total,
             })),
+            attachments: vec![Attachment {
+                format: "svg",
+                content: svg,
+            }],
             warnings,
-            ..Output::default()
         })
     }
 }
@@ -529,7 +573,7 @@ mod tests {
         let out = p
             .finish(&TestDb::with_rows("memory-heap", &[]).context())
             .unwrap();
-        let json = out.json.unwrap();
+        let json = out.json.clone().unwrap();
         let blocks = json["heap_blocks"].as_array().unwrap();
         assert_eq!(blocks.len(), 3, "{blocks:?}");
         // No symbols here: sites are named by their return addresses.
@@ -555,6 +599,10 @@ mod tests {
         );
         assert!(out.text.contains("calloc@0x401020 (freed)"));
         assert!(out.text.contains("[page 0x6000]"));
+        // The heat map labels each page by what was accessed most there.
+        let svg = out.attachment("svg").unwrap();
+        assert!(svg.contains(">7 0x5000 malloc@0x401010<"), "{svg}");
+        assert!(svg.contains(">7 0x6000 [page 0x6000]<"), "{svg}");
         assert!(out.warnings.is_empty(), "{:?}", out.warnings);
     }
 
