@@ -215,14 +215,24 @@ impl MemAccess {
     }
 
     /// A MEMACCESS event's value for an access of `size` bytes: the size
-    /// plus 2^32 times the access.
-    pub fn value(self, size: u32) -> i64 {
-        i64::from(size) | (i64::from(self as u8) << 32)
+    /// plus 2^32 times the access, plus 2^40 if it was to the accessing
+    /// thread's own stack.
+    pub fn value(self, size: u32, on_stack: bool) -> i64 {
+        i64::from(size) | (i64::from(self as u8) << 32) | (i64::from(on_stack) << 40)
+    }
+
+    /// Whether a MEMACCESS event's value says the access was to the
+    /// thread's own stack.
+    pub fn on_stack(value: i64) -> bool {
+        value >> 40 == 1
     }
 
     /// The access and size a MEMACCESS event's value says, if it says one.
     pub fn from_value(value: i64) -> Option<(MemAccess, u32)> {
-        let access = match value >> 32 {
+        if value >> 41 != 0 {
+            return None;
+        }
+        let access = match (value >> 32) & 0xff {
             1 => MemAccess::Load,
             2 => MemAccess::Store,
             3 => MemAccess::Modify,
@@ -608,7 +618,13 @@ mod tests {
         assert!(matches!(parse(&b, PAGE), Err(AbiError::HostKind(_))));
         // A MEMACCESS value says its access and size, or nothing.
         for access in [MemAccess::Load, MemAccess::Store, MemAccess::Modify] {
-            assert_eq!(MemAccess::from_value(access.value(16)), Some((access, 16)));
+            assert_eq!(
+                MemAccess::from_value(access.value(16, false)),
+                Some((access, 16))
+            );
+            let stack = access.value(8, true);
+            assert_eq!(MemAccess::from_value(stack), Some((access, 8)));
+            assert!(MemAccess::on_stack(stack) && !MemAccess::on_stack(access.value(8, false)));
         }
         assert_eq!(MemAccess::from_value(4 | (9 << 32)), None);
         // Memory accesses are traced by the host, never raised.

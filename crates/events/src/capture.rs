@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use crate::abi::{self, Kind, MemAccess, Payload, RawEvent, SampleMode, Source};
+use crate::abi::{self, Kind, Payload, RawEvent, SampleMode, Source};
 use crate::db::{DbError, EventWriter, Row};
 
 /// The lowest user address Linux lets a process map (`vm.mmap_min_addr`'s
@@ -336,17 +336,17 @@ impl Capture {
     }
 
     /// A load or store of task (pid, lwpid), traced at replay: the
-    /// instruction at `rip` accessed `size` bytes at `addr`. Stored as a
-    /// MEMACCESS event: addr, caller = RIP, value as
-    /// [`MemAccess::value`] makes it (docs/events.md).
+    /// instruction at `rip` accessed memory at `addr` as `value` says
+    /// (size, access and whether on the thread's stack, as
+    /// [`abi::MemAccess::value`] makes it). Stored as a MEMACCESS event: addr,
+    /// caller = RIP, value (docs/events.md).
     pub fn memory_access(
         &mut self,
         time_hint: u64,
         (pid, lwpid): (u32, u32),
         rip: u64,
         addr: u64,
-        size: u32,
-        access: MemAccess,
+        value: i64,
     ) -> Result<(), DbError> {
         let time = self.advance(time_hint);
         self.db.push(&Row {
@@ -358,7 +358,7 @@ impl Capture {
             lwpid,
             addr: Some(addr),
             caller: Some(rip),
-            value: Some(access.value(size)),
+            value: Some(value),
         })?;
         *self.per_kind.entry(Kind::MemAccess).or_insert(0) += 1;
         Ok(())

@@ -245,6 +245,15 @@ fn traced_instructions_and_accesses_are_exact_and_replay_unchanged() {
         Some(accesses.lines().count() as u64)
     );
 
+    // The main thread's own stack, by its name.
+    let stack = json["variables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["variable"] == format!("stack:{pid}"))
+        .unwrap_or_else(|| panic!("no stack:{pid} in {json}"));
+    assert!(stack["loads"].as_u64() > Some(100) && stack["stores"].as_u64() > Some(100));
+
     // The heap blocks, by allocation site: exact counts, and the store
     // after free flagged on the block free() was given.
     let blocks = json["heap_blocks"].as_array().unwrap();

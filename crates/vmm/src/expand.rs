@@ -7,6 +7,7 @@
 //! bytes; the accesses are computed from the decoded operands, as the
 //! processor computes them, so a step costs no second look at memory.
 
+use std::collections::HashMap;
 use std::io::{self, Write};
 
 pub use events::abi::MemAccess;
@@ -46,6 +47,11 @@ impl UserRegs {
             fs_base: 0,
             gs_base: 0,
         }
+    }
+
+    /// The stack pointer.
+    pub fn rsp(&self) -> u64 {
+        self.gprs[4]
     }
 
     /// The value of a register an address is computed from; `None` for
@@ -265,9 +271,74 @@ impl MemoryTrace {
     }
 }
 
+/// Bytes below RSP a function may use without moving it (the x86-64 ABI's
+/// red zone).
+const RED_ZONE: u64 = 128;
+/// An RSP this far below the top seen is on another stack.
+const STACK_SPAN: u64 = 64 << 20;
+
+/// Where each traced thread's stack is, as its RSP tells: from RSP (less
+/// the red zone) up to the end of the page of the highest RSP the thread
+/// had on that stack. Its callers' frames lie there; the arguments and
+/// environment above the first frame, and frames of callers that ran
+/// before tracing began, do not count until RSP has been that high.
+#[derive(Default)]
+pub struct Stacks {
+    top: HashMap<u32, u64>,
+}
+
+impl Stacks {
+    /// Thread `lwpid` is about to run an instruction with `rsp`.
+    pub fn saw(&mut self, lwpid: u32, rsp: u64) {
+        let end = (rsp | 0xfff).saturating_add(1);
+        let top = self.top.entry(lwpid).or_insert(end);
+        // Above the top: the stack has grown back; far below: another
+        // stack (a coroutine's, or a new program's).
+        if rsp >= *top || *top - rsp > STACK_SPAN {
+            *top = end;
+        }
+    }
+
+    /// The thread's stack is not where it was (it ran execve).
+    pub fn moved(&mut self, lwpid: u32) {
+        self.top.remove(&lwpid);
+    }
+
+    /// Whether `addr`, accessed by `lwpid` with `rsp`, is on its stack.
+    pub fn holds(&self, lwpid: u32, rsp: u64, addr: u64) -> bool {
+        self.top
+            .get(&lwpid)
+            .is_some_and(|&top| addr >= rsp.saturating_sub(RED_ZONE) && addr < top)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stack_reaches_from_the_red_zone_to_the_highest_frame() {
+        let mut s = Stacks::default();
+        assert!(!s.holds(1, 0x7ffd_0000_1800, 0x7ffd_0000_1800));
+        s.saw(1, 0x7ffd_0000_1800);
+        // Deeper: the caller's frame above still counts.
+        s.saw(1, 0x7ffd_0000_1000);
+        assert!(s.holds(1, 0x7ffd_0000_1000, 0x7ffd_0000_1000 - 128));
+        assert!(s.holds(1, 0x7ffd_0000_1000, 0x7ffd_0000_1ff8));
+        assert!(!s.holds(1, 0x7ffd_0000_1000, 0x7ffd_0000_1000 - 129));
+        assert!(!s.holds(1, 0x7ffd_0000_1000, 0x7ffd_0000_2000));
+        // Another thread's stack is not this one's.
+        assert!(!s.holds(2, 0x7ffd_0000_1000, 0x7ffd_0000_1008));
+        // Back above the first frame: the top follows.
+        s.saw(1, 0x7ffd_0000_2100);
+        assert!(s.holds(1, 0x7ffd_0000_2100, 0x7ffd_0000_2ff0));
+        // A stack far below (a coroutine's on the heap): its own top.
+        s.saw(1, 0x5555_0000_0800);
+        assert!(s.holds(1, 0x5555_0000_0800, 0x5555_0000_0f00));
+        assert!(!s.holds(1, 0x5555_0000_0800, 0x7ffd_0000_1000));
+        s.moved(1);
+        assert!(!s.holds(1, 0x5555_0000_0800, 0x5555_0000_0808));
+    }
 
     fn regs() -> UserRegs {
         let mut r = UserRegs {

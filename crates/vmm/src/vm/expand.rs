@@ -80,8 +80,11 @@ pub(super) struct Expansion {
     /// Threads whose last step stood at a trampoline's jump: the registers
     /// before the instruction it covers.
     at_patch: HashMap<u32, UserRegs>,
-    /// Accesses of the step not yet in the event capture (MEMACCESS).
-    to_capture: Vec<(u32, u64, expand::Access)>,
+    /// Accesses of the step not yet in the event capture (MEMACCESS):
+    /// thread, RIP, the access and whether on the thread's stack.
+    to_capture: Vec<(u32, u64, expand::Access, bool)>,
+    /// The traced threads' stacks.
+    stacks: expand::Stacks,
     /// The guest's #DB handler, where the breakpoint is.
     handler: Option<u64>,
     instructions: Option<InstructionTrace>,
@@ -105,6 +108,7 @@ impl Vm {
             unread: HashMap::new(),
             at_patch: HashMap::new(),
             to_capture: Vec::new(),
+            stacks: expand::Stacks::default(),
             handler: None,
             instructions: spec.instructions.map(InstructionTrace::new),
             memory: spec.memory.map(MemoryTrace::new),
@@ -334,8 +338,9 @@ impl Vm {
         let pid = x.pid.unwrap_or(0);
         if let (false, Some(capture)) = (accesses.is_empty(), &mut self.events) {
             let time = self.journal.progress().guest_ns;
-            for (lwpid, rip, a) in &accesses {
-                capture.memory_access(time, (pid, *lwpid), *rip, a.addr, a.size, a.kind)?;
+            for (lwpid, rip, a, on_stack) in &accesses {
+                let value = a.kind.value(a.size, *on_stack);
+                capture.memory_access(time, (pid, *lwpid), *rip, a.addr, value)?;
             }
         }
         sregs.cs = user_segment(&self.mem, cr3, &sregs, cs)?;
@@ -409,6 +414,7 @@ impl Expansion {
         // exit) left RCX other than its return address, which SYSCALL
         // put there.
         if user.rcx != ret && !written.contains(&iced_x86::Register::RCX) {
+            self.stacks.moved(lwpid);
             return Ok(());
         }
         if late_r11 && !written.contains(&iced_x86::Register::R11) {
@@ -470,10 +476,12 @@ impl Expansion {
             t.push(lwpid, regs.rip, &bytes[..insn_len]).map_err(write)?;
         }
         if let (Some(t), Some(insn)) = (&mut self.memory, insn) {
+            self.stacks.saw(lwpid, regs.rsp());
             for access in expand::accesses(&mut self.factory, insn, regs) {
                 self.stats.accesses += 1;
                 t.push(lwpid, regs.rip, &access).map_err(write)?;
-                self.to_capture.push((lwpid, regs.rip, access));
+                let on_stack = self.stacks.holds(lwpid, regs.rsp(), access.addr);
+                self.to_capture.push((lwpid, regs.rip, access, on_stack));
             }
         }
         Ok(())

@@ -14,8 +14,8 @@ const COLUMNS: u64 = 200;
 const MAX_ROWS: usize = 128;
 const CELL_W: f64 = 4.0;
 const CELL_H: f64 = 10.0;
-const LABEL_W: f64 = 420.0;
-const TOP: f64 = 44.0;
+const LABEL_W: f64 = 280.0;
+const TOP: f64 = 58.0;
 const BOTTOM: f64 = 28.0;
 
 /// One page's row: its label and its accesses per bucket of [`BUCKET`]
@@ -79,8 +79,9 @@ pub fn svg(title: &str, mut rows: Vec<Row<'_>>, accesses: u64) -> String {
          <style>text{{font-family:monospace;font-size:9px;fill:#000}}</style>\n\
          <rect width=\"{width}\" height=\"{height}\" fill=\"#ffffff\"/>\n\
          <text x=\"10\" y=\"18\" style=\"font-size:13px\">{}</text>\n\
-         <text x=\"10\" y=\"34\">one row per page{}; left to right, the {accesses} accesses \
-         in the order made, {} per column; darker: more (at most {most} in a cell)</text>\n",
+         <text x=\"10\" y=\"34\">one row per page{}</text>\n\
+         <text x=\"10\" y=\"46\">left to right: the {accesses} accesses in the order made, {} \
+         per column; darker: more (at most {most} in a cell)</text>\n",
         crate::HEAT_MAP_MARK,
         xml_escape(title),
         if left_out > 0 {
@@ -91,7 +92,7 @@ pub fn svg(title: &str, mut rows: Vec<Row<'_>>, accesses: u64) -> String {
         per_column * BUCKET,
     );
     if rows.is_empty() {
-        out.push_str("<text x=\"10\" y=\"56\">no memory accesses</text>\n</svg>\n");
+        out.push_str("<text x=\"10\" y=\"70\">no memory accesses</text>\n</svg>\n");
         return out;
     }
     for (i, (row, cells)) in rows.iter().zip(&cells).enumerate() {

@@ -5,7 +5,9 @@
 //! loaded (its SYMBOL events), as `name`; heap blocks by their allocation
 //! site, `malloc@function+0x1f`, from the probe library's heap events
 //! (HEAPCALL, ALLOC, FREE), which also show an access to a block after it
-//! was freed; other memory by its page, `[page 0x7ffd1000]`. Its SVG
+//! was freed; a thread's own stack as `stack:LWPID` (where the tracing
+//! found it, by the thread's RSP); other memory by its page,
+//! `[page 0x7ffd1000]`. Its SVG
 //! attachment is a heat map of the accesses per page over the trace.
 
 pub mod heatmap;
@@ -116,6 +118,8 @@ pub struct Memory {
     /// (pid, address) -> counts outside heap blocks: named after the
     /// pass, when the process's objects are all known.
     by_address: HashMap<(u32, u64), Counts>,
+    /// (pid, lwpid, page) -> counts of accesses to the thread's own stack.
+    stacks: HashMap<(u32, u32, u64), Counts>,
     blocks: Vec<Block>,
     heaps: HashMap<u32, Heap>,
     /// Threads inside an allocation function (between HEAPCALL and its
@@ -176,7 +180,7 @@ impl Memory {
         }
     }
 
-    fn access(&mut self, row: &Row, addr: u64, access: MemAccess, size: u32) {
+    fn access(&mut self, row: &Row, addr: u64, access: MemAccess, size: u32, on_stack: bool) {
         *self
             .pages
             .entry((row.pid, addr & !0xfff))
@@ -184,6 +188,13 @@ impl Memory {
             .entry(self.accesses / heatmap::BUCKET)
             .or_insert(0) += 1;
         self.accesses += 1;
+        if on_stack {
+            self.stacks
+                .entry((row.pid, row.lwpid, addr & !0xfff))
+                .or_default()
+                .count(access, size);
+            return;
+        }
         let heap = self.heaps.get(&row.pid);
         let live = heap.and_then(|h| holding(&h.live, &self.blocks, addr));
         let freed = || heap.and_then(|h| holding(&h.freed, &self.blocks, addr));
@@ -227,7 +238,10 @@ impl Plugin for Memory {
         let thread = (row.pid, row.lwpid);
         if row.kind == Kind::MemAccess {
             match (row.addr, row.value.and_then(MemAccess::from_value)) {
-                (Some(addr), Some((access, size))) => self.access(row, addr, access, size),
+                (Some(addr), Some((access, size))) => {
+                    let on_stack = row.value.is_some_and(MemAccess::on_stack);
+                    self.access(row, addr, access, size, on_stack)
+                }
                 _ => self.malformed += 1,
             }
             return;
@@ -257,6 +271,7 @@ impl Plugin for Memory {
         let mut sym = Symbolizer::new(cx.files);
         let mut pids: Vec<u32> = self.by_address.keys().map(|k| k.0).collect();
         pids.extend(self.blocks.iter().map(|b| b.pid));
+        pids.extend(self.stacks.keys().map(|k| k.0));
         pids.sort_unstable();
         pids.dedup();
         for &pid in &pids {
@@ -265,12 +280,13 @@ impl Plugin for Memory {
         // Named by variable: the offset within it is dropped. Each page is
         // labelled in the heat map by what was accessed most on it.
         let mut by_name: BTreeMap<(u32, String), Counts> = BTreeMap::new();
-        let mut page_label: HashMap<(u32, u64), (u64, String)> = HashMap::new();
+        let mut on_page: HashMap<(u32, u64), BTreeMap<String, u64>> = HashMap::new();
         let mut label = |pid: u32, page: u64, n: u64, name: &str| {
-            let l = page_label.entry((pid, page)).or_default();
-            if n > l.0 {
-                *l = (n, name.to_owned());
-            }
+            *on_page
+                .entry((pid, page))
+                .or_default()
+                .entry(name.to_owned())
+                .or_insert(0) += n;
         };
         for (&(pid, addr), c) in &self.by_address {
             let name = match sym.variable(pid, addr) {
@@ -278,6 +294,11 @@ impl Plugin for Memory {
                 None => format!("[page {:#x}]", addr & !0xfff),
             };
             label(pid, addr & !0xfff, c.total(), &name);
+            by_name.entry((pid, name)).or_default().add(c);
+        }
+        for (&(pid, lwpid, page), c) in &self.stacks {
+            let name = format!("stack:{lwpid}");
+            label(pid, page, c.total(), &name);
             by_name.entry((pid, name)).or_default().add(c);
         }
         // Heap blocks by their allocation site.
@@ -397,6 +418,16 @@ impl Plugin for Memory {
                 })
             })
             .collect();
+        let page_label: HashMap<(u32, u64), &str> = on_page
+            .iter()
+            .filter_map(|(&page, names)| {
+                let top = names
+                    .iter()
+                    .max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0)))?;
+                // A page known by its address alone is labelled by it.
+                (!top.0.starts_with("[page ")).then_some((page, top.0.as_str()))
+            })
+            .collect();
         let mut pages: Vec<_> = self.pages.iter().collect();
         pages.sort_by_key(|p| *p.0);
         let page_rows = pages
@@ -404,7 +435,7 @@ impl Plugin for Memory {
             .map(|(&(pid, page), buckets)| heatmap::Row {
                 label: format!(
                     "{pid} {page:#x} {}",
-                    page_label.get(&(pid, page)).map_or("", |l| l.1.as_str())
+                    page_label.get(&(pid, page)).copied().unwrap_or_default()
                 ),
                 buckets,
             })
@@ -453,13 +484,17 @@ mod tests {
     use events::abi::Source;
 
     fn access(addr: u64, kind: i64, size: i64) -> Row {
+        on_thread(7, addr, kind, size)
+    }
+
+    fn on_thread(lwpid: u32, addr: u64, kind: i64, size: i64) -> Row {
         Row {
             seq: 0,
             time: 0,
             kind: Kind::MemAccess,
             source: Source::Host,
             pid: 7,
-            lwpid: 7,
+            lwpid,
             addr: Some(addr),
             caller: Some(0x401000),
             value: Some(size | (kind << 32)),
@@ -602,8 +637,32 @@ mod tests {
         // The heat map labels each page by what was accessed most there.
         let svg = out.attachment("svg").unwrap();
         assert!(svg.contains(">7 0x5000 malloc@0x401010<"), "{svg}");
-        assert!(svg.contains(">7 0x6000 [page 0x6000]<"), "{svg}");
+        assert!(svg.contains(">7 0x6000 <"), "{svg}");
         assert!(out.warnings.is_empty(), "{:?}", out.warnings);
+    }
+
+    #[test]
+    fn stack_accesses_are_named_by_their_thread() {
+        let mut p = Memory::new();
+        p.event(&on_thread(8, 0x7ffd_1ff8, 2 | 1 << 8, 8));
+        p.event(&on_thread(8, 0x7ffd_1ff0, 1 | 1 << 8, 8));
+        p.event(&on_thread(9, 0x7f00_0ff8, 2 | 1 << 8, 8));
+        // The same address without the flag: by page.
+        p.event(&on_thread(8, 0x7ffd_1ff8, 1, 8));
+        let out = p
+            .finish(&TestDb::with_rows("memory-stack", &[]).context())
+            .unwrap();
+        let json = out.json.clone().unwrap();
+        let vars = json["variables"].as_array().unwrap();
+        let row = |name: &str| vars.iter().find(|v| v["variable"] == name).unwrap();
+        assert_eq!(row("stack:8")["stores"].as_u64(), Some(1));
+        assert_eq!(row("stack:8")["loads"].as_u64(), Some(1));
+        assert_eq!(row("stack:9")["stores"].as_u64(), Some(1));
+        assert_eq!(row("[page 0x7ffd1000]")["loads"].as_u64(), Some(1));
+        assert!(out
+            .attachment("svg")
+            .unwrap()
+            .contains(">7 0x7ffd1000 stack:8<"));
     }
 
     #[test]
