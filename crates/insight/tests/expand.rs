@@ -155,6 +155,7 @@ fn traced_instructions_and_accesses_are_exact_and_replay_unchanged() {
             &pid,
             "--trace-instructions",
             insns.to_str().unwrap(),
+            "--trace-registers",
             "--trace-memory",
             accesses.to_str().unwrap(),
         ],
@@ -189,6 +190,14 @@ fn traced_instructions_and_accesses_are_exact_and_replay_unchanged() {
         .filter(|i| (start..end).contains(&i.rip))
         .count();
     assert_eq!(in_loop, 2001);
+    // With the registers before each: the loop's `dec ecx` sees ECX count
+    // down from 1000 to 1.
+    let ecx: Vec<u64> = traced[from_main..]
+        .iter()
+        .filter(|i| (start..end).contains(&i.rip) && i.bytes == [0xff, 0xc9])
+        .map(|i| i.registers.expect("registers").gprs[1] & 0xffff_ffff)
+        .collect();
+    assert_eq!(ecx, (1..=1000).rev().collect::<Vec<u64>>());
     assert!(traced.iter().all(|i| i.lwpid.to_string() == pid));
     // Nothing is missing anywhere: every instruction that falls through is
     // followed by the next in memory (insight's trampolines and probe gate

@@ -18,6 +18,10 @@ pub const MAX_INSN: usize = 15;
 
 /// Magic at the start of an instruction trace (after decompression).
 pub const INSN_MAGIC: &[u8; 8] = b"INSITRC1";
+/// The same, for a trace whose records carry the registers.
+pub const INSN_REGS_MAGIC: &[u8; 8] = b"INSITRR1";
+/// RFLAGS.TF, which the tracing sets: left out of the registers logged.
+const TF: u64 = 1 << 8;
 
 /// One memory access of one instruction.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,6 +36,7 @@ pub struct Access {
 pub struct UserRegs {
     pub gprs: [u64; 16],
     pub rip: u64,
+    pub rflags: u64,
     pub fs_base: u64,
     pub gs_base: u64,
 }
@@ -44,6 +49,7 @@ impl UserRegs {
                 regs.r8, regs.r9, regs.r10, regs.r11, regs.r12, regs.r13, regs.r14, regs.r15,
             ],
             rip: regs.rip,
+            rflags: regs.rflags,
             fs_base: 0,
             gs_base: 0,
         }
@@ -166,43 +172,76 @@ pub fn accesses(
     out
 }
 
+/// Bytes of the registers in a record of a trace with registers: the 16
+/// general-purpose registers and RFLAGS.
+const REGS_BYTES: usize = 17 * 8;
+
 /// The instruction trace: a zstd stream of `INSN_MAGIC`, then per
 /// instruction its thread (u32), address (u64), length (u8) and bytes,
-/// little-endian.
+/// little-endian; with registers, `INSN_REGS_MAGIC` and after each
+/// record's bytes the registers before the instruction (RAX, RCX, RDX,
+/// RBX, RSP, RBP, RSI, RDI, R8–R15, RFLAGS; u64 each).
 pub struct InstructionTrace {
     out: Box<dyn Write + Send>,
+    registers: bool,
     started: bool,
 }
 
 impl InstructionTrace {
-    pub fn new(out: Box<dyn Write + Send>) -> Self {
+    pub fn new(out: Box<dyn Write + Send>, registers: bool) -> Self {
         InstructionTrace {
             out,
+            registers,
             started: false,
         }
     }
 
-    pub fn push(&mut self, lwpid: u32, rip: u64, bytes: &[u8]) -> io::Result<()> {
+    fn start(&mut self) -> io::Result<()> {
         if !self.started {
-            self.out.write_all(INSN_MAGIC)?;
+            let magic = if self.registers {
+                INSN_REGS_MAGIC
+            } else {
+                INSN_MAGIC
+            };
+            self.out.write_all(magic)?;
             self.started = true;
         }
-        let mut record = [0u8; 13 + MAX_INSN];
+        Ok(())
+    }
+
+    /// The instruction `bytes` thread `lwpid` ran at `regs.rip`, with
+    /// the registers before it.
+    pub fn push(&mut self, lwpid: u32, regs: &UserRegs, bytes: &[u8]) -> io::Result<()> {
+        self.start()?;
+        let mut record = [0u8; 13 + MAX_INSN + REGS_BYTES];
         let len = bytes.len().min(MAX_INSN);
         record[..4].copy_from_slice(&lwpid.to_le_bytes());
-        record[4..12].copy_from_slice(&rip.to_le_bytes());
+        record[4..12].copy_from_slice(&regs.rip.to_le_bytes());
         record[12] = len as u8;
         record[13..13 + len].copy_from_slice(&bytes[..len]);
-        self.out.write_all(&record[..13 + len])
+        let mut end = 13 + len;
+        if self.registers {
+            // RFLAGS as the program has it, without the tracing's TF.
+            for value in regs.gprs.iter().chain([&(regs.rflags & !TF)]) {
+                record[end..end + 8].copy_from_slice(&value.to_le_bytes());
+                end += 8;
+            }
+        }
+        self.out.write_all(&record[..end])
     }
 
     pub fn finish(&mut self) -> io::Result<()> {
-        if !self.started {
-            self.out.write_all(INSN_MAGIC)?;
-            self.started = true;
-        }
+        self.start()?;
         self.out.flush()
     }
+}
+
+/// Registers of a traced instruction, before it ran.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Registers {
+    /// RAX, RCX, RDX, RBX, RSP, RBP, RSI, RDI, R8–R15.
+    pub gprs: [u64; 16],
+    pub rflags: u64,
 }
 
 /// One instruction read back from an instruction trace.
@@ -211,14 +250,19 @@ pub struct TracedInstruction {
     pub lwpid: u32,
     pub rip: u64,
     pub bytes: Vec<u8>,
+    /// In a trace written with registers.
+    pub registers: Option<Registers>,
 }
 
 /// Reads the records of a decompressed instruction trace; an error names
 /// what is wrong with it.
 pub fn read_instructions(data: &[u8]) -> Result<Vec<TracedInstruction>, String> {
-    let rest = data
-        .strip_prefix(INSN_MAGIC.as_slice())
-        .ok_or("not an insight instruction trace (no INSITRC1 magic)")?;
+    let (rest, with_registers) = match data.get(..8) {
+        Some(m) if m == INSN_MAGIC => (&data[8..], false),
+        Some(m) if m == INSN_REGS_MAGIC => (&data[8..], true),
+        _ => return Err("not an insight instruction trace (no INSITRC1 or INSITRR1 magic)".into()),
+    };
+    let word = |b: &[u8], i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().expect("8"));
     let mut out = Vec::new();
     let mut at = 0;
     while at < rest.len() {
@@ -232,15 +276,24 @@ pub fn read_instructions(data: &[u8]) -> Result<Vec<TracedInstruction>, String> 
                 at + 8
             ));
         }
-        let bytes = rest
-            .get(at + 13..at + 13 + len)
+        let end = at + 13 + len + if with_registers { REGS_BYTES } else { 0 };
+        let record = rest
+            .get(at..end)
             .ok_or_else(|| format!("the record at byte {} is cut short", at + 8))?;
+        let registers = with_registers.then(|| {
+            let r = &record[13 + len..];
+            Registers {
+                gprs: std::array::from_fn(|i| word(r, i)),
+                rflags: word(r, 16),
+            }
+        });
         out.push(TracedInstruction {
             lwpid: u32::from_le_bytes(head[..4].try_into().expect("4 bytes")),
             rip: u64::from_le_bytes(head[4..12].try_into().expect("8 bytes")),
-            bytes: bytes.to_vec(),
+            bytes: record[13..13 + len].to_vec(),
+            registers,
         });
-        at += 13 + len;
+        at = end;
     }
     Ok(out)
 }
@@ -423,18 +476,32 @@ mod tests {
             }
         }
         let buf = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let mut t = InstructionTrace::new(Box::new(Shared(buf.clone())));
-        t.push(7, 0x401000, &[0x90]).unwrap();
-        t.push(8, 0x401001, &[0x48, 0x83, 0x03, 0x01]).unwrap();
-        t.finish().unwrap();
-        let data = buf.lock().unwrap().clone();
-        let read = read_instructions(&data).unwrap();
-        assert_eq!(read.len(), 2);
-        assert_eq!(read[1].lwpid, 8);
-        assert_eq!(read[1].bytes, vec![0x48, 0x83, 0x03, 0x01]);
-        assert!(read_instructions(&data[..data.len() - 1])
-            .unwrap_err()
-            .contains("cut short"));
+        for with_registers in [false, true] {
+            buf.lock().unwrap().clear();
+            let mut t = InstructionTrace::new(Box::new(Shared(buf.clone())), with_registers);
+            let mut r = regs();
+            r.rflags = 0x346; // TF (0x100) set by the tracing
+            t.push(7, &r, &[0x90]).unwrap();
+            r.rip += 1;
+            t.push(8, &r, &[0x48, 0x83, 0x03, 0x01]).unwrap();
+            t.finish().unwrap();
+            let data = buf.lock().unwrap().clone();
+            let read = read_instructions(&data).unwrap();
+            assert_eq!(read.len(), 2);
+            assert_eq!((read[1].lwpid, read[1].rip), (8, 0x401001));
+            assert_eq!(read[1].bytes, vec![0x48, 0x83, 0x03, 0x01]);
+            match read[1].registers {
+                Some(got) => {
+                    assert!(with_registers);
+                    assert_eq!(got.gprs, r.gprs);
+                    assert_eq!(got.rflags, 0x246);
+                }
+                None => assert!(!with_registers),
+            }
+            assert!(read_instructions(&data[..data.len() - 1])
+                .unwrap_err()
+                .contains("cut short"));
+        }
         assert!(read_instructions(b"nothing").unwrap_err().contains("magic"));
     }
 }

@@ -159,6 +159,11 @@ pub struct ReplayArgs {
     /// address, bytes) to FILE, zstd-compressed (docs/expansion.md).
     #[arg(long, value_name = "FILE", requires = "trace_process")]
     trace_instructions: Option<PathBuf>,
+    /// Also write each instruction's registers before it ran (the 16
+    /// general-purpose registers and RFLAGS) in the --trace-instructions
+    /// file: 136 bytes more per instruction before compression.
+    #[arg(long, requires = "trace_instructions")]
+    trace_registers: bool,
     /// Write each load and store of the traced process's user code to
     /// FILE, a line per access: kind (L, S or M for read-modify-write, as
     /// Valgrind's lackey), address, size, thread, instruction address.
@@ -425,6 +430,7 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
                     Ok(Box::new(BufWriter::new(create_output(p)?)))
                 })
                 .transpose()?,
+            registers: args.trace_registers,
         });
     }
     vm.set_journal(Journal::Replay(Box::new(Replayer::new(reader))));

@@ -44,6 +44,8 @@ pub struct ExpansionSpec {
     pub instructions: Option<Box<dyn Write + Send>>,
     /// The memory-access trace (`expand::MemoryTrace`'s lines).
     pub memory: Option<Box<dyn Write + Send>>,
+    /// Whether the instruction trace carries each instruction's registers.
+    pub registers: bool,
 }
 
 /// What an expansion did.
@@ -110,7 +112,9 @@ impl Vm {
             to_capture: Vec::new(),
             stacks: expand::Stacks::default(),
             handler: None,
-            instructions: spec.instructions.map(InstructionTrace::new),
+            instructions: spec
+                .instructions
+                .map(|out| InstructionTrace::new(out, spec.registers)),
             memory: spec.memory.map(MemoryTrace::new),
             factory: InstructionInfoFactory::new(),
             stats: ExpansionStats::default(),
@@ -473,7 +477,7 @@ impl Expansion {
         self.stats.instructions += 1;
         let write = |e: std::io::Error| VmError::Expansion(format!("cannot write a trace: {e}"));
         if let Some(t) = &mut self.instructions {
-            t.push(lwpid, regs.rip, &bytes[..insn_len]).map_err(write)?;
+            t.push(lwpid, regs, &bytes[..insn_len]).map_err(write)?;
         }
         if let (Some(t), Some(insn)) = (&mut self.memory, insn) {
             self.stacks.saw(lwpid, regs.rsp());
