@@ -33,7 +33,9 @@ pub struct DeadlockInput {
 impl DeadlockInput {
     /// Takes every event, in capture order (it counts each thread's).
     pub fn push(&mut self, r: &Row) {
-        if r.source != Source::Probe {
+        // Heap events are not in THREADCREATE's count: only some replays
+        // collect them.
+        if r.source != Source::Probe || r.kind.is_heap() {
             return;
         }
         let before = self.own.get(&r.lwpid).copied().unwrap_or(0);
@@ -139,6 +141,41 @@ mod tests {
                 parent: 1,
                 child: 9,
                 after: Some(0),
+            })
+        );
+    }
+
+    #[test]
+    fn heap_events_do_not_count_in_a_creators_stream() {
+        let row = probe_row;
+        // Thread 2 raised LOCK, LOCK_RET, UNLOCK (3 events as THREADCREATE
+        // counts them), with a malloc's heap events between.
+        let mut create = row(6, Kind::ThreadCreate, Some(2));
+        (create.lwpid, create.caller) = (9, Some(3));
+        let test_db = TestDb::with_rows(
+            "deadlock-input-heap",
+            &[
+                row(1, Kind::Lock, None),
+                row(2, Kind::LockRet, Some(0)),
+                row(3, Kind::HeapCall, Some(1 << 56)),
+                row(4, Kind::Alloc, Some((1 << 56) | 64)),
+                row(5, Kind::Unlock, None),
+                create,
+            ],
+        );
+        let per_process = deadlock_events(&test_db.db).unwrap();
+        let creation = per_process[&1]
+            .iter()
+            .find(|e| matches!(e, lock_order::Event::Thread(_)))
+            .unwrap();
+        // It came after all three of thread 2's lock events.
+        assert_eq!(
+            creation,
+            &lock_order::Event::Thread(ThreadEvent::Create {
+                time: 6,
+                parent: 2,
+                child: 9,
+                after: Some(3),
             })
         );
     }
