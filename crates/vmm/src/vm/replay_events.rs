@@ -87,6 +87,7 @@ impl Vm {
         }
         sampling.next_ns = now.saturating_add(sampling.period_ns);
         self.drain_switches()?;
+        let stubs = self.stub_mappings();
         let Some(capture) = &mut self.events else {
             return Ok(());
         };
@@ -96,13 +97,28 @@ impl Vm {
         if !capture.is_tracked(lwpid) {
             return Ok(());
         }
-        let regs = self.vcpu.get_regs().map_err(kvm_err("GET_REGS"))?;
+        let mut regs = self.vcpu.get_regs().map_err(kvm_err("GET_REGS"))?;
         let sregs = self.vcpu.get_sregs().map_err(kvm_err("GET_SREGS"))?;
         let user = sregs.cs.selector & 3 == 3;
+        // At the probe gate's store or the `ret` after it: the vCPU is on
+        // its way back from the gate's exit, replay's own time (the gate
+        // is a bare `ret` while recording). The sample is the probe's, at
+        // its return address, as at a kernel boundary.
+        let at_gate = user && probe_gate::is_gate_store(regs.rip, &stubs);
+        if at_gate {
+            let mut mem = UserMemory {
+                mem: &self.mem,
+                cr3: sregs.cr3,
+            };
+            if let Some(ra) = unwind::Memory::read_u64(&mut mem, regs.rsp) {
+                // The probe called the gate past its red zone.
+                (regs.rip, regs.rsp) = (ra, regs.rsp.wrapping_add(8 + 128));
+            }
+        }
         // Inside the trampoline, the program is at the patched position.
         let rip = self.preempt.sample_rip(regs.rip);
         let (mode, stack) = if user {
-            let mode = if at_kernel_boundary(&self.mem, sregs.cr3, &regs, resumed_at) {
+            let mode = if at_gate || at_kernel_boundary(&self.mem, sregs.cr3, &regs, resumed_at) {
                 SampleMode::KernelBoundary
             } else {
                 SampleMode::User
