@@ -107,7 +107,7 @@ fn take_overlapping(
         first = blocks[i].addr;
     }
     let keys: Vec<u64> = map
-        .range(first..end.max(first + 1))
+        .range(first..end.max(first.saturating_add(1)))
         .map(|(&k, _)| k)
         .collect();
     keys.iter().filter_map(|k| map.remove(k)).collect()
@@ -663,6 +663,40 @@ mod tests {
             .attachment("svg")
             .unwrap()
             .contains(">7 0x7ffd1000 stack:8<"));
+    }
+
+    #[test]
+    fn blocks_at_the_top_of_the_address_space_do_not_overflow() {
+        let mut p = Memory::new();
+        call(
+            &mut p,
+            Kind::Alloc,
+            u64::MAX,
+            1 << 40,
+            HeapFunction::Mmap,
+            0x401010,
+        );
+        call(
+            &mut p,
+            Kind::Alloc,
+            u64::MAX,
+            16,
+            HeapFunction::Malloc,
+            0x401010,
+        );
+        call(
+            &mut p,
+            Kind::Free,
+            u64::MAX - 8,
+            u64::MAX,
+            HeapFunction::Munmap,
+            0x401020,
+        );
+        p.event(&access(u64::MAX, 1, 1));
+        let out = p
+            .finish(&TestDb::with_rows("memory-top", &[]).context())
+            .unwrap();
+        assert_eq!(out.json.unwrap()["accesses"].as_u64(), Some(1));
     }
 
     #[test]
