@@ -72,7 +72,8 @@ impl Output {
             Output::MemoryTrace => lines_of(head).is_some_and(|lines| {
                 lines.iter().all(|l| {
                     let f: Vec<&str> = l.split(' ').collect();
-                    f.len() == 5
+                    // Five fields before the exit ordinal was added.
+                    (f.len() == 5 || f.len() == 6)
                         && matches!(f[0], "L" | "S" | "M")
                         && f[1].starts_with("0x")
                         && f[4].starts_with("0x")
@@ -223,6 +224,17 @@ mod tests {
         }
         std::fs::write(&notes, "main;work 12\nmain;idle 3\n").unwrap();
         assert!(check(&notes, Output::Folded, false).is_ok());
+        // Memory traces with the exit ordinal, and from before it.
+        std::fs::write(
+            &notes,
+            "S 0x404040 4 19 0x401136 812\nL 0x404040 4 19 0x40113a 812\n",
+        )
+        .unwrap();
+        assert!(check(&notes, Output::MemoryTrace, false).is_ok());
+        std::fs::write(&notes, "S 0x404040 4 19 0x401136\n").unwrap();
+        assert!(check(&notes, Output::MemoryTrace, false).is_ok());
+        std::fs::write(&notes, "S 0x404040 4 19 0x401136 812 x\n").unwrap();
+        assert!(check(&notes, Output::MemoryTrace, false).is_err());
         let empty = dir.join("empty");
         std::fs::write(&empty, "").unwrap();
         assert!(check(&empty, Output::Html, false).is_ok());

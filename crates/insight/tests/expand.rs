@@ -219,6 +219,12 @@ fn traced_instructions_and_accesses_are_exact_and_replay_unchanged() {
 
     // The global array: each element stored once and loaded twice.
     let accesses = std::fs::read_to_string(&accesses).unwrap();
+    // Each line's position: the exits replayed before it, never going back.
+    let exits: Vec<u64> = accesses
+        .lines()
+        .map(|l| l.split(' ').nth(5).and_then(|e| e.parse().ok()).expect(l))
+        .collect();
+    assert!(exits.windows(2).all(|w| w[0] <= w[1]) && exits[0] < exits[exits.len() - 1]);
     let a = symbol(&prog, "a");
     let on_a = count_accesses(&accesses, a, a + 4000);
     assert_eq!(

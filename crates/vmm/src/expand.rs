@@ -299,7 +299,9 @@ pub fn read_instructions(data: &[u8]) -> Result<Vec<TracedInstruction>, String> 
 }
 
 /// The memory trace: a text line per access, `KIND ADDRESS SIZE LWPID
-/// RIP` (KIND as lackey's L, S, M; addresses in hex).
+/// RIP EXIT` (KIND as lackey's L, S, M; addresses in hex; EXIT the
+/// deterministic exits replayed before it, its position with the line's
+/// order).
 pub struct MemoryTrace {
     out: Box<dyn Write + Send>,
 }
@@ -309,10 +311,10 @@ impl MemoryTrace {
         MemoryTrace { out }
     }
 
-    pub fn push(&mut self, lwpid: u32, rip: u64, access: &Access) -> io::Result<()> {
+    pub fn push(&mut self, lwpid: u32, rip: u64, access: &Access, exit: u64) -> io::Result<()> {
         writeln!(
             self.out,
-            "{} {:#x} {} {lwpid} {rip:#x}",
+            "{} {:#x} {} {lwpid} {rip:#x} {exit}",
             access.kind.letter(),
             access.addr,
             access.size

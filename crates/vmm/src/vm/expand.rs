@@ -87,6 +87,8 @@ pub(super) struct Expansion {
     to_capture: Vec<(u32, u64, expand::Access, bool)>,
     /// The traced threads' stacks.
     stacks: expand::Stacks,
+    /// Deterministic exits replayed before the step under way.
+    exit: u64,
     /// The guest's #DB handler, where the breakpoint is.
     handler: Option<u64>,
     instructions: Option<InstructionTrace>,
@@ -111,6 +113,7 @@ impl Vm {
             at_patch: HashMap::new(),
             to_capture: Vec::new(),
             stacks: expand::Stacks::default(),
+            exit: 0,
             handler: None,
             instructions: spec
                 .instructions
@@ -264,9 +267,11 @@ impl Vm {
         };
         let patch_rip = self.preempt.search_patch_at(cr3);
         let at_patch = patch_rip == Some(rip);
+        let exit = self.journal.progress().exits;
         let Some(x) = &mut self.expansion else {
             return Ok(());
         };
+        x.exit = exit;
         let mut user = regs;
         (user.rip, user.rsp, user.rflags) = (rip, rsp, rflags);
         match current {
@@ -483,7 +488,7 @@ impl Expansion {
             self.stacks.saw(lwpid, regs.rsp());
             for access in expand::accesses(&mut self.factory, insn, regs) {
                 self.stats.accesses += 1;
-                t.push(lwpid, regs.rip, &access).map_err(write)?;
+                t.push(lwpid, regs.rip, &access, self.exit).map_err(write)?;
                 let on_stack = self.stacks.holds(lwpid, regs.rsp(), access.addr);
                 self.to_capture.push((lwpid, regs.rip, access, on_stack));
             }
