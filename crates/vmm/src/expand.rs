@@ -20,8 +20,9 @@ pub const MAX_INSN: usize = 15;
 pub const INSN_MAGIC: &[u8; 8] = b"INSITRC1";
 /// The same, for a trace whose records carry the registers.
 pub const INSN_REGS_MAGIC: &[u8; 8] = b"INSITRR1";
-/// RFLAGS.TF, which the tracing sets: left out of the registers logged.
-const TF: u64 = 1 << 8;
+/// RFLAGS.TF, which the tracing sets (and leaves out of the registers it
+/// logs).
+pub(crate) const TF: u64 = 1 << 8;
 
 /// One memory access of one instruction.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -225,19 +225,25 @@ pub fn report(args: ReportArgs) -> Result<ExitCode> {
             print_output(&out, a.json);
             save(
                 &out,
-                "folded",
+                OutputKind::Folded,
                 a.folded.as_deref(),
                 "folded stacks",
                 a.input.force,
             )?;
-            save(&out, "svg", a.svg.as_deref(), "flame graph", a.input.force)?;
+            save(
+                &out,
+                OutputKind::Svg,
+                a.svg.as_deref(),
+                "flame graph",
+                a.input.force,
+            )?;
         }
         Tool::Deadlock(a) => {
             let out = run_one(Box::new(deadlock::Deadlock::new()), &a.input)?;
             print_output(&out, a.json);
             save(
                 &out,
-                "html",
+                OutputKind::Html,
                 a.html.as_deref(),
                 "HTML report",
                 a.input.force,
@@ -250,7 +256,13 @@ pub fn report(args: ReportArgs) -> Result<ExitCode> {
         Tool::Memory(a) => {
             let out = run_one(Box::new(memory::Memory::new()), &a.input)?;
             print_output(&out, a.json);
-            save(&out, "svg", a.svg.as_deref(), "heat map", a.input.force)?;
+            save(
+                &out,
+                OutputKind::HeatMap,
+                a.svg.as_deref(),
+                "heat map",
+                a.input.force,
+            )?;
         }
         Tool::Other(argv) => {
             let Some(name) = argv.first().and_then(|n| n.to_str()) else {
@@ -294,13 +306,20 @@ fn print_output(out: &Output, json: bool) {
     }
 }
 
-fn save(out: &Output, format: &str, path: Option<&Path>, what: &str, force: bool) -> Result<()> {
+/// Writes the plugin's attachment of `kind` (`what`, for the message) to
+/// `path`, if given.
+fn save(
+    out: &Output,
+    kind: OutputKind,
+    path: Option<&Path>,
+    what: &str,
+    force: bool,
+) -> Result<()> {
     let Some(path) = path else { return Ok(()) };
-    let kind = match (format, what) {
-        ("html", _) => OutputKind::Html,
-        ("svg", "heat map") => OutputKind::HeatMap,
-        ("svg", _) => OutputKind::Svg,
-        _ => OutputKind::Folded,
+    let format = match kind {
+        OutputKind::Html => "html",
+        OutputKind::Svg | OutputKind::HeatMap => "svg",
+        _ => "folded",
     };
     outputs::check(path, kind, force)?;
     let content = out.attachment(format).unwrap_or_default();

@@ -19,14 +19,11 @@ use std::io::Write;
 use iced_x86::InstructionInfoFactory;
 use kvm_bindings::{kvm_guest_debug, kvm_segment, KVM_GUESTDBG_ENABLE, KVM_GUESTDBG_USE_HW_BP};
 
-use crate::expand::{self, InstructionTrace, MemoryTrace, UserRegs, MAX_INSN};
+use crate::expand::{self, InstructionTrace, MemoryTrace, UserRegs, MAX_INSN, TF};
 use crate::guest_events::{self, SavedReg};
 use crate::{gva, probe_gate};
 
 use super::{kvm_err, Vm, VmError};
-
-/// RFLAGS.TF.
-pub(super) const TF: u64 = 1 << 8;
 
 /// The process to trace.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -105,15 +105,11 @@ impl Vm {
         // is a bare `ret` while recording). The sample is the probe's, at
         // its return address, as at a kernel boundary.
         let at_gate = user && probe_gate::is_gate_store(regs.rip, &stubs);
-        if at_gate {
-            let mut mem = UserMemory {
-                mem: &self.mem,
-                cr3: sregs.cr3,
-            };
-            if let Some(ra) = unwind::Memory::read_u64(&mut mem, regs.rsp) {
-                // The probe called the gate past its red zone.
-                (regs.rip, regs.rsp) = (ra, regs.rsp.wrapping_add(8 + 128));
-            }
+        if let Some(probe) = at_gate
+            .then(|| probe_at_gate(&self.mem, sregs.cr3, &regs))
+            .flatten()
+        {
+            (regs.rip, regs.rsp) = (probe.rip, probe.rsp);
         }
         // Inside the trampoline, the program is at the patched position.
         let rip = self.preempt.sample_rip(regs.rip);
@@ -270,23 +266,11 @@ impl Vm {
             raised_by,
             buffer.as_deref().map_err(Clone::clone),
         )?;
-        // The gate was called past the probe's red zone: the probe's own
-        // frame starts above the return address and those 128 bytes.
-        let regs = self.vcpu.sync_regs().regs;
-        let mut mem = UserMemory {
-            mem: &self.mem,
-            cr3,
-        };
         // Read only when unwinding: each replayed event passes here.
-        let return_address = match self.stacks {
-            Some(_) => unwind::Memory::read_u64(&mut mem, regs.rsp),
+        let at = match self.stacks {
+            Some(_) => probe_at_gate(&self.mem, cr3, &self.vcpu.sync_regs().regs),
             None => None,
         };
-        let at = return_address.map(|rip| Regs {
-            rip,
-            rsp: regs.rsp.wrapping_add(8 + 128),
-            rbp: regs.rbp,
-        });
         self.stack_of(stored, cr3, at)?;
         Ok(Candidate::Passed)
     }
@@ -335,6 +319,18 @@ impl Vm {
         }
         Ok(())
     }
+}
+
+/// Where the probe that called the gate stands, for a task at the gate
+/// with `regs`: its return address, and its stack pointer before the
+/// call (the probe called the gate past its 128-byte red zone).
+fn probe_at_gate(mem: &GuestMemoryMmap, cr3: u64, regs: &kvm_regs) -> Option<Regs> {
+    let rip = unwind::Memory::read_u64(&mut UserMemory { mem, cr3 }, regs.rsp)?;
+    Some(Regs {
+        rip,
+        rsp: regs.rsp.wrapping_add(8 + 128),
+        rbp: regs.rbp,
+    })
 }
 
 /// Lock events that keep their caller's whole stack: requests and
