@@ -13,9 +13,9 @@ use crate::db::{DbError, EventWriter, Row};
 
 /// The lowest user address Linux lets a process map (`vm.mmap_min_addr`'s
 /// default).
-const USER_CODE_MIN: u64 = 0x1_0000;
+pub const USER_CODE_MIN: u64 = 0x1_0000;
 /// The end of the user half of a 48-bit address space.
-const USER_CODE_END: u64 = 1 << 47;
+pub const USER_CODE_END: u64 = 1 << 47;
 /// Why the hypervisor could not read an event buffer.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum BufferError {

@@ -7,12 +7,20 @@
 
 use events::abi::{declared_size, HEADER_LEN, PAGE};
 use events::capture::BufferError;
+use kvm_bindings::kvm_regs;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::gva;
 
 /// User addresses end here on x86-64 with 4-level paging.
 const USER_END: u64 = 0x0000_8000_0000_0000;
+/// And the kernel's start here.
+pub const KERNEL_START: u64 = 0xffff_8000_0000_0000;
+/// Where a user `syscall` lands on hosts that leave it in user mode
+/// (`insight.syscall=pf`, the guest's `INSIGHT_SYSCALL_TRAP_ADDR`): an
+/// unmapped page, whose instruction-fetch fault the guest kernel turns
+/// into the system call. RCX holds the return address meanwhile.
+pub const SYSCALL_TRAP_RIP: u64 = 0x1000;
 
 /// The bytes of the event at `gva` (page tables at `cr3`): its declared
 /// size, or as much as the page holds when the size is out of bounds (the
@@ -150,6 +158,44 @@ fn saved_reg(frame: &[u8; PT_REGS_SIZE as usize], index: usize) -> u64 {
 pub fn user_regs_in_kernel(mem: &GuestMemoryMmap, cr3: u64, top_of_stack: u64) -> Option<[u64; 3]> {
     let (_, frame) = saved_user_frame(mem, cr3, top_of_stack)?;
     Some([PT_REGS_RIP, PT_REGS_RSP, PT_REGS_RBP].map(|i| saved_reg(&frame, i)))
+}
+
+/// Whether the user registers `regs` are all (RIP, RSP and the general
+/// registers) as the current task's last kernel entry saved them (see
+/// [`saved_user_frame`]): the task has not run an instruction since the
+/// kernel returned to it.
+pub fn user_regs_as_saved(
+    mem: &GuestMemoryMmap,
+    cr3: u64,
+    top_of_stack: u64,
+    regs: &kvm_regs,
+) -> bool {
+    let Some((_, frame)) = saved_user_frame(mem, cr3, top_of_stack) else {
+        return false;
+    };
+    // `struct pt_regs` order; orig_ax, cs, flags and ss are not compared.
+    let saved = [
+        (0, regs.r15),
+        (1, regs.r14),
+        (2, regs.r13),
+        (3, regs.r12),
+        (PT_REGS_RBP, regs.rbp),
+        (5, regs.rbx),
+        (PT_REGS_R11, regs.r11),
+        (7, regs.r10),
+        (8, regs.r9),
+        (9, regs.r8),
+        (10, regs.rax),
+        (11, regs.rcx),
+        (12, regs.rdx),
+        (13, regs.rsi),
+        (14, regs.rdi),
+        (PT_REGS_RIP, regs.rip),
+        (PT_REGS_RSP, regs.rsp),
+    ];
+    saved
+        .iter()
+        .all(|&(i, value)| saved_reg(&frame, i) == value)
 }
 
 /// A user register the guest kernel saved on entry (`pt_regs`).
@@ -340,6 +386,54 @@ mod tests {
         assert_eq!(user_regs_in_kernel(&mem, CR3, var + (4 << 20)), None);
         mem.write_obj(0x7000u64, phys(var)).unwrap();
         assert_eq!(user_regs_in_kernel(&mem, CR3, var), None);
+    }
+
+    #[test]
+    fn a_task_not_moved_since_its_kernel_returned_has_the_saved_registers() {
+        let mem = memory();
+        let var: u64 = 0xffff_ffff_81a3_a030;
+        map_kernel_page(&mem, var);
+        let page = var & !0x1f_ffff;
+        let phys = |va: u64| GuestAddress(0x20_0000 + (va - page));
+        let top = page + 0x10_0000;
+        mem.write_obj(top, phys(var)).unwrap();
+        let frame = top - PT_REGS_SIZE;
+        // A page fault at a store in a loop: R13 is the loop's pointer.
+        let mut regs = kvm_regs {
+            rip: 0x40_1172,
+            rsp: 0x7ffd_0000,
+            rbp: 0x7ffd_0100,
+            r13: 0x7f00_3000,
+            rax: 7,
+            ..Default::default()
+        };
+        let save = |r: &kvm_regs| {
+            let put = |i: usize, v: u64| mem.write_obj(v, phys(frame + 8 * i as u64)).unwrap();
+            let gprs = [
+                r.r15, r.r14, r.r13, r.r12, r.rbp, r.rbx, r.r11, r.r10, r.r9, r.r8, r.rax, r.rcx,
+                r.rdx, r.rsi, r.rdi,
+            ];
+            for (i, v) in gprs.into_iter().enumerate() {
+                put(i, v);
+            }
+            put(PT_REGS_RIP, r.rip);
+            put(PT_REGS_CS, 0x33);
+            put(PT_REGS_FLAGS, 0x246);
+            put(PT_REGS_RSP, r.rsp);
+        };
+        save(&regs);
+        assert!(user_regs_as_saved(&mem, CR3, var, &regs));
+        // The same store a loop iteration later: one register moved on.
+        regs.r13 -= 8;
+        assert!(!user_regs_as_saved(&mem, CR3, var, &regs));
+        regs.r13 += 8;
+        regs.rip += 4;
+        assert!(!user_regs_as_saved(&mem, CR3, var, &regs));
+        regs.rip -= 4;
+        // Saved from kernel mode: no user registers to compare with.
+        mem.write_obj(0x10u64, phys(frame + 8 * PT_REGS_CS as u64))
+            .unwrap();
+        assert!(!user_regs_as_saved(&mem, CR3, var, &regs));
     }
 
     #[test]

@@ -52,6 +52,9 @@ impl Vm {
     }
 
     pub(super) fn inject(&mut self, vector: u8) -> Result<(), VmError> {
+        if let Some(sampling) = &mut self.sampling {
+            sampling.injected = true;
+        }
         kvm_ext::inject_interrupt(&self.vcpu, vector).map_err(|e| VmError::Kvm {
             op: "INTERRUPT",
             source: kvm_ioctls::Error::new(e.raw_os_error().unwrap_or(libc::EINVAL)),

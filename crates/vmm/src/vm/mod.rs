@@ -245,6 +245,9 @@ const MAX_STACK_FRAMES: usize = 32;
 struct Sampling {
     period_ns: u64,
     next_ns: u64,
+    /// An interrupt was injected for the next KVM_RUN: the vCPU starts it
+    /// in the guest kernel.
+    injected: bool,
 }
 
 impl Vm {

@@ -6,13 +6,13 @@ use std::time::Duration;
 
 use devices::control::EventRaiser;
 use events::abi::Source;
-use events::capture::Capture;
+use events::capture::{Capture, USER_CODE_END, USER_CODE_MIN};
 use vm_memory::GuestMemoryMmap;
 
 use super::preempt::Candidate;
 use super::run::RunOutcome;
 use super::{kvm_err, Sampling, Vm, VmError, MAX_STACK_FRAMES};
-use crate::guest_events::{self, SwitchRing, UserMemory};
+use crate::guest_events::{self, SwitchRing, UserMemory, SYSCALL_TRAP_RIP};
 use crate::gva;
 use crate::journal::Journal;
 use crate::probe_gate;
@@ -20,6 +20,16 @@ use events::abi::{Kind, Payload, SampleMode};
 use events::capture::Stored;
 use kvm_bindings::kvm_regs;
 use unwind::Regs;
+
+/// How the KVM_RUN a kick interrupted started.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Resumed {
+    /// The RIP of the VM exit right before it, if it followed one.
+    pub rip: Option<u64>,
+    /// The vCPU started in the guest kernel: it had stopped there, or an
+    /// interrupt had just been injected (samples only).
+    pub in_kernel: bool,
+}
 
 impl Vm {
     /// Stores the events the guest raises during replay in `capture`.
@@ -35,6 +45,7 @@ impl Vm {
         self.sampling = Some(Sampling {
             period_ns,
             next_ns: period_ns,
+            injected: false,
         });
     }
 
@@ -75,9 +86,9 @@ impl Vm {
 
     /// A SAMPLE of the task on the vCPU, if one is due and the task is
     /// tracked: RIP, where the task was (`SampleMode`), and the user
-    /// stack's return addresses. `resumed_at`: the RIP
-    /// at which the interrupted KVM_RUN started right after a VM exit.
-    pub(super) fn take_sample(&mut self, resumed_at: Option<u64>) -> Result<(), VmError> {
+    /// stack's return addresses. `resumed`: how the interrupted KVM_RUN
+    /// started.
+    pub(super) fn take_sample(&mut self, resumed: Resumed) -> Result<(), VmError> {
         let (Some(sampling), true) = (&mut self.sampling, self.events.is_some()) else {
             return Ok(());
         };
@@ -111,10 +122,30 @@ impl Vm {
         {
             (regs.rip, regs.rsp) = (probe.rip, probe.rsp);
         }
+        // A system call on its way into the kernel through the trap page:
+        // the program is at the call's return address.
+        let in_syscall_trap = user
+            && regs.rip == SYSCALL_TRAP_RIP
+            && (USER_CODE_MIN..USER_CODE_END).contains(&regs.rcx);
+        if in_syscall_trap {
+            regs.rip = regs.rcx;
+        }
         // Inside the trampoline, the program is at the patched position.
         let rip = self.preempt.sample_rip(regs.rip);
         let (mode, stack) = if user {
-            let mode = if at_gate || at_kernel_boundary(&self.mem, sregs.cr3, &regs, resumed_at) {
+            // Started in the kernel and not moved on since it returned:
+            // the kick came while the kernel ran (a page fault, an
+            // interrupt), and the host let the vCPU exit only back in
+            // user mode, at the registers the kernel entry saved.
+            let kernel_time = resumed.in_kernel
+                && self.kernel_stack_top.is_some_and(|top| {
+                    guest_events::user_regs_as_saved(&self.mem, sregs.cr3, top, &regs)
+                });
+            let mode = if at_gate
+                || in_syscall_trap
+                || kernel_time
+                || at_kernel_boundary(&self.mem, sregs.cr3, &regs, resumed.rip)
+            {
                 SampleMode::KernelBoundary
             } else {
                 SampleMode::User

@@ -16,7 +16,9 @@ use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
 
 use super::dispatch::{dispatch, Bus, Next};
 use super::preempt::Candidate;
+use super::replay_events::Resumed;
 use super::{kvm_err, PreemptStats, Vm, VmError, BOOT_VCPU};
+use crate::guest_events::KERNEL_START;
 use crate::journal::{self, EndReason, Entry, Journal, JournalError, Progress};
 use crate::preempt::EXIT_PAGE_GPA;
 use crate::probe_gate;
@@ -220,7 +222,13 @@ impl Vm {
             };
             kick.deadline_ns.store(deadline, Ordering::Release);
 
-            let resumed_at = self.resume_rip.take();
+            let resumed = Resumed {
+                rip: self.resume_rip.take(),
+                in_kernel: self.sampling.as_mut().is_some_and(|s| {
+                    std::mem::take(&mut s.injected)
+                        || self.vcpu.sync_regs().regs.rip >= KERNEL_START
+                }),
+            };
             let expanding = self.expanding();
             let exit = self.vcpu.run();
             // A store to the exit page while a trampoline is in place is
@@ -301,7 +309,7 @@ impl Vm {
             if observed.is_none() && self.sampling.is_some() {
                 // A kick: the guest stopped wherever it was, which is
                 // what a sample wants (exits would bias it).
-                self.take_sample(resumed_at)?;
+                self.take_sample(resumed)?;
             }
             if let Some(event) = observed {
                 // KVM raises #GP for a refused MSR access when the vCPU
