@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use vm_memory::{Bytes, GuestAddress};
 
-use super::{Candidate, Preemption, PREEMPT_AFTER_NS, RETRY_NS, TRAP_NS};
+use super::{Candidate, Preemption, PREEMPT_AFTER_NS, RETRY_NS, TRAP_NS, WINDOW_MAX_NS, WINDOW_NS};
 use crate::journal::Journal;
 use crate::preempt::guest_code::{trampoline_entries, PageTables};
 use crate::preempt::state::{self, PageSet, UserState};
@@ -28,15 +28,23 @@ impl Vm {
     /// Recording: when the vCPU should be kicked to look for an
     /// asynchronous point (u64::MAX: not before something else happens).
     pub(in crate::vm) fn preempt_deadline(&self) -> u64 {
+        let (point, window) = self.point_and_window_due();
+        point.min(window)
+    }
+
+    /// Recording: when a point is due, and when its dirty window should
+    /// start (u64::MAX: not before something else happens).
+    fn point_and_window_due(&self) -> (u64, u64) {
         if !matches!(self.journal, Journal::Record(_)) {
-            return u64::MAX;
+            return (u64::MAX, u64::MAX);
         }
         let interrupt = if self.platform.pic.has_pending() {
             Some(0)
         } else {
             self.platform.next_timer_ns()
         };
-        self.preempt.point_due(interrupt)
+        let point = self.preempt.point_due(interrupt);
+        (point, self.preempt.window_due(point))
     }
 
     /// Recording, at a kick: if an interrupt has waited a tick for an exit
@@ -46,7 +54,11 @@ impl Vm {
     pub(in crate::vm) fn try_async_point(&mut self) -> Result<bool, VmError> {
         let now = self.clock.now_ns();
         self.platform.advance_to(now);
-        if self.preempt_deadline() > now || !self.platform.pic.has_pending() {
+        let (point, window) = self.point_and_window_due();
+        if window <= now {
+            self.restart_dirty_log(now)?;
+        }
+        if point > now || !self.platform.pic.has_pending() {
             return Ok(false);
         }
         if let Some(trap) = self.preempt.trap.take() {
@@ -253,6 +265,20 @@ impl Preemption {
             .max(self.retry_ns)
             .max(interrupt.unwrap_or(u64::MAX))
     }
+
+    /// When the dirty log should start afresh for a point due at `point`:
+    /// `WINDOW_NS` before it, unless the window it has then is at most
+    /// `WINDOW_MAX_NS` old (or a trap is set: it was set at a point due).
+    fn window_due(&self, point: u64) -> u64 {
+        if !self.dirty_logging
+            || point == u64::MAX
+            || self.trap.is_some()
+            || point.saturating_sub(self.last_reset_ns) <= WINDOW_MAX_NS
+        {
+            return u64::MAX;
+        }
+        point.saturating_sub(WINDOW_NS)
+    }
 }
 
 /// Of `pages`, those the address space `cr3` maps for user mode: the
@@ -288,6 +314,7 @@ fn without_timestamps(
 
 #[cfg(test)]
 mod tests {
+    use super::super::Patch;
     use super::*;
 
     #[test]
@@ -306,5 +333,42 @@ mod tests {
         assert_eq!(p.point_due(Some(0)), 10_050_000_000);
         p.exits_only = true;
         assert_eq!(p.point_due(Some(0)), u64::MAX);
+    }
+
+    #[test]
+    fn the_dirty_window_starts_afresh_only_before_a_point_that_would_find_it_old() {
+        let mut p = Preemption {
+            area_gpa: Some(0x1000),
+            ..Default::default()
+        };
+        let point = 10_000_000_000;
+        // Not recording (no dirty log), or no point coming.
+        assert_eq!(p.window_due(point), u64::MAX);
+        p.dirty_logging = true;
+        assert_eq!(p.window_due(u64::MAX), u64::MAX);
+        // The window started at the recording's start: afresh a
+        // millisecond before the point.
+        assert_eq!(p.window_due(point), point - WINDOW_NS);
+        // Started that millisecond before, or less than WINDOW_MAX_NS
+        // before: kept (a point retried soon after its window restarted
+        // does not restart it again).
+        p.last_reset_ns = point - WINDOW_NS;
+        assert_eq!(p.window_due(point), u64::MAX);
+        p.last_reset_ns = point - 100_000;
+        assert_eq!(p.window_due(point), u64::MAX);
+        p.last_reset_ns = point - WINDOW_MAX_NS;
+        assert_eq!(p.window_due(point), u64::MAX);
+        p.last_reset_ns = point - WINDOW_MAX_NS - 1;
+        assert_eq!(p.window_due(point), point - WINDOW_NS);
+        // A trap set at a point due keeps the window it had.
+        p.trap = Some(Patch {
+            rip: 0x40_1000,
+            since_ns: point,
+            stub: 0,
+            exit_rips: [0; 2],
+            saved: Vec::new(),
+            started: Instant::now(),
+        });
+        assert_eq!(p.window_due(point), u64::MAX);
     }
 }
