@@ -76,8 +76,8 @@ int main(int argc, char **argv)
 		rounds = atol(argv[1]);
 	if (argc > 2)
 		pages = atol(argv[2]);
-	if (rounds < 1 || pages < 0 || pages > 65536) {
-		fprintf(stderr, "usage: hotspot [ROUNDS (>= 1) [PAGES (0..65536)]]\n");
+	if (rounds < 1 || pages < 0 || pages > 16384) {
+		fprintf(stderr, "usage: hotspot [ROUNDS (>= 1) [PAGES (0..16384)]]\n");
 		return 2;
 	}
 	struct timespec a, b;

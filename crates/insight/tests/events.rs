@@ -432,7 +432,7 @@ fn samples_land_where_the_program_spends_its_time() {
         under_touch(&["worker", "touch", "[kernel]"]),
     );
     assert!(
-        touch_kernel >= 50,
+        touch_kernel >= 20,
         "{touch_kernel} kernel samples in touch():\n{folded}"
     );
     assert!(

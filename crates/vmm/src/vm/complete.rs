@@ -86,6 +86,9 @@ impl Vm {
         vector: u8,
         error_code: Option<u32>,
     ) -> Result<(), VmError> {
+        if let Some(sampling) = &mut self.sampling {
+            sampling.injected = true;
+        }
         let mut events = self
             .vcpu
             .get_vcpu_events()

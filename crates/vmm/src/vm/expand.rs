@@ -307,10 +307,16 @@ impl Vm {
                     // The program's own code (other steps in the stub
                     // pages are the probe gate's or a trampoline's: left
                     // out).
-                    if let Some(before) = x.at_patch.remove(&lwpid) {
+                    // A thread still where it was, with the same
+                    // registers, has not run that instruction yet: it is
+                    // logged below, once. (Where the point is reached,
+                    // the trampoline's store leaves a single-step trap
+                    // pending, taken back at the position.)
+                    let ran = |before: &UserRegs| before.rip != at.rip || before.gprs != at.gprs;
+                    if let Some(before) = x.at_patch.remove(&lwpid).filter(ran) {
                         x.step(&self.mem, cr3, lwpid, &before, false)?;
                     }
-                    if let Some(before) = x.unread.remove(&lwpid) {
+                    if let Some(before) = x.unread.remove(&lwpid).filter(ran) {
                         if x.step(&self.mem, cr3, lwpid, &before, false)? {
                             // A SYSCALL, whose R11 nobody fixed.
                             x.r11_fix.insert(lwpid);

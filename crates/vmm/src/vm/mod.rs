@@ -245,8 +245,8 @@ const MAX_STACK_FRAMES: usize = 32;
 struct Sampling {
     period_ns: u64,
     next_ns: u64,
-    /// An interrupt was injected for the next KVM_RUN: the vCPU starts it
-    /// in the guest kernel.
+    /// An interrupt or exception was injected for the next KVM_RUN: the
+    /// vCPU starts it in the guest kernel.
     injected: bool,
 }
 

@@ -138,7 +138,9 @@ impl Vm {
             // kernel's, or the host's on its behalf (after a page fault
             // the faulting instruction apparently waits while the host
             // maps the fresh page; kicks are answered within 30-70 us in
-            // either mode, so they are not held back).
+            // either mode, so they are not held back). A spin loop whose
+            // registers repeat those saved would count too, in the first
+            // run after a kernel entry only.
             let kernel_time = resumed.in_kernel
                 && self.kernel_stack_top.is_some_and(|top| {
                     guest_events::user_regs_as_saved(&self.mem, sregs.cr3, top, &regs)

@@ -35,7 +35,9 @@ const RETRY_NS: u64 = 200_000;
 const TRAP_NS: u64 = 2_000_000;
 /// How long before a point is due the dirty log starts afresh, when it
 /// must (`WINDOW_MAX_NS`): the point then lists the pages written in the
-/// last millisecond or so. Every restart write-protects the pages written
+/// last millisecond or so (at least this long: a point due sooner after
+/// the restart waits), otherwise those written since the last restart,
+/// at most `WINDOW_MAX_NS` before. Every restart write-protects the pages written
 /// since, and each next write to one faults (through two hypervisors on a
 /// nested host, where such a fault can take a millisecond): restarting it
 /// every 5 ms at exits made GNU sort record in 1.5 times its run's time,

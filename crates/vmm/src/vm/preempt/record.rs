@@ -57,6 +57,12 @@ impl Vm {
         let (point, window) = self.point_and_window_due();
         if window <= now {
             self.restart_dirty_log(now)?;
+            if point <= now + WINDOW_NS {
+                // A point taken now would list no page written: it waits
+                // for the window (a kick noticed late, a retry).
+                self.preempt.retry_ns = self.preempt.retry_ns.max(now + WINDOW_NS);
+                return Ok(false);
+            }
         }
         if point > now || !self.platform.pic.has_pending() {
             return Ok(false);
