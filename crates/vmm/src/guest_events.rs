@@ -173,29 +173,22 @@ pub fn user_regs_as_saved(
     let Some((_, frame)) = saved_user_frame(mem, cr3, top_of_stack) else {
         return false;
     };
-    // `struct pt_regs` order; orig_ax, cs, flags and ss are not compared.
-    let saved = [
-        (0, regs.r15),
-        (1, regs.r14),
-        (2, regs.r13),
-        (3, regs.r12),
-        (PT_REGS_RBP, regs.rbp),
-        (5, regs.rbx),
-        (PT_REGS_R11, regs.r11),
-        (7, regs.r10),
-        (8, regs.r9),
-        (9, regs.r8),
-        (10, regs.rax),
-        (11, regs.rcx),
-        (12, regs.rdx),
-        (13, regs.rsi),
-        (14, regs.rdi),
-        (PT_REGS_RIP, regs.rip),
-        (PT_REGS_RSP, regs.rsp),
-    ];
-    saved
-        .iter()
-        .all(|&(i, value)| saved_reg(&frame, i) == value)
+    let gprs_saved = pt_regs_gprs(regs)
+        .into_iter()
+        .enumerate()
+        .all(|(i, value)| saved_reg(&frame, i) == value);
+    gprs_saved
+        && saved_reg(&frame, PT_REGS_RIP) == regs.rip
+        && saved_reg(&frame, PT_REGS_RSP) == regs.rsp
+}
+
+/// The general registers of `regs` in `struct pt_regs` order (its first
+/// 15 words: R15 down to RDI; RSP comes later, with RIP).
+fn pt_regs_gprs(r: &kvm_regs) -> [u64; 15] {
+    [
+        r.r15, r.r14, r.r13, r.r12, r.rbp, r.rbx, r.r11, r.r10, r.r9, r.r8, r.rax, r.rcx, r.rdx,
+        r.rsi, r.rdi,
+    ]
 }
 
 /// A user register the guest kernel saved on entry (`pt_regs`).
@@ -357,17 +350,29 @@ mod tests {
             .unwrap();
     }
 
+    /// The kernel variable holding the top of the current kernel stack.
+    const TOP_OF_STACK: u64 = 0xffff_ffff_81a3_a030;
+
+    /// Where kernel address `va`, in the page `kernel_stack` maps, is.
+    fn kernel_phys(va: u64) -> GuestAddress {
+        GuestAddress(0x20_0000 + (va - (TOP_OF_STACK & !0x1f_ffff)))
+    }
+
+    /// Maps `TOP_OF_STACK`'s page, with a kernel stack in it whose top the
+    /// variable holds; writes word `i` of the `pt_regs` below that top.
+    fn kernel_stack(mem: &GuestMemoryMmap) -> impl Fn(usize, u64) + '_ {
+        map_kernel_page(mem, TOP_OF_STACK);
+        let top = (TOP_OF_STACK & !0x1f_ffff) + 0x10_0000;
+        mem.write_obj(top, kernel_phys(TOP_OF_STACK)).unwrap();
+        let frame = top - PT_REGS_SIZE;
+        move |i, v| mem.write_obj(v, kernel_phys(frame + 8 * i as u64)).unwrap()
+    }
+
     #[test]
     fn user_registers_come_from_the_top_of_the_kernel_stack() {
         let mem = memory();
-        let var: u64 = 0xffff_ffff_81a3_a030;
-        map_kernel_page(&mem, var);
-        let page = var & !0x1f_ffff;
-        let phys = |va: u64| GuestAddress(0x20_0000 + (va - page));
-        let top = page + 0x10_0000;
-        mem.write_obj(top, phys(var)).unwrap();
-        let regs = top - PT_REGS_SIZE;
-        let put = |i: usize, v: u64| mem.write_obj(v, phys(regs + 8 * i as u64)).unwrap();
+        let var = TOP_OF_STACK;
+        let put = kernel_stack(&mem);
         put(PT_REGS_RBP, 0x7ffd_0100);
         put(PT_REGS_RIP, 0x40_1234);
         put(PT_REGS_CS, 0x33);
@@ -384,20 +389,15 @@ mod tests {
         assert_eq!(user_regs_in_kernel(&mem, CR3, var), None);
         // A variable that is not mapped, or that holds no kernel address.
         assert_eq!(user_regs_in_kernel(&mem, CR3, var + (4 << 20)), None);
-        mem.write_obj(0x7000u64, phys(var)).unwrap();
+        mem.write_obj(0x7000u64, kernel_phys(var)).unwrap();
         assert_eq!(user_regs_in_kernel(&mem, CR3, var), None);
     }
 
     #[test]
     fn a_task_not_moved_since_its_kernel_returned_has_the_saved_registers() {
         let mem = memory();
-        let var: u64 = 0xffff_ffff_81a3_a030;
-        map_kernel_page(&mem, var);
-        let page = var & !0x1f_ffff;
-        let phys = |va: u64| GuestAddress(0x20_0000 + (va - page));
-        let top = page + 0x10_0000;
-        mem.write_obj(top, phys(var)).unwrap();
-        let frame = top - PT_REGS_SIZE;
+        let var = TOP_OF_STACK;
+        let put = kernel_stack(&mem);
         // A page fault at a store in a loop: R13 is the loop's pointer.
         let mut regs = kvm_regs {
             rip: 0x40_1172,
@@ -408,12 +408,7 @@ mod tests {
             ..Default::default()
         };
         let save = |r: &kvm_regs| {
-            let put = |i: usize, v: u64| mem.write_obj(v, phys(frame + 8 * i as u64)).unwrap();
-            let gprs = [
-                r.r15, r.r14, r.r13, r.r12, r.rbp, r.rbx, r.r11, r.r10, r.r9, r.r8, r.rax, r.rcx,
-                r.rdx, r.rsi, r.rdi,
-            ];
-            for (i, v) in gprs.into_iter().enumerate() {
+            for (i, v) in pt_regs_gprs(r).into_iter().enumerate() {
                 put(i, v);
             }
             put(PT_REGS_RIP, r.rip);
@@ -431,8 +426,7 @@ mod tests {
         assert!(!user_regs_as_saved(&mem, CR3, var, &regs));
         regs.rip -= 4;
         // Saved from kernel mode: no user registers to compare with.
-        mem.write_obj(0x10u64, phys(frame + 8 * PT_REGS_CS as u64))
-            .unwrap();
+        put(PT_REGS_CS, 0x10);
         assert!(!user_regs_as_saved(&mem, CR3, var, &regs));
     }
 
