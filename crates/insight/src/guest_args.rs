@@ -4,10 +4,10 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
+use guest::BootOptions;
+use guest::VmConfig;
 use vmm::console::ConsoleInput;
-use vmm::guest::{self, BootOptions};
-use vmm::image::GuestQuirks;
-use vmm::{Vm, VmConfig};
+use vmm::Vm;
 
 /// What to boot: shared by `run` and `record`.
 #[derive(clap::Args)]
@@ -93,10 +93,10 @@ fn guest_config(args: &GuestArgs) -> Result<VmConfig> {
 
 /// The boot specification for `args`, and a description of the config
 /// for trace headers.
-pub fn prepare_guest(args: &GuestArgs) -> Result<(vmm::VmSpec, String)> {
+pub fn prepare_guest(args: &GuestArgs) -> Result<(guest::VmSpec, String)> {
     let config = guest_config(args)?;
     let options = BootOptions {
-        quirks: GuestQuirks::for_this_host()?,
+        quirks: vmm::host_check::guest_quirks()?,
         quiet: !args.verbose_boot,
         cold_boot: args.cold_boot,
     };
@@ -111,7 +111,7 @@ fn describe(path: Option<&PathBuf>, config: &VmConfig) -> String {
         Some(path) => format!(
             "# {}\n{}",
             path.display(),
-            trace::files::read_bounded(path, vmm::config::MAX_CONFIG_BYTES, "config file")
+            trace::files::read_bounded(path, guest::config::MAX_CONFIG_BYTES, "config file")
                 .ok()
                 .and_then(|b| String::from_utf8(b).ok())
                 .unwrap_or_default()
@@ -130,7 +130,7 @@ fn describe(path: Option<&PathBuf>, config: &VmConfig) -> String {
 /// guest's output; so does the boot that takes a snapshot, when `spec`
 /// shows boot messages.
 pub fn start_vm(
-    spec: &vmm::VmSpec,
+    spec: &guest::VmSpec,
     console: vmm::vm::Console,
     build_console: impl FnOnce() -> vmm::vm::Console,
 ) -> Result<(Vm, Option<vmm::snapshot::CacheStart>)> {

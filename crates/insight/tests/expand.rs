@@ -178,7 +178,7 @@ fn traced_instructions_and_accesses_are_exact_and_replay_unchanged() {
     // instruction is the program's (the shell it was forked from is not
     // PIE either, and may have code at the same addresses).
     let raw = zstd::decode_all(std::fs::File::open(&insns).unwrap()).unwrap();
-    let traced = vmm::expand::read_instructions(&raw).unwrap();
+    let traced = introspect::instructions::read_instructions(&raw).unwrap();
     let (start, end) = (symbol(&prog, "exact_loop"), symbol(&prog, "exact_loop_end"));
     let main = symbol(&prog, "main");
     let from_main = traced
@@ -205,8 +205,9 @@ fn traced_instructions_and_accesses_are_exact_and_replay_unchanged() {
     let gaps: Vec<String> = traced
         .windows(2)
         .filter(|w| {
-            let insn = vmm::expand::decode(&w[0].bytes, w[0].rip).unwrap();
-            vmm::expand::continues_at_next(&insn) && w[1].rip != w[0].rip + w[0].bytes.len() as u64
+            let insn = introspect::instructions::decode(&w[0].bytes, w[0].rip).unwrap();
+            introspect::instructions::continues_at_next(&insn)
+                && w[1].rip != w[0].rip + w[0].bytes.len() as u64
         })
         .map(|w| format!("{:#x} {:02x?} -> {:#x}", w[0].rip, w[0].bytes, w[1].rip))
         .collect();

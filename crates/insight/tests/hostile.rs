@@ -374,8 +374,7 @@ fn received_frames_whose_lengths_miss_their_payload_are_refused() {
         let t = dir.join(name);
         let mut w = trace::TraceWriter::create(&t, &header).unwrap();
         let payload = w.payload(&[0x55; 40]).unwrap();
-        w.push(vmm::journal::Entry::NetRx { payload, lens })
-            .unwrap();
+        w.push(journal::Entry::NetRx { payload, lens }).unwrap();
         w.finish().unwrap();
         let pcap = dir.join(format!("{name}.pcap"));
         let stderr = refused(

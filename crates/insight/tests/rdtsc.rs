@@ -15,9 +15,9 @@ use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use vmm::config::{FileSpec, VmConfig};
-use vmm::guest::{self, BootOptions};
-use vmm::image::GuestQuirks;
+use guest::config::{FileSpec, VmConfig};
+use guest::image::GuestQuirks;
+use guest::BootOptions;
 
 const QEMU: &str = "qemu-system-x86_64";
 /// TCG boots this guest in a few seconds; busy CI hosts get much more.

@@ -13,7 +13,7 @@ use std::path::Path;
 use std::process::Stdio;
 
 use common::*;
-use vmm::journal::Entry;
+use journal::Entry;
 
 /// Records a workload with the probe library preloaded (`--probes`: its
 /// events must change nothing the workload computes) and replays it
@@ -396,7 +396,7 @@ fn disk_workload_replays_and_the_base_image_never_changes() {
     let dir = scratch("disk");
     let base = dir.join("base.img");
     std::fs::write(&base, vec![0u8; 16 << 20]).unwrap();
-    let digest = || vmm::guest::sha256_hex(&std::fs::read(&base).unwrap());
+    let digest = || guest::sha256_hex(&std::fs::read(&base).unwrap());
     let before = digest();
     let cfg = dir.join("vm.toml");
     std::fs::write(&cfg, "disk = \"base.img\"\ncommand = \"disk_check\"\n").unwrap();

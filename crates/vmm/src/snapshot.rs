@@ -29,7 +29,7 @@ const EXTENSION: &str = "snap";
 pub fn cache_dir() -> PathBuf {
     match std::env::var_os("INSIGHT_SNAPSHOT_DIR").filter(|d| !d.is_empty()) {
         Some(dir) => PathBuf::from(dir),
-        None => crate::image::cache_dir().join("snapshots"),
+        None => guest::image::cache_dir().join("snapshots"),
     }
 }
 

@@ -4,7 +4,7 @@
 //! Only instructions whose effect the VMM can reproduce exactly belong
 //! here; anything else stops the VM with the instruction bytes and RIP.
 
-use crate::xstate::{self, XInsn};
+use introspect::xstate::{self, XInsn};
 
 /// What the VMM does for an instruction the emulator rejected.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Result;
-use vmm::journal::Entry;
+use journal::Entry;
 
 use super::open_trace;
 use crate::status::printable;

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
+use journal::Entry;
 use trace::{Header, TraceReader};
-use vmm::journal::Entry;
 
 use super::open_trace;
 use crate::outputs::{self, Output};
@@ -164,7 +164,7 @@ fn dump_rx_pcap(mut reader: TraceReader<Entry>, path: &Path) -> Result<ExitCode>
     while let Some(event) = reader.next_event()? {
         match event {
             Entry::RdMsr {
-                index: vmm::journal::MSR_INSIGHT_CLOCK,
+                index: journal::MSR_INSIGHT_CLOCK,
                 value,
                 fault: false,
                 ..

@@ -4,8 +4,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Result;
+use journal::Entry;
 use trace::TraceReader;
-use vmm::journal::Entry;
 
 use crate::status::{human_bytes, printable};
 use crate::traces;

@@ -3,8 +3,8 @@
 use std::time::Instant;
 
 use anyhow::{Context, Result};
+use journal::{Entry, Progress};
 use trace::TraceReader;
-use vmm::journal::{Entry, Progress};
 use vmm::Vm;
 
 use crate::status::{human_bytes, StatusLine};

@@ -5,9 +5,9 @@ use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
+use journal::{Journal, Recorder};
 use trace::{ClockKind, Header, TraceWriter};
-use vmm::journal::{Journal, Recorder};
-use vmm::{guest, VmError};
+use vmm::VmError;
 
 use super::{attach_progress, user_rdtsc_traps};
 use crate::exit::EXIT_STOPPED_BY_USER;
@@ -30,7 +30,7 @@ pub struct RecordArgs {
     summary: bool,
     /// Log a digest of the registers every N deterministic exits (1: at
     /// every exit, finding a divergence exactly; larger: smaller traces).
-    #[arg(long, value_name = "N", default_value_t = vmm::journal::DEFAULT_DIGEST_INTERVAL,
+    #[arg(long, value_name = "N", default_value_t = journal::DEFAULT_DIGEST_INTERVAL,
           value_parser = clap::value_parser!(u64).range(1..))]
     digest_every: u64,
     /// Timestamp clock: `exit` (deterministic VM exits, works on any host)

@@ -14,9 +14,9 @@ use diagnosis::plugins;
 use diagnosis::symbols::{ElfSymbols, GuestFiles};
 use events::capture::{Capture, CaptureSummary};
 use events::db::{EventFormat, EventWriter};
+use journal::{EndReason, HostMismatch, Journal, JournalError, Replayer};
 use trace::ClockKind;
-use vmm::journal::{EndReason, HostMismatch, Journal, JournalError, Replayer};
-use vmm::{guest, CheckpointEvery, ReplayPoint, StopReason, Vm, VmError};
+use vmm::{CheckpointEvery, ReplayPoint, StopReason, Vm, VmError};
 
 use super::report;
 use super::segments::{
@@ -348,7 +348,7 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
             ),
         }
     }
-    match vmm::journal::check_host(
+    match journal::check_host(
         &reader.header,
         vm.guest_cpuid(),
         vm.kvm_caps(),

@@ -377,11 +377,11 @@ fn guest_files(db: &EventDb, trace: Option<&Path>) -> Result<GuestFiles> {
             )
         })?,
     };
-    let reader = trace::TraceReader::<vmm::journal::Entry>::open(&trace_dir)
+    let reader = trace::TraceReader::<journal::Entry>::open(&trace_dir)
         .with_context(|| format!("cannot open trace {}", trace_dir.display()))?;
-    let spec = vmm::guest::from_trace(&reader.header, &trace_dir)
+    let spec = guest::from_trace(&reader.header, &trace_dir)
         .with_context(|| format!("cannot read the guest files of {}", trace_dir.display()))?;
-    Ok(GuestFiles::from_initramfs(&vmm::guest::with_archive(
+    Ok(GuestFiles::from_initramfs(&guest::with_archive(
         &spec.initramfs,
         &spec.archive,
     )))

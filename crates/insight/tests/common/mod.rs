@@ -20,7 +20,7 @@ pub fn guest_ready() {
 /// The guest image's kernel; fails, naming tools/build-guest, if the image
 /// has not been built.
 pub fn guest_kernel() -> PathBuf {
-    let kernel = vmm::image::default_kernel();
+    let kernel = guest::image::default_kernel();
     assert!(
         kernel.exists(),
         "no guest image at {}: run tools/build-guest first",

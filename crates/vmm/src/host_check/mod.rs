@@ -55,6 +55,17 @@ pub enum SyscallBehaviour {
     Unknown(String),
 }
 
+/// How this host's KVM makes the guest kernel behave, measured by tiny
+/// probe guests.
+pub fn guest_quirks() -> Result<guest::image::GuestQuirks, ProbeError> {
+    let syscall_trap = match probe_syscall()? {
+        SyscallBehaviour::EntersKernel => false,
+        SyscallBehaviour::StaysInUserMode => true,
+        SyscallBehaviour::Unknown(what) => return Err(ProbeError::UnknownSyscall(what)),
+    };
+    Ok(guest::image::GuestQuirks { syscall_trap })
+}
+
 fn open_kvm() -> Result<Kvm, ProbeError> {
     Kvm::new().map_err(ProbeError::OpenKvm)
 }

@@ -8,8 +8,8 @@ use kvm_ioctls::{Kvm, VcpuExit, VcpuFd, VmFd};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::{kvm_err, ProbeError};
-use crate::boot::{descriptor_segment, gdt_entry};
 use crate::{cpuid, kvm_ext};
+use guest::boot::{descriptor_segment, gdt_entry};
 
 pub(super) const MEM_SIZE: usize = 4 << 20;
 pub(super) const GDT: u64 = 0x500;

@@ -6,7 +6,8 @@ use vm_memory::{Bytes, GuestAddress};
 
 use super::probe_vm::*;
 use super::{kvm_err, open_kvm, ProbeError};
-use crate::{kvm_ext, preempt};
+use crate::kvm_ext;
+use journal::preempt;
 
 /// What the state-matched preemption of user code rests on, measured with
 /// a probe guest whose user code loops without ever exiting

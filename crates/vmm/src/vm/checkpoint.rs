@@ -33,7 +33,7 @@ use trace::checkpoints::{self, Digest32};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
 use super::{kvm_err, ExitCounts, PreemptStats, Vm, VmClock, VmError};
-use crate::journal::{Journal, LogPosition};
+use journal::{Journal, LogPosition};
 
 const PAGE: usize = 4096;
 
@@ -454,7 +454,7 @@ impl Vm {
                 // ignores here) must already be what it was.
                 let mut now = one.clone();
                 let same = matches!(v.get_msrs(&mut now), Ok(1) if now.as_slice()[0].data == data);
-                if !same && index != crate::journal::MSR_IA32_TSC {
+                if !same && index != journal::MSR_IA32_TSC {
                     return Err(VmError::Restore(format!(
                         "KVM will not set MSR {index:#x} to {data:#x}"
                     )));
@@ -586,7 +586,7 @@ impl Vm {
             capture.resume(&state.capture)?;
             self.switch_ring = match state.switch_ring {
                 Some((gpa, seen)) => Some(
-                    crate::guest_events::SwitchRing::resume(&self.mem, gpa, seen)
+                    introspect::guest_events::SwitchRing::resume(&self.mem, gpa, seen)
                         .map_err(|why| VmError::Restore(format!("context-switch ring: {why}")))?,
                 ),
                 None => None,

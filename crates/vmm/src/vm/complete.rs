@@ -2,9 +2,10 @@
 //! injecting the exceptions that completion raises.
 
 use super::{kvm_err, Vm, VmError};
+use crate::kvm_ext;
 use crate::unemulated::{self, Completion};
-use crate::xstate::{self, XOp, XstateFault};
-use crate::{gva, kvm_ext};
+use introspect::gva;
+use introspect::xstate::{self, XOp, XstateFault};
 
 /// KVM_INTERNAL_ERROR_EMULATION.
 const INTERNAL_ERROR_EMULATION: u32 = 1;

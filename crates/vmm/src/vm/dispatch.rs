@@ -10,7 +10,7 @@ use kvm_ioctls::VcpuExit;
 use vm_memory::GuestMemoryMmap;
 
 use super::{ExitCounts, VmClock, VmError};
-use crate::journal::{self, Entry, Journal};
+use journal::{self, Entry, Journal};
 
 /// What the vCPU loop does after an exit.
 #[derive(Debug, PartialEq, Eq)]
@@ -248,8 +248,8 @@ mod tests {
     //! the journal logs or checks.
 
     use super::*;
-    use crate::journal::tests::{header, temp_trace};
-    use crate::journal::{JournalError, Recorder, Replayer};
+    use journal::testing::{header, temp_trace};
+    use journal::{JournalError, Recorder, Replayer};
     use kvm_ioctls::{MsrExitReason, ReadMsrExit, WriteMsrExit};
     use vm_memory::GuestAddress;
 

@@ -19,9 +19,9 @@ use std::io::Write;
 use iced_x86::InstructionInfoFactory;
 use kvm_bindings::{kvm_guest_debug, kvm_segment, KVM_GUESTDBG_ENABLE, KVM_GUESTDBG_USE_HW_BP};
 
-use crate::expand::{self, InstructionTrace, MemoryTrace, UserRegs, MAX_INSN, TF};
-use crate::guest_events::{self, SavedReg};
-use crate::{gva, probe_gate};
+use introspect::guest_events::{self, SavedReg};
+use introspect::instructions::{self, InstructionTrace, MemoryTrace, UserRegs, MAX_INSN, TF};
+use introspect::{gva, probe_gate};
 
 use super::{kvm_err, Vm, VmError};
 
@@ -81,9 +81,9 @@ pub(super) struct Expansion {
     at_patch: HashMap<u32, UserRegs>,
     /// Accesses of the step not yet in the event capture (MEMACCESS):
     /// thread, RIP, the access and whether on the thread's stack.
-    to_capture: Vec<(u32, u64, expand::Access, bool)>,
+    to_capture: Vec<(u32, u64, instructions::Access, bool)>,
     /// The traced threads' stacks.
-    stacks: expand::Stacks,
+    stacks: instructions::Stacks,
     /// Deterministic exits replayed before the step under way.
     exit: u64,
     /// The guest's #DB handler, where the breakpoint is.
@@ -109,7 +109,7 @@ impl Vm {
             unread: HashMap::new(),
             at_patch: HashMap::new(),
             to_capture: Vec::new(),
-            stacks: expand::Stacks::default(),
+            stacks: instructions::Stacks::default(),
             exit: 0,
             handler: None,
             instructions: spec
@@ -300,7 +300,7 @@ impl Vm {
                     }
                     if jumped || returned || patch_rip != Some(ip) {
                         at.rip = ip;
-                        let insn = expand::decode(&bytes, ip);
+                        let insn = instructions::decode(&bytes, ip);
                         x.log(lwpid, &at, &bytes, insn.as_ref())?;
                     }
                 } else if !in_stub {
@@ -416,10 +416,10 @@ impl Expansion {
         let mut at = UserRegs::from_kvm(user);
         (at.rip, at.fs_base, at.gs_base) = (ret, sregs.fs.base, sregs.gs.base);
         let (bytes, len) = read_instruction(mem, cr3, ret);
-        let insn = expand::decode(&bytes[..len], ret);
+        let insn = instructions::decode(&bytes[..len], ret);
         let written = insn
             .as_ref()
-            .map(|i| expand::written_registers(&mut self.factory, i))
+            .map(|i| instructions::written_registers(&mut self.factory, i))
             .unwrap_or_default();
         let late_r11 = self.r11_fix.remove(&lwpid);
         // A system call that did not return there (execve, rt_sigreturn,
@@ -434,7 +434,7 @@ impl Expansion {
         }
         let exact = insn
             .as_ref()
-            .is_some_and(|i| !expand::address_uses_any(&mut self.factory, i, &written));
+            .is_some_and(|i| !instructions::address_uses_any(&mut self.factory, i, &written));
         self.log(lwpid, &at, &bytes[..len], insn.as_ref().filter(|_| exact))
     }
 
@@ -450,7 +450,7 @@ impl Expansion {
         may_wait: bool,
     ) -> Result<bool, VmError> {
         let (bytes, len) = read_instruction(mem, cr3, regs.rip);
-        let insn = expand::decode(&bytes[..len], regs.rip);
+        let insn = instructions::decode(&bytes[..len], regs.rip);
         // Cut short by an unmapped page: a prefix may decode as another
         // instruction, so only a whole one counts.
         if insn.is_none() && len < MAX_INSN || insn.is_some_and(|i| i.len() > len) {
@@ -489,7 +489,7 @@ impl Expansion {
         }
         if let (Some(t), Some(insn)) = (&mut self.memory, insn) {
             self.stacks.saw(lwpid, regs.rsp());
-            for access in expand::accesses(&mut self.factory, insn, regs) {
+            for access in instructions::accesses(&mut self.factory, insn, regs) {
                 self.stats.accesses += 1;
                 t.push(lwpid, regs.rip, &access, self.exit).map_err(write)?;
                 let on_stack = self.stacks.holds(lwpid, regs.rsp(), access.addr);
@@ -551,7 +551,7 @@ fn user_segment(
     let limit = ((d & 0xffff) | ((d >> 32) & 0xf_0000)) as u32;
     let base = (((d >> 16) & 0xff_ffff) | ((d >> 32) & 0xff00_0000)) as u32;
     let flags = ((d >> 40) & 0xf0ff) as u16;
-    Ok(crate::boot::descriptor_segment(
+    Ok(guest::boot::descriptor_segment(
         selector, flags, base, limit,
     ))
 }

@@ -6,7 +6,7 @@
 use devices::{virtio_blk, virtio_net};
 
 use super::{Vm, VmError};
-use crate::journal::{Input, Journal};
+use journal::{Input, Journal};
 
 impl Vm {
     /// Makes what devices received visible to the guest — finished disk

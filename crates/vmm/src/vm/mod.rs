@@ -19,12 +19,12 @@ use events::db::DbError;
 use kvm_ioctls::{Kvm, VcpuFd, VmFd};
 use vm_memory::GuestMemoryMmap;
 
-use crate::boot::BootError;
 use crate::console::ConsoleInput;
-use crate::guest_events::SwitchRing;
-use crate::initramfs;
-use crate::journal::{Journal, JournalError};
-use crate::xstate::XsaveLayout;
+use guest::boot::BootError;
+use guest::initramfs;
+use introspect::guest_events::SwitchRing;
+use introspect::xstate::XsaveLayout;
+use journal::{Journal, JournalError};
 
 mod checkpoint;
 mod complete;
@@ -40,9 +40,9 @@ pub mod snapshot;
 
 pub use checkpoint::{CheckpointEvery, CheckpointRestored, CheckpointTaken, ReplayPoint};
 pub use expand::{ExpansionSpec, ExpansionStats, TraceTarget};
+pub use guest::{DiskImage, NetSpec, Start, VmSpec};
 pub use preempt::PreemptStats;
 pub use run::{ExitCounts, NetReport, ProgressFn, RunOutcome, StopReason};
-pub use setup::{DiskImage, NetSpec, Start, VmSpec};
 
 /// The vCPU id of the (only) vCPU.
 pub const BOOT_VCPU: u8 = 0;

@@ -12,12 +12,12 @@ use vm_memory::GuestMemoryMmap;
 use super::preempt::Candidate;
 use super::run::RunOutcome;
 use super::{kvm_err, Sampling, Vm, VmError, MAX_STACK_FRAMES};
-use crate::guest_events::{self, SwitchRing, UserMemory, SYSCALL_TRAP_RIP};
-use crate::gva;
-use crate::journal::Journal;
-use crate::probe_gate;
 use events::abi::{Kind, Payload, SampleMode};
 use events::capture::Stored;
+use introspect::guest_events::{self, SwitchRing, UserMemory, SYSCALL_TRAP_RIP};
+use introspect::gva;
+use introspect::probe_gate;
+use journal::Journal;
 use kvm_bindings::kvm_regs;
 use unwind::Regs;
 
@@ -270,7 +270,7 @@ impl Vm {
 }
 
 impl Vm {
-    /// Replay: a store to the probe gate's address (`crate::probe_gate`).
+    /// Replay: a store to the probe gate's address (`introspect::probe_gate`).
     /// When the gate made it, a probe raised an event whose buffer is at
     /// the address stored: it is captured at the VM time of the last
     /// deterministic exit, and the guest goes on as if nothing happened.

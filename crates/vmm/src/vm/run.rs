@@ -18,10 +18,10 @@ use super::dispatch::{dispatch, Bus, Next};
 use super::preempt::Candidate;
 use super::replay_events::Resumed;
 use super::{kvm_err, PreemptStats, Vm, VmError, BOOT_VCPU};
-use crate::guest_events::KERNEL_START;
-use crate::journal::{self, EndReason, Entry, Journal, JournalError, Progress};
-use crate::preempt::EXIT_PAGE_GPA;
-use crate::probe_gate;
+use introspect::guest_events::KERNEL_START;
+use introspect::probe_gate;
+use introspect::stub_area::EXIT_PAGE_GPA;
+use journal::{self, EndReason, Entry, Journal, JournalError, Progress};
 
 /// Why the guest stopped.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -468,7 +468,7 @@ impl Vm {
                 ))
             })?;
         let cr3 = self.vcpu.get_sregs().map_err(kvm_err("GET_SREGS"))?.cr3;
-        crate::gva::write_virt(
+        introspect::gva::write_virt(
             &self.mem,
             cr3,
             gva,

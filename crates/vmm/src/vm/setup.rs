@@ -1,7 +1,7 @@
 //! Setting up a VM: KVM, guest memory and the boot image, the vCPU with
 //! its CPUID and MSR filter, and the devices.
 
-use std::path::PathBuf;
+use guest::VmSpec;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use devices::cow_disk::{CowDisk, DiskError};
@@ -13,72 +13,10 @@ use kvm_ioctls::Kvm;
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 
 use super::{kvm_err, Console, ExitCounts, Vm, VmClock, VmError, BOOT_VCPU};
-use crate::boot;
-use crate::journal::{self, Journal};
-use crate::xstate::XsaveLayout;
 use crate::{cpuid, kvm_ext};
-
-/// Everything needed to boot a VM.
-#[derive(Debug)]
-pub struct VmSpec {
-    /// Where the kernel came from, and its content as read once: what is
-    /// digested for a trace is what boots.
-    pub kernel: PathBuf,
-    pub kernel_image: Vec<u8>,
-    /// The base initramfs image.
-    pub initramfs: Vec<u8>,
-    /// Where it came from.
-    pub initramfs_path: PathBuf,
-    /// The run's archive, which `/init` fetches once it is ready
-    /// (`crate::guest`).
-    pub archive: Vec<u8>,
-    /// Whether the run boots the kernel or restores a boot snapshot.
-    pub start: Start,
-    /// The wall-clock time `/init` sets (a guest restored from a
-    /// snapshot), as (seconds, nanoseconds) since the Unix epoch.
-    pub wall_clock: Option<(u64, u32)>,
-    /// Base image of the virtio disk, if the guest has one.
-    pub disk: Option<DiskImage>,
-    /// The virtio network device, if the guest has one.
-    pub net: Option<NetSpec>,
-    pub cmdline: String,
-    pub memory_mib: u64,
-    /// Seed for the guest kernel's random number generator.
-    pub rng_seed: [u8; boot::RNG_SEED_LEN],
-}
-
-/// Where a run begins.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Start {
-    /// From power-on: the kernel boots.
-    Cold,
-    /// From the boot snapshot of this kernel, initramfs, memory size and
-    /// command line in the snapshot cache, taken first if there is none
-    /// (`crate::snapshot`).
-    Snapshot,
-    /// From a trace's boot snapshot, which must be the one it names.
-    TraceSnapshot {
-        path: PathBuf,
-        snapshot: trace::SnapshotRef,
-    },
-}
-
-/// The base image of the guest's disk, opened once: the file a trace's
-/// digest was computed from is the file the guest reads.
-#[derive(Debug)]
-pub struct DiskImage {
-    pub path: PathBuf,
-    pub file: std::fs::File,
-}
-
-/// The guest's network device.
-#[derive(Clone, Debug)]
-pub struct NetSpec {
-    pub mac: [u8; 6],
-    /// The host TAP device and the address to give it; `None` at replay,
-    /// where received frames come from the log and sent ones go nowhere.
-    pub tap: Option<(String, Option<crate::config::Ipv4Net>)>,
-}
+use guest::boot;
+use introspect::xstate::XsaveLayout;
+use journal::{self, Journal};
 
 impl Vm {
     /// Creates the VM, loads the guest and sets the boot vCPU's registers.
@@ -209,7 +147,7 @@ impl Vm {
             .unwrap_or(0);
         let mut platform = LegacyPlatform::new(boot_unix_secs, console);
         let archive =
-            crate::guest::delivered_archive(&spec.archive, &spec.rng_seed, spec.wall_clock)
+            guest::spec::delivered_archive(&spec.archive, &spec.rng_seed, spec.wall_clock)
                 .map_err(|e| VmError::Restore(format!("the run's archive: {e}")))?;
         let archive_len = u32::try_from(archive.len()).map_err(|_| VmError::ArchiveTooLarge {
             bytes: archive.len(),

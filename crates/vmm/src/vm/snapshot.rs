@@ -16,8 +16,8 @@ use trace::checkpoints::{self, Digest32};
 
 use super::checkpoint::{changed_pages, check_memory, Checkpoint};
 use super::{Vm, VmError};
-use crate::guest_events::SwitchRing;
-use crate::journal::LogPosition;
+use introspect::guest_events::SwitchRing;
+use journal::LogPosition;
 
 /// Taking a boot snapshot when `/init` is ready.
 pub(super) struct Builder {

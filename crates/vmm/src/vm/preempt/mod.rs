@@ -1,4 +1,4 @@
-//! Asynchronous points (`crate::preempt`): taken at kicks while
+//! Asynchronous points (`journal::preempt`): taken at kicks while
 //! recording, found again by the trampoline at replay.
 
 use std::time::Instant;
@@ -6,14 +6,15 @@ use std::time::Instant;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
 use super::{kvm_err, Vm, VmError};
-use crate::gva;
-use crate::journal::Journal;
-use crate::preempt::guest_code::{self, build_stub, code_around, trampoline_entries, PageTables};
-use crate::preempt::site::{self, Site};
-use crate::preempt::state::{self, PageSet};
-use crate::preempt::trampoline::Stub;
-use crate::preempt::{AsyncPoint, CodeMap, GuestArea, EXIT_PAGE_GPA};
-use crate::probe_gate;
+use introspect::gva;
+use introspect::probe_gate;
+use introspect::stub_area::{GuestArea, EXIT_PAGE_GPA};
+use journal::preempt::guest_code::{self, build_stub, code_around, trampoline_entries, PageTables};
+use journal::preempt::site::{self, Site};
+use journal::preempt::state::{self, PageSet};
+use journal::preempt::trampoline::Stub;
+use journal::preempt::{AsyncPoint, CodeMap};
+use journal::Journal;
 
 mod record;
 mod replay;
@@ -210,7 +211,7 @@ impl Preemption {
 impl Vm {
     /// The guest kernel announced its preemption area (RSI).
     /// The probe gate goes at the end of its code page, silent unless
-    /// replaying (`crate::probe_gate`): every replay takes the same path,
+    /// replaying (`introspect::probe_gate`): every replay takes the same path,
     /// whether it captures events or not.
     pub(in crate::vm) fn attach_preempt_area(&mut self) {
         let gpa = self.vcpu.sync_regs().regs.rsi;

@@ -6,12 +6,13 @@ use std::time::Instant;
 use vm_memory::{Bytes, GuestAddress};
 
 use super::{Candidate, Preemption, PREEMPT_AFTER_NS, RETRY_NS, TRAP_NS, WINDOW_MAX_NS, WINDOW_NS};
-use crate::journal::Journal;
-use crate::preempt::guest_code::{trampoline_entries, PageTables};
-use crate::preempt::state::{self, PageSet, UserState};
-use crate::preempt::trampoline::{self, StubError};
-use crate::preempt::{AsyncPoint, CodeMap, GuestArea};
 use crate::vm::{kvm_err, Vm, VmError};
+use introspect::stub_area::GuestArea;
+use journal::preempt::guest_code::{trampoline_entries, PageTables};
+use journal::preempt::state::{self, PageSet, UserState};
+use journal::preempt::trampoline::{self, StubError};
+use journal::preempt::{AsyncPoint, CodeMap};
+use journal::Journal;
 
 /// What the recorder makes of the position a kick found.
 enum Position {
@@ -297,8 +298,12 @@ impl Preemption {
 /// but one the kernel's (stacks, per-CPU data, timers, sockets); which
 /// page differed, a digest cannot say.
 fn user_pages(mem: &vm_memory::GuestMemoryMmap, cr3: u64, pages: &PageSet) -> PageSet {
-    let runs = crate::gva::user_frames(mem, cr3);
-    PageSet::from_frames(pages.frames().filter(|&f| crate::gva::in_runs(&runs, f)))
+    let runs = introspect::gva::user_frames(mem, cr3);
+    PageSet::from_frames(
+        pages
+            .frames()
+            .filter(|&f| introspect::gva::in_runs(&runs, f)),
+    )
 }
 
 /// `pages` without those that hold an aligned 8-byte word in `tsc` (the

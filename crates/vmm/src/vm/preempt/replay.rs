@@ -4,10 +4,10 @@
 use std::time::Duration;
 
 use super::{Candidate, Patch};
-use crate::preempt::guest_code::{build_stub, code_around, trampoline_entries};
-use crate::preempt::state::{self, PageSet, UserState};
-use crate::preempt::{site, trampoline, AsyncPoint};
 use crate::vm::{kvm_err, Vm, VmError};
+use journal::preempt::guest_code::{build_stub, code_around, trampoline_entries};
+use journal::preempt::state::{self, PageSet, UserState};
+use journal::preempt::{site, trampoline, AsyncPoint};
 
 /// What a probe gate exit, or a single step of a traced process, may add
 /// to a search's time: a user-mode exit costs 30-45 us on these hosts,

@@ -15,7 +15,7 @@
 use serde::{Deserialize, Serialize};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use crate::xstate::{self, XsaveLayout};
+use introspect::xstate::{self, XsaveLayout};
 
 /// The user-mode state at an asynchronous point.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -269,7 +269,7 @@ pub fn memory_digest(
                         let at = (gpa - base) as usize;
                         let entry =
                             u64::from_le_bytes(page[at..at + 8].try_into().unwrap_or([0; 8]));
-                        let masked = entry & !crate::gva::ACCESSED_DIRTY;
+                        let masked = entry & !introspect::gva::ACCESSED_DIRTY;
                         page[at..at + 8].copy_from_slice(&masked.to_le_bytes());
                     }
                 }

@@ -32,19 +32,6 @@ pub struct GuestQuirks {
     pub syscall_trap: bool,
 }
 
-impl GuestQuirks {
-    /// The quirks of this host, measured by tiny probe guests.
-    pub fn for_this_host() -> Result<Self, crate::host_check::ProbeError> {
-        use crate::host_check::{probe_syscall, ProbeError, SyscallBehaviour};
-        let syscall_trap = match probe_syscall()? {
-            SyscallBehaviour::EntersKernel => false,
-            SyscallBehaviour::StaysInUserMode => true,
-            SyscallBehaviour::Unknown(what) => return Err(ProbeError::UnknownSyscall(what)),
-        };
-        Ok(GuestQuirks { syscall_trap })
-    }
-}
-
 /// The command line insight boots the guest with, before the user's
 /// additions. Every flag is there for a reason:
 /// - `noapic nolapic`: interrupts come from the user-space 8259 PIC;

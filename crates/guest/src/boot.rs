@@ -182,7 +182,7 @@ fn zero_page(ram_size: u64, cmdline_len: usize, initrd_addr: u64, initrd_size: u
 
 /// Packs a GDT descriptor from flags (the 0xF0FF bits of the access and
 /// flags bytes), base and limit.
-pub(crate) fn gdt_entry(flags: u16, base: u32, limit: u32) -> u64 {
+pub fn gdt_entry(flags: u16, base: u32, limit: u32) -> u64 {
     let (flags, base, limit) = (u64::from(flags), u64::from(base), u64::from(limit));
     ((base & 0xff00_0000) << 32)
         | ((base & 0x00ff_ffff) << 16)
@@ -232,7 +232,7 @@ fn segment(selector: u16) -> kvm_segment {
 
 /// The `kvm_segment` a descriptor with these flags, base and limit (as
 /// for [`gdt_entry`]) loads into a segment register.
-pub(crate) fn descriptor_segment(selector: u16, flags: u16, base: u32, limit: u32) -> kvm_segment {
+pub fn descriptor_segment(selector: u16, flags: u16, base: u32, limit: u32) -> kvm_segment {
     let g = (flags >> 15) & 1;
     kvm_segment {
         base: u64::from(base),

@@ -2,39 +2,9 @@
 //! kind of mismatch reported at its exit.
 
 use super::*;
+use crate::testing::{header, temp_trace};
 use kvm_bindings::kvm_regs;
 use trace::{TraceReader, TraceWriter};
-
-/// A fresh path for a test trace.
-pub(crate) fn temp_trace(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("insight-journal-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
-}
-
-/// The header of a test trace.
-pub(crate) fn header(digest_interval: u64) -> trace::Header {
-    trace::Header {
-        clock: trace::ClockKind::Exit,
-        created_unix_secs: 0,
-        guest_cpuid: vec![],
-        kvm_caps: vec![],
-        user_rdtsc_traps: false,
-        host_apic_id: None,
-        config: String::new(),
-        images: vec![],
-        boot: trace::BootParams {
-            cmdline: String::new(),
-            memory_mib: 16,
-            rng_seed: vec![0; 32],
-            archive: vec![],
-            snapshot: None,
-            wall_clock: None,
-            net: None,
-        },
-        digest_interval,
-    }
-}
 
 fn regs(rip: u64, rax: u64) -> kvm_regs {
     kvm_regs {

@@ -15,11 +15,15 @@
 
 use trace::TraceError;
 
+pub mod branch_clock;
 mod entry;
+pub mod preempt;
 mod record;
 mod replay;
+#[cfg(any(test, feature = "test-support"))]
+pub mod testing;
 #[cfg(test)]
-pub(crate) mod tests;
+mod tests;
 
 pub use entry::{register_digest, EndReason, Entry, Input};
 pub use record::Recorder;

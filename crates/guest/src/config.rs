@@ -191,7 +191,7 @@ pub struct VmConfig {
     /// Environment for the guest command.
     pub env: BTreeMap<String, String>,
     /// Preload the probe library in the guest command
-    /// (`crate::guest::PROBE_LIBRARY`, added to `LD_PRELOAD`).
+    /// (`crate::spec::PROBE_LIBRARY`, added to `LD_PRELOAD`).
     pub probes: bool,
     pub files: Vec<FileSpec>,
     /// Base image of the guest's virtio disk (`/dev/vda`), never written.

@@ -27,7 +27,7 @@ const WANT_WORDS: u64 = WANT_GPRS + 16 * 8;
 /// The most memory words a stub compares.
 pub const MAX_WORDS: usize = 8;
 /// The most code a stub may take: its page, up to the probe gate.
-const MAX_CODE: usize = crate::probe_gate::HEADER_OFFSET as usize;
+const MAX_CODE: usize = introspect::probe_gate::HEADER_OFFSET as usize;
 
 /// The order the stub compares the general registers other than RAX in
 /// (encoding numbers): the stack pointer first, which tells threads apart.

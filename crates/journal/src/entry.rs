@@ -180,7 +180,7 @@ impl Entry {
 
     /// Whether `self` (logged) and `other` (observed) are the same exit,
     /// ignoring the values read (those come from the log at replay).
-    pub(crate) fn same_exit(&self, other: &Entry) -> bool {
+    pub fn same_exit(&self, other: &Entry) -> bool {
         use Entry::*;
         match (self, other) {
             (
@@ -311,7 +311,7 @@ impl fmt::Display for Entry {
     }
 }
 
-pub(crate) fn rip_of(e: &Entry) -> u64 {
+pub fn rip_of(e: &Entry) -> u64 {
     match e {
         Entry::In { rip, .. }
         | Entry::Out { rip, .. }

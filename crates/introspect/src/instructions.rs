@@ -22,7 +22,7 @@ pub const INSN_MAGIC: &[u8; 8] = b"INSITRC1";
 pub const INSN_REGS_MAGIC: &[u8; 8] = b"INSITRR1";
 /// RFLAGS.TF, which the tracing sets (and leaves out of the registers it
 /// logs).
-pub(crate) const TF: u64 = 1 << 8;
+pub const TF: u64 = 1 << 8;
 
 /// One memory access of one instruction.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

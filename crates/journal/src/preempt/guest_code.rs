@@ -6,7 +6,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use super::site::{Site, CODE_WINDOW, LOOP_WINDOW};
 use super::trampoline::{self, Stub, StubError};
 use super::{AsyncPoint, CodeMap};
-use crate::gva;
+use introspect::gva;
 
 /// A process's page tables as a code map.
 pub struct PageTables<'a> {

@@ -7,10 +7,72 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::boot;
 use crate::config::VmConfig;
 use crate::image::{self, GuestQuirks};
 use crate::initramfs::{CpioWriter, InitramfsError};
-use crate::vm::{DiskImage, NetSpec, Start, VmSpec};
+
+/// Everything needed to boot a VM.
+#[derive(Debug)]
+pub struct VmSpec {
+    /// Where the kernel came from, and its content as read once: what is
+    /// digested for a trace is what boots.
+    pub kernel: PathBuf,
+    pub kernel_image: Vec<u8>,
+    /// The base initramfs image.
+    pub initramfs: Vec<u8>,
+    /// Where it came from.
+    pub initramfs_path: PathBuf,
+    /// The run's archive, which `/init` fetches once it is ready
+    /// (`guest::spec`).
+    pub archive: Vec<u8>,
+    /// Whether the run boots the kernel or restores a boot snapshot.
+    pub start: Start,
+    /// The wall-clock time `/init` sets (a guest restored from a
+    /// snapshot), as (seconds, nanoseconds) since the Unix epoch.
+    pub wall_clock: Option<(u64, u32)>,
+    /// Base image of the virtio disk, if the guest has one.
+    pub disk: Option<DiskImage>,
+    /// The virtio network device, if the guest has one.
+    pub net: Option<NetSpec>,
+    pub cmdline: String,
+    pub memory_mib: u64,
+    /// Seed for the guest kernel's random number generator.
+    pub rng_seed: [u8; boot::RNG_SEED_LEN],
+}
+
+/// Where a run begins.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Start {
+    /// From power-on: the kernel boots.
+    Cold,
+    /// From the boot snapshot of this kernel, initramfs, memory size and
+    /// command line in the snapshot cache, taken first if there is none
+    /// (`crate::snapshot`).
+    Snapshot,
+    /// From a trace's boot snapshot, which must be the one it names.
+    TraceSnapshot {
+        path: PathBuf,
+        snapshot: trace::SnapshotRef,
+    },
+}
+
+/// The base image of the guest's disk, opened once: the file a trace's
+/// digest was computed from is the file the guest reads.
+#[derive(Debug)]
+pub struct DiskImage {
+    pub path: PathBuf,
+    pub file: std::fs::File,
+}
+
+/// The guest's network device.
+#[derive(Clone, Debug)]
+pub struct NetSpec {
+    pub mac: [u8; 6],
+    /// The host TAP device and the address to give it; `None` at replay,
+    /// where received frames come from the log and sent ones go nowhere.
+    pub tap: Option<(String, Option<crate::config::Ipv4Net>)>,
+}
 
 /// The command the guest runs when neither the config nor the command line
 /// names one.
@@ -619,10 +681,9 @@ mod tests {
             digest_interval: 1,
         };
         let trace_dir = dir.join("trace");
-        let writer =
-            trace::TraceWriter::<crate::journal::Entry>::create(&trace_dir, &header).unwrap();
+        let writer = trace::TraceWriter::<()>::create(&trace_dir, &header).unwrap();
         writer.finish().unwrap();
-        let reader = trace::TraceReader::<crate::journal::Entry>::open(&trace_dir).unwrap();
+        let reader = trace::TraceReader::<()>::open(&trace_dir).unwrap();
         let replayed = from_trace(&reader.header, &trace_dir).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
         assert_eq!(replayed.archive, spec.archive);

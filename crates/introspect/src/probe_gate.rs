@@ -2,7 +2,7 @@
 //! recording and leaves the guest at replay (docs/events.md, "The gate").
 //!
 //! The gate is a few bytes at the end of the trampoline code page that the
-//! guest kernel maps into every process (`crate::preempt::GuestArea`). The
+//! guest kernel maps into every process (`crate::stub_area::GuestArea`). The
 //! VMM writes it once, when the kernel announces that page, with a header
 //! the probe library checks, and code that differs by mode:
 //! - recording and plain runs: `ret` — a probe's `call` to the gate comes
@@ -22,7 +22,7 @@
 //! never advance the exit clock, never deliver interrupts, and are not
 //! compared with the log.
 
-use crate::preempt::EXIT_PAGE_GPA;
+use crate::stub_area::EXIT_PAGE_GPA;
 
 const PAGE: u64 = 4096;
 /// Where the gate's header starts in the trampoline code page; trampolines
