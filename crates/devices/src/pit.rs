@@ -19,7 +19,7 @@ const NS_PER_SEC: u64 = 1_000_000_000;
 
 /// Which bytes of the 16-bit count a data-port access moves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-enum Access {
+enum ByteAccess {
     Low,
     High,
     LowThenHigh,
@@ -28,7 +28,7 @@ enum Access {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 struct Channel {
     mode: u8,
-    access: Access,
+    access: ByteAccess,
     /// Reload value; 0 stands for 65536.
     reload: u32,
     /// VM time the current count was loaded (or the gate last rose).
@@ -50,7 +50,7 @@ impl Channel {
     fn new(gate: bool) -> Self {
         Channel {
             mode: 0,
-            access: Access::LowThenHigh,
+            access: ByteAccess::LowThenHigh,
             reload: 0x10000,
             loaded_at_ns: 0,
             running: false,
@@ -107,9 +107,9 @@ impl Channel {
 
     fn status(&self, now_ns: u64) -> u8 {
         let access = match self.access {
-            Access::Low => 1,
-            Access::High => 2,
-            Access::LowThenHigh => 3,
+            ByteAccess::Low => 1,
+            ByteAccess::High => 2,
+            ByteAccess::LowThenHigh => 3,
         };
         (u8::from(self.output(now_ns)) << 7)
             | (u8::from(!self.running) << 6)
@@ -194,15 +194,15 @@ impl Pit {
             None => (ch.count(now_ns), ch.read_high_next),
         };
         match ch.access {
-            Access::Low => {
+            ByteAccess::Low => {
                 ch.latched = None;
                 (value & 0xff) as u8
             }
-            Access::High => {
+            ByteAccess::High => {
                 ch.latched = None;
                 (value >> 8) as u8
             }
-            Access::LowThenHigh => {
+            ByteAccess::LowThenHigh => {
                 if high_pending {
                     ch.latched = None;
                     ch.read_high_next = false;
@@ -229,9 +229,9 @@ impl Pit {
         };
         let ch = &mut self.channels[index];
         let count = match ch.access {
-            Access::Low => Some(u16::from(value)),
-            Access::High => Some(u16::from(value) << 8),
-            Access::LowThenHigh => match ch.write_low.take() {
+            ByteAccess::Low => Some(u16::from(value)),
+            ByteAccess::High => Some(u16::from(value) << 8),
+            ByteAccess::LowThenHigh => match ch.write_low.take() {
                 None => {
                     ch.write_low = Some(value);
                     None
@@ -281,9 +281,9 @@ impl Pit {
             return;
         }
         ch.access = match access {
-            1 => Access::Low,
-            2 => Access::High,
-            _ => Access::LowThenHigh,
+            1 => ByteAccess::Low,
+            2 => ByteAccess::High,
+            _ => ByteAccess::LowThenHigh,
         };
         let mode = (value >> 1) & 7;
         ch.mode = if mode >= 6 { mode - 4 } else { mode };

@@ -28,7 +28,9 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::cow_disk::{CowDisk, SectorRun, SECTOR_SIZE};
 use crate::doorbell::Doorbell;
-use crate::virtio_mmio::{self, Access, Desc, MmioTransport, TransportState, VIRTIO_F_VERSION_1};
+use crate::virtio_mmio::{
+    self, Desc, DriverRequest, MmioTransport, TransportState, VIRTIO_F_VERSION_1,
+};
 
 /// Where the device's registers are in guest physical memory.
 pub const MMIO_BASE: u64 = 0xd000_0000;
@@ -261,8 +263,8 @@ impl VirtioBlock {
 
     pub fn mmio_write(&mut self, offset: u64, data: &[u8], mem: &GuestMemoryMmap) {
         match self.transport.write(offset, data, mem) {
-            Access::Notify(0) => self.submit(mem),
-            Access::Reset => self.reset(),
+            DriverRequest::Notify(0) => self.submit(mem),
+            DriverRequest::Reset => self.reset(),
             _ => {}
         }
     }

@@ -21,7 +21,7 @@ const INT_USED_BUFFER: u32 = 1;
 
 /// What a register write asks of the device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Access {
+pub enum DriverRequest {
     None,
     /// The driver notified queue `n`.
     Notify(u16),
@@ -216,9 +216,9 @@ impl MmioTransport {
     }
 
     /// A register write (config space is read-only).
-    pub fn write(&mut self, offset: u64, data: &[u8], mem: &GuestMemoryMmap) -> Access {
+    pub fn write(&mut self, offset: u64, data: &[u8], mem: &GuestMemoryMmap) -> DriverRequest {
         if data.len() != 4 {
-            return Access::None; // registers are 32-bit
+            return DriverRequest::None; // registers are 32-bit
         }
         let v = u32::from_le_bytes([data[0], data[1], data[2], data[3]]);
         let sel = self.queue_sel as usize;
@@ -236,26 +236,26 @@ impl MmioTransport {
             0x030 => self.queue_sel = v,
             0x050 => {
                 return match u16::try_from(v) {
-                    Ok(n) if usize::from(n) < self.queues.len() => Access::Notify(n),
-                    _ => Access::None,
+                    Ok(n) if usize::from(n) < self.queues.len() => DriverRequest::Notify(n),
+                    _ => DriverRequest::None,
                 }
             }
             0x064 => self.interrupt_status &= !v,
             0x070 => {
                 if v == 0 {
                     self.reset();
-                    return Access::Reset;
+                    return DriverRequest::Reset;
                 }
                 let newly_ok = v & STATUS_DRIVER_OK != 0 && self.status & STATUS_DRIVER_OK == 0;
                 self.status = v | (self.status & STATUS_FAILED);
                 if newly_ok {
-                    return Access::DriverOk;
+                    return DriverRequest::DriverOk;
                 }
             }
             _ => {
                 let max = self.max_sizes.get(sel).copied().unwrap_or(0);
                 let Some(q) = self.queues.get_mut(sel) else {
-                    return Access::None;
+                    return DriverRequest::None;
                 };
                 match offset {
                     0x038 => q.set_size(v.min(u32::from(max)) as u16),
@@ -277,7 +277,7 @@ impl MmioTransport {
                 }
             }
         }
-        Access::None
+        DriverRequest::None
     }
 
     fn reset(&mut self) {

@@ -34,7 +34,9 @@ use vm_memory::GuestMemoryMmap;
 
 use crate::doorbell::Doorbell;
 use crate::tap::{self, Tap, VNET_HDR_LEN};
-use crate::virtio_mmio::{self, Access, Desc, MmioTransport, TransportState, VIRTIO_F_VERSION_1};
+use crate::virtio_mmio::{
+    self, Desc, DriverRequest, MmioTransport, TransportState, VIRTIO_F_VERSION_1,
+};
 
 /// Where the device's registers are in guest physical memory (after the
 /// block device's).
@@ -360,8 +362,8 @@ impl VirtioNet {
 
     pub fn mmio_write(&mut self, offset: u64, data: &[u8], mem: &GuestMemoryMmap) {
         match self.transport.write(offset, data, mem) {
-            Access::Notify(n) if usize::from(n) == TX => self.transmit(mem),
-            Access::DriverOk => {
+            DriverRequest::Notify(n) if usize::from(n) == TX => self.transmit(mem),
+            DriverRequest::DriverOk => {
                 if let Some(tap) = &self.tap {
                     let mut offload = 0;
                     if self.transport.negotiated(VIRTIO_NET_F_GUEST_CSUM) {

@@ -294,6 +294,17 @@ pub fn boot_fpu() -> kvm_fpu {
     }
 }
 
+/// The address of the guest kernel's global variable `name`, from the
+/// symbol table of its ELF image (`None`: not there, or the image cannot
+/// be read as ELF).
+pub fn kernel_variable(kernel_image: &[u8], name: &str) -> Option<u64> {
+    use object::{Object, ObjectSymbol, SymbolKind};
+    let file = object::File::parse(kernel_image).ok()?;
+    file.symbols()
+        .find(|s| s.kind() == SymbolKind::Data && s.name() == Ok(name))
+        .map(|s| s.address())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -349,5 +360,22 @@ mod tests {
         .unwrap_err();
         assert!(err.to_string().contains("ELF"), "{err}");
         assert!(err.to_string().contains("/boot/bzImage"), "{err}");
+    }
+
+    /// A global variable of this test binary, found by its unmangled name.
+    #[no_mangle]
+    static INSIGHT_BOOT_TEST_VARIABLE: u64 = 0x1234_5678;
+
+    #[test]
+    fn kernel_variables_are_found_by_name_in_an_elf_symbol_table() {
+        let exe = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+        let at = kernel_variable(&exe, "INSIGHT_BOOT_TEST_VARIABLE").expect("the variable");
+        assert_ne!(at, 0);
+        assert_eq!(
+            std::hint::black_box(INSIGHT_BOOT_TEST_VARIABLE),
+            0x1234_5678
+        );
+        assert_eq!(kernel_variable(&exe, "insight_no_such_variable"), None);
+        assert_eq!(kernel_variable(b"not an ELF image", "anything"), None);
     }
 }

@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use guest::BootOptions;
 use guest::VmConfig;
 use vmm::console::ConsoleInput;
-use vmm::Vm;
+use vmm::Machine;
 
 /// What to boot: shared by `run` and `record`.
 #[derive(clap::Args)]
@@ -125,47 +125,39 @@ fn describe(path: Option<&PathBuf>, config: &VmConfig) -> String {
     description
 }
 
-/// Creates the VM for `spec` and, unless it boots cold, restores its boot
-/// snapshot (taking it first if the cache has none). `console` gets the
-/// guest's output; so does the boot that takes a snapshot, when `spec`
-/// shows boot messages.
-pub fn start_vm(
+/// Creates the machine for `spec` and, unless it boots cold, restores
+/// its boot snapshot (taking it first if the cache has none). `console`
+/// gets the guest's output; so does the boot that takes a snapshot, when
+/// `spec` shows boot messages.
+pub fn start_machine(
     spec: &guest::VmSpec,
     console: vmm::vm::Console,
     build_console: impl FnOnce() -> vmm::vm::Console,
-) -> Result<(Vm, Option<vmm::snapshot::CacheStart>)> {
-    let mut vm = Vm::new(spec, console)?;
-    if spec.start != vmm::vm::Start::Snapshot {
-        return Ok((vm, None));
-    }
+) -> Result<(Machine, Option<vmm::boot_snapshot::CacheStart>)> {
     let mut say = |text: &str| eprintln!("insight: {text}");
-    let started = vmm::snapshot::restore_cached(&mut vm, spec, build_console(), &mut say)
-        .context("cannot start from a boot snapshot (--cold-boot boots without one)")?;
-    if let Some(built) = &started.built {
+    let (machine, started) = vmm::builder::machine(spec, console, build_console, &mut say)?;
+    if let Some(built) = started.as_ref().and_then(|s| s.built.as_ref()) {
         eprintln!(
             "insight: boot snapshot taken at guest time {:.1} s ({}, {:.2} s to store) in {}",
             built.vm_ns as f64 / 1e9,
             crate::status::human_bytes(built.bytes),
             built.took_ns as f64 / 1e9,
-            started.path.display()
+            started
+                .as_ref()
+                .map_or_else(Default::default, |s| s.path.display().to_string())
         );
     }
-    Ok((vm, Some(started)))
+    Ok((machine, started))
 }
 
-/// Forwards standard input to the guest unless told not to; the guard
+/// Standard input for the guest unless told not to, and the guard that
 /// keeps the terminal raw until the run ends.
-pub fn attach_stdin(vm: &mut Vm, no_stdin: bool) -> Option<vmm::console::TerminalGuard> {
-    if no_stdin {
-        return None;
-    }
-    let (input, guard) = ConsoleInput::from_stdin();
-    vm.attach_input(input);
-    Some(guard)
+pub fn stdin_input(no_stdin: bool) -> Option<(ConsoleInput, vmm::console::TerminalGuard)> {
+    (!no_stdin).then(ConsoleInput::from_stdin)
 }
 
 /// What went wrong on the network device, in words (None: nothing did).
-pub fn net_problems(report: Option<&vmm::vm::NetReport>) -> Option<String> {
+pub fn net_problems(report: Option<&vmm::NetReport>) -> Option<String> {
     let report = report?;
     let s = &report.stats;
     let mut parts = Vec::new();

@@ -15,7 +15,7 @@ use crate::traces;
 
 /// A kind of file insight writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Output {
+pub enum OutputKind {
     EventDb,
     Pcap,
     Html,
@@ -29,17 +29,17 @@ pub enum Output {
 /// Bytes of an existing file looked at to recognize it.
 const HEAD_BYTES: u64 = 4096;
 
-impl Output {
+impl OutputKind {
     fn name(self) -> &'static str {
         match self {
-            Output::EventDb => "an insight event database",
-            Output::Pcap => "a pcap capture",
-            Output::Html => "an insight HTML report",
-            Output::Svg => "an insight flame graph",
-            Output::HeatMap => "an insight memory heat map",
-            Output::Folded => "a file of folded stacks",
-            Output::InstructionTrace => "an insight instruction trace",
-            Output::MemoryTrace => "an insight memory-access trace",
+            OutputKind::EventDb => "an insight event database",
+            OutputKind::Pcap => "a pcap capture",
+            OutputKind::Html => "an insight HTML report",
+            OutputKind::Svg => "an insight flame graph",
+            OutputKind::HeatMap => "an insight memory heat map",
+            OutputKind::Folded => "a file of folded stacks",
+            OutputKind::InstructionTrace => "an insight instruction trace",
+            OutputKind::MemoryTrace => "an insight memory-access trace",
         }
     }
 
@@ -47,29 +47,29 @@ impl Output {
     fn recognizes(self, head: &[u8]) -> bool {
         let text = || String::from_utf8_lossy(head);
         match self {
-            Output::EventDb => {
+            OutputKind::EventDb => {
                 head.starts_with(b"SQLite format 3\0")
                     && head.get(68..72)
                         == Some(&(events::db::APPLICATION_ID as u32).to_be_bytes()[..])
             }
-            Output::Pcap => {
+            OutputKind::Pcap => {
                 const MAGICS: [u32; 2] = [0xa1b2_c3d4, 0xa1b2_3c4d];
                 head.get(..4)
                     .map(|m| u32::from_le_bytes(m.try_into().expect("4 bytes")))
                     .is_some_and(|m| MAGICS.contains(&m) || MAGICS.contains(&m.swap_bytes()))
             }
-            Output::Html => {
+            OutputKind::Html => {
                 text().starts_with("<!DOCTYPE html>") && text().contains("<title>insight:")
             }
-            Output::Svg => {
+            OutputKind::Svg => {
                 text().starts_with("<?xml") && text().contains(diagnosis::FLAME_GRAPH_MARK)
             }
-            Output::HeatMap => {
+            OutputKind::HeatMap => {
                 text().starts_with("<?xml") && text().contains(diagnosis::HEAT_MAP_MARK)
             }
             // A zstd frame.
-            Output::InstructionTrace => head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]),
-            Output::MemoryTrace => lines_of(head).is_some_and(|lines| {
+            OutputKind::InstructionTrace => head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]),
+            OutputKind::MemoryTrace => lines_of(head).is_some_and(|lines| {
                 lines.iter().all(|l| {
                     let f: Vec<&str> = l.split(' ').collect();
                     // Five fields before the exit ordinal was added.
@@ -80,7 +80,7 @@ impl Output {
                 })
             }),
             // Lines of "frame;frame;... COUNT".
-            Output::Folded => lines_of(head).is_some_and(|lines| {
+            OutputKind::Folded => lines_of(head).is_some_and(|lines| {
                 lines.iter().all(|l| {
                     l.rsplit_once(' ').is_some_and(|(_, n)| {
                         !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())
@@ -109,7 +109,7 @@ fn lines_of(head: &[u8]) -> Option<Vec<&str>> {
 
 /// Checks that `path` may be written as `kind` (see the module's rules);
 /// `force` allows replacing a regular file of another kind.
-pub fn check(path: &Path, kind: Output, force: bool) -> Result<()> {
+pub fn check(path: &Path, kind: OutputKind, force: bool) -> Result<()> {
     not_in_a_trace(path, kind)?;
     let meta = match std::fs::symlink_metadata(path) {
         Ok(m) => m,
@@ -152,8 +152,8 @@ pub fn check(path: &Path, kind: Output, force: bool) -> Result<()> {
 /// Checks an event database's path and where it is written until it is
 /// finished.
 pub fn check_event_db(path: &Path, force: bool) -> Result<()> {
-    check(path, Output::EventDb, force)?;
-    check(&partial_path(path), Output::EventDb, force)
+    check(path, OutputKind::EventDb, force)?;
+    check(&partial_path(path), OutputKind::EventDb, force)
 }
 
 fn partial_path(path: &Path) -> PathBuf {
@@ -161,7 +161,7 @@ fn partial_path(path: &Path) -> PathBuf {
 }
 
 /// Refuses a path inside a trace directory, except its event database.
-fn not_in_a_trace(path: &Path, kind: Output) -> Result<()> {
+fn not_in_a_trace(path: &Path, kind: OutputKind) -> Result<()> {
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
@@ -171,7 +171,7 @@ fn not_in_a_trace(path: &Path, kind: Output) -> Result<()> {
     }
     let name = path.file_name().unwrap_or_default();
     let db = Path::new(traces::EVENTS_DB);
-    if kind == Output::EventDb && (name == db || name == partial_path(db)) {
+    if kind == OutputKind::EventDb && (name == db || name == partial_path(db)) {
         return Ok(());
     }
     bail!(
@@ -199,45 +199,45 @@ mod tests {
     fn only_files_insight_wrote_are_replaced_without_force() {
         let dir = temp_dir("kinds");
         let new = dir.join("new");
-        assert!(check(&new, Output::Pcap, false).is_ok());
+        assert!(check(&new, OutputKind::Pcap, false).is_ok());
         let mine = dir.join("mine.pcap");
         let mut pcap = crate::pcap::PcapWriter::create(&mine).unwrap();
         pcap.flush().unwrap();
         drop(pcap);
-        assert!(check(&mine, Output::Pcap, false).is_ok());
-        let err = check(&mine, Output::EventDb, false)
+        assert!(check(&mine, OutputKind::Pcap, false).is_ok());
+        let err = check(&mine, OutputKind::EventDb, false)
             .unwrap_err()
             .to_string();
         assert!(err.contains("is not an insight event database"), "{err}");
-        assert!(check(&mine, Output::EventDb, true).is_ok());
+        assert!(check(&mine, OutputKind::EventDb, true).is_ok());
         let notes = dir.join("notes.txt");
         std::fs::write(&notes, "my notes\n").unwrap();
         for kind in [
-            Output::Html,
-            Output::Svg,
-            Output::HeatMap,
-            Output::Folded,
-            Output::Pcap,
+            OutputKind::Html,
+            OutputKind::Svg,
+            OutputKind::HeatMap,
+            OutputKind::Folded,
+            OutputKind::Pcap,
         ] {
             let err = check(&notes, kind, false).unwrap_err().to_string();
             assert!(err.contains("add --force"), "{kind:?}: {err}");
         }
         std::fs::write(&notes, "main;work 12\nmain;idle 3\n").unwrap();
-        assert!(check(&notes, Output::Folded, false).is_ok());
+        assert!(check(&notes, OutputKind::Folded, false).is_ok());
         // Memory traces with the exit ordinal, and from before it.
         std::fs::write(
             &notes,
             "S 0x404040 4 19 0x401136 812\nL 0x404040 4 19 0x40113a 812\n",
         )
         .unwrap();
-        assert!(check(&notes, Output::MemoryTrace, false).is_ok());
+        assert!(check(&notes, OutputKind::MemoryTrace, false).is_ok());
         std::fs::write(&notes, "S 0x404040 4 19 0x401136\n").unwrap();
-        assert!(check(&notes, Output::MemoryTrace, false).is_ok());
+        assert!(check(&notes, OutputKind::MemoryTrace, false).is_ok());
         std::fs::write(&notes, "S 0x404040 4 19 0x401136 812 x\n").unwrap();
-        assert!(check(&notes, Output::MemoryTrace, false).is_err());
+        assert!(check(&notes, OutputKind::MemoryTrace, false).is_err());
         let empty = dir.join("empty");
         std::fs::write(&empty, "").unwrap();
-        assert!(check(&empty, Output::Html, false).is_ok());
+        assert!(check(&empty, OutputKind::Html, false).is_ok());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -246,9 +246,13 @@ mod tests {
         let dir = temp_dir("special");
         let link = dir.join("link");
         std::os::unix::fs::symlink(dir.join("target"), &link).unwrap();
-        let err = check(&link, Output::Pcap, true).unwrap_err().to_string();
+        let err = check(&link, OutputKind::Pcap, true)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("symbolic link"), "{err}");
-        let err = check(&dir, Output::EventDb, true).unwrap_err().to_string();
+        let err = check(&dir, OutputKind::EventDb, true)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("is a directory"), "{err}");
         // As root, a scratch character device (the null device's numbers).
         let node = dir.join("null");
@@ -258,7 +262,9 @@ mod tests {
             .status()
             .is_ok_and(|s| s.success());
         if made {
-            let err = check(&node, Output::EventDb, true).unwrap_err().to_string();
+            let err = check(&node, OutputKind::EventDb, true)
+                .unwrap_err()
+                .to_string();
             assert!(err.contains("is a character device"), "{err}");
         } else {
             eprintln!("not root: the character-device case is left to the end-to-end tests");
@@ -272,13 +278,13 @@ mod tests {
         std::fs::write(dir.join("header"), b"INSIGHT\0\x06\0\0\0").unwrap();
         assert!(trace::is_trace(&dir));
         for name in ["events", "header", "notes.html"] {
-            let err = check(&dir.join(name), Output::Html, true)
+            let err = check(&dir.join(name), OutputKind::Html, true)
                 .unwrap_err()
                 .to_string();
             assert!(err.contains("is inside the trace"), "{name}: {err}");
         }
         assert!(check_event_db(&dir.join(traces::EVENTS_DB), false).is_ok());
-        assert!(check(&dir.join("events"), Output::EventDb, true).is_err());
+        assert!(check(&dir.join("events"), OutputKind::EventDb, true).is_err());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -12,6 +12,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
+use diagnosis::symbols::GuestFiles;
 
 /// The link to the last recording started, in the store.
 pub const LATEST: &str = "latest";
@@ -233,6 +234,17 @@ pub fn events_db(arg: Option<&Path>, tool: &str) -> Result<PathBuf> {
         );
     }
     Ok(db)
+}
+
+/// The guest's files as a trace's run had them (`header` read from
+/// `dir`): its initramfs and the run's archive.
+pub fn guest_files(header: &trace::Header, dir: &Path) -> Result<GuestFiles> {
+    let spec = guest::from_trace(header, dir)
+        .with_context(|| format!("cannot read the guest files of {}", dir.display()))?;
+    Ok(GuestFiles::from_initramfs(&guest::with_archive(
+        &spec.initramfs,
+        &spec.archive,
+    )))
 }
 
 #[cfg(test)]

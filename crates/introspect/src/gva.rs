@@ -14,6 +14,9 @@ const DIRTY: u64 = 1 << 6;
 const HUGE: u64 = 1 << 7;
 const ADDR_MASK: u64 = 0x000f_ffff_ffff_f000;
 
+/// The size of a guest page (4 KiB pages; larger ones are multiples).
+pub const PAGE_SIZE: u64 = 4096;
+
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum TranslateError {
     #[error("guest virtual address {0:#x} is not mapped")]

@@ -24,7 +24,7 @@
 
 use crate::stub_area::EXIT_PAGE_GPA;
 
-const PAGE: u64 = 4096;
+use crate::gva::PAGE_SIZE;
 /// Where the gate's header starts in the trampoline code page; trampolines
 /// keep below it.
 pub const HEADER_OFFSET: u64 = 0xfc0;
@@ -46,7 +46,7 @@ const STORE_LEN: u64 = 7;
 
 /// What the gate does in a run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mode {
+pub enum GateMode {
     /// Returns at once (recording, plain runs).
     Silent,
     /// Leaves the guest with the event's address (replay).
@@ -55,8 +55,8 @@ pub enum Mode {
 
 /// The bytes from `HEADER_OFFSET` to the end of the code page: the gate
 /// in `mode`, the heap gate in `heap`.
-pub fn bytes(mode: Mode, heap: Mode) -> Vec<u8> {
-    let mut b = Vec::with_capacity((PAGE - HEADER_OFFSET) as usize);
+pub fn bytes(mode: GateMode, heap: GateMode) -> Vec<u8> {
+    let mut b = Vec::with_capacity((PAGE_SIZE - HEADER_OFFSET) as usize);
     b.extend(MAGIC.to_le_bytes());
     b.extend(VERSION.to_le_bytes());
     b.extend((CODE_OFFSET as u32).to_le_bytes());
@@ -64,16 +64,16 @@ pub fn bytes(mode: Mode, heap: Mode) -> Vec<u8> {
     for (offset, mode) in [(CODE_OFFSET, mode), (HEAP_CODE_OFFSET, heap)] {
         // int3 between the header and the gates: nothing jumps there.
         b.resize((offset - HEADER_OFFSET) as usize, 0xcc);
-        if mode == Mode::Exit {
+        if mode == GateMode::Exit {
             // The exit page is two pages after the code page in every
             // mapping, so the displacement is the same in all of them.
-            let disp = (2 * PAGE + STORE_OFFSET) - (offset + STORE_LEN);
+            let disp = (2 * PAGE_SIZE + STORE_OFFSET) - (offset + STORE_LEN);
             b.extend([0x48, 0x89, 0x05]);
             b.extend((disp as u32).to_le_bytes());
         }
         b.push(0xc3);
     }
-    b.resize((PAGE - HEADER_OFFSET) as usize, 0xcc);
+    b.resize((PAGE_SIZE - HEADER_OFFSET) as usize, 0xcc);
     b
 }
 
@@ -94,7 +94,7 @@ pub fn is_gate_store(rip: u64, stubs: &[u64]) -> bool {
 pub fn in_stub_pages(rip: u64, stubs: &[u64]) -> bool {
     stubs
         .iter()
-        .any(|&stub| stub != 0 && (stub..stub + 3 * PAGE).contains(&rip))
+        .any(|&stub| stub != 0 && (stub..stub + 3 * PAGE_SIZE).contains(&rip))
 }
 
 #[cfg(test)]
@@ -121,9 +121,9 @@ mod tests {
 
     #[test]
     fn gate_fills_the_page_end_with_its_header_first() {
-        for mode in [Mode::Silent, Mode::Exit] {
+        for mode in [GateMode::Silent, GateMode::Exit] {
             let b = bytes(mode, mode);
-            assert_eq!(b.len() as u64, PAGE - HEADER_OFFSET);
+            assert_eq!(b.len() as u64, PAGE_SIZE - HEADER_OFFSET);
             assert_eq!(b[0..4], MAGIC.to_le_bytes());
             assert_eq!(b[4..8], VERSION.to_le_bytes());
             assert_eq!(b[8..12], (CODE_OFFSET as u32).to_le_bytes());
@@ -136,13 +136,13 @@ mod tests {
         for (offset, silent_one, exit_one) in [
             (
                 CODE_OFFSET,
-                bytes(Mode::Silent, Mode::Exit),
-                bytes(Mode::Exit, Mode::Silent),
+                bytes(GateMode::Silent, GateMode::Exit),
+                bytes(GateMode::Exit, GateMode::Silent),
             ),
             (
                 HEAP_CODE_OFFSET,
-                bytes(Mode::Exit, Mode::Silent),
-                bytes(Mode::Silent, Mode::Exit),
+                bytes(GateMode::Exit, GateMode::Silent),
+                bytes(GateMode::Silent, GateMode::Exit),
             ),
         ] {
             let silent = decode(&silent_one, offset);
@@ -158,22 +158,22 @@ mod tests {
             // The exit page follows the code and data pages of the mapping.
             assert_eq!(
                 store.memory_displacement64(),
-                STUB + 2 * PAGE + STORE_OFFSET
+                STUB + 2 * PAGE_SIZE + STORE_OFFSET
             );
             assert_eq!(store.len() as u64, STORE_LEN);
             assert!(is_gate_store(store.ip(), &[0, STUB]));
             assert!(is_gate_store(store.next_ip(), &[STUB, 0]));
             assert!(!is_gate_store(store.ip() + 1, &[STUB]));
             assert!(!is_gate_store(store.ip(), &[0, 0]));
-            assert!(!is_gate_store(store.ip(), &[STUB + PAGE]));
+            assert!(!is_gate_store(store.ip(), &[STUB + PAGE_SIZE]));
         }
     }
 
     #[test]
     fn stub_pages_are_the_three_of_each_mapping() {
         assert!(in_stub_pages(STUB, &[STUB]));
-        assert!(in_stub_pages(STUB + 3 * PAGE - 1, &[0, STUB]));
-        assert!(!in_stub_pages(STUB + 3 * PAGE, &[STUB]));
+        assert!(in_stub_pages(STUB + 3 * PAGE_SIZE - 1, &[0, STUB]));
+        assert!(!in_stub_pages(STUB + 3 * PAGE_SIZE, &[STUB]));
         assert!(!in_stub_pages(STUB - 1, &[STUB]));
         assert!(!in_stub_pages(0, &[0, 0]));
     }

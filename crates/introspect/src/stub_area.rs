@@ -15,7 +15,7 @@ pub const EXIT_PAGE_GPA: u64 = 0xd010_0000;
 /// The guest kernel's area: magic "INSP" and version.
 const AREA_MAGIC: u32 = 0x5053_4e49;
 const AREA_VERSION: u32 = 1;
-const PAGE: u64 = 4096;
+use crate::gva::PAGE_SIZE;
 
 /// What the guest kernel's preemption area says about the task on the CPU
 /// (struct insight_preempt_area).
@@ -57,8 +57,9 @@ impl GuestArea {
             resume_ip: word(56),
         };
         let exit_pa = word(24);
-        let in_ram =
-            |pa: u64| pa.is_multiple_of(PAGE) && mem.address_in_range(GuestAddress(pa + PAGE - 1));
+        let in_ram = |pa: u64| {
+            pa.is_multiple_of(PAGE_SIZE) && mem.address_in_range(GuestAddress(pa + PAGE_SIZE - 1))
+        };
         if exit_pa != EXIT_PAGE_GPA || !in_ram(area.code_pa) || !in_ram(area.data_pa) {
             return Err(format!(
                 "the preemption area at {gpa:#x} names impossible pages"

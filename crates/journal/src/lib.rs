@@ -12,22 +12,25 @@
 //!
 //! Exits that are not deterministic (kicks out of `KVM_RUN`, interrupt
 //! windows) are neither logged nor used to deliver anything.
+//!
+//! A recording session owns a [`Recorder`], a replay session a
+//! [`Replayer`]; a plain run has neither.
 
 use trace::TraceError;
 
 pub mod branch_clock;
 mod entry;
 pub mod preempt;
-mod record;
-mod replay;
+mod recorder;
+mod replayer;
 #[cfg(any(test, feature = "test-support"))]
 pub mod testing;
 #[cfg(test)]
 mod tests;
 
 pub use entry::{register_digest, EndReason, Entry, Input};
-pub use record::Recorder;
-pub use replay::{
+pub use recorder::Recorder;
+pub use replayer::{
     check_host, regs_text, CpuidEntry, Divergence, HostMismatch, LogPosition, Replayer,
 };
 
@@ -48,14 +51,6 @@ pub enum JournalError {
     Trace(#[from] TraceError),
 }
 
-/// Whether and how the run is journaled.
-pub enum Journal {
-    /// Not recorded: timely interrupt delivery, nothing logged.
-    Live,
-    Record(Box<Recorder>),
-    Replay(Box<Replayer>),
-}
-
 /// Counts shown while a recording or replay runs.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Progress {
@@ -71,59 +66,16 @@ pub struct Progress {
     pub trace_bytes: u64,
 }
 
-impl Journal {
-    pub fn is_replay(&self) -> bool {
-        matches!(self, Journal::Replay(_))
-    }
-
-    /// Whether interrupts may be injected only at deterministic exits.
-    pub fn exit_clock(&self) -> bool {
-        !matches!(self, Journal::Live)
-    }
-
-    /// Accounts for deterministic exit `observed` (RIP set; for reads, with
-    /// the value the guest got): logged when recording, checked against
-    /// the log when replaying. `regs` are the registers at the exit.
-    pub fn exit(
-        &mut self,
-        observed: Entry,
-        regs: &kvm_bindings::kvm_regs,
-    ) -> Result<(), JournalError> {
-        let clock = match observed {
-            Entry::RdMsr {
-                index: MSR_INSIGHT_CLOCK,
-                value,
-                fault: false,
-                ..
-            } => Some(value),
-            _ => None,
-        };
-        match self {
-            Journal::Live => Ok(()),
-            Journal::Record(r) => {
-                r.guest_ns = clock.unwrap_or(r.guest_ns);
-                r.exit(observed, regs)
-            }
-            Journal::Replay(r) => {
-                r.guest_ns = clock.unwrap_or(r.guest_ns);
-                r.exit(observed, regs)
-            }
-        }
-    }
-
-    /// Hands complete frames to the OS now and then (recording).
-    pub fn housekeeping(&mut self) -> Result<(), JournalError> {
-        match self {
-            Journal::Record(r) => r.housekeeping(),
-            _ => Ok(()),
-        }
-    }
-
-    pub fn progress(&self) -> Progress {
-        match self {
-            Journal::Live => Progress::default(),
-            Journal::Record(r) => r.progress(),
-            Journal::Replay(r) => r.progress(),
-        }
+/// The guest clock value a deterministic exit read, if it was a read of
+/// the paravirtual clock: guest time as the log knows it.
+fn clock_read(observed: &Entry) -> Option<u64> {
+    match observed {
+        Entry::RdMsr {
+            index: MSR_INSIGHT_CLOCK,
+            value,
+            fault: false,
+            ..
+        } => Some(*value),
+        _ => None,
     }
 }

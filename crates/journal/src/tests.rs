@@ -26,16 +26,13 @@ fn port_in(port: u16, rip: u64, value: u32) -> Entry {
 /// Records a small run: reads, a write, an interrupt, a halt.
 fn record(dir: &std::path::Path, complete: bool) {
     let writer = TraceWriter::create(dir, &header(2)).unwrap();
-    let mut j = Journal::Record(Box::new(Recorder::new(writer, 2)));
-    j.exit(port_in(0x40, 0x100, 7), &regs(0x100, 1)).unwrap();
-    j.exit(port_in(0x40, 0x104, 9), &regs(0x104, 2)).unwrap();
-    j.record_interrupt(0x30).unwrap();
-    j.exit(serial_out(b'A'), &regs(0x200, 3)).unwrap();
-    j.exit(Entry::Halt { rip: 0x300 }, &regs(0x300, 4)).unwrap();
-    j.record_interrupt(0x30).unwrap();
-    let Journal::Record(r) = j else {
-        unreachable!()
-    };
+    let mut r = Recorder::new(writer, 2);
+    r.exit(port_in(0x40, 0x100, 7), &regs(0x100, 1)).unwrap();
+    r.exit(port_in(0x40, 0x104, 9), &regs(0x104, 2)).unwrap();
+    r.interrupt(0x30).unwrap();
+    r.exit(serial_out(b'A'), &regs(0x200, 3)).unwrap();
+    r.exit(Entry::Halt { rip: 0x300 }, &regs(0x300, 4)).unwrap();
+    r.interrupt(0x30).unwrap();
     if complete {
         r.finish(EndReason::CommandExited(3), 0).unwrap();
     } else {
@@ -43,15 +40,15 @@ fn record(dir: &std::path::Path, complete: bool) {
     }
 }
 
-fn replayer(dir: &std::path::Path) -> Journal {
-    Journal::Replay(Box::new(Replayer::new(TraceReader::open(dir).unwrap())))
+fn replayer(dir: &std::path::Path) -> Replayer {
+    Replayer::new(TraceReader::open(dir).unwrap())
 }
 
 /// Replays one read exit the way dispatch and the vCPU loop do.
-fn replay_read(j: &mut Journal, port: u16, rip: u64, rax: u64) -> Result<u32, JournalError> {
+fn replay_read(j: &mut Replayer, port: u16, rip: u64, rax: u64) -> Result<u32, JournalError> {
     let observed = port_in(port, 0, 0);
-    let value = match j.replay_read(&observed)? {
-        Some(Entry::In { value, .. }) => value,
+    let value = match j.read(&observed)? {
+        Entry::In { value, .. } => value,
         other => panic!("no logged read: {other:?}"),
     };
     j.exit(port_in(port, rip, value), &regs(rip, rax))?;
@@ -68,19 +65,19 @@ fn serial_out(byte: u8) -> Entry {
 }
 
 /// Replays the two reads and the interrupt of `record`.
-fn replay_reads(j: &mut Journal) {
+fn replay_reads(j: &mut Replayer) {
     replay_read(j, 0x40, 0x100, 1).unwrap();
     replay_read(j, 0x40, 0x104, 2).unwrap();
-    assert_eq!(j.replay_interrupt().unwrap(), Some(0x30));
+    assert_eq!(j.interrupt().unwrap(), Some(0x30));
 }
 
 /// Replays all of `record`'s exits faithfully.
-fn replay_all(j: &mut Journal) {
+fn replay_all(j: &mut Replayer) {
     replay_reads(j);
     j.exit(serial_out(b'A'), &regs(0x200, 3)).unwrap();
     j.exit(Entry::Halt { rip: 0x300 }, &regs(0x300, 4)).unwrap();
-    assert!(j.replay_wakeup_due().unwrap());
-    assert_eq!(j.replay_interrupt().unwrap(), Some(0x30));
+    assert!(j.wakeup_due().unwrap());
+    assert_eq!(j.interrupt().unwrap(), Some(0x30));
 }
 
 fn diverged_at(e: JournalError) -> u64 {
@@ -96,18 +93,15 @@ fn faithful_replay_gets_logged_values_and_interrupts() {
     record(&dir, true);
     let mut j = replayer(&dir);
     assert_eq!(replay_read(&mut j, 0x40, 0x100, 1).unwrap(), 7);
-    assert_eq!(j.replay_interrupt().unwrap(), None);
+    assert_eq!(j.interrupt().unwrap(), None);
     assert_eq!(replay_read(&mut j, 0x40, 0x104, 2).unwrap(), 9);
-    assert_eq!(j.replay_interrupt().unwrap(), Some(0x30));
+    assert_eq!(j.interrupt().unwrap(), Some(0x30));
     j.exit(serial_out(b'A'), &regs(0x200, 3)).unwrap();
     j.exit(Entry::Halt { rip: 0x300 }, &regs(0x300, 4)).unwrap();
-    assert!(j.replay_wakeup_due().unwrap());
-    assert_eq!(j.replay_interrupt().unwrap(), Some(0x30));
-    let Journal::Replay(r) = &mut j else {
-        unreachable!()
-    };
-    assert_eq!(r.end_reached().unwrap(), Some(EndReason::CommandExited(3)));
-    j.replay_end(&EndReason::CommandExited(3)).unwrap();
+    assert!(j.wakeup_due().unwrap());
+    assert_eq!(j.interrupt().unwrap(), Some(0x30));
+    assert_eq!(j.end_reached().unwrap(), Some(EndReason::CommandExited(3)));
+    j.end(&EndReason::CommandExited(3)).unwrap();
     assert_eq!(j.progress().exits, 4);
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -118,29 +112,23 @@ fn inputs_replay_in_their_recorded_order_with_their_payloads() {
     let frames = vec![vec![1u8; 60], vec![2u8; 1514]];
     {
         let writer = TraceWriter::create(&dir, &header(64)).unwrap();
-        let mut j = Journal::Record(Box::new(Recorder::new(writer, 64)));
-        j.exit(Entry::Halt { rip: 0x300 }, &regs(0x300, 4)).unwrap();
-        j.record_net_rx(&frames).unwrap();
-        j.record_disk_done(1).unwrap();
-        j.record_net_rx(&frames[1..]).unwrap();
-        j.record_interrupt(0x26).unwrap();
-        let Journal::Record(r) = j else {
-            unreachable!()
-        };
+        let mut r = Recorder::new(writer, 64);
+        r.exit(Entry::Halt { rip: 0x300 }, &regs(0x300, 4)).unwrap();
+        r.net_rx(&frames).unwrap();
+        r.disk_done(1).unwrap();
+        r.net_rx(&frames[1..]).unwrap();
+        r.interrupt(0x26).unwrap();
         r.finish(EndReason::PowerOff, 0).unwrap();
     }
     let mut j = replayer(&dir);
     j.exit(Entry::Halt { rip: 0x300 }, &regs(0x300, 4)).unwrap();
-    assert!(j.replay_wakeup_due().unwrap());
-    assert_eq!(j.replay_interrupt().unwrap(), None);
-    assert_eq!(j.replay_input().unwrap(), Some(Input::Net(frames.clone())));
-    assert_eq!(j.replay_input().unwrap(), Some(Input::Disk(1)));
-    assert_eq!(
-        j.replay_input().unwrap(),
-        Some(Input::Net(frames[1..].to_vec()))
-    );
-    assert_eq!(j.replay_input().unwrap(), None);
-    assert_eq!(j.replay_interrupt().unwrap(), Some(0x26));
+    assert!(j.wakeup_due().unwrap());
+    assert_eq!(j.interrupt().unwrap(), None);
+    assert_eq!(j.input().unwrap(), Some(Input::Net(frames.clone())));
+    assert_eq!(j.input().unwrap(), Some(Input::Disk(1)));
+    assert_eq!(j.input().unwrap(), Some(Input::Net(frames[1..].to_vec())));
+    assert_eq!(j.input().unwrap(), None);
+    assert_eq!(j.interrupt().unwrap(), Some(0x26));
 
     // A payload cut short: an error naming the payload, no panic; in a
     // complete trace, before replay starts.
@@ -156,7 +144,7 @@ fn inputs_replay_in_their_recorded_order_with_their_payloads() {
     std::fs::remove_file(dir.join("complete")).unwrap();
     let mut j = replayer(&dir);
     j.exit(Entry::Halt { rip: 0x300 }, &regs(0x300, 4)).unwrap();
-    match j.replay_input() {
+    match j.input() {
         Err(JournalError::Trace(e)) => {
             let text = format!(
                 "{e}: {}",
@@ -180,10 +168,7 @@ fn entries_after_the_end_are_damage() {
     w.push(serial_out(b'X')).unwrap();
     w.finish().unwrap();
     let mut j = replayer(&dir);
-    let Journal::Replay(r) = &mut j else {
-        unreachable!()
-    };
-    match r.end_reached() {
+    match j.end_reached() {
         Err(JournalError::Trace(e)) => {
             assert!(e.is_damage(), "{e}");
             assert!(e.to_string().contains("goes on after its end entry"), "{e}");
@@ -230,7 +215,7 @@ fn mismatches_are_reported_at_their_exit() {
     // A different end.
     let mut j = replayer(&dir);
     replay_all(&mut j);
-    assert!(j.replay_end(&EndReason::PowerOff).is_err());
+    assert!(j.end(&EndReason::PowerOff).is_err());
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -239,16 +224,10 @@ fn an_incomplete_trace_ends_where_its_log_does() {
     let dir = temp_trace("incomplete");
     record(&dir, false);
     let mut j = replayer(&dir);
-    let Journal::Replay(r) = &j else {
-        unreachable!()
-    };
-    assert!(!r.trace_complete());
+    assert!(!j.trace_complete());
     replay_all(&mut j);
-    let Journal::Replay(r) = &mut j else {
-        unreachable!()
-    };
-    assert!(r.log_exhausted().unwrap());
-    assert_eq!(r.end_reached().unwrap(), None);
+    assert!(j.log_exhausted().unwrap());
+    assert_eq!(j.end_reached().unwrap(), None);
     // The guest going on past the log is a divergence, never a panic.
     assert_eq!(
         diverged_at(

@@ -2,19 +2,31 @@
 //!
 //! Boots a Linux guest on KVM with a user-space interrupt controller and
 //! timer, so that every asynchronous input passes through one place (see
-//! docs/ARCHITECTURE.md).
+//! docs/ARCHITECTURE.md). The machine (`vm`: the VM, its vCPU and the exit
+//! dispatch) is driven by a session (`session`): a plain run, a recording
+//! or a replay; a replay carries the tools that look into it (`tools`).
+//! `builder` turns plain options into a session.
 
+pub mod boot_snapshot;
+pub mod builder;
 pub mod console;
 pub mod cpuid;
 pub mod host_check;
 pub mod host_cpu;
 mod kvm_ext;
-pub mod snapshot;
+mod points;
+pub mod session;
 mod sys;
+pub mod tools;
 pub mod unemulated;
 pub mod vm;
 
-pub use vm::{
-    CheckpointEvery, CheckpointRestored, CheckpointTaken, ExpansionSpec, ExpansionStats,
-    ReplayPoint, RunOutcome, StopReason, TraceTarget, Vm, VmError,
+pub use points::PointStats;
+pub use session::{
+    LiveRun, NetReport, ProgressFn, RecordSession, ReplaySession, RunOutcome, StopReason,
 };
+pub use tools::{
+    CheckpointEvery, CheckpointRestored, CheckpointTaken, ExpansionSpec, ExpansionStats,
+    ReplayPoint, TraceTarget,
+};
+pub use vm::{Machine, VmError};

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use vmm::host_check::{self, Int3Behaviour, Mode, SyscallBehaviour};
+use vmm::host_check::{self, Int3Behaviour, Privilege, SyscallBehaviour};
 
 /// Fails if /dev/kvm does not exist: these tests were asked to run where
 /// they cannot.
@@ -34,22 +34,22 @@ fn syscall_lands_at_lstar_in_a_known_mode() {
 fn kernel_mode_single_step_and_hardware_breakpoints_exit() {
     kvm_present();
     // Architectural on VT-x/AMD-V and measured on interpreting hosts.
-    assert!(host_check::probe_single_step(Mode::Kernel).unwrap());
-    assert!(host_check::probe_hw_breakpoint(Mode::Kernel).unwrap());
+    assert!(host_check::probe_single_step(Privilege::Kernel).unwrap());
+    assert!(host_check::probe_hw_breakpoint(Privilege::Kernel).unwrap());
 }
 
 #[ignore = "needs /dev/kvm (tools/test runs it)"]
 #[test]
 fn int3_is_handled_somewhere_known() {
     kvm_present();
-    for mode in [Mode::Kernel, Mode::User] {
+    for mode in [Privilege::Kernel, Privilege::User] {
         let b = host_check::probe_sw_breakpoint(mode).unwrap();
         assert!(!matches!(b, Int3Behaviour::Unknown(_)), "{mode:?}: {b:?}");
     }
     // In user mode the instruction always executes natively or is
     // intercepted; it is never an emulation failure.
     assert_ne!(
-        host_check::probe_sw_breakpoint(Mode::User).unwrap(),
+        host_check::probe_sw_breakpoint(Privilege::User).unwrap(),
         Int3Behaviour::NotEmulated
     );
 }
@@ -91,7 +91,7 @@ fn host_report_is_consistent() {
     // is the one left.
     if !std::path::Path::new("/sys/bus/event_source/devices/cpu").exists() {
         assert!(r.pmu.host_branch_counter.is_err(), "{r:?}");
-        assert_eq!(r.clock(), host_check::ClockKind::Exit);
+        assert_eq!(r.clock(), trace::ClockKind::Exit);
     }
     // Guest counters come from KVM's CPUID leaf 0xA, asked here directly.
     let kvm = kvm_ioctls::Kvm::new().unwrap();
@@ -121,7 +121,7 @@ fn host_report_is_consistent() {
         assert_eq!(r.pmu.guest_counters, 0, "{r:?}");
     }
     // The branch clock only where both halves exist on this host.
-    if r.clock() == host_check::ClockKind::Branch {
+    if r.clock() == trace::ClockKind::Branch {
         assert!(
             Path::new("/sys/bus/event_source/devices/cpu").exists() && leaf_a > 0,
             "{r:?}"

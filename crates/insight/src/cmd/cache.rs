@@ -24,17 +24,17 @@ enum CacheAction {
 }
 
 pub fn cache(args: CacheArgs) -> Result<ExitCode> {
-    let dir = vmm::snapshot::cache_dir();
+    let dir = vmm::boot_snapshot::cache_dir();
     match args.action.unwrap_or(CacheAction::List) {
         CacheAction::List => {
-            let cached = vmm::snapshot::list(&dir)?;
+            let cached = vmm::boot_snapshot::list(&dir)?;
             println!(
                 "{}: {} boot snapshot{}, {} (at most {} kept)",
                 dir.display(),
                 cached.len(),
                 if cached.len() == 1 { "" } else { "s" },
                 human_bytes(cached.iter().map(|c| c.bytes).sum()),
-                vmm::snapshot::MAX_CACHED
+                vmm::boot_snapshot::MAX_CACHED
             );
             for c in &cached {
                 let used = c
@@ -50,7 +50,7 @@ pub fn cache(args: CacheArgs) -> Result<ExitCode> {
             }
         }
         CacheAction::Clear => {
-            let removed = vmm::snapshot::clear(&dir)?;
+            let removed = vmm::boot_snapshot::clear(&dir)?;
             println!(
                 "insight: removed {removed} boot snapshot{} from {}",
                 if removed == 1 { "" } else { "s" },

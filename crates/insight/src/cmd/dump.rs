@@ -10,7 +10,7 @@ use journal::Entry;
 use trace::{Header, TraceReader};
 
 use super::open_trace;
-use crate::outputs::{self, Output};
+use crate::outputs::{self, OutputKind};
 use crate::pcap::PcapWriter;
 use crate::status::{human_bytes, printable};
 use crate::traces;
@@ -47,7 +47,7 @@ pub struct DumpArgs {
 pub fn dump(args: DumpArgs) -> Result<ExitCode> {
     let trace = traces::resolve(args.trace.as_deref())?;
     if let Some(path) = &args.rx_pcap {
-        outputs::check(path, Output::Pcap, args.force)?;
+        outputs::check(path, OutputKind::Pcap, args.force)?;
     }
     let mut reader = open_trace(&trace)?;
     if let Some(path) = &args.rx_pcap {

@@ -4,7 +4,8 @@
 use std::process::ExitCode;
 
 use anyhow::Result;
-use vmm::host_check::{ClockKind, HostReport, Int3Behaviour, SyscallBehaviour};
+use trace::ClockKind;
+use vmm::host_check::{HostReport, Int3Behaviour, SyscallBehaviour};
 
 fn yes_no(b: bool) -> &'static str {
     if b {

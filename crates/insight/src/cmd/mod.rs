@@ -5,7 +5,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use journal::{Entry, Progress};
 use trace::TraceReader;
-use vmm::Vm;
+use vmm::ProgressFn;
 
 use crate::status::{human_bytes, StatusLine};
 
@@ -20,7 +20,6 @@ pub mod record;
 pub mod replay;
 pub mod report;
 pub mod run;
-pub mod segments;
 
 pub(crate) fn open_trace(dir: &std::path::Path) -> Result<TraceReader<Entry>> {
     TraceReader::open(dir).with_context(|| format!("cannot open trace {}", dir.display()))
@@ -50,13 +49,15 @@ fn progress_text(verb: &str, p: &Progress, started: Instant) -> String {
     text
 }
 
-pub(crate) fn attach_progress(vm: &mut Vm, status: &StatusLine, verb: &'static str) {
+/// What shows a recording's or replay's progress on the status line, if
+/// it is shown.
+pub(crate) fn progress_report(status: &StatusLine, verb: &'static str) -> Option<ProgressFn> {
     if !status.enabled() {
-        return;
+        return None;
     }
     let status = status.clone();
     let started = Instant::now();
-    vm.on_progress(Box::new(move |p| {
+    Some(Box::new(move |p| {
         status.show(&progress_text(verb, p, started))
-    }));
+    }))
 }

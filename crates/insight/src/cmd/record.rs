@@ -2,16 +2,15 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
-use journal::{Journal, Recorder};
-use trace::{ClockKind, Header, TraceWriter};
+use trace::ClockKind;
+use vmm::builder::RecordOptions;
 use vmm::VmError;
 
-use super::{attach_progress, user_rdtsc_traps};
+use super::{progress_report, user_rdtsc_traps};
 use crate::exit::EXIT_STOPPED_BY_USER;
-use crate::guest_args::{attach_stdin, net_problems, prepare_guest, start_vm, GuestArgs};
+use crate::guest_args::{net_problems, prepare_guest, start_machine, stdin_input, GuestArgs};
 use crate::status::{human_bytes, StatusLine};
 use crate::traces;
 
@@ -79,7 +78,7 @@ fn choose_clock(choice: ClockChoice) -> Result<ClockKind> {
 }
 
 pub fn record(args: RecordArgs) -> Result<ExitCode> {
-    let clock = choose_clock(args.clock)?;
+    choose_clock(args.clock)?;
     let (spec, config) = prepare_guest(&args.guest)?;
     let output = match &args.output {
         Some(dir) => dir.clone(),
@@ -91,62 +90,30 @@ pub fn record(args: RecordArgs) -> Result<ExitCode> {
         }
     };
     let status = StatusLine::for_stderr();
-    let (mut vm, snapshot) = start_vm(&spec, status.console(Box::new(std::io::stdout())), || {
-        status.console(Box::new(std::io::stdout()))
-    })?;
-    let (images, mut boot) = guest::trace_images(&spec)?;
-    boot.snapshot = snapshot.as_ref().map(|s| trace::SnapshotRef {
-        key: trace::checkpoints::hex(&s.key),
-        digest: trace::checkpoints::hex(&s.restored.digest),
-        guest_ns: s.restored.vm_ns,
-    });
-    let host_cpu =
-        vmm::host_cpu::for_recording().context("cannot choose a host CPU for the vCPU")?;
-    vm.run_on_host_cpu(host_cpu.cpu);
-    let header = Header {
-        clock,
-        created_unix_secs: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0),
-        guest_cpuid: vm.guest_cpuid().to_vec(),
-        kvm_caps: vm.kvm_caps().to_vec(),
-        user_rdtsc_traps: user_rdtsc_traps()?,
-        host_apic_id: Some(host_cpu.apic_id),
-        config,
-        images,
-        boot,
-        digest_interval: args.digest_every,
-    };
-    let writer = TraceWriter::create(&output, &header)
-        .with_context(|| format!("cannot create trace {}", output.display()))?;
-    if let Some(s) = snapshot {
-        vmm::snapshot::link_into(&s, &output.join(trace::SNAPSHOT_FILE))
-            .context("cannot put the boot snapshot in the trace")?;
-        // Other runs may take the snapshot's lock from here on.
-        drop(s);
+    let (machine, snapshot) =
+        start_machine(&spec, status.console(Box::new(std::io::stdout())), || {
+            status.console(Box::new(std::io::stdout()))
+        })?;
+    let (input, _terminal) = stdin_input(args.guest.no_stdin).unzip();
+    let (session, notes) = vmm::builder::record(
+        machine,
+        RecordOptions {
+            spec: &spec,
+            snapshot: snapshot.as_ref(),
+            output: output.clone(),
+            config_text: config,
+            digest_every: args.digest_every,
+            user_rdtsc_traps: user_rdtsc_traps()?,
+            input,
+            progress: progress_report(&status, "record"),
+        },
+    )?;
+    // Other runs may take the snapshot's lock from here on.
+    drop(snapshot);
+    for note in notes {
+        eprintln!("insight: {note}");
     }
-    vm.set_journal(Journal::Record(Box::new(Recorder::new(
-        writer,
-        args.digest_every,
-    ))));
-    let preemption = vmm::host_check::probe_state_match()
-        .context("cannot probe whether this host can preempt guest user code")?;
-    if !preemption.works() {
-        vm.deliver_at_exits_only();
-        eprintln!(
-            "insight: this host cannot preempt guest user code where it stands ({}): \
-             interrupts wait for the guest's next exit, and a program that busy-waits may \
-             not finish (insight host-check)",
-            preemption
-                .failure
-                .as_deref()
-                .unwrap_or("the state was not found again")
-        );
-    }
-    attach_progress(&mut vm, &status, "record");
-    let _terminal = attach_stdin(&mut vm, args.guest.no_stdin);
-    let result = vm.run();
+    let result = session.run();
     status.clear();
     let outcome = match result {
         Err(VmError::StoppedByUser) => {
@@ -181,7 +148,7 @@ pub fn record(args: RecordArgs) -> Result<ExitCode> {
             bytes,
             output.display()
         );
-        let p = &outcome.preempt;
+        let p = &outcome.points;
         if p.points + p.declined > 0 {
             eprintln!(
                 "insight: preempted user code at {} asynchronous points ({} at the task's next \

@@ -10,7 +10,7 @@ use diagnosis::plugins::{self, deadlock, locks, memory, profile, threads};
 use diagnosis::symbols::GuestFiles;
 use events::db::EventDb;
 
-use crate::outputs::{self, Output as OutputKind};
+use crate::outputs::{self, OutputKind};
 use crate::status::printable;
 use crate::traces;
 
@@ -379,10 +379,23 @@ fn guest_files(db: &EventDb, trace: Option<&Path>) -> Result<GuestFiles> {
     };
     let reader = trace::TraceReader::<journal::Entry>::open(&trace_dir)
         .with_context(|| format!("cannot open trace {}", trace_dir.display()))?;
-    let spec = guest::from_trace(&reader.header, &trace_dir)
-        .with_context(|| format!("cannot read the guest files of {}", trace_dir.display()))?;
-    Ok(GuestFiles::from_initramfs(&guest::with_archive(
-        &spec.initramfs,
-        &spec.archive,
-    )))
+    traces::guest_files(&reader.header, &trace_dir)
+}
+
+/// Runs the diagnosis `tools` over the event database at `path` and
+/// prints what they found.
+pub fn diagnose(tools: Vec<Box<dyn Plugin>>, path: &Path) -> Result<()> {
+    if tools.is_empty() {
+        return Ok(());
+    }
+    for (i, out) in run_plugins(tools, path, None, Path::new(DEFAULT_DEBUG_DIR))?
+        .iter()
+        .enumerate()
+    {
+        if i > 0 {
+            println!();
+        }
+        print!("{}", printable(&out.text));
+    }
+    Ok(())
 }

@@ -8,7 +8,7 @@ use clap::Parser;
 use vmm::VmError;
 
 use crate::exit::EXIT_STOPPED_BY_USER;
-use crate::guest_args::{attach_stdin, net_problems, prepare_guest, start_vm, GuestArgs};
+use crate::guest_args::{net_problems, prepare_guest, start_machine, stdin_input, GuestArgs};
 
 #[derive(Parser)]
 pub struct RunArgs {
@@ -23,12 +23,12 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     let started = std::time::Instant::now();
     let (spec, _) = prepare_guest(&args.guest)?;
     let console: vmm::vm::Console = Box::new(std::io::stdout());
-    let (mut vm, snapshot) = start_vm(&spec, console, || Box::new(std::io::stdout()))?;
+    let (machine, snapshot) = start_machine(&spec, console, || Box::new(std::io::stdout()))?;
     let restored_in = started.elapsed();
     // Other runs may take the snapshot's lock from here on.
     let snapshot = snapshot.map(|s| s.restored);
-    let _terminal = attach_stdin(&mut vm, args.guest.no_stdin);
-    let outcome = match vm.run() {
+    let (input, _terminal) = stdin_input(args.guest.no_stdin).unzip();
+    let outcome = match vmm::builder::live(machine, input).run() {
         Err(VmError::StoppedByUser) => {
             eprintln!("\ninsight: stopped by the user (Ctrl-A x)");
             return Ok(ExitCode::from(EXIT_STOPPED_BY_USER));

@@ -20,7 +20,7 @@ pub mod trampoline;
 use state::UserState;
 use trampoline::StubPages;
 
-const PAGE: u64 = 4096;
+use introspect::gva::PAGE_SIZE;
 
 /// An asynchronous point as logged: where an interrupt was delivered
 /// that no exit of the guest's own brought.
@@ -50,8 +50,8 @@ pub trait CodeMap {
 
     /// The guest physical address of virtual address `va`.
     fn gpa(&self, va: u64) -> Option<u64> {
-        self.page_gpa(va & !(PAGE - 1))
-            .map(|p| p + (va & (PAGE - 1)))
+        self.page_gpa(va & !(PAGE_SIZE - 1))
+            .map(|p| p + (va & (PAGE_SIZE - 1)))
     }
 }
 
@@ -71,8 +71,8 @@ impl AsyncPoint {
     pub fn pages_at(stub: u64) -> StubPages {
         StubPages {
             code: stub,
-            data: stub + PAGE,
-            exit: stub + 2 * PAGE,
+            data: stub + PAGE_SIZE,
+            exit: stub + 2 * PAGE_SIZE,
         }
     }
 }

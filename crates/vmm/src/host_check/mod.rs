@@ -12,6 +12,7 @@ use kvm_bindings::{
     KVM_MAX_CPUID_ENTRIES,
 };
 use kvm_ioctls::Kvm;
+use trace::ClockKind;
 use vm_memory::{Bytes, GuestAddress};
 
 use crate::{kvm_ext, sys};
@@ -19,7 +20,7 @@ use crate::{kvm_ext, sys};
 mod probe_vm;
 mod state_match;
 
-pub use probe_vm::Mode;
+pub use probe_vm::Privilege;
 use probe_vm::*;
 pub use state_match::{probe_state_match, StateMatchReport};
 
@@ -77,11 +78,11 @@ pub fn probe_syscall() -> Result<SyscallBehaviour, ProbeError> {
     user.extend(marker_code(M_AFTER));
     let mut vm = ProbeVm::user(&kvm, &user, false)?;
     Ok(match vm.next_event()? {
-        Event::Marker {
+        ProbeEvent::Marker {
             marker: M_LSTAR,
             cpl: 0,
         } => SyscallBehaviour::EntersKernel,
-        Event::Marker {
+        ProbeEvent::Marker {
             marker: M_LSTAR,
             cpl: 3,
         } => SyscallBehaviour::StaysInUserMode,
@@ -103,45 +104,45 @@ pub enum Int3Behaviour {
     Unknown(String),
 }
 
-pub fn probe_sw_breakpoint(mode: Mode) -> Result<Int3Behaviour, ProbeError> {
+pub fn probe_sw_breakpoint(mode: Privilege) -> Result<Int3Behaviour, ProbeError> {
     let kvm = open_kvm()?;
     let mut vm = ProbeVm::running(&kvm, mode, &[0xcc], false)?;
     vm.debug(KVM_GUESTDBG_ENABLE | KVM_GUESTDBG_USE_SW_BP, None)?;
     Ok(match vm.next_event()? {
-        Event::Debug { exception: 3, .. } => Int3Behaviour::Intercepted,
-        Event::Marker { marker, .. } if marker == M_VECTOR | 3 => Int3Behaviour::GuestHandler,
-        Event::EmulationFailure => Int3Behaviour::NotEmulated,
+        ProbeEvent::Debug { exception: 3, .. } => Int3Behaviour::Intercepted,
+        ProbeEvent::Marker { marker, .. } if marker == M_VECTOR | 3 => Int3Behaviour::GuestHandler,
+        ProbeEvent::EmulationFailure => Int3Behaviour::NotEmulated,
         other => Int3Behaviour::Unknown(format!("{other:?}")),
     })
 }
 
 /// Whether a hardware execution breakpoint on a guest instruction exits.
-pub fn probe_hw_breakpoint(mode: Mode) -> Result<bool, ProbeError> {
+pub fn probe_hw_breakpoint(mode: Privilege) -> Result<bool, ProbeError> {
     let kvm = open_kvm()?;
     let mut vm = ProbeVm::running(&kvm, mode, &[0x90, 0x90, 0x90], false)?;
     let target = body_addr(mode) + 1;
     vm.debug(KVM_GUESTDBG_ENABLE | KVM_GUESTDBG_USE_HW_BP, Some(target))?;
     loop {
         match vm.next_event()? {
-            Event::Debug { pc, .. } if pc == target => return Ok(true),
-            Event::Debug { .. } => continue,
+            ProbeEvent::Debug { pc, .. } if pc == target => return Ok(true),
+            ProbeEvent::Debug { .. } => continue,
             _ => return Ok(false),
         }
     }
 }
 
 /// Whether single-stepping reports steps inside code running in `mode`.
-pub fn probe_single_step(mode: Mode) -> Result<bool, ProbeError> {
+pub fn probe_single_step(mode: Privilege) -> Result<bool, ProbeError> {
     let kvm = open_kvm()?;
     let mut vm = ProbeVm::running(&kvm, mode, &[0x90, 0x90, 0x90], false)?;
     vm.debug(KVM_GUESTDBG_ENABLE | KVM_GUESTDBG_SINGLESTEP, None)?;
     let body = body_addr(mode);
     for _ in 0..64 {
         match vm.next_event()? {
-            Event::Debug { pc, .. } if (body..body + 3).contains(&pc) && pc != body => {
+            ProbeEvent::Debug { pc, .. } if (body..body + 3).contains(&pc) && pc != body => {
                 return Ok(true)
             }
-            Event::Debug { .. } => continue,
+            ProbeEvent::Debug { .. } => continue,
             _ => return Ok(false),
         }
     }
@@ -184,7 +185,7 @@ pub fn probe_interrupt_delivery(rounds: u32) -> Result<DeliveryReport, ProbeErro
             false,
         )?;
         match vm.next_event()? {
-            Event::Marker {
+            ProbeEvent::Marker {
                 marker: M_AFTER, ..
             } => {}
             _ => return Ok(report),
@@ -194,7 +195,7 @@ pub fn probe_interrupt_delivery(rounds: u32) -> Result<DeliveryReport, ProbeErro
             source: kvm_ioctls::Error::new(e.raw_os_error().unwrap_or(libc::EINVAL)),
         })?;
         if vm.next_event()?
-            != (Event::Marker {
+            != (ProbeEvent::Marker {
                 marker: M_VECTOR | 31,
                 cpl: 0,
             })
@@ -219,18 +220,18 @@ pub fn probe_interrupt_delivery(rounds: u32) -> Result<DeliveryReport, ProbeErro
 /// Whether user-mode RDTSC faults when the guest sets CR4.TSD.
 pub fn probe_user_tsd() -> Result<bool, ProbeError> {
     let kvm = open_kvm()?;
-    let mut vm = ProbeVm::running(&kvm, Mode::User, &[0x0f, 0x31], true)?;
-    Ok(matches!(vm.next_event()?, Event::Marker { marker, .. } if marker == M_VECTOR | 13))
+    let mut vm = ProbeVm::running(&kvm, Privilege::User, &[0x0f, 0x31], true)?;
+    Ok(matches!(vm.next_event()?, ProbeEvent::Marker { marker, .. } if marker == M_VECTOR | 13))
 }
 
 /// Whether user-mode port I/O exits to the VMM (the marker arrives from
 /// ring 3).
 pub fn probe_user_port_io() -> Result<bool, ProbeError> {
     let kvm = open_kvm()?;
-    let mut vm = ProbeVm::running(&kvm, Mode::User, &[], false)?;
+    let mut vm = ProbeVm::running(&kvm, Privilege::User, &[], false)?;
     Ok(matches!(
         vm.next_event()?,
-        Event::Marker {
+        ProbeEvent::Marker {
             marker: M_AFTER,
             cpl: 3
         }
@@ -255,7 +256,7 @@ pub fn probe_user_xcr0() -> Result<u8, ProbeError> {
     xcrs.xcrs[0].value = 3;
     vm.vcpu.set_xcrs(&xcrs).map_err(kvm_err("SET_XCRS"))?;
     match vm.next_event()? {
-        Event::Marker { marker, .. } => Ok(marker),
+        ProbeEvent::Marker { marker, .. } => Ok(marker),
         _ => Ok(0),
     }
 }
@@ -308,26 +309,17 @@ pub struct HostReport {
     pub state_match: StateMatchReport,
 }
 
-/// The timestamp clock record/replay will use.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ClockKind {
-    /// Retired guest branches counted by the PMU.
-    Branch,
-    /// Ordinals of deterministic VM exits.
-    Exit,
-}
-
 impl HostReport {
     pub fn measure() -> Result<Self, ProbeError> {
         Ok(HostReport {
             syscall: probe_syscall()?,
             user_port_io: probe_user_port_io()?,
-            int3_kernel: probe_sw_breakpoint(Mode::Kernel)?,
-            int3_user: probe_sw_breakpoint(Mode::User)?,
-            hw_breakpoint_kernel: probe_hw_breakpoint(Mode::Kernel)?,
-            hw_breakpoint_user: probe_hw_breakpoint(Mode::User)?,
-            single_step_kernel: probe_single_step(Mode::Kernel)?,
-            single_step_user: probe_single_step(Mode::User)?,
+            int3_kernel: probe_sw_breakpoint(Privilege::Kernel)?,
+            int3_user: probe_sw_breakpoint(Privilege::User)?,
+            hw_breakpoint_kernel: probe_hw_breakpoint(Privilege::Kernel)?,
+            hw_breakpoint_user: probe_hw_breakpoint(Privilege::User)?,
+            single_step_kernel: probe_single_step(Privilege::Kernel)?,
+            single_step_user: probe_single_step(Privilege::User)?,
             user_tsd: probe_user_tsd()?,
             user_xcr0: probe_user_xcr0()?,
             pmu: probe_pmu()?,
@@ -341,6 +333,7 @@ impl HostReport {
         !matches!(self.syscall, SyscallBehaviour::Unknown(_))
     }
 
+    /// The timestamp clock record/replay will use.
     pub fn clock(&self) -> ClockKind {
         if self.pmu.host_branch_counter.is_ok() && self.pmu.guest_counters > 0 {
             ClockKind::Branch

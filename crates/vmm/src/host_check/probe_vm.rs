@@ -46,7 +46,7 @@ pub(super) const M_VECTOR: u8 = 0x80;
 
 /// What a probe guest did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Event {
+pub(super) enum ProbeEvent {
     /// Wrote `marker` to the marker port at privilege level `cpl`.
     Marker {
         marker: u8,
@@ -110,7 +110,7 @@ impl ProbeVm {
     /// A probe that runs `body` in `mode`, then writes M_AFTER.
     pub(super) fn running(
         kvm: &Kvm,
-        mode: Mode,
+        mode: Privilege,
         body: &[u8],
         tsd: bool,
     ) -> Result<Self, ProbeError> {
@@ -251,35 +251,35 @@ impl ProbeVm {
     }
 
     /// Runs to the next event of interest.
-    pub(super) fn next_event(&mut self) -> Result<Event, ProbeError> {
+    pub(super) fn next_event(&mut self) -> Result<ProbeEvent, ProbeError> {
         for _ in 0..1000 {
             let exit = self.vcpu.run();
             let event = match exit {
                 Ok(VcpuExit::IoOut(port, data)) if port == MARKER_PORT => {
                     let marker = data.first().copied().unwrap_or(0);
-                    Event::Marker { marker, cpl: 0 }
+                    ProbeEvent::Marker { marker, cpl: 0 }
                 }
-                Ok(VcpuExit::Debug(arch)) => Event::Debug {
+                Ok(VcpuExit::Debug(arch)) => ProbeEvent::Debug {
                     exception: arch.exception,
                     pc: arch.pc,
                     cpl: 0,
                 },
-                Ok(VcpuExit::Hlt) => Event::Halted,
-                Ok(VcpuExit::Shutdown) => Event::TripleFault,
-                Ok(VcpuExit::InternalError) => Event::EmulationFailure,
+                Ok(VcpuExit::Hlt) => ProbeEvent::Halted,
+                Ok(VcpuExit::Shutdown) => ProbeEvent::TripleFault,
+                Ok(VcpuExit::InternalError) => ProbeEvent::EmulationFailure,
                 Ok(VcpuExit::IoOut(..)) | Ok(VcpuExit::IoIn(..)) | Ok(VcpuExit::IrqWindowOpen) => {
                     continue
                 }
-                Ok(_) => Event::Other,
+                Ok(_) => ProbeEvent::Other,
                 Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => continue,
                 Err(e) => return Err(kvm_err("RUN")(e)),
             };
             return Ok(match event {
-                Event::Marker { marker, .. } => Event::Marker {
+                ProbeEvent::Marker { marker, .. } => ProbeEvent::Marker {
                     marker,
                     cpl: self.cpl(),
                 },
-                Event::Debug { exception, pc, .. } => Event::Debug {
+                ProbeEvent::Debug { exception, pc, .. } => ProbeEvent::Debug {
                     exception,
                     pc,
                     cpl: self.cpl(),
@@ -287,31 +287,31 @@ impl ProbeVm {
                 e => e,
             });
         }
-        Ok(Event::Other)
+        Ok(ProbeEvent::Other)
     }
 }
 
-/// Mode of guest execution a probe targets.
+/// Privilege of guest execution a probe targets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mode {
+pub enum Privilege {
     Kernel,
     User,
 }
 
 /// Code that runs `body` in `mode` and then writes M_AFTER: returns
 /// (kernel code, user code).
-pub(super) fn in_mode(mode: Mode, body: &[u8]) -> (Vec<u8>, Vec<u8>) {
+pub(super) fn in_mode(mode: Privilege, body: &[u8]) -> (Vec<u8>, Vec<u8>) {
     let mut code = body.to_vec();
     code.extend(marker_code(M_AFTER));
     match mode {
-        Mode::Kernel => (code, marker_code(0x7f).to_vec()),
-        Mode::User => (enter_user_code(), code),
+        Privilege::Kernel => (code, marker_code(0x7f).to_vec()),
+        Privilege::User => (enter_user_code(), code),
     }
 }
 
-pub(super) fn body_addr(mode: Mode) -> u64 {
+pub(super) fn body_addr(mode: Privilege) -> u64 {
     match mode {
-        Mode::Kernel => KERNEL_CODE,
-        Mode::User => USER_CODE,
+        Privilege::Kernel => KERNEL_CODE,
+        Privilege::User => USER_CODE,
     }
 }

@@ -93,7 +93,7 @@ impl ProbeVm {
     /// handler's frame and registers.
     fn delivered(&mut self) -> Result<Option<(u64, u64)>, ProbeError> {
         if self.next_event()?
-            != (Event::Marker {
+            != (ProbeEvent::Marker {
                 marker: M_VECTOR | VECTOR,
                 cpl: 0,
             })

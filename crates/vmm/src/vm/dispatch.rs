@@ -10,11 +10,11 @@ use kvm_ioctls::VcpuExit;
 use vm_memory::GuestMemoryMmap;
 
 use super::{ExitCounts, VmClock, VmError};
-use journal::{self, Entry, Journal};
+use journal::{self, Entry, Replayer};
 
 /// What the vCPU loop does after an exit.
 #[derive(Debug, PartialEq, Eq)]
-pub(super) enum Next {
+pub(crate) enum Next {
     Continue,
     WaitForInterrupt,
     InternalError,
@@ -26,10 +26,10 @@ pub(super) enum Next {
 /// here with the vCPU's id. Recording and replay hook in here only: a
 /// deterministic exit comes back as the event it is (its RIP still to be
 /// filled in), and at replay every value the guest reads comes from the
-/// log instead of the devices.
-pub(super) fn dispatch<W: Write>(
+/// `log` instead of the devices.
+pub(crate) fn dispatch<W: Write>(
     bus: &mut Bus<'_, W>,
-    journal: &mut Journal,
+    mut log: Option<&mut Replayer>,
     clock: &VmClock,
     counts: &mut ExitCounts,
     _vcpu: u8,
@@ -46,7 +46,7 @@ pub(super) fn dispatch<W: Write>(
                 rip: 0,
                 value: 0,
             };
-            let value = match journal.replay_read(&observed)? {
+            let value = match logged(&mut log, &observed)? {
                 Some(Entry::In { value, .. }) => value,
                 _ => {
                     platform.port_read(port, data, clock.now_ns());
@@ -84,7 +84,7 @@ pub(super) fn dispatch<W: Write>(
                 rip: 0,
                 value: 0,
             };
-            let value = match journal.replay_read(&observed)? {
+            let value = match logged(&mut log, &observed)? {
                 Some(Entry::MmioRead { value, .. }) => value,
                 _ => {
                     bus.mmio_read(addr, data);
@@ -121,7 +121,7 @@ pub(super) fn dispatch<W: Write>(
                 value: 0,
                 fault: false,
             };
-            let (value, fault) = match journal.replay_read(&observed)? {
+            let (value, fault) = match logged(&mut log, &observed)? {
                 Some(Entry::RdMsr { value, fault, .. }) => (value, fault),
                 // The paravirtual clock, and the TSC as a 1 GHz counter
                 // of the same time (the guest kernel uses neither TSC
@@ -184,11 +184,11 @@ pub(super) fn dispatch<W: Write>(
 }
 
 /// The devices an exit can reach.
-pub(super) struct Bus<'a, W: Write> {
-    pub(super) platform: &'a mut LegacyPlatform<W>,
-    pub(super) block: Option<&'a mut VirtioBlock>,
-    pub(super) net: Option<&'a mut VirtioNet>,
-    pub(super) mem: &'a GuestMemoryMmap,
+pub(crate) struct Bus<'a, W: Write> {
+    pub(crate) platform: &'a mut LegacyPlatform<W>,
+    pub(crate) block: Option<&'a mut VirtioBlock>,
+    pub(crate) net: Option<&'a mut VirtioNet>,
+    pub(crate) mem: &'a GuestMemoryMmap,
 }
 
 impl<W: Write> Bus<'_, W> {
@@ -221,6 +221,14 @@ impl<W: Write> Bus<'_, W> {
     }
 }
 
+/// The log's answer to the read `observed`, at replay.
+fn logged(log: &mut Option<&mut Replayer>, observed: &Entry) -> Result<Option<Entry>, VmError> {
+    match log {
+        Some(replayer) => Ok(Some(replayer.read(observed)?)),
+        None => Ok(None),
+    }
+}
+
 /// The offset of `addr` in the register window at `base`.
 fn window(addr: u64, base: u64, size: u64) -> Option<u64> {
     let offset = addr.checked_sub(base)?;
@@ -249,9 +257,38 @@ mod tests {
 
     use super::*;
     use journal::testing::{header, temp_trace};
-    use journal::{JournalError, Recorder, Replayer};
+    use journal::{JournalError, Recorder};
     use kvm_ioctls::{MsrExitReason, ReadMsrExit, WriteMsrExit};
     use vm_memory::GuestAddress;
+
+    /// How a test accounts for its exits, as the sessions do: not at all
+    /// (a plain run), logged, or checked against the log.
+    enum Journal {
+        Live,
+        Record(Box<Recorder>),
+        Replay(Box<Replayer>),
+    }
+
+    impl Journal {
+        fn exit(
+            &mut self,
+            observed: Entry,
+            regs: &kvm_bindings::kvm_regs,
+        ) -> Result<(), JournalError> {
+            match self {
+                Journal::Live => Ok(()),
+                Journal::Record(r) => r.exit(observed, regs),
+                Journal::Replay(r) => r.exit(observed, regs),
+            }
+        }
+
+        fn log(&mut self) -> Option<&mut Replayer> {
+            match self {
+                Journal::Replay(r) => Some(r),
+                _ => None,
+            }
+        }
+    }
 
     /// Everything `dispatch` needs, with the platform's wall clock at
     /// `boot_unix_secs` (CMOS reads depend on it).
@@ -287,7 +324,14 @@ mod tests {
                 net: None,
                 mem: &self.mem,
             };
-            dispatch(&mut bus, journal, &self.clock, &mut self.counts, 0, exit)
+            dispatch(
+                &mut bus,
+                journal.log(),
+                &self.clock,
+                &mut self.counts,
+                0,
+                exit,
+            )
         }
 
         /// Reads CMOS register `index` (an OUT to 0x70, an IN from 0x71),

@@ -1,10 +1,10 @@
-//! A running VM: KVM objects, guest memory, the legacy platform, and the
-//! vCPU loop with its single exit dispatch.
+//! The machine: the VM (KVM's VM object, guest memory, the legacy
+//! platform and the virtio devices, the VM clock) and its vCPU
+//! ([`Vcpu`]), the single exit dispatch that routes what the guest does to
+//! the devices, and what KVM cannot complete on its own.
 //!
-//! Threads: the vCPU runs on its own thread and owns every device; the
-//! calling thread only kicks it (a signal) when a timer interrupt is due
-//! while the guest runs without exiting. Interrupts are injected from here
-//! with `KVM_INTERRUPT`; KVM has no irqchip and no PIT of its own.
+//! Nothing here knows whether the run is recorded or replayed: the
+//! sessions (`crate::session`) drive the machine and attach there.
 
 use std::io::Write;
 use std::time::{Duration, Instant};
@@ -14,35 +14,26 @@ use devices::doorbell::Doorbell;
 use devices::virtio_blk::{BlockError, VirtioBlock};
 use devices::virtio_net::{NetError, VirtioNet};
 use devices::LegacyPlatform;
-use events::capture::Capture;
 use events::db::DbError;
-use kvm_ioctls::{Kvm, VcpuFd, VmFd};
-use vm_memory::GuestMemoryMmap;
+use kvm_ioctls::{Kvm, VmFd};
+use vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 
 use crate::console::ConsoleInput;
 use guest::boot::BootError;
 use guest::initramfs;
-use introspect::guest_events::SwitchRing;
 use introspect::xstate::XsaveLayout;
-use journal::{Journal, JournalError};
+use journal::JournalError;
 
-mod checkpoint;
 mod complete;
-mod dispatch;
-mod expand;
-mod inputs;
-mod interrupts;
-mod preempt;
-mod replay_events;
-mod run;
+pub(crate) mod dispatch;
+mod machine;
 mod setup;
-pub mod snapshot;
+pub(crate) mod state;
+mod vcpu;
 
-pub use checkpoint::{CheckpointEvery, CheckpointRestored, CheckpointTaken, ReplayPoint};
-pub use expand::{ExpansionSpec, ExpansionStats, TraceTarget};
-pub use guest::{DiskImage, NetSpec, Start, VmSpec};
-pub use preempt::PreemptStats;
-pub use run::{ExitCounts, NetReport, ProgressFn, RunOutcome, StopReason};
+pub use machine::Machine;
+pub use state::VcpuState;
+pub use vcpu::Vcpu;
 
 /// The vCPU id of the (only) vCPU.
 pub const BOOT_VCPU: u8 = 0;
@@ -116,7 +107,7 @@ pub enum VmError {
     NoSnapshotPoint,
 }
 
-pub(super) fn kvm_err(op: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
+pub(crate) fn kvm_err(op: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
     move |source| VmError::Kvm { op, source }
 }
 
@@ -153,117 +144,92 @@ impl Default for VmClock {
     }
 }
 
-/// A created VM, ready to run.
-pub struct Vm {
-    // Field order is drop order: the vCPU and VM fds go before the memory
-    // they map.
-    vcpu: VcpuFd,
-    _vm: VmFd,
-    _kvm: Kvm,
-    mem: GuestMemoryMmap,
-    platform: LegacyPlatform<Console>,
-    /// The run's archive, for `/init` to fetch.
-    archive: Vec<u8>,
-    /// `/init` said it is ready: the disk and network devices answer.
-    devices_attached: bool,
-    /// Where the guest kernel announced its context-switch ring.
-    switch_ring_gpa: Option<u64>,
-    /// Taking a boot snapshot when `/init` is ready, instead of going on.
-    snapshot_builder: Option<snapshot::Builder>,
-    clock: VmClock,
-    exits: ExitCounts,
-    exit_status: Option<u8>,
-    init_reached: Option<Duration>,
-    /// Where each extended state component lives in an XSAVE area.
-    xsave_layout: XsaveLayout,
-    /// Size of the largest XSAVE state the guest can enable.
-    xsave_max_size: usize,
-    /// Host input for the serial console, if attached.
-    input: Option<ConsoleInput>,
-    /// An exception was injected since the last KVM_RUN: KVM would drop an
-    /// interrupt injected alongside it, so interrupts wait for the window.
-    exception_pending: bool,
-    /// Recording, replay, or neither.
-    journal: Journal,
-    /// The virtio disk.
-    block: Option<VirtioBlock>,
-    /// The virtio network device.
-    net: Option<VirtioNet>,
-    /// Where the guest's events go at replay.
-    events: Option<Capture>,
-    /// SAMPLE events: host-time period and when the next is due.
-    sampling: Option<Sampling>,
-    /// The guest kernel's context-switch ring, once announced (replay with
-    /// an event capture only).
-    switch_ring: Option<SwitchRing>,
-    /// What each traced process mapped, for unwinding user stacks by
-    /// their call-frame information (replay with events).
-    stacks: Option<unwind::Processes>,
-    /// Where the guest kernel keeps the top of the current task's kernel
-    /// stack, so that samples in the kernel find the user registers.
-    kernel_stack_top: Option<u64>,
-    /// Rung by device threads when they have something for the guest.
-    doorbell: Doorbell,
-    /// The last KVM_RUN ended in a deterministic exit, or the vCPU is at an
-    /// asynchronous point: under the exit clock the only moments an
-    /// interrupt may be injected or input made visible.
-    at_delivery_point: bool,
-    /// Asynchronous points: taken when recording, searched for at replay.
-    preempt: preempt::Preemption,
-    /// Called with the journal's counts about twice a second.
-    progress: Option<ProgressFn>,
-    last_progress: Instant,
-    trace_summary: Option<trace::Summary>,
-    /// CPUID as given to the guest: (function, index, eax, ebx, ecx, edx).
-    guest_cpuid: Vec<(u32, u32, u32, u32, u32, u32)>,
-    /// KVM capabilities the run depends on: (capability, value).
-    kvm_caps: Vec<(u32, i32)>,
-    /// Where the guest resumes after the last VM exit, until the next
-    /// KVM_RUN returns: a kick that finds it still there came during the
-    /// hypervisor's round trip, not while the guest ran.
-    resume_rip: Option<u64>,
-    /// The host CPU the vCPU thread is kept on (`crate::host_cpu`).
-    host_cpu: Option<usize>,
-    /// Replay: checkpoints being taken.
-    checkpoints: Option<checkpoint::Taker>,
-    /// The checkpoint this VM was restored from (exit, digest), and guest
-    /// memory as it restored it: where a new set of checkpoints goes on.
-    restored: Option<((u64, trace::checkpoints::Digest32), Vec<u8>)>,
-    /// The last KVM_RUN ended in a deterministic exit, checked: a
-    /// checkpoint may be taken before anything else happens.
-    after_exit: bool,
-    /// Replay: where the window ends.
-    stop_at: Option<ReplayPoint>,
-    /// Replay: a process single-stepped for its instructions and memory
-    /// accesses.
-    expansion: Option<expand::Expansion>,
+/// Counts of VM exits by kind, and other run statistics.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct ExitCounts {
+    pub port_io: u64,
+    pub mmio: u64,
+    pub halts: u64,
+    pub msr: u64,
+    pub interrupts_injected: u64,
+    pub kicks: u64,
+    pub emulation_completions: u64,
 }
 
-/// Return addresses a SAMPLE, or a lock event, keeps.
-const MAX_STACK_FRAMES: usize = 32;
+/// The CPU the guest was given, as recordings name it.
+pub struct GuestCpu {
+    /// CPUID as given to the guest: (function, index, eax, ebx, ecx, edx).
+    pub cpuid: Vec<(u32, u32, u32, u32, u32, u32)>,
+    /// KVM capabilities the run depends on: (capability, value).
+    pub kvm_caps: Vec<(u32, i32)>,
+    /// Where each extended state component lives in an XSAVE area.
+    pub xsave_layout: XsaveLayout,
+    /// Size of the largest XSAVE state the guest can enable.
+    pub xsave_max_size: usize,
+}
 
-struct Sampling {
-    period_ns: u64,
-    next_ns: u64,
-    /// An interrupt or exception was injected for the next KVM_RUN: the
-    /// vCPU starts it in the guest kernel.
-    injected: bool,
+/// What the guest has said about itself on the control port.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GuestStatus {
+    /// `/init` said it is ready: the disk and network devices answer.
+    pub devices_attached: bool,
+    /// VM time at which user space `/init` started.
+    pub init_reached: Option<Duration>,
+    /// Status of the guest command, once `/init` reported it.
+    pub exit_status: Option<u8>,
+    /// Where the guest kernel announced its context-switch ring.
+    pub switch_ring_gpa: Option<u64>,
+    /// Where the guest kernel announced its preemption area (the pages
+    /// it maps into every process, `introspect::stub_area`).
+    pub stub_area_gpa: Option<u64>,
+}
+
+/// A created VM: everything but the vCPU.
+pub struct Vm {
+    // Field order is drop order: the VM fd goes before the memory it maps.
+    fd: VmFd,
+    kvm: Kvm,
+    pub(crate) mem: GuestMemoryMmap,
+    pub(crate) platform: LegacyPlatform<Console>,
+    /// The virtio disk.
+    pub(crate) block: Option<VirtioBlock>,
+    /// The virtio network device.
+    pub(crate) net: Option<VirtioNet>,
+    /// Rung by device threads when they have something for the guest.
+    pub(crate) doorbell: Doorbell,
+    pub(crate) clock: VmClock,
+    pub(crate) exits: ExitCounts,
+    pub(crate) cpu: GuestCpu,
+    pub(crate) status: GuestStatus,
+    /// The run's archive, for `/init` to fetch.
+    pub(crate) archive: Vec<u8>,
+    /// Host input for the serial console, if attached.
+    pub(crate) input: Option<ConsoleInput>,
 }
 
 impl Vm {
-    /// Keeps the vCPU thread on host CPU `cpu` (`crate::host_cpu`).
-    pub fn run_on_host_cpu(&mut self, cpu: usize) {
-        self.host_cpu = Some(cpu);
+    /// KVM's VM object.
+    pub(crate) fn fd(&self) -> &VmFd {
+        &self.fd
+    }
+
+    /// Every MSR KVM lists for a vCPU.
+    pub(crate) fn msr_index_list(&self) -> Result<Vec<u32>, VmError> {
+        let listed = self
+            .kvm
+            .get_msr_index_list()
+            .map_err(kvm_err("GET_MSR_INDEX_LIST"))?;
+        Ok(listed.as_slice().to_vec())
     }
 
     /// CPUID as the guest sees it in kernel mode.
     pub fn guest_cpuid(&self) -> &[(u32, u32, u32, u32, u32, u32)] {
-        &self.guest_cpuid
+        &self.cpu.cpuid
     }
 
     /// The KVM capabilities recordings depend on, with their values.
     pub fn kvm_caps(&self) -> &[(u32, i32)] {
-        &self.kvm_caps
+        &self.cpu.kvm_caps
     }
 
     /// Whether the guest has a network device.
@@ -271,25 +237,8 @@ impl Vm {
         self.net.is_some()
     }
 
-    /// Also hands every Ethernet frame the guest transmits to `capture`.
-    pub fn capture_net_tx(&mut self, capture: devices::virtio_net::FrameSink) {
-        if let Some(net) = &mut self.net {
-            net.capture_tx(capture);
-        }
-    }
-
-    /// Records or replays this run (before `run`).
-    pub fn set_journal(&mut self, journal: Journal) {
-        self.journal = journal;
-    }
-
-    /// Reports progress while the run goes on.
-    pub fn on_progress(&mut self, progress: ProgressFn) {
-        self.progress = Some(progress);
-    }
-
-    /// Feeds host input to the guest's serial console.
-    pub fn attach_input(&mut self, input: ConsoleInput) {
-        self.input = Some(input);
+    /// The size of guest RAM in bytes.
+    pub(crate) fn ram_bytes(&self) -> usize {
+        self.mem.iter().map(|r| r.len() as usize).sum()
     }
 }

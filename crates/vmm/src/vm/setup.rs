@@ -1,8 +1,8 @@
-//! Setting up a VM: KVM, guest memory and the boot image, the vCPU with
-//! its CPUID and MSR filter, and the devices.
+//! Setting up the machine: KVM, guest memory and the boot image, the vCPU
+//! with its CPUID and MSR filter, and the devices.
 
 use guest::VmSpec;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use devices::cow_disk::{CowDisk, DiskError};
 use devices::doorbell::Doorbell;
@@ -12,14 +12,17 @@ use devices::LegacyPlatform;
 use kvm_ioctls::Kvm;
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 
-use super::{kvm_err, Console, ExitCounts, Vm, VmClock, VmError, BOOT_VCPU};
+use super::{
+    kvm_err, Console, ExitCounts, GuestCpu, GuestStatus, Machine, Vcpu, Vm, VmClock, VmError,
+    BOOT_VCPU,
+};
 use crate::{cpuid, kvm_ext};
 use guest::boot;
 use introspect::xstate::XsaveLayout;
-use journal::{self, Journal};
 
-impl Vm {
-    /// Creates the VM, loads the guest and sets the boot vCPU's registers.
+impl Machine {
+    /// Creates the VM and its vCPU, loads the guest and sets the vCPU's
+    /// boot registers.
     pub fn new(spec: &VmSpec, console: Console) -> Result<Self, VmError> {
         let kvm = Kvm::new().map_err(VmError::OpenKvm)?;
         let vm = kvm.create_vm().map_err(kvm_err("CREATE_VM"))?;
@@ -153,47 +156,28 @@ impl Vm {
             bytes: archive.len(),
         })?;
         platform.set_archive_len(archive_len);
-        Ok(Vm {
-            vcpu,
-            _vm: vm,
-            _kvm: kvm,
-            mem,
-            platform,
-            archive,
-            devices_attached: false,
-            switch_ring_gpa: None,
-            snapshot_builder: None,
-            clock: VmClock::new(),
-            resume_rip: None,
-            host_cpu: None,
-            exits: ExitCounts::default(),
-            exit_status: None,
-            init_reached: None,
-            xsave_layout,
-            xsave_max_size,
-            input: None,
-            exception_pending: false,
-            journal: Journal::Live,
-            block,
-            net,
-            doorbell,
-            at_delivery_point: false,
-            preempt: Default::default(),
-            progress: None,
-            last_progress: Instant::now(),
-            trace_summary: None,
-            events: None,
-            sampling: None,
-            switch_ring: None,
-            stacks: None,
-            kernel_stack_top: None,
-            guest_cpuid,
-            kvm_caps,
-            checkpoints: None,
-            restored: None,
-            after_exit: false,
-            stop_at: None,
-            expansion: None,
+        Ok(Machine {
+            vcpu: Vcpu::new(vcpu),
+            vm: Vm {
+                fd: vm,
+                kvm,
+                mem,
+                platform,
+                block,
+                net,
+                doorbell,
+                clock: VmClock::new(),
+                exits: ExitCounts::default(),
+                cpu: GuestCpu {
+                    cpuid: guest_cpuid,
+                    kvm_caps,
+                    xsave_layout,
+                    xsave_max_size,
+                },
+                status: GuestStatus::default(),
+                archive,
+                input: None,
+            },
         })
     }
 }

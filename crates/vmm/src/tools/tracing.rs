@@ -22,8 +22,11 @@ use kvm_bindings::{kvm_guest_debug, kvm_segment, KVM_GUESTDBG_ENABLE, KVM_GUESTD
 use introspect::guest_events::{self, SavedReg};
 use introspect::instructions::{self, InstructionTrace, MemoryTrace, UserRegs, MAX_INSN, TF};
 use introspect::{gva, probe_gate};
+use journal::LogPosition;
 
-use super::{kvm_err, Vm, VmError};
+use super::events::EventTool;
+use crate::points::PointSearch;
+use crate::vm::{kvm_err, Machine, VmError};
 
 /// The process to trace.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -59,9 +62,9 @@ pub struct ExpansionStats {
     pub unreadable: u64,
 }
 
-pub(super) struct Expansion {
+/// Single-stepping one process at replay.
+pub(crate) struct ProcessTracer {
     target: TraceTarget,
-    pid: Option<u32>,
     /// Threads stepping (from their first step to their next SYSCALL),
     /// and all that were seen stepping.
     stepping: HashSet<u32>,
@@ -94,14 +97,13 @@ pub(super) struct Expansion {
     stats: ExpansionStats,
 }
 
-impl Vm {
-    /// Replay: single-step the user code of `spec.target` and write what
-    /// it executed (before `run`; needs an event capture, which says
-    /// which task is on the CPU).
-    pub fn expand_user(&mut self, spec: ExpansionSpec) {
-        self.expansion = Some(Expansion {
+impl ProcessTracer {
+    /// Single-steps the user code of `spec.target` and writes what it
+    /// executed (needs an event capture, which says which task is on the
+    /// CPU).
+    pub(crate) fn new(spec: ExpansionSpec) -> Self {
+        ProcessTracer {
             target: spec.target,
-            pid: None,
             stepping: HashSet::new(),
             seen: HashSet::new(),
             in_syscall: HashMap::new(),
@@ -118,27 +120,33 @@ impl Vm {
             memory: spec.memory.map(MemoryTrace::new),
             factory: InstructionInfoFactory::new(),
             stats: ExpansionStats::default(),
-        });
+        }
     }
 
-    /// What the expansion did so far.
-    pub fn expansion_stats(&self) -> Option<ExpansionStats> {
-        self.expansion.as_ref().map(|e| ExpansionStats {
-            threads: e.seen.len(),
-            ..e.stats.clone()
-        })
+    /// What the tracing did so far.
+    pub(crate) fn stats(&self) -> ExpansionStats {
+        ExpansionStats {
+            threads: self.seen.len(),
+            ..self.stats.clone()
+        }
     }
 
-    /// Replay, after a deterministic exit: if the task on the CPU is one
-    /// of the traced process's and not yet stepping, sets its trap flag.
-    pub(super) fn arm_expansion(&mut self) -> Result<(), VmError> {
-        let (Some(x), Some(capture)) = (&mut self.expansion, &self.events) else {
-            return Ok(());
-        };
+    /// After a deterministic exit: if the task on the CPU is one of the
+    /// traced process's and not yet stepping, sets its trap flag.
+    /// `kernel_stack_top`: where the guest kernel keeps the top of the
+    /// current task's kernel stack (its saved user registers are below).
+    pub(crate) fn arm(
+        &mut self,
+        m: &mut Machine,
+        events: &EventTool,
+        kernel_stack_top: Option<u64>,
+    ) -> Result<(), VmError> {
+        let x = self;
+        let capture = &events.capture;
         let Some((pid, lwpid)) = capture.current() else {
             return Ok(());
         };
-        if x.pid.is_none() {
+        if x.stats.pid.is_none() {
             let found = match &x.target {
                 TraceTarget::Pid(p) => *p == pid,
                 TraceTarget::Name(name) => capture.comm_of(pid).is_some_and(|comm| {
@@ -149,14 +157,13 @@ impl Vm {
             if !found {
                 return Ok(());
             }
-            x.pid = Some(pid);
             x.stats.pid = Some(pid);
         }
         let fix_r11 = x.r11_fix.contains(&lwpid);
-        if x.pid != Some(pid) || (x.stepping.contains(&lwpid) && !fix_r11) {
+        if x.stats.pid != Some(pid) || (x.stepping.contains(&lwpid) && !fix_r11) {
             return Ok(());
         }
-        let sregs = self.vcpu.get_sregs().map_err(kvm_err("GET_SREGS"))?;
+        let sregs = m.vcpu.sregs()?;
         if fix_r11 {
             // In a system call the thread made with the trap flag: R11,
             // which it gets back, is the RFLAGS it had, the flag with it.
@@ -167,9 +174,9 @@ impl Vm {
             let ret = x.in_syscall.get(&lwpid).copied();
             let fixed = sregs.cs.selector & 3 != 3
                 && ret.is_some()
-                && self.kernel_stack_top.is_some_and(|top| {
+                && kernel_stack_top.is_some_and(|top| {
                     guest_events::update_saved_user_reg(
-                        &self.mem,
+                        &m.vm.mem,
                         sregs.cr3,
                         top,
                         SavedReg::R11,
@@ -185,39 +192,41 @@ impl Vm {
             }
         }
         if x.handler.is_none() {
-            let handler = debug_handler(&self.mem, sregs.cr3, sregs.idt.base)?;
+            let handler = debug_handler(&m.vm.mem, sregs.cr3, sregs.idt.base)?;
             let mut debug = kvm_guest_debug {
                 control: KVM_GUESTDBG_ENABLE | KVM_GUESTDBG_USE_HW_BP,
                 ..Default::default()
             };
             debug.arch.debugreg[0] = handler;
             debug.arch.debugreg[7] = 0x1; // L0, execution, 1 byte
-            self.vcpu
+            m.vcpu
+                .fd
                 .set_guest_debug(&debug)
                 .map_err(kvm_err("SET_GUEST_DEBUG"))?;
             x.handler = Some(handler);
             // Each step reads and writes both register sets: through
             // `kvm_run`, not four ioctls.
-            self.vcpu
+            m.vcpu
+                .fd
                 .set_sync_valid_reg(kvm_ioctls::SyncReg::SystemRegister);
         }
         if sregs.cs.selector & 3 == 3 {
             // The exit's instruction is completed first: its registers
             // are then the ones to change.
-            if !self.complete_exit_now("RUN (completing an exit)")? {
+            if !m.vcpu.complete_exit_now("RUN (completing an exit)")? {
                 return Err(VmError::Expansion(
                     "the vCPU ran on while the trap flag was being set".into(),
                 ));
             }
-            let mut regs = self.vcpu.get_regs().map_err(kvm_err("GET_REGS"))?;
+            let mut regs = m.vcpu.regs()?;
             regs.rflags |= TF;
-            self.vcpu.set_regs(&regs).map_err(kvm_err("SET_REGS"))?;
-        } else if let Some(top) = self.kernel_stack_top {
+            m.vcpu.set_regs(&regs)?;
+        } else if let Some(top) = kernel_stack_top {
             // Until the task's first step, this is tried again at every
             // exit it is on the CPU for (a kernel thread's, or a task's
             // on its way out of the kernel, has no user frame yet).
             guest_events::update_saved_user_reg(
-                &self.mem,
+                &m.vm.mem,
                 sregs.cr3,
                 top,
                 SavedReg::Flags,
@@ -228,17 +237,24 @@ impl Vm {
         Ok(())
     }
 
-    /// Replay: the breakpoint on the guest's #DB handler fired. A step of
-    /// the traced process is logged; any other task's trap flag (a
-    /// fork's child inherits it) is cleared. Either way the task goes
-    /// back to user mode where the exception found it.
-    pub(super) fn expansion_step(&mut self) -> Result<(), VmError> {
-        let synced = self.vcpu.sync_regs();
+    /// The breakpoint on the guest's #DB handler fired. A step of the
+    /// traced process is logged; any other task's trap flag (a fork's
+    /// child inherits it) is cleared. Either way the task goes back to
+    /// user mode where the exception found it. `at`: where replay stands
+    /// in the log.
+    pub(crate) fn step(
+        &mut self,
+        m: &mut Machine,
+        events: &mut EventTool,
+        search: &PointSearch,
+        at: LogPosition,
+    ) -> Result<(), VmError> {
+        let synced = m.vcpu.fd.sync_regs();
         let (regs, mut sregs) = (synced.regs, synced.sregs);
         let cr3 = sregs.cr3;
         // The frame: RIP, CS, RFLAGS, RSP, SS.
         let mut frame = [0u8; 40];
-        gva::read_virt(&self.mem, cr3, regs.rsp, &mut frame).map_err(|e| {
+        gva::read_virt(&m.vm.mem, cr3, regs.rsp, &mut frame).map_err(|e| {
             VmError::Expansion(format!(
                 "cannot read the debug exception's frame at {:#x}: {e}",
                 regs.rsp
@@ -254,25 +270,23 @@ impl Vm {
                 rip
             )));
         }
-        self.drain_switches()?;
-        let current = self.events.as_ref().and_then(|c| c.current());
-        let in_stub = probe_gate::in_stub_pages(rip, &self.stub_mappings());
+        events.drain_switches(&m.vm.mem, at.guest_ns)?;
+        let current = events.capture.current();
+        let in_stub = probe_gate::in_stub_pages(rip, &m.stub_mappings());
         let moved = if in_stub {
-            self.preempt.moved_instruction(cr3, rip)
+            search.moved_instruction(cr3, rip)
         } else {
             None
         };
-        let patch_rip = self.preempt.search_patch_at(cr3);
+        let patch_rip = search.patch_at(cr3);
         let at_patch = patch_rip == Some(rip);
-        let exit = self.journal.progress().exits;
-        let Some(x) = &mut self.expansion else {
-            return Ok(());
-        };
-        x.exit = exit;
+        let x = self;
+        let mem = &m.vm.mem;
+        x.exit = at.exits;
         let mut user = regs;
         (user.rip, user.rsp, user.rflags) = (rip, rsp, rflags);
         match current {
-            Some((pid, lwpid)) if Some(pid) == x.pid => {
+            Some((pid, lwpid)) if Some(pid) == x.stats.pid => {
                 x.stepping.insert(lwpid);
                 x.seen.insert(lwpid);
                 let mut at = UserRegs::from_kvm(&user);
@@ -314,20 +328,20 @@ impl Vm {
                     // pending, taken back at the position.)
                     let ran = |before: &UserRegs| before.rip != at.rip || before.gprs != at.gprs;
                     if let Some(before) = x.at_patch.remove(&lwpid).filter(ran) {
-                        x.step(&self.mem, cr3, lwpid, &before, false)?;
+                        x.log_step(mem, cr3, lwpid, &before, false)?;
                     }
                     if let Some(before) = x.unread.remove(&lwpid).filter(ran) {
-                        if x.step(&self.mem, cr3, lwpid, &before, false)? {
+                        if x.log_step(mem, cr3, lwpid, &before, false)? {
                             // A SYSCALL, whose R11 nobody fixed.
                             x.r11_fix.insert(lwpid);
                             x.in_syscall.insert(lwpid, before.rip + 2);
                         }
                     }
                     if let Some(ret) = x.in_syscall.remove(&lwpid) {
-                        x.after_syscall(&self.mem, cr3, lwpid, ret, &mut user, &sregs)?;
+                        x.after_syscall(mem, cr3, lwpid, ret, &mut user, &sregs)?;
                         at.gprs[11] = user.r11;
                     }
-                    if x.step(&self.mem, cr3, lwpid, &at, true)? {
+                    if x.log_step(mem, cr3, lwpid, &at, true)? {
                         // SYSCALL saves RFLAGS, the trap flag with it, in
                         // R11, where the program would see it: cleared
                         // at the system call's first exit
@@ -347,45 +361,33 @@ impl Vm {
             }
         }
         let accesses = std::mem::take(&mut x.to_capture);
-        let pid = x.pid.unwrap_or(0);
-        if let (false, Some(capture)) = (accesses.is_empty(), &mut self.events) {
-            let time = self.journal.progress().guest_ns;
-            for (lwpid, rip, a, on_stack) in &accesses {
-                let value = a.kind.value(a.size, *on_stack);
-                capture.memory_access(time, (pid, *lwpid), *rip, a.addr, value)?;
-            }
+        let pid = x.stats.pid.unwrap_or(0);
+        for (lwpid, rip, a, on_stack) in &accesses {
+            let value = a.kind.value(a.size, *on_stack);
+            events
+                .capture
+                .memory_access(at.guest_ns, (pid, *lwpid), *rip, a.addr, value)?;
         }
-        sregs.cs = user_segment(&self.mem, cr3, &sregs, cs)?;
-        sregs.ss = user_segment(&self.mem, cr3, &sregs, ss)?;
-        let synced = self.vcpu.sync_regs_mut();
+        sregs.cs = user_segment(mem, cr3, &sregs, cs)?;
+        sregs.ss = user_segment(mem, cr3, &sregs, ss)?;
+        let synced = m.vcpu.fd.sync_regs_mut();
         (synced.regs, synced.sregs) = (user, sregs);
-        self.vcpu.set_sync_dirty_reg(kvm_ioctls::SyncReg::Register);
-        self.vcpu
+        m.vcpu.fd.set_sync_dirty_reg(kvm_ioctls::SyncReg::Register);
+        m.vcpu
+            .fd
             .set_sync_dirty_reg(kvm_ioctls::SyncReg::SystemRegister);
         Ok(())
     }
 
-    /// RFLAGS bits the expansion sets in user mode, which a comparison
-    /// with the recording leaves out.
-    pub(super) fn expansion_flags(&self) -> u64 {
-        if self.expansion.is_some() {
-            TF
-        } else {
-            0
-        }
-    }
-
-    /// Replay: whether the expansion's breakpoint is armed (debug exits
-    /// are then its).
-    pub(super) fn expanding(&self) -> bool {
-        self.expansion.as_ref().is_some_and(|x| x.handler.is_some())
+    /// Whether the breakpoint on the #DB handler is armed (debug exits are
+    /// then the tracer's).
+    pub(crate) fn armed(&self) -> bool {
+        self.handler.is_some()
     }
 
     /// The run ended: the traces are flushed.
-    pub(super) fn end_expansion(&mut self) -> Result<(), VmError> {
-        let Some(x) = &mut self.expansion else {
-            return Ok(());
-        };
+    pub(crate) fn finish(&mut self) -> Result<(), VmError> {
+        let x = self;
         let write = |e: std::io::Error| VmError::Expansion(format!("cannot write a trace: {e}"));
         if let Some(t) = &mut x.instructions {
             t.finish().map_err(write)?;
@@ -397,7 +399,7 @@ impl Vm {
     }
 }
 
-impl Expansion {
+impl ProcessTracer {
     /// A step after a SYSCALL: if the guest kernel returned to `ret`
     /// (with the trap flag), the instruction there ran before this step.
     /// It is logged, its accesses computed from the registers after it
@@ -441,7 +443,7 @@ impl Expansion {
     /// Logs the instruction the task `lwpid` is about to run (or, if its
     /// bytes are on a page not mapped yet and `may_wait`, keeps it for the
     /// thread's next step); true if it is a SYSCALL.
-    fn step(
+    fn log_step(
         &mut self,
         mem: &vm_memory::GuestMemoryMmap,
         cr3: u64,

@@ -9,7 +9,7 @@ use std::fmt;
 use trace::{Header, TraceError, TraceReader};
 
 use super::entry::{register_digest, rip_of};
-use super::{EndReason, Entry, Input, Journal, JournalError, Progress};
+use super::{clock_read, EndReason, Entry, Input, JournalError, Progress};
 use crate::preempt::AsyncPoint;
 
 /// A position in the log, and the counts replay had reached there.
@@ -34,7 +34,7 @@ pub struct Replayer {
     exits: u64,
     entries: u64,
     async_points: u64,
-    pub(super) guest_ns: u64,
+    guest_ns: u64,
     /// The log ran out (an incomplete trace).
     exhausted: bool,
     /// The input entry `replay_input` took last.
@@ -175,13 +175,15 @@ impl Replayer {
     pub fn log_exhausted(&mut self) -> Result<bool, JournalError> {
         Ok(self.peek()?.is_none())
     }
-    /// Checks deterministic exit `observed` against the log, and the
-    /// registers against the logged digest when one is due.
-    pub(super) fn exit(
+    /// Checks deterministic exit `observed` (RIP set; for reads, with the
+    /// value the guest got) against the log, and the registers `regs` at
+    /// it against the logged digest when one is due.
+    pub fn exit(
         &mut self,
         observed: Entry,
         regs: &kvm_bindings::kvm_regs,
     ) -> Result<(), JournalError> {
+        self.guest_ns = clock_read(&observed).unwrap_or(self.guest_ns);
         self.exits += 1;
         let logged = match self.current.take() {
             Some(l) => l,
@@ -208,7 +210,7 @@ impl Replayer {
         Ok(())
     }
 
-    pub(super) fn progress(&self) -> Progress {
+    pub fn progress(&self) -> Progress {
         Progress {
             exits: self.exits,
             entries: self.entries,
@@ -220,55 +222,40 @@ impl Replayer {
 }
 
 /// What replay takes from the log after an exit, and the divergences
-/// found there. When not replaying these do nothing.
-impl Journal {
-    /// At replay, the logged result of the read `observed` (an exit entry
-    /// whose RIP is not known yet); `None` when not replaying.
-    pub fn replay_read(&mut self, observed: &Entry) -> Result<Option<Entry>, JournalError> {
-        let Journal::Replay(r) = self else {
-            return Ok(None);
-        };
-        let logged = r.take_exit(observed, r.exits + 1)?;
-        r.current = Some(logged.clone());
-        Ok(Some(logged))
+/// found there.
+impl Replayer {
+    /// The logged result of the read `observed` (an exit entry whose RIP
+    /// is not known yet).
+    pub fn read(&mut self, observed: &Entry) -> Result<Entry, JournalError> {
+        let logged = self.take_exit(observed, self.exits + 1)?;
+        self.current = Some(logged.clone());
+        Ok(logged)
     }
 
-    /// At replay, takes the next entry about the last exit if `pick`
-    /// accepts it.
-    fn replay_take<T>(
-        &mut self,
-        pick: impl Fn(&Entry) -> Option<T>,
-    ) -> Result<Option<T>, JournalError> {
-        let Journal::Replay(r) = self else {
+    /// Takes the next entry about the last exit if `pick` accepts it.
+    fn take<T>(&mut self, pick: impl Fn(&Entry) -> Option<T>) -> Result<Option<T>, JournalError> {
+        let Some(value) = self.peek()?.and_then(pick) else {
             return Ok(None);
         };
-        let Some(value) = r.peek()?.and_then(pick) else {
-            return Ok(None);
-        };
-        r.next()?;
+        self.next()?;
         Ok(Some(value))
     }
 
-    /// At replay, the asynchronous point the log has next, if it has one
-    /// before the next exit (left in the log until it is reached).
-    pub fn replay_async_point(&mut self) -> Result<Option<AsyncPoint>, JournalError> {
-        let Journal::Replay(r) = self else {
-            return Ok(None);
-        };
-        Ok(match r.peek()? {
+    /// The asynchronous point the log has next, if it has one before the
+    /// next exit (left in the log until it is reached).
+    pub fn async_point(&mut self) -> Result<Option<AsyncPoint>, JournalError> {
+        Ok(match self.peek()? {
             Some(Entry::AsyncPoint(p)) => Some((**p).clone()),
             _ => None,
         })
     }
 
-    /// At replay, the asynchronous point the log has next was reached:
-    /// what follows it in the log is delivered now.
-    pub fn replay_async_point_reached(&mut self) -> Result<(), JournalError> {
-        if let Journal::Replay(r) = self {
-            if let Some(Entry::AsyncPoint(_)) = r.peek()? {
-                r.next()?;
-                r.async_points += 1;
-            }
+    /// The asynchronous point the log has next was reached: what follows
+    /// it in the log is delivered now.
+    pub fn async_point_reached(&mut self) -> Result<(), JournalError> {
+        if let Some(Entry::AsyncPoint(_)) = self.peek()? {
+            self.next()?;
+            self.async_points += 1;
         }
         Ok(())
     }
@@ -276,35 +263,29 @@ impl Journal {
     /// The divergence for an asynchronous point replay did not reach:
     /// `why` says what happened instead.
     pub fn async_point_missed(&mut self, why: String) -> JournalError {
-        let expected = match self {
-            Journal::Replay(r) => r.peek().ok().flatten().cloned(),
-            _ => None,
-        };
-        self.divergence(expected, why)
+        let expected = self.peek().ok().flatten().cloned();
+        self.diverged(expected, why)
     }
 
-    /// At replay, the interrupt to inject after the last exit, if any.
-    pub fn replay_interrupt(&mut self) -> Result<Option<u8>, JournalError> {
-        self.replay_take(|e| match e {
+    /// The interrupt to inject after the last exit, if any.
+    pub fn interrupt(&mut self) -> Result<Option<u8>, JournalError> {
+        self.take(|e| match e {
             Entry::Interrupt { vector } => Some(*vector),
             _ => None,
         })
     }
 
-    /// At replay, whether something that wakes a halted guest (an
-    /// interrupt, disk completions) is logged after the last exit.
-    pub fn replay_wakeup_due(&mut self) -> Result<bool, JournalError> {
-        let Journal::Replay(r) = self else {
-            return Ok(false);
-        };
+    /// Whether something that wakes a halted guest (an interrupt, disk
+    /// completions) is logged after the last exit.
+    pub fn wakeup_due(&mut self) -> Result<bool, JournalError> {
         Ok(matches!(
-            r.peek()?,
+            self.peek()?,
             Some(Entry::Interrupt { .. } | Entry::DiskDone { .. } | Entry::NetRx { .. })
         ))
     }
 
     /// The divergence for a logged interrupt the vCPU cannot take now.
-    pub fn replay_uninjectable(&mut self, vector: u8, exception_pending: bool) -> JournalError {
+    pub fn uninjectable(&mut self, vector: u8, exception_pending: bool) -> JournalError {
         let found = format!(
             "vCPU cannot take interrupt {vector:#x} here{}",
             if exception_pending {
@@ -313,28 +294,25 @@ impl Journal {
                 " (interrupts disabled or shadowed)"
             }
         );
-        self.divergence(Some(Entry::Interrupt { vector }), found)
+        self.diverged(Some(Entry::Interrupt { vector }), found)
     }
 
-    /// At replay, the next input the recording made visible after the last
-    /// exit (disk completions, network frames), if there is one more.
-    pub fn replay_input(&mut self) -> Result<Option<Input>, JournalError> {
-        let Journal::Replay(r) = self else {
-            return Ok(None);
-        };
-        let input = match r.peek()? {
+    /// The next input the recording made visible after the last exit
+    /// (disk completions, network frames), if there is one more.
+    pub fn input(&mut self) -> Result<Option<Input>, JournalError> {
+        let input = match self.peek()? {
             Some(Entry::DiskDone { completed }) => Input::Disk(*completed),
             Some(Entry::NetRx { payload, lens }) => {
                 let (payload, lens) = (*payload, lens.clone());
-                let bytes = r.reader.payload(payload)?;
+                let bytes = self.reader.payload(payload)?;
                 let total: u64 = lens.iter().map(|&l| u64::from(l)).sum();
                 if total != bytes.len() as u64 {
                     let found = format!(
                         "the frames' lengths add up to {total} bytes, the payload has {}",
                         bytes.len()
                     );
-                    let expected = r.peeked.clone();
-                    return Err(r.diverged(expected, found));
+                    let expected = self.peeked.clone();
+                    return Err(self.diverged(expected, found));
                 }
                 let mut frames = Vec::with_capacity(lens.len());
                 let mut at = 0usize;
@@ -347,7 +325,7 @@ impl Journal {
             }
             _ => return Ok(None),
         };
-        r.last_input = r.next()?;
+        self.last_input = self.next()?;
         Ok(Some(input))
     }
 
@@ -355,23 +333,20 @@ impl Journal {
     /// (`why`: too few receive buffers, a size the guest does not accept).
     pub fn undeliverable_frames(&mut self, frames: &[Vec<u8>], why: String) -> JournalError {
         let found = format!("{} frames cannot be delivered: {why}", frames.len());
-        let expected = match self {
-            Journal::Replay(r) => r.last_input.clone(),
-            _ => None,
-        };
-        self.divergence(expected, found)
+        let expected = self.last_input.clone();
+        self.diverged(expected, found)
     }
 
-    /// At replay, when the recording saw the event the last exit raised.
-    pub fn replay_event_raised(&mut self) -> Result<u64, JournalError> {
-        match self.replay_take(|e| match e {
+    /// When the recording saw the event the last exit raised.
+    pub fn event_raised(&mut self) -> Result<u64, JournalError> {
+        match self.take(|e| match e {
             Entry::EventRaised { ns } => Some(*ns),
             _ => None,
         })? {
             Some(ns) => Ok(ns),
             None => {
                 let found = "a guest event that the recording did not see".to_owned();
-                Err(self.divergence(Some(Entry::EventRaised { ns: 0 }), found))
+                Err(self.diverged(Some(Entry::EventRaised { ns: 0 }), found))
             }
         }
     }
@@ -380,45 +355,26 @@ impl Journal {
     /// cannot reach (it never had that many requests).
     pub fn impossible_disk_done(&mut self, completed: u64, submitted: u64) -> JournalError {
         let found = format!("disk has {submitted} requests, cannot complete {completed}");
-        self.divergence(Some(Entry::DiskDone { completed }), found)
+        self.diverged(Some(Entry::DiskDone { completed }), found)
     }
 
-    /// At replay, checks that the guest ended the way the recording did.
-    pub fn replay_end(&mut self, reason: &EndReason) -> Result<(), JournalError> {
-        let Journal::Replay(r) = self else {
-            return Ok(());
-        };
-        match r.next()? {
+    /// Checks that the guest ended the way the recording did.
+    pub fn end(&mut self, reason: &EndReason) -> Result<(), JournalError> {
+        match self.next()? {
             Some(Entry::End(e)) if &e == reason => Ok(()),
             None => Ok(()),
-            other => Err(r.diverged(other, format!("end: {reason}"))),
+            other => Err(self.diverged(other, format!("end: {reason}"))),
         }
     }
 
     /// The divergence for a replayed guest that halted where the log has
     /// nothing to wake it.
     pub fn halted_without_interrupt(&mut self, rip: u64) -> JournalError {
-        let expected = match self {
-            Journal::Replay(r) => r.peek().ok().flatten().cloned(),
-            _ => None,
-        };
-        self.divergence(
+        let expected = self.peek().ok().flatten().cloned();
+        self.diverged(
             expected,
             format!("guest halted at rip {rip:#x} with no interrupt due"),
         )
-    }
-
-    /// A divergence at the current exit, expecting `expected`.
-    fn divergence(&mut self, expected: Option<Entry>, found: String) -> JournalError {
-        match self {
-            Journal::Replay(r) => r.diverged(expected, found),
-            _ => JournalError::Diverged(Box::new(Divergence {
-                exit: 0,
-                expected,
-                found,
-                state: String::new(),
-            })),
-        }
     }
 }
 

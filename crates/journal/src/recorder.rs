@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use trace::{Summary, TraceWriter};
 
 use super::entry::register_digest;
-use super::{EndReason, Entry, Journal, JournalError, Progress};
+use super::{clock_read, EndReason, Entry, JournalError, Progress};
 use crate::preempt::AsyncPoint;
 
 /// The recorder hands complete frames to the OS at least this often, so a
@@ -20,7 +20,7 @@ pub struct Recorder {
     entries: u64,
     async_points: u64,
     last_flush: Instant,
-    pub(super) guest_ns: u64,
+    guest_ns: u64,
 }
 
 impl Recorder {
@@ -44,13 +44,15 @@ impl Recorder {
         Ok(())
     }
 
-    /// Logs deterministic exit `observed`, and the registers' digest when
-    /// one is due.
-    pub(super) fn exit(
+    /// Logs deterministic exit `observed` (RIP set; for reads, with the
+    /// value the guest got), and the digest of the registers `regs` at it
+    /// when one is due.
+    pub fn exit(
         &mut self,
         observed: Entry,
         regs: &kvm_bindings::kvm_regs,
     ) -> Result<(), JournalError> {
+        self.guest_ns = clock_read(&observed).unwrap_or(self.guest_ns);
         self.exits += 1;
         let digest = self.exits.is_multiple_of(self.digest_interval);
         self.push(observed)?;
@@ -63,7 +65,7 @@ impl Recorder {
     }
 
     /// Hands complete frames to the OS now and then.
-    pub(super) fn housekeeping(&mut self) -> Result<(), JournalError> {
+    pub fn housekeeping(&mut self) -> Result<(), JournalError> {
         if self.last_flush.elapsed() >= FLUSH_INTERVAL {
             self.writer.flush()?;
             self.last_flush = Instant::now();
@@ -71,7 +73,7 @@ impl Recorder {
         Ok(())
     }
 
-    pub(super) fn progress(&self) -> Progress {
+    pub fn progress(&self) -> Progress {
         Progress {
             exits: self.exits,
             entries: self.entries,
@@ -102,52 +104,37 @@ impl Recorder {
     }
 }
 
-/// What the VMM did after an exit, logged when recording (nothing
-/// otherwise).
-impl Journal {
-    /// Records an entry about the last exit (an interrupt, completions).
-    fn record_after(&mut self, entry: Entry) -> Result<(), JournalError> {
-        if let Journal::Record(r) = self {
-            r.push(entry)?;
-        }
-        Ok(())
-    }
-
+/// What the VMM did after an exit.
+impl Recorder {
     /// Records an interrupt injected after the last exit.
-    pub fn record_interrupt(&mut self, vector: u8) -> Result<(), JournalError> {
-        self.record_after(Entry::Interrupt { vector })
+    pub fn interrupt(&mut self, vector: u8) -> Result<(), JournalError> {
+        self.push(Entry::Interrupt { vector })
     }
 
     /// Records when the guest raised an event at the last exit.
-    pub fn record_event_raised(&mut self, ns: u64) -> Result<(), JournalError> {
-        self.record_after(Entry::EventRaised { ns })
+    pub fn event_raised(&mut self, ns: u64) -> Result<(), JournalError> {
+        self.push(Entry::EventRaised { ns })
     }
 
     /// Records that disk completions up to `completed` were published
     /// after the last exit.
-    pub fn record_disk_done(&mut self, completed: u64) -> Result<(), JournalError> {
-        self.record_after(Entry::DiskDone { completed })
+    pub fn disk_done(&mut self, completed: u64) -> Result<(), JournalError> {
+        self.push(Entry::DiskDone { completed })
     }
 
     /// Records an asynchronous point: the interrupt injected next, and any
     /// inputs made visible with it, belong to it.
-    pub fn record_async_point(&mut self, point: AsyncPoint) -> Result<(), JournalError> {
-        if let Journal::Record(r) = self {
-            r.async_points += 1;
-            r.push(Entry::AsyncPoint(Box::new(point)))?;
-        }
-        Ok(())
+    pub fn async_point(&mut self, point: AsyncPoint) -> Result<(), JournalError> {
+        self.async_points += 1;
+        self.push(Entry::AsyncPoint(Box::new(point)))
     }
 
     /// Records the network frames made visible after the last exit (their
     /// bytes go to the payload stream).
-    pub fn record_net_rx(&mut self, frames: &[Vec<u8>]) -> Result<(), JournalError> {
-        let Journal::Record(r) = self else {
-            return Ok(());
-        };
+    pub fn net_rx(&mut self, frames: &[Vec<u8>]) -> Result<(), JournalError> {
         let bytes = frames.concat();
-        let payload = r.writer.payload(&bytes)?;
+        let payload = self.writer.payload(&bytes)?;
         let lens = frames.iter().map(|f| f.len() as u32).collect();
-        r.push(Entry::NetRx { payload, lens })
+        self.push(Entry::NetRx { payload, lens })
     }
 }

@@ -1,5 +1,5 @@
-//! Checkpoints, windows and segments of `insight replay`: the positions
-//! and intervals it takes, the checkpoint listing, and `--jobs N`, where
+//! Checkpoints and segments of `insight replay`: the checkpoint listing,
+//! the segments' bounds, and `--jobs N`, where
 //! the segments between a trace's checkpoints replay side by side, each
 //! by an `insight replay --segment K/M` of its own, and their event
 //! databases are merged: the same commands an external scheduler runs
@@ -14,25 +14,11 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use diagnosis::plugin::Plugin;
 
-use events::abi::Kind;
-use events::db::EventDb;
-
-use super::replay::{parse_duration, ReplayArgs};
+use super::args::ReplayArgs;
+use crate::cmd::events::merge;
+use crate::cmd::report::diagnose;
 use crate::exit::EXIT_INSIGHT_ERROR;
 use crate::status::printable;
-use vmm::{CheckpointEvery, ReplayPoint};
-
-pub(super) fn parse_segment(text: &str) -> Result<(usize, usize), String> {
-    let parsed = text
-        .split_once('/')
-        .and_then(|(k, n)| Some((k.parse::<usize>().ok()?, n.parse::<usize>().ok()?)));
-    match parsed {
-        Some((k, n)) if k >= 1 && k <= n => Ok((k, n)),
-        _ => Err(format!(
-            "'{text}' is not a segment such as 2/4 (K from 1 to N)"
-        )),
-    }
-}
 
 /// The exits segment `k` of `n` runs between: from the checkpoint at the
 /// first (`None`: boot) to the second (`None`: the recording's end).
@@ -66,115 +52,6 @@ fn split(exits: &[u64], (k, n): (usize, usize)) -> Option<(Option<u64>, Option<u
     }
     let at = |i: usize| i * starts.len() / n;
     Some((starts[at(k - 1)], starts.get(at(k)).copied().flatten()))
-}
-
-/// A position in a recording as `--from` and `--to` take it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Position {
-    At(ReplayPoint),
-    /// The first event of a kind (of one thread), found in the trace's
-    /// event database (`TRACE/events.db`, what `--diagnose` writes).
-    First {
-        kind: Kind,
-        lwpid: Option<u32>,
-    },
-}
-
-pub(super) fn parse_position(text: &str) -> Result<Position, String> {
-    if let Ok(exit) = text.parse::<u64>() {
-        return Ok(Position::At(ReplayPoint::Exit(exit)));
-    }
-    if let Some(event) = text.strip_prefix("first:") {
-        let (name, lwpid) = match event.split_once(':') {
-            Some((name, lwpid)) => match lwpid.parse::<u32>() {
-                Ok(l) => (name, Some(l)),
-                Err(_) => return Err(format!("'{lwpid}' in '{text}' is not a thread id")),
-            },
-            None => (event, None),
-        };
-        let kind = Kind::ALL
-            .into_iter()
-            .find(|k| k.name().eq_ignore_ascii_case(name))
-            .ok_or_else(|| {
-                format!(
-                    "'{name}' is not an event kind ({})",
-                    Kind::ALL.map(|k| k.name().to_ascii_lowercase()).join(", ")
-                )
-            })?;
-        return Ok(Position::First { kind, lwpid });
-    }
-    parse_duration(text)
-        .map(|d| Position::At(ReplayPoint::GuestNs(d.as_nanos() as u64)))
-        .map_err(|_| {
-            format!(
-                "'{text}' is not a position: an exit ordinal (123456), guest time (12s, \
-                 1500ms), or the first event of a kind (first:lock, first:lock:LWPID)"
-            )
-        })
-}
-
-impl Position {
-    /// The point in the recording: an event's is its recorded time, from
-    /// the trace's event database; as a window's end (`end`), the first
-    /// exit after it, so that the event is in the window.
-    pub(super) fn resolve(self, trace: &Path, end: bool) -> Result<ReplayPoint> {
-        let (kind, lwpid) = match self {
-            Position::At(p) => return Ok(p),
-            Position::First { kind, lwpid } => (kind, lwpid),
-        };
-        let path = trace.join(crate::traces::EVENTS_DB);
-        let db = EventDb::open(&path).with_context(|| {
-            format!(
-                "an event position needs the trace's events: replay it once with --events {} \
-                 (or --diagnose)",
-                path.display()
-            )
-        })?;
-        let mut found = None;
-        db.for_each(&[kind], |r| {
-            if found.is_none() && lwpid.is_none_or(|l| l == r.lwpid) {
-                found = Some(r.time);
-            }
-            Ok(())
-        })?;
-        let Some(time) = found else {
-            bail!(
-                "{} has no {} event{}",
-                path.display(),
-                kind.name(),
-                lwpid.map_or(String::new(), |l| format!(" of thread {l}"))
-            );
-        };
-        Ok(ReplayPoint::GuestNs(if end { time + 1 } else { time }))
-    }
-}
-
-pub(super) fn parse_interval(text: &str) -> Result<CheckpointEvery, String> {
-    let every = match text.parse::<u64>() {
-        Ok(exits) => CheckpointEvery::Exits(exits),
-        Err(_) => match parse_duration(text) {
-            Ok(d) => CheckpointEvery::GuestNs(d.as_nanos() as u64),
-            Err(_) => {
-                return Err(format!(
-                    "'{text}' is not an interval: a number of exits (200000) or guest time \
-                     (2s, 500ms)"
-                ))
-            }
-        },
-    };
-    match every {
-        CheckpointEvery::Exits(0) | CheckpointEvery::GuestNs(0) => {
-            Err("the interval between checkpoints must not be 0".into())
-        }
-        every => Ok(every),
-    }
-}
-
-pub(super) fn describe_point(point: ReplayPoint) -> String {
-    match point {
-        ReplayPoint::Exit(e) => format!("exit {e}"),
-        ReplayPoint::GuestNs(ns) => format!("guest time {:.3} s", ns as f64 / 1e9),
-    }
 }
 
 /// `--list-checkpoints`.
@@ -352,7 +229,7 @@ pub fn replay_in_parallel(
             let dbs: Vec<PathBuf> = (1..=segments)
                 .map(|k| work.join(format!("segment-{k}.db")))
                 .collect();
-            let events = super::events::merge(path, &dbs, args.events_format.into())?;
+            let events = merge(path, &dbs, args.events_format.into())?;
             eprintln!(
                 "insight: {events} events of {segments} segments written to {}",
                 path.display()
@@ -371,7 +248,7 @@ pub fn replay_in_parallel(
         started.elapsed().as_secs_f64()
     );
     if let Some(path) = &args.events {
-        super::replay::diagnose(tools, path)?;
+        diagnose(tools, path)?;
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -420,52 +297,5 @@ mod tests {
         }
         assert_eq!(split(&exits, (1, 7)), None);
         assert_eq!(split(&[], (1, 1)), Some((None, None)));
-    }
-
-    #[test]
-    fn positions_intervals_and_segments_parse_or_say_why_not() {
-        let at = |p| Ok(Position::At(p));
-        assert_eq!(parse_position("1234"), at(ReplayPoint::Exit(1234)));
-        assert_eq!(
-            parse_position("12s"),
-            at(ReplayPoint::GuestNs(12_000_000_000))
-        );
-        assert!(parse_position("soon")
-            .unwrap_err()
-            .contains("not a position"));
-        assert_eq!(
-            parse_position("first:lock:77"),
-            Ok(Position::First {
-                kind: Kind::Lock,
-                lwpid: Some(77)
-            })
-        );
-        assert_eq!(
-            parse_position("first:THREADCREATE"),
-            Ok(Position::First {
-                kind: Kind::ThreadCreate,
-                lwpid: None
-            })
-        );
-        assert!(parse_position("first:lok")
-            .unwrap_err()
-            .contains("not an event kind"));
-        assert!(parse_position("first:lock:x")
-            .unwrap_err()
-            .contains("not a thread id"));
-        assert_eq!(
-            parse_interval("500ms"),
-            Ok(CheckpointEvery::GuestNs(500_000_000))
-        );
-        assert_eq!(
-            parse_interval("200000"),
-            Ok(CheckpointEvery::Exits(200_000))
-        );
-        assert!(parse_interval("0").is_err());
-        assert!(parse_interval("0s").is_err());
-        assert_eq!(parse_segment("2/4"), Ok((2, 4)));
-        for bad in ["0/4", "5/4", "2", "a/b", "2/"] {
-            assert!(parse_segment(bad).is_err(), "{bad}");
-        }
     }
 }

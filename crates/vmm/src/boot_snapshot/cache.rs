@@ -1,4 +1,4 @@
-//! The boot snapshot cache: one snapshot (`vm::snapshot`) per kernel,
+//! The boot snapshot cache: one snapshot (`super`) per kernel,
 //! initramfs, memory size, kernel command line and guest CPU, taken on the
 //! first run that needs it and restored by every later one.
 //!
@@ -13,8 +13,10 @@ use std::path::{Path, PathBuf};
 use sha2::{Digest, Sha256};
 use trace::checkpoints::{self, Digest32};
 
-use crate::vm::snapshot::{SnapshotRestored, SnapshotTaken};
-use crate::vm::{Console, Start, StopReason, Vm, VmError, VmSpec};
+use super::{SnapshotRestored, SnapshotTaken, SnapshotTarget};
+use crate::session::{LiveRun, StopReason};
+use crate::vm::{Console, Machine, VmError};
+use guest::{Start, VmSpec};
 
 /// Bumped whenever what a snapshot holds or what the guest does after it
 /// changes in a way its key would not show.
@@ -98,17 +100,17 @@ pub struct CacheStart {
     _lock: std::fs::File,
 }
 
-/// Restores the cached boot snapshot of `spec` into `vm` (created from
-/// `spec`), taking it first with a VM of its own if the cache has none or
-/// has a damaged one. `build_console` gets the guest's output while the
-/// snapshot is taken; `say` is told before that starts.
+/// Restores the cached boot snapshot of `spec` into `m` (created from
+/// `spec`), taking it first with a machine of its own if the cache has
+/// none or has a damaged one. `build_console` gets the guest's output
+/// while the snapshot is taken; `say` is told before that starts.
 pub fn restore_cached(
-    vm: &mut Vm,
+    m: &mut Machine,
     spec: &VmSpec,
     build_console: Console,
     say: &mut dyn FnMut(&str),
 ) -> Result<CacheStart, SnapshotError> {
-    let key = key(spec, vm.guest_cpuid(), vm.kvm_caps());
+    let key = key(spec, m.vm().guest_cpuid(), m.vm().kvm_caps());
     let dir = cache_dir();
     std::fs::create_dir_all(&dir).map_err(cache_err(&dir))?;
     let path = dir.join(format!("{}.{EXTENSION}", checkpoints::hex(&key)));
@@ -118,7 +120,7 @@ pub fn restore_cached(
     lock.lock().map_err(cache_err(&lock_path))?;
     let mut discarded = None;
     if path.exists() {
-        match vm.restore_snapshot(&path, &key, None) {
+        match super::restore(m, &path, &key, None) {
             Ok(restored) => {
                 touch(&path);
                 return Ok(CacheStart {
@@ -156,9 +158,14 @@ pub fn restore_cached(
         memory_mib: spec.memory_mib,
         rng_seed: spec.rng_seed,
     };
-    let mut boot = Vm::new(&builder, build_console).map_err(SnapshotError::Build)?;
-    boot.snapshot_when_ready(&path, key);
-    let outcome = boot.run().map_err(SnapshotError::Build)?;
+    let boot = Machine::new(&builder, build_console).map_err(SnapshotError::Build)?;
+    let target = SnapshotTarget {
+        path: path.clone(),
+        key,
+    };
+    let outcome = LiveRun::snapshot_when_ready(boot, target)
+        .run()
+        .map_err(SnapshotError::Build)?;
     if outcome.stop != StopReason::SnapshotTaken {
         return Err(SnapshotError::Build(VmError::NoSnapshotPoint));
     }
@@ -166,7 +173,7 @@ pub fn restore_cached(
         .boot_snapshot
         .ok_or(SnapshotError::Build(VmError::NoSnapshotPoint))?;
     evict(&dir, MAX_CACHED, &path);
-    let restored = vm.restore_snapshot(&path, &key, Some(&built.digest))?;
+    let restored = super::restore(m, &path, &key, Some(&built.digest))?;
     Ok(CacheStart {
         key,
         path,

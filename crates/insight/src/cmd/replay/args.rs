@@ -1,0 +1,416 @@
+//! What `insight replay` takes: its arguments, and the positions,
+//! intervals, periods and segments they name.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use events::abi::Kind;
+use events::db::{EventDb, EventFormat};
+use vmm::{CheckpointEvery, ReplayPoint};
+
+use crate::cmd::report;
+
+#[derive(clap::Args)]
+pub struct ReplayArgs {
+    /// Trace directory written by `insight record`, or a recording's name
+    /// in the trace store (`insight ls`); default: the latest recording.
+    pub trace: Option<PathBuf>,
+    /// Do not print the guest's console output.
+    #[arg(long)]
+    pub no_console: bool,
+    /// Write the Ethernet frames the guest sends to FILE (pcap). At replay
+    /// they go nowhere else: no network is used.
+    #[arg(long, value_name = "FILE")]
+    pub tx_pcap: Option<PathBuf>,
+    /// Collect the events the guest raises (the probe library's, in
+    /// programs recorded with `record --probes`, and the guest kernel's
+    /// context switches and exits) into the event database FILE (SQLite,
+    /// docs/events.md). It is written as FILE.partial and renamed when
+    /// replay ends; an existing FILE is replaced only if it is an insight
+    /// event database (see --force).
+    #[arg(long, value_name = "FILE")]
+    pub events: Option<PathBuf>,
+    /// Also collect the heap events of programs recorded with --probes:
+    /// HEAPCALL, ALLOC and FREE around each call to malloc, calloc,
+    /// realloc, free, posix_memalign, aligned_alloc, memalign, mmap and
+    /// munmap (docs/events.md). They name heap blocks by their allocation
+    /// site in `insight report memory`, and cost this replay an exit per
+    /// event; other replays skip them at no cost. On with
+    /// --trace-process.
+    #[arg(long)]
+    pub heap_events: bool,
+    /// Replace an existing --events or --tx-pcap file even if it is not
+    /// one insight wrote (never a device, link, directory, or a file of a
+    /// trace).
+    #[arg(long)]
+    pub force: bool,
+    /// How the database stores events: packed (compressed blocks, a few
+    /// bytes per event; read them with `insight report`) or rows (one SQL
+    /// row per event, about 37 bytes, for your own queries with sqlite3).
+    #[arg(long, value_enum, default_value = "packed", value_name = "FORMAT")]
+    pub events_format: EventsFormat,
+    /// After replay, run diagnosis tools over the events (written to
+    /// TRACE/events.db unless --events names a file): locks, deadlock,
+    /// profile (samples every 1 ms unless --sample-period says otherwise),
+    /// threads; several separated by commas.
+    #[arg(long, value_name = "TOOL,...", value_delimiter = ',', value_parser = report::parse_tool)]
+    pub diagnose: Vec<String>,
+    /// Sample the tracked task on the CPU (RIP and user stack) about every
+    /// PERIOD of host time, e.g. 1ms (the least), 5ms, 20ms; into the
+    /// event database. Tasks are tracked once they raise a probe event.
+    #[arg(long, value_name = "PERIOD", value_parser = parse_period)]
+    pub sample_period: Option<Duration>,
+    /// How the user stacks of samples and lock events are found: cfi
+    /// (the call-frame information of the guest's executables and
+    /// libraries, their .eh_frame, as exceptions and `perf --call-graph
+    /// dwarf` use it; whole stacks without frame pointers) or
+    /// frame-pointers (samples follow RBP, lock events keep their caller
+    /// only: for programs built with -fno-omit-frame-pointer, and to
+    /// compare).
+    #[arg(long, value_enum, default_value = "cfi", value_name = "HOW")]
+    pub unwind: Unwind,
+    /// Find the positions where the recording preempted user code by
+    /// their registers alone, without the memory and extended-state
+    /// checks: shows that those checks are needed (such a replay can
+    /// deliver at the wrong pass of a loop and diverge). Never needed
+    /// otherwise.
+    #[arg(long, hide = true)]
+    pub match_registers_only: bool,
+    /// Take a checkpoint (the whole VM state, docs/trace-format.md) every
+    /// INTERVAL into TRACE/checkpoints, replacing those it had (or, with
+    /// --from, those after the one restored): recorded guest time such as
+    /// 2s or 500ms, or a number of deterministic exits such as 200000.
+    /// Checkpoints land at the first exit after each interval where no
+    /// disk request is in flight, at the same exits in every replay.
+    #[arg(long, value_name = "INTERVAL", value_parser = parse_interval)]
+    pub checkpoint_every: Option<CheckpointEvery>,
+    /// Start from the trace's latest checkpoint at or before POS instead
+    /// of booting: an exit ordinal (123456), recorded guest time (12s,
+    /// 1500ms), or the first event of a kind, of one thread or any
+    /// (first:lock:LWPID, first:threadcreate), as the trace's event
+    /// database TRACE/events.db has it. Every exit from there on is
+    /// checked as usual.
+    #[arg(long, value_name = "POS", value_parser = parse_position)]
+    pub from: Option<Position>,
+    /// Stop after POS (as for --from; an event's is the first exit after
+    /// it) instead of at the recording's end.
+    #[arg(long, value_name = "POS", value_parser = parse_position)]
+    pub to: Option<Position>,
+    /// List the trace's checkpoints (exit, guest time, size) and exit.
+    #[arg(long)]
+    pub list_checkpoints: bool,
+    /// Replay segment K of N only: the trace's checkpoints (and boot)
+    /// start the segments, split into N runs of about as many each; K
+    /// runs from its first start to the next segment's. With --events,
+    /// the database holds that span's events, numbered as in a whole
+    /// replay; `insight events merge` joins the segments' databases.
+    /// For running segments on several machines (docs/scale-out.md).
+    #[arg(long, value_name = "K/N", value_parser = parse_segment, conflicts_with_all = ["from", "to", "jobs", "checkpoint_every"])]
+    pub segment: Option<(usize, usize)>,
+    /// Replay the segments between the trace's checkpoints N at a time, in
+    /// separate processes, and join their events: the same database as one
+    /// replay (samples excepted: they follow host time), sooner. Needs
+    /// checkpoints taken with --events when events are collected.
+    /// Segments run on any host CPU (see --any-cpu), or they would all
+    /// share the one the recording ran on.
+    #[arg(long, value_name = "N", conflicts_with_all = ["from", "to", "checkpoint_every", "tx_pcap"])]
+    pub jobs: Option<usize>,
+    /// Run on any host CPU, not only one reporting the APIC ID the
+    /// recording ran on. Guest user code reads CPUID without the host
+    /// trapping it, so a program that starts in this replay and keeps the
+    /// APIC ID CPUID gave it (glibc does) may differ from the recording;
+    /// replay's checks then report a divergence, never a wrong result.
+    #[arg(long)]
+    pub any_cpu: bool,
+    /// Single-step the user code of one process at replay: its pid, or the
+    /// name its threads raise events under (the kernel's 15-character
+    /// `comm`; the first such process), and write what it executed with
+    /// --trace-instructions and the memory it read and wrote with
+    /// --trace-memory. A pid is traced from the first exit it is on the
+    /// CPU for, a name from the process's first event (`insight report
+    /// threads` lists the pids of programs recorded with --probes). About
+    /// 10,000 instructions a second on hosts without user-mode
+    /// single-stepping: for short programs and windows
+    /// (docs/expansion.md).
+    #[arg(long, value_name = "PID|NAME", value_parser = parse_trace_target)]
+    pub trace_process: Option<vmm::TraceTarget>,
+    /// Write each user instruction the traced process executed (thread,
+    /// address, bytes) to FILE, zstd-compressed (docs/expansion.md).
+    #[arg(long, value_name = "FILE", requires = "trace_process")]
+    pub trace_instructions: Option<PathBuf>,
+    /// Also write each instruction's registers before it ran (the 16
+    /// general-purpose registers and RFLAGS) in the --trace-instructions
+    /// file: 136 bytes more per instruction before compression.
+    #[arg(long, requires = "trace_instructions")]
+    pub trace_registers: bool,
+    /// Write each load and store of the traced process's user code to
+    /// FILE, a line per access: kind (L, S or M for read-modify-write, as
+    /// Valgrind's lackey), address, size, thread, instruction address.
+    #[arg(long, value_name = "FILE", requires = "trace_process")]
+    pub trace_memory: Option<PathBuf>,
+}
+
+/// `--trace-process`: a pid, or a process name.
+pub fn parse_trace_target(text: &str) -> Result<vmm::TraceTarget, String> {
+    if text.is_empty() {
+        return Err("name a process: its pid or its name".into());
+    }
+    Ok(match text.parse::<u32>() {
+        Ok(pid) => vmm::TraceTarget::Pid(pid),
+        Err(_) => vmm::TraceTarget::Name(text.to_owned()),
+    })
+}
+
+/// How user stacks are unwound at replay (`--unwind`).
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Unwind {
+    Cfi,
+    FramePointers,
+}
+
+impl Unwind {
+    /// As `--unwind` takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Unwind::Cfi => "cfi",
+            Unwind::FramePointers => "frame-pointers",
+        }
+    }
+}
+
+/// How an event database stores its events (`--events-format`).
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum EventsFormat {
+    Packed,
+    Rows,
+}
+
+impl From<EventsFormat> for EventFormat {
+    fn from(f: EventsFormat) -> Self {
+        match f {
+            EventsFormat::Packed => EventFormat::Packed,
+            EventsFormat::Rows => EventFormat::Rows,
+        }
+    }
+}
+
+/// "500us", "1ms", "2s", "1000000ns".
+const MIN_SAMPLE_PERIOD: Duration = Duration::from_millis(1);
+
+pub fn parse_period(text: &str) -> Result<Duration, String> {
+    let period = parse_duration(text)?;
+    // The vCPU is woken for a sample at most once a millisecond.
+    if period < MIN_SAMPLE_PERIOD {
+        return Err(format!(
+            "'{text}' is shorter than the least sampling period, 1ms"
+        ));
+    }
+    Ok(period)
+}
+
+/// "500us", "1ms", "2s", "1000000ns" (a unit is required).
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let digits = text.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let value: u64 = digits
+        .parse()
+        .map_err(|_| format!("'{text}' is not a period such as 1ms, 500us or 2s"))?;
+    let period = match &text[digits.len()..] {
+        "ns" => Duration::from_nanos(value),
+        "us" => Duration::from_micros(value),
+        "ms" => Duration::from_millis(value),
+        "s" => Duration::from_secs(value),
+        "" => {
+            return Err(format!(
+                "'{text}' has no unit: say {text}ms, {text}us or {text}s"
+            ))
+        }
+        unit => return Err(format!("unknown unit '{unit}' in '{text}' (ns, us, ms, s)")),
+    };
+    if period.is_zero() {
+        return Err(format!("'{text}' is no time at all"));
+    }
+    Ok(period)
+}
+
+/// `--segment K/N`: segment K of N, K from 1 to N.
+pub fn parse_segment(text: &str) -> Result<(usize, usize), String> {
+    let parsed = text
+        .split_once('/')
+        .and_then(|(k, n)| Some((k.parse::<usize>().ok()?, n.parse::<usize>().ok()?)));
+    match parsed {
+        Some((k, n)) if k >= 1 && k <= n => Ok((k, n)),
+        _ => Err(format!(
+            "'{text}' is not a segment such as 2/4 (K from 1 to N)"
+        )),
+    }
+}
+
+/// A position in a recording as `--from` and `--to` take it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Position {
+    At(ReplayPoint),
+    /// The first event of a kind (of one thread), found in the trace's
+    /// event database (`TRACE/events.db`, what `--diagnose` writes).
+    First {
+        kind: Kind,
+        lwpid: Option<u32>,
+    },
+}
+
+pub fn parse_position(text: &str) -> Result<Position, String> {
+    if let Ok(exit) = text.parse::<u64>() {
+        return Ok(Position::At(ReplayPoint::Exit(exit)));
+    }
+    if let Some(event) = text.strip_prefix("first:") {
+        let (name, lwpid) = match event.split_once(':') {
+            Some((name, lwpid)) => match lwpid.parse::<u32>() {
+                Ok(l) => (name, Some(l)),
+                Err(_) => return Err(format!("'{lwpid}' in '{text}' is not a thread id")),
+            },
+            None => (event, None),
+        };
+        let kind = Kind::ALL
+            .into_iter()
+            .find(|k| k.name().eq_ignore_ascii_case(name))
+            .ok_or_else(|| {
+                format!(
+                    "'{name}' is not an event kind ({})",
+                    Kind::ALL.map(|k| k.name().to_ascii_lowercase()).join(", ")
+                )
+            })?;
+        return Ok(Position::First { kind, lwpid });
+    }
+    parse_duration(text)
+        .map(|d| Position::At(ReplayPoint::GuestNs(d.as_nanos() as u64)))
+        .map_err(|_| {
+            format!(
+                "'{text}' is not a position: an exit ordinal (123456), guest time (12s, \
+                 1500ms), or the first event of a kind (first:lock, first:lock:LWPID)"
+            )
+        })
+}
+
+impl Position {
+    /// The point in the recording: an event's is its recorded time, from
+    /// the trace's event database; as a window's end (`end`), the first
+    /// exit after it, so that the event is in the window.
+    pub fn resolve(self, trace: &Path, end: bool) -> Result<ReplayPoint> {
+        let (kind, lwpid) = match self {
+            Position::At(p) => return Ok(p),
+            Position::First { kind, lwpid } => (kind, lwpid),
+        };
+        let path = trace.join(crate::traces::EVENTS_DB);
+        let db = EventDb::open(&path).with_context(|| {
+            format!(
+                "an event position needs the trace's events: replay it once with --events {} \
+                 (or --diagnose)",
+                path.display()
+            )
+        })?;
+        let mut found = None;
+        db.for_each(&[kind], |r| {
+            if found.is_none() && lwpid.is_none_or(|l| l == r.lwpid) {
+                found = Some(r.time);
+            }
+            Ok(())
+        })?;
+        let Some(time) = found else {
+            bail!(
+                "{} has no {} event{}",
+                path.display(),
+                kind.name(),
+                lwpid.map_or(String::new(), |l| format!(" of thread {l}"))
+            );
+        };
+        Ok(ReplayPoint::GuestNs(if end { time + 1 } else { time }))
+    }
+}
+
+pub fn parse_interval(text: &str) -> Result<CheckpointEvery, String> {
+    let every = match text.parse::<u64>() {
+        Ok(exits) => CheckpointEvery::Exits(exits),
+        Err(_) => match parse_duration(text) {
+            Ok(d) => CheckpointEvery::GuestNs(d.as_nanos() as u64),
+            Err(_) => {
+                return Err(format!(
+                    "'{text}' is not an interval: a number of exits (200000) or guest time \
+                     (2s, 500ms)"
+                ))
+            }
+        },
+    };
+    match every {
+        CheckpointEvery::Exits(0) | CheckpointEvery::GuestNs(0) => {
+            Err("the interval between checkpoints must not be 0".into())
+        }
+        every => Ok(every),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn periods_need_a_unit_and_a_positive_value() {
+        assert_eq!(parse_period("1ms"), Ok(Duration::from_millis(1)));
+        assert_eq!(parse_period("1500us"), Ok(Duration::from_micros(1500)));
+        assert!(parse_period("500us").is_err());
+        assert_eq!(parse_period("2s"), Ok(Duration::from_secs(2)));
+        assert_eq!(
+            parse_period("5"),
+            Err("'5' has no unit: say 5ms, 5us or 5s".into())
+        );
+        assert!(parse_period("0ms").is_err());
+        assert!(parse_period("3h").is_err());
+        assert!(parse_period("ms").is_err());
+    }
+
+    #[test]
+    fn positions_intervals_and_segments_parse_or_say_why_not() {
+        let at = |p| Ok(Position::At(p));
+        assert_eq!(parse_position("1234"), at(ReplayPoint::Exit(1234)));
+        assert_eq!(
+            parse_position("12s"),
+            at(ReplayPoint::GuestNs(12_000_000_000))
+        );
+        assert!(parse_position("soon")
+            .unwrap_err()
+            .contains("not a position"));
+        assert_eq!(
+            parse_position("first:lock:77"),
+            Ok(Position::First {
+                kind: Kind::Lock,
+                lwpid: Some(77)
+            })
+        );
+        assert_eq!(
+            parse_position("first:THREADCREATE"),
+            Ok(Position::First {
+                kind: Kind::ThreadCreate,
+                lwpid: None
+            })
+        );
+        assert!(parse_position("first:lok")
+            .unwrap_err()
+            .contains("not an event kind"));
+        assert!(parse_position("first:lock:x")
+            .unwrap_err()
+            .contains("not a thread id"));
+        assert_eq!(
+            parse_interval("500ms"),
+            Ok(CheckpointEvery::GuestNs(500_000_000))
+        );
+        assert_eq!(
+            parse_interval("200000"),
+            Ok(CheckpointEvery::Exits(200_000))
+        );
+        assert!(parse_interval("0").is_err());
+        assert!(parse_interval("0s").is_err());
+        assert_eq!(parse_segment("2/4"), Ok((2, 4)));
+        for bad in ["0/4", "5/4", "2", "a/b", "2/"] {
+            assert!(parse_segment(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,410 @@
+//! `insight replay`: re-execute a trace, checking it step by step, and
+//! collect the guest's events and samples for the diagnosis tools. Its
+//! arguments are in `args.rs`; checkpoints, windows and `--jobs` in
+//! `segments.rs`.
+
+mod args;
+mod segments;
+
+pub use args::{EventsFormat, Position, ReplayArgs, Unwind};
+use segments::{list_checkpoints, report_checkpoints, segment_bounds};
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use devices::virtio_net::FrameSink;
+use diagnosis::plugin::Plugin;
+use diagnosis::plugins;
+use events::capture::CaptureSummary;
+use events::db::EventWriter;
+use journal::{EndReason, Entry, JournalError};
+use trace::TraceReader;
+use vmm::builder::{EventOptions, ReplayOptions};
+use vmm::{ReplayPoint, StopReason, VmError};
+
+use super::report::diagnose;
+use super::{open_trace, progress_report, user_rdtsc_traps};
+use crate::exit::{EXIT_DIVERGED, EXIT_PREFIX_ONLY};
+use crate::guest_args::net_problems;
+use crate::outputs::{self, OutputKind};
+use crate::pcap::PcapWriter;
+use crate::status::{printable, StatusLine};
+use crate::traces;
+
+pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
+    let trace = traces::resolve(args.trace.as_deref())?;
+    if args.list_checkpoints {
+        return list_checkpoints(&trace);
+    }
+    if let Some(segment) = args.segment {
+        let (from, to) = segment_bounds(&trace, segment)?;
+        args.from = from.map(|e| Position::At(ReplayPoint::Exit(e)));
+        args.to = to.map(|e| Position::At(ReplayPoint::Exit(e)));
+    }
+    let tools: Vec<Box<dyn Plugin>> = args
+        .diagnose
+        .iter()
+        .filter_map(|name| plugins::by_name(name))
+        .collect();
+    if !tools.is_empty() && args.events.is_none() {
+        args.events = Some(trace.join(traces::EVENTS_DB));
+    }
+    if args.sample_period.is_none() {
+        args.sample_period = tools
+            .iter()
+            .filter_map(|t| t.replay_needs().sample_period)
+            .min();
+    }
+    if args.trace_process.is_some() {
+        if args.trace_instructions.is_none() && args.trace_memory.is_none() {
+            bail!(
+                "--trace-process needs somewhere to write: --trace-instructions FILE, \
+                 --trace-memory FILE or both"
+            );
+        }
+        if args.jobs.is_some() {
+            bail!("--trace-process traces one replay: it cannot be split with --jobs");
+        }
+        // The event capture says which task is on the CPU.
+        if args.events.is_none() {
+            args.events = Some(trace.join(traces::EVENTS_DB));
+        }
+        // Heap blocks are named by their allocation events.
+        args.heap_events = true;
+    }
+    if args.heap_events && args.events.is_none() {
+        bail!("--heap-events needs somewhere to put the events: --events FILE or --diagnose");
+    }
+    if args.sample_period.is_some() && args.events.is_none() {
+        bail!("--sample-period needs somewhere to put the samples: --events FILE or --diagnose");
+    }
+    // Outputs are checked before anything runs: a replay can be long.
+    if let Some(path) = &args.events {
+        outputs::check_event_db(path, args.force)?;
+    }
+    if let Some(path) = &args.tx_pcap {
+        outputs::check(path, OutputKind::Pcap, args.force)?;
+    }
+    if let Some(path) = &args.trace_instructions {
+        outputs::check(path, OutputKind::InstructionTrace, args.force)?;
+    }
+    if let Some(path) = &args.trace_memory {
+        outputs::check(path, OutputKind::MemoryTrace, args.force)?;
+    }
+    if let Some(jobs) = args.jobs {
+        return segments::replay_in_parallel(&trace, &args, jobs, tools);
+    }
+    let reader = open_trace(&trace)?;
+    let complete = reader.complete.is_some();
+    let status = StatusLine::for_stderr();
+    let console: Box<dyn Write + Send> = if args.no_console {
+        Box::new(std::io::sink())
+    } else {
+        status.console(Box::new(std::io::stdout()))
+    };
+    let events = match &args.events {
+        Some(path) => Some(event_options(&args, path, &trace, &reader)?),
+        None => None,
+    };
+    let tracing = match &args.trace_process {
+        Some(target) => Some(vmm::ExpansionSpec {
+            target: target.clone(),
+            instructions: args
+                .trace_instructions
+                .as_deref()
+                .map(instruction_trace)
+                .transpose()?,
+            memory: args
+                .trace_memory
+                .as_deref()
+                .map(|p| -> Result<Box<dyn Write + Send>> {
+                    Ok(Box::new(BufWriter::new(create_output(p)?)))
+                })
+                .transpose()?,
+            registers: args.trace_registers,
+        }),
+        None => None,
+    };
+    let (tx_capture, sent_frames) = match &args.tx_pcap {
+        Some(path) => Some(pcap_of_sent_frames(path)?),
+        None => None,
+    }
+    .unzip();
+    let options = ReplayOptions {
+        trace: trace.clone(),
+        console,
+        any_cpu: args.any_cpu,
+        user_rdtsc_traps: user_rdtsc_traps()?,
+        registers_only: args.match_registers_only,
+        events,
+        tracing,
+        from: args.from.map(|p| p.resolve(&trace, false)).transpose()?,
+        to: args.to.map(|p| p.resolve(&trace, true)).transpose()?,
+        checkpoint_every: args.checkpoint_every,
+        sent_frames,
+        progress: progress_report(&status, "replay"),
+    };
+    let (session, start) = vmm::builder::replay(reader, options)?;
+    for note in &start.notes {
+        eprintln!("insight: {note}");
+    }
+    if let Some(restored) = &start.restored {
+        eprintln!(
+            "insight: restored the checkpoint at exit {} (guest time {:.3} s; {} checkpoint{} \
+             read in {:.2} s)",
+            restored.exit,
+            restored.guest_ns as f64 / 1e9,
+            restored.chain,
+            if restored.chain == 1 { "" } else { "s" },
+            restored.took_ns as f64 / 1e9
+        );
+    }
+    let started = Instant::now();
+    let result = session.run();
+    let replay_time = started.elapsed();
+    status.clear();
+    if let Ok(outcome) = &result {
+        report_checkpoints(&outcome.checkpoints, &trace);
+    }
+    if let (Some(capture), Some(path)) = (tx_capture, &args.tx_pcap) {
+        let mut pcap = capture
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match pcap.flush() {
+            Ok(()) => eprintln!(
+                "insight: {} frames the guest sent written to {}",
+                pcap.frames(),
+                path.display()
+            ),
+            Err(e) => eprintln!("insight: cannot write {}: {e}", path.display()),
+        }
+    }
+    let outcome = match result {
+        Err(VmError::Journal(JournalError::Diverged(d))) => {
+            eprintln!("insight: {}", printable(&d.to_string()));
+            if !d.state.is_empty() {
+                eprintln!("insight: replay state at the divergence: {}", d.state);
+            }
+            if let Some(path) = &args.events {
+                // The database is finished at a divergence too; if that
+                // failed (the error is the divergence's), it is left
+                // under its partial name, committed up to the divergence.
+                let partial = EventWriter::partial_path(path);
+                if partial.is_file() {
+                    eprintln!(
+                        "insight: the event database could not be finished: {} holds the \
+                         events raised before the divergence",
+                        partial.display()
+                    );
+                } else {
+                    eprintln!(
+                        "insight: {} holds the events raised before the divergence",
+                        path.display()
+                    );
+                }
+            }
+            return Ok(ExitCode::from(EXIT_DIVERGED));
+        }
+        other => other?,
+    };
+    if let Some(problems) = net_problems(outcome.net.as_ref()) {
+        eprintln!("insight: {problems}");
+    }
+    if let Some(stats) = &outcome.expansion {
+        report_expansion(stats, &args, replay_time);
+    }
+    if let (Some(summary), Some(path)) = (&outcome.events, &args.events) {
+        report_capture(summary, path);
+        diagnose(tools, path)?;
+    }
+    let exits = outcome.journal.exits;
+    let code = match &outcome.stop {
+        StopReason::CommandExited | StopReason::PowerOff => {
+            let how = match outcome.exit_status {
+                Some(s) => EndReason::CommandExited(s),
+                None => EndReason::PowerOff,
+            };
+            eprintln!(
+                "insight: replay matched the recording: {exits} deterministic exits; {}",
+                printable(&how.to_string())
+            );
+            ExitCode::SUCCESS
+        }
+        StopReason::RecordingEnded(reason) => {
+            eprintln!(
+                "insight: replay matched the recording up to its end after {exits} deterministic \
+                 exits (the recording ended there: {})",
+                printable(&reason.to_string())
+            );
+            ExitCode::SUCCESS
+        }
+        StopReason::WindowEnded => {
+            eprintln!(
+                "insight: replay matched the recording up to the end of the window, after \
+                 {exits} deterministic exits (guest time {:.3} s)",
+                outcome.journal.guest_ns as f64 / 1e9
+            );
+            ExitCode::SUCCESS
+        }
+        StopReason::TraceEnded => {
+            let why = if complete {
+                "its log ends early"
+            } else {
+                "its recorder did not finish"
+            };
+            eprintln!(
+                "insight: the trace is incomplete ({why}): replayed its prefix, all \
+                 {exits} deterministic exits it holds, faithfully"
+            );
+            ExitCode::from(EXIT_PREFIX_ONLY)
+        }
+        // A replay never asks for one.
+        StopReason::SnapshotTaken => bail!("the replay stopped to take a boot snapshot"),
+    };
+    Ok(code)
+}
+
+/// The event capture `args` ask for, into a new database at `path`.
+fn event_options(
+    args: &ReplayArgs,
+    path: &Path,
+    trace: &Path,
+    reader: &TraceReader<Entry>,
+) -> Result<EventOptions> {
+    let meta = [
+        // Absolute, so that `insight report` finds it from anywhere.
+        (
+            "trace",
+            std::fs::canonicalize(trace)
+                .unwrap_or_else(|_| trace.to_owned())
+                .display()
+                .to_string(),
+        ),
+        (
+            "created_by",
+            format!("insight {}", env!("CARGO_PKG_VERSION")),
+        ),
+        (
+            "time_unit",
+            "ns since the VM started, as recorded".to_owned(),
+        ),
+    ];
+    let db = EventWriter::create_with(path, &meta, args.events_format.into())
+        .with_context(|| format!("cannot create the event database {}", path.display()))?;
+    let cfi_files = match args.unwind {
+        Unwind::Cfi => {
+            let files = traces::guest_files(&reader.header, reader.dir())?;
+            Some(
+                Box::new(move |path: &str| files.get(path).map(<[u8]>::to_vec))
+                    as vmm::builder::GuestFileLoader,
+            )
+        }
+        Unwind::FramePointers => None,
+    };
+    Ok(EventOptions {
+        db,
+        heap: args.heap_events,
+        cfi_files,
+        sample_period: args.sample_period,
+    })
+}
+
+/// A new output file at `path` (checked by `outputs::check` before the
+/// replay started).
+fn create_output(path: &Path) -> Result<File> {
+    File::create(path).with_context(|| format!("cannot create {}", path.display()))
+}
+
+/// The zstd-compressed instruction trace at `path`.
+fn instruction_trace(path: &Path) -> Result<Box<dyn Write + Send>> {
+    let encoder = zstd::Encoder::new(BufWriter::new(create_output(path)?), 3)
+        .with_context(|| format!("cannot start compressing {}", path.display()))?;
+    Ok(Box::new(encoder.auto_finish()))
+}
+
+/// What the single-stepping of `--trace-process` found.
+fn report_expansion(stats: &vmm::ExpansionStats, args: &ReplayArgs, replay_time: Duration) {
+    let Some(pid) = stats.pid else {
+        eprintln!(
+            "insight: no process matching --trace-process raised an event: nothing was traced \
+             (trace a process recorded with --probes, by its pid or name as `insight report \
+             threads` lists them)"
+        );
+        return;
+    };
+    let mut written = Vec::new();
+    if let Some(p) = &args.trace_instructions {
+        written.push(format!("instructions to {}", p.display()));
+    }
+    if let Some(p) = &args.trace_memory {
+        written.push(format!("accesses to {}", p.display()));
+    }
+    let secs = replay_time.as_secs_f64();
+    eprintln!(
+        "insight: traced process {pid}: {} instructions and {} memory accesses in {} thread{} \
+         during a replay of {secs:.1} s (at least {:.0} instructions/s); {}",
+        stats.instructions,
+        stats.accesses,
+        stats.threads,
+        if stats.threads == 1 { "" } else { "s" },
+        stats.instructions as f64 / secs.max(1e-3),
+        written.join(", ")
+    );
+    if stats.unreadable > 0 {
+        eprintln!(
+            "insight: {} instructions of process {pid} were executed from pages it had unmapped \
+             before they could be read: counted, not in the traces",
+            stats.unreadable
+        );
+    }
+}
+
+/// What went into the event database, and what the guest got wrong.
+fn report_capture(summary: &CaptureSummary, path: &Path) {
+    let kinds: Vec<String> = summary
+        .per_kind
+        .iter()
+        .map(|(k, n)| format!("{n} {}", k.name()))
+        .collect();
+    eprintln!(
+        "insight: {} events written to {}{}",
+        summary.events,
+        path.display(),
+        if kinds.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", kinds.join(", "))
+        }
+    );
+    for (what, n, example) in &summary.anomalies {
+        eprintln!("insight: event capture: {what}: {n} (first: {example})");
+    }
+}
+
+type SharedPcap = Arc<Mutex<PcapWriter<BufWriter<File>>>>;
+
+/// A new pcap file at `path`, and where to send the frames the guest
+/// transmits to have them written there.
+fn pcap_of_sent_frames(path: &Path) -> Result<(SharedPcap, FrameSink)> {
+    let pcap =
+        PcapWriter::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+    let pcap = Arc::new(Mutex::new(pcap));
+    let sink = Arc::clone(&pcap);
+    let started = Instant::now();
+    let mut failed = false;
+    let frames: FrameSink = Box::new(move |frame| {
+        let ns = started.elapsed().as_nanos() as u64;
+        let mut pcap = sink
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !failed && pcap.frame(ns, frame).is_err() {
+            failed = true; // reported when the file is flushed at the end
+        }
+    });
+    Ok((pcap, frames))
+}

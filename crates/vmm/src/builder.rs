@@ -1,0 +1,351 @@
+//! From plain options to a session ready to run: the machine created from
+//! a [`VmSpec`], its boot snapshot restored, the host CPU chosen, the
+//! recording's trace created or the recording's host checked, and the
+//! replay-time tools attached. The command line only parses, calls one of
+//! [`live`], [`record`] or [`replay`], and prints.
+
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use events::capture::Capture;
+use events::db::EventWriter;
+use guest::VmSpec;
+use introspect::guest_events::KERNEL_START;
+use journal::{Entry, HostMismatch, Recorder, Replayer};
+use trace::{ClockKind, Header, TraceReader, TraceWriter};
+
+use crate::boot_snapshot::{self, CacheStart, SnapshotError};
+use crate::console::ConsoleInput;
+use crate::points::{PointSearch, PointTaker};
+use crate::session::{LiveRun, ProgressFn, RecordSession, ReplaySession};
+use crate::tools::events::EventTool;
+use crate::tools::samples::Sampling;
+use crate::tools::tracing::ProcessTracer;
+use crate::tools::{
+    checkpoint_before, CheckpointEvery, CheckpointRestored, ExpansionSpec, ReplayPoint, ReplayTools,
+};
+use crate::vm::{Console, Machine, VmError};
+use devices::virtio_net::FrameSink;
+
+/// The guest kernel variable that holds the top of the current task's
+/// kernel stack (a uniprocessor kernel's per-CPU variables are plain
+/// globals): samples in the kernel find the user registers below it, and
+/// the tracing of a process sets its trap flag there.
+const KERNEL_STACK_TOP: &str = "cpu_current_top_of_stack";
+
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error(transparent)]
+    Vm(#[from] VmError),
+    #[error("cannot start from a boot snapshot (--cold-boot boots without one)")]
+    Snapshot(#[from] SnapshotError),
+    #[error("cannot create trace {path}")]
+    CreateTrace {
+        path: PathBuf,
+        #[source]
+        source: trace::TraceError,
+    },
+    #[error("cannot put the boot snapshot in the trace")]
+    LinkSnapshot(#[source] SnapshotError),
+    #[error("cannot choose a host CPU for the vCPU")]
+    HostCpu(#[source] std::io::Error),
+    #[error("cannot probe whether this host can preempt guest user code")]
+    ProbeHost(#[source] crate::host_check::ProbeError),
+    #[error(transparent)]
+    Guest(#[from] guest::GuestError),
+    #[error(
+        "{trace} was recorded with the branch clock; this insight replays exit-clock traces only"
+    )]
+    BranchClock { trace: PathBuf },
+    #[error(
+        "this host's CPU differs from the one {trace} was recorded on ({difference}); the guest \
+         would see a different CPU: replay on the recording host or one with the same CPU"
+    )]
+    OtherCpu { trace: PathBuf, difference: String },
+    #[error(
+        "this host's KVM cannot replay {trace} the way it was recorded ({difference}); replay on \
+         the recording host or one whose KVM has the same capabilities"
+    )]
+    OtherKvm { trace: PathBuf, difference: String },
+    #[error(
+        "{trace} has no checkpoint at or before {at}: take some with `insight replay {trace} \
+         --checkpoint-every 2s`"
+    )]
+    NoCheckpoint { trace: PathBuf, at: String },
+    #[error("{trace}: the recorded guest has no network device to capture frames of")]
+    NoNetwork { trace: PathBuf },
+}
+
+/// What a build had to say that is not an error (printed by the caller).
+pub type Notes = Vec<String>;
+
+/// Creates the machine for `spec` and, unless it boots cold, restores its
+/// boot snapshot (taking it first if the cache has none). `console` gets
+/// the guest's output; so does the boot that takes a snapshot, through
+/// `build_console`, when `spec` shows boot messages. `say` is told what
+/// happens to the cache as it happens.
+pub fn machine(
+    spec: &VmSpec,
+    console: Console,
+    build_console: impl FnOnce() -> Console,
+    say: &mut dyn FnMut(&str),
+) -> Result<(Machine, Option<CacheStart>), BuildError> {
+    let mut machine = Machine::new(spec, console)?;
+    if spec.start != guest::Start::Snapshot {
+        return Ok((machine, None));
+    }
+    let started = boot_snapshot::restore_cached(&mut machine, spec, build_console(), say)?;
+    Ok((machine, Some(started)))
+}
+
+/// A plain run of `machine` (`machine()` made it), with host `input` for
+/// the guest's serial console.
+pub fn live(mut machine: Machine, input: Option<ConsoleInput>) -> LiveRun {
+    if let Some(input) = input {
+        machine.attach_input(input);
+    }
+    LiveRun::new(machine)
+}
+
+/// What a recording needs besides its machine.
+pub struct RecordOptions<'a> {
+    /// What boots (the machine was made from it).
+    pub spec: &'a VmSpec,
+    /// The boot snapshot the machine was restored from, if any.
+    pub snapshot: Option<&'a CacheStart>,
+    /// The trace directory to create.
+    pub output: PathBuf,
+    /// The config, as people reading the trace header should see it.
+    pub config_text: String,
+    /// A register digest every so many deterministic exits.
+    pub digest_every: u64,
+    /// Whether user-mode RDTSC faults on this host.
+    pub user_rdtsc_traps: bool,
+    /// Host input for the guest's serial console (recorded as the guest
+    /// reads it).
+    pub input: Option<ConsoleInput>,
+    /// Called with the recording's counts about twice a second.
+    pub progress: Option<ProgressFn>,
+}
+
+/// A recording of `machine` into a new trace: the vCPU kept on one host
+/// CPU (named in the header), the trace created with its header and the
+/// boot snapshot linked into it, and asynchronous points taken where this
+/// host can preempt user code (else a note says it cannot).
+pub fn record(
+    mut machine: Machine,
+    options: RecordOptions<'_>,
+) -> Result<(RecordSession, Notes), BuildError> {
+    let mut notes = Notes::new();
+    let (images, mut boot) = guest::trace_images(options.spec)?;
+    boot.snapshot = options.snapshot.map(|s| trace::SnapshotRef {
+        key: trace::checkpoints::hex(&s.key),
+        digest: trace::checkpoints::hex(&s.restored.digest),
+        guest_ns: s.restored.vm_ns,
+    });
+    let host_cpu = crate::host_cpu::for_recording().map_err(BuildError::HostCpu)?;
+    machine.run_on_host_cpu(host_cpu.cpu);
+    let vm = machine.vm();
+    let header = Header {
+        clock: ClockKind::Exit,
+        created_unix_secs: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        guest_cpuid: vm.guest_cpuid().to_vec(),
+        kvm_caps: vm.kvm_caps().to_vec(),
+        user_rdtsc_traps: options.user_rdtsc_traps,
+        host_apic_id: Some(host_cpu.apic_id),
+        config: options.config_text,
+        images,
+        boot,
+        digest_interval: options.digest_every,
+    };
+    let writer = TraceWriter::create(&options.output, &header).map_err(|source| {
+        BuildError::CreateTrace {
+            path: options.output.clone(),
+            source,
+        }
+    })?;
+    if let Some(s) = options.snapshot {
+        boot_snapshot::link_into(s, &options.output.join(trace::SNAPSHOT_FILE))
+            .map_err(BuildError::LinkSnapshot)?;
+    }
+    let preemption = crate::host_check::probe_state_match().map_err(BuildError::ProbeHost)?;
+    let points = if preemption.works() {
+        PointTaker::default()
+    } else {
+        notes.push(format!(
+            "this host cannot preempt guest user code where it stands ({}): interrupts wait \
+             for the guest's next exit, and a program that busy-waits may not finish \
+             (insight host-check)",
+            preemption
+                .failure
+                .as_deref()
+                .unwrap_or("the state was not found again")
+        ));
+        PointTaker::at_exits_only()
+    };
+    if let Some(input) = options.input {
+        machine.attach_input(input);
+    }
+    let recorder = Recorder::new(writer, options.digest_every);
+    let mut session = RecordSession::new(machine, recorder, points);
+    if let Some(progress) = options.progress {
+        session.on_progress(progress);
+    }
+    Ok((session, notes))
+}
+
+/// Reads a guest file by its path in the guest (the run's initramfs with
+/// its archive): what stacks are unwound by.
+pub type GuestFileLoader = Box<dyn Fn(&str) -> Option<Vec<u8>> + Send>;
+
+/// The event capture of a replay.
+pub struct EventOptions {
+    /// The database the events go to.
+    pub db: EventWriter,
+    /// Also the probe library's heap events (an exit each at replay).
+    pub heap: bool,
+    /// Unwind user stacks by the call-frame information of the guest's
+    /// files, read with this (`None`: by frame pointers).
+    pub cfi_files: Option<GuestFileLoader>,
+    /// A SAMPLE of the tracked task on the vCPU about every so much host
+    /// time.
+    pub sample_period: Option<Duration>,
+}
+
+/// What a replay needs besides its trace.
+pub struct ReplayOptions {
+    /// The trace directory.
+    pub trace: PathBuf,
+    pub console: Console,
+    /// Run on any host CPU, not only one reporting the APIC ID the
+    /// recording ran on.
+    pub any_cpu: bool,
+    /// Whether user-mode RDTSC faults on this host.
+    pub user_rdtsc_traps: bool,
+    /// Find asynchronous points by their registers alone (a
+    /// demonstration that the other checks matter).
+    pub registers_only: bool,
+    pub events: Option<EventOptions>,
+    /// Single-step one process (needs `events`).
+    pub tracing: Option<ExpansionSpec>,
+    /// Start from the trace's checkpoint at or before this point.
+    pub from: Option<ReplayPoint>,
+    /// Stop at the first exit at or after this point.
+    pub to: Option<ReplayPoint>,
+    /// Take checkpoints this often.
+    pub checkpoint_every: Option<CheckpointEvery>,
+    /// Where the Ethernet frames the guest sends go (at replay, nowhere
+    /// else).
+    pub sent_frames: Option<FrameSink>,
+    /// Called with the replay's counts about twice a second.
+    pub progress: Option<ProgressFn>,
+}
+
+/// How a replay session begins.
+pub struct ReplayStart {
+    /// The checkpoint restored (`ReplayOptions::from`).
+    pub restored: Option<CheckpointRestored>,
+    pub notes: Notes,
+}
+
+/// A replay of the trace `reader` read: the machine rebuilt from its
+/// header (kernel and initramfs checked by digest), this host checked
+/// against the recording's, the vCPU on a host CPU with the recording's
+/// APIC ID, the tools attached, and the start restored (a checkpoint or
+/// the boot snapshot).
+pub fn replay(
+    reader: TraceReader<Entry>,
+    options: ReplayOptions,
+) -> Result<(ReplaySession, ReplayStart), BuildError> {
+    let trace = options.trace;
+    if reader.header.clock != ClockKind::Exit {
+        return Err(BuildError::BranchClock { trace });
+    }
+    let mut notes = Notes::new();
+    let spec = guest::from_trace(&reader.header, &trace)?;
+    let mut machine = Machine::new(&spec, options.console)?;
+    if let (Some(apic_id), false) = (reader.header.host_apic_id, options.any_cpu) {
+        match crate::host_cpu::with_apic_id(apic_id).map_err(BuildError::HostCpu)? {
+            Some(cpu) => machine.run_on_host_cpu(cpu.cpu),
+            None => notes.push(format!(
+                "no CPU this replay may run on reports APIC ID {apic_id}, the one the recording \
+                 ran on; a program that keeps what CPUID told it (glibc does) may not be found \
+                 again where it was preempted"
+            )),
+        }
+    }
+    let vm = machine.vm();
+    match journal::check_host(
+        &reader.header,
+        vm.guest_cpuid(),
+        vm.kvm_caps(),
+        options.user_rdtsc_traps,
+    ) {
+        Ok(()) => {}
+        Err(HostMismatch::Cpu(difference)) => {
+            return Err(BuildError::OtherCpu { trace, difference })
+        }
+        Err(HostMismatch::Kvm(difference)) => {
+            return Err(BuildError::OtherKvm { trace, difference })
+        }
+    }
+    if let Some(sink) = options.sent_frames {
+        if !machine.vm().has_net() {
+            return Err(BuildError::NoNetwork { trace });
+        }
+        machine.capture_net_tx(sink);
+    }
+    let kernel_stack_top = guest::boot::kernel_variable(&spec.kernel_image, KERNEL_STACK_TOP)
+        .filter(|&a| a >= KERNEL_START);
+    let mut tools = ReplayTools {
+        kernel_stack_top,
+        ..Default::default()
+    };
+    let mut heap_events = false;
+    if let Some(events) = options.events {
+        let stacks = events
+            .cfi_files
+            .map(|files| unwind::Processes::new(Box::new(files)));
+        tools.events = Some(EventTool::new(Capture::new(events.db), stacks));
+        tools.sampling = events
+            .sample_period
+            .map(|period| Sampling::every(period, kernel_stack_top));
+        heap_events = events.heap;
+    }
+    tools.tracing = options.tracing.map(ProcessTracer::new);
+    let points = if options.registers_only {
+        PointSearch::registers_only()
+    } else {
+        PointSearch::default()
+    };
+    let mut session =
+        ReplaySession::new(machine, Replayer::new(reader), points, tools, heap_events);
+    let restored = match options.from {
+        Some(from) => {
+            let Some(start) = checkpoint_before(&trace, from)? else {
+                return Err(BuildError::NoCheckpoint {
+                    at: from.to_string(),
+                    trace,
+                });
+            };
+            Some(session.restore_checkpoint(&trace, start.exit)?)
+        }
+        None => {
+            session.restore_trace_snapshot(&spec.start)?;
+            None
+        }
+    };
+    if let Some(to) = options.to {
+        session.stop_at(to);
+    }
+    if let Some(every) = options.checkpoint_every {
+        session.take_checkpoints(&trace, every)?;
+    }
+    if let Some(progress) = options.progress {
+        session.on_progress(progress);
+    }
+    Ok((session, ReplayStart { restored, notes }))
+}

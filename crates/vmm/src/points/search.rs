@@ -1,0 +1,334 @@
+//! Replaying asynchronous points: the trampoline in place after the exit
+//! before one, its candidates checked, the interrupt delivered there.
+
+use std::time::Duration;
+
+use super::{Patch, PointStats};
+use crate::session::Claimed;
+use crate::vm::{kvm_err, Machine, VmError};
+use introspect::stub_area::EXIT_PAGE_GPA;
+use journal::preempt::guest_code::{build_stub, code_around, trampoline_entries};
+use journal::preempt::state::{self, PageSet, UserState};
+use journal::preempt::{site, trampoline, AsyncPoint};
+use journal::Replayer;
+
+/// What a probe gate exit, or a single step of a traced process, may add
+/// to a search's time: a user-mode exit costs 30-45 us on these hosts,
+/// and the event's capture (or the step's logging) a few more.
+const GATE_EXIT_ALLOWANCE: Duration = Duration::from_micros(200);
+
+/// A point replay is looking for.
+struct Search {
+    point: AsyncPoint,
+    patch: Patch,
+    /// Passes over the position with the recorded registers (and words).
+    candidates: u64,
+    /// Those whose extended state or memory differed.
+    rejected: u64,
+    /// How the last rejected candidate differed, for the report.
+    last_rejection: Vec<String>,
+    /// The instructions the trampoline moved into its code page: (address
+    /// there, original address, original bytes), for a traced process.
+    moved: Vec<(u64, u64, Vec<u8>)>,
+    /// Probe gate exits and traced steps since the search began: replay's
+    /// alone, each a round trip the recording did not make.
+    gate_exits: u64,
+}
+
+impl Search {
+    /// How long the search may take: the recording got there in
+    /// `run_ns`; replay is slower only by the false hits' few nanoseconds,
+    /// so three times that (and two seconds for a loaded host) means the
+    /// state will never come.
+    fn bound(&self) -> Duration {
+        Duration::from_nanos(self.point.run_ns.saturating_mul(3))
+            + Duration::from_secs(2)
+            + GATE_EXIT_ALLOWANCE.saturating_mul(self.gate_exits.min(u32::MAX as u64) as u32)
+    }
+
+    /// What the search has seen, for a report that it failed.
+    fn progress(&self) -> String {
+        let mut text = format!(
+            "the trampoline for the asynchronous point at {:#x} saw the recorded registers {} \
+             time{} and rejected {}",
+            self.point.state.rip,
+            self.candidates,
+            if self.candidates == 1 { "" } else { "s" },
+            self.rejected
+        );
+        if !self.last_rejection.is_empty() {
+            text += &format!(" (the last differed in {})", self.last_rejection.join(", "));
+        }
+        text
+    }
+}
+
+/// Finding the recorded asynchronous points again at replay.
+#[derive(Default)]
+pub(crate) struct PointSearch {
+    /// The point being searched for.
+    search: Option<Search>,
+    /// Accept a candidate on its registers alone (shows what the memory
+    /// checks are for; never what a user wants).
+    registers_only: bool,
+    pub(crate) stats: PointStats,
+}
+
+impl PointSearch {
+    /// Accepts trampoline candidates on their registers alone, as a
+    /// replay that did not check memory would (a demonstration that the
+    /// checks matter, never what a user wants).
+    pub(crate) fn registers_only() -> Self {
+        PointSearch {
+            registers_only: true,
+            ..Default::default()
+        }
+    }
+
+    /// Goes on with the counts of a restored checkpoint.
+    pub(crate) fn resume(&mut self, stats: PointStats) {
+        self.stats = stats;
+    }
+
+    /// Whether a trampoline is in place.
+    pub(crate) fn patched(&self) -> bool {
+        self.search.is_some()
+    }
+
+    /// Whether a store to `addr` may be the trampoline's.
+    pub(crate) fn claims(&self, addr: u64) -> bool {
+        addr == EXIT_PAGE_GPA && self.search.is_some()
+    }
+
+    /// A probe gate exit (a search under way allows for it).
+    pub(crate) fn gate_exit(&mut self) {
+        self.stats.gate_exits += 1;
+        if let Some(search) = &mut self.search {
+            search.gate_exits += 1;
+        }
+    }
+
+    /// A single step of a traced process (a search under way allows for
+    /// it, as for a gate exit).
+    pub(crate) fn traced_step(&mut self) {
+        if let Some(search) = &mut self.search {
+            search.gate_exits += 1;
+        }
+    }
+
+    /// Stepping a traced process in the address space `cr3`: where the
+    /// search under way put its trampoline's jump, if there.
+    pub(crate) fn patch_at(&self, cr3: u64) -> Option<u64> {
+        let search = self.search.as_ref()?;
+        (search.point.state.cr3 == cr3 & state::CR3_ROOT).then_some(search.patch.rip)
+    }
+
+    /// Stepping a traced process: the instruction the trampoline moved to
+    /// `rip` in its code page, as (original address, bytes).
+    pub(crate) fn moved_instruction(&self, cr3: u64, rip: u64) -> Option<(u64, Vec<u8>)> {
+        let search = self.search.as_ref()?;
+        if search.point.state.cr3 != cr3 & state::CR3_ROOT {
+            return None;
+        }
+        search
+            .moved
+            .iter()
+            .find(|m| m.0 == rip)
+            .map(|m| (m.1, m.2.clone()))
+    }
+
+    /// What the search for a point under way has seen.
+    pub(crate) fn progress(&self) -> Option<String> {
+        self.search.as_ref().map(Search::progress)
+    }
+
+    /// Where a SAMPLE taken now should say the guest is: inside the
+    /// trampoline is at the patched position.
+    pub(crate) fn sample_rip(&self, rip: u64) -> u64 {
+        match &self.search {
+            Some(s) if (s.patch.stub..s.patch.stub + 0x1000).contains(&rip) => s.patch.rip,
+            _ => rip,
+        }
+    }
+
+    /// The run stopped (the end, a divergence, a failure): the guest's
+    /// bytes back.
+    pub(crate) fn end(&mut self, m: &Machine) {
+        if let Some(search) = self.search.take() {
+            m.restore(&search.patch.saved);
+        }
+    }
+
+    /// At a delivery point: if the log's next entry is an asynchronous
+    /// point, puts the trampoline in place to find it.
+    pub(crate) fn arm(&mut self, m: &mut Machine, log: &mut Replayer) -> Result<(), VmError> {
+        if self.search.is_some() {
+            return Ok(());
+        }
+        let Some(point) = log.async_point()? else {
+            return Ok(());
+        };
+        let (cr3, rip) = (point.state.cr3, point.state.rip);
+        let (code, before) = code_around(&m.vm.mem, &point.code_pages, rip);
+        let site = match site::choose(rip, &code, &before) {
+            Ok(s) => s,
+            Err(why) => {
+                let why = format!("the recorded position cannot be patched: {why}");
+                return Err(log.async_point_missed(why).into());
+            }
+        };
+        let words: &[(u64, u64)] = if self.registers_only {
+            &[]
+        } else {
+            &point.state.words
+        };
+        let addrs: Vec<u64> = words.iter().map(|w| w.0).collect();
+        let values: Vec<u64> = words.iter().map(|w| w.1).collect();
+        let (stub, jump) = match build_stub(&site, point.stub, &addrs) {
+            Ok(s) => s,
+            Err(why) => {
+                let why = format!("no trampoline for the recorded position: {why}");
+                return Err(log.async_point_missed(why).into());
+            }
+        };
+
+        let displaced = AsyncPoint::pages_at(point.stub).code + stub.displaced_at;
+        let moved = site
+            .relocated_layout(displaced)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(at, ip, len)| {
+                let from = (ip - rip) as usize;
+                (
+                    at,
+                    ip,
+                    code.get(from..from + len).unwrap_or_default().to_vec(),
+                )
+            })
+            .collect();
+        let data = trampoline::data_page(&point.state.kvm_regs(), &values);
+        let code_pages = point.code_pages.clone();
+        let patch = match m.install(cr3, &code_pages, rip, point.stub, &stub, Some(data), jump) {
+            Ok(p) => p,
+            Err(why) => return Err(log.async_point_missed(why).into()),
+        };
+        self.search = Some(Search {
+            point,
+            patch,
+            candidates: 0,
+            rejected: 0,
+            last_rejection: Vec::new(),
+            moved,
+            gate_exits: 0,
+        });
+        Ok(())
+    }
+
+    /// A store to the exit page: the trampoline's, or not. `ignored_flags`
+    /// are RFLAGS bits the replay's tools set that the recording never had
+    /// (a traced process's trap flag).
+    pub(crate) fn store(
+        &mut self,
+        m: &mut Machine,
+        log: &mut Replayer,
+        ignored_flags: u64,
+    ) -> Result<Claimed, VmError> {
+        let regs = m.vcpu.regs()?;
+        match &self.search {
+            Some(search) if search.patch.exit_rips.contains(&regs.rip) => {
+                self.candidate(m, log, &regs, ignored_flags)
+            }
+            _ => Ok(Claimed::NotOurs),
+        }
+    }
+
+    /// The trampoline found the recorded registers (`regs`); whether the
+    /// rest of the state is the recorded one.
+    fn candidate(
+        &mut self,
+        m: &mut Machine,
+        log: &mut Replayer,
+        regs: &kvm_bindings::kvm_regs,
+        ignored_flags: u64,
+    ) -> Result<Claimed, VmError> {
+        self.stats.candidates += 1;
+        let sregs = m.vcpu.sregs()?;
+        let Some(search) = &self.search else {
+            return Ok(Claimed::NotOurs);
+        };
+        let logged = &search.point.state;
+        let mut found = UserState {
+            cr3: sregs.cr3 & state::CR3_ROOT,
+            rip: logged.rip,
+            // A traced process runs with the trap flag, which the
+            // recording never set.
+            rflags: regs.rflags & !state::RF & !ignored_flags,
+            gprs: state::gprs(regs),
+            fs_base: sregs.fs.base,
+            gs_base: sregs.gs.base,
+            xstate: logged.xstate,
+            words: logged.words.clone(),
+            pages: PageSet::default(),
+            memory: logged.memory,
+        };
+        if !self.registers_only {
+            found.words = logged
+                .words
+                .iter()
+                .map(|&(at, v)| (at, m.user_word(logged.cr3, at).unwrap_or(!v)))
+                .collect();
+            if logged.differences(&found).is_empty() {
+                let mem = &m.vm.mem;
+                let xsave = m.vcpu.fd.get_xsave().map_err(kvm_err("GET_XSAVE"))?;
+                let cpu: Vec<u8> = xsave.region.iter().flat_map(|w| w.to_le_bytes()).collect();
+                found.xstate = state::xstate_digest(&cpu, &m.vm.cpu.xsave_layout);
+                let entries = trampoline_entries(mem, logged.cr3, search.point.stub, &logged.words);
+                found.memory =
+                    state::memory_digest(mem, &logged.pages, &search.patch.saved, &entries);
+            }
+        }
+        let differences = logged.differences(&found);
+        if let Some(search) = &mut self.search {
+            search.candidates += 1;
+        }
+        if !differences.is_empty() {
+            self.stats.rejected += 1;
+            if let Some(search) = &mut self.search {
+                search.rejected += 1;
+                search.last_rejection = differences;
+            }
+            return Ok(Claimed::Passed);
+        }
+        let Some(search) = self.search.take() else {
+            return Ok(Claimed::NotOurs);
+        };
+        if !m.complete_trampoline_exit(&search.patch)? {
+            return Err(log
+                .async_point_missed("the vCPU ran on past the trampoline".into())
+                .into());
+        }
+        self.stats.points += 1;
+        self.stats.busy_ns += search.patch.started.elapsed().as_nanos() as u64;
+        log.async_point_reached()?;
+        Ok(Claimed::Reached)
+    }
+
+    /// A search that has gone on far longer than the recording took to get
+    /// there will not succeed.
+    pub(crate) fn check_time(&mut self, log: &mut Replayer) -> Result<(), VmError> {
+        let Some(search) = &self.search else {
+            return Ok(());
+        };
+        if search.patch.started.elapsed() <= search.bound() {
+            return Ok(());
+        }
+        let why = format!(
+            "the recorded state was not reached within {:.1} s (the recording got there {:.3} s \
+             after the exit); {}",
+            search.bound().as_secs_f64(),
+            search.point.run_ns as f64 / 1e9,
+            search.progress()
+        );
+        Err(log.async_point_missed(why).into())
+    }
+}

@@ -1,0 +1,528 @@
+//! Recording asynchronous points: at a kick, the state where user code
+//! stands, or a trap that stops the task where replay can find it.
+
+use std::time::Instant;
+
+use vm_memory::{Bytes, GuestAddress};
+
+use super::{Patch, PointStats};
+use crate::session::Claimed;
+use crate::vm::{kvm_err, Machine, VmError};
+use introspect::stub_area::EXIT_PAGE_GPA;
+use journal::preempt::guest_code::{trampoline_entries, PageTables};
+use journal::preempt::state::{self, PageSet, UserState};
+use journal::preempt::trampoline::{self, StubError};
+use journal::preempt::{AsyncPoint, CodeMap};
+use journal::Recorder;
+
+/// How long user code must have run without an exit of its own before a
+/// pending interrupt is delivered where it stands. A run delivers a timer
+/// tick at once; waiting for a whole tick (10 ms, HZ=100) let a spinning
+/// thread keep the CPU twice as long as in a run (spin_lock took 1.9
+/// times as long recorded as run; 1.0 with 2 ms), while code that enters
+/// the kernel at least this often is never preempted asynchronously.
+const PREEMPT_AFTER_NS: u64 = 2_000_000;
+/// How soon to look again after a kick found a position replay could not
+/// find (inside a `rep` string, on a `call`, in the guest kernel).
+const RETRY_NS: u64 = 200_000;
+/// How long a recorder's trap waits for the task to come back to its
+/// position before it is given up (and the next kick looks again).
+const TRAP_NS: u64 = 2_000_000;
+/// How long before a point is due the dirty log starts afresh, when it
+/// must (`WINDOW_MAX_NS`): the point then lists the pages written in the
+/// last millisecond or so (at least this long: a point due sooner after
+/// the restart waits), otherwise those written since the last restart,
+/// at most `WINDOW_MAX_NS` before. Every restart write-protects the pages written
+/// since, and each next write to one faults (through two hypervisors on a
+/// nested host, where such a fault can take a millisecond): restarting it
+/// every 5 ms at exits made GNU sort record in 1.5 times its run's time,
+/// every 20 ms 1.45 times, never 1.1 times; restarting at every exit made
+/// a probed syn_cont record 7.3 times slower than without probes.
+const WINDOW_NS: u64 = 1_000_000;
+/// A window older than this when its point is due starts afresh. Only
+/// points need a window, so it starts afresh only before one: GNU sort
+/// records in 1.2 times its run's time.
+const WINDOW_MAX_NS: u64 = 50_000_000;
+
+/// Taking asynchronous points while recording: at a kick, the state where
+/// user code stands, or a trap that stops the task where replay can find
+/// it; and KVM's dirty log, whose window of written pages a point lists.
+#[derive(Default)]
+pub(crate) struct PointTaker {
+    /// VM time of the last deterministic exit; `None` before the run's
+    /// first (a restored guest's log starts at its first exit, and a
+    /// point before it would follow no exit: replay could not look for
+    /// it).
+    last_exit_ns: Option<u64>,
+    /// VM time the dirty log last started afresh (the window of pages a
+    /// point lists).
+    last_reset_ns: u64,
+    /// No new attempt before this VM time.
+    retry_ns: u64,
+    /// KVM logs the pages the guest writes.
+    dirty_logging: bool,
+    /// A trap that stops the task at a better position.
+    trap: Option<Patch>,
+    /// Deliver at deterministic exits only.
+    exits_only: bool,
+    /// The host TSC when the recording started.
+    tsc_start: u64,
+    /// The dirty bitmaps read since the log last started afresh, merged
+    /// (a read resets KVM's log; a point declined after one must not lose
+    /// the pages it saw).
+    window_pages: Vec<u64>,
+    pub(crate) stats: PointStats,
+}
+
+/// What the recorder makes of the position a kick found.
+enum Verdict {
+    Take(Box<AsyncPoint>),
+    /// Wait until the task gets back to this position.
+    Advance(u64),
+    Decline,
+    /// Guest kernel code, or an interrupt cannot be taken now: it will
+    /// exit soon enough on its own.
+    NotNow,
+}
+
+impl PointTaker {
+    /// Recording on a host where user code cannot be preempted where it
+    /// stands (`host_check::probe_state_match`): deliver at deterministic
+    /// exits only.
+    pub(crate) fn at_exits_only() -> Self {
+        PointTaker {
+            exits_only: true,
+            ..Default::default()
+        }
+    }
+
+    /// Before the first KVM_RUN: KVM's dirty log on (the pages a point
+    /// lists).
+    pub(crate) fn start(&mut self, m: &Machine) -> Result<(), VmError> {
+        if !self.dirty_logging {
+            m.start_dirty_log()?;
+            self.dirty_logging = true;
+            self.tsc_start = crate::sys::host_tsc();
+        }
+        Ok(())
+    }
+
+    /// When the vCPU should be kicked to look for an asynchronous point
+    /// (u64::MAX: not before something else happens).
+    pub(crate) fn deadline(&self, m: &Machine) -> u64 {
+        let (point, window) = self.point_and_window_due(m);
+        point.min(window)
+    }
+
+    /// When a point is due, and when its dirty window should start
+    /// (u64::MAX: not before something else happens).
+    fn point_and_window_due(&self, m: &Machine) -> (u64, u64) {
+        let platform = &m.vm.platform;
+        let interrupt = if platform.pic.has_pending() {
+            Some(0)
+        } else {
+            platform.next_timer_ns()
+        };
+        let point = self.point_due(m.vm.status.stub_area_gpa.is_some(), interrupt);
+        (point, self.window_due(point))
+    }
+
+    /// After a deterministic exit at VM time `now`: the clock for "a tick
+    /// without an exit", and no trap left behind.
+    pub(crate) fn after_exit(&mut self, m: &Machine, now: u64) {
+        self.last_exit_ns = Some(now);
+        if let Some(trap) = self.trap.take() {
+            m.restore(&trap.saved);
+        }
+    }
+
+    /// Whether a store to `addr` may be the trap's.
+    pub(crate) fn claims(&self, addr: u64) -> bool {
+        addr == EXIT_PAGE_GPA && self.trap.is_some()
+    }
+
+    /// A store to the exit page: the trap's, or not.
+    pub(crate) fn store(
+        &mut self,
+        m: &mut Machine,
+        recorder: &mut Recorder,
+    ) -> Result<Claimed, VmError> {
+        match &self.trap {
+            Some(trap) if m.stopped_by(trap)? => self.trap_reached(m, recorder),
+            _ => Ok(Claimed::NotOurs),
+        }
+    }
+
+    /// The run stopped: the guest's bytes back.
+    pub(crate) fn end(&mut self, m: &Machine) {
+        if let Some(trap) = self.trap.take() {
+            m.restore(&trap.saved);
+        }
+    }
+
+    /// At a kick: if an interrupt has waited a tick for an exit and the
+    /// vCPU stands in user code at a position replay can find again, logs
+    /// the state there and returns true; the interrupt is then injected as
+    /// at an exit.
+    pub(crate) fn try_point(
+        &mut self,
+        m: &mut Machine,
+        recorder: &mut Recorder,
+    ) -> Result<bool, VmError> {
+        let now = m.vm.clock.now_ns();
+        m.vm.platform.advance_to(now);
+        let (point, window) = self.point_and_window_due(m);
+        if window <= now {
+            self.restart_dirty_log(m, now)?;
+            if point <= now + WINDOW_NS {
+                // A point taken now would list no page written: it waits
+                // for the window (a kick noticed late, a retry).
+                self.retry_ns = self.retry_ns.max(now + WINDOW_NS);
+                return Ok(false);
+            }
+        }
+        if point > now || !m.vm.platform.pic.has_pending() {
+            return Ok(false);
+        }
+        if let Some(trap) = self.trap.take() {
+            // The task did not come back: look again at the next kick.
+            m.restore(&trap.saved);
+            self.stats.declined += 1;
+            self.retry_ns = now + RETRY_NS;
+            return Ok(false);
+        }
+        let started = Instant::now();
+        let position = self.examine(m, now);
+        self.stats.busy_ns += started.elapsed().as_nanos() as u64;
+        match position? {
+            Verdict::Take(point) => {
+                recorder.async_point(*point)?;
+                self.stats.points += 1;
+                return Ok(true);
+            }
+            Verdict::Advance(to) => {
+                if self.arm_trap(m, to)? {
+                    return Ok(false);
+                }
+                self.stats.declined += 1;
+            }
+            Verdict::Decline => self.stats.declined += 1,
+            Verdict::NotNow => {}
+        }
+        self.retry_ns = now + RETRY_NS;
+        Ok(false)
+    }
+
+    /// The pages the guest wrote since the dirty log last started afresh.
+    fn take_dirty_pages(&mut self, m: &Machine) -> Result<PageSet, VmError> {
+        let bitmap = m.dirty_log()?;
+        let window = &mut self.window_pages;
+        if window.len() < bitmap.len() {
+            window.resize(bitmap.len(), 0);
+        }
+        for (w, b) in window.iter_mut().zip(&bitmap) {
+            *w |= b;
+        }
+        Ok(PageSet::from_bitmap(window))
+    }
+
+    /// Starts the dirty log afresh, so that a point lists the pages
+    /// written from now on (any of those is reproduced by a faithful
+    /// replay, but a page written long ago is more likely to hold what is
+    /// not, such as a host TSC a user-mode RDTSC returned on hosts that
+    /// cannot trap it, and a long window costs a long digest;
+    /// `without_timestamps` leaves the timestamps out).
+    fn restart_dirty_log(&mut self, m: &Machine, now: u64) -> Result<(), VmError> {
+        self.take_dirty_pages(m)?;
+        self.window_pages.fill(0);
+        self.last_reset_ns = now;
+        Ok(())
+    }
+
+    /// What the recorder can make of the position the vCPU is stopped at.
+    fn examine(&mut self, m: &mut Machine, now: u64) -> Result<Verdict, VmError> {
+        if !m.vcpu.interruptible() {
+            return Ok(Verdict::NotNow);
+        }
+        let sregs = m.vcpu.sregs()?;
+        if sregs.cs.selector & 3 != 3 {
+            return Ok(Verdict::NotNow);
+        }
+        let regs = m.vcpu.regs()?;
+        let cr3 = sregs.cr3 & state::CR3_ROOT;
+        let area = match m.stub_area() {
+            Some(a) if a.cr3 == cr3 => a,
+            _ => return Ok(Verdict::Decline),
+        };
+        let mem = &m.vm.mem;
+        let tables = PageTables { mem, cr3 };
+        let Some((site, stub)) = m.patchable(&tables, regs.rip, &area.stub_va) else {
+            return Ok(Verdict::Decline);
+        };
+        let page = regs.rip & !0xfff;
+        let code_pages: Vec<(u64, u64)> = [page.wrapping_sub(0x1000), page, page + 0x1000]
+            .into_iter()
+            .filter_map(|p| tables.page_gpa(p).map(|gpa| (p, gpa)))
+            .collect();
+        // At replay the task resumes user mode where it did here, before
+        // it reaches the position: inside the patch it would run its
+        // bytes. It passes there again (it got here from there), so the
+        // point is taken there, at its next pass.
+        if (regs.rip + 1..site.resume()).contains(&area.resume_ip) {
+            return Ok(Verdict::Advance(area.resume_ip));
+        }
+        let gprs = state::gprs(&regs);
+        let words: Vec<(u64, u64)> = site
+            .memory_words(&gprs, sregs.fs.base, sregs.gs.base)
+            .into_iter()
+            .filter_map(|at| m.user_word(cr3, at).map(|v| (at, v)))
+            .take(trampoline::MAX_WORDS)
+            .collect();
+        // Values a user-mode RDTSC returned differ in every run on hosts
+        // that cannot trap it (glibc's dynamic loader keeps start-up
+        // timestamps, and they travel in callee-saved registers and their
+        // spills). A state holding one in a register is never found again:
+        // the next kick looks again. Pages holding one are left out of the
+        // memory compared.
+        let tsc = self.tsc_start..=crate::sys::host_tsc();
+        if gprs.iter().any(|v| tsc.contains(v)) {
+            return Ok(Verdict::Decline);
+        }
+        let xsave = m.vcpu.fd.get_xsave().map_err(kvm_err("GET_XSAVE"))?;
+        let cpu: Vec<u8> = xsave.region.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let written = self.take_dirty_pages(m)?;
+        let pages = without_timestamps(mem, &user_pages(mem, cr3, &written), &tsc);
+        let entries = trampoline_entries(mem, cr3, stub, &words);
+        let memory = state::memory_digest(mem, &pages, &[], &entries);
+        Ok(Verdict::Take(Box::new(AsyncPoint {
+            state: UserState {
+                cr3,
+                rip: regs.rip,
+                rflags: regs.rflags & !state::RF,
+                gprs,
+                fs_base: sregs.fs.base,
+                gs_base: sregs.gs.base,
+                xstate: state::xstate_digest(&cpu, &m.vm.cpu.xsave_layout),
+                words,
+                pages,
+                memory,
+            },
+            stub,
+            code_pages,
+            run_ns: now.saturating_sub(self.last_exit_ns.unwrap_or(now)),
+        })))
+    }
+
+    /// Stops the task when it gets to `rip` (a trap that exits at once);
+    /// false if no trap can go there.
+    fn arm_trap(&mut self, m: &mut Machine, rip: u64) -> Result<bool, VmError> {
+        let sregs = m.vcpu.sregs()?;
+        let here = m.vcpu.regs()?.rip;
+        let cr3 = sregs.cr3 & state::CR3_ROOT;
+        let Some(area) = m.stub_area() else {
+            return Ok(false);
+        };
+        let tables = PageTables {
+            mem: &m.vm.mem,
+            cr3,
+        };
+        let Some((site, stub)) = m.patchable(&tables, rip, &area.stub_va) else {
+            return Ok(false);
+        };
+        // The task, stopped here, must not run into the middle of it.
+        if (rip + 1..site.resume()).contains(&here) {
+            return Ok(false);
+        }
+        let pages = AsyncPoint::pages_at(stub);
+        let code = trampoline::build_trap(
+            pages,
+            |ip| site.relocated(ip).map_err(StubError::Relocation),
+            site.resume(),
+        );
+        let Ok(code) = code else {
+            return Ok(false);
+        };
+        let Ok(jump) = trampoline::patch(rip, stub, site.len) else {
+            return Ok(false);
+        };
+        let code_pages: Vec<(u64, u64)> = [rip & !0xfff, (rip & !0xfff) + 0x1000]
+            .into_iter()
+            .filter_map(|p| tables.page_gpa(p).map(|gpa| (p, gpa)))
+            .collect();
+        match m.install(cr3, &code_pages, rip, stub, &code, None, jump) {
+            Ok(mut patch) => {
+                patch.since_ns = m.vm.clock.now_ns();
+                self.trap = Some(patch);
+                Ok(true)
+            }
+            Err(_) => Ok(false),
+        }
+    }
+
+    /// The task reached the trap; the point is taken here if the position
+    /// allows it now.
+    fn trap_reached(
+        &mut self,
+        m: &mut Machine,
+        recorder: &mut Recorder,
+    ) -> Result<Claimed, VmError> {
+        let Some(trap) = self.trap.take() else {
+            return Ok(Claimed::NotOurs);
+        };
+        if !m.complete_trampoline_exit(&trap)? {
+            return Err(VmError::GuestFault {
+                reason: "the vCPU ran on past the recorder's trap".into(),
+                rip: trap.rip,
+                detail: String::new(),
+            });
+        }
+        let now = m.vm.clock.now_ns();
+        match self.examine(m, now)? {
+            Verdict::Take(point) => {
+                recorder.async_point(*point)?;
+                self.stats.points += 1;
+                self.stats.advanced += 1;
+                Ok(Claimed::Reached)
+            }
+            Verdict::Advance(_) | Verdict::Decline | Verdict::NotNow => {
+                self.stats.declined += 1;
+                self.retry_ns = now + RETRY_NS;
+                Ok(Claimed::Passed)
+            }
+        }
+    }
+
+    /// The VM time at which to look for an asynchronous point,
+    /// given whether the guest kernel announced its area and when an
+    /// interrupt is or will be pending (`interrupt`);
+    /// u64::MAX for never before something else happens. A tick after the
+    /// last deterministic exit, and never before the run's first: a point
+    /// must follow an exit, where replay puts its trampoline in place (a
+    /// restored guest's first kick may come before its first exit).
+    fn point_due(&self, announced: bool, interrupt: Option<u64>) -> u64 {
+        if !announced || self.exits_only {
+            return u64::MAX;
+        }
+        if let Some(trap) = &self.trap {
+            return trap.since_ns + TRAP_NS;
+        }
+        let Some(last_exit_ns) = self.last_exit_ns else {
+            return u64::MAX;
+        };
+        (last_exit_ns + PREEMPT_AFTER_NS)
+            .max(self.retry_ns)
+            .max(interrupt.unwrap_or(u64::MAX))
+    }
+
+    /// When the dirty log should start afresh for a point due at `point`:
+    /// `WINDOW_NS` before it, unless the window it has then is at most
+    /// `WINDOW_MAX_NS` old (or a trap is set: it was set at a point due).
+    fn window_due(&self, point: u64) -> u64 {
+        if !self.dirty_logging
+            || point == u64::MAX
+            || self.trap.is_some()
+            || point.saturating_sub(self.last_reset_ns) <= WINDOW_MAX_NS
+        {
+            return u64::MAX;
+        }
+        point.saturating_sub(WINDOW_NS)
+    }
+}
+
+/// Of `pages`, those the address space `cr3` maps for user mode: the
+/// memory the program can see. The guest kernel's pages are left out: a
+/// point tells loop iterations apart by what the program sees (registers
+/// and its memory), and the kernel's state is checked at every
+/// deterministic exit. With the kernel's pages in the digest, one replay
+/// of a UDP recording, in a loaded run of the whole suite, missed a point
+/// (every later replay of that trace too) whose 35 written pages were all
+/// but one the kernel's (stacks, per-CPU data, timers, sockets); which
+/// page differed, a digest cannot say.
+fn user_pages(mem: &vm_memory::GuestMemoryMmap, cr3: u64, pages: &PageSet) -> PageSet {
+    let runs = introspect::gva::user_frames(mem, cr3);
+    PageSet::from_frames(
+        pages
+            .frames()
+            .filter(|&f| introspect::gva::in_runs(&runs, f)),
+    )
+}
+
+/// `pages` without those that hold an aligned 8-byte word in `tsc` (the
+/// host TSC values of this recording).
+fn without_timestamps(
+    mem: &vm_memory::GuestMemoryMmap,
+    pages: &PageSet,
+    tsc: &std::ops::RangeInclusive<u64>,
+) -> PageSet {
+    let mut page = [0u8; 4096];
+    PageSet::from_frames(pages.frames().filter(|&frame| {
+        mem.read_slice(&mut page, GuestAddress(frame << 12))
+            .is_err()
+            || !page
+                .chunks_exact(8)
+                .any(|w| tsc.contains(&u64::from_le_bytes(w.try_into().unwrap_or([0; 8]))))
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn points_are_due_a_tick_after_an_exit_and_never_before_the_first() {
+        // A guest whose kernel never announced its area.
+        let mut p = PointTaker {
+            last_exit_ns: Some(0),
+            ..Default::default()
+        };
+        assert_eq!(p.point_due(false, Some(0)), u64::MAX);
+        p.last_exit_ns = None;
+        // A restored guest 10 s into its boot, before its first exit.
+        assert_eq!(p.point_due(true, Some(0)), u64::MAX);
+        p.last_exit_ns = Some(10_000_000_000);
+        assert_eq!(
+            p.point_due(true, Some(0)),
+            10_000_000_000 + PREEMPT_AFTER_NS
+        );
+        assert_eq!(p.point_due(true, Some(20_000_000_000)), 20_000_000_000);
+        assert_eq!(p.point_due(true, None), u64::MAX);
+        p.retry_ns = 10_050_000_000;
+        assert_eq!(p.point_due(true, Some(0)), 10_050_000_000);
+        p.exits_only = true;
+        assert_eq!(p.point_due(true, Some(0)), u64::MAX);
+    }
+
+    #[test]
+    fn the_dirty_window_starts_afresh_only_before_a_point_that_would_find_it_old() {
+        let mut p = PointTaker::default();
+        let point = 10_000_000_000;
+        // Not recording (no dirty log), or no point coming.
+        assert_eq!(p.window_due(point), u64::MAX);
+        p.dirty_logging = true;
+        assert_eq!(p.window_due(u64::MAX), u64::MAX);
+        // The window started at the recording's start: afresh a
+        // millisecond before the point.
+        assert_eq!(p.window_due(point), point - WINDOW_NS);
+        // Started that millisecond before, or less than WINDOW_MAX_NS
+        // before: kept (a point retried soon after its window restarted
+        // does not restart it again).
+        p.last_reset_ns = point - WINDOW_NS;
+        assert_eq!(p.window_due(point), u64::MAX);
+        p.last_reset_ns = point - 100_000;
+        assert_eq!(p.window_due(point), u64::MAX);
+        p.last_reset_ns = point - WINDOW_MAX_NS;
+        assert_eq!(p.window_due(point), u64::MAX);
+        p.last_reset_ns = point - WINDOW_MAX_NS - 1;
+        assert_eq!(p.window_due(point), point - WINDOW_NS);
+        // A trap set at a point due keeps the window it had.
+        p.trap = Some(Patch {
+            rip: 0x40_1000,
+            since_ns: point,
+            stub: 0,
+            exit_rips: [0; 2],
+            saved: Vec::new(),
+            started: Instant::now(),
+        });
+        assert_eq!(p.window_due(point), u64::MAX);
+    }
+}

@@ -1,0 +1,451 @@
+//! A replay: the guest re-executes from the recording's start (or a
+//! checkpoint), every exit checked against the log, interrupts and inputs
+//! delivered where the log says, asynchronous points found again; the
+//! replay-time tools (`crate::tools`) look on.
+
+use std::path::Path;
+use std::time::Instant;
+
+use devices::control::EventRaiser;
+use introspect::instructions::TF;
+use introspect::probe_gate;
+use journal::{EndReason, Entry, JournalError, Progress, Replayer};
+
+use super::{
+    inputs, run_on_vcpu_thread, Claimed, Mode, ProgressFn, ProgressReport, Resumed, RunOutcome,
+    StopReason, HOUSEKEEPING_NS,
+};
+use crate::boot_snapshot::{self, SnapshotRestored};
+use crate::points::PointSearch;
+use crate::tools::checkpoints::{self, CheckpointTaker, RestoredFrom};
+use crate::tools::{CheckpointEvery, CheckpointRestored, ReplayPoint, ReplayTools};
+use crate::vm::state::EventsState;
+use crate::vm::{Machine, VmError};
+
+/// A machine re-executing a recording.
+pub struct ReplaySession {
+    machine: Machine,
+    mode: Replaying,
+}
+
+struct Replaying {
+    log: Replayer,
+    points: PointSearch,
+    tools: ReplayTools,
+    /// The heap gate leaves the guest (its events are collected).
+    heap_events: bool,
+    progress: ProgressReport,
+}
+
+impl ReplaySession {
+    /// Replays `log` on `machine` (created from the trace's header), with
+    /// `tools` attached; `heap_events`: the probe library's heap events
+    /// are collected too.
+    pub(crate) fn new(
+        machine: Machine,
+        log: Replayer,
+        points: PointSearch,
+        tools: ReplayTools,
+        heap_events: bool,
+    ) -> Self {
+        ReplaySession {
+            machine,
+            mode: Replaying {
+                log,
+                points,
+                tools,
+                heap_events,
+                progress: ProgressReport::new(),
+            },
+        }
+    }
+
+    /// The machine replaying.
+    pub fn machine(&self) -> &Machine {
+        &self.machine
+    }
+
+    /// Reports progress while the replay goes on.
+    pub(crate) fn on_progress(&mut self, progress: ProgressFn) {
+        self.mode.progress.set(progress);
+    }
+
+    /// Stops at the first exit at or after `point` (a window's end)
+    /// instead of at the recording's end.
+    pub fn stop_at(&mut self, point: ReplayPoint) {
+        self.mode.tools.stop_at = Some(point);
+    }
+
+    /// Takes a checkpoint of the machine in `trace` every `every`,
+    /// replacing the checkpoints it had (after a restore, if there is one:
+    /// the new set goes on from the restored checkpoint).
+    pub fn take_checkpoints(
+        &mut self,
+        trace: &Path,
+        every: CheckpointEvery,
+    ) -> Result<(), VmError> {
+        let tools = &mut self.mode.tools;
+        let taker = CheckpointTaker::new(
+            trace,
+            every,
+            &self.mode.log.position(),
+            self.machine.vm.ram_bytes(),
+            tools.restored.take(),
+        )?;
+        tools.checkpoints = Some(taker);
+        Ok(())
+    }
+
+    /// Restores the boot snapshot the trace was recorded from, if `start`
+    /// names one; `None`: the trace booted from power-on.
+    pub fn restore_trace_snapshot(
+        &mut self,
+        start: &guest::Start,
+    ) -> Result<Option<SnapshotRestored>, VmError> {
+        let Some((path, key, expected)) = boot_snapshot::of_trace(start)? else {
+            return Ok(None);
+        };
+        let m = &mut self.machine;
+        let restored = boot_snapshot::restore(m, path, &key, Some(&expected))?;
+        // The probe gate as this replay needs it (it raises events).
+        let (gate, heap) = self.mode.gate_modes();
+        m.install_probe_gate(gate, heap);
+        if let (Some(events), Some(gpa)) =
+            (&mut self.mode.tools.events, m.vm.status.switch_ring_gpa)
+        {
+            events.ring_from_head(&m.vm.mem, gpa);
+        }
+        Ok(Some(restored))
+    }
+
+    /// Restores the trace's checkpoint at `exit` (before `run`). Every
+    /// checkpoint of its chain is checked first; nothing of the machine
+    /// changes if one is refused.
+    pub fn restore_checkpoint(
+        &mut self,
+        trace: &Path,
+        exit: u64,
+    ) -> Result<CheckpointRestored, VmError> {
+        let started = Instant::now();
+        let (chain, digest) = checkpoints::read_chain(trace, exit)?;
+        let m = &mut self.machine;
+        for c in &chain {
+            checkpoints::check_shape(c, m)?;
+        }
+        let tools = &mut self.mode.tools;
+        if let Some(events) = &tools.events {
+            match &chain[0].events {
+                None => {
+                    return Err(VmError::Restore(format!(
+                        "the checkpoint at exit {} was taken by a replay that collected no \
+                         events: take the checkpoints again with --events or --diagnose",
+                        chain[0].exit
+                    )))
+                }
+                Some(e) if events.stacks.is_some() && e.processes.is_none() => {
+                    return Err(VmError::Restore(format!(
+                        "the checkpoint at exit {} was taken by a replay that did not unwind \
+                         stacks by call-frame information: replay with --unwind \
+                         frame-pointers, or take the checkpoints again",
+                        chain[0].exit
+                    )))
+                }
+                Some(_) => {}
+            }
+        }
+        let shadow = checkpoints::apply(m, &chain)?;
+        let c = &chain[0];
+        self.mode.log.seek(&c.log)?;
+        self.mode.points.resume(c.vm.point_stats);
+        if let (Some(events), Some(state)) = (&mut tools.events, &c.events) {
+            events.capture.resume(&state.capture)?;
+            events.switch_ring = match state.switch_ring {
+                Some((gpa, seen)) => Some(
+                    introspect::guest_events::SwitchRing::resume(&m.vm.mem, gpa, seen)
+                        .map_err(|why| VmError::Restore(format!("context-switch ring: {why}")))?,
+                ),
+                None => None,
+            };
+            if let (Some(stacks), Some(processes)) = (&mut events.stacks, &state.processes) {
+                stacks.restore(processes);
+            }
+        }
+        // The exit was checked when the checkpoint was taken: what follows
+        // it is delivered now.
+        m.vcpu.at_delivery_point = true;
+        tools.restored = Some(RestoredFrom {
+            checkpoint: (c.exit, digest),
+            shadow,
+        });
+        Ok(CheckpointRestored {
+            exit: c.exit,
+            guest_ns: c.log.guest_ns,
+            chain: chain.len(),
+            took_ns: started.elapsed().as_nanos() as u64,
+        })
+    }
+
+    /// Replays until the guest stops, the log ends, the window ends, or
+    /// replay finds the guest doing something the recording did not.
+    pub fn run(self) -> Result<RunOutcome, VmError> {
+        run_on_vcpu_thread(self.machine, self.mode)
+    }
+}
+
+impl Replaying {
+    /// Right after a checked deterministic exit: takes a checkpoint if one
+    /// is due and the machine is at rest.
+    fn checkpoint_if_due(&mut self, m: &mut Machine) -> Result<(), VmError> {
+        let Some(taker) = &mut self.tools.checkpoints else {
+            return Ok(());
+        };
+        let position = self.log.position();
+        if !taker.due(&position) || self.points.patched() || !checkpoints::at_rest(m) {
+            return Ok(());
+        }
+        let events = self.tools.events.as_ref().map(|e| EventsState {
+            capture: e.capture.state(),
+            switch_ring: e.switch_ring.as_ref().map(|r| r.position()),
+            processes: e.stacks.as_ref().map(|p| p.state()),
+        });
+        taker.take(m, position, self.points.stats, events)
+    }
+
+    /// A store to the probe gate's address: when the gate made it, a probe
+    /// raised an event whose buffer is at the address stored; it is
+    /// captured at the guest time of the last deterministic exit, and the
+    /// guest goes on as if nothing happened.
+    fn gate_event(&mut self, m: &mut Machine, data: &[u8]) -> Result<Claimed, VmError> {
+        let rip = m.vcpu.synced_regs().rip;
+        let Ok(address) = <[u8; 8]>::try_from(data).map(u64::from_le_bytes) else {
+            return Ok(Claimed::NotOurs);
+        };
+        if !probe_gate::is_gate_store(rip, &m.stub_mappings()) {
+            return Ok(Claimed::NotOurs);
+        }
+        self.points.gate_exit();
+        let Some(events) = &mut self.tools.events else {
+            return Ok(Claimed::Passed);
+        };
+        events.raised_at_gate(m, address, self.log.progress().guest_ns)?;
+        // A probe event: its task may be one to trace.
+        self.arm_tracing(m)?;
+        Ok(Claimed::Passed)
+    }
+
+    /// Sets the trap flag of the traced process's task on the CPU.
+    fn arm_tracing(&mut self, m: &mut Machine) -> Result<(), VmError> {
+        match (&mut self.tools.tracing, &self.tools.events) {
+            (Some(tracer), Some(events)) => tracer.arm(m, events, self.tools.kernel_stack_top),
+            _ => Ok(()),
+        }
+    }
+
+    /// Adds the vCPU's registers to a divergence report, and what the
+    /// search for an asynchronous point saw if one was under way.
+    fn describe_divergence(
+        &self,
+        m: &Machine,
+        result: Result<RunOutcome, VmError>,
+    ) -> Result<RunOutcome, VmError> {
+        match result {
+            Err(VmError::Journal(JournalError::Diverged(mut d))) => {
+                if let Ok(regs) = m.vcpu.regs() {
+                    d.state = journal::regs_text(&regs);
+                }
+                if let Some(search) = self.points.progress() {
+                    d.state += &format!("; {search}");
+                }
+                Err(VmError::Journal(JournalError::Diverged(d)))
+            }
+            other => other,
+        }
+    }
+}
+
+impl Mode for Replaying {
+    fn housekeeping(&mut self) -> Result<(), VmError> {
+        let log = &self.log;
+        self.progress.tick(|| log.progress());
+        Ok(())
+    }
+
+    fn before_run(&mut self, m: &mut Machine) -> Result<Option<StopReason>, VmError> {
+        if std::mem::take(&mut m.vcpu.after_exit) {
+            self.checkpoint_if_due(m)?;
+            let position = self.log.position();
+            if self.tools.stop_at.is_some_and(|p| p.reached(&position)) {
+                return Ok(Some(StopReason::WindowEnded));
+            }
+        }
+        if let Some(reason) = self.log.end_reached()? {
+            return Ok(Some(StopReason::RecordingEnded(reason)));
+        }
+        if self.log.log_exhausted()? {
+            return Ok(Some(StopReason::TraceEnded));
+        }
+        inputs::publish_replayed(m, &mut self.log)?;
+        let delivery = m.take_delivery(true);
+        m.vcpu.request_interrupt_window(false);
+        if !delivery.at_point {
+            return Ok(None);
+        }
+        if let Some(vector) = self.log.interrupt()? {
+            if !delivery.can_inject {
+                return Err(self
+                    .log
+                    .uninjectable(vector, delivery.exception_pending)
+                    .into());
+            }
+            m.inject(vector)?;
+        }
+        self.points.arm(m, &mut self.log)?;
+        Ok(None)
+    }
+
+    fn kick_deadline(&self, _m: &Machine, now: u64) -> u64 {
+        let sample = self
+            .tools
+            .sampling
+            .as_ref()
+            .map_or(u64::MAX, |s| s.next_ns());
+        (now + HOUSEKEEPING_NS).min(sample)
+    }
+
+    fn debug_armed(&self) -> bool {
+        self.tools.tracing.as_ref().is_some_and(|t| t.armed())
+    }
+
+    fn debug_exit(&mut self, m: &mut Machine) -> Result<(), VmError> {
+        if let (Some(tracer), Some(events)) = (&mut self.tools.tracing, &mut self.tools.events) {
+            tracer.step(m, events, &self.points, self.log.position())?;
+        }
+        self.points.traced_step();
+        Ok(())
+    }
+
+    fn claims(&self, addr: u64) -> bool {
+        self.points.claims(addr) || addr == probe_gate::STORE_GPA
+    }
+
+    fn store(&mut self, m: &mut Machine, addr: u64, data: &[u8]) -> Result<Claimed, VmError> {
+        if addr == probe_gate::STORE_GPA {
+            return self.gate_event(m, data);
+        }
+        // A traced process runs with the trap flag, which the recording
+        // never set.
+        let ignored = if self.tools.tracing.is_some() { TF } else { 0 };
+        self.points.store(m, &mut self.log, ignored)
+    }
+
+    fn log(&mut self) -> Option<&mut Replayer> {
+        Some(&mut self.log)
+    }
+
+    fn exit(
+        &mut self,
+        m: &mut Machine,
+        entry: Entry,
+        regs: &kvm_bindings::kvm_regs,
+    ) -> Result<(), VmError> {
+        self.log.exit(entry, regs)?;
+        // Switches before this exit come before what it raises.
+        if let Some(events) = &mut self.tools.events {
+            events.drain_switches(&m.vm.mem, self.log.progress().guest_ns)?;
+        }
+        Ok(())
+    }
+
+    fn kicked(&mut self, m: &mut Machine, resumed: Resumed) -> Result<bool, VmError> {
+        self.points.check_time(&mut self.log)?;
+        // A kick: the guest stopped wherever it was, which is what a
+        // sample wants (exits would bias it).
+        if let (Some(sampling), Some(events)) = (&mut self.tools.sampling, &mut self.tools.events) {
+            let guest_ns = self.log.progress().guest_ns;
+            sampling.take(m, events, &self.points, resumed, guest_ns)?;
+        }
+        Ok(false)
+    }
+
+    fn event_raised(&mut self, m: &mut Machine, raiser: EventRaiser) -> Result<(), VmError> {
+        let ns = self.log.event_raised()?;
+        match &mut self.tools.events {
+            Some(events) => events.raised(m, raiser, ns),
+            None => Ok(()),
+        }
+    }
+
+    fn switch_ring_announced(&mut self, m: &mut Machine) {
+        if let (Some(events), Some(gpa)) = (&mut self.tools.events, m.vm.status.switch_ring_gpa) {
+            events.attach_switch_ring(&m.vm.mem, gpa);
+        }
+    }
+
+    fn gate_modes(&self) -> (probe_gate::GateMode, probe_gate::GateMode) {
+        let heap = if self.heap_events {
+            probe_gate::GateMode::Exit
+        } else {
+            probe_gate::GateMode::Silent
+        };
+        (probe_gate::GateMode::Exit, heap)
+    }
+
+    fn ended(&mut self, reason: &EndReason) -> Result<(), VmError> {
+        Ok(self.log.end(reason)?)
+    }
+
+    fn exit_handled(&mut self, m: &mut Machine) -> Result<(), VmError> {
+        self.arm_tracing(m)
+    }
+
+    fn halted(&mut self, m: &mut Machine) -> Result<Option<StopReason>, VmError> {
+        // Idle time is skipped: the interrupt that ended it is due at once.
+        if !m.vcpu.halted_interruptible() {
+            return Err(VmError::GuestHalted {
+                rip: m.vcpu.rip_or_zero(),
+            });
+        }
+        if !self.log.wakeup_due()? {
+            // An incomplete trace may end right after the HLT.
+            if self.log.log_exhausted()? {
+                return Ok(Some(StopReason::TraceEnded));
+            }
+            let rip = m.vcpu.rip_or_zero();
+            return Err(self.log.halted_without_interrupt(rip).into());
+        }
+        Ok(None)
+    }
+
+    fn progress(&self) -> Progress {
+        self.log.progress()
+    }
+
+    fn outcome(&self, _m: &Machine, outcome: &mut RunOutcome) {
+        outcome.points = self.points.stats;
+        if let Some(taker) = &self.tools.checkpoints {
+            outcome.checkpoints = taker.taken().to_vec();
+        }
+        outcome.expansion = self.tools.tracing.as_ref().map(|t| t.stats());
+    }
+
+    fn finish(
+        mut self,
+        m: &mut Machine,
+        result: Result<RunOutcome, VmError>,
+    ) -> Result<RunOutcome, VmError> {
+        let result = self.describe_divergence(m, result);
+        self.points.end(m);
+        let result = match (result, self.tools.tracing.as_mut().map(|t| t.finish())) {
+            (Ok(_), Some(Err(e))) => Err(e),
+            (result, _) => result,
+        };
+        let Some(mut events) = self.tools.events.take() else {
+            return result;
+        };
+        let drained = events.drain_switches(&m.vm.mem, self.log.progress().guest_ns);
+        let finished = events.finish();
+        let mut outcome = result.and_then(|o| drained.map(|()| o))?;
+        outcome.events = Some(finished?);
+        Ok(outcome)
+    }
+}

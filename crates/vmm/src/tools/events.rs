@@ -1,0 +1,203 @@
+//! Replay-time event capture: the events the guest raises at VM exits and
+//! through the probe gate, the guest kernel's context-switch ring, and the
+//! stacks of lock, thread and allocation events.
+
+use devices::control::EventRaiser;
+use events::abi::{Kind, Payload, Source};
+use events::capture::{Capture, CaptureSummary, Stored};
+use introspect::guest_events::{self, SwitchRing, UserMemory};
+use kvm_bindings::kvm_regs;
+use unwind::Regs;
+use vm_memory::GuestMemoryMmap;
+
+use super::MAX_STACK_FRAMES;
+use crate::vm::{Machine, VmError};
+
+/// Where the guest's events go at replay.
+pub(crate) struct EventTool {
+    pub(crate) capture: Capture,
+    /// The guest kernel's context-switch ring, once announced.
+    pub(crate) switch_ring: Option<SwitchRing>,
+    /// What each traced process mapped, for unwinding user stacks by
+    /// their call-frame information (without it, stacks follow frame
+    /// pointers and lock events keep their caller only).
+    pub(crate) stacks: Option<unwind::Processes>,
+}
+
+impl EventTool {
+    pub(crate) fn new(capture: Capture, stacks: Option<unwind::Processes>) -> Self {
+        EventTool {
+            capture,
+            switch_ring: None,
+            stacks,
+        }
+    }
+
+    /// The guest kernel announced its context-switch ring at `gpa`.
+    pub(crate) fn attach_switch_ring(&mut self, mem: &GuestMemoryMmap, gpa: u64) {
+        match SwitchRing::new(mem, gpa) {
+            Ok(ring) => self.switch_ring = Some(ring),
+            Err(why) => self.capture.bad_switch_ring(why),
+        }
+    }
+
+    /// A boot snapshot was restored: the ring goes on from its head.
+    pub(crate) fn ring_from_head(&mut self, mem: &GuestMemoryMmap, gpa: u64) {
+        match SwitchRing::from_head(mem, gpa) {
+            Ok(ring) => self.switch_ring = Some(ring),
+            Err(why) => self.capture.bad_switch_ring(why),
+        }
+    }
+
+    /// Moves the context switches the guest kernel logged since the last
+    /// call into the capture, at guest time `hint`.
+    pub(crate) fn drain_switches(
+        &mut self,
+        mem: &GuestMemoryMmap,
+        hint: u64,
+    ) -> Result<(), VmError> {
+        let Some(ring) = &mut self.switch_ring else {
+            return Ok(());
+        };
+        let switches = ring.drain(mem);
+        // Called at every replay exit: most find nothing new.
+        if switches.records.is_empty() && switches.lost == 0 {
+            return Ok(());
+        }
+        if switches.lost > 0 {
+            let example = format!(
+                "{} records overwritten before guest time {hint} ns",
+                switches.lost
+            );
+            self.capture.lost_switches(switches.lost, example);
+        }
+        for [from_pid, from_lwpid, to_pid, to_lwpid] in switches.records {
+            self.capture
+                .context_switch(hint, (from_pid, from_lwpid), (to_pid, to_lwpid))?;
+        }
+        Ok(())
+    }
+
+    /// The guest raised an event at the last exit, which the recording saw
+    /// at guest time `ns`: read from guest memory into the capture.
+    pub(crate) fn raised(
+        &mut self,
+        m: &Machine,
+        raiser: EventRaiser,
+        ns: u64,
+    ) -> Result<(), VmError> {
+        let regs = m.vcpu.synced_regs();
+        let cr3 = m.vcpu.sregs()?.cr3;
+        let named_by_kernel = Some(((regs.rdi >> 32) as u32, regs.rdi as u32));
+        let (source, address, raised_by) = match raiser {
+            EventRaiser::ProbeTrap => (Source::Probe, regs.rsi, named_by_kernel),
+            EventRaiser::Kernel => (Source::Kernel, regs.rsi, named_by_kernel),
+            EventRaiser::ProbePort => (Source::Probe, regs.rax, self.capture.current()),
+        };
+        let buffer = guest_events::read_buffer(&m.vm.mem, cr3, address, source == Source::Probe);
+        let buffer = buffer.as_deref().map_err(Clone::clone);
+        let stored = self.capture.raised(ns, source, raised_by, buffer)?;
+        // At the port the registers are the probe's own; a trap's are the
+        // kernel's, which forwarded it.
+        let at = (raiser == EventRaiser::ProbePort).then_some(Regs {
+            rip: regs.rip,
+            rsp: regs.rsp,
+            rbp: regs.rbp,
+        });
+        self.stack_of(&m.vm.mem, stored, cr3, at)
+    }
+
+    /// A probe raised an event through the gate, its buffer at `address`:
+    /// captured at guest time `ns` (the last deterministic exit's).
+    pub(crate) fn raised_at_gate(
+        &mut self,
+        m: &Machine,
+        address: u64,
+        ns: u64,
+    ) -> Result<(), VmError> {
+        // Switches since the last exit come before the event.
+        self.drain_switches(&m.vm.mem, ns)?;
+        let cr3 = m.vcpu.sregs()?.cr3;
+        let buffer = guest_events::read_buffer(&m.vm.mem, cr3, address, true);
+        let raised_by = self.capture.current();
+        let stored = self.capture.raised(
+            ns,
+            Source::Probe,
+            raised_by,
+            buffer.as_deref().map_err(Clone::clone),
+        )?;
+        // Read only when unwinding: each replayed event passes here.
+        let at = match self.stacks {
+            Some(_) => probe_at_gate(&m.vm.mem, cr3, &m.vcpu.synced_regs()),
+            None => None,
+        };
+        self.stack_of(&m.vm.mem, stored, cr3, at)
+    }
+
+    /// Follows what a stored event tells of the process's objects, and
+    /// gives lock, unlock, thread spawn and ALLOC events the stack of
+    /// their caller, unwound from the probe's registers `at` (when known).
+    fn stack_of(
+        &mut self,
+        mem: &GuestMemoryMmap,
+        stored: Option<Stored>,
+        cr3: u64,
+        at: Option<Regs>,
+    ) -> Result<(), VmError> {
+        let (Some(stacks), Some(stored)) = (&mut self.stacks, stored) else {
+            return Ok(());
+        };
+        let caller = match &stored.event.payload {
+            Payload::Symbol { base, path } => {
+                stacks.mapped(stored.pid, *base, path);
+                return Ok(());
+            }
+            Payload::Lock { caller, .. } if has_stack(stored.event.kind) => *caller,
+            Payload::ThreadSpawn { caller, .. } => *caller,
+            Payload::Heap { caller, .. } if stored.event.kind == Kind::Alloc => *caller,
+            _ => {
+                stacks.raised(stored.pid);
+                return Ok(());
+            }
+        };
+        stacks.raised(stored.pid);
+        let Some(at) = at else {
+            return Ok(());
+        };
+        let mut mem = UserMemory { mem, cr3 };
+        // The probe library's own frames come first: the stack starts at
+        // the caller the probe named.
+        let frames = stacks.unwind(stored.pid, &mut mem, at, MAX_STACK_FRAMES + 4);
+        if let Some(first) = frames.iter().position(|&ra| ra == caller) {
+            let end = frames.len().min(first + MAX_STACK_FRAMES);
+            self.capture.stack(stored.seq, &frames[first..end])?;
+        }
+        Ok(())
+    }
+
+    /// Closes the event database, keeping what was captured.
+    pub(crate) fn finish(self) -> Result<CaptureSummary, VmError> {
+        Ok(self.capture.finish()?)
+    }
+}
+
+/// Where the probe that called the gate stands, for a task at the gate
+/// with `regs`: its return address, and its stack pointer before the
+/// call (the probe called the gate past its 128-byte red zone).
+pub(crate) fn probe_at_gate(mem: &GuestMemoryMmap, cr3: u64, regs: &kvm_regs) -> Option<Regs> {
+    let rip = unwind::Memory::read_u64(&mut UserMemory { mem, cr3 }, regs.rsp)?;
+    Some(Regs {
+        rip,
+        rsp: regs.rsp.wrapping_add(8 + 128),
+        rbp: regs.rbp,
+    })
+}
+
+/// Lock events that keep their caller's whole stack: requests and
+/// releases (a request's return shares its request's).
+fn has_stack(kind: Kind) -> bool {
+    matches!(
+        kind,
+        Kind::Lock | Kind::TryLock | Kind::TimedLock | Kind::Unlock
+    )
+}

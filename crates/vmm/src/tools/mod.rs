@@ -1,0 +1,46 @@
+//! The tools that look into a replay: the event capture (`events.rs`),
+//! samples (`samples.rs`), the tracing of one process's instructions and
+//! memory accesses (`tracing.rs`), checkpoints (`checkpoints.rs`) and the
+//! window a replay stops at. The replay session owns them
+//! ([`ReplayTools`]); the vCPU loop never sees them.
+
+pub(crate) mod checkpoints;
+pub(crate) mod events;
+pub(crate) mod samples;
+pub(crate) mod tracing;
+
+pub use checkpoints::{
+    checkpoint_before, CheckpointEvery, CheckpointRestored, CheckpointTaken, ReplayPoint,
+};
+pub use tracing::{ExpansionSpec, ExpansionStats, TraceTarget};
+
+use checkpoints::{CheckpointTaker, RestoredFrom};
+use events::EventTool;
+use samples::Sampling;
+use tracing::ProcessTracer;
+
+/// Return addresses a SAMPLE, or a lock event, keeps.
+pub(crate) const MAX_STACK_FRAMES: usize = 32;
+
+/// What a replay session has attached.
+#[derive(Default)]
+pub(crate) struct ReplayTools {
+    /// Where the guest's events go.
+    pub(crate) events: Option<EventTool>,
+    /// SAMPLE events of the tracked tasks (with `events`).
+    pub(crate) sampling: Option<Sampling>,
+    /// A process single-stepped for its instructions and memory accesses
+    /// (with `events`).
+    pub(crate) tracing: Option<ProcessTracer>,
+    /// Checkpoints being taken.
+    pub(crate) checkpoints: Option<CheckpointTaker>,
+    /// The checkpoint this replay was restored from, where a new set of
+    /// checkpoints goes on.
+    pub(crate) restored: Option<RestoredFrom>,
+    /// Where the window ends.
+    pub(crate) stop_at: Option<ReplayPoint>,
+    /// Where the guest kernel keeps the top of the current task's kernel
+    /// stack, below which a task that entered it from user mode left its
+    /// user registers (samples in the kernel, tracing).
+    pub(crate) kernel_stack_top: Option<u64>,
+}

@@ -1,0 +1,334 @@
+//! SAMPLE events: the task on the vCPU, sampled about every period of
+//! host time during replay (the kick thread wakes the vCPU for it),
+//! with where it was (user code, the kernel, the boundary between them)
+//! and its user stack.
+
+use std::time::Duration;
+
+use events::abi::SampleMode;
+use events::capture::{USER_CODE_END, USER_CODE_MIN};
+use introspect::guest_events::{self, UserMemory, SYSCALL_TRAP_RIP};
+use introspect::{gva, probe_gate};
+use kvm_bindings::kvm_regs;
+use unwind::Regs;
+use vm_memory::GuestMemoryMmap;
+
+use super::events::{probe_at_gate, EventTool};
+use super::MAX_STACK_FRAMES;
+use crate::points::PointSearch;
+use crate::session::Resumed;
+use crate::vm::{Machine, VmError};
+
+/// Samples: their host-time period and when the next is due.
+pub(crate) struct Sampling {
+    period_ns: u64,
+    next_ns: u64,
+    /// Where the guest kernel keeps the top of the current task's kernel
+    /// stack, so that samples in the kernel find the user registers.
+    kernel_stack_top: Option<u64>,
+}
+
+impl Sampling {
+    /// A sample about every `period` of host time (the kick thread wakes
+    /// the vCPU at most once a millisecond). `kernel_stack_top`: the guest
+    /// kernel variable holding the top of the current task's kernel
+    /// stack, below which a task entering the kernel from user mode leaves
+    /// its user registers; with it, a sample taken in the kernel carries
+    /// the user stack the task entered from.
+    pub(crate) fn every(period: Duration, kernel_stack_top: Option<u64>) -> Self {
+        let period_ns = u64::try_from(period.as_nanos()).unwrap_or(u64::MAX).max(1);
+        Sampling {
+            period_ns,
+            next_ns: period_ns,
+            kernel_stack_top,
+        }
+    }
+
+    /// When the next sample is due (VM time).
+    pub(crate) fn next_ns(&self) -> u64 {
+        self.next_ns
+    }
+
+    /// A SAMPLE of the task on the vCPU into `events`, if one is due and
+    /// the task is tracked: RIP, where the task was (`SampleMode`), and
+    /// the user stack's return addresses. `resumed`: how the interrupted
+    /// KVM_RUN started; `guest_ns`: guest time as the log has it.
+    pub(crate) fn take(
+        &mut self,
+        m: &Machine,
+        events: &mut EventTool,
+        search: &PointSearch,
+        resumed: Resumed,
+        guest_ns: u64,
+    ) -> Result<(), VmError> {
+        let now = m.vm.clock.now_ns();
+        if now < self.next_ns {
+            return Ok(());
+        }
+        self.next_ns = now.saturating_add(self.period_ns);
+        let mem = &m.vm.mem;
+        events.drain_switches(mem, guest_ns)?;
+        let stubs = m.stub_mappings();
+        let capture = &mut events.capture;
+        let Some((pid, lwpid)) = capture.current() else {
+            return Ok(());
+        };
+        if !capture.is_tracked(lwpid) {
+            return Ok(());
+        }
+        let mut regs = m.vcpu.regs()?;
+        let sregs = m.vcpu.sregs()?;
+        let user = sregs.cs.selector & 3 == 3;
+        // At the probe gate's store or the `ret` after it: the vCPU is on
+        // its way back from the gate's exit, replay's own time (the gate
+        // is a bare `ret` while recording). The sample is the probe's, at
+        // its return address, as at a kernel boundary.
+        let at_gate = user && probe_gate::is_gate_store(regs.rip, &stubs);
+        if let Some(probe) = at_gate
+            .then(|| probe_at_gate(mem, sregs.cr3, &regs))
+            .flatten()
+        {
+            (regs.rip, regs.rsp) = (probe.rip, probe.rsp);
+        }
+        // A system call on its way into the kernel through the trap page:
+        // the program is at the call's return address.
+        let in_syscall_trap = user
+            && regs.rip == SYSCALL_TRAP_RIP
+            && (USER_CODE_MIN..USER_CODE_END).contains(&regs.rcx);
+        if in_syscall_trap {
+            regs.rip = regs.rcx;
+        }
+        // Inside the trampoline, the program is at the patched position.
+        let rip = search.sample_rip(regs.rip);
+        let (mode, stack) = if user {
+            // Started in the kernel and not moved on since it returned,
+            // with the registers its entry saved: the time is the
+            // kernel's, or the host's on its behalf (after a page fault
+            // the faulting instruction apparently waits while the host
+            // maps the fresh page; kicks are answered within 30-70 us in
+            // either mode, so they are not held back). A spin loop whose
+            // registers repeat those saved would count too, in the first
+            // run after a kernel entry only.
+            let kernel_time = resumed.in_kernel
+                && self.kernel_stack_top.is_some_and(|top| {
+                    guest_events::user_regs_as_saved(mem, sregs.cr3, top, &regs)
+                });
+            let mode = if at_gate
+                || in_syscall_trap
+                || kernel_time
+                || at_kernel_boundary(mem, sregs.cr3, &regs, resumed.rip)
+            {
+                SampleMode::KernelBoundary
+            } else {
+                SampleMode::User
+            };
+            let stack = match &events.stacks {
+                Some(stacks) => {
+                    let mut mem = UserMemory {
+                        mem,
+                        cr3: sregs.cr3,
+                    };
+                    let at = Regs {
+                        rip,
+                        rsp: regs.rsp,
+                        rbp: regs.rbp,
+                    };
+                    stacks.unwind(pid, &mut mem, at, MAX_STACK_FRAMES)
+                }
+                None => guest_events::frame_chain(mem, sregs.cr3, regs.rbp, MAX_STACK_FRAMES),
+            };
+            (mode, stack)
+        } else {
+            let user = match (&events.stacks, self.kernel_stack_top) {
+                (Some(stacks), Some(top)) => guest_events::user_regs_in_kernel(mem, sregs.cr3, top)
+                    .map(|regs| (stacks, regs)),
+                _ => None,
+            };
+            let stack = user.map_or_else(Vec::new, |(stacks, [rip, rsp, rbp])| {
+                let mut mem = UserMemory {
+                    mem,
+                    cr3: sregs.cr3,
+                };
+                let at = Regs { rip, rsp, rbp };
+                let mut frames = vec![rip];
+                frames.extend(stacks.unwind(pid, &mut mem, at, MAX_STACK_FRAMES - 1));
+                frames
+            });
+            (SampleMode::Kernel, stack)
+        };
+        events
+            .capture
+            .sample(guest_ns, pid, lwpid, rip, mode, &stack)?;
+        Ok(())
+    }
+}
+
+/// RFLAGS.RF: set when a fault handler returns to restart the instruction
+/// that faulted, and when a REP string instruction is interrupted between
+/// iterations; cleared once an instruction completes.
+const RFLAGS_RF: u64 = 1 << 16;
+
+/// The longest x86 instruction.
+const MAX_INSN: u64 = 15;
+
+/// Whether a user-mode task at `regs` is between its kernel (or the
+/// hypervisor) and the instruction at RIP rather than running user code
+/// (see `SampleMode::KernelBoundary`). `resumed_at`: the RIP of the VM
+/// exit right before the interrupted KVM_RUN.
+fn at_kernel_boundary(
+    mem: &GuestMemoryMmap,
+    cr3: u64,
+    regs: &kvm_regs,
+    resumed_at: Option<u64>,
+) -> bool {
+    // Restarting after a fault; an interrupted REP string instruction
+    // has RF set too, and is user time.
+    let restarting = regs.rflags & RFLAGS_RF != 0 && !is_rep_string(&code_at(mem, cr3, regs.rip));
+    // Not moved on since an exit at RIP: hosts report the exit with RIP at
+    // the port I/O instruction or already past it.
+    let resumed = resumed_at.is_some_and(|exit_rip| {
+        exit_rip == regs.rip
+            || port_io_len(&code_at(mem, cr3, exit_rip))
+                .is_some_and(|n| exit_rip.wrapping_add(n) == regs.rip)
+    });
+    restarting || resumed || after_kernel_entry(mem, cr3, regs)
+}
+
+/// Up to `MAX_INSN` bytes of guest code at `rip`, fewer where the page
+/// ends (and none where it is not mapped).
+fn code_at(mem: &GuestMemoryMmap, cr3: u64, rip: u64) -> Vec<u8> {
+    let mut code = vec![0u8; MAX_INSN.min(0x1000 - (rip & 0xfff)) as usize];
+    match gva::read_virt(mem, cr3, rip, &mut code) {
+        Ok(()) => code,
+        Err(_) => Vec::new(),
+    }
+}
+
+/// Whether a prefix byte (legacy or REX) can come before an opcode.
+fn is_prefix(b: u8) -> bool {
+    matches!(
+        b,
+        0x26 | 0x2e | 0x36 | 0x3e | 0x40..=0x4f | 0x64..=0x67 | 0xf0 | 0xf2 | 0xf3
+    )
+}
+
+/// Whether `code` starts with a string instruction (ins, outs, movs, cmps,
+/// stos, lods, scas) with a REP prefix.
+fn is_rep_string(code: &[u8]) -> bool {
+    let Some(op) = code.iter().position(|b| !is_prefix(*b)) else {
+        return false;
+    };
+    let rep = code[..op].iter().any(|b| matches!(b, 0xf2 | 0xf3));
+    rep && matches!(code[op], 0x6c..=0x6f | 0xa4..=0xa7 | 0xaa..=0xaf)
+}
+
+/// The length of the port I/O instruction `code` starts with (in, out,
+/// ins, outs, with their prefixes), if it is one.
+fn port_io_len(code: &[u8]) -> Option<u64> {
+    let op = code.iter().position(|b| !is_prefix(*b))?;
+    let len = match code[op] {
+        0xe4..=0xe7 => op + 2,
+        0x6c..=0x6f | 0xec..=0xef => op + 1,
+        _ => return None,
+    };
+    Some(len as u64)
+}
+
+/// Whether the instruction before RIP entered the guest kernel: a system
+/// call (`syscall`, `sysenter`, `int $0x80`), or a probe's `int3` (EBX
+/// still holds the EVENTNOTIFY key). User code at RIP is then where the
+/// kernel returns. Two bytes for a system call: an instruction of another
+/// kind ending in them is rare enough; one byte and the key for a probe.
+fn after_kernel_entry(mem: &GuestMemoryMmap, cr3: u64, regs: &kvm_regs) -> bool {
+    let mut code = [0u8; 2];
+    let read = regs
+        .rip
+        .checked_sub(2)
+        .is_some_and(|at| gva::read_virt(mem, cr3, at, &mut code).is_ok());
+    read && (matches!(code, [0x0f, 0x05] | [0x0f, 0x34] | [0xcd, 0x80])
+        || (code[1] == 0xcc && regs.rbx as u32 == events::abi::EVENTNOTIFY))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vm_memory::{Bytes, GuestAddress};
+
+    /// User code at 0x40_0000: CR3 0x1000 -> PDPT 0x2000 -> PD 0x3000,
+    /// one 2 MiB page at physical 0x20_0000.
+    fn user_code(code: &[u8]) -> GuestMemoryMmap {
+        let m = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 4 << 20)]).unwrap();
+        m.write_obj(0x2000u64 | 7, GuestAddress(0x1000)).unwrap();
+        m.write_obj(0x3000u64 | 7, GuestAddress(0x2000)).unwrap();
+        m.write_obj(0x20_0000u64 | 0x87, GuestAddress(0x3000 + 2 * 8))
+            .unwrap();
+        m.write_slice(code, GuestAddress(0x20_0000)).unwrap();
+        m
+    }
+
+    fn at(rip: u64, rbx: u64) -> kvm_regs {
+        kvm_regs {
+            rip,
+            rbx,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn returns_from_system_calls_and_probe_int3_are_kernel_entries() {
+        let key = u64::from(events::abi::EVENTNOTIFY);
+        // syscall; nop; int3; nop; mov $0x50f,%eax (ends in 05 00 00)
+        let m = user_code(&[0x0f, 0x05, 0x90, 0xcc, 0x90, 0xb8, 0x0f, 0x05, 0, 0, 0x90]);
+        let base = 0x40_0000;
+        assert!(after_kernel_entry(&m, 0x1000, &at(base + 2, 0)));
+        // int3 is a kernel entry only as a probe's EVENTNOTIFY.
+        assert!(after_kernel_entry(&m, 0x1000, &at(base + 4, key)));
+        assert!(!after_kernel_entry(&m, 0x1000, &at(base + 4, 0)));
+        // An instruction that merely contains 0f 05 is not a system call
+        // unless those are its last two bytes.
+        assert!(!after_kernel_entry(&m, 0x1000, &at(base + 10, key)));
+        assert!(!after_kernel_entry(&m, 0x1000, &at(base + 3, key)));
+        // Unmapped, or too low to have an instruction before it.
+        assert!(!after_kernel_entry(&m, 0x1000, &at(0x80_0000, key)));
+        assert!(!after_kernel_entry(&m, 0x1000, &at(1, key)));
+    }
+
+    #[test]
+    fn decodes_rep_string_and_port_io_instructions() {
+        assert!(is_rep_string(&[0xf3, 0xaa])); // rep stosb
+        assert!(is_rep_string(&[0xf3, 0x48, 0xab])); // rep stosq
+        assert!(is_rep_string(&[0x66, 0xf3, 0xa5, 0x90])); // rep movsw
+        assert!(!is_rep_string(&[0xaa])); // stosb, no rep
+        assert!(!is_rep_string(&[0xf3, 0x0f, 0x10, 0x07])); // movss
+        assert!(!is_rep_string(&[0xf3, 0xf3]));
+        assert!(!is_rep_string(&[]));
+        assert_eq!(port_io_len(&[0xef, 0x90]), Some(1)); // out %eax,(%dx)
+        assert_eq!(port_io_len(&[0x66, 0xef]), Some(2)); // out %ax,(%dx)
+        assert_eq!(port_io_len(&[0xe6, 0x80]), Some(2)); // out %al,$0x80
+        assert_eq!(port_io_len(&[0xf3, 0x6e]), Some(2)); // rep outsb
+        assert_eq!(port_io_len(&[0x89, 0x07]), None); // mov
+        assert_eq!(port_io_len(&[0x66]), None);
+    }
+
+    #[test]
+    fn interrupted_rep_strings_are_user_time_and_exit_round_trips_are_not() {
+        // rep stosb; out %eax,(%dx); nop; mov (%rdi),%eax
+        let m = user_code(&[0xf3, 0xaa, 0xef, 0x90, 0x8b, 0x07]);
+        let base = 0x40_0000;
+        let rf = |rip| kvm_regs {
+            rip,
+            rflags: 0x202 | RFLAGS_RF,
+            ..Default::default()
+        };
+        assert!(!at_kernel_boundary(&m, 0x1000, &rf(base), None));
+        // A load restarting after a fault.
+        assert!(at_kernel_boundary(&m, 0x1000, &rf(base + 4), None));
+        assert!(!at_kernel_boundary(&m, 0x1000, &at(base + 4, 0), None));
+        // The exit was reported at the out, or already past it.
+        let after_out = at(base + 3, 0);
+        assert!(at_kernel_boundary(&m, 0x1000, &after_out, Some(base + 2)));
+        assert!(at_kernel_boundary(&m, 0x1000, &after_out, Some(base + 3)));
+        assert!(!at_kernel_boundary(&m, 0x1000, &after_out, Some(base)));
+        assert!(!at_kernel_boundary(&m, 0x1000, &after_out, None));
+    }
+}

@@ -1,0 +1,232 @@
+//! The machine: the VM and its vCPU, and what every kind of run does with
+//! them between two `KVM_RUN`s (console input, the run's archive, waiting
+//! at HLT, injecting, dispatching an exit).
+
+use std::time::Duration;
+
+use kvm_ioctls::VcpuExit;
+
+use super::dispatch::{dispatch, Bus, Next};
+use super::{kvm_err, Vcpu, Vm, VmError, BOOT_VCPU};
+use crate::console::ConsoleInput;
+use journal::{Entry, Replayer};
+
+/// How long a halted vCPU sleeps at most while console input is
+/// attached: keys are looked for every few milliseconds.
+const INPUT_POLL_NS: u64 = 5_000_000;
+
+/// What the last exit left for interrupt delivery.
+pub(crate) struct Delivery {
+    /// The vCPU is at a delivery point (a deterministic exit or an
+    /// asynchronous point).
+    pub(crate) at_point: bool,
+    /// It can take an interrupt now.
+    pub(crate) can_inject: bool,
+    /// An exception injected since the last KVM_RUN is on its way.
+    pub(crate) exception_pending: bool,
+}
+
+/// A created VM and its vCPU, ready to run.
+pub struct Machine {
+    // Field order is drop order: the vCPU fd goes before the VM fd.
+    pub(crate) vcpu: Vcpu,
+    pub(crate) vm: Vm,
+}
+
+impl Machine {
+    /// The VM without the vCPU.
+    pub fn vm(&self) -> &Vm {
+        &self.vm
+    }
+
+    /// Keeps the vCPU thread on host CPU `cpu` (`crate::host_cpu`).
+    pub fn run_on_host_cpu(&mut self, cpu: usize) {
+        self.vcpu.run_on_host_cpu(cpu);
+    }
+
+    /// Feeds host input to the guest's serial console.
+    pub fn attach_input(&mut self, input: ConsoleInput) {
+        self.vm.input = Some(input);
+    }
+
+    /// Also hands every Ethernet frame the guest transmits to `capture`.
+    pub fn capture_net_tx(&mut self, capture: devices::virtio_net::FrameSink) {
+        if let Some(net) = &mut self.vm.net {
+            net.capture_tx(capture);
+        }
+    }
+
+    /// Dispatches `exit`; `log` answers the guest's reads at replay.
+    pub(crate) fn dispatch(
+        vm: &mut Vm,
+        log: Option<&mut Replayer>,
+        exit: VcpuExit<'_>,
+    ) -> Result<(Next, Option<Entry>), VmError> {
+        let attached = vm.status.devices_attached;
+        dispatch(
+            &mut Bus {
+                platform: &mut vm.platform,
+                block: vm.block.as_mut().filter(|_| attached),
+                net: vm.net.as_mut().filter(|_| attached),
+                mem: &vm.mem,
+            },
+            log,
+            &vm.clock,
+            &mut vm.exits,
+            BOOT_VCPU,
+            exit,
+        )
+    }
+
+    /// Injects external interrupt `vector`.
+    pub(crate) fn inject(&mut self, vector: u8) -> Result<(), VmError> {
+        self.vcpu.inject(vector)?;
+        self.vm.exits.interrupts_injected += 1;
+        Ok(())
+    }
+
+    /// Takes what the last exit left for interrupt delivery (see
+    /// [`Delivery`]); under the `exit_clock` an interrupt may be injected
+    /// only at a delivery point.
+    pub(crate) fn take_delivery(&mut self, exit_clock: bool) -> Delivery {
+        let at_point = std::mem::take(&mut self.vcpu.at_delivery_point);
+        // The flags describe the vCPU at the last exit, before any
+        // exception the VMM injected since.
+        let can_inject = self.vcpu.interruptible() && (at_point || !exit_clock);
+        Delivery {
+            at_point,
+            can_inject,
+            exception_pending: std::mem::take(&mut self.vcpu.exception_pending),
+        }
+    }
+
+    /// Injects the PIC's pending interrupt if the vCPU can take it
+    /// (`can_inject`); returns its vector. Otherwise, unless `exit_clock`,
+    /// asks KVM to exit as soon as it can: under the exit clock
+    /// interrupts are injected only right after a deterministic exit, and
+    /// the window exit is not one.
+    pub(crate) fn inject_pending(
+        &mut self,
+        can_inject: bool,
+        exit_clock: bool,
+    ) -> Result<Option<u8>, VmError> {
+        let pending = self.vm.platform.pic.has_pending();
+        self.vcpu
+            .request_interrupt_window(pending && !can_inject && !exit_clock);
+        if pending && can_inject {
+            if let Some(vector) = self.vm.platform.pic.acknowledge() {
+                self.inject(vector)?;
+                return Ok(Some(vector));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Moves pending host input into the UART, as far as its FIFO has room.
+    /// Input waits until `/init` runs: the console tty is open by then, and
+    /// the kernel's serial driver resets the FIFO while it starts.
+    pub(crate) fn feed_input(&mut self) -> Result<(), VmError> {
+        let Some(input) = &self.vm.input else {
+            return Ok(());
+        };
+        if input.quit_requested() {
+            return Err(VmError::StoppedByUser);
+        }
+        if self.vm.status.init_reached.is_none() {
+            return Ok(());
+        }
+        let bytes = input.take(self.vm.platform.serial.input_room());
+        if !bytes.is_empty() {
+            self.vm.platform.receive_input(&bytes);
+        }
+        Ok(())
+    }
+
+    /// The guest executed HLT: sleeps until an interrupt is due, calling
+    /// `between` (housekeeping, inputs made visible) before each look at
+    /// the PIC. `max_sleep_ns` bounds each sleep.
+    pub(crate) fn wait_for_interrupt(
+        &mut self,
+        max_sleep_ns: u64,
+        mut between: impl FnMut(&mut Machine) -> Result<(), VmError>,
+    ) -> Result<(), VmError> {
+        if !self.vcpu.halted_interruptible() {
+            return Err(VmError::GuestHalted {
+                rip: self.vcpu.rip_or_zero(),
+            });
+        }
+        loop {
+            self.feed_input()?;
+            let now = self.vm.clock.now_ns();
+            self.vm.platform.advance_to(now);
+            between(self)?;
+            if self.vm.platform.pic.has_pending() {
+                return Ok(());
+            }
+            let max_sleep = if self.vm.input.is_some() {
+                INPUT_POLL_NS
+            } else {
+                max_sleep_ns
+            };
+            match self.vm.platform.next_timer_ns() {
+                Some(due) => {
+                    let wait = due.saturating_sub(now).min(max_sleep);
+                    self.vm.doorbell.wait(Duration::from_nanos(wait));
+                }
+                None => {
+                    return Err(VmError::GuestHalted {
+                        rip: self.vcpu.rip_or_zero(),
+                    })
+                }
+            }
+        }
+    }
+
+    /// `/init` asks for a piece of the run's archive: RCX bytes in, RDI
+    /// bytes of it to its buffer at virtual address RSI. The same archive
+    /// is written at the same exit in every replay.
+    pub(crate) fn fetch_archive(&mut self) -> Result<(), VmError> {
+        /// A piece larger than `/init`'s buffer is not one it asks for.
+        const MAX_PIECE: u64 = 1 << 20;
+        let regs = self.vcpu.synced_regs();
+        let (gva, len, offset) = (regs.rsi, regs.rdi, regs.rcx);
+        let archive = &self.vm.archive;
+        let bad = |why: String| VmError::BadFetch { why };
+        let end = offset
+            .checked_add(len)
+            .filter(|&end| end <= archive.len() as u64 && len <= MAX_PIECE)
+            .ok_or_else(|| {
+                bad(format!(
+                    "at offset {offset}, {len} bytes, beyond its {} bytes",
+                    archive.len()
+                ))
+            })?;
+        let cr3 = self.vcpu.sregs()?.cr3;
+        introspect::gva::write_virt(
+            &self.vm.mem,
+            cr3,
+            gva,
+            &archive[offset as usize..end as usize],
+        )
+        .map_err(|e| bad(format!("into a buffer at {gva:#x} it cannot write ({e})")))
+    }
+
+    /// The KVM dirty log of guest RAM (the only memory slot): the pages
+    /// written since the last call, as a bitmap of 64-page words.
+    pub(crate) fn dirty_log(&self) -> Result<Vec<u64>, VmError> {
+        let size = self.vm.ram_bytes();
+        self.vm
+            .fd()
+            .get_dirty_log(RAM_SLOT, size)
+            .map_err(kvm_err("GET_DIRTY_LOG"))
+    }
+
+    /// Turns KVM's dirty log of guest RAM on.
+    pub(crate) fn start_dirty_log(&self) -> Result<(), VmError> {
+        crate::kvm_ext::log_dirty_pages(self.vm.fd(), &self.vm.mem)
+            .map_err(kvm_err("SET_USER_MEMORY_REGION (dirty log)"))
+    }
+}
+
+/// The slot of guest RAM (the only one).
+const RAM_SLOT: u32 = 0;

@@ -1,0 +1,170 @@
+//! The vCPU: KVM's vCPU object and what the VMM must remember of its run
+//! between two `KVM_RUN`s.
+
+use kvm_bindings::{kvm_regs, kvm_sregs};
+use kvm_ioctls::{VcpuExit, VcpuFd};
+
+use super::{kvm_err, VmError};
+use crate::kvm_ext;
+
+/// The (only) vCPU and the state of its run.
+pub struct Vcpu {
+    pub(crate) fd: VcpuFd,
+    /// An exception was injected since the last KVM_RUN: KVM would drop an
+    /// interrupt injected alongside it, so interrupts wait for the window.
+    pub(crate) exception_pending: bool,
+    /// An interrupt or exception was injected for the next KVM_RUN: the
+    /// vCPU starts it in the guest kernel.
+    pub(crate) injected: bool,
+    /// Where the guest resumes after the last VM exit, until the next
+    /// KVM_RUN returns: a kick that finds it still there came during the
+    /// hypervisor's round trip, not while the guest ran.
+    pub(crate) resume_rip: Option<u64>,
+    /// The last KVM_RUN ended in a deterministic exit, or the vCPU is at an
+    /// asynchronous point: under the exit clock the only moments an
+    /// interrupt may be injected or input made visible.
+    pub(crate) at_delivery_point: bool,
+    /// The last KVM_RUN ended in a deterministic exit, checked: a
+    /// checkpoint may be taken before anything else happens.
+    pub(crate) after_exit: bool,
+    /// The host CPU the vCPU thread is kept on (`crate::host_cpu`).
+    pub(crate) host_cpu: Option<usize>,
+}
+
+impl Vcpu {
+    pub(crate) fn new(fd: VcpuFd) -> Self {
+        Vcpu {
+            fd,
+            exception_pending: false,
+            injected: false,
+            resume_rip: None,
+            at_delivery_point: false,
+            after_exit: false,
+            host_cpu: None,
+        }
+    }
+
+    /// Runs the guest until its next exit.
+    pub(crate) fn run(&mut self) -> Result<VcpuExit<'_>, kvm_ioctls::Error> {
+        self.fd.run()
+    }
+
+    /// The registers `kvm_run` carries with every exit.
+    pub(crate) fn synced_regs(&self) -> kvm_regs {
+        self.fd.sync_regs().regs
+    }
+
+    pub(crate) fn regs(&self) -> Result<kvm_regs, VmError> {
+        self.fd.get_regs().map_err(kvm_err("GET_REGS"))
+    }
+
+    pub(crate) fn set_regs(&self, regs: &kvm_regs) -> Result<(), VmError> {
+        self.fd.set_regs(regs).map_err(kvm_err("SET_REGS"))
+    }
+
+    pub(crate) fn sregs(&self) -> Result<kvm_sregs, VmError> {
+        self.fd.get_sregs().map_err(kvm_err("GET_SREGS"))
+    }
+
+    /// RIP for an error report (0 if even that cannot be read).
+    pub(crate) fn rip_or_zero(&self) -> u64 {
+        self.fd.get_regs().map(|r| r.rip).unwrap_or(0)
+    }
+
+    /// Keeps the vCPU thread on host CPU `cpu` (`crate::host_cpu`).
+    pub fn run_on_host_cpu(&mut self, cpu: usize) {
+        self.host_cpu = Some(cpu);
+    }
+
+    /// Whether the vCPU can take an interrupt now, as the last exit left
+    /// it (before any exception the VMM injected since).
+    pub(crate) fn interruptible(&mut self) -> bool {
+        let run = self.fd.get_kvm_run();
+        !self.exception_pending && run.ready_for_interrupt_injection != 0 && run.if_flag != 0
+    }
+
+    /// Asks KVM to exit as soon as the guest can take an interrupt.
+    pub(crate) fn request_interrupt_window(&mut self, request: bool) {
+        self.fd.get_kvm_run().request_interrupt_window = u8::from(request);
+    }
+
+    /// Whether the guest halted with interrupts enabled.
+    pub(crate) fn halted_interruptible(&mut self) -> bool {
+        self.fd.get_kvm_run().if_flag != 0
+    }
+
+    /// Injects external interrupt `vector`.
+    pub(crate) fn inject(&mut self, vector: u8) -> Result<(), VmError> {
+        kvm_ext::inject_interrupt(&self.fd, vector).map_err(|e| VmError::Kvm {
+            op: "INTERRUPT",
+            source: kvm_ioctls::Error::new(e.raw_os_error().unwrap_or(libc::EINVAL)),
+        })?;
+        self.injected = true;
+        Ok(())
+    }
+
+    /// Raises exception `vector` in the guest at the current RIP.
+    pub(crate) fn inject_exception(
+        &mut self,
+        vector: u8,
+        error_code: Option<u32>,
+    ) -> Result<(), VmError> {
+        let mut events = self
+            .fd
+            .get_vcpu_events()
+            .map_err(kvm_err("GET_VCPU_EVENTS"))?;
+        events.exception.injected = 1;
+        events.exception.nr = vector;
+        events.exception.has_error_code = u8::from(error_code.is_some());
+        events.exception.error_code = error_code.unwrap_or(0);
+        self.exception_pending = true;
+        self.injected = true;
+        self.fd
+            .set_vcpu_events(&events)
+            .map_err(kvm_err("SET_VCPU_EVENTS"))
+    }
+
+    /// Raises a page fault for a supervisor access to `addr`.
+    pub(crate) fn inject_page_fault(
+        &mut self,
+        addr: u64,
+        present: bool,
+        write: bool,
+    ) -> Result<(), VmError> {
+        let mut sregs = self.sregs()?;
+        sregs.cr2 = addr;
+        self.fd.set_sregs(&sregs).map_err(kvm_err("SET_SREGS"))?;
+        self.inject_exception(14, Some(u32::from(present) | (u32::from(write) << 1)))
+    }
+
+    /// Completes the instruction of the last exit now, without entering
+    /// the guest (a KVM_RUN with `immediate_exit`): its registers are then
+    /// the ones to read or change. False if the vCPU ran on instead.
+    pub(crate) fn complete_exit_now(&mut self, what: &'static str) -> Result<bool, VmError> {
+        self.fd.set_kvm_immediate_exit(1);
+        let completed = self.fd.run().map(|_| ());
+        self.fd.set_kvm_immediate_exit(0);
+        match completed {
+            Err(e) if e.errno() == libc::EINTR => Ok(true),
+            Err(e) => Err(kvm_err(what)(e)),
+            Ok(()) => Ok(false),
+        }
+    }
+
+    /// Lets KVM finish the instruction of the last exit (store what a read
+    /// returned, move RIP past it) without entering the guest. KVM keeps
+    /// that completion to itself until the next KVM_RUN, and a new VM
+    /// would not have it: state taken before would restore to the
+    /// instruction's start, and the guest would execute it again.
+    pub(crate) fn complete_exit(&mut self) -> Result<(), VmError> {
+        if self.complete_exit_now("RUN (immediate exit)")? {
+            Ok(())
+        } else {
+            // An exit with immediate_exit set would be a KVM without the
+            // completion-first order this relies on.
+            Err(VmError::Restore(
+                "KVM ran the guest although asked to exit at once".into(),
+            ))
+        }
+    }
+}
