@@ -147,3 +147,29 @@ pub fn current_cpu() -> Option<usize> {
     let cpu = unsafe { libc::sched_getcpu() };
     usize::try_from(cpu).ok()
 }
+
+/// A thread of this process that can be sent a signal (to make its
+/// `KVM_RUN` return): the thread that ran [`ThreadHandle::current`].
+#[derive(Clone, Copy, Debug)]
+pub struct ThreadHandle(libc::pthread_t);
+
+impl ThreadHandle {
+    /// The calling thread.
+    pub fn current() -> Self {
+        // SAFETY: pthread_self takes nothing and cannot fail.
+        ThreadHandle(unsafe { libc::pthread_self() })
+    }
+
+    /// Sends `signal` to the thread. The caller guarantees the thread has
+    /// not exited (the kicker that holds the handle is stopped and joined
+    /// before the thread it kicks returns).
+    pub fn signal(&self, signal: libc::c_int) -> io::Result<()> {
+        // SAFETY: the thread is alive (see above); pthread_kill only
+        // queues a signal, whose handler does nothing.
+        let rc = unsafe { libc::pthread_kill(self.0, signal) };
+        if rc != 0 {
+            return Err(io::Error::from_raw_os_error(rc));
+        }
+        Ok(())
+    }
+}

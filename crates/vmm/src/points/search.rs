@@ -35,13 +35,21 @@ struct Search {
     gate_exits: u64,
 }
 
+/// How much slower than the recording replay may run the code before a
+/// point: every pass over the patched position goes through the
+/// trampoline. A spin loop of a few instructions ran 0.36 ns a pass
+/// natively and 2.6 ns through the trampoline (7.2 times slower: a
+/// recording of `spin_flag` whose waiter spun 551 ms before its point,
+/// 1.5 billion passes, timed out at three times the recorded time).
+const SEARCH_SLOWDOWN: u64 = 10;
+
 impl Search {
     /// How long the search may take: the recording got there in
-    /// `run_ns`; replay is slower only by the false hits' few nanoseconds,
-    /// so three times that (and two seconds for a loaded host) means the
-    /// state will never come.
+    /// `run_ns`; replay is slower by the trampoline's passes at most
+    /// `SEARCH_SLOWDOWN` times, so longer than that (and two seconds for a
+    /// loaded host) means the state will never come.
     fn bound(&self) -> Duration {
-        Duration::from_nanos(self.point.run_ns.saturating_mul(3))
+        Duration::from_nanos(self.point.run_ns.saturating_mul(SEARCH_SLOWDOWN))
             + Duration::from_secs(2)
             + GATE_EXIT_ALLOWANCE.saturating_mul(self.gate_exits.min(u32::MAX as u64) as u32)
     }

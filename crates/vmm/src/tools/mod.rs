@@ -6,6 +6,7 @@
 
 pub(crate) mod checkpoints;
 pub(crate) mod events;
+pub(crate) mod frames;
 pub(crate) mod samples;
 pub(crate) mod tracing;
 

@@ -17,7 +17,6 @@ use std::collections::{HashMap, HashSet};
 use std::io::Write;
 
 use iced_x86::InstructionInfoFactory;
-use kvm_bindings::{kvm_guest_debug, kvm_segment, KVM_GUESTDBG_ENABLE, KVM_GUESTDBG_USE_HW_BP};
 
 use introspect::guest_events::{self, SavedReg};
 use introspect::instructions::{self, InstructionTrace, MemoryTrace, UserRegs, MAX_INSN, TF};
@@ -25,8 +24,11 @@ use introspect::{gva, probe_gate};
 use journal::LogPosition;
 
 use super::events::EventTool;
+use super::frames::{
+    idt_handler, return_to_user, set_kernel_breakpoints, ExceptionFrame, DEBUG_VECTOR,
+};
 use crate::points::PointSearch;
-use crate::vm::{kvm_err, Machine, VmError};
+use crate::vm::{Machine, VmError};
 
 /// The process to trace.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -192,23 +194,9 @@ impl ProcessTracer {
             }
         }
         if x.handler.is_none() {
-            let handler = debug_handler(&m.vm.mem, sregs.cr3, sregs.idt.base)?;
-            let mut debug = kvm_guest_debug {
-                control: KVM_GUESTDBG_ENABLE | KVM_GUESTDBG_USE_HW_BP,
-                ..Default::default()
-            };
-            debug.arch.debugreg[0] = handler;
-            debug.arch.debugreg[7] = 0x1; // L0, execution, 1 byte
-            m.vcpu
-                .fd
-                .set_guest_debug(&debug)
-                .map_err(kvm_err("SET_GUEST_DEBUG"))?;
+            let handler = idt_handler(&m.vm.mem, sregs.cr3, sregs.idt.base, DEBUG_VECTOR)?;
+            set_kernel_breakpoints(m, &[handler], false)?;
             x.handler = Some(handler);
-            // Each step reads and writes both register sets: through
-            // `kvm_run`, not four ioctls.
-            m.vcpu
-                .fd
-                .set_sync_valid_reg(kvm_ioctls::SyncReg::SystemRegister);
         }
         if sregs.cs.selector & 3 == 3 {
             // The exit's instruction is completed first: its registers
@@ -250,24 +238,15 @@ impl ProcessTracer {
         at: LogPosition,
     ) -> Result<(), VmError> {
         let synced = m.vcpu.fd.sync_regs();
-        let (regs, mut sregs) = (synced.regs, synced.sregs);
+        let (regs, sregs) = (synced.regs, synced.sregs);
         let cr3 = sregs.cr3;
-        // The frame: RIP, CS, RFLAGS, RSP, SS.
-        let mut frame = [0u8; 40];
-        gva::read_virt(&m.vm.mem, cr3, regs.rsp, &mut frame).map_err(|e| {
-            VmError::Expansion(format!(
-                "cannot read the debug exception's frame at {:#x}: {e}",
-                regs.rsp
-            ))
-        })?;
-        let word =
-            |i: usize| u64::from_le_bytes(frame[i * 8..i * 8 + 8].try_into().unwrap_or_default());
-        let (rip, cs, rflags, rsp, ss) = (word(0), word(1), word(2), word(3), word(4));
-        if cs & 3 != 3 || rflags & TF == 0 {
+        let frame = ExceptionFrame::read(&m.vm.mem, cr3, regs.rsp).map_err(VmError::Expansion)?;
+        let (rip, rflags) = (frame.rip, frame.rflags);
+        if !frame.from_user() || rflags & TF == 0 {
             return Err(VmError::Expansion(format!(
-                "a debug exception the tracing did not cause (from {:#x}, CS {cs:#x}, RFLAGS \
+                "a debug exception the tracing did not cause (from {rip:#x}, CS {:#x}, RFLAGS \
                  {rflags:#x})",
-                rip
+                frame.cs
             )));
         }
         events.drain_switches(&m.vm.mem, at.guest_ns)?;
@@ -283,8 +262,7 @@ impl ProcessTracer {
         let x = self;
         let mem = &m.vm.mem;
         x.exit = at.exits;
-        let mut user = regs;
-        (user.rip, user.rsp, user.rflags) = (rip, rsp, rflags);
+        let mut user = frame.user_regs(&regs);
         match current {
             Some((pid, lwpid)) if Some(pid) == x.stats.pid => {
                 x.stepping.insert(lwpid);
@@ -368,15 +346,7 @@ impl ProcessTracer {
                 .capture
                 .memory_access(at.guest_ns, (pid, *lwpid), *rip, a.addr, value)?;
         }
-        sregs.cs = user_segment(mem, cr3, &sregs, cs)?;
-        sregs.ss = user_segment(mem, cr3, &sregs, ss)?;
-        let synced = m.vcpu.fd.sync_regs_mut();
-        (synced.regs, synced.sregs) = (user, sregs);
-        m.vcpu.fd.set_sync_dirty_reg(kvm_ioctls::SyncReg::Register);
-        m.vcpu
-            .fd
-            .set_sync_dirty_reg(kvm_ioctls::SyncReg::SystemRegister);
-        Ok(())
+        return_to_user(m, &frame, user)
     }
 
     /// Whether the breakpoint on the #DB handler is armed (debug exits are
@@ -521,39 +491,4 @@ fn read_instruction(
         }
     }
     (bytes, len)
-}
-
-/// The address of the guest's #DB handler, from its IDT.
-fn debug_handler(mem: &vm_memory::GuestMemoryMmap, cr3: u64, idt: u64) -> Result<u64, VmError> {
-    let mut gate = [0u8; 16];
-    gva::read_virt(mem, cr3, idt + 16, &mut gate)
-        .map_err(|e| VmError::Expansion(format!("cannot read the guest's IDT at {idt:#x}: {e}")))?;
-    let lo = u64::from(u16::from_le_bytes([gate[0], gate[1]]));
-    let mid = u64::from(u16::from_le_bytes([gate[6], gate[7]]));
-    let hi = u64::from(u32::from_le_bytes([gate[8], gate[9], gate[10], gate[11]]));
-    Ok(lo | (mid << 16) | (hi << 32))
-}
-
-/// The user segment `selector` names, as its GDT descriptor loads it.
-fn user_segment(
-    mem: &vm_memory::GuestMemoryMmap,
-    cr3: u64,
-    sregs: &kvm_bindings::kvm_sregs,
-    selector: u64,
-) -> Result<kvm_segment, VmError> {
-    let selector = selector as u16;
-    let at = sregs.gdt.base + u64::from(selector & !7);
-    let mut d = [0u8; 8];
-    gva::read_virt(mem, cr3, at, &mut d).map_err(|e| {
-        VmError::Expansion(format!(
-            "cannot read the guest's GDT entry {selector:#x}: {e}"
-        ))
-    })?;
-    let d = u64::from_le_bytes(d);
-    let limit = ((d & 0xffff) | ((d >> 32) & 0xf_0000)) as u32;
-    let base = (((d >> 16) & 0xff_ffff) | ((d >> 32) & 0xff00_0000)) as u32;
-    let flags = ((d >> 40) & 0xf0ff) as u16;
-    Ok(guest::boot::descriptor_segment(
-        selector, flags, base, limit,
-    ))
 }
