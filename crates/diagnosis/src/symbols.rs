@@ -282,12 +282,17 @@ impl<'a> ElfSymbols<'a> {
 
     /// The function containing the relative address.
     pub fn function(&self, rel: u64) -> Option<&str> {
-        containing(&self.functions, rel)
+        containing(&self.functions, rel).map(|f| f.2.as_str())
+    }
+
+    /// Where the function containing the relative address starts.
+    pub fn function_start(&self, rel: u64) -> Option<u64> {
+        containing(&self.functions, rel).map(|f| f.0)
     }
 
     /// The data object (global variable) containing the relative address.
     pub fn data(&self, rel: u64) -> Option<&str> {
-        containing(&self.data, rel)
+        containing(&self.data, rel).map(|d| d.2.as_str())
     }
 
     /// The address of the data object (global variable) named `name`.
@@ -323,10 +328,10 @@ fn dwarf(file: &object::File<'_>) -> Option<addr2line::Context<DwarfReader>> {
     addr2line::Context::from_dwarf(dwarf).ok()
 }
 
-fn containing(list: &[(u64, u64, String)], rel: u64) -> Option<&str> {
+fn containing(list: &[(u64, u64, String)], rel: u64) -> Option<&(u64, u64, String)> {
     let i = list.partition_point(|f| f.0 <= rel);
-    let (start, end, name) = list.get(i.checked_sub(1)?)?;
-    (rel >= *start && rel < *end).then_some(name.as_str())
+    let entry = list.get(i.checked_sub(1)?)?;
+    (rel >= entry.0 && rel < entry.1).then_some(entry)
 }
 
 /// Where an address of a process lies.

@@ -126,7 +126,23 @@ the trace is incomplete (its recorder did not finish) and its whole prefix repla
 faithfully; 125 when insight could not replay (missing or changed image, unreadable \
 trace, different host CPU)."
     )]
-    Replay(cmd::replay::ReplayArgs),
+    Replay(Box<cmd::replay::ReplayArgs>),
+    /// Debug a recording's process with gdb, forwards and backwards.
+    #[command(
+        long_about = "Replay a recording and debug one of its processes with gdb: breakpoints, single steps and watchpoints, forwards and backwards (reverse-continue, reverse-stepi, reverse-step, reverse-finish), on hosts without a hardware performance counter. gdb starts already connected, with the program's symbols and shared libraries read from the recording's own files, stopped at the program's first instruction (docs/debugging.md). The replay stays the recorded run: registers and memory are read only.
+
+Without --process, the process is the one running the guest command's program.
+
+Examples:
+  insight debug                                # the latest recording's command
+  insight debug syn_cont-0 --process syn_cont  # by program name (or pid)
+  insight debug t1 --at first:lock:35          # start at a line of a lock report
+  insight debug t1 -- -batch -ex 'break main' -ex continue -ex bt
+  insight replay t1 --gdb 1234                 # serve an IDE's gdb instead
+
+Exit status: gdb's."
+    )]
+    Debug(cmd::debug::DebugArgs),
     /// Print a trace's header and event log (text or JSON lines).
     #[command(long_about = "Print a trace's header and event log.\n\n\
 Text: one line per log entry, deterministic exits numbered by ordinal, interrupts and \
@@ -201,7 +217,11 @@ pub fn main() -> Result<ExitCode> {
         Command::Run(args) => cmd::run::run(args),
         Command::HostCheck => cmd::host_check::host_check(),
         Command::Record(args) => cmd::record::record(args),
-        Command::Replay(args) => cmd::replay::replay(args),
+        Command::Replay(args) => match &args.gdb {
+            Some(listen) => cmd::debug::serve_replay(&args, listen),
+            None => cmd::replay::replay(*args),
+        },
+        Command::Debug(args) => cmd::debug::debug(args),
         Command::Dump(args) => cmd::dump::dump(args),
         Command::Diff(args) => cmd::diff::diff(args),
         Command::Report(args) => cmd::report::report(args),

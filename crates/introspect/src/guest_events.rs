@@ -153,6 +153,64 @@ fn saved_reg(frame: &[u8; PT_REGS_SIZE as usize], index: usize) -> u64 {
     )
 }
 
+/// The top of the current task's kernel stack, from the guest kernel
+/// variable at `top_of_stack` (`cpu_current_top_of_stack`).
+pub fn kernel_stack_top(mem: &GuestMemoryMmap, cr3: u64, top_of_stack: u64) -> Option<u64> {
+    let mut word = [0u8; 8];
+    gva::peek_virt(mem, cr3, top_of_stack, &mut word).ok()?;
+    let top = u64::from_le_bytes(word);
+    (top >= USER_END && top.is_multiple_of(8)).then_some(top)
+}
+
+/// What a task's last kernel entry from user mode saved of its user
+/// registers (`pt_regs`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SavedUserRegs {
+    pub regs: kvm_regs,
+    /// The system call number of a system call, the error code of an
+    /// exception, -1 otherwise.
+    pub orig_rax: u64,
+    pub cs: u64,
+    pub ss: u64,
+}
+
+/// The user registers a task saved below `top`, the top of its kernel
+/// stack (it need not be the current task); `None` unless they look like
+/// user mode's.
+pub fn saved_user_regs(mem: &GuestMemoryMmap, cr3: u64, top: u64) -> Option<SavedUserRegs> {
+    let at = top.checked_sub(PT_REGS_SIZE)?;
+    let mut frame = [0u8; PT_REGS_SIZE as usize];
+    gva::peek_virt(mem, cr3, at, &mut frame).ok()?;
+    let r = |i: usize| saved_reg(&frame, i);
+    let regs = kvm_regs {
+        r15: r(0),
+        r14: r(1),
+        r13: r(2),
+        r12: r(3),
+        rbp: r(4),
+        rbx: r(5),
+        r11: r(6),
+        r10: r(7),
+        r9: r(8),
+        r8: r(9),
+        rax: r(10),
+        rcx: r(11),
+        rdx: r(12),
+        rsi: r(13),
+        rdi: r(14),
+        rip: r(PT_REGS_RIP),
+        rflags: r(PT_REGS_FLAGS),
+        rsp: r(PT_REGS_RSP),
+    };
+    let cs = r(PT_REGS_CS);
+    (cs & 3 == 3 && regs.rip < USER_END && regs.rsp < USER_END).then_some(SavedUserRegs {
+        regs,
+        orig_rax: r(15),
+        cs,
+        ss: r(20),
+    })
+}
+
 /// The user registers (RIP, RSP, RBP) of the task in the guest kernel, as
 /// its kernel entry saved them (see [`saved_user_frame`]).
 pub fn user_regs_in_kernel(mem: &GuestMemoryMmap, cr3: u64, top_of_stack: u64) -> Option<[u64; 3]> {

@@ -106,6 +106,53 @@ pub fn continues_at_next(insn: &Instruction) -> bool {
         && !insn.has_repne_prefix()
 }
 
+/// The instruction before the one at `end` in straight-line code:
+/// `code` holds the bytes from `start` (an instruction boundary, such as
+/// the start of the function) up to `end`. Decoding forwards from a known
+/// boundary is exact where decoding backwards is not: the bytes before an
+/// instruction often decode as several different instructions ending
+/// there, and a breakpoint put in the middle of the real one changes what
+/// the program runs (`31 c0`, `xor %eax,%eax`, becomes `31 cc`, `xor
+/// %ecx,%esp`).
+///
+/// `Some(Some(p))`: the instruction at `p` ends at `end` and a thread may
+/// go on from it to `end` (a conditional jump not taken, a system call
+/// or a string instruction's last round too; no jump, call or return). `Some(None)`: `end` is the
+/// first instruction, or the one before it never falls through to it.
+/// `None`: decoding from `start` does not come to `end` exactly (data
+/// among the code, or `start` not a boundary).
+pub fn predecessor(code: &[u8], start: u64, end: u64) -> Option<Option<u64>> {
+    if end.checked_sub(start)? != code.len() as u64 {
+        return None;
+    }
+    let mut decoder = Decoder::with_ip(64, code, start, DecoderOptions::NONE);
+    let mut last = None;
+    while decoder.can_decode() {
+        let insn = decoder.decode();
+        if insn.is_invalid() {
+            return None;
+        }
+        last = Some(insn);
+    }
+    let Some(insn) = last else {
+        return Some(None);
+    };
+    if insn.next_ip() != end {
+        return None;
+    }
+    let falls_through = matches!(
+        insn.flow_control(),
+        iced_x86::FlowControl::Next | iced_x86::FlowControl::ConditionalBranch
+    ) || insn.code() == iced_x86::Code::Syscall;
+    Some(falls_through.then_some(insn.ip()))
+}
+
+/// Whether the instruction at the start of `bytes` is a string
+/// instruction with a REP prefix, which runs its rounds one at a time.
+pub fn repeats(bytes: &[u8], rip: u64) -> bool {
+    decode(bytes, rip).is_some_and(|i| i.has_rep_prefix() || i.has_repne_prefix())
+}
+
 /// The general-purpose registers (64-bit names) an instruction writes.
 pub fn written_registers(
     factory: &mut InstructionInfoFactory,
@@ -371,6 +418,32 @@ impl Stacks {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_instruction_before_one_is_found_by_decoding_from_a_boundary() {
+        // glibc's read(): cmpb $0,..(%rip); je +0x17; xor %eax,%eax;
+        // syscall; then the instruction at 0x10ad. Backwards, 0x10aa
+        // (`c0 0f 05`, a rotate) would end there too.
+        let code = [
+            0x80, 0x3d, 0x31, 0x33, 0x0e, 0x00, 0x00, 0x74, 0x17, 0x31, 0xc0, 0x0f, 0x05,
+        ];
+        assert_eq!(predecessor(&code, 0x10a0, 0x10ad), Some(Some(0x10ab)));
+        assert_eq!(predecessor(&code[..11], 0x10a0, 0x10ab), Some(Some(0x10a9)));
+        // After a conditional jump the thread may go on at the next one.
+        assert_eq!(predecessor(&code[..9], 0x10a0, 0x10a9), Some(Some(0x10a7)));
+        // The first instruction has none before it.
+        assert_eq!(predecessor(&[], 0x10a0, 0x10a0), Some(None));
+        // Not a boundary: decoding from the start runs past it.
+        assert_eq!(predecessor(&code[..10], 0x10a0, 0x10aa), None);
+        // Bytes that do not cover start..end exactly.
+        assert_eq!(predecessor(&code, 0x10a0, 0x10ae), None);
+        // After a jump or a call nothing falls through.
+        assert_eq!(predecessor(&[0xeb, 0x10], 0x2000, 0x2002), Some(None));
+        assert_eq!(predecessor(&[0xe8, 0, 0, 0, 0], 0x3000, 0x3005), Some(None));
+        // REP MOVSB runs round by round; MOVSB alone does not.
+        assert!(repeats(&[0xf3, 0xa4], 0));
+        assert!(!repeats(&[0xa4], 0));
+    }
 
     #[test]
     fn a_stack_reaches_from_the_red_zone_to_the_highest_frame() {

@@ -18,6 +18,7 @@ use crate::boot_snapshot::{self, CacheStart, SnapshotError};
 use crate::console::ConsoleInput;
 use crate::points::{PointSearch, PointTaker};
 use crate::session::{LiveRun, ProgressFn, RecordSession, ReplaySession};
+use crate::tools::debug::{DebugTool, KernelPoints, ProcessSelector};
 use crate::tools::events::EventTool;
 use crate::tools::samples::Sampling;
 use crate::tools::tracing::ProcessTracer;
@@ -26,6 +27,14 @@ use crate::tools::{
 };
 use crate::vm::{Console, Machine, VmError};
 use devices::virtio_net::FrameSink;
+
+/// Where a debugger stops a task about to run user code again: the
+/// guest kernel's return to user mode by `iretq` (at the `swapgs` within
+/// the first bytes of its code), and its `swapgs; sysretq` of fast
+/// system-call returns.
+const KERNEL_USER_IRET: &str = "swapgs_restore_regs_and_return_to_usermode";
+const SWAPGS: [u8; 3] = [0x0f, 0x01, 0xf8];
+const KERNEL_SYSRET: &str = "entry_SYSRETQ_unsafe_stack";
 
 /// The guest kernel variable that holds the top of the current task's
 /// kernel stack (a uniprocessor kernel's per-CPU variables are plain
@@ -74,6 +83,8 @@ pub enum BuildError {
     NoCheckpoint { trace: PathBuf, at: String },
     #[error("{trace}: the recorded guest has no network device to capture frames of")]
     NoNetwork { trace: PathBuf },
+    #[error("a debugger's replay collects no events and traces no process")]
+    DebugAndTools,
 }
 
 /// What a build had to say that is not an error (printed by the caller).
@@ -231,6 +242,9 @@ pub struct ReplayOptions {
     pub events: Option<EventOptions>,
     /// Single-step one process (needs `events`).
     pub tracing: Option<ExpansionSpec>,
+    /// Attach a debugger to the process selected (no `events`, no
+    /// `tracing`): drive the session with `DebugDriver`.
+    pub debug: Option<ProcessSelector>,
     /// Start from the trace's checkpoint at or before this point.
     pub from: Option<ReplayPoint>,
     /// Stop at the first exit at or after this point.
@@ -316,6 +330,18 @@ pub fn replay(
         heap_events = events.heap;
     }
     tools.tracing = options.tracing.map(ProcessTracer::new);
+    if let Some(selector) = options.debug {
+        if tools.events.is_some() || tools.tracing.is_some() {
+            return Err(BuildError::DebugAndTools);
+        }
+        let image = &spec.kernel_image;
+        let kernel = KernelPoints {
+            stack_top_var: kernel_stack_top,
+            iret: guest::boot::kernel_instruction(image, KERNEL_USER_IRET, &SWAPGS, 128),
+            sysret: guest::boot::kernel_code(image, KERNEL_SYSRET),
+        };
+        tools.debug = Some(DebugTool::new(selector, kernel));
+    }
     let points = if options.registers_only {
         PointSearch::registers_only()
     } else {

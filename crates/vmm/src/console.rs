@@ -120,6 +120,13 @@ impl EscapeFilter {
     }
 }
 
+/// Leaves the terminal's interrupt key (Ctrl-C) to a child program that
+/// shares the terminal (`insight debug`'s gdb, which passes it on as an
+/// interrupt of the replay): insight itself ignores it from now on.
+pub fn leave_interrupt_key_to_child() {
+    crate::sys::ignore_sigint();
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

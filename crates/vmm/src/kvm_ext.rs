@@ -63,6 +63,93 @@ fn register_guest_memory(
     Ok(())
 }
 
+/// Registers guest RAM again as memory slots `0..`, the pages at
+/// `read_only` (guest physical, page aligned, sorted) read only: the
+/// guest's writes there exit as MMIO writes for the VMM to perform. The
+/// slots of the previous layout (`previous` of them, `0..previous`) are
+/// deleted first; the number of slots now is returned. An empty
+/// `read_only` gives back the plain layout of [`map_guest_memory`].
+pub fn layout_ram(
+    vm: &VmFd,
+    mem: &GuestMemoryMmap,
+    read_only: &[u64],
+    previous: u32,
+) -> io::Result<u32> {
+    let mut regions = mem.iter();
+    let (Some(region), None) = (regions.next(), regions.next()) else {
+        return Err(io::Error::other("guest RAM is not one region"));
+    };
+    let (start, len) = (region.start_addr().0, region.len());
+    let host_at = |gpa: u64| {
+        region
+            .get_host_address(MemoryRegionAddress(gpa - start))
+            .map_err(|_| io::Error::from_raw_os_error(libc::EFAULT))
+    };
+    for slot in (0..previous.max(1)).rev() {
+        let region = kvm_userspace_memory_region {
+            slot,
+            ..Default::default()
+        };
+        // SAFETY: a zero size deletes the slot; no memory is mapped.
+        unsafe { vm.set_user_memory_region(region) }.map_err(io::Error::from)?;
+    }
+    let mut slots = 0;
+    let mut add = |at: u64, size: u64, flags: u32| -> io::Result<()> {
+        map_guest_ram(vm, slots, at, size, host_at(at)?, flags)?;
+        slots += 1;
+        Ok(())
+    };
+    let mut cursor = start;
+    for &page in read_only
+        .iter()
+        .filter(|&&p| p >= start && p + 4096 <= start + len)
+    {
+        if page < cursor {
+            continue;
+        }
+        if page > cursor {
+            add(cursor, page - cursor, 0)?;
+        }
+        add(page, 4096, kvm_bindings::KVM_MEM_READONLY)?;
+        cursor = page + 4096;
+    }
+    if cursor < start + len {
+        add(cursor, start + len - cursor, 0)?;
+    }
+    Ok(slots)
+}
+
+/// A memory slot no guest RAM uses, and where it goes (far above RAM and
+/// devices), for [`forget_guest_mappings`].
+const SCRATCH_SLOT: u32 = 0x100;
+const SCRATCH_GPA: u64 = 0xf_0000_0000;
+
+/// Makes KVM drop every translation it built from the guest's page
+/// tables. KVM's shadow page tables (these hosts' KVM has no EPT) only
+/// follow the guest's writes to its page tables: when the VMM writes
+/// guest memory behind its back (putting a snapshot back), they would
+/// keep mapping what the restored page tables do not, and the guest would
+/// not fault where it did. Deleting a memory slot makes KVM zap them all;
+/// a one-page scratch slot (aliasing the first page of RAM) is added and
+/// deleted for that.
+pub fn forget_guest_mappings(vm: &VmFd, mem: &GuestMemoryMmap) -> io::Result<()> {
+    let host = mem
+        .iter()
+        .next()
+        .and_then(|r| r.get_host_address(MemoryRegionAddress(0)).ok())
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::EFAULT))?;
+    map_guest_ram(vm, SCRATCH_SLOT, SCRATCH_GPA, 4096, host, 0)?;
+    let region = kvm_userspace_memory_region {
+        slot: SCRATCH_SLOT,
+        flags: 0,
+        guest_phys_addr: SCRATCH_GPA,
+        memory_size: 0,
+        userspace_addr: host as u64,
+    };
+    // SAFETY: a zero size deletes the slot; no memory is mapped.
+    unsafe { vm.set_user_memory_region(region) }.map_err(io::Error::from)
+}
+
 /// Maps `len` bytes of host memory at `host_addr` as guest RAM at
 /// `guest_addr` in memory slot `slot`.
 fn map_guest_ram(

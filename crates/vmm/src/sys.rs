@@ -173,3 +173,10 @@ impl ThreadHandle {
         Ok(())
     }
 }
+
+/// Has this process ignore SIGINT from now on: the terminal's interrupt
+/// key is for another program of the session (a debugger run as a child).
+pub fn ignore_sigint() {
+    // SAFETY: sets the disposition of SIGINT to SIG_IGN; no handler runs.
+    unsafe { libc::signal(libc::SIGINT, libc::SIG_IGN) };
+}

@@ -11,6 +11,7 @@ use crate::status::{human_bytes, StatusLine};
 
 pub mod cache;
 pub mod convert;
+pub mod debug;
 pub mod diff;
 pub mod dump;
 pub mod events;

@@ -33,6 +33,8 @@ struct Search {
     /// Probe gate exits and traced steps since the search began: replay's
     /// alone, each a round trip the recording did not make.
     gate_exits: u64,
+    /// The bytes of code the patch covers, from `patch.rip`.
+    covered: u64,
 }
 
 /// How much slower than the recording replay may run the code before a
@@ -159,6 +161,25 @@ impl PointSearch {
         }
     }
 
+    /// The code the search under way covers with its patch: (address
+    /// space, first byte, end); none of it runs where it is meanwhile.
+    pub(crate) fn patched_code(&self) -> Option<(u64, u64, u64)> {
+        let s = self.search.as_ref()?;
+        Some((s.point.state.cr3, s.patch.rip, s.patch.rip + s.covered))
+    }
+
+    /// The guest bytes the search's patch replaced, by guest physical
+    /// address: what a reader of the program's code must see instead.
+    pub(crate) fn replaced(&self) -> &[(u64, Vec<u8>)] {
+        self.search.as_ref().map_or(&[], |s| &s.patch.saved)
+    }
+
+    /// Forgets the search under way without touching guest memory (the
+    /// machine is being put back to a moment before it began).
+    pub(crate) fn forget(&mut self) {
+        self.search = None;
+    }
+
     /// The run stopped (the end, a divergence, a failure): the guest's
     /// bytes back.
     pub(crate) fn end(&mut self, m: &Machine) {
@@ -228,23 +249,27 @@ impl PointSearch {
             last_rejection: Vec::new(),
             moved,
             gate_exits: 0,
+            covered: site.len as u64,
         });
         Ok(())
     }
 
     /// A store to the exit page: the trampoline's, or not. `ignored_flags`
     /// are RFLAGS bits the replay's tools set that the recording never had
-    /// (a traced process's trap flag).
+    /// (a traced process's trap flag); `written` the bytes they wrote over
+    /// in guest memory (a debugger's breakpoints), by guest physical
+    /// address, as the guest had them.
     pub(crate) fn store(
         &mut self,
         m: &mut Machine,
         log: &mut Replayer,
         ignored_flags: u64,
+        written: &[(u64, Vec<u8>)],
     ) -> Result<Claimed, VmError> {
         let regs = m.vcpu.regs()?;
         match &self.search {
             Some(search) if search.patch.exit_rips.contains(&regs.rip) => {
-                self.candidate(m, log, &regs, ignored_flags)
+                self.candidate(m, log, &regs, ignored_flags, written)
             }
             _ => Ok(Claimed::NotOurs),
         }
@@ -258,6 +283,7 @@ impl PointSearch {
         log: &mut Replayer,
         regs: &kvm_bindings::kvm_regs,
         ignored_flags: u64,
+        written: &[(u64, Vec<u8>)],
     ) -> Result<Claimed, VmError> {
         self.stats.candidates += 1;
         let sregs = m.vcpu.sregs()?;
@@ -291,8 +317,9 @@ impl PointSearch {
                 let cpu: Vec<u8> = xsave.region.iter().flat_map(|w| w.to_le_bytes()).collect();
                 found.xstate = state::xstate_digest(&cpu, &m.vm.cpu.xsave_layout);
                 let entries = trampoline_entries(mem, logged.cr3, search.point.stub, &logged.words);
-                found.memory =
-                    state::memory_digest(mem, &logged.pages, &search.patch.saved, &entries);
+                let mut saved = search.patch.saved.clone();
+                saved.extend_from_slice(written);
+                found.memory = state::memory_digest(mem, &logged.pages, &saved, &entries);
             }
         }
         let differences = logged.differences(&found);

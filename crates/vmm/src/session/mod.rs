@@ -28,12 +28,14 @@ use crate::points::PointStats;
 use crate::tools::{CheckpointTaken, ExpansionStats};
 use crate::vm::{ExitCounts, Machine, VmClock, VmError};
 
+mod debug;
 mod inputs;
 mod live;
 mod record;
 mod replay;
 mod run;
 
+pub use debug::{DebugDriver, DebugEvent, Interrupter};
 pub use live::LiveRun;
 pub use record::RecordSession;
 pub use replay::ReplaySession;
@@ -55,6 +57,8 @@ pub enum StopReason {
     WindowEnded,
     /// `/init` was ready and the boot snapshot asked for is written.
     SnapshotTaken,
+    /// A debugger's stop: the replay goes on when resumed.
+    Debug,
 }
 
 /// The result of a guest run that ended by the guest's own choice.
@@ -201,6 +205,12 @@ pub(crate) trait Mode {
     /// A store `claims` accepted: what it was.
     fn store(&mut self, _m: &mut Machine, _addr: u64, _data: &[u8]) -> Result<Claimed, VmError> {
         Ok(Claimed::NotOurs)
+    }
+
+    /// KVM could not emulate the instruction the vCPU stands at: whether
+    /// the mode took care of it (else the VMM completes it if it can).
+    fn unemulated(&mut self, _m: &mut Machine) -> Result<bool, VmError> {
+        Ok(false)
     }
 
     /// The log that answers the guest's reads (replay).
@@ -368,6 +378,10 @@ pub(crate) fn run_on_vcpu_thread<M: Mode + Send + 'static>(
 /// debugger's): stopped and joined when dropped.
 pub(crate) struct Kicker {
     state: Arc<KickState>,
+    /// The kick thread's clock: the machine's when it started. The
+    /// machine's may move since (restored, or standing still while the
+    /// replay is stopped); deadlines are translated.
+    clock: crate::vm::VmClock,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -388,12 +402,25 @@ impl Kicker {
             .map_err(VmError::Thread)?;
         Ok(Kicker {
             state,
+            clock,
             thread: Some(thread),
         })
     }
 
     pub(crate) fn state(&self) -> &Arc<KickState> {
         &self.state
+    }
+
+    /// Kicks when `machine` (the machine's clock now) reads `deadline_ns`
+    /// (u64::MAX: never).
+    pub(crate) fn set_deadline(&self, machine: &crate::vm::VmClock, deadline_ns: u64) {
+        let at = if deadline_ns == u64::MAX {
+            u64::MAX
+        } else {
+            let left = deadline_ns.saturating_sub(machine.now_ns());
+            self.clock.now_ns().saturating_add(left)
+        };
+        self.state.set_deadline(at);
     }
 }
 

@@ -24,14 +24,14 @@ use crate::vm::{Machine, VmError};
 
 /// A machine re-executing a recording.
 pub struct ReplaySession {
-    machine: Machine,
-    mode: Replaying,
+    pub(super) machine: Machine,
+    pub(super) mode: Replaying,
 }
 
-struct Replaying {
-    log: Replayer,
-    points: PointSearch,
-    tools: ReplayTools,
+pub(super) struct Replaying {
+    pub(super) log: Replayer,
+    pub(super) points: PointSearch,
+    pub(super) tools: ReplayTools,
     /// The heap gate leaves the guest (its events are collected).
     heap_events: bool,
     progress: ProgressReport,
@@ -114,6 +114,10 @@ impl ReplaySession {
             (&mut self.mode.tools.events, m.vm.status.switch_ring_gpa)
         {
             events.ring_from_head(&m.vm.mem, gpa);
+        }
+        if let (Some(debug), Some(gpa)) = (&mut self.mode.tools.debug, m.vm.status.switch_ring_gpa)
+        {
+            debug.tasks.ring_announced(&m.vm.mem, gpa);
         }
         Ok(Some(restored))
     }
@@ -271,11 +275,17 @@ impl Mode for Replaying {
     }
 
     fn before_run(&mut self, m: &mut Machine) -> Result<Option<StopReason>, VmError> {
-        if std::mem::take(&mut m.vcpu.after_exit) {
+        let after_exit = std::mem::take(&mut m.vcpu.after_exit);
+        if after_exit {
             self.checkpoint_if_due(m)?;
             let position = self.log.position();
             if self.tools.stop_at.is_some_and(|p| p.reached(&position)) {
                 return Ok(Some(StopReason::WindowEnded));
+            }
+        }
+        if let Some(debug) = &mut self.tools.debug {
+            if debug.pause(after_exit) {
+                return Ok(Some(StopReason::Debug));
             }
         }
         if let Some(reason) = self.log.end_reached()? {
@@ -299,7 +309,15 @@ impl Mode for Replaying {
             }
             m.inject(vector)?;
         }
-        self.points.arm(m, &mut self.log)?;
+        match &mut self.tools.debug {
+            // The trampoline copies the code it covers: without `int3`s.
+            Some(debug) if !self.points.patched() => {
+                debug.lift_breakpoints(&m.vm.mem);
+                self.points.arm(m, &mut self.log)?;
+                debug.patched(m, self.points.patched_code());
+            }
+            _ => self.points.arm(m, &mut self.log)?,
+        }
         Ok(None)
     }
 
@@ -313,10 +331,13 @@ impl Mode for Replaying {
     }
 
     fn debug_armed(&self) -> bool {
-        self.tools.tracing.as_ref().is_some_and(|t| t.armed())
+        self.tools.debug.is_some() || self.tools.tracing.as_ref().is_some_and(|t| t.armed())
     }
 
     fn debug_exit(&mut self, m: &mut Machine) -> Result<(), VmError> {
+        if let Some(debug) = &mut self.tools.debug {
+            return debug.debug_exit(m, &self.points);
+        }
         if let (Some(tracer), Some(events)) = (&mut self.tools.tracing, &mut self.tools.events) {
             tracer.step(m, events, &self.points, self.log.position())?;
         }
@@ -325,21 +346,45 @@ impl Mode for Replaying {
     }
 
     fn claims(&self, addr: u64) -> bool {
-        self.points.claims(addr) || addr == probe_gate::STORE_GPA
+        self.points.claims(addr)
+            || addr == probe_gate::STORE_GPA
+            || self.tools.debug.as_ref().is_some_and(|d| d.claims(addr))
     }
 
     fn store(&mut self, m: &mut Machine, addr: u64, data: &[u8]) -> Result<Claimed, VmError> {
         if addr == probe_gate::STORE_GPA {
             return self.gate_event(m, data);
         }
+        if let Some(debug) = self.tools.debug.as_mut().filter(|d| d.claims(addr)) {
+            debug.watched_write(m, addr, data)?;
+            return Ok(Claimed::Passed);
+        }
         // A traced process runs with the trap flag, which the recording
         // never set.
         let ignored = if self.tools.tracing.is_some() { TF } else { 0 };
-        self.points.store(m, &mut self.log, ignored)
+        let written = self
+            .tools
+            .debug
+            .as_ref()
+            .map(|d| d.breakpoints.originals())
+            .unwrap_or_default();
+        let claimed = self.points.store(m, &mut self.log, ignored, &written)?;
+        if let (Claimed::Reached, Some(debug)) = (&claimed, &mut self.tools.debug) {
+            debug.patched(m, None);
+            debug.advanced(m, None, &self.log.position())?;
+        }
+        Ok(claimed)
     }
 
     fn log(&mut self) -> Option<&mut Replayer> {
         Some(&mut self.log)
+    }
+
+    fn unemulated(&mut self, m: &mut Machine) -> Result<bool, VmError> {
+        match &mut self.tools.debug {
+            Some(debug) => debug.unemulated(m),
+            None => Ok(false),
+        }
     }
 
     fn exit(
@@ -348,10 +393,14 @@ impl Mode for Replaying {
         entry: Entry,
         regs: &kvm_bindings::kvm_regs,
     ) -> Result<(), VmError> {
+        let debug_entry = self.tools.debug.as_ref().map(|_| entry.clone());
         self.log.exit(entry, regs)?;
         // Switches before this exit come before what it raises.
         if let Some(events) = &mut self.tools.events {
             events.drain_switches(&m.vm.mem, self.log.progress().guest_ns)?;
+        }
+        if let Some(debug) = &mut self.tools.debug {
+            debug.advanced(m, debug_entry.as_ref(), &self.log.position())?;
         }
         Ok(())
     }
@@ -369,6 +418,9 @@ impl Mode for Replaying {
 
     fn event_raised(&mut self, m: &mut Machine, raiser: EventRaiser) -> Result<(), VmError> {
         let ns = self.log.event_raised()?;
+        if let (Some(debug), EventRaiser::Kernel) = (&mut self.tools.debug, raiser) {
+            debug.kernel_event(m)?;
+        }
         match &mut self.tools.events {
             Some(events) => events.raised(m, raiser, ns),
             None => Ok(()),
@@ -376,8 +428,14 @@ impl Mode for Replaying {
     }
 
     fn switch_ring_announced(&mut self, m: &mut Machine) {
-        if let (Some(events), Some(gpa)) = (&mut self.tools.events, m.vm.status.switch_ring_gpa) {
+        let Some(gpa) = m.vm.status.switch_ring_gpa else {
+            return;
+        };
+        if let Some(events) = &mut self.tools.events {
             events.attach_switch_ring(&m.vm.mem, gpa);
+        }
+        if let Some(debug) = &mut self.tools.debug {
+            debug.tasks.ring_announced(&m.vm.mem, gpa);
         }
     }
 

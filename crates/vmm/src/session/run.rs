@@ -108,7 +108,11 @@ pub(super) fn run<M: Mode>(
                     return Ok(outcome(m, mode, stop));
                 }
             }
-            Next::InternalError => m.complete_unemulated()?,
+            Next::InternalError => {
+                if !mode.unemulated(m)? {
+                    m.complete_unemulated()?;
+                }
+            }
             Next::Fault(reason, detail) => {
                 return Err(VmError::GuestFault {
                     reason,

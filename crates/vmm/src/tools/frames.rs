@@ -47,7 +47,7 @@ impl ExceptionFrame {
     }
 
     /// Whether the exception came from user mode.
-    pub(crate) fn from_user(&self) -> bool {
+    pub(crate) fn came_from_user(&self) -> bool {
         self.cs & 3 == 3
     }
 
@@ -60,24 +60,19 @@ impl ExceptionFrame {
     }
 }
 
-/// Puts the vCPU back in user mode with `user` registers and the code and
-/// stack segments of `frame`, as the return from the exception would,
-/// through `kvm_run` (the registers were read there too).
-pub(crate) fn return_to_user(
+/// Completes the `iretq` of `frame`: the vCPU gets `user` registers (back
+/// in user mode, or in the kernel code the frame returns to) and the
+/// code and stack segments of the frame, through `kvm_run`.
+pub(crate) fn return_by_iret(
     m: &mut Machine,
     frame: &ExceptionFrame,
     user: kvm_regs,
 ) -> Result<(), VmError> {
-    let mut sregs = m.vcpu.fd.sync_regs().sregs;
+    let mut sregs = m.vcpu.sregs()?;
     let cr3 = sregs.cr3;
-    sregs.cs = user_segment(&m.vm.mem, cr3, &sregs, frame.cs)?;
-    sregs.ss = user_segment(&m.vm.mem, cr3, &sregs, frame.ss)?;
-    let synced = m.vcpu.fd.sync_regs_mut();
-    (synced.regs, synced.sregs) = (user, sregs);
-    m.vcpu.fd.set_sync_dirty_reg(kvm_ioctls::SyncReg::Register);
-    m.vcpu
-        .fd
-        .set_sync_dirty_reg(kvm_ioctls::SyncReg::SystemRegister);
+    sregs.cs = gdt_segment(&m.vm.mem, cr3, &sregs, frame.cs)?;
+    sregs.ss = gdt_segment(&m.vm.mem, cr3, &sregs, frame.ss)?;
+    m.vcpu.set_registers_in_run(user, sregs);
     Ok(())
 }
 
@@ -124,14 +119,12 @@ pub(crate) fn set_kernel_breakpoints(
         .map_err(kvm_err("SET_GUEST_DEBUG"))?;
     // Each stop reads and writes both register sets: through `kvm_run`,
     // not four ioctls.
-    m.vcpu
-        .fd
-        .set_sync_valid_reg(kvm_ioctls::SyncReg::SystemRegister);
+    m.vcpu.sync_sregs_at_exits();
     Ok(())
 }
 
-/// The user segment `selector` names, as its GDT descriptor loads it.
-fn user_segment(
+/// The segment `selector` names, as its GDT descriptor loads it.
+fn gdt_segment(
     mem: &GuestMemoryMmap,
     cr3: u64,
     sregs: &kvm_sregs,
@@ -152,4 +145,80 @@ fn user_segment(
     Ok(guest::boot::descriptor_segment(
         selector, flags, base, limit,
     ))
+}
+
+/// MSRs a fast system-call return uses.
+const MSR_STAR: u32 = 0xc000_0081;
+const MSR_KERNEL_GS_BASE: u32 = 0xc000_0102;
+/// RFLAGS bits SYSRET clears from R11: RF and VM.
+const SYSRET_CLEARS: u64 = (1 << 16) | (1 << 17);
+
+/// Does what the guest kernel's `swapgs` would: the GS base and
+/// `KERNEL_GS_BASE` trade places (in `sregs`, and in the MSR); the value
+/// STAR holds, which names the user segments.
+fn swapgs(m: &mut Machine, sregs: &mut kvm_sregs) -> Result<u64, VmError> {
+    let mut msrs = kvm_bindings::Msrs::from_entries(&[
+        kvm_bindings::kvm_msr_entry {
+            index: MSR_STAR,
+            ..Default::default()
+        },
+        kvm_bindings::kvm_msr_entry {
+            index: MSR_KERNEL_GS_BASE,
+            ..Default::default()
+        },
+    ])
+    .map_err(|_| VmError::Debug("cannot make an MSR list".into()))?;
+    if m.vcpu.fd.get_msrs(&mut msrs).map_err(kvm_err("GET_MSRS"))? != 2 {
+        return Err(VmError::Debug("cannot read STAR and KERNEL_GS_BASE".into()));
+    }
+    let (star, kernel_gs) = (msrs.as_slice()[0].data, msrs.as_slice()[1].data);
+    let swapped = kvm_bindings::Msrs::from_entries(&[kvm_bindings::kvm_msr_entry {
+        index: MSR_KERNEL_GS_BASE,
+        data: sregs.gs.base,
+        ..Default::default()
+    }])
+    .map_err(|_| VmError::Debug("cannot make an MSR list".into()))?;
+    m.vcpu.fd.set_msrs(&swapped).map_err(kvm_err("SET_MSRS"))?;
+    sregs.gs.base = kernel_gs;
+    Ok(star)
+}
+
+/// The guest kernel stands at the `swapgs; sysretq` of a fast
+/// system-call return: completes it as the CPU would (the GS bases
+/// swapped, RIP from RCX, RFLAGS from R11, the user code and stack
+/// segments STAR names) and returns the user registers.
+pub(crate) fn return_by_sysret(m: &mut Machine) -> Result<kvm_regs, VmError> {
+    let mut regs = m.vcpu.regs()?;
+    let mut sregs = m.vcpu.sregs()?;
+    let star = swapgs(m, &mut sregs)?;
+    let selectors = (star >> 48) & 0xffff;
+    let cr3 = sregs.cr3;
+    sregs.cs = gdt_segment(&m.vm.mem, cr3, &sregs, (selectors + 16) | 3)?;
+    sregs.ss = gdt_segment(&m.vm.mem, cr3, &sregs, (selectors + 8) | 3)?;
+    regs.rip = regs.rcx;
+    regs.rflags = (regs.r11 & !SYSRET_CLEARS) | 2;
+    m.vcpu.set_registers_in_run(regs, sregs);
+    Ok(regs)
+}
+
+/// The guest kernel stands at the `swapgs` before the `iretq` of a return
+/// to user mode, the stack on the return frame: completes both as the
+/// CPU would and returns the user registers.
+pub(crate) fn return_by_swapgs_iret(m: &mut Machine) -> Result<kvm_regs, VmError> {
+    let regs = m.vcpu.regs()?;
+    let mut sregs = m.vcpu.sregs()?;
+    let frame = ExceptionFrame::read(&m.vm.mem, sregs.cr3, regs.rsp).map_err(VmError::Debug)?;
+    if !frame.came_from_user() {
+        return Err(VmError::Debug(format!(
+            "the return to user mode at {:#x} has a kernel frame (CS {:#x})",
+            regs.rip, frame.cs
+        )));
+    }
+    swapgs(m, &mut sregs)?;
+    let user = frame.user_regs(&regs);
+    let cr3 = sregs.cr3;
+    sregs.cs = gdt_segment(&m.vm.mem, cr3, &sregs, frame.cs)?;
+    sregs.ss = gdt_segment(&m.vm.mem, cr3, &sregs, frame.ss)?;
+    m.vcpu.set_registers_in_run(user, sregs);
+    Ok(user)
 }

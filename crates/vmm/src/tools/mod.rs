@@ -5,6 +5,7 @@
 //! ([`ReplayTools`]); the vCPU loop never sees them.
 
 pub(crate) mod checkpoints;
+pub mod debug;
 pub(crate) mod events;
 pub(crate) mod frames;
 pub(crate) mod samples;
@@ -44,4 +45,24 @@ pub(crate) struct ReplayTools {
     /// stack, below which a task that entered it from user mode left its
     /// user registers (samples in the kernel, tracing).
     pub(crate) kernel_stack_top: Option<u64>,
+    /// A debugger's hold on one process.
+    pub(crate) debug: Option<debug::DebugTool>,
+}
+
+/// Guest memory for the tools' tests.
+#[cfg(test)]
+pub(crate) mod test_memory {
+    use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+    /// User code at 0x40_0000: CR3 0x1000 -> PDPT 0x2000 -> PD 0x3000,
+    /// one 2 MiB user page at physical 0x20_0000.
+    pub(crate) fn user_code(code: &[u8]) -> GuestMemoryMmap {
+        let m = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 4 << 20)]).unwrap();
+        m.write_obj(0x2000u64 | 7, GuestAddress(0x1000)).unwrap();
+        m.write_obj(0x3000u64 | 7, GuestAddress(0x2000)).unwrap();
+        m.write_obj(0x20_0000u64 | 0x87, GuestAddress(0x3000 + 2 * 8))
+            .unwrap();
+        m.write_slice(code, GuestAddress(0x20_0000)).unwrap();
+        m
+    }
 }

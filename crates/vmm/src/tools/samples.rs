@@ -252,19 +252,7 @@ fn after_kernel_entry(mem: &GuestMemoryMmap, cr3: u64, regs: &kvm_regs) -> bool 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vm_memory::{Bytes, GuestAddress};
-
-    /// User code at 0x40_0000: CR3 0x1000 -> PDPT 0x2000 -> PD 0x3000,
-    /// one 2 MiB page at physical 0x20_0000.
-    fn user_code(code: &[u8]) -> GuestMemoryMmap {
-        let m = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 4 << 20)]).unwrap();
-        m.write_obj(0x2000u64 | 7, GuestAddress(0x1000)).unwrap();
-        m.write_obj(0x3000u64 | 7, GuestAddress(0x2000)).unwrap();
-        m.write_obj(0x20_0000u64 | 0x87, GuestAddress(0x3000 + 2 * 8))
-            .unwrap();
-        m.write_slice(code, GuestAddress(0x20_0000)).unwrap();
-        m
-    }
+    use crate::tools::test_memory::user_code;
 
     fn at(rip: u64, rbx: u64) -> kvm_regs {
         kvm_regs {

@@ -25,7 +25,7 @@ use journal::LogPosition;
 
 use super::events::EventTool;
 use super::frames::{
-    idt_handler, return_to_user, set_kernel_breakpoints, ExceptionFrame, DEBUG_VECTOR,
+    idt_handler, return_by_iret, set_kernel_breakpoints, ExceptionFrame, DEBUG_VECTOR,
 };
 use crate::points::PointSearch;
 use crate::vm::{Machine, VmError};
@@ -242,7 +242,7 @@ impl ProcessTracer {
         let cr3 = sregs.cr3;
         let frame = ExceptionFrame::read(&m.vm.mem, cr3, regs.rsp).map_err(VmError::Expansion)?;
         let (rip, rflags) = (frame.rip, frame.rflags);
-        if !frame.from_user() || rflags & TF == 0 {
+        if !frame.came_from_user() || rflags & TF == 0 {
             return Err(VmError::Expansion(format!(
                 "a debug exception the tracing did not cause (from {rip:#x}, CS {:#x}, RFLAGS \
                  {rflags:#x})",
@@ -346,7 +346,7 @@ impl ProcessTracer {
                 .capture
                 .memory_access(at.guest_ns, (pid, *lwpid), *rip, a.addr, value)?;
         }
-        return_to_user(m, &frame, user)
+        return_by_iret(m, &frame, user)
     }
 
     /// Whether the breakpoint on the #DB handler is armed (debug exits are

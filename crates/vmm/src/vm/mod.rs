@@ -97,6 +97,8 @@ pub enum VmError {
     Checkpoint(trace::TraceError),
     #[error("tracing the process: {0}")]
     Expansion(String),
+    #[error("debugging: {0}")]
+    Debug(String),
     #[error("cannot restore the checkpoint: {0}")]
     Restore(String),
     #[error("the run's archive has {bytes} bytes; the guest's /init takes at most 4 GiB")]
@@ -135,6 +137,12 @@ impl VmClock {
 
     pub fn now_ns(&self) -> u64 {
         self.start.elapsed().as_nanos() as u64
+    }
+
+    /// The clock stood still for `paused` (a replay stopped in a
+    /// debugger): VM time goes on from where it was.
+    pub(crate) fn skip(&mut self, paused: Duration) {
+        self.start += paused;
     }
 }
 

@@ -115,8 +115,8 @@ impl Vcpu {
         Ok(VcpuState {
             if_flag,
             ready_for_injection,
-            regs: v.get_regs().map_err(kvm_err("GET_REGS"))?,
-            sregs: v.get_sregs().map_err(kvm_err("GET_SREGS"))?,
+            regs: self.regs()?,
+            sregs: self.sregs()?,
             xsave: v.get_xsave().map_err(kvm_err("GET_XSAVE"))?,
             xcrs: v.get_xcrs().ok(),
             events: v.get_vcpu_events().map_err(kvm_err("GET_VCPU_EVENTS"))?,
@@ -129,6 +129,8 @@ impl Vcpu {
     /// Puts back what `state` took; `xsave_max_size` bounds the XSAVE
     /// state KVM is given.
     pub(crate) fn restore(&mut self, s: &VcpuState, xsave_max_size: usize) -> Result<(), VmError> {
+        // Registers waiting in `kvm_run` would overwrite the restored ones.
+        self.forget_run_copies();
         let v = &self.fd;
         v.set_sregs(&s.sregs).map_err(kvm_err("SET_SREGS"))?;
         if let Some(xcrs) = &s.xcrs {

@@ -29,6 +29,19 @@ pub struct Vcpu {
     pub(crate) after_exit: bool,
     /// The host CPU the vCPU thread is kept on (`crate::host_cpu`).
     pub(crate) host_cpu: Option<usize>,
+    /// Which register sets `kvm_run` holds as they are now.
+    in_run: RunCopies,
+    /// KVM stores the system registers in `kvm_run` at every exit.
+    sregs_at_exits: bool,
+}
+
+/// Whether `kvm_run`'s copies of the general and the system registers are
+/// the vCPU's: after an exit (that KVM filled), or set there for the next
+/// KVM_RUN to load.
+#[derive(Clone, Copy, Default)]
+struct RunCopies {
+    regs: bool,
+    sregs: bool,
 }
 
 impl Vcpu {
@@ -41,34 +54,92 @@ impl Vcpu {
             at_delivery_point: false,
             after_exit: false,
             host_cpu: None,
+            in_run: RunCopies::default(),
+            sregs_at_exits: false,
         }
     }
 
     /// Runs the guest until its next exit.
     pub(crate) fn run(&mut self) -> Result<VcpuExit<'_>, kvm_ioctls::Error> {
+        self.mark_run();
         self.fd.run()
     }
 
-    /// The registers `kvm_run` carries with every exit.
-    pub(crate) fn synced_regs(&self) -> kvm_regs {
-        self.fd.sync_regs().regs
+    /// A KVM_RUN is about to load what waits in `kvm_run` and leave the
+    /// registers there when it returns.
+    fn mark_run(&mut self) {
+        self.in_run = RunCopies {
+            regs: true,
+            sregs: self.sregs_at_exits,
+        };
     }
 
+    /// The vCPU's registers (as `kvm_run` carries them with every exit).
+    pub(crate) fn synced_regs(&self) -> kvm_regs {
+        match self.regs() {
+            Ok(regs) => regs,
+            Err(_) => self.fd.sync_regs().regs,
+        }
+    }
+
+    /// The vCPU's registers: `kvm_run`'s copy while it holds them (right
+    /// after an exit, or set there), else KVM's.
     pub(crate) fn regs(&self) -> Result<kvm_regs, VmError> {
+        if self.in_run.regs {
+            return Ok(self.fd.sync_regs().regs);
+        }
         self.fd.get_regs().map_err(kvm_err("GET_REGS"))
     }
 
-    pub(crate) fn set_regs(&self, regs: &kvm_regs) -> Result<(), VmError> {
+    pub(crate) fn set_regs(&mut self, regs: &kvm_regs) -> Result<(), VmError> {
+        if self.in_run.regs {
+            self.fd.sync_regs_mut().regs = *regs;
+            self.fd.set_sync_dirty_reg(kvm_ioctls::SyncReg::Register);
+            return Ok(());
+        }
         self.fd.set_regs(regs).map_err(kvm_err("SET_REGS"))
     }
 
     pub(crate) fn sregs(&self) -> Result<kvm_sregs, VmError> {
+        if self.in_run.sregs {
+            return Ok(self.fd.sync_regs().sregs);
+        }
         self.fd.get_sregs().map_err(kvm_err("GET_SREGS"))
+    }
+
+    /// Has KVM carry the system registers in `kvm_run` too, from the next
+    /// exit on (tools that read and write them at every stop).
+    pub(crate) fn sync_sregs_at_exits(&mut self) {
+        self.fd
+            .set_sync_valid_reg(kvm_ioctls::SyncReg::SystemRegister);
+        self.sregs_at_exits = true;
+    }
+
+    /// Forgets `kvm_run`'s copies (KVM's registers are set otherwise):
+    /// nothing waiting there is loaded, and they are read from KVM.
+    pub(crate) fn forget_run_copies(&mut self) {
+        self.fd.get_kvm_run().kvm_dirty_regs = 0;
+        self.in_run = RunCopies::default();
+    }
+
+    /// Sets both register sets through `kvm_run`, for the next KVM_RUN to
+    /// load (no ioctl); until then [`Vcpu::regs`] and [`Vcpu::sregs`] read
+    /// them there, KVM's own copy being stale.
+    pub(crate) fn set_registers_in_run(&mut self, regs: kvm_regs, sregs: kvm_sregs) {
+        let synced = self.fd.sync_regs_mut();
+        (synced.regs, synced.sregs) = (regs, sregs);
+        self.fd.set_sync_dirty_reg(kvm_ioctls::SyncReg::Register);
+        self.fd
+            .set_sync_dirty_reg(kvm_ioctls::SyncReg::SystemRegister);
+        self.in_run = RunCopies {
+            regs: true,
+            sregs: true,
+        };
     }
 
     /// RIP for an error report (0 if even that cannot be read).
     pub(crate) fn rip_or_zero(&self) -> u64 {
-        self.fd.get_regs().map(|r| r.rip).unwrap_or(0)
+        self.regs().map(|r| r.rip).unwrap_or(0)
     }
 
     /// Keeps the vCPU thread on host CPU `cpu` (`crate::host_cpu`).
@@ -142,6 +213,7 @@ impl Vcpu {
     /// the ones to read or change. False if the vCPU ran on instead.
     pub(crate) fn complete_exit_now(&mut self, what: &'static str) -> Result<bool, VmError> {
         self.fd.set_kvm_immediate_exit(1);
+        self.mark_run();
         let completed = self.fd.run().map(|_| ());
         self.fd.set_kvm_immediate_exit(0);
         match completed {

@@ -144,6 +144,16 @@ pub struct ReplayArgs {
     /// file: 136 bytes more per instruction before compression.
     #[arg(long, requires = "trace_instructions")]
     pub trace_registers: bool,
+    /// Serve a gdb (or an IDE) on [ADDR:]PORT instead of replaying to the
+    /// end: one process of the recording under gdb, forwards and
+    /// backwards, as `insight debug` serves the gdb it starts (loopback
+    /// unless an address is given).
+    #[arg(long, value_name = "[ADDR:]PORT", conflicts_with_all = ["events", "diagnose", "trace_process", "jobs", "segment", "from", "to", "checkpoint_every", "tx_pcap"])]
+    pub gdb: Option<String>,
+    /// With --gdb: the process to debug, its pid or its program's name
+    /// (default: the guest command's program).
+    #[arg(long, value_name = "PID|NAME", requires = "gdb")]
+    pub process: Option<String>,
     /// Write each load and store of the traced process's user code to
     /// FILE, a line per access: kind (L, S or M for read-modify-write, as
     /// Valgrind's lackey), address, size, thread, instruction address.

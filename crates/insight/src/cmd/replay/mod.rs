@@ -6,7 +6,7 @@
 mod args;
 mod segments;
 
-pub use args::{EventsFormat, Position, ReplayArgs, Unwind};
+pub use args::{parse_duration, parse_position, EventsFormat, Position, ReplayArgs, Unwind};
 use segments::{list_checkpoints, report_checkpoints, segment_bounds};
 
 use std::fs::File;
@@ -146,6 +146,7 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
         from: args.from.map(|p| p.resolve(&trace, false)).transpose()?,
         to: args.to.map(|p| p.resolve(&trace, true)).transpose()?,
         checkpoint_every: args.checkpoint_every,
+        debug: None,
         sent_frames,
         progress: progress_report(&status, "replay"),
     };
@@ -263,8 +264,13 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
             );
             ExitCode::from(EXIT_PREFIX_ONLY)
         }
-        // A replay never asks for one.
-        StopReason::SnapshotTaken => bail!("the replay stopped to take a boot snapshot"),
+        // A replay never asks for either.
+        StopReason::SnapshotTaken | StopReason::Debug => {
+            bail!(
+                "the replay stopped for {:?}, which it never asks for",
+                outcome.stop
+            )
+        }
     };
     Ok(code)
 }

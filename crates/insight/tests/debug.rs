@@ -1,0 +1,329 @@
+//! `insight debug`: the system's gdb over a replay, forwards and
+//! backwards, driven in batch mode over one recording of the guest's
+//! `debug_target` (it writes the global `value` 0, then 42 by a store,
+//! then 1337 by a `read()` from a pipe, and prints the shared objects it
+//! maps).
+
+mod common;
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use common::*;
+
+/// The recording every test here debugs, and what the program printed.
+fn recording() -> &'static (PathBuf, String) {
+    static RECORDING: OnceLock<(PathBuf, String)> = OnceLock::new();
+    RECORDING.get_or_init(|| {
+        guest_ready();
+        let (trace, out) = record("debug", &[], &["debug_target"]);
+        let stdout = expect_status(&out, 0);
+        assert!(stdout.contains("debug_target: value 1337"), "{stdout}");
+        (trace, stdout)
+    })
+}
+
+/// Longer than any session here takes on a slow host.
+const SESSION_LIMIT: Duration = Duration::from_secs(900);
+
+/// Runs gdb in batch mode on the recording with `commands`; returns what
+/// gdb and insight printed (both streams).
+fn gdb(commands: &[&str]) -> String {
+    let (trace, _) = recording();
+    let mut cmd = insight();
+    cmd.arg("debug").arg(trace).args(["--", "-batch", "-nx"]);
+    for c in commands {
+        cmd.args(["-ex", c]);
+    }
+    let out = output_within(cmd, SESSION_LIMIT);
+    let (stdout, stderr) = text(&out);
+    assert!(
+        out.status.success(),
+        "insight debug failed ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    format!("{stdout}\n{stderr}")
+}
+
+/// The values gdb printed for `print/x EXPR` commands, in order.
+fn printed(output: &str) -> Vec<u64> {
+    output
+        .lines()
+        .filter_map(|l| l.split_once(" = 0x"))
+        .filter(|(name, _)| name.starts_with('$'))
+        .filter_map(|(_, v)| u64::from_str_radix(v.trim(), 16).ok())
+        .collect()
+}
+
+#[test]
+#[ignore = "needs /dev/kvm, the guest image and gdb (tools/test runs it)"]
+fn steps_go_back_to_the_same_instruction_and_registers() {
+    let out = gdb(&[
+        "break report",
+        "continue",
+        "print/x $pc",
+        // Back over the call: the caller's call instruction, its
+        // registers as they were.
+        "reverse-stepi",
+        "print/x $pc",
+        "print/x $rsp",
+        "x/i $pc",
+        // Forward again: report's first instruction.
+        "stepi",
+        "print/x $pc",
+        // Three more back, then three forward: the same places.
+        "reverse-stepi",
+        "reverse-stepi",
+        "reverse-stepi",
+        "print/x $pc",
+        "stepi 3",
+        "print/x $pc",
+        "print/x $rsp",
+    ]);
+    let v = printed(&out);
+    assert_eq!(v.len(), 7, "{out}");
+    let (report, call_rsp) = (v[0], v[2]);
+    assert!(
+        out.contains("call") && out.contains("<main+"),
+        "reverse-stepi did not come back to main's call: {out}"
+    );
+    assert_eq!(v[3], report, "stepi from the call: {out}");
+    assert_ne!(v[4], report, "three back: {out}");
+    assert_eq!(v[5], report, "three forward again: {out}");
+    // The call pushed its return address.
+    assert_eq!(v[6], call_rsp - 8, "{out}");
+}
+
+#[test]
+#[ignore = "needs /dev/kvm, the guest image and gdb (tools/test runs it)"]
+fn a_watchpoint_goes_back_to_each_write_of_the_value() {
+    let out = gdb(&[
+        "break report",
+        "continue",
+        "print value",
+        "watch -l value",
+        // The read() from the pipe wrote it: the system call.
+        "reverse-continue",
+        "bt 1",
+        // The store in set_value(42).
+        "reverse-continue",
+        "bt 1",
+        // Forwards again: the store happens.
+        "continue",
+        "print value",
+    ]);
+    let changes: Vec<(i64, i64)> = out
+        .lines()
+        .zip(out.lines().skip(1))
+        .filter_map(|(old, new)| {
+            let old = old.strip_prefix("Old value = ")?.trim().parse().ok()?;
+            let new = new.strip_prefix("New value = ")?.trim().parse().ok()?;
+            Some((old, new))
+        })
+        .collect();
+    // Going back, "old" is the later value.
+    assert_eq!(changes, vec![(1337, 42), (42, 0), (0, 42)], "{out}");
+    let frames: Vec<&str> = out.lines().filter(|l| l.starts_with("#0")).collect();
+    assert_eq!(frames.len(), 2, "{out}");
+    assert!(frames[0].contains("read"), "{out}");
+    assert!(frames[1].contains("set_value"), "{out}");
+    assert!(
+        out.contains("$1 = 1337") && out.contains("$2 = 42"),
+        "{out}"
+    );
+}
+
+#[test]
+#[ignore = "needs /dev/kvm, the guest image and gdb (tools/test runs it)"]
+fn libraries_threads_and_the_start_of_history() {
+    let (_, stdout) = recording();
+    let out = gdb(&[
+        "break write",
+        "continue",
+        "info sharedlibrary",
+        "bt",
+        "info threads",
+        "delete",
+        // Nothing to stop at before: the program's first instruction.
+        "reverse-continue",
+        "print/x $pc",
+        "reverse-stepi",
+    ]);
+    // Every shared object the program listed from /proc/self/maps, gdb
+    // knows of.
+    let maps: Vec<&str> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("debug_target: maps "))
+        .collect();
+    assert!(!maps.is_empty(), "{stdout}");
+    for m in &maps {
+        let name = m.rsplit('/').next().unwrap_or(m);
+        assert!(
+            out.lines().any(|l| l.starts_with("0x") && l.contains(name)),
+            "{name} missing from info sharedlibrary: {out}"
+        );
+    }
+    // The write() into the pipe, called from main.
+    let bt: Vec<&str> = out.lines().filter(|l| l.starts_with('#')).collect();
+    assert!(bt.first().is_some_and(|f| f.contains("write")), "{out}");
+    assert!(bt.iter().any(|f| f.contains("main")), "{out}");
+    assert!(out.contains("process"), "info threads: {out}");
+    // History starts at the dynamic linker's entry, twice said.
+    assert_eq!(
+        out.matches("No more reverse-execution history").count(),
+        2,
+        "{out}"
+    );
+    assert!(out.contains("_start"), "{out}");
+}
+
+/// A recording of `overwriter` (four threads; one, chosen at random, sets
+/// `shared` at a random round) beside `libc_loop`, another process running
+/// the same libc code; what the guest printed.
+fn threads_recording() -> &'static (PathBuf, String) {
+    static RECORDING: OnceLock<(PathBuf, String)> = OnceLock::new();
+    RECORDING.get_or_init(|| {
+        guest_ready();
+        let (trace, out) = record(
+            "debug-threads",
+            &[],
+            &["sh", "-c", "libc_loop 3000 & overwriter 4 20000; wait"],
+        );
+        let stdout = expect_status(&out, 0);
+        assert!(stdout.contains("libc_loop: sum"), "{stdout}");
+        (trace, stdout)
+    })
+}
+
+#[test]
+#[ignore = "needs /dev/kvm, the guest image and gdb (tools/test runs it)"]
+fn a_watchpoint_finds_the_thread_that_wrote_and_others_run_on_unchanged() {
+    let (trace, stdout) = threads_recording();
+    // "overwriter: thread 2 (tid 23) wrote at round 11853"
+    let wrote = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("overwriter: thread "))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    let words: Vec<&str> = wrote
+        .split([' ', '(', ')'])
+        .filter(|w| !w.is_empty())
+        .collect();
+    let (tid, round) = match words[..] {
+        [_, "tid", tid, "wrote", "at", "round", round] => (tid, round),
+        _ => panic!("{wrote}"),
+    };
+    let mut cmd = insight();
+    cmd.arg("debug")
+        .arg(trace)
+        .args(["--process", "overwriter", "--", "-batch", "-nx"]);
+    for c in [
+        "break report",
+        "continue",
+        "watch -l shared",
+        "reverse-continue",
+        "bt 1",
+        "print i",
+        "info threads",
+        "delete",
+        // A breakpoint in libc code libc_loop runs too: the other process
+        // neither stops nor changes; memory shows the program's byte.
+        "break write",
+        "continue",
+        "x/1xb $pc",
+    ] {
+        cmd.args(["-ex", c]);
+    }
+    let out = output_within(cmd, SESSION_LIMIT);
+    let (gdb_out, gdb_err) = text(&out);
+    let all = format!("{gdb_out}\n{gdb_err}");
+    assert!(out.status.success(), "{all}");
+    assert!(
+        all.lines()
+            .any(|l| l.starts_with("#0") && l.contains("scribble")),
+        "{all}"
+    );
+    assert!(
+        all.contains(&format!("$1 = {round}")),
+        "round {round}: {all}"
+    );
+    // The current thread is the writer.
+    assert!(
+        all.lines()
+            .any(|l| l.starts_with('*') && l.contains(&format!(".{tid} "))),
+        "tid {tid}: {all}"
+    );
+    let byte = all
+        .lines()
+        .find_map(|l| l.split_once(":\t0x").map(|(_, b)| b.trim().to_owned()))
+        .unwrap_or_else(|| panic!("{all}"));
+    assert_ne!(byte, "cc", "a breakpoint's byte shows: {all}");
+    // After the session the recording replays to the end, unchanged.
+    let replayed = replay(trace);
+    let (replay_out, replay_err) = text(&replayed);
+    assert_eq!(replayed.status.code(), Some(0), "{replay_err}");
+    assert_eq!(&replay_out, stdout);
+}
+
+/// The states gdb printed with `printf "TAG %d %lx %lx %lx %lx\n"`, by
+/// step, for `tag`.
+fn states(output: &str, tag: &str) -> Vec<(u64, String)> {
+    // gdb may leave a line it printed for a step unfinished ("0x...\t").
+    output
+        .lines()
+        .filter_map(|l| l.rsplit('\t').next()?.strip_prefix(tag)?.strip_prefix(' '))
+        .filter_map(|l| {
+            let (i, state) = l.split_once(' ')?;
+            Some((i.parse().ok()?, state.to_owned()))
+        })
+        .collect()
+}
+
+#[test]
+#[ignore = "needs /dev/kvm, the guest image and gdb (tools/test runs it)"]
+fn a_thousand_steps_back_and_forth_through_system_calls_and_a_page_fault() {
+    let (trace, _) = recording();
+    let script = scratch("debug-steps").join("steps.gdb");
+    // window(): mmap (its first call, through the dynamic linker's lazy
+    // binding), getpid, the first touch of the new page, munmap.
+    let steps = 1500;
+    std::fs::write(
+        &script,
+        format!(
+            "break window\ncontinue\nset $i = 0\n\
+             while $i < {steps}\n  printf \"F %d %lx %lx %lx %lx\\n\", $i, $pc, $rsp, $rax, $eflags\n  stepi\n  set $i = $i + 1\nend\n\
+             printf \"F %d %lx %lx %lx %lx\\n\", $i, $pc, $rsp, $rax, $eflags\n\
+             while $i > 0\n  reverse-stepi\n  set $i = $i - 1\n  printf \"B %d %lx %lx %lx %lx\\n\", $i, $pc, $rsp, $rax, $eflags\nend\n\
+             while $i < {steps}\n  stepi\n  set $i = $i + 1\n  printf \"G %d %lx %lx %lx %lx\\n\", $i, $pc, $rsp, $rax, $eflags\nend\n"
+        ),
+    )
+    .unwrap();
+    let mut cmd = insight();
+    cmd.arg("debug")
+        .arg(trace)
+        .args(["--", "-batch", "-nx", "-x"])
+        .arg(&script);
+    let out = output_within(cmd, SESSION_LIMIT);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let forward = states(&stdout, "F");
+    assert_eq!(forward.len(), steps + 1, "{stdout}\n{stderr}");
+    let mut back = states(&stdout, "B");
+    back.reverse();
+    assert_eq!(back[..], forward[..steps], "backwards");
+    let again = states(&stdout, "G");
+    assert_eq!(again[..], forward[1..], "forwards again");
+    // The window went through getpid(): RAX held the pid after a step.
+    let pid = format!("{stdout}{stderr}")
+        .split("(process ")
+        .nth(1)
+        .and_then(|rest| rest.split(')').next()?.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no pid: {stdout}\n{stderr}"));
+    assert!(
+        forward
+            .iter()
+            .any(|(_, s)| s.split(' ').nth(2) == Some(&format!("{pid:x}"))),
+        "no step saw getpid's result {pid}"
+    );
+    let _ = std::fs::remove_dir_all(script.parent().unwrap());
+}

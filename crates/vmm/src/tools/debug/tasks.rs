@@ -1,0 +1,238 @@
+//! The guest's tasks as the debugger follows them: which task is on the
+//! CPU (the guest kernel's context-switch ring), the process being
+//! debugged once it has started, and what is known of each of its
+//! threads between their runs (where their kernel stacks are, their
+//! segment bases).
+
+use std::collections::BTreeMap;
+
+use introspect::guest_events::{self, SavedUserRegs, SwitchRing};
+use introspect::gva;
+use vm_memory::GuestMemoryMmap;
+
+/// Which process the debugger follows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ProcessSelector {
+    /// The process with this pid, from the first program it executes
+    /// (or from its first instruction if it already runs one).
+    Pid(u32),
+    /// The first process that executes a program of this name: its path
+    /// ends in it, or its first 15 characters match it (the kernel's
+    /// `comm`).
+    Name(String),
+}
+
+impl ProcessSelector {
+    /// Whether a program executed from `path` by process `pid` is the
+    /// one.
+    pub(crate) fn matches(&self, pid: u32, path: &str) -> bool {
+        match self {
+            ProcessSelector::Pid(p) => *p == pid,
+            ProcessSelector::Name(name) => {
+                let base = path.rsplit('/').next().unwrap_or(path);
+                let short = |s: &str| s.chars().take(15).collect::<String>();
+                base == name || short(base) == short(name)
+            }
+        }
+    }
+}
+
+/// The process being debugged.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProcessInfo {
+    /// Its pid (the guest's thread group id).
+    pub pid: u32,
+    /// Its page-table root (CR3 without PCID bits).
+    pub cr3: u64,
+    /// The path of the program it executed, as it named it.
+    pub exe: String,
+    /// The auxiliary vector the kernel gave the program (`Elf64_auxv_t`
+    /// pairs, through `AT_NULL`).
+    pub auxv: Vec<u8>,
+}
+
+/// What is known of a thread of the process.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ThreadInfo {
+    /// The top of its kernel stack, where its user registers are saved
+    /// while it is in the kernel.
+    pub(crate) stack_top: Option<u64>,
+    /// FS and GS bases, as it last ran with them.
+    pub(crate) fs_base: u64,
+    pub(crate) gs_base: u64,
+    /// It exited.
+    pub(crate) exited: bool,
+}
+
+/// The tasks as of the last look.
+#[derive(Clone, Default)]
+pub(crate) struct Tasks {
+    /// The guest kernel's context-switch ring: (address, records read).
+    ring: Option<(u64, u64)>,
+    /// The task on the CPU: (pid, lwpid).
+    pub(crate) current: Option<(u32, u32)>,
+    pub(crate) process: Option<ProcessInfo>,
+    /// The process's threads by lwpid, in the order first seen.
+    pub(crate) threads: BTreeMap<u32, ThreadInfo>,
+    /// A program execution that may be the one selected, until the task
+    /// returns to user mode.
+    pub(crate) exec: Option<Exec>,
+}
+
+/// A program execution that may be the one selected, until it returns to
+/// user mode: (lwpid, path, where the system call returns if it fails).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Exec {
+    pub(crate) pid: u32,
+    pub(crate) lwpid: u32,
+    pub(crate) path: String,
+    pub(crate) returns_to: u64,
+}
+
+impl Tasks {
+    /// The guest kernel announced its ring at `gpa`; what it holds so far
+    /// is the past.
+    pub(crate) fn ring_announced(&mut self, mem: &GuestMemoryMmap, gpa: u64) {
+        self.ring = SwitchRing::from_head(mem, gpa).ok().map(|r| r.position());
+    }
+
+    /// Reads the switches logged since the last look: who is on the CPU.
+    pub(crate) fn follow_switches(&mut self, mem: &GuestMemoryMmap) {
+        let Some((gpa, seen)) = self.ring else {
+            return;
+        };
+        let Ok(mut ring) = SwitchRing::resume(mem, gpa, seen) else {
+            return;
+        };
+        let switches = ring.drain(mem);
+        self.ring = Some(ring.position());
+        let pid = self.process.as_ref().map(|p| p.pid);
+        for [from_pid, from_lwpid, to_pid, to_lwpid] in switches.records {
+            for (p, l) in [(from_pid, from_lwpid), (to_pid, to_lwpid)] {
+                if Some(p) == pid {
+                    self.threads.entry(l).or_default();
+                }
+            }
+            self.current = Some((to_pid, to_lwpid));
+        }
+    }
+
+    /// The current task, if it is a thread of the process.
+    pub(crate) fn current_thread(&self) -> Option<u32> {
+        let pid = self.process.as_ref()?.pid;
+        self.current.filter(|c| c.0 == pid).map(|c| c.1)
+    }
+
+    /// The process's threads that have not exited.
+    pub(crate) fn live_threads(&self) -> Vec<u32> {
+        self.threads
+            .iter()
+            .filter(|(_, t)| !t.exited)
+            .map(|(&l, _)| l)
+            .collect()
+    }
+
+    /// Notes what a thread of the process on the CPU shows of itself:
+    /// its kernel stack (from the guest kernel's variable at
+    /// `top_of_stack`) and segment bases.
+    pub(crate) fn note_current(
+        &mut self,
+        mem: &GuestMemoryMmap,
+        cr3: u64,
+        top_of_stack: Option<u64>,
+        (fs_base, gs_base): (u64, u64),
+    ) {
+        let Some(lwpid) = self.current_thread() else {
+            return;
+        };
+        let top = top_of_stack.and_then(|v| guest_events::kernel_stack_top(mem, cr3, v));
+        let info = self.threads.entry(lwpid).or_default();
+        if top.is_some() {
+            info.stack_top = top;
+        }
+        (info.fs_base, info.gs_base) = (fs_base, gs_base);
+    }
+
+    /// The user registers thread `lwpid` saved on its way into the kernel
+    /// (a thread not on the CPU, or on it in the kernel).
+    pub(crate) fn saved_regs(&self, mem: &GuestMemoryMmap, lwpid: u32) -> Option<SavedUserRegs> {
+        let cr3 = self.process.as_ref()?.cr3;
+        let top = self.threads.get(&lwpid)?.stack_top?;
+        guest_events::saved_user_regs(mem, cr3, top)
+    }
+}
+
+/// Reads a NUL-terminated string of at most `max` bytes at user address
+/// `at` of the address space `cr3`.
+pub(crate) fn user_string(mem: &GuestMemoryMmap, cr3: u64, at: u64, max: usize) -> Option<String> {
+    let mut out = Vec::new();
+    let mut va = at;
+    while out.len() < max {
+        let mut chunk = [0u8; 64];
+        let n = (0x1000 - (va & 0xfff)).min(64) as usize;
+        let pa = gva::translate_user(mem, cr3, va).ok()?;
+        vm_memory::Bytes::read_slice(mem, &mut chunk[..n], vm_memory::GuestAddress(pa)).ok()?;
+        if let Some(end) = chunk[..n].iter().position(|&b| b == 0) {
+            out.extend_from_slice(&chunk[..end]);
+            return String::from_utf8(out).ok();
+        }
+        out.extend_from_slice(&chunk[..n]);
+        va += n as u64;
+    }
+    None
+}
+
+/// Reads up to `len` bytes at user address `at` of the address space
+/// `cr3` without touching the accessed bits; how many could be read
+/// (reading stops at the first page the process does not map).
+pub(crate) fn peek_user(mem: &GuestMemoryMmap, cr3: u64, at: u64, buf: &mut [u8]) -> usize {
+    let mut done = 0;
+    while done < buf.len() {
+        let va = at.wrapping_add(done as u64);
+        let n = ((0x1000 - (va & 0xfff)) as usize).min(buf.len() - done);
+        let Ok(pa) = gva::translate_user(mem, cr3, va) else {
+            break;
+        };
+        if vm_memory::Bytes::read_slice(mem, &mut buf[done..done + n], vm_memory::GuestAddress(pa))
+            .is_err()
+        {
+            break;
+        }
+        done += n;
+    }
+    done
+}
+
+/// The auxiliary vector on a new program's stack, whose RSP points at
+/// argc: past argv and envp, pairs of words through AT_NULL (at most
+/// 64 pairs).
+pub(crate) fn auxv_at_start(mem: &GuestMemoryMmap, cr3: u64, rsp: u64) -> Option<Vec<u8>> {
+    let word = |at: u64| -> Option<u64> {
+        let mut b = [0u8; 8];
+        (peek_user(mem, cr3, at, &mut b) == 8).then(|| u64::from_le_bytes(b))
+    };
+    let argc = word(rsp)?;
+    if argc > 1 << 20 {
+        return None;
+    }
+    // argv[argc] is NULL; envp follows until its NULL.
+    let mut at = rsp + 8 * (argc + 2);
+    for _ in 0..(1 << 16) {
+        if word(at)? == 0 {
+            break;
+        }
+        at += 8;
+    }
+    at += 8;
+    let mut auxv = Vec::new();
+    for _ in 0..64 {
+        let (key, value) = (word(at)?, word(at + 8)?);
+        auxv.extend(key.to_le_bytes());
+        auxv.extend(value.to_le_bytes());
+        if key == 0 {
+            return Some(auxv);
+        }
+        at += 16;
+    }
+    None
+}
