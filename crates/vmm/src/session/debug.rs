@@ -117,11 +117,6 @@ impl DebugDriver {
         self.parts().1
     }
 
-    /// Where the replay ended, if it did.
-    pub fn ended(&self) -> Option<&DebugEvent> {
-        self.ended.as_ref()
-    }
-
     /// Resumes the replay `how` until the debugger's next stop or the
     /// replay's end; snapshots are taken on the way as set.
     pub fn resume(&mut self, how: Resume) -> Result<DebugEvent, VmError> {
@@ -176,7 +171,7 @@ impl DebugDriver {
 
     /// Whether the replay stands where a snapshot can be taken: right
     /// after a deterministic exit, nothing half done.
-    pub fn at_rest(&self) -> bool {
+    fn at_rest(&self) -> bool {
         let s = &self.session;
         self.tool().at_exit
             && !s.mode.points.patched()
@@ -184,10 +179,10 @@ impl DebugDriver {
             && self.ended.is_none()
     }
 
-    /// Takes a snapshot here if the replay is at rest; whether it did.
-    pub fn take_snapshot(&mut self) -> Result<bool, VmError> {
+    /// Takes a snapshot here if the replay is at rest.
+    fn take_snapshot(&mut self) -> Result<(), VmError> {
         if !self.at_rest() {
-            return Ok(false);
+            return Ok(());
         }
         let ordinal = self.tool().ordinal();
         if self
@@ -196,7 +191,7 @@ impl DebugDriver {
             .is_some_and(|s| s.ordinal() >= ordinal)
         {
             self.parts().1.snapshot_taken();
-            return Ok(true);
+            return Ok(());
         }
         let s = &mut self.session;
         let tool = s.mode.tools.debug.as_mut().expect("debug tool");
@@ -212,7 +207,7 @@ impl DebugDriver {
         tool.sync_breakpoints(&s.machine);
         tool.snapshot_taken();
         self.snapshots.push(taken?);
-        Ok(true)
+        Ok(())
     }
 
     /// The snapshots taken so far, oldest first.
@@ -257,11 +252,6 @@ impl DebugDriver {
     /// The vCPU's x87 and SSE state (the thread running user code's).
     pub fn fpu(&self) -> Option<kvm_bindings::kvm_fpu> {
         self.session.machine.vcpu.fd.get_fpu().ok()
-    }
-
-    /// The guest's files (the trace's initramfs with the run's archive).
-    pub fn machine(&self) -> &Machine {
-        &self.session.machine
     }
 
     /// Ends the session: guest memory without breakpoints.

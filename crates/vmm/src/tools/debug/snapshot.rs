@@ -31,11 +31,10 @@ pub(crate) struct PageImage {
 
 impl PageImage {
     /// `mem` as it is now, sharing the pages that are the same as in
-    /// `previous`; and how many were new.
-    fn take(mem: &GuestMemoryMmap, ram: usize, previous: Option<&PageImage>) -> (Self, usize) {
+    /// `previous`.
+    fn take(mem: &GuestMemoryMmap, ram: usize, previous: Option<&PageImage>) -> Self {
         let zero: Arc<[u8; PAGE]> = Arc::new([0u8; PAGE]);
         let mut pages = Vec::with_capacity(ram / PAGE);
-        let mut new = 0;
         let mut buf = [0u8; PAGE];
         for i in 0..ram / PAGE {
             if mem
@@ -48,13 +47,10 @@ impl PageImage {
             match previous.and_then(|p| p.pages.get(i)) {
                 Some(old) if old[..] == buf[..] => pages.push(Arc::clone(old)),
                 _ if buf == [0u8; PAGE] => pages.push(Arc::clone(&zero)),
-                _ => {
-                    new += 1;
-                    pages.push(Arc::new(buf));
-                }
+                _ => pages.push(Arc::new(buf)),
             }
         }
-        (PageImage { pages }, new)
+        PageImage { pages }
     }
 
     /// Writes into `mem` every page that differs from this image; how
@@ -87,8 +83,6 @@ pub struct Snapshot {
     pub(crate) net: Option<NetState>,
     pub(crate) vm: VmState,
     pub(crate) tasks: Tasks,
-    /// Pages this snapshot holds of its own.
-    pub(crate) new_pages: usize,
 }
 
 impl Snapshot {
@@ -98,14 +92,8 @@ impl Snapshot {
         self.ordinal
     }
 
-    /// The memory it holds of its own, in bytes.
-    pub fn bytes(&self) -> usize {
-        self.new_pages * PAGE
-    }
-
     /// Takes the machine's state (right after a deterministic exit, at
     /// rest, breakpoints out of memory), sharing pages with `previous`.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn take(
         m: &mut Machine,
         ordinal: u64,
@@ -124,7 +112,7 @@ impl Snapshot {
         let msrs = m.vm.msr_index_list()?;
         let vcpu = m.vcpu.state(&msrs)?;
         let ram = m.vm.ram_bytes();
-        let (memory, new_pages) = PageImage::take(&m.vm.mem, ram, previous.map(|p| &p.memory));
+        let memory = PageImage::take(&m.vm.mem, ram, previous.map(|p| &p.memory));
         Ok(Snapshot {
             ordinal,
             log,
@@ -135,7 +123,6 @@ impl Snapshot {
             net: m.vm.net.as_ref().map(|n| n.state()),
             vm: VmState::of(&m.vm, &m.vcpu, points),
             tasks: tasks.clone(),
-            new_pages,
         })
     }
 
