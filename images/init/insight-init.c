@@ -53,6 +53,7 @@
 
 #define COMMAND_FILE "/etc/insight/command"
 #define ENV_FILE "/etc/insight/env"
+#define WORKDIR_FILE "/etc/insight/workdir"
 #define NET_FILE "/etc/insight/net"
 #define DEVICES_FILE "/etc/insight/devices"
 #define SEED_FILE "/etc/insight/seed"
@@ -354,6 +355,23 @@ static void read_env(void)
 		putenv(vars[i]);
 }
 
+/* The command's working directory, if the host chose one. */
+static void enter_workdir(void)
+{
+	static char dir[PATH_MAX + 1];
+	FILE *f = fopen(WORKDIR_FILE, "r");
+
+	if (!f)
+		return;
+	if (fgets(dir, sizeof(dir), f)) {
+		dir[strcspn(dir, "\n")] = 0;
+		if (chdir(dir) != 0)
+			fprintf(stderr, "insight-init: cannot enter %s (%s): running in %s\n",
+				dir, strerror(errno), getenv("HOME"));
+	}
+	fclose(f);
+}
+
 /*
  * The command's session: this process leads it, with the console as
  * controlling tty, and runs the command as its child. When a session
@@ -489,6 +507,7 @@ int main(void)
 	setup_network();
 	if (chdir("/root") != 0 && chdir("/") != 0)
 		die("chdir");
+	enter_workdir();
 
 	char **argv = read_command();
 	pid_t child = fork();

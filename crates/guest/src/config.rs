@@ -7,6 +7,7 @@
 //! cmdline = "loglevel=7"               # appended to insight's own
 //! command = ["sh", "-c", "echo hi"]    # or a string run by `sh -c`
 //! probes = true                        # preload the probe library in it
+//! workdir = "/root/data"               # the command's working directory
 //!
 //! [[files]]                            # host files to add to the guest
 //! host = "build/myprog"                # relative to this file
@@ -25,6 +26,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use crate::host_program::HostCommand;
+
 /// Limits on guest memory (MiB). The upper bound keeps RAM below the
 /// 32-bit MMIO hole.
 pub const MIN_MEMORY_MIB: u64 = 32;
@@ -35,9 +38,10 @@ pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 /// page while interpreted), so the default is modest.
 pub const DEFAULT_MEMORY_MIB: u64 = 128;
 
-/// Directories the guest's /init mounts file systems on: files placed
-/// there in the initramfs would be hidden.
-pub const MOUNTED_AT_BOOT: [&str; 5] = ["/proc", "/sys", "/dev", "/tmp", "/run"];
+/// Directories the guest's /init mounts kernel file systems on, where no
+/// file can be placed. (/tmp and /run are tmpfs mounts made before /init
+/// unpacks the run's archive: files placed there land in them.)
+pub const MOUNTED_AT_BOOT: [&str; 3] = ["/proc", "/sys", "/dev"];
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -73,6 +77,23 @@ pub struct FileSpec {
     pub guest: PathBuf,
 }
 
+impl FileSpec {
+    /// Checks a path the guest is to have: absolute, and not where /init
+    /// mounts a file system over what the archive placed.
+    pub fn check_guest(guest: &Path) -> Result<(), String> {
+        if !guest.is_absolute() {
+            return Err(format!("guest path {} must be absolute", guest.display()));
+        }
+        if let Some(mount) = MOUNTED_AT_BOOT.iter().find(|m| guest.starts_with(m)) {
+            return Err(format!(
+                "guest path {} would be hidden by the file system /init mounts on {mount}",
+                guest.display()
+            ));
+        }
+        Ok(())
+    }
+}
+
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawConfig {
@@ -87,6 +108,7 @@ struct RawConfig {
     probes: bool,
     #[serde(default)]
     files: Vec<FileSpec>,
+    workdir: Option<PathBuf>,
     disk: Option<PathBuf>,
     net: Option<RawNet>,
 }
@@ -194,6 +216,12 @@ pub struct VmConfig {
     /// (`crate::spec::PROBE_LIBRARY`, added to `LD_PRELOAD`).
     pub probes: bool,
     pub files: Vec<FileSpec>,
+    /// The command's working directory in the guest (created if the image
+    /// lacks it); `None`: /root.
+    pub workdir: Option<PathBuf>,
+    /// The command was given on the host's command line: a program named
+    /// by a host path is brought into the guest (`crate::host_program`).
+    pub host_command: Option<HostCommand>,
     /// Base image of the guest's virtio disk (`/dev/vda`), never written.
     pub disk: Option<PathBuf>,
     /// The guest's network device (`eth0`), if any.
@@ -273,22 +301,16 @@ impl VmConfig {
         }
         let mut files = Vec::with_capacity(raw.files.len());
         for f in raw.files {
-            if !f.guest.is_absolute() {
-                return Err(ParseError::Invalid(format!(
-                    "files: guest path {} must be absolute",
-                    f.guest.display()
-                )));
-            }
-            if let Some(mount) = MOUNTED_AT_BOOT.iter().find(|m| f.guest.starts_with(m)) {
-                return Err(ParseError::Invalid(format!(
-                    "files: guest path {} would be hidden by the file system /init mounts on {mount}",
-                    f.guest.display()
-                )));
-            }
+            FileSpec::check_guest(&f.guest)
+                .map_err(|why| ParseError::Invalid(format!("files: {why}")))?;
             files.push(FileSpec {
                 host: resolve(f.host),
                 guest: f.guest,
             });
+        }
+        if let Some(dir) = &raw.workdir {
+            FileSpec::check_guest(dir)
+                .map_err(|why| ParseError::Invalid(format!("workdir: {why}")))?;
         }
         Ok(VmConfig {
             kernel: raw.kernel.map(resolve),
@@ -299,6 +321,8 @@ impl VmConfig {
             env: raw.env,
             probes: raw.probes,
             files,
+            workdir: raw.workdir,
+            host_command: None,
             disk: raw.disk.map(resolve),
             net: raw.net.map(RawNet::validate).transpose()?,
         })
@@ -440,9 +464,12 @@ mod tests {
         assert!(parse("env = { \"A=B\" = \"x\" }")
             .unwrap_err()
             .contains("A=B"));
-        assert!(parse("[[files]]\nhost = \"a\"\nguest = \"/tmp/a\"")
+        assert!(parse("[[files]]\nhost = \"a\"\nguest = \"/proc/a\"")
             .unwrap_err()
             .contains("hidden"));
+        // /tmp is mounted before the archive is unpacked into it.
+        assert!(parse("[[files]]\nhost = \"a\"\nguest = \"/tmp/a\"").is_ok());
+        assert!(parse("workdir = \"rel\"").unwrap_err().contains("workdir"));
         assert!(parse("kernel = ").unwrap_err().contains("line 1"));
     }
 

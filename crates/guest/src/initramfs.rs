@@ -1,7 +1,9 @@
-//! A writer for the "newc" cpio format the Linux initramfs unpacker reads,
+//! The "newc" cpio format the Linux initramfs unpacker reads: a writer,
 //! used to append the guest command and the user's files to the image at
-//! boot, without touching the base image.
+//! boot without touching the base image, and a reader of what an image
+//! holds (to bring into the guest only what it lacks).
 
+use std::collections::HashMap;
 use std::fs;
 use std::io;
 use std::os::unix::fs::PermissionsExt;
@@ -29,6 +31,7 @@ pub enum InitramfsError {
 /// carries the archive is bounded by the same amount.
 pub const MAX_GUEST_FILE_BYTES: u64 = trace::MAX_FRAME_BYTES as u64;
 
+const S_IFMT: u32 = 0o170000;
 const S_IFDIR: u32 = 0o040000;
 const S_IFREG: u32 = 0o100000;
 const S_IFLNK: u32 = 0o120000;
@@ -91,6 +94,14 @@ impl CpioWriter {
         Ok(())
     }
 
+    /// A directory (with its parents), left as it is if the guest has it.
+    pub fn add_dir(&mut self, guest: &Path) -> Result<(), InitramfsError> {
+        let name = archive_name(guest)?;
+        self.add_parents(&name);
+        self.entry(&name, S_IFDIR | 0o755, &[]);
+        Ok(())
+    }
+
     fn add_parents(&mut self, name: &str) {
         let mut prefix = String::new();
         let parts: Vec<&str> = name.split('/').collect();
@@ -144,11 +155,137 @@ impl CpioWriter {
         Ok(())
     }
 
+    /// The entries written so far (without the trailer).
+    pub fn written(&self) -> &[u8] {
+        &self.buf
+    }
+
     /// Ends the archive with its trailer and returns its bytes.
     pub fn finish(mut self) -> Vec<u8> {
         self.entry("TRAILER!!!", 0, &[]);
         self.buf
     }
+}
+
+/// What an archive (or several, one after another, as an initramfs
+/// holds them) leaves in the guest's file system: later entries replace
+/// earlier ones, as the unpacker does.
+#[derive(Default)]
+pub struct ArchiveFiles<'a> {
+    entries: HashMap<String, Entry<'a>>,
+}
+
+#[derive(Clone, Copy)]
+enum Entry<'a> {
+    File(&'a [u8]),
+    Link(&'a [u8]),
+    Dir,
+}
+
+/// Links followed before a lookup gives up (a loop, or a long chain).
+const MAX_LINKS: usize = 16;
+
+impl<'a> ArchiveFiles<'a> {
+    /// Adds what `data` holds. Reading stops at the first malformed
+    /// header, keeping what came before: an archive cut short still says
+    /// what its complete entries are.
+    pub fn add(&mut self, data: &'a [u8]) {
+        let field = |at: usize| -> Option<usize> {
+            let text = std::str::from_utf8(data.get(at..at + 8)?).ok()?;
+            usize::from_str_radix(text, 16).ok()
+        };
+        let mut at = 0;
+        while at + 110 <= data.len() {
+            // Archives are padded with zeros between them.
+            if data[at] == 0 {
+                at += 4;
+                continue;
+            }
+            let (true, Some(mode), Some(size), Some(namesize)) = (
+                data[at..].starts_with(b"070701"),
+                field(at + 14),
+                field(at + 54),
+                field(at + 94),
+            ) else {
+                return;
+            };
+            let name_start = at + 110;
+            let body_start = (name_start + namesize).next_multiple_of(4);
+            let body_end = body_start + size;
+            if namesize == 0 || body_end > data.len() {
+                return;
+            }
+            let name = String::from_utf8_lossy(&data[name_start..name_start + namesize - 1]);
+            let body = &data[body_start..body_end];
+            at = body_end.next_multiple_of(4);
+            let name = name.trim_start_matches("./").trim_matches('/');
+            let entry = match mode as u32 & S_IFMT {
+                S_IFREG => Entry::File(body),
+                S_IFLNK => Entry::Link(body),
+                S_IFDIR => Entry::Dir,
+                _ => continue,
+            };
+            if name != "TRAILER!!!" && !name.is_empty() && name != "." {
+                self.entries.insert(name.to_owned(), entry);
+            }
+        }
+    }
+
+    /// The contents of the regular file at the absolute `path`, following
+    /// symbolic links in every component as the guest's kernel would.
+    pub fn file(&self, path: &Path) -> Option<&'a [u8]> {
+        match self.resolve(path)? {
+            Entry::File(body) => Some(body),
+            _ => None,
+        }
+    }
+
+    /// Whether the absolute `path` names a directory (following links).
+    pub fn is_dir(&self, path: &Path) -> bool {
+        matches!(self.resolve(path), Some(Entry::Dir))
+    }
+
+    fn resolve(&self, path: &Path) -> Option<Entry<'a>> {
+        let mut pending: Vec<String> = components(path.to_str()?);
+        pending.reverse();
+        let mut done: Vec<String> = Vec::new();
+        let mut links = 0;
+        let mut entry = Entry::Dir;
+        while let Some(part) = pending.pop() {
+            if part == ".." {
+                done.pop();
+                entry = match done.is_empty() {
+                    true => Entry::Dir,
+                    false => *self.entries.get(&done.join("/"))?,
+                };
+                continue;
+            }
+            done.push(part);
+            entry = *self.entries.get(&done.join("/"))?;
+            if let Entry::Link(target) = entry {
+                links += 1;
+                if links > MAX_LINKS {
+                    return None;
+                }
+                let target = std::str::from_utf8(target).ok()?;
+                done.pop();
+                if target.starts_with('/') {
+                    done.clear();
+                }
+                pending.extend(components(target).into_iter().rev());
+                entry = Entry::Dir;
+            }
+        }
+        Some(entry)
+    }
+}
+
+/// The names between slashes in `path`, without `.` and empty ones.
+fn components(path: &str) -> Vec<String> {
+    path.split('/')
+        .filter(|p| !p.is_empty() && *p != ".")
+        .map(str::to_owned)
+        .collect()
 }
 
 /// The archive name of an absolute guest path: relative, no `..`.

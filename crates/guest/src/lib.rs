@@ -5,6 +5,7 @@
 
 pub mod boot;
 pub mod config;
+pub mod host_program;
 pub mod image;
 pub mod initramfs;
 pub mod spec;

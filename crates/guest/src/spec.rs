@@ -5,12 +5,14 @@
 //! the user's files, the devices to attach, a random seed and, for a VM
 //! restored from a snapshot, the wall-clock time.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use crate::boot;
 use crate::config::VmConfig;
+use crate::host_program::{self, Brought, HostProgramError};
 use crate::image::{self, GuestQuirks};
-use crate::initramfs::{CpioWriter, InitramfsError};
+use crate::initramfs::{ArchiveFiles, CpioWriter, InitramfsError};
 
 /// Everything needed to boot a VM.
 #[derive(Debug)]
@@ -39,6 +41,12 @@ pub struct VmSpec {
     pub memory_mib: u64,
     /// Seed for the guest kernel's random number generator.
     pub rng_seed: [u8; boot::RNG_SEED_LEN],
+    /// Host files the archive brings for a program named by its host
+    /// path (`crate::host_program`); empty for a replay.
+    pub brought: Vec<Brought>,
+    /// Directories of brought libraries added to the command's
+    /// `LD_LIBRARY_PATH` (the guest's loader searches no others).
+    pub library_dirs: Vec<PathBuf>,
 }
 
 /// Where a run begins.
@@ -80,6 +88,8 @@ pub const DEFAULT_COMMAND: &str = "insight-demo";
 /// Where `/init` looks for the command and its environment.
 pub const COMMAND_FILE: &str = "/etc/insight/command";
 pub const ENV_FILE: &str = "/etc/insight/env";
+/// The command's working directory, one line (default /root).
+pub const WORKDIR_FILE: &str = "/etc/insight/workdir";
 /// Where `/init` looks for the address of eth0 ("a.b.c.d/len").
 pub const NET_FILE: &str = "/etc/insight/net";
 /// Where `/init` looks for the platform devices to attach, one a line.
@@ -105,6 +115,8 @@ pub enum GuestError {
     MissingImage(String),
     #[error(transparent)]
     Files(#[from] InitramfsError),
+    #[error(transparent)]
+    HostProgram(#[from] HostProgramError),
     #[error("cannot read a random seed from /dev/urandom")]
     Seed(#[source] std::io::Error),
     #[error("cannot read {path}")]
@@ -205,6 +217,11 @@ fn init_strings(
 /// them: the config's, with [`PROBE_LIBRARY`] appended to `LD_PRELOAD`
 /// (after the libraries the config preloads itself) when it asks for probes.
 pub fn command_env(config: &VmConfig) -> Vec<String> {
+    let env = env_map(config);
+    env.iter().map(|(k, v)| format!("{k}={v}")).collect()
+}
+
+fn env_map(config: &VmConfig) -> BTreeMap<String, String> {
     let mut env = config.env.clone();
     if config.probes {
         let preload = env.entry("LD_PRELOAD".to_owned()).or_default();
@@ -216,7 +233,7 @@ pub fn command_env(config: &VmConfig) -> Vec<String> {
             preload.push_str(PROBE_LIBRARY);
         }
     }
-    env.iter().map(|(k, v)| format!("{k}={v}")).collect()
+    env
 }
 
 /// Builds the boot specification for `config`.
@@ -236,17 +253,55 @@ pub fn prepare(config: &VmConfig, options: &BootOptions) -> Result<VmSpec, Guest
     for file in &config.files {
         extra.add_host_path(&file.host, &file.guest)?;
     }
-    let command: Vec<&str> = if config.command.is_empty() {
-        vec![DEFAULT_COMMAND]
+    let mut command: Vec<String> = if config.command.is_empty() {
+        vec![DEFAULT_COMMAND.to_owned()]
     } else {
-        config.command.iter().map(String::as_str).collect()
+        config.command.clone()
     };
+    let mut env = env_map(config);
+    let mut brought = Vec::new();
+    let mut library_dirs = Vec::new();
+    if let Some(how) = &config.host_command {
+        let mut image = ArchiveFiles::default();
+        image.add(&initramfs);
+        image.add(extra.written());
+        let library_path = env.get("LD_LIBRARY_PATH").map(String::as_str);
+        if let Some(program) = host_program::find(&command[0], how, &image, library_path)? {
+            // Found on the host's PATH: the guest runs it by its path.
+            command[0] = program.path.to_string_lossy().into_owned();
+            for (file, data) in program.files {
+                extra.add_file(&file.guest, 0o755, &data)?;
+                brought.push(file);
+            }
+            if !program.library_dirs.is_empty() {
+                let dirs: Vec<_> = program
+                    .library_dirs
+                    .iter()
+                    .map(|d| d.to_string_lossy())
+                    .collect();
+                let path = env.entry("LD_LIBRARY_PATH".to_owned()).or_default();
+                // The command's own directories come first.
+                if !path.is_empty() {
+                    path.push(':');
+                }
+                path.push_str(&dirs.join(":"));
+                library_dirs = program.library_dirs;
+            }
+        }
+    }
+    let command: Vec<&str> = command.iter().map(String::as_str).collect();
     let command = init_strings("command", &command, INIT_COMMAND_BYTES)?;
-    let env = command_env(config);
+    let env: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v}")).collect();
     let env: Vec<&str> = env.iter().map(String::as_str).collect();
     let env = init_strings("environment", &env, INIT_ENV_BYTES)?;
     extra.add_file(COMMAND_FILE.as_ref(), 0o644, &command)?;
     extra.add_file(ENV_FILE.as_ref(), 0o644, &env)?;
+    if let Some(dir) = &config.workdir {
+        extra.add_dir(dir)?;
+        let mut line = dir.as_os_str().as_encoded_bytes().to_vec();
+        line.push(b'\n');
+        extra.add_file(WORKDIR_FILE.as_ref(), 0o644, &line)?;
+    }
 
     if let Some((addr, len)) = config.net.as_ref().and_then(|n| n.guest_address) {
         extra.add_file(
@@ -294,6 +349,8 @@ pub fn prepare(config: &VmConfig, options: &BootOptions) -> Result<VmSpec, Guest
         cmdline: base_cmdline(options, &config.cmdline),
         memory_mib: config.memory_mib,
         rng_seed,
+        brought,
+        library_dirs,
     })
 }
 
@@ -459,6 +516,8 @@ pub fn from_trace(header: &trace::Header, dir: &Path) -> Result<VmSpec, GuestErr
         cmdline: header.boot.cmdline.clone(),
         memory_mib: header.boot.memory_mib,
         rng_seed,
+        brought: Vec::new(),
+        library_dirs: Vec::new(),
     })
 }
 

@@ -48,6 +48,7 @@ insight run --probes -- syn_cont 1000 2000   # a workload with the probe library
 insight run                                  # built-in guest, demo workload\n  \
 insight run -- sh                            # an interactive shell in the guest\n  \
 insight run -- sh -c 'uname -r; exit 3'      # exits with status 3\n  \
+insight run -- ./myprog --flag               # a host program, with its libraries\n  \
 insight run my-vm.toml                       # your kernel, files, command\n  \
 insight run my-vm.toml -- /usr/local/bin/prog --flag\n\n\
 The config file format is described in docs/config.md."
@@ -95,6 +96,7 @@ from the config or the command, and becomes the latest recording, which `replay`
 Examples:\n  \
 insight record --probes -- syn_cont 1000 2000  # a workload, with the probe library\n  \
 insight replay --diagnose locks                # replay the latest, diagnose its locks\n  \
+insight record --probes -- ./myprog 8          # your program, brought from the host\n  \
 insight record my-vm.toml                      # record your guest (into my-vm-0)\n  \
 insight record -- syn_cont                     # a workload of the built-in guest\n  \
 insight replay                                 # re-execute the latest\n  \

@@ -1,9 +1,11 @@
 //! What to boot, as `run` and `record` take it: the config, overrides,
 //! the command; and what both do with the console and the network report.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
+use guest::config::FileSpec;
+use guest::host_program::{absolute, HostCommand, Reason};
 use guest::BootOptions;
 use guest::VmConfig;
 use vmm::console::ConsoleInput;
@@ -40,7 +42,20 @@ pub struct GuestArgs {
     /// Do not forward standard input to the guest console.
     #[arg(long)]
     pub no_stdin: bool,
-    /// Command to run in the guest instead of the config's.
+    /// Look the command's program up on the host's PATH (not the guest's)
+    /// and bring it into the guest, as a path (`./prog`) is brought.
+    #[arg(long)]
+    host_path: bool,
+    /// A host file or directory (recursively) to place in the guest at
+    /// GUEST, by default at the same absolute path; repeatable. As a
+    /// config's `[[files]]`.
+    #[arg(long = "file", value_name = "HOST[:GUEST]")]
+    files: Vec<String>,
+    /// Command to run in the guest instead of the config's. A program
+    /// named by a path (`./myprog`, `~/bin/tool`) that the guest image
+    /// does not hold is brought from the host to the same absolute path,
+    /// with the shared libraries the image lacks; the command then runs in
+    /// the host's working directory when the path is relative.
     #[arg(last = true, value_name = "COMMAND")]
     command: Vec<String>,
 }
@@ -76,8 +91,37 @@ fn load_config(path: Option<&PathBuf>) -> Result<VmConfig> {
 /// The config `args` name, with the command line's overrides applied.
 fn guest_config(args: &GuestArgs) -> Result<VmConfig> {
     let mut config = load_config(args.config.as_ref())?;
+    let cwd = std::env::current_dir().context("cannot read the working directory")?;
+    let mut relative = false;
     if !args.command.is_empty() {
         config.command = args.command.clone();
+        let program = &args.command[0];
+        relative = program.contains('/') && !program.starts_with('/');
+        config.host_command = Some(HostCommand {
+            cwd: cwd.clone(),
+            search_path: args.host_path,
+        });
+    } else if args.host_path {
+        bail!("--host-path needs a command: insight record --host-path -- PROGRAM ARGS");
+    }
+    for file in &args.files {
+        let (host, guest) = match file.split_once(':') {
+            Some((host, guest)) => (host, PathBuf::from(guest)),
+            None => (file.as_str(), absolute(&cwd, Path::new(file))),
+        };
+        if host.is_empty() {
+            bail!("--file {file}: no host path");
+        }
+        relative |= !host.starts_with('/');
+        FileSpec::check_guest(&guest).map_err(|why| anyhow!("--file {file}: {why}"))?;
+        config.files.push(FileSpec {
+            host: absolute(&cwd, Path::new(host)),
+            guest,
+        });
+    }
+    // Relative paths mean the same in the guest as on the host.
+    if relative {
+        config.workdir = Some(cwd);
     }
     if let Some(mib) = args.memory {
         config.memory_mib = mib;
@@ -101,7 +145,43 @@ pub fn prepare_guest(args: &GuestArgs) -> Result<(guest::VmSpec, String)> {
         cold_boot: args.cold_boot,
     };
     let spec = guest::prepare(&config, &options)?;
-    Ok((spec, describe(args.config.as_ref(), &config)))
+    let mut description = describe(args.config.as_ref(), &config);
+    if !spec.brought.is_empty() {
+        let brought = brought(&spec.brought);
+        eprintln!("insight: brought from the host: {}", brought.join(", "));
+        for line in brought {
+            description += &format!("# brought from the host: {line}\n");
+        }
+    }
+    if !spec.library_dirs.is_empty() {
+        let dirs: Vec<_> = spec
+            .library_dirs
+            .iter()
+            .map(|d| d.display().to_string())
+            .collect();
+        let line = format!("LD_LIBRARY_PATH in the guest gains {}", dirs.join(":"));
+        eprintln!("insight: {line}");
+        description += &format!("# {line}\n");
+    }
+    Ok((spec, description))
+}
+
+/// The host files a run brings, in words.
+fn brought(files: &[guest::host_program::Brought]) -> Vec<String> {
+    files
+        .iter()
+        .map(|b| {
+            let why = match b.reason {
+                Reason::Program => "the program",
+                Reason::Missing => "not in the guest image",
+                Reason::OtherVersion => "replaces another version in the guest image",
+            };
+            match b.host == b.guest {
+                true => format!("{} ({why})", b.host.display()),
+                false => format!("{} as {} ({why})", b.host.display(), b.guest.display()),
+            }
+        })
+        .collect()
 }
 
 /// The config for people reading a trace header: the file's text, then

@@ -245,3 +245,136 @@ fn vector_check_detects_state_an_fxsave_only_kernel_loses() {
     assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
     assert!(stdout.contains("vector_check: FAILED"), "{stdout}");
 }
+
+/// The requests column of the `report locks` row whose name ends with
+/// `name`.
+fn lock_requests(report: &str, name: &str) -> u64 {
+    report
+        .lines()
+        .find_map(|line| {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            (words.len() > 2 && words[1].ends_with(name)).then(|| words[2].parse().unwrap())
+        })
+        .unwrap_or_else(|| panic!("no lock {name} in the report:\n{report}"))
+}
+
+/// Records and replays `command` run from `dir` with probes (`extra`:
+/// more `record` arguments); returns what the recording printed on both
+/// streams and the replay's lock report.
+fn record_from(dir: &Path, extra: &[&str], command: &[&str]) -> (String, String, String) {
+    let trace = dir.join("trace");
+    let mut cmd = insight();
+    cmd.current_dir(dir)
+        .args(["record", "--no-stdin", "--probes", "-o"])
+        .arg(&trace)
+        .args(extra)
+        .arg("--")
+        .args(command);
+    let out = output_within(cmd, std::time::Duration::from_secs(600));
+    let stdout = expect_status(&out, 0);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let replayed = replay_with(&trace, &["--diagnose", "locks"]);
+    let report = expect_status(&replayed, 0);
+    (stdout, stderr, report)
+}
+
+#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
+#[test]
+fn a_host_program_named_by_its_path_is_recorded_with_what_it_needs() {
+    guest_ready();
+    let dir = scratch("host-program");
+    compile_test_program(&dir, "pthread_hello", &["-O2", "-g", "-pthread"]);
+
+    // A C program by its relative path: brought alone (the image has glibc).
+    let (stdout, stderr, report) = record_from(&dir, &[], &["./pthread_hello", "6"]);
+    assert!(
+        stdout.contains("pthread_hello: 6 threads, sum 21\n"),
+        "{stdout}"
+    );
+    let program = dir.join("pthread_hello");
+    assert!(
+        stderr.contains(&format!(
+            "brought from the host: {} (the program)\n",
+            program.display()
+        )),
+        "{stderr}"
+    );
+    assert_eq!(lock_requests(&report, "lock"), 6, "{report}");
+    std::fs::remove_dir_all(dir.join("trace")).unwrap();
+
+    // C++ with a library of its own and a data file given relatively.
+    let sources = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/programs");
+    std::fs::create_dir_all(dir.join("lib")).unwrap();
+    let gxx = |args: &[&str]| {
+        let ok = Command::new("g++")
+            .current_dir(&dir)
+            .args(args)
+            .status()
+            .expect("g++ is needed to build the C++ test program")
+            .success();
+        assert!(ok, "g++ {args:?} failed");
+    };
+    let source = |name: &str| sources.join(name).to_str().unwrap().to_owned();
+    gxx(&[
+        "-O2",
+        "-g",
+        "-fPIC",
+        "-shared",
+        "-o",
+        "lib/libshared.so",
+        &source("cxx_shared.cpp"),
+    ]);
+    gxx(&[
+        "-O2",
+        "-g",
+        "-pthread",
+        "-o",
+        "cxx_counter",
+        &source("cxx_counter.cpp"),
+        "-Llib",
+        "-lshared",
+        "-Wl,-rpath,$ORIGIN/lib",
+    ]);
+    std::fs::write(dir.join("count.txt"), "2500\n").unwrap();
+    let (stdout, stderr, report) = record_from(
+        &dir,
+        &["--file", "count.txt"],
+        &["./cxx_counter", "count.txt"],
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(stdout.contains("cxx_counter: total 5000\n"), "{stdout}");
+    let library = dir.join("lib/libshared.so");
+    assert!(
+        stderr.contains(&format!("{} (not in the guest image)", library.display())),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("libstdc++.so.6 (not in the guest image)"),
+        "{stderr}"
+    );
+    assert_eq!(lock_requests(&report, "shared"), 5000, "{report}");
+}
+
+#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
+#[test]
+fn a_missing_host_program_is_named_before_the_guest_boots() {
+    guest_ready();
+    let dir = scratch("host-program-missing");
+    std::fs::write(dir.join("notes.txt"), "not a program\n").unwrap();
+    for (word, needle) in [
+        ("./no-such-prog", "no-such-prog: no such file on the host"),
+        ("./notes.txt", "notes.txt is not an executable file"),
+    ] {
+        let out = output_within(
+            {
+                let mut cmd = insight();
+                cmd.current_dir(&dir)
+                    .args(["run", "--no-stdin", "--", word]);
+                cmd
+            },
+            std::time::Duration::from_secs(60),
+        );
+        assert_one_line_error(&out, &[needle]);
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
