@@ -81,23 +81,6 @@ fn windows_and_refused_checkpoints() {
     let (_, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     assert!(stderr.contains(&format!("restored the checkpoint at exit {from} ")));
-    // Event capture from a checkpoint taken without it is refused, not
-    // half done.
-    let db = trace.parent().unwrap().join("events.db");
-    let out = replay_with(
-        &trace,
-        &[
-            "--from",
-            &from.to_string(),
-            "--events",
-            db.to_str().unwrap(),
-        ],
-    );
-    assert_eq!(out.status.code(), Some(125));
-    assert!(text(&out)
-        .1
-        .contains("was taken by a replay that collected no events"));
-
     // Every checkpoint restores and replays faithfully to the end.
     for c in &stored {
         let out = replay_with(&trace, &["--from", &c.exit.to_string()]);
@@ -300,5 +283,39 @@ fn segments_merge_into_the_replay_from_boot() {
     assert!(window.iter().all(|(r, _)| r.time <= first_lock.time + 1));
     let out = replay_with(&trace, &["--from", "first:lock:999999"]);
     assert!(text(&out).1.contains("has no LOCK event of thread 999999"));
+
+    // Checkpoints a replay without events took still serve replays that
+    // collect them: the first such replay runs from boot and takes them
+    // again with what event capture needs; the next starts from them.
+    let without_events = || {
+        let out = replay_with(&trace, &["--checkpoint-every", "250ms"]);
+        expect_status(&out, 0);
+        trace::checkpoints::list(&trace).unwrap()
+    };
+    let fallback = "collected no events, which cannot start event capture: replaying from boot";
+    without_events();
+    let out = replay_with(&trace, &["--jobs", "2", "--events", &db("refill.db")]);
+    let stdout = expect_status(&out, 0);
+    let stderr = text(&out).1;
+    assert!(
+        stderr.contains(&format!("{fallback} in one segment")),
+        "{stderr}"
+    );
+    assert_eq!(stdout, recorded);
+    assert!(events_with_stacks(Path::new(&db("refill.db"))) == whole);
+    let out = replay_with(&trace, &["--jobs", "2", "--events", &db("again.db")]);
+    expect_status(&out, 0);
+    let stderr = text(&out).1;
+    assert!(stderr.contains("segments replayed faithfully"), "{stderr}");
+    assert!(!stderr.contains(fallback), "{stderr}");
+    assert!(events_with_stacks(Path::new(&db("again.db"))) == whole);
+
+    let stored = without_events();
+    let from = stored[stored.len() / 2].exit.to_string();
+    let out = replay_with(&trace, &["--from", &from, "--events", &db("from.db")]);
+    expect_status(&out, 0);
+    let stderr = text(&out).1;
+    assert!(stderr.contains(&format!("{fallback}, taking")), "{stderr}");
+    assert!(events_with_stacks(Path::new(&db("from.db"))) == whole);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -26,7 +26,7 @@ pub use session::{
     LiveRun, NetReport, ProgressFn, RecordSession, ReplaySession, RunOutcome, StopReason,
 };
 pub use tools::{
-    CheckpointEvery, CheckpointRestored, CheckpointTaken, ExpansionSpec, ExpansionStats,
-    ReplayPoint, TraceTarget,
+    checkpoint_before, checkpoint_unfit, CheckpointEvery, CheckpointRestored, CheckpointTaken,
+    ExpansionSpec, ExpansionStats, ReplayPoint, TraceTarget,
 };
 pub use vm::{Machine, VmError};

@@ -138,23 +138,11 @@ impl ReplaySession {
         }
         let tools = &mut self.mode.tools;
         if let Some(events) = &tools.events {
-            match &chain[0].events {
-                None => {
-                    return Err(VmError::Restore(format!(
-                        "the checkpoint at exit {} was taken by a replay that collected no \
-                         events: take the checkpoints again with --events or --diagnose",
-                        chain[0].exit
-                    )))
-                }
-                Some(e) if events.stacks.is_some() && e.processes.is_none() => {
-                    return Err(VmError::Restore(format!(
-                        "the checkpoint at exit {} was taken by a replay that did not unwind \
-                         stacks by call-frame information: replay with --unwind \
-                         frame-pointers, or take the checkpoints again",
-                        chain[0].exit
-                    )))
-                }
-                Some(_) => {}
+            if let Some(why) = checkpoints::unfit_for_events(&chain[0], events.stacks.is_some()) {
+                return Err(VmError::Restore(format!(
+                    "{why}: take the checkpoints again with --events or --diagnose (and the \
+                     same --unwind)"
+                )));
             }
         }
         let shadow = checkpoints::apply(m, &chain)?;

@@ -49,6 +49,19 @@ pub enum ReplayPoint {
 }
 
 impl CheckpointEvery {
+    /// The spacing of the checkpoints `stored` (in guest time, from the
+    /// start of the run), to take a set like it again; `None` if there is
+    /// none.
+    pub fn like(stored: &[StoredCheckpoint]) -> Option<CheckpointEvery> {
+        let last = stored.iter().map(|c| c.guest_ns).max()?;
+        let each = last / stored.len() as u64;
+        // Checkpoints whose heads say no time are spaced by exits instead.
+        Some(match each {
+            0 => CheckpointEvery::Exits(stored.iter().map(|c| c.exit).max()? / stored.len() as u64),
+            ns => CheckpointEvery::GuestNs(ns),
+        })
+    }
+
     /// Where the next checkpoint is due when one was taken at `position`.
     fn after(self, position: &LogPosition) -> ReplayPoint {
         match self {
@@ -250,6 +263,37 @@ pub fn checkpoint_before(
         ReplayPoint::Exit(e) => c.exit <= e,
         ReplayPoint::GuestNs(ns) => c.guest_ns <= ns,
     }))
+}
+
+/// Why the trace's checkpoint at `exit` cannot start a replay that
+/// collects events (`stacks`: and unwinds stacks by call-frame
+/// information); `None` if it can.
+pub fn checkpoint_unfit(trace: &Path, exit: u64, stacks: bool) -> Result<Option<String>, VmError> {
+    let identity = checkpoints::trace_identity(trace).map_err(ckpt_err)?;
+    let path = checkpoints::list(trace)
+        .map_err(ckpt_err)?
+        .into_iter()
+        .find(|c| c.exit == exit)
+        .ok_or_else(|| VmError::Restore(format!("the trace has no checkpoint at exit {exit}")))?
+        .path;
+    let (checkpoint, _) = checkpoints::read::<Checkpoint>(&path, &identity).map_err(ckpt_err)?;
+    Ok(unfit_for_events(&checkpoint, stacks))
+}
+
+/// Why `c` cannot start event capture (with `stacks` unwound by CFI).
+pub(crate) fn unfit_for_events(c: &Checkpoint, stacks: bool) -> Option<String> {
+    match &c.events {
+        None => Some(format!(
+            "the checkpoint at exit {} was taken by a replay that collected no events",
+            c.exit
+        )),
+        Some(e) if stacks && e.processes.is_none() => Some(format!(
+            "the checkpoint at exit {} was taken by a replay that did not unwind stacks by \
+             call-frame information",
+            c.exit
+        )),
+        Some(_) => None,
+    }
 }
 
 /// The trace's checkpoint at `exit` and those it builds on, newest first,

@@ -12,7 +12,8 @@ pub(crate) mod samples;
 pub(crate) mod tracing;
 
 pub use checkpoints::{
-    checkpoint_before, CheckpointEvery, CheckpointRestored, CheckpointTaken, ReplayPoint,
+    checkpoint_before, checkpoint_unfit, CheckpointEvery, CheckpointRestored, CheckpointTaken,
+    ReplayPoint,
 };
 pub use tracing::{ExpansionSpec, ExpansionStats, TraceTarget};
 

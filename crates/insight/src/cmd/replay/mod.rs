@@ -96,6 +96,7 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
     if let Some(path) = &args.trace_memory {
         outputs::check(path, OutputKind::MemoryTrace, args.force)?;
     }
+    segments::checkpoints_for_events(&trace, &mut args)?;
     if let Some(jobs) = args.jobs {
         return segments::replay_in_parallel(&trace, &args, jobs, tools);
     }

@@ -14,11 +14,12 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use diagnosis::plugin::Plugin;
 
-use super::args::ReplayArgs;
+use super::args::{ReplayArgs, Unwind};
 use crate::cmd::events::merge;
 use crate::cmd::report::diagnose;
 use crate::exit::EXIT_INSIGHT_ERROR;
 use crate::status::printable;
+use vmm::CheckpointEvery;
 
 /// The exits segment `k` of `n` runs between: from the checkpoint at the
 /// first (`None`: boot) to the second (`None`: the recording's end).
@@ -52,6 +53,52 @@ fn split(exits: &[u64], (k, n): (usize, usize)) -> Option<(Option<u64>, Option<u
     }
     let at = |i: usize| i * starts.len() / n;
     Some((starts[at(k - 1)], starts.get(at(k)).copied().flatten()))
+}
+
+/// Checkpoints this replay would start event capture from but cannot (a
+/// replay without events took them) are not used: the replay runs from
+/// boot, in one piece, and takes the set again with what event capture
+/// needs, so that the next replay starts from them. Says so.
+pub(super) fn checkpoints_for_events(trace: &Path, args: &mut ReplayArgs) -> Result<()> {
+    if args.events.is_none() || args.segment.is_some() {
+        return Ok(());
+    }
+    let stored = trace::checkpoints::list(trace)?;
+    let starts: Vec<u64> = match (args.jobs, args.from) {
+        (Some(_), _) => stored.iter().map(|c| c.exit).collect(),
+        (None, Some(from)) => vmm::checkpoint_before(trace, from.resolve(trace, false)?)?
+            .map(|c| c.exit)
+            .into_iter()
+            .collect(),
+        (None, None) => Vec::new(),
+    };
+    let stacks = args.unwind == Unwind::Cfi;
+    for exit in starts {
+        let Some(why) = vmm::checkpoint_unfit(trace, exit, stacks)? else {
+            continue;
+        };
+        if args.checkpoint_every.is_none() {
+            args.checkpoint_every = CheckpointEvery::like(&stored);
+        }
+        let every = match args.checkpoint_every {
+            Some(CheckpointEvery::GuestNs(ns)) => format!(" every {:.1} s", ns as f64 / 1e9),
+            Some(CheckpointEvery::Exits(n)) => format!(" every {n} exits"),
+            None => String::new(),
+        };
+        eprintln!(
+            "insight: {why}, which cannot start event capture: replaying from boot{}, taking \
+             the checkpoints again{every} with what event capture needs",
+            if args.jobs.is_some() {
+                " in one segment"
+            } else {
+                ""
+            }
+        );
+        args.jobs = None;
+        args.from = None;
+        return Ok(());
+    }
+    Ok(())
 }
 
 /// `--list-checkpoints`.
