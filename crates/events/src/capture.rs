@@ -77,6 +77,11 @@ pub struct Capture {
     /// What `state` reports of thread names and objects.
     threads: Vec<(u32, u32, String, u64)>,
     objects: Vec<(u32, u64, String, u64)>,
+    /// The last event to store, (kind, of this thread or any): a window
+    /// ending at an event holds nothing after it.
+    end: Option<(Kind, Option<u32>)>,
+    /// That event has been stored.
+    ended: bool,
 }
 
 impl Capture {
@@ -91,7 +96,20 @@ impl Capture {
             named: HashSet::new(),
             threads: Vec::new(),
             objects: Vec::new(),
+            end: None,
+            ended: false,
         }
+    }
+
+    /// Stores nothing after the first event of `kind` (raised by thread
+    /// `lwpid`, or by any): the end of a window at that event.
+    pub fn end_after(&mut self, kind: Kind, lwpid: Option<u32>) {
+        self.end = Some((kind, lwpid));
+    }
+
+    /// Whether the event the window ends at has been stored.
+    pub fn ended(&self) -> bool {
+        self.ended
     }
 
     /// The capture's state, for a checkpoint.
@@ -166,6 +184,9 @@ impl Capture {
         raiser: Option<(u32, u32)>,
         buffer: Result<&[u8], BufferError>,
     ) -> Result<Option<Stored>, DbError> {
+        if self.ended {
+            return Ok(None);
+        }
         let lwpid = raiser.map_or(0, |(_, lwpid)| lwpid);
         let bytes = match buffer {
             Ok(b) => b,
@@ -292,6 +313,9 @@ impl Capture {
         if source == Source::Probe && kind != Kind::Exit {
             self.tracked.insert(lwpid);
         }
+        self.ended |= self
+            .end
+            .is_some_and(|(k, l)| k == kind && l.is_none_or(|l| l == lwpid));
         Ok(Stored { seq, pid, event: e })
     }
 
@@ -318,6 +342,10 @@ impl Capture {
         from: (u32, u32),
         to: (u32, u32),
     ) -> Result<(), DbError> {
+        if self.ended {
+            self.current = Some(to);
+            return Ok(());
+        }
         let time = self.advance(time_hint);
         self.db.push(&Row {
             seq: 0,
@@ -348,6 +376,9 @@ impl Capture {
         addr: u64,
         value: i64,
     ) -> Result<(), DbError> {
+        if self.ended {
+            return Ok(());
+        }
         let time = self.advance(time_hint);
         self.db.push(&Row {
             seq: 0,
@@ -394,6 +425,9 @@ impl Capture {
         // (seen on nested hosts), not at a place user code runs. A task
         // entering its kernel may stand lower (the system-call trap page
         // of hosts that keep SYSCALL in user mode), never higher.
+        if self.ended {
+            return Ok(());
+        }
         let possible = match mode {
             SampleMode::User => (USER_CODE_MIN..USER_CODE_END).contains(&rip),
             SampleMode::KernelBoundary => rip < USER_CODE_END,
@@ -560,6 +594,54 @@ mod tests {
         assert_eq!(db.anomalies().unwrap().len(), 4);
         assert_eq!(rows[1].time, 105);
         assert!(db.threads().unwrap().contains(&(1, 9, "b".into())));
+    }
+
+    #[test]
+    fn a_window_ending_at_an_event_stores_nothing_after_it() {
+        let (mut c, path) = capture("end");
+        c.end_after(Kind::Lock, Some(9));
+        let lock = |lwpid| {
+            encode(
+                Kind::Lock as u16,
+                7,
+                lwpid,
+                "app",
+                &lock_payload(0x10, 0x20, 0),
+            )
+        };
+        let unlock = encode(
+            Kind::Unlock as u16,
+            7,
+            9,
+            "app",
+            &lock_payload(0x10, 0x20, 0),
+        );
+        // Another thread's lock does not end it; thread 9's does.
+        c.raised(1, Source::Probe, Some((7, 8)), Ok(&lock(8)))
+            .unwrap();
+        assert!(!c.ended());
+        c.raised(2, Source::Probe, Some((7, 9)), Ok(&lock(9)))
+            .unwrap();
+        assert!(c.ended());
+        // The same time, later in the run: left out, as are switches and
+        // samples (the task on the CPU is still followed).
+        c.raised(2, Source::Probe, Some((7, 9)), Ok(&unlock))
+            .unwrap();
+        c.context_switch(3, (7, 9), (7, 8)).unwrap();
+        assert_eq!(c.current(), Some((7, 8)));
+        c.sample(4, 7, 8, 0x5555_0000_1000, SampleMode::User, &[])
+            .unwrap();
+        c.memory_access(5, (7, 8), 0x5555_0000_1000, 0x10, 8)
+            .unwrap();
+        assert_eq!(c.finish().unwrap().events, 2);
+        let db = EventDb::open(&path).unwrap();
+        let mut last = None;
+        db.for_each(&[], |r| {
+            last = Some((r.kind, r.lwpid));
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(last, Some((Kind::Lock, 9)));
     }
 
     #[test]

@@ -224,6 +224,9 @@ pub struct EventOptions {
     /// A SAMPLE of the tracked task on the vCPU about every so much host
     /// time.
     pub sample_period: Option<Duration>,
+    /// The window ends at the first event of this kind (of this thread, or
+    /// any): nothing after it is stored.
+    pub end_after: Option<(events::abi::Kind, Option<u32>)>,
 }
 
 /// What a replay needs besides its trace.
@@ -323,7 +326,11 @@ pub fn replay(
         let stacks = events
             .cfi_files
             .map(|files| unwind::Processes::new(Box::new(files)));
-        tools.events = Some(EventTool::new(Capture::new(events.db), stacks));
+        let mut capture = Capture::new(events.db);
+        if let Some((kind, lwpid)) = events.end_after {
+            capture.end_after(kind, lwpid);
+        }
+        tools.events = Some(EventTool::new(capture, stacks));
         tools.sampling = events
             .sample_period
             .map(|period| Sampling::every(period, kernel_stack_top));

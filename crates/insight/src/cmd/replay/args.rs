@@ -93,8 +93,9 @@ pub struct ReplayArgs {
     /// checked as usual.
     #[arg(long, value_name = "POS", value_parser = parse_position)]
     pub from: Option<Position>,
-    /// Stop after POS (as for --from; an event's is the first exit after
-    /// it) instead of at the recording's end.
+    /// Stop after POS (as for --from) instead of at the recording's end.
+    /// A window ending at an event holds that event and nothing after it
+    /// (the replay runs on to the next exit, storing no more events).
     #[arg(long, value_name = "POS", value_parser = parse_position)]
     pub to: Option<Position>,
     /// List the trace's checkpoints (exit, guest time, size) and exit.

@@ -96,6 +96,15 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
     if let Some(path) = &args.trace_memory {
         outputs::check(path, OutputKind::MemoryTrace, args.force)?;
     }
+    if let (Some(Position::First { .. }), Some(_), Some(_)) =
+        (args.to, args.checkpoint_every, &args.events)
+    {
+        bail!(
+            "--checkpoint-every with --to at an event: the window's events end at that event, \
+             and a checkpoint taken after it would lack the events before its exit; take the \
+             checkpoints in a replay without --to"
+        );
+    }
     segments::checkpoints_for_events(&trace, &mut args)?;
     if let Some(jobs) = args.jobs {
         return segments::replay_in_parallel(&trace, &args, jobs, tools);
@@ -313,11 +322,16 @@ fn event_options(
         }
         Unwind::FramePointers => None,
     };
+    let end_after = match args.to {
+        Some(Position::First { kind, lwpid }) => Some((kind, lwpid)),
+        _ => None,
+    };
     Ok(EventOptions {
         db,
         heap: args.heap_events,
         cfi_files,
         sample_period: args.sample_period,
+        end_after,
     })
 }
 
