@@ -20,6 +20,9 @@ use crate::symbols::GuestFiles;
 pub struct ReplayNeeds {
     /// SAMPLE events about this often, unless the user chose a period.
     pub sample_period: Option<Duration>,
+    /// The MEMACCESS events of a process traced at replay: the recorded
+    /// command's, unless the user chose one (`--trace-process`).
+    pub traced_process: bool,
 }
 
 /// What a plugin's analysis can see besides its events.

@@ -49,20 +49,9 @@ pub fn base_name(config: Option<&Path>, command: &[String]) -> String {
     let from_config = config
         .and_then(|c| c.file_stem())
         .map(|s| s.to_string_lossy().into_owned());
-    let program = || {
-        let mut words = command.iter().map(String::as_str).peekable();
-        while let Some(&w) = words.peek() {
-            if w == "env" || w.contains('=') || w.starts_with('-') {
-                words.next();
-            } else {
-                break;
-            }
-        }
-        words
-            .next()
-            .map(|w| w.rsplit('/').next().unwrap_or(w).to_owned())
-    };
-    let name = from_config.or_else(program).unwrap_or_default();
+    let name = from_config
+        .or_else(|| command_program(command))
+        .unwrap_or_default();
     let clean: String = name
         .chars()
         .map(|c| {
@@ -238,6 +227,68 @@ pub fn events_db(arg: Option<&Path>, tool: &str) -> Result<PathBuf> {
 
 /// The guest's files as a trace's run had them (`header` read from
 /// `dir`): its initramfs and the run's archive.
+/// The file name of the program a guest command runs, past `env` and its
+/// settings.
+pub fn command_program(command: &[String]) -> Option<String> {
+    let mut words = command.iter().map(String::as_str).peekable();
+    while let Some(&w) = words.peek() {
+        if w == "env" || w.contains('=') || w.starts_with('-') {
+            words.next();
+        } else {
+            break;
+        }
+    }
+    words
+        .next()
+        .map(|w| w.rsplit('/').next().unwrap_or(w).to_owned())
+}
+
+/// The program a shell's `-c` script starts with (`sh -c "VAR=1 exec
+/// prog args"`), the process it runs in.
+fn script_program(command: &[String]) -> Option<String> {
+    let (shell, rest) = command.split_first()?;
+    let shell = shell.rsplit('/').next().unwrap_or(shell);
+    let [flag, script, ..] = rest else {
+        return None;
+    };
+    if flag != "-c" || !["sh", "bash", "dash", "ash"].contains(&shell) {
+        return None;
+    }
+    let words: Vec<String> = script
+        .split([';', '&', '|', '\n'])
+        .next()?
+        .split_whitespace()
+        .filter(|w| *w != "exec")
+        .map(str::to_owned)
+        .collect();
+    command_program(&words)
+}
+
+/// The program of the command the trace in `dir` recorded
+/// (`command_program`), as the run's archive gave it to the guest.
+pub fn recorded_program(header: &trace::Header, dir: &Path) -> Result<String> {
+    let files = guest_files(header, dir)?;
+    let command = files
+        .get(guest::spec::COMMAND_FILE)
+        .map(|bytes| {
+            bytes
+                .split(|&b| b == 0)
+                .filter(|w| !w.is_empty())
+                .map(|w| String::from_utf8_lossy(w).into_owned())
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
+    script_program(&command)
+        .or_else(|| command_program(&command))
+        .with_context(|| {
+            format!(
+                "{} does not say which program its command ran: name the process to trace with \
+             --trace-process PID|NAME",
+                dir.display()
+            )
+        })
+}
+
 pub fn guest_files(header: &trace::Header, dir: &Path) -> Result<GuestFiles> {
     let spec = guest::from_trace(header, dir)
         .with_context(|| format!("cannot read the guest files of {}", dir.display()))?;
@@ -300,6 +351,18 @@ mod tests {
             "sort"
         );
         assert_eq!(base_name(None, &cmd(&["sh", "-c", "x"])), "sh");
+        // The process a recorded command's program runs in.
+        let script = |c: &[&str]| script_program(&cmd(c));
+        assert_eq!(
+            script(&["sh", "-c", "mem_access"]).as_deref(),
+            Some("mem_access")
+        );
+        assert_eq!(
+            script(&["/bin/sh", "-c", "A=1 exec ./bin/prog x; echo done"]).as_deref(),
+            Some("prog")
+        );
+        assert_eq!(script(&["sh", "script.sh"]), None);
+        assert_eq!(script(&["python3", "-c", "print(1)"]), None);
         assert_eq!(base_name(None, &cmd(&["a b/c d"])), "c_d");
         assert_eq!(base_name(None, &[]), "trace");
         assert_eq!(base_name(Some(Path::new("latest.toml")), &[]), "trace");

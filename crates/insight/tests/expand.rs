@@ -337,5 +337,49 @@ fn traced_instructions_and_accesses_are_exact_and_replay_unchanged() {
     assert!(lackey.values().sum::<u64>() >= 3000, "{lackey:?}");
     assert_eq!(count_accesses(&accesses, lo, hi), lackey);
 
+    // Traced by name: from the first exit after its execve (the shell the
+    // pid ran before is not in it), with the same exact counts.
+    let (by_name, by_name_db) = (dir.join("by-name.txt"), dir.join("by-name.db"));
+    let out = replay_with(
+        &trace,
+        &[
+            "--events",
+            by_name_db.to_str().unwrap(),
+            "--trace-process",
+            "mem_access",
+            "--trace-memory",
+            by_name.to_str().unwrap(),
+        ],
+    );
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains(&format!("traced process {pid} from exit "))
+            && stderr.contains("after it executed /usr/local/bin/mem_access"),
+        "{stderr}"
+    );
+    let by_name = std::fs::read_to_string(&by_name).unwrap();
+    assert_eq!(count_accesses(&by_name, a, a + 4000), on_a);
+    assert_eq!(count_accesses(&by_name, lo, hi), lackey);
+
+    // --diagnose memory alone traces the recorded command's program.
+    let out = replay_with(&trace, &["--diagnose", "memory"]);
+    let (report, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("tracing the recorded command's process, mem_access"),
+        "{stderr}"
+    );
+    let row = report
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|w| w.len() > 3 && w[1] == "a")
+        .unwrap_or_else(|| panic!("no row for a in:\n{report}"));
+    assert_eq!(
+        (row[0], row[2], row[3]),
+        (pid.as_str(), "2000", "1000"),
+        "{report}"
+    );
+
     let _ = std::fs::remove_dir_all(&dir);
 }

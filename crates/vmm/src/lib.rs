@@ -27,6 +27,6 @@ pub use session::{
 };
 pub use tools::{
     checkpoint_before, checkpoint_unfit, CheckpointEvery, CheckpointRestored, CheckpointTaken,
-    ExpansionSpec, ExpansionStats, ReplayPoint, TraceTarget,
+    ExpansionSpec, ExpansionStats, ReplayPoint, TraceStart, TraceTarget,
 };
 pub use vm::{Machine, VmError};

@@ -18,6 +18,7 @@ use super::{
 use crate::boot_snapshot::{self, SnapshotRestored};
 use crate::points::PointSearch;
 use crate::tools::checkpoints::{self, CheckpointTaker, RestoredFrom};
+use crate::tools::exec;
 use crate::tools::{CheckpointEvery, CheckpointRestored, ReplayPoint, ReplayTools};
 use crate::vm::state::EventsState;
 use crate::vm::{Machine, VmError};
@@ -228,7 +229,10 @@ impl Replaying {
     /// Sets the trap flag of the traced process's task on the CPU.
     fn arm_tracing(&mut self, m: &mut Machine) -> Result<(), VmError> {
         match (&mut self.tools.tracing, &self.tools.events) {
-            (Some(tracer), Some(events)) => tracer.arm(m, events, self.tools.kernel_stack_top),
+            (Some(tracer), Some(events)) => {
+                let exit = self.log.position().exits;
+                tracer.arm(m, events, self.tools.kernel_stack_top, exit)
+            }
             _ => Ok(()),
         }
     }
@@ -382,10 +386,14 @@ impl Mode for Replaying {
         regs: &kvm_bindings::kvm_regs,
     ) -> Result<(), VmError> {
         let debug_entry = self.tools.debug.as_ref().map(|_| entry.clone());
+        let kernel_entry = exec::is_kernel_entry(&entry);
         self.log.exit(entry, regs)?;
         // Switches before this exit come before what it raises.
         if let Some(events) = &mut self.tools.events {
             events.drain_switches(&m.vm.mem, self.log.progress().guest_ns)?;
+            if let (Some(tracer), true) = (&mut self.tools.tracing, kernel_entry) {
+                tracer.kernel_entry(m, events, self.tools.kernel_stack_top)?;
+            }
         }
         if let Some(debug) = &mut self.tools.debug {
             debug.advanced(m, debug_entry.as_ref(), &self.log.position())?;

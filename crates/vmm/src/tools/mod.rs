@@ -7,6 +7,7 @@
 pub(crate) mod checkpoints;
 pub mod debug;
 pub(crate) mod events;
+pub(crate) mod exec;
 pub(crate) mod frames;
 pub(crate) mod samples;
 pub(crate) mod tracing;
@@ -15,7 +16,7 @@ pub use checkpoints::{
     checkpoint_before, checkpoint_unfit, CheckpointEvery, CheckpointRestored, CheckpointTaken,
     ReplayPoint,
 };
-pub use tracing::{ExpansionSpec, ExpansionStats, TraceTarget};
+pub use tracing::{ExpansionSpec, ExpansionStats, TraceStart, TraceTarget};
 
 use checkpoints::{CheckpointTaker, RestoredFrom};
 use events::EventTool;

@@ -18,12 +18,15 @@ use std::io::Write;
 
 use iced_x86::InstructionInfoFactory;
 
+use events::capture::Capture;
 use introspect::guest_events::{self, SavedReg};
 use introspect::instructions::{self, InstructionTrace, MemoryTrace, UserRegs, MAX_INSN, TF};
 use introspect::{gva, probe_gate};
+use journal::preempt::state::CR3_ROOT;
 use journal::LogPosition;
 
 use super::events::EventTool;
+use super::exec;
 use super::frames::{
     idt_handler, return_by_iret, set_kernel_breakpoints, ExceptionFrame, DEBUG_VECTOR,
 };
@@ -50,11 +53,30 @@ pub struct ExpansionSpec {
     pub registers: bool,
 }
 
+/// Where the tracing of the process started.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TraceStart {
+    /// At the first exit after the process executed this program: its
+    /// first page fault, or its first system call (what ran before it, the
+    /// first instructions of the program or its dynamic loader, is
+    /// untraced).
+    Exec { exit: u64, path: String },
+    /// At the first exit the process was on the CPU for in this replay
+    /// (right after its fork, or where the replay started).
+    OnCpu { exit: u64 },
+    /// At the first exit after an event of the process named it (it
+    /// executed the program before the replay started: what it ran
+    /// before that exit is untraced).
+    Named { exit: u64 },
+}
+
 /// What an expansion did.
 #[derive(Clone, Debug, Default)]
 pub struct ExpansionStats {
     /// The process traced, once found.
     pub pid: Option<u32>,
+    /// Where its tracing started.
+    pub start: Option<TraceStart>,
     /// Its threads that were stepped.
     pub threads: usize,
     pub instructions: u64,
@@ -64,9 +86,19 @@ pub struct ExpansionStats {
     pub unreadable: u64,
 }
 
+/// How the process to trace is found.
+struct Finder {
+    target: TraceTarget,
+    /// A task that entered `execve` of the program the target names:
+    /// (pid, lwpid, its address space then, the path). The program runs
+    /// once the task is in another address space (a failed `execve`
+    /// returns to the old one).
+    exec: Option<(u32, u32, u64, String)>,
+}
+
 /// Single-stepping one process at replay.
 pub(crate) struct ProcessTracer {
-    target: TraceTarget,
+    finder: Finder,
     /// Threads stepping (from their first step to their next SYSCALL),
     /// and all that were seen stepping.
     stepping: HashSet<u32>,
@@ -105,7 +137,10 @@ impl ProcessTracer {
     /// CPU).
     pub(crate) fn new(spec: ExpansionSpec) -> Self {
         ProcessTracer {
-            target: spec.target,
+            finder: Finder {
+                target: spec.target,
+                exec: None,
+            },
             stepping: HashSet::new(),
             seen: HashSet::new(),
             in_syscall: HashMap::new(),
@@ -133,15 +168,72 @@ impl ProcessTracer {
         }
     }
 
-    /// After a deterministic exit: if the task on the CPU is one of the
-    /// traced process's and not yet stepping, sets its trap flag.
-    /// `kernel_stack_top`: where the guest kernel keeps the top of the
-    /// current task's kernel stack (its saved user registers are below).
+    /// At the guest kernel's deterministic point at a kernel entry from
+    /// user mode: a task executing the program the target names is
+    /// followed until the program runs.
+    pub(crate) fn kernel_entry(
+        &mut self,
+        m: &Machine,
+        events: &EventTool,
+        kernel_stack_top: Option<u64>,
+    ) -> Result<(), VmError> {
+        let (TraceTarget::Name(name), None, Some(var), Some((pid, lwpid))) = (
+            &self.finder.target,
+            self.stats.pid,
+            kernel_stack_top,
+            events.capture.current(),
+        ) else {
+            return Ok(());
+        };
+        let cr3 = m.vcpu.sregs()?.cr3;
+        if let Some(call) = exec::exec_call(&m.vm.mem, cr3, var) {
+            if exec::program_named(&call.path, name) {
+                self.finder.exec = Some((pid, lwpid, cr3 & CR3_ROOT, call.path));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the task (pid, lwpid) on the CPU is the process to trace,
+    /// found at exit `exit`: where its tracing starts.
+    fn found(
+        &self,
+        m: &Machine,
+        capture: &Capture,
+        (pid, lwpid): (u32, u32),
+        exit: u64,
+    ) -> Result<Option<TraceStart>, VmError> {
+        Ok(match &self.finder.target {
+            TraceTarget::Pid(p) => (*p == pid).then_some(TraceStart::OnCpu { exit }),
+            TraceTarget::Name(name) => {
+                if let Some((p, l, before, path)) = &self.finder.exec {
+                    if (*p, *l) == (pid, lwpid) && m.vcpu.sregs()?.cr3 & CR3_ROOT != *before {
+                        return Ok(Some(TraceStart::Exec {
+                            exit,
+                            path: path.clone(),
+                        }));
+                    }
+                }
+                let want: String = name.chars().take(15).collect();
+                capture
+                    .comm_of(pid)
+                    .is_some_and(|comm| comm == want)
+                    .then_some(TraceStart::Named { exit })
+            }
+        })
+    }
+
+    /// After a deterministic exit (the `exit`th): if the task on the CPU
+    /// is one of the traced process's and not yet stepping, sets its trap
+    /// flag. `kernel_stack_top`: where the guest kernel keeps the top of
+    /// the current task's kernel stack (its saved user registers are
+    /// below).
     pub(crate) fn arm(
         &mut self,
         m: &mut Machine,
         events: &EventTool,
         kernel_stack_top: Option<u64>,
+        exit: u64,
     ) -> Result<(), VmError> {
         let x = self;
         let capture = &events.capture;
@@ -149,17 +241,12 @@ impl ProcessTracer {
             return Ok(());
         };
         if x.stats.pid.is_none() {
-            let found = match &x.target {
-                TraceTarget::Pid(p) => *p == pid,
-                TraceTarget::Name(name) => capture.comm_of(pid).is_some_and(|comm| {
-                    let want: String = name.chars().take(15).collect();
-                    comm == want
-                }),
-            };
-            if !found {
+            let Some(start) = x.found(m, capture, (pid, lwpid), exit)? else {
                 return Ok(());
-            }
+            };
             x.stats.pid = Some(pid);
+            x.stats.start = Some(start);
+            x.finder.exec = None;
         }
         let fix_r11 = x.r11_fix.contains(&lwpid);
         if x.stats.pid != Some(pid) || (x.stepping.contains(&lwpid) && !fix_r11) {

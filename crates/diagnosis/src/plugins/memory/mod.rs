@@ -18,7 +18,7 @@ use std::fmt::Write as _;
 use events::abi::{HeapFunction, Kind, MemAccess};
 use events::db::Row;
 
-use crate::plugin::{Attachment, Context, Output, Plugin, PluginError};
+use crate::plugin::{Attachment, Context, Output, Plugin, PluginError, ReplayNeeds};
 use crate::symbols::Symbolizer;
 
 /// Rows of the report.
@@ -234,6 +234,13 @@ impl Plugin for Memory {
         &[Kind::MemAccess, Kind::HeapCall, Kind::Alloc, Kind::Free]
     }
 
+    fn replay_needs(&self) -> ReplayNeeds {
+        ReplayNeeds {
+            traced_process: true,
+            ..ReplayNeeds::default()
+        }
+    }
+
     fn event(&mut self, row: &Row) {
         let thread = (row.pid, row.lwpid);
         if row.kind == Kind::MemAccess {
@@ -356,7 +363,8 @@ impl Plugin for Memory {
         }
         if rows.is_empty() {
             text.push_str(
-                "(no MEMACCESS events: replay with --trace-process PID --trace-memory FILE)\n",
+                "(no MEMACCESS events: replay with --diagnose memory, which traces the recorded \
+                 command's process, or --trace-process PID|NAME)\n",
             );
         }
         if self.allocator.total() > 0 {

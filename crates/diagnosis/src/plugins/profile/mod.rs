@@ -65,6 +65,7 @@ impl Plugin for Profile {
     fn replay_needs(&self) -> ReplayNeeds {
         ReplayNeeds {
             sample_period: Some(Duration::from_millis(1)),
+            ..ReplayNeeds::default()
         }
     }
 

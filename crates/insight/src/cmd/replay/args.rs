@@ -125,12 +125,13 @@ pub struct ReplayArgs {
     #[arg(long)]
     pub any_cpu: bool,
     /// Single-step the user code of one process at replay: its pid, or the
-    /// name its threads raise events under (the kernel's 15-character
-    /// `comm`; the first such process), and write what it executed with
-    /// --trace-instructions and the memory it read and wrote with
-    /// --trace-memory. A pid is traced from the first exit it is on the
-    /// CPU for, a name from the process's first event (`insight report
-    /// threads` lists the pids of programs recorded with --probes). About
+    /// name of the program it executes (the first process to execute it),
+    /// and write what it executed with --trace-instructions and the memory
+    /// it read and wrote with --trace-memory (and as MEMACCESS events to
+    /// --events). A pid is traced from the first exit it is on the CPU
+    /// for, a name from its `execve` (`insight report threads` lists the
+    /// pids of programs recorded with --probes). --diagnose memory traces
+    /// the recorded command's program unless this names another. About
     /// 10,000 instructions a second on hosts without user-mode
     /// single-stepping: for short programs and windows
     /// (docs/expansion.md).

@@ -60,11 +60,22 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
             .filter_map(|t| t.replay_needs().sample_period)
             .min();
     }
+    if args.trace_process.is_none() && tools.iter().any(|t| t.replay_needs().traced_process) {
+        let reader = open_trace(&trace)?;
+        let program = traces::recorded_program(&reader.header, &trace)?;
+        eprintln!(
+            "insight: tracing the recorded command's process, {program}, from its execve \
+             (--trace-process PID|NAME traces another)"
+        );
+        args.trace_process = Some(vmm::TraceTarget::Name(program));
+    }
     if args.trace_process.is_some() {
-        if args.trace_instructions.is_none() && args.trace_memory.is_none() {
+        if args.trace_instructions.is_none() && args.trace_memory.is_none() && args.events.is_none()
+        {
             bail!(
                 "--trace-process needs somewhere to write: --trace-instructions FILE, \
-                 --trace-memory FILE or both"
+                 --trace-memory FILE, --events FILE (its loads and stores as MEMACCESS events) \
+                 or --diagnose memory"
             );
         }
         if args.jobs.is_some() {
@@ -129,13 +140,13 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
                 .as_deref()
                 .map(instruction_trace)
                 .transpose()?,
-            memory: args
-                .trace_memory
-                .as_deref()
-                .map(|p| -> Result<Box<dyn Write + Send>> {
-                    Ok(Box::new(BufWriter::new(create_output(p)?)))
-                })
-                .transpose()?,
+            memory: match (&args.trace_memory, &args.trace_instructions) {
+                (Some(p), _) => Some(Box::new(BufWriter::new(create_output(p)?))),
+                // Traced for the event database alone: the accesses go to
+                // it as MEMACCESS events, and nowhere else.
+                (None, None) => Some(Box::new(std::io::sink())),
+                (None, Some(_)) => None,
+            },
             registers: args.trace_registers,
         }),
         None => None,
@@ -352,12 +363,29 @@ fn instruction_trace(path: &Path) -> Result<Box<dyn Write + Send>> {
 fn report_expansion(stats: &vmm::ExpansionStats, args: &ReplayArgs, replay_time: Duration) {
     let Some(pid) = stats.pid else {
         eprintln!(
-            "insight: no process matching --trace-process raised an event: nothing was traced \
-             (trace a process recorded with --probes, by its pid or name as `insight report \
-             threads` lists them)"
+            "insight: no process matching --trace-process ran in this replay (by pid), nor \
+             executed a program of that name or raised an event under it: nothing was traced \
+             (`insight report threads` lists the processes)"
         );
         return;
     };
+    match &stats.start {
+        Some(vmm::TraceStart::Exec { exit, path }) => eprintln!(
+            "insight: traced process {pid} from exit {exit}, its first after it executed \
+             {path}: the program's first instructions before that exit (its first page fault \
+             or system call) ran untraced"
+        ),
+        Some(vmm::TraceStart::OnCpu { exit }) => eprintln!(
+            "insight: traced process {pid} from exit {exit}, where it was first on the CPU in \
+             this replay"
+        ),
+        Some(vmm::TraceStart::Named { exit }) => eprintln!(
+            "insight: traced process {pid} from exit {exit}, the first after an event of its \
+             named it: it executed its program earlier, and what it ran before that exit is \
+             untraced"
+        ),
+        None => {}
+    }
     let mut written = Vec::new();
     if let Some(p) = &args.trace_instructions {
         written.push(format!("instructions to {}", p.display()));

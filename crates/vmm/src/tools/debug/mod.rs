@@ -29,7 +29,8 @@ use kvm_bindings::kvm_regs;
 use vm_memory::GuestMemoryMmap;
 
 use self::breakpoints::Breakpoints;
-use self::tasks::{auxv_at_start, peek_user, user_string, Tasks};
+use self::tasks::{auxv_at_start, peek_user, Tasks};
+use super::exec::{exec_call, is_kernel_entry};
 use super::frames::{
     idt_handler, return_by_iret, set_kernel_breakpoints, ExceptionFrame, BREAKPOINT_VECTOR,
     DEBUG_VECTOR,
@@ -50,13 +51,6 @@ pub use tasks::{ProcessInfo, ProcessSelector};
 
 /// RFLAGS.RF, which the CPU sets and clears on its own around faults.
 const RF: u64 = 1 << 16;
-/// The system calls that execute a program.
-const EXECVE: u64 = 59;
-const EXECVEAT: u64 = 322;
-/// The control port message of the guest kernel's deterministic point at
-/// every kernel entry from user mode (`INSIGHT_CTL_SYNC`).
-const SYNC_POINT: u32 = 0x0500_0000;
-const CONTROL_PORT: u16 = 0x0f00;
 /// The `syscall` instruction.
 const SYSCALL: [u8; 2] = [0x0f, 0x05];
 
@@ -635,16 +629,7 @@ impl DebugTool {
                 (sregs.fs.base, sregs.gs.base),
             );
         }
-        if !user
-            && matches!(
-                entry,
-                Some(Entry::Out {
-                    port: CONTROL_PORT,
-                    value: SYNC_POINT,
-                    ..
-                })
-            )
-        {
+        if !user && entry.is_some_and(is_kernel_entry) {
             self.look_for_exec(m, sregs.cr3)?;
         }
         if self.interrupt.swap(false, Ordering::AcqRel) && self.stop.is_none() {
@@ -695,26 +680,15 @@ impl DebugTool {
         else {
             return Ok(());
         };
-        let Some(top) = introspect::guest_events::kernel_stack_top(&m.vm.mem, cr3, var) else {
+        let Some(call) = exec_call(&m.vm.mem, cr3, var) else {
             return Ok(());
         };
-        let Some(saved) = introspect::guest_events::saved_user_regs(&m.vm.mem, cr3, top) else {
-            return Ok(());
-        };
-        let path_at = match saved.orig_rax {
-            EXECVE => saved.regs.rdi,
-            EXECVEAT => saved.regs.rsi,
-            _ => return Ok(()),
-        };
-        let Some(path) = user_string(&m.vm.mem, cr3 & CR3_ROOT, path_at, 4096) else {
-            return Ok(());
-        };
-        if self.selector.matches(pid, &path) {
+        if self.selector.matches(pid, &call.path) {
             self.tasks.exec = Some(tasks::Exec {
                 pid,
                 lwpid,
-                path,
-                returns_to: saved.regs.rip,
+                path: call.path,
+                returns_to: call.returns_to,
             });
         }
         Ok(())

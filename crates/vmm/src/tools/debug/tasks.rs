@@ -28,11 +28,7 @@ impl ProcessSelector {
     pub(crate) fn matches(&self, pid: u32, path: &str) -> bool {
         match self {
             ProcessSelector::Pid(p) => *p == pid,
-            ProcessSelector::Name(name) => {
-                let base = path.rsplit('/').next().unwrap_or(path);
-                let short = |s: &str| s.chars().take(15).collect::<String>();
-                base == name || short(base) == short(name)
-            }
+            ProcessSelector::Name(name) => crate::tools::exec::program_named(path, name),
         }
     }
 }
@@ -160,26 +156,6 @@ impl Tasks {
         let top = self.threads.get(&lwpid)?.stack_top?;
         guest_events::saved_user_regs(mem, cr3, top)
     }
-}
-
-/// Reads a NUL-terminated string of at most `max` bytes at user address
-/// `at` of the address space `cr3`.
-pub(crate) fn user_string(mem: &GuestMemoryMmap, cr3: u64, at: u64, max: usize) -> Option<String> {
-    let mut out = Vec::new();
-    let mut va = at;
-    while out.len() < max {
-        let mut chunk = [0u8; 64];
-        let n = (0x1000 - (va & 0xfff)).min(64) as usize;
-        let pa = gva::translate_user(mem, cr3, va).ok()?;
-        vm_memory::Bytes::read_slice(mem, &mut chunk[..n], vm_memory::GuestAddress(pa)).ok()?;
-        if let Some(end) = chunk[..n].iter().position(|&b| b == 0) {
-            out.extend_from_slice(&chunk[..end]);
-            return String::from_utf8(out).ok();
-        }
-        out.extend_from_slice(&chunk[..n]);
-        va += n as u64;
-    }
-    None
 }
 
 /// Reads up to `len` bytes at user address `at` of the address space
