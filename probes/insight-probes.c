@@ -278,7 +278,9 @@ __attribute__((constructor)) static void probes_init(void)
 		notify_by = NOTIFY_PORT;
 	else
 		notify_by = NOTIFY_INT3;
-	my_pid = getpid();
+	/* The pid is asked for at the first event: a process that raises
+	 * none (a shell's child that only executes another program) pays no
+	 * system call for it. */
 	strncpy(comm, program_invocation_short_name, sizeof(comm) - 1);
 }
 
@@ -312,6 +314,8 @@ static void notify(struct insight_event_header *e)
 /* The calling thread's buffer, with the generic fields filled in (never NULL). */
 static struct insight_event_header *begin(uint16_t kind, uint32_t payload)
 {
+	if (!my_pid)
+		my_pid = getpid();
 	if (!my_lwpid)
 		my_lwpid = (pid_t)syscall(SYS_gettid);
 	struct insight_event_header *h = &buffer.header;
@@ -334,11 +338,18 @@ static int raise_symbol(struct dl_phdr_info *info, size_t size, void *data)
 	char exe[PAGE / 2];
 	const char *path = info->dlpi_name;
 	if (!path || !path[0]) {
-		ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-		if (n <= 0)
-			return 0;
-		exe[n] = '\0';
-		path = exe;
+		/* The executable: by the absolute path it was executed by, when
+		 * it was (no system call); else as the kernel resolved it. */
+		const char *execfn = (const char *)getauxval(AT_EXECFN);
+		if (execfn && execfn[0] == '/') {
+			path = execfn;
+		} else {
+			ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+			if (n <= 0)
+				return 0;
+			exe[n] = '\0';
+			path = exe;
+		}
 	}
 	if (path[0] != '/')
 		return 0; /* the vDSO: nothing on disk to read */
@@ -362,6 +373,8 @@ static int enter(void)
 	if (!active || in_probe)
 		return 0;
 	in_probe = 1;
+	if (!my_pid)
+		my_pid = getpid();
 	if (symbols_for != my_pid) {
 		symbols_for = my_pid;
 		dl_iterate_phdr(raise_symbol, NULL);
@@ -578,7 +591,7 @@ EXPORT int pthread_join(pthread_t t, void **result)
 
 EXPORT pid_t fork(void)
 {
-	pid_t parent = my_pid;
+	pid_t parent = my_pid ? my_pid : getpid();
 	pid_t r = REAL(real_fork)();
 	if (r == 0) {
 		my_pid = getpid();
