@@ -267,8 +267,12 @@ pub fn prepare(config: &VmConfig, options: &BootOptions) -> Result<VmSpec, Guest
         image.add(extra.written());
         let library_path = env.get("LD_LIBRARY_PATH").map(String::as_str);
         if let Some(program) = host_program::find(&command[0], how, &image, library_path)? {
-            // Found on the host's PATH: the guest runs it by its path.
-            command[0] = program.path.to_string_lossy().into_owned();
+            // Found on the host's PATH: the guest runs it by its path (one
+            // given as a path runs as given, relative ones from the same
+            // working directory).
+            if !command[0].contains('/') {
+                command[0] = program.path.to_string_lossy().into_owned();
+            }
             for (file, data) in program.files {
                 extra.add_file(&file.guest, 0o755, &data)?;
                 brought.push(file);

@@ -89,11 +89,12 @@ pub struct ExpansionStats {
 /// How the process to trace is found.
 struct Finder {
     target: TraceTarget,
-    /// A task that entered `execve` of the program the target names:
-    /// (pid, lwpid, its address space then, the path). The program runs
-    /// once the task is in another address space (a failed `execve`
-    /// returns to the old one).
-    exec: Option<(u32, u32, u64, String)>,
+    /// A process whose task entered `execve` of the program the target
+    /// names: (pid, its address space then, the path). The program runs
+    /// once the process is in another address space (a failed `execve`
+    /// returns to the old one; a thread other than the leader that
+    /// executes a program takes the leader's id).
+    exec: Option<(u32, u64, String)>,
 }
 
 /// Single-stepping one process at replay.
@@ -177,7 +178,7 @@ impl ProcessTracer {
         events: &EventTool,
         kernel_stack_top: Option<u64>,
     ) -> Result<(), VmError> {
-        let (TraceTarget::Name(name), None, Some(var), Some((pid, lwpid))) = (
+        let (TraceTarget::Name(name), None, Some(var), Some((pid, _))) = (
             &self.finder.target,
             self.stats.pid,
             kernel_stack_top,
@@ -188,26 +189,26 @@ impl ProcessTracer {
         let cr3 = m.vcpu.sregs()?.cr3;
         if let Some(call) = exec::exec_call(&m.vm.mem, cr3, var) {
             if exec::program_named(&call.path, name) {
-                self.finder.exec = Some((pid, lwpid, cr3 & CR3_ROOT, call.path));
+                self.finder.exec = Some((pid, cr3 & CR3_ROOT, call.path));
             }
         }
         Ok(())
     }
 
-    /// Whether the task (pid, lwpid) on the CPU is the process to trace,
+    /// Whether process `pid`, on the CPU, is the one to trace,
     /// found at exit `exit`: where its tracing starts.
     fn found(
         &self,
         m: &Machine,
         capture: &Capture,
-        (pid, lwpid): (u32, u32),
+        pid: u32,
         exit: u64,
     ) -> Result<Option<TraceStart>, VmError> {
         Ok(match &self.finder.target {
             TraceTarget::Pid(p) => (*p == pid).then_some(TraceStart::OnCpu { exit }),
             TraceTarget::Name(name) => {
-                if let Some((p, l, before, path)) = &self.finder.exec {
-                    if (*p, *l) == (pid, lwpid) && m.vcpu.sregs()?.cr3 & CR3_ROOT != *before {
+                if let Some((p, before, path)) = &self.finder.exec {
+                    if *p == pid && m.vcpu.sregs()?.cr3 & CR3_ROOT != *before {
                         return Ok(Some(TraceStart::Exec {
                             exit,
                             path: path.clone(),
@@ -241,7 +242,7 @@ impl ProcessTracer {
             return Ok(());
         };
         if x.stats.pid.is_none() {
-            let Some(start) = x.found(m, capture, (pid, lwpid), exit)? else {
+            let Some(start) = x.found(m, capture, pid, exit)? else {
                 return Ok(());
             };
             x.stats.pid = Some(pid);
