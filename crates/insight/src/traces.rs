@@ -211,6 +211,13 @@ pub fn events_db(arg: Option<&Path>, tool: &str) -> Result<PathBuf> {
         if path.is_file() {
             return Ok(path.to_owned());
         }
+        // A file name (`e3.db`) that names nothing: not a recording either.
+        if path.extension().is_some() && !path.exists() && resolve(arg).is_err() {
+            bail!(
+                "{}: no such file (name an event database, or a recording by path or name)",
+                path.display()
+            );
+        }
     }
     let trace = resolve(arg)?;
     let db = trace.join(EVENTS_DB);
@@ -225,8 +232,6 @@ pub fn events_db(arg: Option<&Path>, tool: &str) -> Result<PathBuf> {
     Ok(db)
 }
 
-/// The guest's files as a trace's run had them (`header` read from
-/// `dir`): its initramfs and the run's archive.
 /// The file name of the program a guest command runs, past `env` and its
 /// settings.
 pub fn command_program(command: &[String]) -> Option<String> {
@@ -289,6 +294,8 @@ pub fn recorded_program(header: &trace::Header, dir: &Path) -> Result<String> {
         })
 }
 
+/// The guest's files as a trace's run had them (`header` read from
+/// `dir`): its initramfs and the run's archive.
 pub fn guest_files(header: &trace::Header, dir: &Path) -> Result<GuestFiles> {
     let spec = guest::from_trace(header, dir)
         .with_context(|| format!("cannot read the guest files of {}", dir.display()))?;

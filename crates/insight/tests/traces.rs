@@ -116,3 +116,19 @@ fn record_replay_and_report_need_no_trace_named() {
     assert!(text(&out).0.contains("no recordings"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_database_that_is_not_there_is_said_so() {
+    // No KVM needed: nothing boots.
+    let dir = scratch("no-db");
+    let store = dir.join("store");
+    std::fs::create_dir_all(&store).unwrap();
+    let out = in_store(&dir, &store, &[os("report"), os("locks"), os("e3.db")]);
+    let (_, stderr) = text(&out);
+    assert_ne!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("e3.db: no such file"), "{stderr}");
+    // A name without an extension is a recording's.
+    let out = in_store(&dir, &store, &[os("report"), os("locks"), os("e3")]);
+    assert!(text(&out).1.contains("no trace e3"), "{}", text(&out).1);
+    let _ = std::fs::remove_dir_all(&dir);
+}
