@@ -149,11 +149,7 @@ pub(crate) fn restore(
         )));
     }
     m.vm.load_memory(std::iter::once(&c.memory))?;
-    m.vcpu.restore(&c.vcpu, m.vm.cpu.xsave_max_size)?;
-    m.vm.platform
-        .restore(&c.platform)
-        .map_err(|e| VmError::Restore(e.into()))?;
-    c.vm.restore(&mut m.vm, &mut m.vcpu, c.vm_ns);
+    c.machine_state().put_into(m)?;
     // The ready message's own effect, which the snapshot precedes.
     m.vm.status.devices_attached = true;
     // The wall clock goes on from now, not from when the snapshot was

@@ -346,21 +346,7 @@ pub(crate) fn apply(m: &mut Machine, chain: &[Checkpoint]) -> Result<Vec<u8>, Vm
             block.apply_overlay(c.overlay.clone())?;
         }
     }
-    let c = &chain[0];
-    m.vcpu.restore(&c.vcpu, m.vm.cpu.xsave_max_size)?;
-    m.vm.platform
-        .restore(&c.platform)
-        .map_err(|e| VmError::Restore(e.into()))?;
-    if let (Some(block), Some(state)) = (&mut m.vm.block, &c.block) {
-        block
-            .restore(state)
-            .map_err(|e| VmError::Restore(format!("disk: {e}")))?;
-    }
-    if let (Some(net), Some(state)) = (&mut m.vm.net, &c.net) {
-        net.restore(state)
-            .map_err(|e| VmError::Restore(format!("network: {e}")))?;
-    }
-    c.vm.restore(&mut m.vm, &mut m.vcpu, c.vm_ns);
+    chain[0].machine_state().put_into(m)?;
     Ok(shadow)
 }
 

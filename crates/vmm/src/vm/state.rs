@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use trace::checkpoints::Digest32;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use super::{kvm_err, ExitCounts, Vcpu, Vm, VmClock, VmError};
+use super::{kvm_err, ExitCounts, Machine, Vcpu, Vm, VmClock, VmError};
 use crate::points::PointStats;
 use journal::LogPosition;
 
@@ -96,6 +96,54 @@ pub(crate) struct Checkpoint {
     pub(crate) net: Option<NetState>,
     pub(crate) vm: VmState,
     pub(crate) events: Option<EventsState>,
+}
+
+/// What a checkpoint, a boot snapshot and a debugger's snapshot put back
+/// once guest memory is in place: the vCPU, the devices, and what the VMM
+/// keeps about the run, with the VM clock at `vm_ns`.
+pub(crate) struct MachineState<'a> {
+    pub(crate) vcpu: &'a VcpuState,
+    pub(crate) platform: &'a PlatformState,
+    pub(crate) block: Option<&'a BlockState>,
+    pub(crate) net: Option<&'a NetState>,
+    pub(crate) vm: &'a VmState,
+    pub(crate) vm_ns: u64,
+}
+
+impl MachineState<'_> {
+    /// Puts it into `m` (a device the machine lacks is left out: the
+    /// caller checked the shapes agree).
+    pub(crate) fn put_into(&self, m: &mut Machine) -> Result<(), VmError> {
+        m.vcpu.restore(self.vcpu, m.vm.cpu.xsave_max_size)?;
+        m.vm.platform
+            .restore(self.platform)
+            .map_err(|e| VmError::Restore(e.into()))?;
+        if let (Some(block), Some(state)) = (&mut m.vm.block, self.block) {
+            block
+                .restore(state)
+                .map_err(|e| VmError::Restore(format!("disk: {e}")))?;
+        }
+        if let (Some(net), Some(state)) = (&mut m.vm.net, self.net) {
+            net.restore(state)
+                .map_err(|e| VmError::Restore(format!("network: {e}")))?;
+        }
+        self.vm.restore(&mut m.vm, &mut m.vcpu, self.vm_ns);
+        Ok(())
+    }
+}
+
+impl Checkpoint {
+    /// What it puts back besides memory and the disk's overlay.
+    pub(crate) fn machine_state(&self) -> MachineState<'_> {
+        MachineState {
+            vcpu: &self.vcpu,
+            platform: &self.platform,
+            block: self.block.as_ref(),
+            net: self.net.as_ref(),
+            vm: &self.vm,
+            vm_ns: self.vm_ns,
+        }
+    }
 }
 
 impl Vcpu {

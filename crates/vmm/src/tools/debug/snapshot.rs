@@ -17,7 +17,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::tasks::Tasks;
 use crate::points::PointStats;
-use crate::vm::state::{VcpuState, VmState};
+use crate::vm::state::{MachineState, VcpuState, VmState};
 use crate::vm::{Machine, VmError};
 use journal::LogPosition;
 
@@ -136,15 +136,16 @@ impl Snapshot {
         self.memory.put_back(&m.vm.mem)?;
         crate::kvm_ext::forget_guest_mappings(m.vm.fd(), &m.vm.mem)
             .map_err(|e| VmError::Restore(format!("KVM would keep stale guest mappings: {e}")))?;
-        m.vcpu.restore(&self.vcpu, m.vm.cpu.xsave_max_size)?;
-        m.vm.platform
-            .restore(&self.platform)
-            .map_err(|e| VmError::Restore(e.into()))?;
-        if let (Some(net), Some(state)) = (&mut m.vm.net, &self.net) {
-            net.restore(state)
-                .map_err(|e| VmError::Restore(format!("network: {e}")))?;
+        MachineState {
+            vcpu: &self.vcpu,
+            platform: &self.platform,
+            // Refused when taken: a guest with a disk is not snapshotted.
+            block: None,
+            net: self.net.as_ref(),
+            vm: &self.vm,
+            vm_ns: self.vm_ns,
         }
-        self.vm.restore(&mut m.vm, &mut m.vcpu, self.vm_ns);
+        .put_into(m)?;
         // Right after the exit it was taken at: what follows is delivered
         // next.
         m.vcpu.at_delivery_point = true;
