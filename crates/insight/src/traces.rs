@@ -270,11 +270,13 @@ fn script_program(command: &[String]) -> Option<String> {
 }
 
 /// The program of the command the trace in `dir` recorded
-/// (`command_program`), as the run's archive gave it to the guest.
+/// (`command_program`), as the run's archive (in its header) gave it to
+/// the guest.
 pub fn recorded_program(header: &trace::Header, dir: &Path) -> Result<String> {
-    let files = guest_files(header, dir)?;
-    let command = files
-        .get(guest::spec::COMMAND_FILE)
+    let mut archive = guest::initramfs::ArchiveFiles::default();
+    archive.add(&header.boot.archive);
+    let command = archive
+        .file(Path::new(guest::spec::COMMAND_FILE))
         .map(|bytes| {
             bytes
                 .split(|&b| b == 0)
