@@ -26,6 +26,9 @@ pub struct GuestFiles {
     links: HashMap<String, String>,
     /// Detached debug files of stripped ELF files, by the ELF file's key.
     debug: HashMap<String, Vec<u8>>,
+    /// The guest kernel's ELF image (`vmlinux`), for the names of kernel
+    /// functions.
+    kernel: Option<Vec<u8>>,
 }
 
 const S_IFMT: u32 = 0o170000;
@@ -108,6 +111,13 @@ impl GuestFiles {
     /// The contents of the file at `path`, following symbolic links.
     pub fn get(&self, path: &str) -> Option<&[u8]> {
         self.files.get(&self.resolve(path)?).map(Vec::as_slice)
+    }
+
+    /// Gives the guest kernel's image: kernel addresses are then named by
+    /// its symbol table (a `vmlinux` has one; a compressed `bzImage` is
+    /// not an ELF file, and kernel addresses stay `[kernel]`).
+    pub fn set_kernel(&mut self, image: Vec<u8>) {
+        self.kernel = Some(image);
     }
 
     /// The detached debug file found for the ELF file at `path`.
@@ -334,6 +344,9 @@ fn containing(list: &[(u64, u64, String)], rel: u64) -> Option<&(u64, u64, Strin
     (rel >= entry.0 && rel < entry.1).then_some(entry)
 }
 
+/// The object (and, without symbols, the function) of kernel addresses.
+pub const KERNEL: &str = "[kernel]";
+
 /// Where an address of a process lies.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Location {
@@ -349,6 +362,8 @@ pub struct Symbolizer<'a> {
     parsed: HashMap<String, Option<ElfSymbols<'a>>>,
     /// pid -> (base, path) of its objects.
     objects: HashMap<u32, Vec<(u64, String)>>,
+    /// The kernel's symbols, read at the first kernel address.
+    kernel: OnceCell<Option<ElfSymbols<'a>>>,
 }
 
 impl<'a> Symbolizer<'a> {
@@ -357,6 +372,7 @@ impl<'a> Symbolizer<'a> {
             files,
             parsed: HashMap::new(),
             objects: HashMap::new(),
+            kernel: OnceCell::new(),
         }
     }
 
@@ -447,6 +463,27 @@ impl<'a> Symbolizer<'a> {
         match elf.line(rel) {
             Some(line) => format!("{place} ({line})"),
             None => place,
+        }
+    }
+
+    /// Where the guest kernel address `addr` lies: object `[kernel]`, the
+    /// function of the kernel's symbol table that covers it, else
+    /// `[kernel]` again (no kernel image, or none that names it).
+    pub fn locate_kernel(&self, addr: u64) -> Location {
+        let elf = self.kernel.get_or_init(|| {
+            let image = self.files.kernel.as_deref()?;
+            ElfSymbols::parse(image).filter(|elf| !elf.functions.is_empty())
+        });
+        let function = elf.as_ref().filter(|elf| elf.covers(addr)).and_then(|elf| {
+            // The kernel's assembly (entry code, interrupt stubs) has
+            // symbols without a size: they reach to the next one.
+            let i = elf.functions.partition_point(|f| f.0 <= addr);
+            let (start, end, name) = elf.functions.get(i.checked_sub(1)?)?;
+            (addr < *end || *end == start + 1).then_some(name.as_str())
+        });
+        Location {
+            object: KERNEL.to_owned(),
+            function: function.unwrap_or(KERNEL).to_owned(),
         }
     }
 
@@ -633,5 +670,39 @@ mod tests {
         std::fs::create_dir(by_id.join(format!("{}.debug", &hex[2..]))).unwrap();
         assert_eq!(g.add_debug_files(&debug_dir, lib), 0);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn kernel_addresses_are_named_by_the_kernel_image() {
+        // Any ELF file with a symbol table stands for a vmlinux: this test's
+        // own executable.
+        let image = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+        let elf = ElfSymbols::parse(&image).unwrap();
+        let (start, end, name) = elf
+            .functions
+            .iter()
+            .find(|f| f.1 > f.0 + 1 && elf.covers(f.0))
+            .cloned()
+            .unwrap();
+        let mut files = GuestFiles::default();
+        let unnamed = Symbolizer::new(&files).locate_kernel(start);
+        assert_eq!(
+            (unnamed.object.as_str(), unnamed.function.as_str()),
+            (KERNEL, KERNEL)
+        );
+        files.set_kernel(image.clone());
+        let sym = Symbolizer::new(&files);
+        let at = sym.locate_kernel(start + (end - start) / 2);
+        assert_eq!(
+            (at.object.as_str(), at.function.as_str()),
+            (KERNEL, name.as_str())
+        );
+        assert_eq!(sym.locate_kernel(u64::MAX - 1).function, KERNEL);
+        // Not an ELF file (a bzImage): unnamed, no panic.
+        files.set_kernel(b"MZ not an ELF file".to_vec());
+        assert_eq!(
+            Symbolizer::new(&files).locate_kernel(start).function,
+            KERNEL
+        );
     }
 }

@@ -297,14 +297,14 @@ pub fn recorded_program(header: &trace::Header, dir: &Path) -> Result<String> {
 }
 
 /// The guest's files as a trace's run had them (`header` read from
-/// `dir`): its initramfs and the run's archive.
+/// `dir`): its initramfs and the run's archive, and its kernel.
 pub fn guest_files(header: &trace::Header, dir: &Path) -> Result<GuestFiles> {
     let spec = guest::from_trace(header, dir)
         .with_context(|| format!("cannot read the guest files of {}", dir.display()))?;
-    Ok(GuestFiles::from_initramfs(&guest::with_archive(
-        &spec.initramfs,
-        &spec.archive,
-    )))
+    let mut files =
+        GuestFiles::from_initramfs(&guest::with_archive(&spec.initramfs, &spec.archive));
+    files.set_kernel(spec.kernel_image);
+    Ok(files)
 }
 
 #[cfg(test)]

@@ -48,8 +48,10 @@ trace the database was replayed from (its digest is checked), and for stripped l
 (the guest's glibc) their debug files under --debug-dir.\n\n\
 Samples are taken at replay with --sample-period (or --diagnose profile), only of threads \
 of processes that raised a probe event (record them with `insight record --probes`). A \
-sample taken as a thread enters or leaves the guest kernel counts as [kernel] time; the \
-folded stacks show which user function it served.\n\n\
+sample taken in the guest kernel is named by the kernel's function, from the symbol table of \
+the trace's kernel image (a vmlinux; object [kernel]); one taken as a thread enters or leaves \
+the kernel counts as [kernel] time. The folded stacks show which user function kernel time \
+served.\n\n\
 Example:\n  insight replay t1 --events t1.db --sample-period 1ms\n  \
 insight report profile t1.db --threads --folded t1.folded"
     )]

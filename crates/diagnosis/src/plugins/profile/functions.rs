@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use events::abi::SampleMode;
 use events::db::{DbError, EventDb, Row};
 
-use crate::symbols::{GuestFiles, Location, Symbolizer};
+use crate::symbols::{GuestFiles, Location, Symbolizer, KERNEL};
 
 /// Samples of one function.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -42,8 +42,8 @@ pub struct FunctionProfile {
 
 fn kernel() -> Location {
     Location {
-        object: "[kernel]".into(),
-        function: "[kernel]".into(),
+        object: KERNEL.into(),
+        function: KERNEL.into(),
     }
 }
 
@@ -86,7 +86,13 @@ pub fn profile(
         let location = if r.value.is_some_and(|v| v != 0) {
             out.kernel += 1;
             out.kernel_boundary += u64::from(boundary);
-            kernel()
+            if boundary {
+                kernel()
+            } else {
+                // The kernel function it was in, when the kernel's
+                // symbols are known.
+                sym.locate_kernel(rip)
+            }
         } else {
             sym.locate(r.pid, rip)
         };
@@ -113,6 +119,11 @@ pub fn profile(
         if boundary {
             // The user function the kernel time was spent for.
             frames.push(sym.locate(r.pid, rip).function);
+        }
+        // Kernel time stands on a `[kernel]` frame, with the kernel's
+        // function above it where its symbols name one.
+        if location.object == KERNEL && location.function != KERNEL {
+            frames.push(KERNEL.to_owned());
         }
         frames.push(location.function.clone());
         // ';' separates frames: a thread (named by the guest) or function
