@@ -174,7 +174,7 @@ lifetime, switches, samples, lock calls and waits). Each is a plugin (docs/plugi
 `rows` (one SQL row per event, for your own queries with sqlite3) or `packed` (compressed \
 blocks, a few bytes per event, what `insight replay --events` writes by default). \
 Everything is kept: events in order with their sequence numbers, stacks, threads, objects, \
-anomalies, meta. OUT is written as OUT.partial and renamed when complete.\n\n\
+anomalies, meta. OUT is written as OUT.partial.PID (this process's own) and renamed when complete.\n\n\
 Example:\n  insight convert t1.db t1-rows.db --events-format rows\n  \
 sqlite3 t1-rows.db 'SELECT kind, count(*) FROM named_events GROUP BY kind'")]
     Convert(cmd::convert::ConvertArgs),

@@ -10,6 +10,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
+use events::db::{EventFormat, EventWriter};
 
 use crate::traces;
 
@@ -157,7 +158,32 @@ pub fn check_event_db(path: &Path, force: bool) -> Result<()> {
 }
 
 fn partial_path(path: &Path) -> PathBuf {
-    events::db::EventWriter::partial_path(path)
+    EventWriter::partial_path(path)
+}
+
+/// Creates the event database `path` (written as this process's partial
+/// file until finished), first removing the partial files of `path` that
+/// commands which are gone left behind, each named on standard error.
+pub fn create_event_db(
+    path: &Path,
+    meta: &[(&str, String)],
+    format: EventFormat,
+) -> Result<EventWriter> {
+    for (stale, pid) in EventWriter::stale_partials(path) {
+        match std::fs::remove_file(&stale) {
+            Ok(()) => eprintln!(
+                "insight: removed {}, left unfinished by a command (pid {pid}) that is gone",
+                stale.display()
+            ),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => eprintln!(
+                "insight: cannot remove {}, left unfinished by pid {pid}: {e}",
+                stale.display()
+            ),
+        }
+    }
+    EventWriter::create_with(path, meta, format)
+        .with_context(|| format!("cannot create the event database {}", path.display()))
 }
 
 /// Refuses a path inside a trace directory, except its event database.

@@ -47,16 +47,37 @@ fn converts_both_ways_and_never_overwrites_its_input() {
     assert_eq!(original, as_rows);
     assert_eq!(original, again);
 
-    // Into itself, or from the file a conversion into OUT writes first:
-    // refused, and the input is still whole.
-    let partial = dir.join("out.db.partial");
-    std::fs::copy(&packed, &partial).unwrap();
-    for (src, out) in [(&packed, &packed), (&partial, &dir.join("out.db"))] {
-        let run = insight().arg("convert").arg(src).arg(out).output().unwrap();
-        let (_, stderr) = text(&run);
-        assert!(!run.status.success(), "{stderr}");
-        assert!(stderr.contains("is the database being read"), "{stderr}");
-        assert_eq!(read(src).1, original);
-    }
+    // Into itself: refused, and the input is still whole.
+    let run = insight()
+        .arg("convert")
+        .arg(&packed)
+        .arg(&packed)
+        .output()
+        .unwrap();
+    let (_, stderr) = text(&run);
+    assert!(!run.status.success(), "{stderr}");
+    assert!(stderr.contains("is the database being read"), "{stderr}");
+    assert_eq!(read(&packed).1, original);
+    // A partial file left by a conversion that is gone is removed (and
+    // said) by the next one into the same OUT; the input is untouched.
+    let stale = dir.join("out.db.partial.4000000000");
+    std::fs::copy(&packed, &stale).unwrap();
+    let out = dir.join("out.db");
+    let run = insight()
+        .arg("convert")
+        .arg(&packed)
+        .arg(&out)
+        .output()
+        .unwrap();
+    let (_, stderr) = text(&run);
+    assert!(run.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(
+            "out.db.partial.4000000000, left unfinished by a command (pid 4000000000) that is gone"
+        ),
+        "{stderr}"
+    );
+    assert!(!stale.exists());
+    assert_eq!(read(&out).1, original);
     std::fs::remove_dir_all(&dir).unwrap();
 }

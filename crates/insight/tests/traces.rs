@@ -132,3 +132,77 @@ fn a_database_that_is_not_there_is_said_so() {
     assert!(text(&out).1.contains("no trace e3"), "{}", text(&out).1);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The partial files of the event database `db` in its directory.
+fn partials_of(db: &Path) -> Vec<String> {
+    let name = format!("{}.partial", db.file_name().unwrap().to_string_lossy());
+    std::fs::read_dir(db.parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(&name))
+        .collect()
+}
+
+#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
+#[test]
+fn replays_into_one_database_never_damage_it() {
+    guest_ready();
+    let (trace, out) = record("one-db", &["--probes"], &["syn_cont", "300", "2000"]);
+    expect_status(&out, 0);
+    let dir = trace.parent().unwrap();
+    let db = dir.join("e.db");
+    // Two at once: each writes its own partial file; the last to finish
+    // replaces the other's whole database.
+    let replay_into = || {
+        let mut cmd = insight();
+        cmd.arg("replay")
+            .arg(&trace)
+            .arg("--events")
+            .arg(&db)
+            .args(["--diagnose", "locks"])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        cmd.spawn().unwrap()
+    };
+    let (first, second) = (replay_into(), replay_into());
+    for child in [first, second] {
+        let out = child.wait_with_output().unwrap();
+        let (stdout, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(0), "{stderr}");
+        assert!(stdout.contains("Lock contention"), "{stdout}{stderr}");
+    }
+    let whole = rows(&db);
+    assert!(
+        whole.iter().any(|r| r.kind == events::abi::Kind::Lock),
+        "{} events",
+        whole.len()
+    );
+    assert!(partials_of(&db).is_empty(), "{:?}", partials_of(&db));
+
+    // A replay killed while writing leaves its partial file; the next
+    // replay into the same database removes it and says so.
+    let mut killed = replay_into();
+    let started = std::time::Instant::now();
+    while partials_of(&db).is_empty() {
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "no partial file after 120 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    killed.kill().unwrap();
+    killed.wait().unwrap();
+    let left = partials_of(&db);
+    assert_eq!(left.len(), 1, "{left:?}");
+    let out = replay_with(&trace, &["--events", db.to_str().unwrap()]);
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains(&format!("removed {}", dir.join(&left[0]).display()))
+            && stderr.contains("left unfinished by a command"),
+        "{stderr}"
+    );
+    assert!(partials_of(&db).is_empty(), "{:?}", partials_of(&db));
+    let _ = std::fs::remove_dir_all(dir);
+}

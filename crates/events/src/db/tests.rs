@@ -285,9 +285,11 @@ fn an_unfinished_writer_leaves_its_committed_events() {
             w.push(&row(i, Kind::Lock, Some(1), None, None)).unwrap();
         }
     }
-    let mut partial = path.as_os_str().to_owned();
-    partial.push(".partial");
-    let db = EventDb::open(Path::new(&partial)).unwrap();
+    let partial = EventWriter::partial_path(&path);
+    assert!(partial
+        .to_string_lossy()
+        .ends_with(&format!(".partial.{}", std::process::id())));
+    let db = EventDb::open(&partial).unwrap();
     assert_eq!(
         db.counts().unwrap(),
         vec![(Kind::Lock, BLOCK_EVENTS as u64 + 5)]
@@ -526,4 +528,26 @@ fn segments_numbered_from_where_the_last_ended_merge_into_one_replay() {
         .append_to(&mut w)
         .unwrap_err();
     assert!(e.to_string().contains("a segment missing"), "{e}");
+}
+
+#[test]
+fn only_regular_partial_files_of_processes_that_are_gone_are_stale() {
+    let path = temp("stale");
+    let dir = path.parent().unwrap().to_owned();
+    let name = path.file_name().unwrap().to_string_lossy().into_owned();
+    let at = |tail: &str| dir.join(format!("{name}{tail}"));
+    // No process has a pid above the kernel's limit (at most 2^22).
+    let gone = at(".partial.4000000000");
+    std::fs::write(&gone, b"half").unwrap();
+    std::fs::write(EventWriter::partial_path(&path), b"mine").unwrap();
+    std::fs::write(at(".partial.1"), b"init's").unwrap();
+    std::fs::write(at(".partial.04000000001"), b"not a name insight gives").unwrap();
+    std::os::unix::fs::symlink("/nonexistent", at(".partial.4000000002")).unwrap();
+    std::fs::write(at(".partial"), b"an older insight's").unwrap();
+    std::fs::write(dir.join(format!("other-{name}.partial.4000000003")), b"x").unwrap();
+    assert_eq!(
+        EventWriter::stale_partials(&path),
+        vec![(gone.clone(), 4_000_000_000)]
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
 }

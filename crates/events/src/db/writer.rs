@@ -8,10 +8,11 @@ use super::digest;
 use super::*;
 use crate::packed::{self, PackedEvent, BLOCK_EVENTS};
 
-/// Writes a database: into `PATH.partial`, renamed over `PATH` by
-/// [`EventWriter::finish`], so a reader never sees half a database; if
-/// the writer is dropped without finishing, the partial file stays with
-/// every committed batch.
+/// Writes a database: into `PATH.partial.PID` (this process's own, so
+/// that two writers of one database never share a file), renamed over
+/// `PATH` by [`EventWriter::finish`], so a reader never sees half a
+/// database and the last writer to finish wins; if the writer is dropped
+/// without finishing, the partial file stays with every committed batch.
 pub struct EventWriter {
     pub(super) conn: Connection,
     pub(super) partial: PathBuf,
@@ -30,12 +31,51 @@ pub struct EventWriter {
 }
 
 impl EventWriter {
-    /// Where a database for `path` is written until it is finished
-    /// (replaced when a writer starts).
+    /// Where this process writes a database for `path` until it is
+    /// finished (replaced when a writer starts): `PATH.partial.PID`.
     pub fn partial_path(path: &Path) -> PathBuf {
+        Self::partial_of(path, std::process::id())
+    }
+
+    fn partial_of(path: &Path, pid: u32) -> PathBuf {
         let mut partial = path.as_os_str().to_owned();
-        partial.push(".partial");
+        partial.push(format!(".partial.{pid}"));
         PathBuf::from(partial)
+    }
+
+    /// The partial files of `path` that processes which are gone left
+    /// (`PATH.partial.PID` for a PID with no `/proc/PID`), with their
+    /// PIDs: regular files only, never one of this process.
+    pub fn stale_partials(path: &Path) -> Vec<(PathBuf, u32)> {
+        let (Some(name), dir) = (path.file_name(), path.parent()) else {
+            return Vec::new();
+        };
+        let dir = match dir {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        let prefix = format!("{}.partial.", name.to_string_lossy());
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return Vec::new();
+        };
+        let mut stale: Vec<(PathBuf, u32)> = entries
+            .flatten()
+            .filter_map(|e| {
+                let file = e.file_name();
+                let file = file.to_str()?;
+                let pid: u32 = file.strip_prefix(&prefix)?.parse().ok()?;
+                // As this process names them: no leading zeros.
+                if file != format!("{prefix}{pid}") {
+                    return None;
+                }
+                let gone =
+                    pid != std::process::id() && !Path::new("/proc").join(pid.to_string()).exists();
+                let regular = e.file_type().is_ok_and(|t| t.is_file());
+                (gone && regular).then(|| (Self::partial_of(path, pid), pid))
+            })
+            .collect();
+        stale.sort();
+        stale
     }
 
     /// A packed database.

@@ -12,7 +12,7 @@ use crate::outputs;
 pub struct ConvertArgs {
     /// The event database to read.
     db: PathBuf,
-    /// The database to write, as OUT.partial renamed when complete; an
+    /// The database to write, as OUT.partial.PID renamed when complete; an
     /// existing OUT is replaced only if it is an insight event database.
     out: PathBuf,
     /// Replace OUT even if it is not an insight event database (never a
@@ -38,8 +38,7 @@ pub fn convert(args: &ConvertArgs) -> Result<ExitCode> {
         }
     }
     outputs::check_event_db(&args.out, args.force)?;
-    let mut w = EventWriter::create_with(&args.out, &[], args.events_format.into())
-        .with_context(|| format!("cannot create {}", args.out.display()))?;
+    let mut w = outputs::create_event_db(&args.out, &[], args.events_format.into())?;
     let copied = src.copy_to(&mut w);
     let events = w.events_written();
     let format = w.format().name();

@@ -23,7 +23,7 @@ enum EventsCommand {
 events, in the same order, with the same sequence numbers as one replay from boot \
 would have written (samples excepted: they follow host time). Each database must go on \
 where the one before it ended; a missing or misplaced segment is named. OUT is written \
-as OUT.partial and renamed when complete.\n\n\
+as OUT.partial.PID and renamed when complete.\n\n\
 Example (docs/scale-out.md):\n  \
 parallel insight replay t1 --any-cpu --segment {}/4 --events seg-{}.db ::: 1 2 3 4\n  \
 insight events merge t1.db seg-1.db seg-2.db seg-3.db seg-4.db")]
@@ -73,8 +73,7 @@ pub fn events(args: EventsArgs) -> Result<ExitCode> {
 /// Writes the databases `segments`, in order, into a new database `out`;
 /// returns how many events it holds. Nothing is left at `out` on failure.
 pub fn merge(out: &Path, segments: &[PathBuf], format: EventFormat) -> Result<u64> {
-    let mut w = EventWriter::create_with(out, &[], format)
-        .with_context(|| format!("cannot create {}", out.display()))?;
+    let mut w = crate::outputs::create_event_db(out, &[], format)?;
     let mut appended = || -> Result<()> {
         for path in segments {
             let db = EventDb::open(path)?;

@@ -26,9 +26,11 @@ pub struct ReplayArgs {
     /// Collect the events the guest raises (the probe library's, in
     /// programs recorded with `record --probes`, and the guest kernel's
     /// context switches and exits) into the event database FILE (SQLite,
-    /// docs/events.md). It is written as FILE.partial and renamed when
-    /// replay ends; an existing FILE is replaced only if it is an insight
-    /// event database (see --force).
+    /// docs/events.md). It is written as FILE.partial.PID (this
+    /// process's own) and renamed when replay ends, so concurrent replays
+    /// into one FILE never damage it (the last to finish wins); an
+    /// existing FILE is replaced only if it is an insight event database
+    /// (see --force).
     #[arg(long, value_name = "FILE")]
     pub events: Option<PathBuf>,
     /// Also collect the heap events of programs recorded with --probes:

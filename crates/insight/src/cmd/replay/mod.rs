@@ -321,8 +321,7 @@ fn event_options(
             "ns since the VM started, as recorded".to_owned(),
         ),
     ];
-    let db = EventWriter::create_with(path, &meta, args.events_format.into())
-        .with_context(|| format!("cannot create the event database {}", path.display()))?;
+    let db = crate::outputs::create_event_db(path, &meta, args.events_format.into())?;
     let cfi_files = match args.unwind {
         Unwind::Cfi => {
             let files = traces::guest_files(&reader.header, reader.dir())?;
