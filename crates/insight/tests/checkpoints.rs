@@ -10,6 +10,35 @@ use std::path::Path;
 
 use common::*;
 
+/// The processes replaying a segment of `trace` (`--segment` in their
+/// command line), by pid.
+fn segment_processes(trace: &Path) -> Vec<u32> {
+    let trace = trace.to_string_lossy().into_owned();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            let args: Vec<String> = cmdline
+                .split(|&b| b == 0)
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect();
+            (args.iter().any(|a| a == "--segment") && args.contains(&trace)).then_some(pid)
+        })
+        .collect()
+}
+
+/// Whether process `pid` still runs (a zombie no init reaped does not).
+fn running(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X'])),
+        Err(_) => false,
+    }
+}
+
 fn refusal(trace: &Path, from: u64) -> String {
     let out = replay_with(trace, &["--from", &from.to_string()]);
     let (_, stderr) = text(&out);
@@ -199,6 +228,48 @@ fn segments_merge_into_the_replay_from_boot() {
     }
     run(&[("MERGE", "1")]);
     assert!(events_with_stacks(&dir.join("slurm/events.db")) == whole);
+
+    // SIGKILL of a --jobs replay ends its segments too.
+    let mut parent = insight()
+        .arg("replay")
+        .arg(&trace)
+        .args(["--jobs", "2", "--no-console"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    let segments = loop {
+        let found = segment_processes(&trace);
+        if !found.is_empty() {
+            break found;
+        }
+        assert!(
+            started.elapsed().as_secs() < 120,
+            "no segment process after 120 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    // Stopped, they cannot finish on their own meanwhile; SIGKILL still
+    // ends a stopped process.
+    let signal = |sig: &str, pids: &[u32]| {
+        let _ = std::process::Command::new("kill")
+            .arg(sig)
+            .args(pids.iter().map(u32::to_string))
+            .status();
+    };
+    signal("-STOP", &segments);
+    parent.kill().unwrap();
+    parent.wait().unwrap();
+    let killed = std::time::Instant::now();
+    while segments.iter().any(|&pid| running(pid)) {
+        if killed.elapsed().as_secs() >= 10 {
+            signal("-KILL", &segments);
+            panic!("segments {segments:?} outlived their parent by 10 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 
     // A window with events: the same span of the replay from boot.
     let (from, to) = (stored[stored.len() - 2].exit, stored[stored.len() - 1].exit);

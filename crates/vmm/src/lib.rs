@@ -25,6 +25,7 @@ pub use points::PointStats;
 pub use session::{
     LiveRun, NetReport, ProgressFn, RecordSession, ReplaySession, RunOutcome, StopReason,
 };
+pub use sys::end_with_parent;
 pub use tools::{
     checkpoint_before, checkpoint_unfit, CheckpointEvery, CheckpointRestored, CheckpointTaken,
     ExpansionSpec, ExpansionStats, ReplayPoint, TraceStart, TraceTarget,

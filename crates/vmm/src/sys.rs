@@ -180,3 +180,30 @@ pub fn ignore_sigint() {
     // SAFETY: sets the disposition of SIGINT to SIG_IGN; no handler runs.
     unsafe { libc::signal(libc::SIGINT, libc::SIG_IGN) };
 }
+
+/// Has the kernel kill this process (SIGKILL) when the thread that
+/// started it ends, and checks that its starter, process `parent`, has
+/// not already ended: a worker process never outlives the command it
+/// works for, however that command ends.
+pub fn end_with_parent(parent: u32) -> io::Result<()> {
+    // SAFETY: PR_SET_PDEATHSIG takes a signal number and no memory.
+    let rc = unsafe {
+        libc::prctl(
+            libc::PR_SET_PDEATHSIG,
+            libc::SIGKILL as libc::c_ulong,
+            0,
+            0,
+            0,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // Checked after the request: an end before it is seen here.
+    if std::os::unix::process::parent_id() != parent {
+        return Err(io::Error::other(format!(
+            "the process that started this one (pid {parent}) has ended"
+        )));
+    }
+    Ok(())
+}

@@ -42,6 +42,7 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
         return list_checkpoints(&trace);
     }
     if let Some(segment) = args.segment {
+        segments::end_with_parent()?;
         let (from, to) = segment_bounds(&trace, segment)?;
         args.from = from.map(|e| Position::At(ReplayPoint::Exit(e)));
         args.to = to.map(|e| Position::At(ReplayPoint::Exit(e)));

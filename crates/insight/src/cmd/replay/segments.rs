@@ -147,6 +147,23 @@ pub(super) fn report_checkpoints(taken: &[vmm::CheckpointTaken], trace: &Path) {
     );
 }
 
+/// Names, in a segment's environment, the pid of the replay that started
+/// it: the segment then ends when that process does.
+pub const PARENT_ENV: &str = "INSIGHT_SEGMENT_OF";
+
+/// A segment started by `replay --jobs` (its environment names the
+/// parent) ends with its parent; a segment started by hand does not.
+pub fn end_with_parent() -> Result<()> {
+    let Some(parent) = std::env::var_os(PARENT_ENV) else {
+        return Ok(());
+    };
+    let parent: u32 = parent
+        .to_str()
+        .and_then(|p| p.parse().ok())
+        .with_context(|| format!("{PARENT_ENV} is not a process ID: {parent:?}"))?;
+    vmm::end_with_parent(parent).context("a segment of replay --jobs")
+}
+
 /// A segment's replay under way: its number and where its outputs go.
 struct Running {
     k: usize,
@@ -197,6 +214,8 @@ pub fn replay_in_parallel(
         cmd.arg("replay")
             .arg(trace)
             .args(["--segment", &format!("{k}/{segments}")])
+            // The segment ends when this process does, however it ends.
+            .env(PARENT_ENV, std::process::id().to_string())
             .arg("--any-cpu")
             .stdin(Stdio::null())
             .stdout(File::create(&stdout)?)
