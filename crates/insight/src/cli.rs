@@ -193,8 +193,9 @@ wrote into it, and the command."
     /// Remove recordings from the trace store.
     #[command(
         long_about = "Remove recordings: names in the trace store (`insight ls`) \
-or trace directories. A directory that is not a trace is refused and left alone. If the \
-latest recording goes, the newest one left becomes the latest."
+or trace directories. A directory that is not a trace is refused and left alone, and so is \
+a trace another command is using (being recorded or replayed: the refusal names its pid). \
+If the latest recording goes, the newest one left becomes the latest."
     )]
     Rm(cmd::ls::RmArgs),
     /// List or clear the cached boot snapshots.

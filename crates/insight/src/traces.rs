@@ -181,8 +181,88 @@ pub fn list(store: &Path) -> Result<Vec<PathBuf>> {
     Ok(traces.into_iter().map(|t| t.1).collect())
 }
 
+/// How a command uses a trace it holds (see [`hold`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TraceUse {
+    /// Recording into it, or removing it: no other command may use it.
+    Exclusive,
+    /// Replaying it (and writing its event database or checkpoints):
+    /// other replays may too, a recorder or `rm` may not.
+    Shared,
+}
+
+/// A command's hold on a trace directory: a `flock` on the directory,
+/// which the kernel releases when the process ends, however it ends (no
+/// stale lock after a crash or SIGKILL).
+#[derive(Debug)]
+pub struct TraceHold {
+    _dir: std::fs::File,
+}
+
+/// Takes a hold on the trace directory `trace` for `how`, or says which
+/// command holds it. A file system without `flock` gives no hold and no
+/// error.
+pub fn hold(trace: &Path, how: TraceUse) -> Result<Option<TraceHold>> {
+    let dir = std::fs::File::open(trace)
+        .with_context(|| format!("cannot open the trace {}", trace.display()))?;
+    let taken = match how {
+        TraceUse::Exclusive => dir.try_lock(),
+        TraceUse::Shared => dir.try_lock_shared(),
+    };
+    match taken {
+        Ok(()) => Ok(Some(TraceHold { _dir: dir })),
+        Err(std::fs::TryLockError::WouldBlock) => bail!(
+            "{} is in use by {}",
+            trace.display(),
+            holders(trace).unwrap_or_else(|| "another insight command".to_owned())
+        ),
+        Err(std::fs::TryLockError::Error(_)) => Ok(None),
+    }
+}
+
+/// The processes holding `flock`s on `dir`, as "pid N (insight record),
+/// …", from /proc/locks; `None` if none can be named.
+fn holders(dir: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(dir).ok()?;
+    let dev = meta.dev();
+    // As glibc's gnu_dev_major/gnu_dev_minor split st_dev.
+    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
+    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
+    let id = format!("{major:02x}:{minor:02x}:{}", meta.ino());
+    let locks = std::fs::read_to_string("/proc/locks").ok()?;
+    let mut pids: Vec<u32> = locks
+        .lines()
+        .filter_map(|line| {
+            // "1: FLOCK  ADVISORY  WRITE 1234 00:2a:5678 0 EOF"
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let at = fields.iter().position(|f| *f == "FLOCK")?;
+            (fields.get(at + 4) == Some(&id.as_str())).then(|| fields.get(at + 3)?.parse().ok())?
+        })
+        .collect();
+    pids.sort_unstable();
+    pids.dedup();
+    let named: Vec<String> = pids
+        .iter()
+        .map(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let mut args = cmdline.split(|&b| b == 0).filter(|a| !a.is_empty());
+            let program = args.next().map(|a| {
+                String::from_utf8_lossy(a.rsplit(|&b| b == b'/').next().unwrap_or(a)).into_owned()
+            });
+            match (program, args.next()) {
+                (Some(p), Some(sub)) => format!("pid {pid} ({p} {})", String::from_utf8_lossy(sub)),
+                (Some(p), None) => format!("pid {pid} ({p})"),
+                _ => format!("pid {pid}"),
+            }
+        })
+        .collect();
+    (!named.is_empty()).then(|| named.join(", "))
+}
+
 /// Removes the trace directory `trace` (refusing anything that is not
-/// one); if `latest` in `store` named it, it names the newest one left.
+/// one, and a trace another command is using); if `latest` in `store`
+/// named it, it names the newest one left.
 pub fn remove(store: &Path, trace: &Path) -> Result<()> {
     if trace.is_symlink() || !trace.is_dir() || !trace::is_trace(trace) {
         bail!(
@@ -190,6 +270,7 @@ pub fn remove(store: &Path, trace: &Path) -> Result<()> {
             trace.display()
         );
     }
+    let _hold = hold(trace, TraceUse::Exclusive).context("not removed")?;
     std::fs::remove_dir_all(trace).with_context(|| format!("cannot remove {}", trace.display()))?;
     let link = store.join(LATEST);
     let dangling = std::fs::read_link(&link).is_ok_and(|t| !store.join(t).is_dir());
@@ -410,6 +491,31 @@ mod tests {
         std::fs::remove_dir_all(&a).unwrap();
         let e = format!("{:#}", resolve_in(&store, None).unwrap_err());
         assert!(e.contains("w-0") && e.contains("gone"), "{e}");
+        std::fs::remove_dir_all(&store).unwrap();
+    }
+
+    #[test]
+    fn a_trace_in_use_is_not_removed_and_its_user_is_named() {
+        let store = scratch("held");
+        let a = new_trace(&store, "w").unwrap();
+        fake_trace(&a);
+        let me = format!("pid {}", std::process::id());
+        let replaying = hold(&a, TraceUse::Shared).unwrap().unwrap();
+        // Another replay may share it; a recorder or rm may not.
+        let also = hold(&a, TraceUse::Shared).unwrap();
+        assert!(also.is_some());
+        let e = format!("{:#}", hold(&a, TraceUse::Exclusive).unwrap_err());
+        assert!(e.contains("is in use by") && e.contains(&me), "{e}");
+        let e = format!("{:#}", remove(&store, &a).unwrap_err());
+        assert!(e.starts_with("not removed: ") && e.contains(&me), "{e}");
+        assert!(a.join("header").exists());
+        drop((replaying, also));
+        let recording = hold(&a, TraceUse::Exclusive).unwrap();
+        let e = format!("{:#}", hold(&a, TraceUse::Shared).unwrap_err());
+        assert!(e.contains(&me), "{e}");
+        drop(recording);
+        remove(&store, &a).unwrap();
+        assert!(!a.exists());
         std::fs::remove_dir_all(&store).unwrap();
     }
 

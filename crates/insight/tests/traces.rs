@@ -206,3 +206,61 @@ fn replays_into_one_database_never_damage_it() {
     assert!(partials_of(&db).is_empty(), "{:?}", partials_of(&db));
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
+#[test]
+fn a_trace_being_recorded_is_neither_removed_nor_replayed() {
+    guest_ready();
+    let dir = scratch("held-store");
+    let store = dir.join("store");
+    std::fs::create_dir_all(&store).unwrap();
+    let mut recorder = insight()
+        .current_dir(&dir)
+        .env("INSIGHT_TRACE_DIR", &store)
+        .args(["record", "--no-stdin", "--", "sh", "-c", "sleep 120"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    let trace = loop {
+        let made = std::fs::read_dir(&store)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| !p.is_symlink() && p.join("header").is_file());
+        if let Some(t) = made {
+            break t;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "no trace header after 120 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let name = trace.file_name().unwrap().to_owned();
+    let user = format!("in use by pid {} (insight record)", recorder.id());
+    let out = in_store(&dir, &store, &[os("rm"), &name]);
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&user) && stderr.contains("not removed"),
+        "{stderr}"
+    );
+    assert!(trace.join("header").is_file());
+    let out = in_store(&dir, &store, &[os("replay"), &name]);
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(125), "{stderr}");
+    assert!(stderr.contains(&user), "{stderr}");
+    // Killed, the recorder holds nothing: its prefix replays, and rm
+    // removes it.
+    recorder.kill().unwrap();
+    recorder.wait().unwrap();
+    let out = in_store(&dir, &store, &[os("rm"), &name]);
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stdout.contains("removed"), "{stdout}");
+    assert!(!trace.exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}

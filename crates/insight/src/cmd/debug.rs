@@ -117,6 +117,7 @@ fn prepare(
 
 pub fn debug(args: DebugArgs) -> Result<ExitCode> {
     let trace = traces::resolve(args.trace.as_deref())?;
+    let _hold = traces::hold(&trace, traces::TraceUse::Shared)?;
     let gdb = std::env::var_os("INSIGHT_GDB").unwrap_or_else(|| "gdb".into());
     if Command::new(&gdb).arg("--version").output().is_err() {
         bail!(

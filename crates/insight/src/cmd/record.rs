@@ -81,7 +81,13 @@ pub fn record(args: RecordArgs) -> Result<ExitCode> {
     choose_clock(args.clock)?;
     let (spec, config) = prepare_guest(&args.guest)?;
     let output = match &args.output {
-        Some(dir) => dir.clone(),
+        Some(dir) => {
+            if !dir.exists() {
+                std::fs::create_dir_all(dir)
+                    .with_context(|| format!("cannot create {}", dir.display()))?;
+            }
+            dir.clone()
+        }
         None => {
             let store = traces::store()?;
             let dir = traces::new_trace(&store, &args.guest.trace_name())?;
@@ -89,6 +95,10 @@ pub fn record(args: RecordArgs) -> Result<ExitCode> {
             dir
         }
     };
+    // No other command uses the trace while it is recorded: `rm` and
+    // replays are refused, naming this process.
+    let _hold =
+        traces::hold(&output, traces::TraceUse::Exclusive).context("cannot record into it")?;
     let status = StatusLine::for_stderr();
     let (machine, snapshot) =
         start_machine(&spec, status.console(Box::new(std::io::stdout())), || {

@@ -38,6 +38,8 @@ use crate::traces;
 
 pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
     let trace = traces::resolve(args.trace.as_deref())?;
+    // Other replays may share the trace; a recorder or `rm` may not.
+    let _hold = traces::hold(&trace, traces::TraceUse::Shared)?;
     if args.list_checkpoints {
         return list_checkpoints(&trace);
     }
