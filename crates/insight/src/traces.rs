@@ -6,8 +6,10 @@
 //! from its config file or command and N the first number free; the
 //! directory is created with `mkdir`, which fails if another recording took
 //! the name first, so two recordings started at once never share one. The
-//! `latest` link names the last recording started, replaced atomically
-//! (a new link renamed over the old one).
+//! `latest` link names the last recording started (once its header is
+//! written), replaced atomically (a new link renamed over the old one). A
+//! directory whose recorder ended before writing a header is a leftover:
+//! `ls` shows it, `rm` removes it.
 
 use std::path::{Path, PathBuf};
 
@@ -71,17 +73,15 @@ pub fn base_name(config: Option<&Path>, command: &[String]) -> String {
 }
 
 /// Makes a new, empty trace directory `BASE-N` in `store` (N the first
-/// number not taken) and points `latest` at it.
+/// number not taken). `latest` moves to it only once it is a trace (its
+/// header written: [`set_latest`]).
 pub fn new_trace(store: &Path, base: &str) -> Result<PathBuf> {
     std::fs::create_dir_all(store)
         .with_context(|| format!("cannot create the trace store {}", store.display()))?;
     for n in 0..100_000u32 {
         let dir = store.join(format!("{base}-{n}"));
         match std::fs::create_dir(&dir) {
-            Ok(()) => {
-                set_latest(store, &dir)?;
-                return Ok(dir);
-            }
+            Ok(()) => return Ok(dir),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
             Err(e) => {
                 return Err(e).with_context(|| format!("cannot create {}", dir.display()));
@@ -152,6 +152,32 @@ fn latest(store: &Path) -> Result<PathBuf> {
         );
     }
     Ok(trace)
+}
+
+/// Whether `dir` is a directory of `store` that a recorder made and left
+/// empty (it ended before writing the header), and no command holds.
+fn leftover(store: &Path, dir: &Path) -> bool {
+    let parent = dir.parent().and_then(|p| std::fs::canonicalize(p).ok());
+    parent.is_some()
+        && parent == std::fs::canonicalize(store).ok()
+        && !dir.is_symlink()
+        && dir.file_name().is_some_and(|n| n != LATEST)
+        && std::fs::read_dir(dir).is_ok_and(|mut e| e.next().is_none())
+        && hold(dir, TraceUse::Exclusive).is_ok()
+}
+
+/// The leftover directories of `store` (see [`leftover`]), by name.
+pub fn leftovers(store: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(store) else {
+        return Vec::new();
+    };
+    let mut found: Vec<PathBuf> = entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_dir() && leftover(store, p))
+        .collect();
+    found.sort();
+    found
 }
 
 /// The recordings in `store`, oldest first.
@@ -264,6 +290,11 @@ fn holders(dir: &Path) -> Option<String> {
 /// one, and a trace another command is using); if `latest` in `store`
 /// named it, it names the newest one left.
 pub fn remove(store: &Path, trace: &Path) -> Result<()> {
+    if leftover(store, trace) {
+        // Nothing in it to lose, nothing pointing at it.
+        return std::fs::remove_dir(trace)
+            .with_context(|| format!("cannot remove {}", trace.display()));
+    }
     if trace.is_symlink() || !trace.is_dir() || !trace::is_trace(trace) {
         bail!(
             "{} is not a trace directory (no trace header in it): not removed",
@@ -465,6 +496,10 @@ mod tests {
         let b = new_trace(&store, "w").unwrap();
         assert_eq!(a.file_name().unwrap(), "w-0");
         assert_eq!(b.file_name().unwrap(), "w-1");
+        // Not a trace yet: not the latest.
+        assert!(resolve_in(&store, None).is_err());
+        // As record does once the header is written.
+        set_latest(&store, &b).unwrap();
         assert_eq!(resolve_in(&store, None).unwrap(), b);
         assert_eq!(resolve_in(&store, Some(Path::new("w-0"))).unwrap(), a);
         assert!(resolve_in(&store, Some(Path::new("w-7"))).is_err());
@@ -472,7 +507,11 @@ mod tests {
         let threads: Vec<_> = (0..8)
             .map(|_| {
                 let store = store.clone();
-                std::thread::spawn(move || new_trace(&store, "c").unwrap())
+                std::thread::spawn(move || {
+                    let t = new_trace(&store, "c").unwrap();
+                    set_latest(&store, &t).unwrap();
+                    t
+                })
             })
             .collect();
         let mut made: Vec<PathBuf> = threads.into_iter().map(|t| t.join().unwrap()).collect();
@@ -488,6 +527,7 @@ mod tests {
         let store = scratch("gone");
         assert!(format!("{:#}", resolve_in(&store, None).unwrap_err()).contains("no recording"));
         let a = new_trace(&store, "w").unwrap();
+        set_latest(&store, &a).unwrap();
         std::fs::remove_dir_all(&a).unwrap();
         let e = format!("{:#}", resolve_in(&store, None).unwrap_err());
         assert!(e.contains("w-0") && e.contains("gone"), "{e}");
@@ -526,6 +566,7 @@ mod tests {
         let b = new_trace(&store, "w").unwrap();
         fake_trace(&a);
         fake_trace(&b);
+        set_latest(&store, &b).unwrap();
         // Not a trace: an ordinary directory with files in it.
         let other = store.join("notes");
         std::fs::create_dir(&other).unwrap();
@@ -540,5 +581,32 @@ mod tests {
         remove(&store, &a).unwrap();
         assert!(std::fs::symlink_metadata(store.join(LATEST)).is_err());
         std::fs::remove_dir_all(&store).unwrap();
+    }
+
+    #[test]
+    fn an_empty_directory_a_recorder_left_is_a_leftover_rm_removes() {
+        let store = scratch("leftover");
+        let a = new_trace(&store, "w").unwrap();
+        fake_trace(&a);
+        set_latest(&store, &a).unwrap();
+        // Killed before its header: empty, and `latest` still names `a`.
+        let b = new_trace(&store, "w").unwrap();
+        assert_eq!(resolve_in(&store, None).unwrap(), a);
+        assert_eq!(list(&store).unwrap(), std::slice::from_ref(&a));
+        assert_eq!(leftovers(&store), std::slice::from_ref(&b));
+        // While a recorder holds it, it is not one.
+        let recording = hold(&b, TraceUse::Exclusive).unwrap();
+        assert!(leftovers(&store).is_empty());
+        assert!(remove(&store, &b).is_err());
+        drop(recording);
+        remove(&store, &b).unwrap();
+        assert!(!b.exists());
+        // An empty directory outside the store is not insight's.
+        let elsewhere = scratch("leftover-elsewhere");
+        assert!(remove(&store, &elsewhere).is_err());
+        assert!(elsewhere.is_dir());
+        assert_eq!(resolve_in(&store, None).unwrap(), a);
+        std::fs::remove_dir_all(&store).unwrap();
+        std::fs::remove_dir_all(&elsewhere).unwrap();
     }
 }

@@ -49,7 +49,8 @@ fn command_of(config: &str) -> String {
 pub fn ls(_: LsArgs) -> Result<ExitCode> {
     let store = traces::store()?;
     let all = traces::list(&store)?;
-    if all.is_empty() {
+    let leftovers = traces::leftovers(&store);
+    if all.is_empty() && leftovers.is_empty() {
         println!("no recordings in {}", store.display());
         return Ok(ExitCode::SUCCESS);
     }
@@ -96,6 +97,14 @@ pub fn ls(_: LsArgs) -> Result<ExitCode> {
                 printable(&crate::exit::error_chain(&e.into()))
             ),
         }
+    }
+    for dir in leftovers {
+        let name = dir.file_name().unwrap_or_default().to_string_lossy();
+        println!(
+            "{:<22} failed: empty, its recorder ended before writing a header (`insight rm {}` removes it)",
+            printable(&name),
+            printable(&name)
+        );
     }
     println!("(* latest; {})", store.display());
     Ok(ExitCode::SUCCESS)

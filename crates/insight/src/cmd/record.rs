@@ -80,6 +80,8 @@ fn choose_clock(choice: ClockChoice) -> Result<ClockKind> {
 pub fn record(args: RecordArgs) -> Result<ExitCode> {
     choose_clock(args.clock)?;
     let (spec, config) = prepare_guest(&args.guest)?;
+    // The store, when the trace goes into it.
+    let mut store = None;
     let output = match &args.output {
         Some(dir) => {
             if !dir.exists() {
@@ -89,8 +91,7 @@ pub fn record(args: RecordArgs) -> Result<ExitCode> {
             dir.clone()
         }
         None => {
-            let store = traces::store()?;
-            let dir = traces::new_trace(&store, &args.guest.trace_name())?;
+            let dir = traces::new_trace(store.insert(traces::store()?), &args.guest.trace_name())?;
             eprintln!("insight: recording into {}", dir.display());
             dir
         }
@@ -118,6 +119,10 @@ pub fn record(args: RecordArgs) -> Result<ExitCode> {
             progress: progress_report(&status, "record"),
         },
     )?;
+    // Its header is written: a trace, the latest one.
+    if let Some(store) = &store {
+        traces::set_latest(store, &output)?;
+    }
     // Other runs may take the snapshot's lock from here on.
     drop(snapshot);
     for note in notes {
