@@ -264,3 +264,67 @@ fn a_trace_being_recorded_is_neither_removed_nor_replayed() {
     assert!(!trace.exists());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A small tmpfs mounted on a directory of the test's own, unmounted when
+/// dropped.
+struct SmallFs(std::path::PathBuf);
+
+impl SmallFs {
+    /// `None` where the test may not mount one (not root, no
+    /// CAP_SYS_ADMIN): the reason is printed.
+    fn mount(at: &Path, size: &str) -> Option<Self> {
+        std::fs::create_dir_all(at).unwrap();
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(at)
+            .output();
+        match out {
+            Ok(o) if o.status.success() => Some(SmallFs(at.to_owned())),
+            Ok(o) => {
+                eprintln!(
+                    "skipped: cannot mount a tmpfs here: {}",
+                    String::from_utf8_lossy(&o.stderr).trim()
+                );
+                None
+            }
+            Err(e) => {
+                eprintln!("skipped: cannot run mount: {e}");
+                None
+            }
+        }
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[ignore = "needs /dev/kvm, the guest image and root (tools/test runs it)"]
+#[test]
+fn an_event_database_on_a_full_disk_is_said_so_and_removed() {
+    guest_ready();
+    let (trace, out) = record("full-disk", &["--probes"], &["syn_cont", "300", "2000"]);
+    expect_status(&out, 0);
+    let dir = trace.parent().unwrap();
+    let Some(full) = SmallFs::mount(&dir.join("full"), "48k") else {
+        return;
+    };
+    let db = full.0.join("e.db");
+    let out = replay_with(&trace, &["--events", db.to_str().unwrap()]);
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(125), "{stderr}");
+    assert!(
+        stderr.contains("e.db.partial.") && stderr.contains("disk full"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("the unfinished event database"), "{stderr}");
+    let left: Vec<_> = std::fs::read_dir(&full.0).unwrap().flatten().collect();
+    assert!(left.is_empty(), "{left:?}");
+    drop(full);
+    // The trace itself is untouched: it still replays.
+    let out = replay(&trace);
+    expect_status(&out, 0);
+    let _ = std::fs::remove_dir_all(dir);
+}

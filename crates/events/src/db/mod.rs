@@ -94,6 +94,9 @@ pub enum DbError {
     Corrupt { path: PathBuf, what: String },
     #[error("{0}: cannot replace it: {1}")]
     Rename(PathBuf, #[source] std::io::Error),
+    /// The file system has no room for more (SQLite's SQLITE_FULL).
+    #[error("{0}: disk full (no space left on its file system)")]
+    DiskFull(PathBuf),
     /// A request the database cannot honour (a bug in its caller).
     #[error("{0}")]
     Invalid(String),
@@ -165,8 +168,11 @@ impl EventFormat {
 }
 
 fn sql(path: &Path) -> impl Fn(rusqlite::Error) -> DbError + '_ {
-    move |source| DbError::Sqlite {
-        path: path.to_owned(),
-        source,
+    move |source| match source.sqlite_error_code() {
+        Some(rusqlite::ErrorCode::DiskFull) => DbError::DiskFull(path.to_owned()),
+        _ => DbError::Sqlite {
+            path: path.to_owned(),
+            source,
+        },
     }
 }

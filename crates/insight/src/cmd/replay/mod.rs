@@ -235,7 +235,21 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
             }
             return Ok(ExitCode::from(EXIT_DIVERGED));
         }
-        other => other?,
+        Err(e) => {
+            let e = anyhow::Error::from(e);
+            if let Some(path) = args.events.as_deref().filter(|_| disk_full(&e)) {
+                // What it holds is of no use, and it takes the room left.
+                let partial = EventWriter::partial_path(path);
+                if std::fs::remove_file(&partial).is_ok() {
+                    eprintln!(
+                        "insight: removed {}, the unfinished event database",
+                        partial.display()
+                    );
+                }
+            }
+            return Err(e);
+        }
+        Ok(outcome) => outcome,
     };
     if let Some(problems) = net_problems(outcome.net.as_ref()) {
         eprintln!("insight: {problems}");
@@ -458,4 +472,17 @@ fn pcap_of_sent_frames(path: &Path) -> Result<(SharedPcap, FrameSink)> {
         }
     });
     Ok((pcap, frames))
+}
+
+/// Whether `err` came from a full disk (the event database's SQLITE_FULL
+/// or an ENOSPC on the way).
+fn disk_full(err: &anyhow::Error) -> bool {
+    err.chain().any(|e| {
+        matches!(
+            e.downcast_ref::<events::db::DbError>(),
+            Some(events::db::DbError::DiskFull(_))
+        ) || e
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::StorageFull)
+    })
 }
