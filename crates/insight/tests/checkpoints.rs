@@ -125,9 +125,29 @@ fn windows_and_refused_checkpoints() {
     expect_status(&replay_with(&other, &["--checkpoint-every", "1s"]), 0);
     let foreign = trace::checkpoints::list(&other).unwrap();
     std::fs::copy(&foreign[0].path, &stored[1].path).unwrap();
-    let e = refusal(&trace, stored[1].exit);
-    assert!(e.contains("belongs to another trace"), "{e}");
-    // Its successors need it: refused too, naming it.
+    // Listed as another trace's, and passed over for the trace's own
+    // checkpoint before it.
+    let out = replay_with(&trace, &["--list-checkpoints"]);
+    let listed = expect_status(&out, 0);
+    assert!(
+        listed.contains(&format!(
+            "{}: another trace's checkpoint",
+            stored[1].path.display()
+        )),
+        "{listed}"
+    );
+    let out = replay_with(&trace, &["--from", &stored[1].exit.to_string()]);
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "restored the checkpoint at exit {} ",
+            stored[0].exit
+        )),
+        "{stderr}"
+    );
+    assert!(recorded.ends_with(&stdout));
+    // Its successors need it: refused, naming it.
     let e = refusal(&trace, stored[2].exit);
     assert!(e.contains("belongs to another trace"), "{e}");
 

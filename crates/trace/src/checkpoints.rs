@@ -58,6 +58,9 @@ pub struct StoredCheckpoint {
     pub path: PathBuf,
     /// Its size on disk.
     pub bytes: u64,
+    /// Its head names another trace (a file copied in from elsewhere): a
+    /// replay never starts from it (reading it says why).
+    pub foreign: bool,
 }
 
 /// What identifies a trace to its checkpoints: the SHA-256 of its header
@@ -102,6 +105,8 @@ pub fn list(trace: &Path) -> Result<Vec<StoredCheckpoint>, TraceError> {
         return Ok(Vec::new());
     }
     let entries = std::fs::read_dir(&dir).map_err(io_err(&dir))?;
+    // A header that cannot be read makes none foreign: reading says why.
+    let identity = trace_identity(trace).ok();
     let mut found = Vec::new();
     for entry in entries {
         let entry = entry.map_err(io_err(&dir))?;
@@ -118,16 +123,23 @@ pub fn list(trace: &Path) -> Result<Vec<StoredCheckpoint>, TraceError> {
             .into());
         }
         let mut head = [0u8; 8 + 4 + 32 + 8 + 8];
-        let guest_ns = std::fs::File::open(&path)
+        let read = std::fs::File::open(&path)
             .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut head))
-            .map_or(0, |()| {
-                u64::from_le_bytes(head[52..60].try_into().expect("8 bytes"))
-            });
+            .is_ok();
+        let guest_ns = if read {
+            u64::from_le_bytes(head[52..60].try_into().expect("8 bytes"))
+        } else {
+            0
+        };
+        let foreign = read
+            && head[..8] == CHECKPOINT_MAGIC
+            && identity.is_some_and(|id| head[12..44] != id[..]);
         found.push(StoredCheckpoint {
             exit,
             guest_ns,
             path,
             bytes: meta.len(),
+            foreign,
         });
     }
     found.sort_by_key(|c| c.exit);

@@ -259,10 +259,15 @@ pub fn checkpoint_before(
     point: ReplayPoint,
 ) -> Result<Option<StoredCheckpoint>, VmError> {
     let stored = checkpoints::list(trace).map_err(ckpt_err)?;
-    Ok(stored.into_iter().rfind(|c| match point {
-        ReplayPoint::Exit(e) => c.exit <= e,
-        ReplayPoint::GuestNs(ns) => c.guest_ns <= ns,
-    }))
+    // Another trace's checkpoint copied in is passed over for the
+    // trace's own before it.
+    Ok(stored
+        .into_iter()
+        .filter(|c| !c.foreign)
+        .rfind(|c| match point {
+            ReplayPoint::Exit(e) => c.exit <= e,
+            ReplayPoint::GuestNs(ns) => c.guest_ns <= ns,
+        }))
 }
 
 /// Why the trace's checkpoint at `exit` cannot start a replay that

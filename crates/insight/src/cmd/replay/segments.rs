@@ -27,10 +27,7 @@ pub(super) fn segment_bounds(
     trace: &Path,
     segment: (usize, usize),
 ) -> Result<(Option<u64>, Option<u64>)> {
-    let exits: Vec<u64> = trace::checkpoints::list(trace)?
-        .iter()
-        .map(|c| c.exit)
-        .collect();
+    let exits: Vec<u64> = own_checkpoints(trace)?.iter().map(|c| c.exit).collect();
     split(&exits, segment).with_context(|| {
         format!(
             "{} has {} checkpoint{}, so at most {} segments: take more with --checkpoint-every",
@@ -63,7 +60,7 @@ pub(super) fn checkpoints_for_events(trace: &Path, args: &mut ReplayArgs) -> Res
     if args.events.is_none() || args.segment.is_some() {
         return Ok(());
     }
-    let stored = trace::checkpoints::list(trace)?;
+    let stored = own_checkpoints(trace)?;
     let starts: Vec<u64> = match (args.jobs, args.from) {
         (Some(_), _) => stored.iter().map(|c| c.exit).collect(),
         (None, Some(from)) => vmm::checkpoint_before(trace, from.resolve(trace, false)?)?
@@ -102,8 +99,22 @@ pub(super) fn checkpoints_for_events(trace: &Path, args: &mut ReplayArgs) -> Res
 }
 
 /// `--list-checkpoints`.
+/// The trace's checkpoints but those another trace wrote (copied in).
+fn own_checkpoints(trace: &Path) -> Result<Vec<trace::checkpoints::StoredCheckpoint>> {
+    let mut stored = trace::checkpoints::list(trace)?;
+    stored.retain(|c| !c.foreign);
+    Ok(stored)
+}
+
 pub(super) fn list_checkpoints(trace: &Path) -> Result<ExitCode> {
-    let stored = trace::checkpoints::list(trace)?;
+    let all = trace::checkpoints::list(trace)?;
+    let (foreign, stored): (Vec<_>, Vec<_>) = all.into_iter().partition(|c| c.foreign);
+    for c in &foreign {
+        println!(
+            "{}: another trace's checkpoint (copied in?), never used: remove it",
+            c.path.display()
+        );
+    }
     if stored.is_empty() {
         println!(
             "{} has no checkpoints (take some with `insight replay {} --checkpoint-every 2s`)",
@@ -184,7 +195,7 @@ pub fn replay_in_parallel(
     if jobs == 0 {
         bail!("--jobs 0: say how many segments may replay at once (1 or more)");
     }
-    let stored = trace::checkpoints::list(trace)?;
+    let stored = own_checkpoints(trace)?;
     if stored.is_empty() {
         bail!(
             "{} has no checkpoints to split its replay at: take some first with \
