@@ -322,6 +322,25 @@ fn an_event_database_on_a_full_disk_is_said_so_and_removed() {
     assert!(stderr.contains("the unfinished event database"), "{stderr}");
     let left: Vec<_> = std::fs::read_dir(&full.0).unwrap().flatten().collect();
     assert!(left.is_empty(), "{left:?}");
+    // A recording whose boot snapshot does not fit: said so, naming the
+    // trace's copy, and no half copy is left.
+    let into = full.0.join("t");
+    let out = insight()
+        .args(["record", "--no-stdin", "-o"])
+        .arg(&into)
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(125), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "cannot copy the boot snapshot into the trace as {}",
+            into.join("boot.snap").display()
+        )) && stderr.contains("No space left on device"),
+        "{stderr}"
+    );
+    assert!(!into.join("boot.snap").exists());
     drop(full);
     // The trace itself is untouched: it still replays.
     let out = replay(&trace);

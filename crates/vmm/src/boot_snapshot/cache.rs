@@ -72,6 +72,13 @@ pub enum SnapshotError {
         #[source]
         source: std::io::Error,
     },
+    /// The trace's copy of the snapshot it starts from.
+    #[error("cannot copy the boot snapshot into the trace as {path}")]
+    IntoTrace {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("cannot take the boot snapshot")]
     Build(#[source] VmError),
     #[error(transparent)]
@@ -283,9 +290,16 @@ fn evict(dir: &Path, keep: usize, current: &Path) {
 pub fn link_into(started: &CacheStart, to: &Path) -> Result<(), SnapshotError> {
     let cached = &started.path;
     if std::fs::hard_link(cached, to).is_err() {
-        std::fs::copy(cached, to).map_err(cache_err(to))?;
+        if let Err(source) = std::fs::copy(cached, to) {
+            // Half a snapshot is none: nothing is left under its name.
+            let _ = std::fs::remove_file(to);
+            return Err(SnapshotError::IntoTrace {
+                path: to.to_owned(),
+                source,
+            });
+        }
     }
-    let linked = checkpoints::stored_digest(to).map_err(|e| SnapshotError::Cache {
+    let linked = checkpoints::stored_digest(to).map_err(|e| SnapshotError::IntoTrace {
         path: to.to_owned(),
         source: std::io::Error::other(e.to_string()),
     })?;
