@@ -342,6 +342,16 @@ fn an_event_database_on_a_full_disk_is_said_so_and_removed() {
     );
     assert!(!into.join("boot.snap").exists());
     drop(full);
+    // Checkpoints that do not fit: the error names the disk's state, and
+    // no partial checkpoint is left behind.
+    let ckpts = SmallFs::mount(&trace.join("checkpoints"), "48k").unwrap();
+    let out = replay_with(&trace, &["--checkpoint-every", "250ms"]);
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(125), "{stderr}");
+    assert!(stderr.contains("No space left on device"), "{stderr}");
+    let left: Vec<_> = std::fs::read_dir(&ckpts.0).unwrap().flatten().collect();
+    assert!(left.is_empty(), "{left:?}");
+    drop(ckpts);
     // The trace itself is untouched: it still replays.
     let out = replay(&trace);
     expect_status(&out, 0);

@@ -212,10 +212,16 @@ pub fn write_to<T: Serialize>(
         .create_new(true)
         .open(&partial)
         .map_err(io_err(&partial))?;
-    file.write_all(&bytes)
+    let written = file
+        .write_all(&bytes)
         .and_then(|()| file.sync_data())
-        .map_err(io_err(&partial))?;
-    std::fs::rename(&partial, path).map_err(io_err(path))?;
+        .map_err(io_err(&partial))
+        .and_then(|()| std::fs::rename(&partial, path).map_err(io_err(path)));
+    if let Err(e) = written {
+        // A disk that is full keeps nothing of it.
+        let _ = std::fs::remove_file(&partial);
+        return Err(e);
+    }
     Ok((digest, bytes.len() as u64))
 }
 
