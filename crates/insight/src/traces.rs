@@ -257,15 +257,26 @@ fn holders(dir: &Path) -> Option<String> {
     let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
     let id = format!("{major:02x}:{minor:02x}:{}", meta.ino());
     let locks = std::fs::read_to_string("/proc/locks").ok()?;
-    let mut pids: Vec<u32> = locks
+    // "1: FLOCK  ADVISORY  WRITE 1234 00:2a:5678 0 EOF": (pid, dev:ino).
+    let flocks: Vec<(u32, &str)> = locks
         .lines()
         .filter_map(|line| {
-            // "1: FLOCK  ADVISORY  WRITE 1234 00:2a:5678 0 EOF"
             let fields: Vec<&str> = line.split_whitespace().collect();
             let at = fields.iter().position(|f| *f == "FLOCK")?;
-            (fields.get(at + 4) == Some(&id.as_str())).then(|| fields.get(at + 3)?.parse().ok())?
+            Some((fields.get(at + 3)?.parse().ok()?, *fields.get(at + 4)?))
         })
         .collect();
+    let mut pids: Vec<u32> = flocks.iter().filter(|l| l.1 == id).map(|l| l.0).collect();
+    if pids.is_empty() {
+        // File systems whose stat shows another device than the kernel's
+        // lock table (btrfs subvolumes): by inode alone.
+        let ino = format!(":{}", meta.ino());
+        pids = flocks
+            .iter()
+            .filter(|l| l.1.ends_with(&ino))
+            .map(|l| l.0)
+            .collect();
+    }
     pids.sort_unstable();
     pids.dedup();
     let named: Vec<String> = pids
