@@ -163,7 +163,8 @@ fn partial_path(path: &Path) -> PathBuf {
 
 /// Creates the event database `path` (written as this process's partial
 /// file until finished), first removing the partial files of `path` that
-/// commands which are gone left behind, each named on standard error.
+/// no writer holds any more (left by commands that ended before
+/// finishing), each named on standard error.
 pub fn create_event_db(
     path: &Path,
     meta: &[(&str, String)],

@@ -94,6 +94,8 @@ pub enum DbError {
     Corrupt { path: PathBuf, what: String },
     #[error("{0}: cannot replace it: {1}")]
     Rename(PathBuf, #[source] std::io::Error),
+    #[error("{0}")]
+    Io(PathBuf, #[source] std::io::Error),
     /// The file system has no room for more (SQLite's SQLITE_FULL).
     #[error("{0}: disk full (no space left on its file system)")]
     DiskFull(PathBuf),

@@ -536,11 +536,14 @@ fn only_regular_partial_files_of_processes_that_are_gone_are_stale() {
     let dir = path.parent().unwrap().to_owned();
     let name = path.file_name().unwrap().to_string_lossy().into_owned();
     let at = |tail: &str| dir.join(format!("{name}{tail}"));
-    // No process has a pid above the kernel's limit (at most 2^22).
+    // Left by a writer that is gone: nobody holds it.
     let gone = at(".partial.4000000000");
     std::fs::write(&gone, b"half").unwrap();
     std::fs::write(EventWriter::partial_path(&path), b"mine").unwrap();
-    std::fs::write(at(".partial.1"), b"init's").unwrap();
+    // Held by a writer (another process's; here a lock of this test's).
+    std::fs::write(at(".partial.1"), b"a live writer's").unwrap();
+    let live = std::fs::File::open(at(".partial.1")).unwrap();
+    live.try_lock().unwrap();
     std::fs::write(at(".partial.04000000001"), b"not a name insight gives").unwrap();
     std::os::unix::fs::symlink("/nonexistent", at(".partial.4000000002")).unwrap();
     std::fs::write(at(".partial"), b"an older insight's").unwrap();
@@ -549,5 +552,8 @@ fn only_regular_partial_files_of_processes_that_are_gone_are_stale() {
         EventWriter::stale_partials(&path),
         vec![(gone.clone(), 4_000_000_000)]
     );
+    // Released: left behind too.
+    drop(live);
+    assert_eq!(EventWriter::stale_partials(&path).len(), 2);
     std::fs::remove_dir_all(&dir).unwrap();
 }

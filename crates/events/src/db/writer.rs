@@ -28,6 +28,9 @@ pub struct EventWriter {
     block_seq: u64,
     /// Sealed and committed: nothing left for `drop` to do.
     done: bool,
+    /// The partial file, locked (`flock`) while this writer owns it:
+    /// another command never takes it for one a writer left.
+    claim: Option<std::fs::File>,
 }
 
 impl EventWriter {
@@ -43,9 +46,11 @@ impl EventWriter {
         PathBuf::from(partial)
     }
 
-    /// The partial files of `path` that processes which are gone left
-    /// (`PATH.partial.PID` for a PID with no `/proc/PID`), with their
-    /// PIDs: regular files only, never one of this process.
+    /// The partial files of `path` that writers which are gone left
+    /// (`PATH.partial.PID` that no process holds locked, as every writer
+    /// holds its own while it writes: true on any file system `flock`
+    /// works on, other hosts' writers included), with their PIDs: regular
+    /// files only, never this process's.
     pub fn stale_partials(path: &Path) -> Vec<(PathBuf, u32)> {
         let (Some(name), dir) = (path.file_name(), path.parent()) else {
             return Vec::new();
@@ -68,10 +73,13 @@ impl EventWriter {
                 if file != format!("{prefix}{pid}") {
                     return None;
                 }
-                let gone =
-                    pid != std::process::id() && !Path::new("/proc").join(pid.to_string()).exists();
                 let regular = e.file_type().is_ok_and(|t| t.is_file());
-                (gone && regular).then(|| (Self::partial_of(path, pid), pid))
+                if pid == std::process::id() || !regular {
+                    return None;
+                }
+                let partial = Self::partial_of(path, pid);
+                let unowned = std::fs::File::open(&partial).is_ok_and(|f| f.try_lock().is_ok());
+                unowned.then_some((partial, pid))
             })
             .collect();
         stale.sort();
@@ -89,7 +97,10 @@ impl EventWriter {
         format: EventFormat,
     ) -> Result<Self, DbError> {
         let partial = Self::partial_path(path);
-        let _ = std::fs::remove_file(&partial);
+        // Claimed before SQLite opens it (an empty file is a new
+        // database to SQLite). A file of this name a writer holds (this
+        // PID on another host sharing the file system) is not replaced.
+        let claim = Self::claim(&partial)?;
         let conn = Connection::open(&partial).map_err(sql(&partial))?;
         conn.execute_batch(&format!(
             "PRAGMA application_id = {APPLICATION_ID};
@@ -118,12 +129,43 @@ impl EventWriter {
             block: Vec::new(),
             block_seq: 1,
             done: false,
+            claim: Some(claim),
         };
         w.set_meta("events_format", format.name())?;
         for (k, v) in meta {
             w.set_meta(k, v)?;
         }
         Ok(w)
+    }
+
+    /// Creates `partial` afresh (replacing a file no writer holds) and
+    /// locks it for this writer.
+    fn claim(partial: &Path) -> Result<std::fs::File, DbError> {
+        let io = |e: std::io::Error| DbError::Io(partial.to_owned(), e);
+        let busy = || {
+            DbError::Invalid(format!(
+                "{}: another process is writing it",
+                partial.display()
+            ))
+        };
+        if let Ok(old) = std::fs::File::open(partial) {
+            if let Err(std::fs::TryLockError::WouldBlock) = old.try_lock() {
+                return Err(busy());
+            }
+            drop(old);
+            std::fs::remove_file(partial).map_err(io)?;
+        }
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(partial)
+            .map_err(io)?;
+        match file.try_lock() {
+            // A file system without flock: no claim, as before.
+            Ok(()) | Err(std::fs::TryLockError::Error(_)) => Ok(file),
+            Err(std::fs::TryLockError::WouldBlock) => Err(busy()),
+        }
     }
 
     pub fn set_meta(&mut self, key: &str, value: &str) -> Result<(), DbError> {
@@ -310,8 +352,11 @@ impl EventWriter {
             .map_err(sql(&self.partial))?;
         self.done = true;
         let (partial, path) = (self.partial.clone(), self.path.clone());
+        // Held until the file has its final name.
+        let claim = self.claim.take();
         drop(self);
         std::fs::rename(&partial, &path).map_err(|e| DbError::Rename(path.clone(), e))?;
+        drop(claim);
         Ok(path)
     }
 }
