@@ -290,6 +290,37 @@ fn segments_merge_into_the_replay_from_boot() {
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
+    // SIGTERM: the segments are stopped and what finished is said.
+    let parent = insight()
+        .arg("replay")
+        .arg(&trace)
+        .args(["--jobs", "2", "--no-console"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    let segments = loop {
+        let found = segment_processes(&trace);
+        if !found.is_empty() {
+            break found;
+        }
+        assert!(
+            started.elapsed().as_secs() < 120,
+            "no segment process after 120 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    signal("-TERM", &[parent.id()]);
+    let out = parent.wait_with_output().unwrap();
+    let stderr = text(&out).1;
+    assert_eq!(out.status.code(), Some(130), "{stderr}");
+    assert!(
+        stderr.contains("insight: interrupted: ") && stderr.contains("the others were stopped"),
+        "{stderr}"
+    );
+    assert!(!segments.iter().any(|&pid| running(pid)), "{segments:?}");
 
     // A window with events: the same span of the replay from boot.
     let (from, to) = (stored[stored.len() - 2].exit, stored[stored.len() - 1].exit);

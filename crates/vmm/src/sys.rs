@@ -207,3 +207,26 @@ pub fn end_with_parent(parent: u32) -> io::Result<()> {
     }
     Ok(())
 }
+
+/// Set by SIGINT or SIGTERM once [`catch_interrupts`] is in force.
+static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn on_interrupt(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    INTERRUPTED.store(true, std::sync::atomic::Ordering::Release);
+}
+
+/// From now on SIGINT and SIGTERM do not end this process but set a flag
+/// [`interrupted`] reads: for a command that must stop its workers and
+/// say how far it got before it ends.
+pub fn catch_interrupts() -> io::Result<()> {
+    for signal in [libc::SIGINT, libc::SIGTERM] {
+        vmm_sys_util::signal::register_signal_handler(signal, on_interrupt)
+            .map_err(|e| io::Error::from_raw_os_error(e.errno()))?;
+    }
+    Ok(())
+}
+
+/// Whether SIGINT or SIGTERM came since [`catch_interrupts`].
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(std::sync::atomic::Ordering::Acquire)
+}

@@ -9,7 +9,7 @@ use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use diagnosis::plugin::Plugin;
@@ -17,7 +17,7 @@ use diagnosis::plugin::Plugin;
 use super::args::{ReplayArgs, Unwind};
 use crate::cmd::events::merge;
 use crate::cmd::report::diagnose;
-use crate::exit::EXIT_INSIGHT_ERROR;
+use crate::exit::{EXIT_INSIGHT_ERROR, EXIT_STOPPED_BY_USER};
 use crate::status::printable;
 use vmm::CheckpointEvery;
 
@@ -256,7 +256,11 @@ pub fn replay_in_parallel(
             stderr,
         })
     };
-    let mut running = std::collections::VecDeque::new();
+    // Ctrl-C or SIGTERM: the segments are stopped, and what finished is
+    // said, before this process ends.
+    vmm::catch_interrupts().context("cannot catch SIGINT and SIGTERM")?;
+    let mut running: std::collections::VecDeque<Running> = std::collections::VecDeque::new();
+    let mut finished: Vec<usize> = Vec::new();
     let mut next = 1;
     let mut last_words = String::new();
     let result = (|| -> Result<Option<ExitCode>> {
@@ -269,7 +273,19 @@ pub fn replay_in_parallel(
             let Some(mut r) = running.pop_front() else {
                 break;
             };
-            let status = r.child.wait()?;
+            // A Ctrl-C reaches the segments too (one process group): one
+            // that ended by it counts as stopped, not failed.
+            let status = loop {
+                let ended = r.child.try_wait()?;
+                if vmm::interrupted() && ended.is_none_or(|s| !s.success()) {
+                    running.push_front(r);
+                    return Ok(Some(stop_segments(&mut running, finished, segments)));
+                }
+                if let Some(status) = ended {
+                    break status;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            };
             let out = std::fs::read(&r.stdout).unwrap_or_default();
             std::io::stdout().write_all(&out)?;
             let err = std::fs::read_to_string(&r.stderr).unwrap_or_default();
@@ -283,6 +299,7 @@ pub fn replay_in_parallel(
                 let code = status.code().map_or(EXIT_INSIGHT_ERROR, |c| c as u8);
                 return Ok(Some(ExitCode::from(code)));
             }
+            finished.push(r.k);
             if r.k == segments {
                 last_words = err
                     .lines()
@@ -328,6 +345,41 @@ pub fn replay_in_parallel(
         diagnose(tools, path)?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Stops the segments still `running` after an interruption and says
+/// which of them all had finished; the exit status to end with.
+fn stop_segments(
+    running: &mut std::collections::VecDeque<Running>,
+    mut finished: Vec<usize>,
+    segments: usize,
+) -> ExitCode {
+    for other in running.iter_mut() {
+        if other
+            .child
+            .try_wait()
+            .ok()
+            .flatten()
+            .is_some_and(|s| s.success())
+        {
+            finished.push(other.k);
+        }
+        let _ = other.child.kill();
+        let _ = other.child.wait();
+    }
+    finished.sort_unstable();
+    let which = if finished.is_empty() {
+        String::new()
+    } else {
+        let names: Vec<String> = finished.iter().map(|k| format!("{k}/{segments}")).collect();
+        format!(" ({})", names.join(", "))
+    };
+    eprintln!(
+        "insight: interrupted: {} of {segments} segments had finished{which}; the others were \
+         stopped",
+        finished.len()
+    );
+    ExitCode::from(EXIT_STOPPED_BY_USER)
 }
 
 /// A new private directory for the segments' outputs.
