@@ -29,6 +29,23 @@ fn segment_processes(trace: &Path) -> Vec<u32> {
         .collect()
 }
 
+/// Whether process `pid` holds a `flock` on the directory `trace`, by
+/// /proc/locks ("1: FLOCK  ADVISORY  READ 1234 00:2a:5678 0 EOF").
+fn holds_trace(pid: u32, trace: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let ino = format!(":{}", std::fs::metadata(trace).unwrap().ino());
+    std::fs::read_to_string("/proc/locks")
+        .unwrap_or_default()
+        .lines()
+        .any(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            fields.iter().position(|f| *f == "FLOCK").is_some_and(|at| {
+                fields.get(at + 3) == Some(&pid.to_string().as_str())
+                    && fields.get(at + 4).is_some_and(|id| id.ends_with(&ino))
+            })
+        })
+}
+
 /// Whether process `pid` still runs (a zombie no init reaped does not).
 fn running(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
@@ -271,8 +288,17 @@ fn segments_merge_into_the_replay_from_boot() {
         );
         std::thread::sleep(std::time::Duration::from_millis(5));
     };
-    // Stopped, they cannot finish on their own meanwhile; SIGKILL still
-    // ends a stopped process.
+    // Stopped, they cannot finish on their own meanwhile (SIGKILL still
+    // ends a stopped process) — once they have asked for it: a segment
+    // holds the trace only after that.
+    let started = std::time::Instant::now();
+    while !segments.iter().all(|&pid| holds_trace(pid, &trace)) {
+        assert!(
+            started.elapsed().as_secs() < 120,
+            "segments {segments:?} never held the trace"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
     let signal = |sig: &str, pids: &[u32]| {
         let _ = std::process::Command::new("kill")
             .arg(sig)

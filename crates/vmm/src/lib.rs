@@ -25,7 +25,7 @@ pub use points::PointStats;
 pub use session::{
     LiveRun, NetReport, ProgressFn, RecordSession, ReplaySession, RunOutcome, StopReason,
 };
-pub use sys::{catch_interrupts, end_with_parent, interrupted};
+pub use sys::{catch_interrupts, end_with_parent, interrupted, release_interrupts};
 pub use tools::{
     checkpoint_before, checkpoint_unfit, CheckpointEvery, CheckpointRestored, CheckpointTaken,
     ExpansionSpec, ExpansionStats, ReplayPoint, TraceStart, TraceTarget,

@@ -226,6 +226,15 @@ pub fn catch_interrupts() -> io::Result<()> {
     Ok(())
 }
 
+/// SIGINT and SIGTERM end this process again, as they do by default.
+pub fn release_interrupts() {
+    for signal in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: sets the signal's disposition back to SIG_DFL; no
+        // handler of ours runs after.
+        unsafe { libc::signal(signal, libc::SIG_DFL) };
+    }
+}
+
 /// Whether SIGINT or SIGTERM came since [`catch_interrupts`].
 pub fn interrupted() -> bool {
     INTERRUPTED.load(std::sync::atomic::Ordering::Acquire)

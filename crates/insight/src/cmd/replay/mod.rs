@@ -37,6 +37,10 @@ use crate::status::{printable, StatusLine};
 use crate::traces;
 
 pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
+    if args.segment.is_some() {
+        // First: nothing a segment does outlives the replay it works for.
+        segments::end_with_parent()?;
+    }
     let trace = traces::resolve(args.trace.as_deref())?;
     // Other replays may share the trace; a recorder or `rm` may not.
     let _hold = traces::hold(&trace, traces::TraceUse::Shared)?;
@@ -44,7 +48,6 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
         return list_checkpoints(&trace);
     }
     if let Some(segment) = args.segment {
-        segments::end_with_parent()?;
         let (from, to) = segment_bounds(&trace, segment)?;
         args.from = from.map(|e| Position::At(ReplayPoint::Exit(e)));
         args.to = to.map(|e| Position::At(ReplayPoint::Exit(e)));

@@ -98,7 +98,6 @@ pub(super) fn checkpoints_for_events(trace: &Path, args: &mut ReplayArgs) -> Res
     Ok(())
 }
 
-/// `--list-checkpoints`.
 /// The trace's checkpoints but those another trace wrote (copied in).
 fn own_checkpoints(trace: &Path) -> Result<Vec<trace::checkpoints::StoredCheckpoint>> {
     let mut stored = trace::checkpoints::list(trace)?;
@@ -106,6 +105,7 @@ fn own_checkpoints(trace: &Path) -> Result<Vec<trace::checkpoints::StoredCheckpo
     Ok(stored)
 }
 
+/// `--list-checkpoints`.
 pub(super) fn list_checkpoints(trace: &Path) -> Result<ExitCode> {
     let all = trace::checkpoints::list(trace)?;
     let (foreign, stored): (Vec<_>, Vec<_>) = all.into_iter().partition(|c| c.foreign);
@@ -279,7 +279,7 @@ pub fn replay_in_parallel(
                 let ended = r.child.try_wait()?;
                 if vmm::interrupted() && ended.is_none_or(|s| !s.success()) {
                     running.push_front(r);
-                    return Ok(Some(stop_segments(&mut running, finished, segments)));
+                    return Ok(Some(stop_segments(&mut running, &finished, segments)));
                 }
                 if let Some(status) = ended {
                     break status;
@@ -310,6 +310,15 @@ pub fn replay_in_parallel(
         }
         Ok(None)
     })();
+    // Merging and diagnosing end at a Ctrl-C as before; one that came
+    // after the last segment's end stops here.
+    vmm::release_interrupts();
+    let result = match result {
+        Ok(None) if vmm::interrupted() => {
+            Ok(Some(stop_segments(&mut running, &finished, segments)))
+        }
+        other => other,
+    };
     let outcome = match result {
         Ok(Some(code)) => {
             let _ = std::fs::remove_dir_all(&work);
@@ -351,9 +360,10 @@ pub fn replay_in_parallel(
 /// which of them all had finished; the exit status to end with.
 fn stop_segments(
     running: &mut std::collections::VecDeque<Running>,
-    mut finished: Vec<usize>,
+    finished: &[usize],
     segments: usize,
 ) -> ExitCode {
+    let mut finished = finished.to_vec();
     for other in running.iter_mut() {
         if other
             .child
