@@ -158,9 +158,13 @@ fn latest(store: &Path) -> Result<PathBuf> {
 /// empty (it ended before writing the header), and no command holds.
 fn leftover(store: &Path, dir: &Path) -> bool {
     let parent = dir.parent().and_then(|p| std::fs::canonicalize(p).ok());
-    parent.is_some()
-        && parent == std::fs::canonicalize(store).ok()
-        && !dir.is_symlink()
+    parent.is_some() && parent == std::fs::canonicalize(store).ok() && empty_unheld(dir)
+}
+
+/// Whether the store entry `dir` is an empty directory (not `latest`, not
+/// a link) that no command holds.
+fn empty_unheld(dir: &Path) -> bool {
+    !dir.is_symlink()
         && dir.file_name().is_some_and(|n| n != LATEST)
         && std::fs::read_dir(dir).is_ok_and(|mut e| e.next().is_none())
         && hold(dir, TraceUse::Exclusive).is_ok()
@@ -174,7 +178,7 @@ pub fn leftovers(store: &Path) -> Vec<PathBuf> {
     let mut found: Vec<PathBuf> = entries
         .flatten()
         .map(|e| e.path())
-        .filter(|p| p.is_dir() && leftover(store, p))
+        .filter(|p| p.is_dir() && empty_unheld(p))
         .collect();
     found.sort();
     found
