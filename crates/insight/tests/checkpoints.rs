@@ -29,6 +29,27 @@ fn segment_processes(trace: &Path) -> Vec<u32> {
         .collect()
 }
 
+/// Starts `replay --jobs 2` of `trace` (its standard error to `stderr`)
+/// and waits for its first segment processes; returns both.
+fn jobs_with_segments(
+    trace: &Path,
+    stderr: std::process::Stdio,
+) -> (std::process::Child, Vec<u32>) {
+    let parent = insight()
+        .arg("replay")
+        .arg(trace)
+        .args(["--jobs", "2", "--no-console"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .unwrap();
+    let segments = wait_for("a segment process", || {
+        Some(segment_processes(trace)).filter(|found| !found.is_empty())
+    });
+    (parent, segments)
+}
+
 /// Whether process `pid` holds a `flock` on the directory `trace`, by
 /// /proc/locks ("1: FLOCK  ADVISORY  READ 1234 00:2a:5678 0 EOF").
 fn holds_trace(pid: u32, trace: &Path) -> bool {
@@ -267,38 +288,16 @@ fn segments_merge_into_the_replay_from_boot() {
     assert!(events_with_stacks(&dir.join("slurm/events.db")) == whole);
 
     // SIGKILL of a --jobs replay ends its segments too.
-    let mut parent = insight()
-        .arg("replay")
-        .arg(&trace)
-        .args(["--jobs", "2", "--no-console"])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let started = std::time::Instant::now();
-    let segments = loop {
-        let found = segment_processes(&trace);
-        if !found.is_empty() {
-            break found;
-        }
-        assert!(
-            started.elapsed().as_secs() < 120,
-            "no segment process after 120 s"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    };
+    let (mut parent, segments) = jobs_with_segments(&trace, std::process::Stdio::null());
     // Stopped, they cannot finish on their own meanwhile (SIGKILL still
     // ends a stopped process) — once they have asked for it: a segment
     // holds the trace only after that.
-    let started = std::time::Instant::now();
-    while !segments.iter().all(|&pid| holds_trace(pid, &trace)) {
-        assert!(
-            started.elapsed().as_secs() < 120,
-            "segments {segments:?} never held the trace"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
+    wait_for("the segments holding the trace", || {
+        segments
+            .iter()
+            .all(|&pid| holds_trace(pid, &trace))
+            .then_some(())
+    });
     let signal = |sig: &str, pids: &[u32]| {
         let _ = std::process::Command::new("kill")
             .arg(sig)
@@ -317,27 +316,7 @@ fn segments_merge_into_the_replay_from_boot() {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     // SIGTERM: the segments are stopped and what finished is said.
-    let parent = insight()
-        .arg("replay")
-        .arg(&trace)
-        .args(["--jobs", "2", "--no-console"])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let started = std::time::Instant::now();
-    let segments = loop {
-        let found = segment_processes(&trace);
-        if !found.is_empty() {
-            break found;
-        }
-        assert!(
-            started.elapsed().as_secs() < 120,
-            "no segment process after 120 s"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    };
+    let (parent, segments) = jobs_with_segments(&trace, std::process::Stdio::piped());
     signal("-TERM", &[parent.id()]);
     let out = parent.wait_with_output().unwrap();
     let stderr = text(&out).1;

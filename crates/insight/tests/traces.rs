@@ -183,14 +183,9 @@ fn replays_into_one_database_never_damage_it() {
     // A replay killed while writing leaves its partial file; the next
     // replay into the same database removes it and says so.
     let mut killed = replay_into();
-    let started = std::time::Instant::now();
-    while partials_of(&db).is_empty() {
-        assert!(
-            started.elapsed() < Duration::from_secs(120),
-            "no partial file after 120 s"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for("a partial file", || {
+        (!partials_of(&db).is_empty()).then_some(())
+    });
     killed.kill().unwrap();
     killed.wait().unwrap();
     let left = partials_of(&db);
@@ -223,22 +218,13 @@ fn a_trace_being_recorded_is_neither_removed_nor_replayed() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let started = std::time::Instant::now();
-    let trace = loop {
-        let made = std::fs::read_dir(&store)
+    let trace = wait_for("a trace header", || {
+        std::fs::read_dir(&store)
             .unwrap()
             .flatten()
             .map(|e| e.path())
-            .find(|p| !p.is_symlink() && p.join("header").is_file());
-        if let Some(t) = made {
-            break t;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(120),
-            "no trace header after 120 s"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+            .find(|p| !p.is_symlink() && p.join("header").is_file())
+    });
     let name = trace.file_name().unwrap().to_owned();
     let user = format!("in use by pid {} (insight record)", recorder.id());
     let out = in_store(&dir, &store, &[os("rm"), &name]);

@@ -178,6 +178,23 @@ pub fn record_and_replay(
 /// user code exists to prevent), and the test says so instead of waiting.
 const RECORD_LIMIT: Duration = Duration::from_secs(600);
 
+/// Polls `found` every few milliseconds until it gives something; fails
+/// naming `what` after two minutes (a slow host's worst, far beyond what
+/// the tests wait for).
+pub fn wait_for<T>(what: &str, mut found: impl FnMut() -> Option<T>) -> T {
+    let started = Instant::now();
+    loop {
+        if let Some(t) = found() {
+            return t;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "{what}: not after 120 s"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// Runs `cmd` (standard input closed) to its end, or kills it after
 /// `limit` and fails.
 pub fn output_within(mut cmd: Command, limit: Duration) -> Output {
