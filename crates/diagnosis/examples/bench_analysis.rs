@@ -293,6 +293,15 @@ fn bench(dir: &std::path::Path, events: u64, format: EventFormat) {
             "{name:<12}  {written:>10}  {s:>8.2}  {:>16.2}",
             written as f64 / s / 1e6
         );
+        if name == "timeline" {
+            let bytes = |format| out[0].attachment(format).map_or(0, str::len) as f64;
+            eprintln!(
+                "bench_analysis: timeline: JSON {:.1} MB ({:.1} B/event), page {:.1} MB",
+                bytes("json") / 1e6,
+                bytes("json") / written as f64,
+                bytes("html") / 1e6
+            );
+        }
         if name == "locks" || name == "deadlock" {
             let first = out[0].text.lines().next().unwrap_or("").to_owned();
             eprintln!("bench_analysis: {name}: {first}");

@@ -22,3 +22,5 @@ mod test_db;
 pub const FLAME_GRAPH_MARK: &str = "<!-- flame graph written by insight -->";
 /// The same for the page heat maps of `report memory --svg`.
 pub const HEAT_MAP_MARK: &str = "<!-- memory heat map written by insight -->";
+/// How every timeline insight writes (Trace Event Format JSON) starts.
+pub const TIMELINE_MARK: &str = "{\"otherData\":{\"generator\":\"insight report timeline\"";

@@ -108,6 +108,13 @@ pub trait Plugin {
     /// [`Plugin::wants_stacks`], and only for events that have one.
     fn stack(&mut self, _seq: u64, _frames: &[u64]) {}
 
+    /// The attachments (by format) that `replay --diagnose` writes next
+    /// to the event database, as `STEM.NAME.FORMAT` (events.timeline.json
+    /// beside events.db); the others go out only when asked for.
+    fn beside_events(&self) -> &'static [&'static str] {
+        &[]
+    }
+
     /// After the last event: the analysis and its output.
     fn finish(&mut self, cx: &Context) -> Result<Output, PluginError>;
 }

@@ -6,6 +6,7 @@ mod exit;
 mod guest_args;
 mod outputs;
 mod pcap;
+mod position;
 mod status;
 mod traces;
 

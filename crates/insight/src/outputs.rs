@@ -23,6 +23,7 @@ pub enum OutputKind {
     Svg,
     HeatMap,
     Folded,
+    Timeline,
     InstructionTrace,
     MemoryTrace,
 }
@@ -39,6 +40,7 @@ impl OutputKind {
             OutputKind::Svg => "an insight flame graph",
             OutputKind::HeatMap => "an insight memory heat map",
             OutputKind::Folded => "a file of folded stacks",
+            OutputKind::Timeline => "an insight timeline",
             OutputKind::InstructionTrace => "an insight instruction trace",
             OutputKind::MemoryTrace => "an insight memory-access trace",
         }
@@ -68,6 +70,7 @@ impl OutputKind {
             OutputKind::HeatMap => {
                 text().starts_with("<?xml") && text().contains(diagnosis::HEAT_MAP_MARK)
             }
+            OutputKind::Timeline => head.starts_with(diagnosis::TIMELINE_MARK.as_bytes()),
             // A zstd frame.
             OutputKind::InstructionTrace => head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]),
             OutputKind::MemoryTrace => lines_of(head).is_some_and(|lines| {
@@ -201,9 +204,16 @@ fn not_in_a_trace(path: &Path, kind: OutputKind) -> Result<()> {
     if kind == OutputKind::EventDb && (name == db || name == partial_path(db)) {
         return Ok(());
     }
+    // What `replay --diagnose` writes beside the trace's event database.
+    let beside = |format| traces::beside_events(db, "timeline", format).into_os_string();
+    if (kind == OutputKind::Timeline && name == beside("json"))
+        || (kind == OutputKind::Html && name == beside("html"))
+    {
+        return Ok(());
+    }
     bail!(
         "{} is inside the trace {}: insight writes nothing there but its event database \
-         ({}); name a path outside the trace",
+         ({}) and what `replay --diagnose` writes beside it; name a path outside the trace",
         path.display(),
         dir.display(),
         traces::EVENTS_DB
@@ -245,6 +255,7 @@ mod tests {
             OutputKind::HeatMap,
             OutputKind::Folded,
             OutputKind::Pcap,
+            OutputKind::Timeline,
         ] {
             let err = check(&notes, kind, false).unwrap_err().to_string();
             assert!(err.contains("add --force"), "{kind:?}: {err}");
@@ -262,6 +273,14 @@ mod tests {
         assert!(check(&notes, OutputKind::MemoryTrace, false).is_ok());
         std::fs::write(&notes, "S 0x404040 4 19 0x401136 812 x\n").unwrap();
         assert!(check(&notes, OutputKind::MemoryTrace, false).is_err());
+        std::fs::write(&notes, "{\"traceEvents\":[]}").unwrap();
+        assert!(check(&notes, OutputKind::Timeline, false).is_err());
+        std::fs::write(
+            &notes,
+            format!("{},\"database\":\"x\"}}", diagnosis::TIMELINE_MARK),
+        )
+        .unwrap();
+        assert!(check(&notes, OutputKind::Timeline, false).is_ok());
         let empty = dir.join("empty");
         std::fs::write(&empty, "").unwrap();
         assert!(check(&empty, OutputKind::Html, false).is_ok());
@@ -312,6 +331,14 @@ mod tests {
         }
         assert!(check_event_db(&dir.join(traces::EVENTS_DB), false).is_ok());
         assert!(check(&dir.join("events"), OutputKind::EventDb, true).is_err());
+        // What `replay --diagnose timeline` writes beside the database,
+        // and only that, as only that kind.
+        let beside =
+            |format| traces::beside_events(&dir.join(traces::EVENTS_DB), "timeline", format);
+        assert!(check(&beside("json"), OutputKind::Timeline, false).is_ok());
+        assert!(check(&beside("html"), OutputKind::Html, false).is_ok());
+        assert!(check(&beside("json"), OutputKind::Html, true).is_err());
+        assert!(check(&beside("svg"), OutputKind::Svg, true).is_err());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

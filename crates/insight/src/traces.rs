@@ -21,6 +21,14 @@ pub const LATEST: &str = "latest";
 /// The event database `replay --diagnose` writes into a trace.
 pub const EVENTS_DB: &str = "events.db";
 
+/// Where `replay --diagnose` writes a tool's attachment of `format` for
+/// the event database `db`: beside it, as `STEM.TOOL.FORMAT`
+/// (`events.timeline.json` for `events.db`).
+pub fn beside_events(db: &Path, tool: &str, format: &str) -> PathBuf {
+    let stem = db.file_stem().unwrap_or_default().to_string_lossy();
+    db.with_file_name(format!("{stem}.{tool}.{format}"))
+}
+
 /// The trace store, from the environment (`vars` reads a variable).
 pub fn store_from(vars: impl Fn(&str) -> Option<String>) -> Result<PathBuf> {
     let set = |v: &str| vars(v).filter(|s| !s.is_empty()).map(PathBuf::from);

@@ -247,6 +247,24 @@ fn syn_cont_yields_exactly_its_lock_events_identically_in_every_replay() {
         .count();
     assert_eq!(calls.iter().sum::<u64>(), requests as u64, "{json}");
     assert_eq!(calls.iter().filter(|&&c| c >= 2000).count(), 16, "{json}");
+
+    // The timeline draws what the lock report counts: per lock, a hold
+    // slice per acquisition and waits that add up to its wait time.
+    let (_, slices) = timeline(&a, dir);
+    for l in locks {
+        let name = l["name"].as_str().or(l["lock"].as_str()).unwrap();
+        let of = |verb: &str| {
+            let name = format!("{verb} {name}");
+            slices.iter().filter(move |s| s.name == name)
+        };
+        assert_eq!(
+            of("hold").count() as u64,
+            l["acquisitions"].as_u64().unwrap(),
+            "{l}"
+        );
+        let waited: u64 = of("wait").map(|s| s.end - s.start).sum();
+        assert_eq!(waited, l["wait"]["total_ns"].as_u64().unwrap(), "{l}");
+    }
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -601,8 +619,8 @@ fn the_papers_deadlock_programs_are_diagnosed() {
     let (trace, stdout) = record_probed("ev-deadlock", &[], &["sh", "-c", script], 0);
     assert_eq!(stdout.matches("no deadlock").count(), 4, "{stdout}");
     let dir = trace.parent().unwrap();
-    // Two tools after each replay, in one pass over the database.
-    let (db, _, out) = replays_agree(&trace, &["--diagnose", "deadlock,threads"]);
+    // Three tools after each replay, in one pass over the database.
+    let (db, _, out) = replays_agree(&trace, &["--diagnose", "deadlock,threads,timeline"]);
     let (stdout, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     assert!(
@@ -712,6 +730,46 @@ fn the_papers_deadlock_programs_are_diagnosed() {
     assert!(section("deadlock_trylock_fail").is_empty(), "{report}");
     let page = std::fs::read_to_string(&html).unwrap();
     assert!(page.starts_with("<!DOCTYPE html>") && page.contains("L1(T1)"));
+
+    // Each thread's lock order shows on its track in time order: where
+    // the report says a thread took B while holding A, its track has a
+    // hold of B inside a hold of A, each requested where the report says.
+    // `--diagnose timeline` wrote the timeline beside the database.
+    let beside = db.with_file_name("replay-1.timeline.json");
+    assert!(beside.exists() && db.with_file_name("replay-1.timeline.html").exists());
+    let (_, slices) = timeline(&db, dir);
+    let out = insight()
+        .args(["report", "deadlock", "--json"])
+        .arg(&db)
+        .output()
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_str(&text(&out).0).unwrap();
+    let mut edges = 0;
+    for cycle in report["cycles"].as_array().unwrap() {
+        for edge in cycle["stacks"].as_array().unwrap() {
+            let at = |what: &str| edge[what][0].as_str().unwrap().to_owned();
+            let (held, taken) = (at("held"), at("acquired"));
+            let hold = |frame: &str| -> Vec<&TimelineSlice> {
+                slices
+                    .iter()
+                    .filter(|s| {
+                        s.pid == cycle["pid"].as_u64().unwrap()
+                            && s.name.starts_with("hold ")
+                            && s.frame.as_deref() == Some(frame)
+                    })
+                    .collect()
+            };
+            let inner = hold(&taken);
+            assert!(
+                hold(&held).iter().any(|o| inner
+                    .iter()
+                    .any(|i| i.tid == o.tid && i.start >= o.start && i.end <= o.end)),
+                "no hold requested at {taken} inside one requested at {held}"
+            );
+            edges += 1;
+        }
+    }
+    assert_eq!(edges, 7, "{report}");
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -747,4 +805,105 @@ fn the_probes_leave_the_same_traces_in_recording_and_replay() {
     // The trylock of a held lock failed (EBUSY) and said so.
     assert!(stdout.contains("t0 0 trylock 16 "), "{stdout}");
     assert_eq!(stdout.matches(" below ").count(), 300, "{stdout}");
+}
+
+/// A complete slice of a timeline, in nanoseconds of guest time.
+#[derive(Debug)]
+struct TimelineSlice {
+    pid: u64,
+    tid: u64,
+    start: u64,
+    end: u64,
+    name: String,
+    /// Its stack's innermost frame.
+    frame: Option<String>,
+}
+
+/// `report timeline` of `db`, as JSON and as a page written into `dir`,
+/// with what every timeline must satisfy: the JSON parses; the slices of
+/// each track nest (each lies inside the one open before it or after its
+/// end); the page renders in headless Chromium without a console message
+/// and with a row per thread. Returns the JSON and its slices.
+fn timeline(db: &Path, dir: &Path) -> (serde_json::Value, Vec<TimelineSlice>) {
+    let (json, html) = (dir.join("timeline.json"), dir.join("timeline.html"));
+    let out = insight()
+        .args(["report", "timeline"])
+        .arg(db)
+        .arg("-o")
+        .arg(&json)
+        .arg("-o")
+        .arg(&html)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stdout.contains("Timeline of "), "{stdout}");
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let events = doc["traceEvents"].as_array().unwrap();
+    let ns = |v: &serde_json::Value| (v.as_f64().unwrap() * 1000.0).round() as u64;
+    let mut slices: Vec<TimelineSlice> = events
+        .iter()
+        .filter(|e| e["ph"] == "X")
+        .map(|e| TimelineSlice {
+            pid: e["pid"].as_u64().unwrap(),
+            tid: e["tid"].as_u64().unwrap(),
+            start: ns(&e["ts"]),
+            end: ns(&e["ts"]) + ns(&e["dur"]),
+            name: e["name"].as_str().unwrap().to_owned(),
+            frame: e["sf"]
+                .as_str()
+                .map(|sf| doc["stackFrames"][sf]["name"].as_str().unwrap().to_owned()),
+        })
+        .collect();
+    slices.sort_by_key(|s| (s.pid, s.tid, s.start, std::cmp::Reverse(s.end)));
+    let mut open: Vec<&TimelineSlice> = Vec::new();
+    for s in &slices {
+        while open
+            .last()
+            .is_some_and(|o| (o.pid, o.tid) != (s.pid, s.tid) || o.end <= s.start)
+        {
+            open.pop();
+        }
+        if let Some(o) = open.last() {
+            assert!(s.end <= o.end, "{s:?} overlaps {o:?} without nesting in it");
+        }
+        open.push(s);
+    }
+    let threads = events
+        .iter()
+        .filter(|e| e["ph"] == "M" && e["name"] == "thread_name" && e["pid"] != 0)
+        .filter(|e| e["tid"].as_u64().unwrap() < 1 << 22)
+        .count();
+    let dom = rendered(&html, dir);
+    assert_eq!(dom.matches("class=\"row thread\"").count(), threads);
+    (doc, slices)
+}
+
+/// The DOM of `page` after headless Chromium ran its scripts; fails on any
+/// message the page logged to the console (an error, say). Chromium's
+/// profile and caches stay in `dir`.
+fn rendered(page: &Path, dir: &Path) -> String {
+    let home = dir.join("chromium");
+    let out = std::process::Command::new("chromium")
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--dump-dom",
+        ])
+        .arg(format!("--user-data-dir={}", home.display()))
+        .arg(format!("file://{}", page.display()))
+        .env("HOME", &home)
+        .env("XDG_CONFIG_HOME", &home)
+        .env("XDG_CACHE_HOME", &home)
+        .output()
+        .expect("chromium, to render the timeline page (tools/test installs it)");
+    let (dom, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let console: Vec<&str> = stderr.lines().filter(|l| l.contains(":CONSOLE")).collect();
+    assert!(console.is_empty(), "the page logged: {console:?}");
+    dom
 }

@@ -9,6 +9,7 @@ pub mod locks;
 pub mod memory;
 pub mod profile;
 pub mod threads;
+pub mod timeline;
 
 /// Every built-in plugin with its default options, in the order `insight`
 /// lists them.
@@ -19,6 +20,7 @@ pub fn registry() -> Vec<Box<dyn Plugin>> {
         Box::new(profile::Profile::new(profile::ProfileOptions::default())),
         Box::new(threads::Threads::new()),
         Box::new(memory::Memory::new()),
+        Box::new(timeline::Timeline::new(None)),
     ]
 }
 

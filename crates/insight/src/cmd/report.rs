@@ -6,13 +6,15 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use diagnosis::plugin::{self, Output, Plugin};
-use diagnosis::plugins::{self, deadlock, locks, memory, profile, threads};
+use diagnosis::plugins::{self, deadlock, locks, memory, profile, threads, timeline};
 use diagnosis::symbols::GuestFiles;
 use events::db::EventDb;
 
 use crate::outputs::{self, OutputKind};
+use crate::position::{self, Position};
 use crate::status::printable;
 use crate::traces;
+use vmm::ReplayPoint;
 
 #[derive(clap::Args)]
 pub struct ReportArgs {
@@ -87,6 +89,27 @@ Example:\n  insight replay t1 --events t1.db && insight report threads t1.db"
         long_about = "Per variable and heap block of a process traced at replay (`insight replay TRACE --trace-process PID --trace-memory FILE`, docs/expansion.md), from the MEMACCESS and heap events of its event database: loads, stores, read-modify-writes and bytes. Global and static variables are named by the symbol tables of the objects the process loaded, heap blocks by their allocation site (malloc@function+0x1f, from the probe library's heap events: record with --probes), other memory by its page. An access to a heap block after it was freed is listed under \"Use after free\" with where the block was freed and the first such access; the allocator's own accesses (inside malloc, free ...) are counted apart. --svg FILE draws a heat map: a row per page, the accesses in the order made from left to right.\n\nExample:\n  insight replay t1 --trace-process 19 --trace-memory t1.mem\n  insight report memory t1 --svg t1-pages.svg"
     )]
     Memory(MemoryArgs),
+    /// Threads, lock waits and holds, context switches and samples over
+    /// time: Perfetto's JSON, or a page.
+    #[command(
+        long_about = "What every thread did over the recording's time, from the \
+context-switch, lock, thread and SAMPLE events of an event database: when it ran, which lock \
+it waited for and which it held (nested as taken), whose release woke it, where it started, \
+ended and was sampled.\n\n\
+-o FILE.json writes the Trace Event Format, which Perfetto's UI (ui.perfetto.dev, Open trace \
+file) and chrome://tracing open: a track per guest thread with `wait L`, `hold L` and \
+`failed L` slices carrying their call stacks, flow arrows from a release to the waiter it \
+woke, instants for thread events and samples, and a CPU track of what the guest's vCPU ran. \
+-o FILE.html writes one self-contained page (no network): a row per thread, wheel to zoom, \
+drag to pan, hover for a slice's lock and stack, a lock filter. Both may be given. Times are \
+the recorded run's guest time; locks are named as `report locks` names them.\n\n\
+--from and --to cut a window: guest time since the VM started (28s, 28500ms; the summary \
+says which the events cover) or the first event of a kind (first:lock, first:lock:LWPID). \
+Slices crossing an edge are cut at it.\n\n\
+Example:\n  insight replay t1 --diagnose timeline        # t1/events.timeline.json and .html\n  \
+insight report timeline t1 -o t1.html --from first:lock --to 28500ms"
+    )]
+    Timeline(TimelineArgs),
     /// Any other tool: `insight report NAME [DB] [--trace DIR] [--json]`.
     #[command(external_subcommand)]
     Other(Vec<OsString>),
@@ -180,6 +203,25 @@ pub struct LocksArgs {
 }
 
 #[derive(clap::Args)]
+pub struct TimelineArgs {
+    #[command(flatten)]
+    input: Input,
+    /// Write the timeline to FILE: the Trace Event Format if it ends in
+    /// .json (Perfetto, chrome://tracing), a page if in .html. Repeatable.
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    outputs: Vec<PathBuf>,
+    /// Start of the window shown: guest time (1500ms) or first:KIND[:LWPID].
+    #[arg(long, value_name = "POS", value_parser = position::parse_position)]
+    from: Option<Position>,
+    /// End of the window shown, as for --from.
+    #[arg(long, value_name = "POS", value_parser = position::parse_position)]
+    to: Option<Position>,
+    /// JSON instead of text (the summary; the timeline itself goes to -o).
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args)]
 pub struct MemoryArgs {
     #[command(flatten)]
     input: Input,
@@ -266,6 +308,30 @@ pub fn report(args: ReportArgs) -> Result<ExitCode> {
                 a.input.force,
             )?;
         }
+        Tool::Timeline(a) => {
+            let db = traces::events_db(a.input.db.as_deref(), "timeline")?;
+            let window = timeline_window(&db, a.from, a.to)?;
+            let kinds: Vec<(OutputKind, &str)> = a
+                .outputs
+                .iter()
+                .map(|path| timeline_kind(path))
+                .collect::<Result<_>>()?;
+            for (path, (kind, _)) in a.outputs.iter().zip(&kinds) {
+                outputs::check(path, *kind, a.input.force)?;
+            }
+            let plugin = Box::new(timeline::Timeline::new(window));
+            let mut outs = run_plugins(
+                vec![plugin],
+                &db,
+                a.input.trace.as_deref(),
+                &a.input.debug_dir,
+            )?;
+            let out = outs.remove(0);
+            print_output(&out, a.json);
+            for (path, (kind, format)) in a.outputs.iter().zip(kinds) {
+                save(&out, kind, Some(path), format, a.input.force)?;
+            }
+        }
         Tool::Other(argv) => {
             let Some(name) = argv.first().and_then(|n| n.to_str()) else {
                 bail!("which tool? {}", tool_list());
@@ -321,6 +387,7 @@ fn save(
     let format = match kind {
         OutputKind::Html => "html",
         OutputKind::Svg | OutputKind::HeatMap => "svg",
+        OutputKind::Timeline => "json",
         _ => "folded",
     };
     outputs::check(path, kind, force)?;
@@ -328,6 +395,54 @@ fn save(
     std::fs::write(path, content).with_context(|| format!("cannot write {}", path.display()))?;
     eprintln!("insight: {what} written to {}", path.display());
     Ok(())
+}
+
+/// What `-o PATH` of the timeline writes, by its extension, and what the
+/// message calls it.
+fn timeline_kind(path: &Path) -> Result<(OutputKind, &'static str)> {
+    match path.extension().and_then(|e| e.to_str()) {
+        Some("json") => Ok((OutputKind::Timeline, "timeline (Trace Event Format)")),
+        Some("html" | "htm") => Ok((OutputKind::Html, "timeline page")),
+        _ => bail!(
+            "{}: a timeline is written as FILE.json (Perfetto, chrome://tracing) or FILE.html \
+             (a page)",
+            path.display()
+        ),
+    }
+}
+
+/// The window of the recorded time `--from`/`--to` name, in nanoseconds;
+/// `None` for the whole.
+fn timeline_window(
+    db: &Path,
+    from: Option<Position>,
+    to: Option<Position>,
+) -> Result<Option<timeline::model::Window>> {
+    let ns = |p: Option<Position>, flag: &str| -> Result<Option<u64>> {
+        Ok(match p {
+            None => None,
+            Some(Position::At(ReplayPoint::GuestNs(ns))) => Some(ns),
+            Some(Position::At(_)) => bail!(
+                "{flag}: an event database does not know exits; give guest time (1500ms) or \
+                 an event (first:lock)"
+            ),
+            Some(Position::First { kind, lwpid }) => {
+                Some(position::first_event_time(db, kind, lwpid)?)
+            }
+        })
+    };
+    let (from, to) = (ns(from, "--from")?, ns(to, "--to")?);
+    if from.is_none() && to.is_none() {
+        return Ok(None);
+    }
+    let window = timeline::model::Window {
+        from: from.unwrap_or(0),
+        to: to.unwrap_or(u64::MAX),
+    };
+    if window.to < window.from {
+        bail!("--to comes before --from: the window is empty");
+    }
+    Ok(Some(window))
 }
 
 fn run_one(plugin: Box<dyn Plugin>, input: &Input) -> Result<Output> {
@@ -390,14 +505,78 @@ pub fn diagnose(tools: Vec<Box<dyn Plugin>>, path: &Path) -> Result<()> {
     if tools.is_empty() {
         return Ok(());
     }
-    for (i, out) in run_plugins(tools, path, None, Path::new(DEFAULT_DEBUG_DIR))?
+    let beside: Vec<(&str, &[&str])> = tools
         .iter()
-        .enumerate()
-    {
+        .map(|t| (t.name(), t.beside_events()))
+        .collect();
+    let outs = run_plugins(tools, path, None, Path::new(DEFAULT_DEBUG_DIR))?;
+    for (i, (out, (name, formats))) in outs.iter().zip(beside).enumerate() {
         if i > 0 {
             println!();
         }
         print!("{}", printable(&out.text));
+        for format in formats {
+            let file = traces::beside_events(path, name, format);
+            let kind = match *format {
+                "json" => OutputKind::Timeline,
+                _ => OutputKind::Html,
+            };
+            // Never over a file insight did not write.
+            if let Err(e) = outputs::check(&file, kind, false) {
+                eprintln!(
+                    "insight: {name} not written: {}",
+                    crate::exit::error_chain(&e)
+                );
+                continue;
+            }
+            let content = out.attachment(format).unwrap_or_default();
+            std::fs::write(&file, content)
+                .with_context(|| format!("cannot write {}", file.display()))?;
+            eprintln!("insight: {name} ({format}) written to {}", file.display());
+        }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_timeline_is_json_or_a_page_by_its_name() {
+        assert_eq!(
+            timeline_kind(Path::new("t.json")).unwrap().0,
+            OutputKind::Timeline
+        );
+        assert_eq!(
+            timeline_kind(Path::new("t.html")).unwrap().0,
+            OutputKind::Html
+        );
+        let err = timeline_kind(Path::new("t.svg")).unwrap_err().to_string();
+        assert!(
+            err.contains("FILE.json") && err.contains("FILE.html"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn timeline_windows_are_guest_times_in_order() {
+        let db = Path::new("unused.db");
+        let at = |text: &str| Some(position::parse_position(text).unwrap());
+        assert_eq!(timeline_window(db, None, None).unwrap(), None);
+        let w = timeline_window(db, at("1s"), at("1500ms"))
+            .unwrap()
+            .unwrap();
+        assert_eq!((w.from, w.to), (1_000_000_000, 1_500_000_000));
+        let w = timeline_window(db, None, at("2s")).unwrap().unwrap();
+        assert_eq!((w.from, w.to), (0, 2_000_000_000));
+        let err = timeline_window(db, at("2s"), at("1s"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--to comes before --from"), "{err}");
+        let err = timeline_window(db, at("12345"), None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("does not know exits"), "{err}");
+    }
 }

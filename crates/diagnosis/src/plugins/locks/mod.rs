@@ -227,7 +227,7 @@ impl Locks {
 /// tables of the process that first used it tell; otherwise where it was
 /// initialized ("init at make_queue+0x1c in prog (prog.c:40)"), if a
 /// LOCKINIT says.
-fn lock_names(
+pub(crate) fn lock_names(
     cx: &Context,
     first_user: &HashMap<u64, u32>,
     init_site: &HashMap<u64, (u32, u64)>,

@@ -1,15 +1,15 @@
 //! What `insight replay` takes: its arguments, and the positions,
 //! intervals, periods and segments they name.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
-use events::abi::Kind;
-use events::db::{EventDb, EventFormat};
-use vmm::{CheckpointEvery, ReplayPoint};
+use anyhow::Result;
+use events::db::EventFormat;
+use vmm::CheckpointEvery;
 
 use crate::cmd::report;
+pub use crate::position::{parse_duration, parse_position, Position};
 
 #[derive(clap::Args)]
 pub struct ReplayArgs {
@@ -223,30 +223,6 @@ pub fn parse_period(text: &str) -> Result<Duration, String> {
     Ok(period)
 }
 
-/// "500us", "1ms", "2s", "1000000ns" (a unit is required).
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let digits = text.trim_end_matches(|c: char| c.is_ascii_alphabetic());
-    let value: u64 = digits
-        .parse()
-        .map_err(|_| format!("'{text}' is not a period such as 1ms, 500us or 2s"))?;
-    let period = match &text[digits.len()..] {
-        "ns" => Duration::from_nanos(value),
-        "us" => Duration::from_micros(value),
-        "ms" => Duration::from_millis(value),
-        "s" => Duration::from_secs(value),
-        "" => {
-            return Err(format!(
-                "'{text}' has no unit: say {text}ms, {text}us or {text}s"
-            ))
-        }
-        unit => return Err(format!("unknown unit '{unit}' in '{text}' (ns, us, ms, s)")),
-    };
-    if period.is_zero() {
-        return Err(format!("'{text}' is no time at all"));
-    }
-    Ok(period)
-}
-
 /// `--segment K/N`: segment K of N, K from 1 to N.
 pub fn parse_segment(text: &str) -> Result<(usize, usize), String> {
     let parsed = text
@@ -257,87 +233,6 @@ pub fn parse_segment(text: &str) -> Result<(usize, usize), String> {
         _ => Err(format!(
             "'{text}' is not a segment such as 2/4 (K from 1 to N)"
         )),
-    }
-}
-
-/// A position in a recording as `--from` and `--to` take it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Position {
-    At(ReplayPoint),
-    /// The first event of a kind (of one thread), found in the trace's
-    /// event database (`TRACE/events.db`, what `--diagnose` writes).
-    First {
-        kind: Kind,
-        lwpid: Option<u32>,
-    },
-}
-
-pub fn parse_position(text: &str) -> Result<Position, String> {
-    if let Ok(exit) = text.parse::<u64>() {
-        return Ok(Position::At(ReplayPoint::Exit(exit)));
-    }
-    if let Some(event) = text.strip_prefix("first:") {
-        let (name, lwpid) = match event.split_once(':') {
-            Some((name, lwpid)) => match lwpid.parse::<u32>() {
-                Ok(l) => (name, Some(l)),
-                Err(_) => return Err(format!("'{lwpid}' in '{text}' is not a thread id")),
-            },
-            None => (event, None),
-        };
-        let kind = Kind::ALL
-            .into_iter()
-            .find(|k| k.name().eq_ignore_ascii_case(name))
-            .ok_or_else(|| {
-                format!(
-                    "'{name}' is not an event kind ({})",
-                    Kind::ALL.map(|k| k.name().to_ascii_lowercase()).join(", ")
-                )
-            })?;
-        return Ok(Position::First { kind, lwpid });
-    }
-    parse_duration(text)
-        .map(|d| Position::At(ReplayPoint::GuestNs(d.as_nanos() as u64)))
-        .map_err(|_| {
-            format!(
-                "'{text}' is not a position: an exit ordinal (123456), guest time (12s, \
-                 1500ms), or the first event of a kind (first:lock, first:lock:LWPID)"
-            )
-        })
-}
-
-impl Position {
-    /// The point in the recording: an event's is its recorded time, from
-    /// the trace's event database; as a window's end (`end`), the first
-    /// exit after it, so that the event is in the window.
-    pub fn resolve(self, trace: &Path, end: bool) -> Result<ReplayPoint> {
-        let (kind, lwpid) = match self {
-            Position::At(p) => return Ok(p),
-            Position::First { kind, lwpid } => (kind, lwpid),
-        };
-        let path = trace.join(crate::traces::EVENTS_DB);
-        let db = EventDb::open(&path).with_context(|| {
-            format!(
-                "an event position needs the trace's events: replay it once with --events {} \
-                 (or --diagnose)",
-                path.display()
-            )
-        })?;
-        let mut found = None;
-        db.for_each(&[kind], |r| {
-            if found.is_none() && lwpid.is_none_or(|l| l == r.lwpid) {
-                found = Some(r.time);
-            }
-            Ok(())
-        })?;
-        let Some(time) = found else {
-            bail!(
-                "{} has no {} event{}",
-                path.display(),
-                kind.name(),
-                lwpid.map_or(String::new(), |l| format!(" of thread {l}"))
-            );
-        };
-        Ok(ReplayPoint::GuestNs(if end { time + 1 } else { time }))
     }
 }
 
@@ -365,6 +260,8 @@ pub fn parse_interval(text: &str) -> Result<CheckpointEvery, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use events::abi::Kind;
+    use vmm::ReplayPoint;
 
     #[test]
     fn periods_need_a_unit_and_a_positive_value() {
