@@ -877,6 +877,8 @@ fn timeline(db: &Path, dir: &Path) -> (serde_json::Value, Vec<TimelineSlice>) {
         .count();
     let dom = rendered(&html, dir);
     assert_eq!(dom.matches("class=\"row thread\"").count(), threads);
+    // The script ran to the end of its first drawing.
+    assert!(dom.contains("data-draw-ms=\""), "the page was not drawn");
     (doc, slices)
 }
 

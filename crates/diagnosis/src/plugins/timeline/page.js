@@ -22,8 +22,17 @@
   }
   for (const s of D.samples) if (s[0] >= 0) rows[s[0]].samples.push(s);
   for (const e of D.instants) if (e[0] >= 0) rows[e[0]].instants.push(e);
-  // Each row's slices in start order, for the search on hover.
-  for (const r of rows) r.slices.sort((a, b) => a[3] - b[3]);
+  // Each row's slices in start order, for the search on hover, and by
+  // level for drawing: nested ones, then a thread's extra lanes, below.
+  for (const r of rows) {
+    r.slices.sort((a, b) => a[3] - b[3]);
+    r.byLevel = new Map();
+    for (const s of r.slices) {
+      const level = Math.min(MAX_LEVELS - 1, s[6]);
+      if (!r.byLevel.has(level)) r.byLevel.set(level, []);
+      r.byLevel.get(level).push(s);
+    }
+  }
 
   let t0 = 0, t1 = Math.max(1, D.span), lockFilter = -1;
   const ms = (ns) => (ns / 1e6).toFixed(3) + " ms";
@@ -39,8 +48,8 @@
     o.textContent = name;
     select.appendChild(o);
   });
-  select.onchange = () => { lockFilter = +select.value; draw(); };
-  document.getElementById("reset").onclick = () => { t0 = 0; t1 = Math.max(1, D.span); draw(); };
+  select.onchange = () => { lockFilter = +select.value; redraw(); };
+  document.getElementById("reset").onclick = () => { t0 = 0; t1 = Math.max(1, D.span); redraw(); };
 
   // The rows in the document: the CPU first, then one per thread.
   const container = document.getElementById("rows");
@@ -109,14 +118,7 @@
     const c = r.canvas, w = size(c), ctx = c.getContext("2d");
     ctx.clearRect(0, 0, w, c.height);
     intervals(ctx, w, r.runs, 1, 2, 0, RUN, () => COLOR.run);
-    // Slices by level: nested ones, then a thread's extra lanes, below.
-    const byLevel = new Map();
-    for (const s of r.slices) {
-      const level = Math.min(MAX_LEVELS - 1, s[6]);
-      if (!byLevel.has(level)) byLevel.set(level, []);
-      byLevel.get(level).push(s);
-    }
-    for (const [level, list] of byLevel) {
+    for (const [level, list] of r.byLevel) {
       intervals(ctx, w, list, 3, 4, RUN + 1 + level * LEVEL, LEVEL - 2, (s) =>
         lockFilter < 0 || s[2] === lockFilter ? COLOR[KIND[s[1]]] : "#ddd");
     }
@@ -160,10 +162,21 @@
     }
   }
 
+  // Interactions ask for a drawing; one is made per frame at most.
+  let pending = false;
+  function redraw() {
+    if (pending) return;
+    pending = true;
+    requestAnimationFrame(() => { pending = false; draw(); });
+  }
+
   function draw() {
+    const start = performance.now();
     drawAxis();
     drawCpu();
     rows.forEach(drawRow);
+    // How long a whole redraw takes, for whoever measures the page.
+    document.body.dataset.drawMs = (performance.now() - start).toFixed(1);
   }
 
   // Hover: what lies under the pointer.
@@ -210,10 +223,10 @@
       const span = Math.max(1000, (t1 - t0) * f);
       t0 = t - (e.offsetX / w) * span;
       t1 = t0 + span;
-      draw();
+      redraw();
     }, { passive: false });
     canvas.addEventListener("mousedown", (e) => { drag = { x: e.clientX, t0, t1, w: canvas.clientWidth }; });
-    canvas.addEventListener("dblclick", () => { t0 = 0; t1 = Math.max(1, D.span); draw(); });
+    canvas.addEventListener("dblclick", () => { t0 = 0; t1 = Math.max(1, D.span); redraw(); });
     canvas.addEventListener("mousemove", (e) => {
       if (drag) return;
       const text = describe(model, e.offsetX, e.offsetY, canvas.clientWidth);
@@ -231,9 +244,9 @@
     const dt = ((e.clientX - drag.x) / drag.w) * (drag.t1 - drag.t0);
     t0 = drag.t0 - dt;
     t1 = drag.t1 - dt;
-    draw();
+    redraw();
   });
   window.addEventListener("mouseup", () => { drag = null; });
-  window.addEventListener("resize", draw);
+  window.addEventListener("resize", redraw);
   draw();
 })();
