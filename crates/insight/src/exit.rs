@@ -25,6 +25,12 @@ pub fn status_of(err: &anyhow::Error) -> u8 {
     let damaged = err.chain().any(|e| {
         e.downcast_ref::<trace::TraceError>()
             .is_some_and(trace::TraceError::is_damage)
+            // A checkpoint's error passes through the VM's and the
+            // builder's transparently.
+            || e.downcast_ref::<vmm::VmError>()
+                .is_some_and(vmm::VmError::is_damage)
+            || e.downcast_ref::<vmm::builder::BuildError>()
+                .is_some_and(vmm::builder::BuildError::is_damage)
             || matches!(
                 e.downcast_ref::<events::db::DbError>(),
                 Some(events::db::DbError::Corrupt { .. })
@@ -43,4 +49,28 @@ pub fn error_chain(err: &anyhow::Error) -> String {
         .map(|e| e.to_string())
         .collect::<Vec<_>>()
         .join(": ")
+}
+
+/// Whether the file system was full: ENOSPC from any file operation, or
+/// SQLite's SQLITE_FULL.
+pub fn disk_full(err: &anyhow::Error) -> bool {
+    err.chain().any(|e| {
+        matches!(
+            e.downcast_ref::<events::db::DbError>(),
+            Some(events::db::DbError::DiskFull(_))
+        ) || e
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::StorageFull)
+    })
+}
+
+/// The one line an error is reported as: its causes, and "disk full"
+/// first when the disk was, whichever library said it.
+pub fn message(err: &anyhow::Error) -> String {
+    let chain = error_chain(err);
+    if disk_full(err) && !chain.contains("disk full") {
+        format!("disk full: {chain}")
+    } else {
+        chain
+    }
 }

@@ -17,7 +17,7 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(err) => {
             // Errors quote configs, traces and guest text: escaped.
-            let message = exit::error_chain(&err);
+            let message = exit::message(&err);
             eprintln!("insight: error: {}", status::printable(&message));
             ExitCode::from(exit::status_of(&err))
         }

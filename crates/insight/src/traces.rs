@@ -234,7 +234,19 @@ pub enum TraceUse {
 /// stale lock after a crash or SIGKILL).
 #[derive(Debug)]
 pub struct TraceHold {
-    _dir: std::fs::File,
+    dir: std::fs::File,
+}
+
+impl TraceHold {
+    /// Whether `path` still names the directory held (not one made in its
+    /// place after it was removed).
+    pub fn is_at(&self, path: &Path) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        match (self.dir.metadata(), std::fs::metadata(path)) {
+            (Ok(held), Ok(named)) => (held.dev(), held.ino()) == (named.dev(), named.ino()),
+            _ => false,
+        }
+    }
 }
 
 /// Takes a hold on the trace directory `trace` for `how`, or says which
@@ -248,7 +260,7 @@ pub fn hold(trace: &Path, how: TraceUse) -> Result<Option<TraceHold>> {
         TraceUse::Shared => dir.try_lock_shared(),
     };
     match taken {
-        Ok(()) => Ok(Some(TraceHold { _dir: dir })),
+        Ok(()) => Ok(Some(TraceHold { dir })),
         Err(std::fs::TryLockError::WouldBlock) => bail!(
             "{} is in use by {}",
             trace.display(),

@@ -193,8 +193,14 @@ fn a_trace_holds_its_snapshot_and_replays_without_the_cache() {
     let last = bad.len() - 1;
     bad[last] ^= 1;
     std::fs::write(&snap, &bad).unwrap();
-    let (_, err) = text(&replay(&copy));
+    let out = replay(&copy);
+    let (_, err) = text(&out);
     assert!(err.contains("do not match its digest"), "{err}");
+    // A damaged file of the trace: exit 3, as for the rest of it.
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    std::fs::write(&snap, &good[..good.len() / 2]).unwrap();
+    let out = replay(&copy);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out).1);
     std::fs::remove_file(&snap).unwrap();
     let (_, err) = text(&replay(&copy));
     assert!(err.contains("boot.snap is missing"), "{err}");

@@ -251,6 +251,46 @@ fn a_trace_being_recorded_is_neither_removed_nor_replayed() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
+#[test]
+fn a_recording_removed_behind_its_back_stops_and_leaves_its_successor_alone() {
+    guest_ready();
+    let dir = scratch("removed-store");
+    let trace = dir.join("t");
+    let recorder = insight()
+        .args(["record", "--no-stdin", "-o"])
+        .arg(&trace)
+        .args(["--", "sh", "-c", "sleep 120"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Its header written and its boot snapshot in place: the run begins.
+    wait_for("the trace's boot snapshot", || {
+        trace.join(trace::SNAPSHOT_FILE).is_file().then_some(())
+    });
+    // Removed by hand (not by `insight rm`, which refuses), and the name
+    // taken by something else.
+    std::fs::remove_dir_all(&trace).unwrap();
+    std::fs::create_dir(&trace).unwrap();
+    std::fs::write(trace.join("notes"), "mine\n").unwrap();
+    let out = recorder.wait_with_output().unwrap();
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(125), "{stderr}");
+    assert!(
+        stderr.contains("recording stopped") && stderr.contains("was removed while it was written"),
+        "{stderr}"
+    );
+    let names: Vec<_> = std::fs::read_dir(&trace)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(names, ["notes"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A small tmpfs mounted on a directory of the test's own, unmounted when
 /// dropped.
 struct SmallFs(std::path::PathBuf);
@@ -321,12 +361,48 @@ fn an_event_database_on_a_full_disk_is_said_so_and_removed() {
     assert_eq!(out.status.code(), Some(125), "{stderr}");
     assert!(
         stderr.contains(&format!(
-            "cannot copy the boot snapshot into the trace as {}",
+            "disk full: cannot put the boot snapshot in the trace: cannot copy the boot \
+             snapshot into the trace as {}",
             into.join("boot.snap").display()
         )) && stderr.contains("No space left on device"),
         "{stderr}"
     );
-    assert!(!into.join("boot.snap").exists());
+    // Nothing was recorded: the directory it made is gone.
+    assert!(
+        stderr.contains("its run never began") && !into.exists(),
+        "{stderr}"
+    );
+    drop(full);
+    // A recording that fills the disk as it runs: said so, with how far
+    // it got, and what it wrote replays as an incomplete trace.
+    let snap = std::fs::metadata(trace.join(trace::SNAPSHOT_FILE))
+        .unwrap()
+        .len();
+    let room = format!("{}k", snap.div_ceil(1024) + 24);
+    let full = SmallFs::mount(&dir.join("full"), &room).unwrap();
+    let into = full.0.join("t");
+    let out = insight()
+        .args(["record", "--no-stdin", "-o"])
+        .arg(&into)
+        .args([
+            "--",
+            "sh",
+            "-c",
+            "dd if=/dev/urandom bs=1k count=1000 | sha256sum",
+        ])
+        .output()
+        .unwrap();
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(125), "{stderr}");
+    assert!(
+        stderr.contains("disk full: recording failed")
+            && stderr.contains("writing the trace failed at exit ")
+            && stderr.contains(&format!("{}: No space left", into.join("events").display())),
+        "{stderr}"
+    );
+    let out = replay(&into);
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(4), "{stderr}");
     drop(full);
     // Checkpoints that do not fit: the error names the disk's state, and
     // no partial checkpoint is left behind.
@@ -334,7 +410,11 @@ fn an_event_database_on_a_full_disk_is_said_so_and_removed() {
     let out = replay_with(&trace, &["--checkpoint-every", "250ms"]);
     let (_, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(125), "{stderr}");
-    assert!(stderr.contains("No space left on device"), "{stderr}");
+    assert!(
+        stderr.contains("disk full: cannot store the checkpoint at exit ")
+            && stderr.contains("No space left on device"),
+        "{stderr}"
+    );
     let left: Vec<_> = std::fs::read_dir(&ckpts.0).unwrap().flatten().collect();
     assert!(left.is_empty(), "{left:?}");
     drop(ckpts);

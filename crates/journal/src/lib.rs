@@ -49,6 +49,14 @@ pub enum JournalError {
     Diverged(Box<Divergence>),
     #[error("trace")]
     Trace(#[from] TraceError),
+    /// Recording could not write on: how far it got.
+    #[error("writing the trace failed at exit {exits} ({:.2} s of guest time)", *guest_ns as f64 / 1e9)]
+    Write {
+        exits: u64,
+        guest_ns: u64,
+        #[source]
+        source: TraceError,
+    },
 }
 
 /// Counts shown while a recording or replay runs.

@@ -40,8 +40,18 @@ impl Recorder {
 
     fn push(&mut self, entry: Entry) -> Result<(), JournalError> {
         self.entries += 1;
-        self.writer.push(entry)?;
-        Ok(())
+        let failed = self.failed();
+        self.writer.push(entry).map_err(failed)
+    }
+
+    /// What a write that failed now reports: how far the recording got.
+    fn failed(&self) -> impl FnOnce(trace::TraceError) -> JournalError {
+        let (exits, guest_ns) = (self.exits, self.guest_ns);
+        move |source| JournalError::Write {
+            exits,
+            guest_ns,
+            source,
+        }
     }
 
     /// Logs deterministic exit `observed` (RIP set; for reads, with the
@@ -67,7 +77,8 @@ impl Recorder {
     /// Hands complete frames to the OS now and then.
     pub fn housekeeping(&mut self) -> Result<(), JournalError> {
         if self.last_flush.elapsed() >= FLUSH_INTERVAL {
-            self.writer.flush()?;
+            let failed = self.failed();
+            self.writer.flush().map_err(failed)?;
             self.last_flush = Instant::now();
         }
         Ok(())
@@ -93,7 +104,8 @@ impl Recorder {
         self.push(Entry::End(reason))?;
         self.writer.set_guest_ns(self.guest_ns);
         self.writer.set_net_rx_dropped(net_rx_dropped);
-        Ok(self.writer.finish()?)
+        let failed = self.failed();
+        self.writer.finish().map_err(failed)
     }
 
     /// Hands everything written so far to the OS without marking the
@@ -133,7 +145,8 @@ impl Recorder {
     /// bytes go to the payload stream).
     pub fn net_rx(&mut self, frames: &[Vec<u8>]) -> Result<(), JournalError> {
         let bytes = frames.concat();
-        let payload = self.writer.payload(&bytes)?;
+        let failed = self.failed();
+        let payload = self.writer.payload(&bytes).map_err(failed)?;
         let lens = frames.iter().map(|f| f.len() as u32).collect();
         self.push(Entry::NetRx { payload, lens })
     }

@@ -239,6 +239,7 @@ pub fn read<T: DeserializeOwned>(
         .ok_or_else(|| TraceError::Checkpoint {
             path: path.to_owned(),
             message: "its name is not exit-<16 digits>.ckpt".into(),
+            damaged: false,
         })?;
     read_at(path, identity, named_exit, "trace")
 }
@@ -265,10 +266,16 @@ pub fn read_at<T: DeserializeOwned>(
     let refused = |message: String| TraceError::Checkpoint {
         path: path.to_owned(),
         message,
+        damaged: false,
+    };
+    let damaged = |message: String| TraceError::Checkpoint {
+        path: path.to_owned(),
+        message,
+        damaged: true,
     };
     let bytes = files::read_bounded(path, MAX_CHECKPOINT_BYTES, "checkpoint")?;
     if bytes.len() < HEAD {
-        return Err(refused(format!(
+        return Err(damaged(format!(
             "it is cut short ({} bytes, its head alone has {HEAD})",
             bytes.len()
         )));
@@ -300,7 +307,7 @@ pub fn read_at<T: DeserializeOwned>(
     let body = &bytes[HEAD..];
     let digest: Digest32 = Sha256::digest(body).into();
     if digest != stored {
-        return Err(refused(
+        return Err(damaged(
             "its contents do not match its digest (damaged or cut short)".into(),
         ));
     }
@@ -364,25 +371,35 @@ mod tests {
 
         let path = listed[0].path.clone();
         let good = std::fs::read(&path).unwrap();
+        // The message, and whether the file counts as damaged (exit 3).
         let refusal = |bytes: &[u8], id: &Digest32| {
             std::fs::write(&path, bytes).unwrap();
-            read::<(u64, Vec<u8>, String)>(&path, id)
-                .unwrap_err()
-                .to_string()
+            let e = read::<(u64, Vec<u8>, String)>(&path, id).unwrap_err();
+            (e.to_string(), e.is_damage())
+        };
+        let damaged = |(message, damage): (String, bool), what: &str| {
+            assert!(message.contains(what) && damage, "{message}");
         };
         // One byte of the body changed.
         let mut flipped = good.clone();
         let at = flipped.len() - 5;
         flipped[at] ^= 1;
-        assert!(refusal(&flipped, &id).contains("do not match its digest"));
+        damaged(refusal(&flipped, &id), "do not match its digest");
         // Cut short, in the body and in the head.
         assert!(good.len() > 10_000);
-        assert!(refusal(&good[..good.len() - 100], &id).contains("do not match its digest"));
-        assert!(refusal(&good[..20], &id).contains("cut short"));
-        // Another trace's.
+        damaged(
+            refusal(&good[..good.len() - 100], &id),
+            "do not match its digest",
+        );
+        damaged(refusal(&good[..20], &id), "cut short");
+        // Another trace's: refused, but nothing is damaged.
         let other = temp_trace("other");
         let other_id = trace_identity(&other).unwrap();
-        assert!(refusal(&good, &other_id).contains("belongs to another trace"));
+        let (message, damage) = refusal(&good, &other_id);
+        assert!(
+            message.contains("belongs to another trace") && !damage,
+            "{message}"
+        );
         // Renamed to another exit.
         std::fs::write(&path, &good).unwrap();
         let renamed = dir.join(CHECKPOINTS_DIR).join(file_name(99));

@@ -95,18 +95,32 @@ pub enum TraceError {
         at: String,
         message: String,
     },
+    #[error(
+        "{0} was removed while it was written: nothing more goes into it, nor into \
+         whatever has its name now"
+    )]
+    Removed(PathBuf),
     #[error(transparent)]
     File(#[from] files::FileError),
-    /// A checkpoint that must not be restored: the message says why.
+    /// A checkpoint that must not be restored: the message says why;
+    /// `damaged` when its bytes are not those written (cut short, or its
+    /// body fails its digest), not merely foreign or of another version.
     #[error("checkpoint {path} is refused: {message}")]
-    Checkpoint { path: PathBuf, message: String },
+    Checkpoint {
+        path: PathBuf,
+        message: String,
+        damaged: bool,
+    },
 }
 
 impl TraceError {
     /// Whether the trace's stored bytes are damaged (as opposed to
     /// missing, unreadable, foreign, or cut short by a crash).
     pub fn is_damage(&self) -> bool {
-        matches!(self, TraceError::Damaged { .. })
+        matches!(
+            self,
+            TraceError::Damaged { .. } | TraceError::Checkpoint { damaged: true, .. }
+        )
     }
 }
 
@@ -233,6 +247,10 @@ pub struct Summary {
 /// Appends to a new trace.
 pub struct TraceWriter<E> {
     dir: PathBuf,
+    /// The directory itself, open: files made later (`complete`) go into
+    /// it through this handle, never by its name, which another recording
+    /// may take if the directory is removed.
+    dir_handle: File,
     events: BufWriter<File>,
     payloads: BufWriter<File>,
     pending: Vec<E>,
@@ -255,6 +273,7 @@ impl<E: Serialize> TraceWriter<E> {
             }
             Err(e) => return Err(io_err(dir)(e)),
         }
+        let dir_handle = File::open(dir).map_err(io_err(dir))?;
         let encoded = encode(header, "header")?;
         let mut bytes = MAGIC.to_vec();
         bytes.extend_from_slice(&TRACE_VERSION.to_le_bytes());
@@ -275,6 +294,7 @@ impl<E: Serialize> TraceWriter<E> {
         compressor.include_checksum(true).map_err(io_err(dir))?;
         Ok(TraceWriter {
             dir: dir.to_owned(),
+            dir_handle,
             events: create(EVENTS_FILE)?,
             payloads: create(PAYLOADS_FILE)?,
             pending: Vec::with_capacity(FRAME_EVENTS),
@@ -331,7 +351,31 @@ impl<E: Serialize> TraceWriter<E> {
             self.pending.clear();
         }
         let path = self.dir.join(EVENTS_FILE);
-        self.events.flush().map_err(io_err(&path))
+        self.events.flush().map_err(io_err(&path))?;
+        self.still_there()
+    }
+
+    /// Fails with [`TraceError::Removed`] once the directory is gone (its
+    /// link count drops to 0 when it is removed).
+    fn still_there(&self) -> Result<(), TraceError> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = self.dir_handle.metadata().map_err(io_err(&self.dir))?;
+        if meta.nlink() == 0 {
+            return Err(TraceError::Removed(self.dir.clone()));
+        }
+        Ok(())
+    }
+
+    /// Where the file `name` of the trace is reached through the open
+    /// directory (its name where /proc is not mounted).
+    fn in_dir(&self, name: &str) -> PathBuf {
+        use std::os::fd::AsRawFd;
+        let fds = Path::new("/proc/self/fd");
+        if fds.is_dir() {
+            fds.join(self.dir_handle.as_raw_fd().to_string()).join(name)
+        } else {
+            self.dir.join(name)
+        }
     }
 
     /// Writes what is pending, syncs, and marks the trace complete.
@@ -344,8 +388,14 @@ impl<E: Serialize> TraceWriter<E> {
             file.sync_all().map_err(io_err(&self.dir.join(name)))?;
         }
         let path = self.dir.join(COMPLETE_FILE);
-        std::fs::write(&path, with_crc(encode(&self.summary, "summary")?))
-            .map_err(io_err(&path))?;
+        std::fs::write(
+            self.in_dir(COMPLETE_FILE),
+            with_crc(encode(&self.summary, "summary")?),
+        )
+        .map_err(|e| match self.still_there() {
+            Err(removed) => removed,
+            Ok(()) => io_err(&path)(e),
+        })?;
         Ok(self.summary)
     }
 
@@ -374,6 +424,26 @@ pub fn is_trace(dir: &Path) -> bool {
     let mut magic = [0u8; 8];
     files::open_regular(&dir.join(HEADER_FILE)).is_ok_and(|mut f| f.read_exact(&mut magic).is_ok())
         && magic == MAGIC
+}
+
+/// Removes the files a recording writes into `dir` (header, log,
+/// payloads, completion summary, boot snapshot), for a recording that
+/// failed before its run began: nothing in them is worth keeping. Other
+/// files, and the directory, stay.
+pub fn discard_unstarted(dir: &Path) -> std::io::Result<()> {
+    for name in [
+        HEADER_FILE,
+        EVENTS_FILE,
+        PAYLOADS_FILE,
+        COMPLETE_FILE,
+        SNAPSHOT_FILE,
+    ] {
+        match std::fs::remove_file(dir.join(name)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// The bytes a trace's header, log and payloads take on disk (what is

@@ -275,6 +275,33 @@ fn foreign_and_future_traces_are_refused() {
 }
 
 #[test]
+fn a_writer_whose_directory_was_removed_writes_nothing_into_its_successor() {
+    let dir = scratch("removed");
+    let mut w = TraceWriter::create(&dir, &header()).unwrap();
+    w.push(Ev::PortIn {
+        ordinal: 1,
+        port: 1,
+        value: 2,
+    })
+    .unwrap();
+    w.flush().unwrap();
+    // Removed, and another recording takes the name.
+    std::fs::remove_dir_all(&dir).unwrap();
+    write(&dir, 10);
+    let theirs = std::fs::read(dir.join(COMPLETE_FILE)).unwrap();
+    let err = w.flush().unwrap_err();
+    assert!(matches!(err, TraceError::Removed(_)), "{err}");
+    let err = w.finish().unwrap_err();
+    assert!(
+        err.to_string().contains("was removed while it was written"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(dir.join(COMPLETE_FILE)).unwrap(), theirs);
+    assert_eq!(all(&mut TraceReader::<Ev>::open(&dir).unwrap()).len(), 10);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn writer_refuses_a_non_empty_directory() {
     let dir = scratch("nonempty");
     std::fs::create_dir_all(&dir).unwrap();

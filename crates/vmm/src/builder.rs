@@ -87,6 +87,13 @@ pub enum BuildError {
     DebugAndTools,
 }
 
+impl BuildError {
+    /// Whether a damaged file caused it ([`VmError::is_damage`]).
+    pub fn is_damage(&self) -> bool {
+        matches!(self, BuildError::Vm(v) if v.is_damage())
+    }
+}
+
 /// What a build had to say that is not an error (printed by the caller).
 pub type Notes = Vec<String>;
 

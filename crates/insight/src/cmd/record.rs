@@ -1,6 +1,6 @@
 //! `insight record`: run a guest and record the run into a trace.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
@@ -77,14 +77,46 @@ fn choose_clock(choice: ClockChoice) -> Result<ClockKind> {
     }
 }
 
+/// After a recording failed before its run began (its header may be
+/// written, its boot snapshot not): removes what it wrote, and the
+/// directory if it `created` it, so that no trace that holds nothing is
+/// left behind.
+fn discard_unstarted(dir: &Path, created: bool, hold: Option<&traces::TraceHold>) {
+    if hold.is_some_and(|h| !h.is_at(dir)) {
+        eprintln!(
+            "insight: {} is no longer the directory this recording made: nothing removed",
+            dir.display()
+        );
+        return;
+    }
+    if let Err(e) = trace::discard_unstarted(dir) {
+        eprintln!(
+            "insight: cannot remove the unstarted trace in {}: {e}",
+            dir.display()
+        );
+        return;
+    }
+    if created {
+        let _ = std::fs::remove_dir(dir);
+    }
+    eprintln!(
+        "insight: removed the trace in {}: its run never began",
+        dir.display()
+    );
+}
+
 pub fn record(args: RecordArgs) -> Result<ExitCode> {
     choose_clock(args.clock)?;
     let (spec, config) = prepare_guest(&args.guest)?;
     // The store, when the trace goes into it.
     let mut store = None;
+    // Whether this recording made the directory (and may remove it).
+    let mut created = true;
     let output = match &args.output {
         Some(dir) => {
-            if !dir.exists() {
+            if dir.exists() {
+                created = false;
+            } else {
                 std::fs::create_dir_all(dir)
                     .with_context(|| format!("cannot create {}", dir.display()))?;
             }
@@ -98,13 +130,14 @@ pub fn record(args: RecordArgs) -> Result<ExitCode> {
     };
     // No other command uses the trace while it is recorded: `rm` and
     // replays are refused, naming this process.
-    let _hold =
+    let hold =
         traces::hold(&output, traces::TraceUse::Exclusive).context("cannot record into it")?;
     let status = StatusLine::for_stderr();
     let (machine, snapshot) =
         start_machine(&spec, status.console(Box::new(std::io::stdout())), || {
             status.console(Box::new(std::io::stdout()))
-        })?;
+        })
+        .inspect_err(|_| discard_unstarted(&output, created, hold.as_ref()))?;
     let (input, _terminal) = stdin_input(args.guest.no_stdin).unzip();
     let (session, notes) = vmm::builder::record(
         machine,
@@ -118,7 +151,8 @@ pub fn record(args: RecordArgs) -> Result<ExitCode> {
             input,
             progress: progress_report(&status, "record"),
         },
-    )?;
+    )
+    .inspect_err(|_| discard_unstarted(&output, created, hold.as_ref()))?;
     // Its header is written: a trace, the latest one.
     if let Some(store) = &store {
         traces::set_latest(store, &output)?;
@@ -138,11 +172,22 @@ pub fn record(args: RecordArgs) -> Result<ExitCode> {
             );
             return Ok(ExitCode::from(EXIT_STOPPED_BY_USER));
         }
-        other => other.with_context(|| {
-            format!(
-                "recording failed (the trace in {} holds the run up to the failure)",
-                output.display()
-            )
+        other => other.map_err(|e| {
+            let e = anyhow::Error::from(e);
+            let removed = e.chain().any(|c| {
+                matches!(
+                    c.downcast_ref::<trace::TraceError>(),
+                    Some(trace::TraceError::Removed(_))
+                )
+            });
+            if removed {
+                e.context("recording stopped")
+            } else {
+                e.context(format!(
+                    "recording failed (the trace in {} holds the run up to the failure)",
+                    output.display()
+                ))
+            }
         })?,
     };
     if let Some(problems) = net_problems(outcome.net.as_ref()) {

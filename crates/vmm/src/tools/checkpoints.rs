@@ -229,7 +229,11 @@ impl CheckpointTaker {
             position.guest_ns,
             &checkpoint,
         )
-        .map_err(ckpt_err)?;
+        .map_err(|source| VmError::StoreCheckpoint {
+            exit: position.exits,
+            stored: self.taken.len(),
+            source,
+        })?;
         self.previous = Some((position.exits, digest));
         self.next_due = self.every.after(&position);
         self.taken.push(CheckpointTaken {

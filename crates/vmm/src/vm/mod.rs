@@ -95,6 +95,14 @@ pub enum VmError {
     Events(#[from] DbError),
     #[error(transparent)]
     Checkpoint(trace::TraceError),
+    /// A checkpoint could not be written: how far the replay got.
+    #[error("cannot store the checkpoint at exit {exit} ({stored} stored before it)")]
+    StoreCheckpoint {
+        exit: u64,
+        stored: usize,
+        #[source]
+        source: trace::TraceError,
+    },
     #[error("tracing the process: {0}")]
     Expansion(String),
     #[error("debugging: {0}")]
@@ -107,6 +115,15 @@ pub enum VmError {
     BadFetch { why: String },
     #[error("the guest powered off or failed before /init was ready for a boot snapshot")]
     NoSnapshotPoint,
+}
+
+impl VmError {
+    /// Whether a damaged file caused it (a checkpoint or boot snapshot
+    /// whose bytes are not those written): exit status 3, like a damaged
+    /// trace.
+    pub fn is_damage(&self) -> bool {
+        matches!(self, VmError::Checkpoint(t) if t.is_damage())
+    }
 }
 
 pub(crate) fn kvm_err(op: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {

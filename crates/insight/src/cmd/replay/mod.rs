@@ -240,7 +240,11 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
         }
         Err(e) => {
             let e = anyhow::Error::from(e);
-            if let Some(path) = args.events.as_deref().filter(|_| disk_full(&e)) {
+            if let Some(path) = args
+                .events
+                .as_deref()
+                .filter(|_| crate::exit::disk_full(&e))
+            {
                 // What it holds is of no use, and it takes the room left.
                 let partial = EventWriter::partial_path(path);
                 if std::fs::remove_file(&partial).is_ok() {
@@ -475,17 +479,4 @@ fn pcap_of_sent_frames(path: &Path) -> Result<(SharedPcap, FrameSink)> {
         }
     });
     Ok((pcap, frames))
-}
-
-/// Whether `err` came from a full disk (the event database's SQLITE_FULL
-/// or an ENOSPC on the way).
-fn disk_full(err: &anyhow::Error) -> bool {
-    err.chain().any(|e| {
-        matches!(
-            e.downcast_ref::<events::db::DbError>(),
-            Some(events::db::DbError::DiskFull(_))
-        ) || e
-            .downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::StorageFull)
-    })
 }
