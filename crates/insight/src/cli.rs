@@ -186,8 +186,9 @@ sqlite3 t1-rows.db 'SELECT kind, count(*) FROM named_events GROUP BY kind'")]
 the trace store ($INSIGHT_TRACE_DIR, else $XDG_DATA_HOME/insight/traces, else \
 ~/.local/share/insight/traces): name (* marks the latest, which `replay`, `dump` and \
 `report` take when no trace is named), when it was recorded, the guest time it covers, \
-its size, whether the recorder finished it, the size of the event database a replay \
-wrote into it, and the command."
+its size, its state (complete; recording: a recorder is writing it now; incomplete: its \
+recorder ended without finishing it), the size of the event database a replay wrote into \
+it, and the command."
     )]
     Ls(cmd::ls::LsArgs),
     /// Remove recordings from the trace store.

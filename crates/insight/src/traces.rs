@@ -270,6 +270,11 @@ pub fn hold(trace: &Path, how: TraceUse) -> Result<Option<TraceHold>> {
     }
 }
 
+/// Whether an `insight record` is writing the trace `dir` now.
+pub fn being_recorded(dir: &Path) -> bool {
+    holders(dir).is_some_and(|h| h.contains(" record)"))
+}
+
 /// The processes holding `flock`s on `dir`, as "pid N (insight record),
 /// …", from /proc/locks; `None` if none can be named.
 fn holders(dir: &Path) -> Option<String> {

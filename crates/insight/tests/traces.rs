@@ -227,6 +227,15 @@ fn a_trace_being_recorded_is_neither_removed_nor_replayed() {
     });
     let name = trace.file_name().unwrap().to_owned();
     let user = format!("in use by pid {} (insight record)", recorder.id());
+    // Listed as being recorded, not as a recording that was cut short.
+    let out = in_store(&dir, &store, &[os("ls")]);
+    let (listed, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let line = listed
+        .lines()
+        .find(|l| l.starts_with(name.to_str().unwrap()))
+        .unwrap_or_default();
+    assert!(line.contains(" recording "), "{listed}");
     let out = in_store(&dir, &store, &[os("rm"), &name]);
     let (_, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(1), "{stderr}");

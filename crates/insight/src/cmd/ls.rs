@@ -79,6 +79,7 @@ pub fn ls(_: LsArgs) -> Result<ExitCode> {
             Ok(r) => {
                 let (state, guest) = match &r.complete {
                     Some(s) => ("complete", format!("{:.1} s", s.guest_ns as f64 / 1e9)),
+                    None if traces::being_recorded(&dir) => ("recording", "-".to_owned()),
                     None => ("incomplete", "-".to_owned()),
                 };
                 println!(
