@@ -427,6 +427,20 @@ fn an_event_database_on_a_full_disk_is_said_so_and_removed() {
     let left: Vec<_> = std::fs::read_dir(&ckpts.0).unwrap().flatten().collect();
     assert!(left.is_empty(), "{left:?}");
     drop(ckpts);
+    // Recording into it is refused, and a refused start removes nothing
+    // it did not write.
+    let out = insight()
+        .args(["record", "--no-stdin", "-o"])
+        .arg(&trace)
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(125), "{stderr}");
+    assert!(
+        stderr.contains("is not empty") && !stderr.contains("removed"),
+        "{stderr}"
+    );
     // The trace itself is untouched: it still replays.
     let out = replay(&trace);
     expect_status(&out, 0);

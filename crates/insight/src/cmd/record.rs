@@ -77,10 +77,15 @@ fn choose_clock(choice: ClockChoice) -> Result<ClockKind> {
     }
 }
 
+/// Whether `dir` is a directory with nothing in it.
+fn is_empty_dir(dir: &Path) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|mut entries| entries.next().is_none())
+}
+
 /// After a recording failed before its run began (its header may be
 /// written, its boot snapshot not): removes what it wrote, and the
 /// directory if it `created` it, so that no trace that holds nothing is
-/// left behind.
+/// left behind. Called only for a directory that was empty before.
 fn discard_unstarted(dir: &Path, created: bool, hold: Option<&traces::TraceHold>) {
     if hold.is_some_and(|h| !h.is_at(dir)) {
         eprintln!(
@@ -132,12 +137,19 @@ pub fn record(args: RecordArgs) -> Result<ExitCode> {
     // replays are refused, naming this process.
     let hold =
         traces::hold(&output, traces::TraceUse::Exclusive).context("cannot record into it")?;
+    // What a failed start may remove: only what this recording wrote, into
+    // a directory that was empty (a trace is recorded into no other).
+    let fresh = created || is_empty_dir(&output);
     let status = StatusLine::for_stderr();
     let (machine, snapshot) =
         start_machine(&spec, status.console(Box::new(std::io::stdout())), || {
             status.console(Box::new(std::io::stdout()))
         })
-        .inspect_err(|_| discard_unstarted(&output, created, hold.as_ref()))?;
+        .inspect_err(|_| {
+            if fresh {
+                discard_unstarted(&output, created, hold.as_ref())
+            }
+        })?;
     let (input, _terminal) = stdin_input(args.guest.no_stdin).unzip();
     let (session, notes) = vmm::builder::record(
         machine,
@@ -152,7 +164,11 @@ pub fn record(args: RecordArgs) -> Result<ExitCode> {
             progress: progress_report(&status, "record"),
         },
     )
-    .inspect_err(|_| discard_unstarted(&output, created, hold.as_ref()))?;
+    .inspect_err(|_| {
+        if fresh {
+            discard_unstarted(&output, created, hold.as_ref())
+        }
+    })?;
     // Its header is written: a trace, the latest one.
     if let Some(store) = &store {
         traces::set_latest(store, &output)?;
