@@ -166,7 +166,9 @@ Exit status: 0 when the traces are the same run, 1 when they differ."
 `insight replay --events` wrote, without replaying again; as many times as you like.\n\n\
 Tools: `locks` (lock contention), `profile` (function profile from samples, flame \
 graph), `deadlock` (potential deadlocks from lock order), `threads` (per thread: \
-lifetime, switches, samples, lock calls and waits). Each is a plugin (docs/plugins.md); \
+lifetime, switches, samples, lock calls and waits), `memory` (accesses per variable and \
+heap block of a traced process), `timeline` (threads, lock waits and holds over time, for \
+Perfetto or as a page). Each is a plugin (docs/plugins.md); \
 `insight report NAME DB [--trace DIR] [--json]` runs any of them with default options.")]
     Report(cmd::report::ReportArgs),
     /// Rewrite an event database in the other storage format.
