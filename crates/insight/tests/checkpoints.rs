@@ -77,11 +77,13 @@ fn running(pid: u32) -> bool {
     }
 }
 
-fn refusal(trace: &Path, from: u64) -> String {
+/// The error line of a replay `--from` a checkpoint that is refused, which
+/// exits with `status`: 3 for a damaged one, 125 (insight's own error, not
+/// a divergence) for one that is whole but not the trace's.
+fn refusal(trace: &Path, from: u64, status: i32) -> String {
     let out = replay_with(trace, &["--from", &from.to_string()]);
     let (_, stderr) = text(&out);
-    // insight's own error status, not a divergence's.
-    assert_eq!(out.status.code(), Some(125), "{stderr}");
+    assert_eq!(out.status.code(), Some(status), "{stderr}");
     let error = stderr
         .lines()
         .find(|l| l.starts_with("insight: error"))
@@ -186,7 +188,7 @@ fn windows_and_refused_checkpoints() {
     );
     assert!(recorded.ends_with(&stdout));
     // Its successors need it: refused, naming it.
-    let e = refusal(&trace, stored[2].exit);
+    let e = refusal(&trace, stored[2].exit, 125);
     assert!(e.contains("belongs to another trace"), "{e}");
 
     // One byte changed.
@@ -195,13 +197,13 @@ fn windows_and_refused_checkpoints() {
     let at = bytes.len() / 2;
     bytes[at] ^= 0x40;
     std::fs::write(&last.path, &bytes).unwrap();
-    let e = refusal(&trace, last.exit);
+    let e = refusal(&trace, last.exit, 3);
     assert!(e.contains("do not match its digest"), "{e}");
     assert!(e.contains(&last.path.display().to_string()), "{e}");
     // Cut short.
     bytes[at] ^= 0x40;
     std::fs::write(&last.path, &bytes[..bytes.len() - 4096]).unwrap();
-    let e = refusal(&trace, last.exit);
+    let e = refusal(&trace, last.exit, 3);
     assert!(e.contains("do not match its digest"), "{e}");
 
     // The first checkpoint is untouched: replay from it still works.
