@@ -9,6 +9,11 @@ pub fn percent(part: u64, whole: u64) -> f64 {
     }
 }
 
+/// Text as a JSON string literal, quotes included.
+pub fn json_string(s: &str) -> String {
+    serde_json::to_string(s).expect("a string serializes")
+}
+
 /// Text made safe for HTML and SVG.
 pub fn xml_escape(s: &str) -> String {
     s.replace('&', "&amp;")

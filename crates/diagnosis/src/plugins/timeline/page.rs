@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 
 use super::model::SliceKind;
 use super::View;
-use crate::render::xml_escape;
+use crate::render::{json_string, xml_escape};
 
 /// A comment every timeline page carries, by which insight knows the file
 /// as its own.
@@ -57,7 +57,7 @@ fn data(view: &View, label: &str) -> String {
     let _ = write!(
         out,
         "{{\"label\":{},\"origin\":{origin},\"span\":{},\"threads\":[",
-        quoted(label),
+        json_string(label),
         end.saturating_sub(origin)
     );
     for (i, r) in view.threads.iter().enumerate() {
@@ -65,7 +65,7 @@ fn data(view: &View, label: &str) -> String {
         let _ = write!(
             out,
             "{sep}{{\"name\":{},\"pid\":{},\"lanes\":{}}}",
-            quoted(&r.name),
+            json_string(&r.name),
             r.tid.0,
             r.lanes
         );
@@ -130,7 +130,13 @@ fn data(view: &View, label: &str) -> String {
         let row = view.row_of.get(&r.tid).map_or(-1, |&r| r as i64);
         let (start, end) = view.window.clip(r.start, r.end);
         let name = view.task_names.get(&r.tid).map_or("", String::as_str);
-        let _ = write!(out, "{sep}[{row},{},{},{}]", t(start), t(end), quoted(name));
+        let _ = write!(
+            out,
+            "{sep}[{row},{},{},{}]",
+            t(start),
+            t(end),
+            json_string(name)
+        );
     }
     out.push_str("],\"instants\":[");
     for (i, e) in view.instants().enumerate() {
@@ -169,12 +175,8 @@ fn push_strings(out: &mut String, strings: &[String]) {
         if i > 0 {
             out.push(',');
         }
-        out.push_str(&quoted(s));
+        out.push_str(&json_string(s));
     }
-}
-
-fn quoted(s: &str) -> String {
-    serde_json::to_string(s).expect("a string serializes")
 }
 
 #[cfg(test)]

@@ -26,6 +26,7 @@ use std::fmt::Write as _;
 
 use super::model::SliceKind;
 use super::View;
+use crate::render::json_string;
 
 /// The pid of the CPU's process (no guest process has it: pid 0 is the
 /// idle task, never drawn).
@@ -43,7 +44,7 @@ pub fn write(view: &View, label: &str) -> String {
         "{},\"database\":{},\"from_ns\":{},\"to_ns\":{}}},\n\"displayTimeUnit\":\"ns\",\n\
          \"traceEvents\":[\n",
         crate::TIMELINE_MARK,
-        quoted(label),
+        json_string(label),
         view.window.from,
         view.window.to.min(view.b.last)
     );
@@ -57,7 +58,7 @@ pub fn write(view: &View, label: &str) -> String {
             w.out,
             ",\"dur\":{},\"name\":{}",
             dur(end - start),
-            quoted(&name)
+            json_string(&name)
         );
         if let Some(stack) = view.slice_stack[i] {
             let _ = write!(w.out, ",\"sf\":\"{}\"", frames.innermost[stack]);
@@ -88,7 +89,7 @@ pub fn write(view: &View, label: &str) -> String {
             w.out,
             ",\"dur\":{},\"name\":{}",
             dur(end - start),
-            quoted(&name)
+            json_string(&name)
         );
         w.end();
     }
@@ -105,7 +106,7 @@ pub fn write(view: &View, label: &str) -> String {
         let _ = write!(
             w.out,
             ",\"s\":\"t\",\"name\":{}",
-            quoted(&view.sample_function[i])
+            json_string(&view.sample_function[i])
         );
         if let Some(stack) = view.sample_stack[i] {
             let _ = write!(w.out, ",\"sf\":\"{}\"", frames.innermost[stack]);
@@ -153,7 +154,7 @@ impl<'a> FrameTree<'a> {
     fn write(&self, out: &mut String) {
         for (id, (name, parent)) in self.nodes.iter().enumerate() {
             let sep = if id > 0 { "," } else { "" };
-            let _ = write!(out, "{sep}\n\"{id}\":{{\"name\":{}", quoted(name));
+            let _ = write!(out, "{sep}\n\"{id}\":{{\"name\":{}", json_string(name));
             if let Some(p) = parent {
                 let _ = write!(out, ",\"parent\":\"{p}\"");
             }
@@ -218,7 +219,7 @@ impl Writer {
         if let Some(tid) = tid {
             let _ = write!(self.out, ",\"tid\":{tid}");
         }
-        let _ = write!(self.out, ",\"args\":{{\"name\":{}}}}}", quoted(name));
+        let _ = write!(self.out, ",\"args\":{{\"name\":{}}}}}", json_string(name));
     }
 }
 
@@ -231,10 +232,6 @@ fn us(ns: u64) -> String {
 fn dur(ns: u64) -> String {
     let text = us(ns);
     text.trim_end_matches('0').trim_end_matches('.').to_owned()
-}
-
-fn quoted(s: &str) -> String {
-    serde_json::to_string(s).expect("a string serializes")
 }
 
 #[cfg(test)]
