@@ -230,13 +230,7 @@ impl<'a> View<'a> {
                     .entry(tid)
                     .or_insert_with(|| format!("thread {}", tid.1))
                     .clone(),
-                lanes: 1 + b
-                    .slices
-                    .iter()
-                    .filter(|s| s.tid == tid)
-                    .map(|s| s.lane)
-                    .max()
-                    .unwrap_or(0),
+                lanes: b.lanes.get(&tid).map_or(1, |l| l.len() as u32),
             })
             .collect();
         for r in &b.runs {

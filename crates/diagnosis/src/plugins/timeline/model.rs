@@ -124,6 +124,9 @@ pub struct Builder {
     pub init_site: HashMap<u64, (u32, u64)>,
     /// Events that contradict the lock model (not drawn).
     pub anomalies: u64,
+    /// Per thread with slices, the levels of each of its lanes (after
+    /// [`Builder::finish`]).
+    pub lanes: HashMap<Tid, Vec<u32>>,
     pending: HashMap<Tid, Request>,
     /// Open holds per thread, innermost last: slice indices.
     held: HashMap<Tid, Vec<usize>>,
@@ -334,14 +337,16 @@ impl Builder {
                 });
             }
         }
-        assign_lanes(&mut self.slices);
+        self.lanes = assign_lanes(&mut self.slices);
     }
 }
 
 /// Sorts `slices` by thread and start (longest first at one start) and
 /// gives each the first lane of its thread where it nests inside what is
-/// open there, and its depth in that lane.
-pub fn assign_lanes(slices: &mut [Slice]) {
+/// open there, and its depth in that lane. Returns, per thread with
+/// slices, how many levels each of its lanes has (its deepest depth + 1).
+pub fn assign_lanes(slices: &mut [Slice]) -> HashMap<Tid, Vec<u32>> {
+    let mut levels: HashMap<Tid, Vec<u32>> = HashMap::new();
     slices.sort_by(|a, b| {
         (a.tid, a.start, b.end, a.kind as u8).cmp(&(b.tid, b.start, a.end, b.kind as u8))
     });
@@ -369,7 +374,13 @@ pub fn assign_lanes(slices: &mut [Slice]) {
         s.lane = i as u32;
         s.depth = lanes[i].len() as u32;
         lanes[i].push(s.end);
+        let of_thread = levels.entry(s.tid).or_default();
+        if of_thread.len() <= i {
+            of_thread.resize(i + 1, 0);
+        }
+        of_thread[i] = of_thread[i].max(s.depth + 1);
     }
+    levels
 }
 
 /// A part of the recorded time, in nanoseconds: what a timeline shows.
@@ -494,6 +505,7 @@ mod tests {
                 (Hold, 6, 12, 1, 0),
             ]
         );
+        assert_eq!(b.lanes[&(1, 1)], [2, 1]);
     }
 
     #[test]

@@ -81,16 +81,7 @@ fn data(view: &View, label: &str) -> String {
         .collect();
     // Each lane of a thread below the one before: the level of a slice in
     // its row is its lane's first level plus its depth.
-    let mut deepest: HashMap<(super::model::Tid, u32), u32> = HashMap::new();
-    for s in &view.b.slices {
-        let d = deepest.entry((s.tid, s.lane)).or_default();
-        *d = (*d).max(s.depth);
-    }
-    let lane_start = |tid, lane| -> u32 {
-        (0..lane)
-            .map(|l| deepest.get(&(tid, l)).map_or(0, |d| d + 1))
-            .sum()
-    };
+    let lane_start = |tid, lane: u32| -> u32 { view.b.lanes[&tid][..lane as usize].iter().sum() };
     for (i, s) in view.slices() {
         let Some(&row) = view.row_of.get(&s.tid) else {
             continue;
