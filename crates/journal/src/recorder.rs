@@ -40,16 +40,14 @@ impl Recorder {
 
     fn push(&mut self, entry: Entry) -> Result<(), JournalError> {
         self.entries += 1;
-        let failed = self.failed();
-        self.writer.push(entry).map_err(failed)
+        self.writer.push(entry).map_err(|e| self.failed(e))
     }
 
     /// What a write that failed now reports: how far the recording got.
-    fn failed(&self) -> impl FnOnce(trace::TraceError) -> JournalError {
-        let (exits, guest_ns) = (self.exits, self.guest_ns);
-        move |source| JournalError::Write {
-            exits,
-            guest_ns,
+    fn failed(&self, source: trace::TraceError) -> JournalError {
+        JournalError::Write {
+            exits: self.exits,
+            guest_ns: self.guest_ns,
             source,
         }
     }
@@ -77,8 +75,7 @@ impl Recorder {
     /// Hands complete frames to the OS now and then.
     pub fn housekeeping(&mut self) -> Result<(), JournalError> {
         if self.last_flush.elapsed() >= FLUSH_INTERVAL {
-            let failed = self.failed();
-            self.writer.flush().map_err(failed)?;
+            self.writer.flush().map_err(|e| self.failed(e))?;
             self.last_flush = Instant::now();
         }
         Ok(())
@@ -104,8 +101,13 @@ impl Recorder {
         self.push(Entry::End(reason))?;
         self.writer.set_guest_ns(self.guest_ns);
         self.writer.set_net_rx_dropped(net_rx_dropped);
-        let failed = self.failed();
-        self.writer.finish().map_err(failed)
+        // `finish` takes the writer: how far the recording got is read first.
+        let (exits, guest_ns) = (self.exits, self.guest_ns);
+        self.writer.finish().map_err(|source| JournalError::Write {
+            exits,
+            guest_ns,
+            source,
+        })
     }
 
     /// Hands everything written so far to the OS without marking the
@@ -145,8 +147,7 @@ impl Recorder {
     /// bytes go to the payload stream).
     pub fn net_rx(&mut self, frames: &[Vec<u8>]) -> Result<(), JournalError> {
         let bytes = frames.concat();
-        let failed = self.failed();
-        let payload = self.writer.payload(&bytes).map_err(failed)?;
+        let payload = self.writer.payload(&bytes).map_err(|e| self.failed(e))?;
         let lens = frames.iter().map(|f| f.len() as u32).collect();
         self.push(Entry::NetRx { payload, lens })
     }
