@@ -174,8 +174,13 @@ fn leftover(store: &Path, dir: &Path) -> bool {
 fn empty_unheld(dir: &Path) -> bool {
     !dir.is_symlink()
         && dir.file_name().is_some_and(|n| n != LATEST)
-        && std::fs::read_dir(dir).is_ok_and(|mut e| e.next().is_none())
+        && is_empty_dir(dir)
         && hold(dir, TraceUse::Exclusive).is_ok()
+}
+
+/// Whether `dir` is a directory with nothing in it.
+pub fn is_empty_dir(dir: &Path) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|mut entries| entries.next().is_none())
 }
 
 /// The leftover directories of `store` (see [`leftover`]), by name.

@@ -77,11 +77,6 @@ fn choose_clock(choice: ClockChoice) -> Result<ClockKind> {
     }
 }
 
-/// Whether `dir` is a directory with nothing in it.
-fn is_empty_dir(dir: &Path) -> bool {
-    std::fs::read_dir(dir).is_ok_and(|mut entries| entries.next().is_none())
-}
-
 /// After a recording failed before its run began (its header may be
 /// written, its boot snapshot not): removes what it wrote, and the
 /// directory if it `created` it, so that no trace that holds nothing is
@@ -139,7 +134,7 @@ pub fn record(args: RecordArgs) -> Result<ExitCode> {
         traces::hold(&output, traces::TraceUse::Exclusive).context("cannot record into it")?;
     // What a failed start may remove: only what this recording wrote, into
     // a directory that was empty (a trace is recorded into no other).
-    let fresh = created || is_empty_dir(&output);
+    let fresh = created || traces::is_empty_dir(&output);
     let status = StatusLine::for_stderr();
     let (machine, snapshot) =
         start_machine(&spec, status.console(Box::new(std::io::stdout())), || {
