@@ -360,12 +360,7 @@ fn an_event_database_on_a_full_disk_is_said_so_and_removed() {
     // A recording whose boot snapshot does not fit: said so, naming the
     // trace's copy, and no half copy is left.
     let into = full.0.join("t");
-    let out = insight()
-        .args(["record", "--no-stdin", "-o"])
-        .arg(&into)
-        .args(["--", "true"])
-        .output()
-        .unwrap();
+    let out = record_into(&into, &[], &["true"]);
     let (_, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(125), "{stderr}");
     assert!(
@@ -390,17 +385,15 @@ fn an_event_database_on_a_full_disk_is_said_so_and_removed() {
     let room = format!("{}k", snap.div_ceil(1024) + 24);
     let full = SmallFs::mount(&dir.join("full"), &room).unwrap();
     let into = full.0.join("t");
-    let out = insight()
-        .args(["record", "--no-stdin", "-o"])
-        .arg(&into)
-        .args([
-            "--",
+    let out = record_into(
+        &into,
+        &[],
+        &[
             "sh",
             "-c",
             "dd if=/dev/urandom bs=1k count=1000 | sha256sum",
-        ])
-        .output()
-        .unwrap();
+        ],
+    );
     let (_, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(125), "{stderr}");
     assert!(
@@ -429,12 +422,7 @@ fn an_event_database_on_a_full_disk_is_said_so_and_removed() {
     drop(ckpts);
     // Recording into it is refused, and a refused start removes nothing
     // it did not write.
-    let out = insight()
-        .args(["record", "--no-stdin", "-o"])
-        .arg(&trace)
-        .args(["--", "true"])
-        .output()
-        .unwrap();
+    let out = record_into(&trace, &[], &["true"]);
     let (_, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(125), "{stderr}");
     assert!(

@@ -145,13 +145,20 @@ pub const REPLAYS: usize = 3;
 /// returns the trace and the output.
 pub fn record(name: &str, extra: &[&str], command: &[&str]) -> (PathBuf, Output) {
     let trace = scratch(name).join("trace");
+    let out = record_into(&trace, extra, command);
+    (trace, out)
+}
+
+/// Records `command` into the trace directory `trace` (`extra`: more
+/// `record` arguments); returns the output.
+pub fn record_into(trace: &Path, extra: &[&str], command: &[&str]) -> Output {
     let mut cmd = insight();
     cmd.args(["record", "--no-stdin", "-o"])
-        .arg(&trace)
+        .arg(trace)
         .args(extra)
         .arg("--")
         .args(command);
-    (trace, output_within(cmd, RECORD_LIMIT))
+    output_within(cmd, RECORD_LIMIT)
 }
 
 /// Records `command` (`extra`: more `record` arguments), which must exit
