@@ -391,6 +391,12 @@ fn save(
         _ => "folded",
     };
     outputs::check(path, kind, force)?;
+    write_attachment(out, format, path, what)
+}
+
+/// Writes the plugin's attachment of `format` to `path` (checked already)
+/// and says so, calling it `what`.
+fn write_attachment(out: &Output, format: &str, path: &Path, what: &str) -> Result<()> {
     let content = out.attachment(format).unwrap_or_default();
     std::fs::write(path, content).with_context(|| format!("cannot write {}", path.display()))?;
     eprintln!("insight: {what} written to {}", path.display());
@@ -517,11 +523,9 @@ pub fn diagnose(tools: Vec<Box<dyn Plugin>>, path: &Path) -> Result<()> {
         print!("{}", printable(&out.text));
         for format in formats {
             let file = traces::beside_events(path, name, format);
-            let kind = match *format {
-                "json" => OutputKind::Timeline,
-                _ => OutputKind::Html,
-            };
-            // Never over a file insight did not write.
+            let (kind, what) = timeline_kind(&file)?;
+            // Never over a file insight did not write: said, and the
+            // other outputs go on.
             if let Err(e) = outputs::check(&file, kind, false) {
                 eprintln!(
                     "insight: {name} not written: {}",
@@ -529,10 +533,7 @@ pub fn diagnose(tools: Vec<Box<dyn Plugin>>, path: &Path) -> Result<()> {
                 );
                 continue;
             }
-            let content = out.attachment(format).unwrap_or_default();
-            std::fs::write(&file, content)
-                .with_context(|| format!("cannot write {}", file.display()))?;
-            eprintln!("insight: {name} ({format}) written to {}", file.display());
+            write_attachment(out, format, &file, what)?;
         }
     }
     Ok(())
