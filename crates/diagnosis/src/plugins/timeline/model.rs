@@ -109,6 +109,19 @@ struct Request {
     blocked: bool,
 }
 
+/// What the lock events have left open so far.
+#[derive(Default)]
+struct LockState {
+    /// Each thread's request not yet returned.
+    pending: HashMap<Tid, Request>,
+    /// Open holds per thread, innermost last: slice indices.
+    held: HashMap<Tid, Vec<usize>>,
+    /// Lock -> its owner and how deep it holds it.
+    owner: HashMap<u64, (Tid, u32)>,
+    /// Lock -> the hold slice of its last release.
+    last_release: HashMap<u64, usize>,
+}
+
 /// The timeline, fed one event at a time in capture order.
 #[derive(Default)]
 pub struct Builder {
@@ -127,13 +140,7 @@ pub struct Builder {
     /// Per thread with slices, the levels of each of its lanes (after
     /// [`Builder::finish`]).
     pub lanes: HashMap<Tid, Vec<u32>>,
-    pending: HashMap<Tid, Request>,
-    /// Open holds per thread, innermost last: slice indices.
-    held: HashMap<Tid, Vec<usize>>,
-    /// Lock -> its owner and how deep it holds it.
-    owner: HashMap<u64, (Tid, u32)>,
-    /// Lock -> the hold slice of its last release.
-    last_release: HashMap<u64, usize>,
+    locks: LockState,
     /// The task on the CPU since, from the last context switch.
     on_cpu: Option<(Tid, u64)>,
     /// The first and last event times.
@@ -208,7 +215,7 @@ impl Builder {
     fn lock(&mut self, tid: Tid, lock: u64, kind: LockEventKind, row: &Row) {
         match kind {
             LockEventKind::Request(op) => {
-                let held_by_other = self.owner.get(&lock).is_some_and(|(o, _)| *o != tid);
+                let held_by_other = self.locks.owner.get(&lock).is_some_and(|(o, _)| *o != tid);
                 let request = Request {
                     time: row.time,
                     lock,
@@ -216,12 +223,13 @@ impl Builder {
                     site: row.caller.unwrap_or(0),
                     blocked: held_by_other && op != LockOp::TryLock,
                 };
-                if self.pending.insert(tid, request).is_some() {
+                if self.locks.pending.insert(tid, request).is_some() {
                     self.anomalies += 1;
                 }
             }
             LockEventKind::Return(_, result) => {
-                let Some(request) = self.pending.remove(&tid).filter(|r| r.lock == lock) else {
+                let Some(request) = self.locks.pending.remove(&tid).filter(|r| r.lock == lock)
+                else {
                     self.anomalies += 1;
                     return;
                 };
@@ -244,20 +252,20 @@ impl Builder {
                         .push(slice(SliceKind::Failed, request.time, row.time));
                     return;
                 }
-                match self.owner.get_mut(&lock) {
+                match self.locks.owner.get_mut(&lock) {
                     Some((o, depth)) if *o == tid => *depth += 1,
                     Some(_) => {
                         self.anomalies += 1;
                         return;
                     }
                     None => {
-                        self.owner.insert(lock, (tid, 1));
+                        self.locks.owner.insert(lock, (tid, 1));
                     }
                 }
                 let mut wait = slice(SliceKind::Wait, request.time, row.time);
                 if request.blocked {
                     // Woken by the release that came last before it.
-                    if let Some(&i) = self.last_release.get(&lock) {
+                    if let Some(&i) = self.locks.last_release.get(&lock) {
                         let releaser = &mut self.slices[i];
                         if releaser.tid != tid && releaser.end >= request.time {
                             let id = releaser.request;
@@ -271,11 +279,15 @@ impl Builder {
                     self.slices.push(wait);
                 }
                 let hold = slice(SliceKind::Hold, row.time, u64::MAX);
-                self.held.entry(tid).or_default().push(self.slices.len());
+                self.locks
+                    .held
+                    .entry(tid)
+                    .or_default()
+                    .push(self.slices.len());
                 self.slices.push(hold);
             }
             LockEventKind::Release => {
-                let Some((owner, depth)) = self.owner.get_mut(&lock) else {
+                let Some((owner, depth)) = self.locks.owner.get_mut(&lock) else {
                     self.anomalies += 1;
                     return;
                 };
@@ -285,9 +297,9 @@ impl Builder {
                 }
                 *depth -= 1;
                 if *depth == 0 {
-                    self.owner.remove(&lock);
+                    self.locks.owner.remove(&lock);
                 }
-                let held = self.held.entry(tid).or_default();
+                let held = self.locks.held.entry(tid).or_default();
                 let slices = &self.slices;
                 let Some(at) = held.iter().rposition(|&i| slices[i].lock == lock) else {
                     self.anomalies += 1;
@@ -295,8 +307,8 @@ impl Builder {
                 };
                 let i = held.remove(at);
                 self.slices[i].end = row.time;
-                if !self.owner.contains_key(&lock) {
-                    self.last_release.insert(lock, i);
+                if !self.locks.owner.contains_key(&lock) {
+                    self.locks.last_release.insert(lock, i);
                 }
             }
         }
@@ -312,7 +324,7 @@ impl Builder {
                 s.unfinished = true;
             }
         }
-        for (tid, r) in std::mem::take(&mut self.pending) {
+        for (tid, r) in std::mem::take(&mut self.locks.pending) {
             self.slices.push(Slice {
                 tid,
                 kind: SliceKind::Wait,
