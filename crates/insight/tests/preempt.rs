@@ -1,8 +1,9 @@
 //! Preemption of guest user code while recording (asynchronous points),
 //! end to end: programs that only finish when user code is preempted
 //! record and replay faithfully, two CPU-bound threads share the CPU while
-//! recording as they do in a run, and a loop that only memory tells apart
-//! needs the memory checks.
+//! recording as they do in a run, a single busy task runs without the
+//! periodic tick (and is still charged its time) while two keep it, and a
+//! loop that only memory tells apart needs the memory checks.
 //!
 //! Like the other end-to-end tests they need /dev/kvm and the guest image
 //! (the test command builds it first).
@@ -99,6 +100,63 @@ fn two_cpu_bound_threads_share_the_cpu_while_recording_as_in_a_run() {
             );
         }
     }
+}
+
+/// What tick_count printed: its run's guest time in seconds, the timer
+/// interrupts over it and the user time it was charged, in seconds.
+fn tick_counts(stdout: &str) -> (f64, f64, f64) {
+    let line = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("tick_count: "))
+        .unwrap_or_else(|| panic!("no tick_count line in\n{stdout}"));
+    let field = |name: &str| -> f64 {
+        let mut words = line.split_whitespace();
+        words.find(|w| *w == name);
+        let value = words
+            .next()
+            .unwrap_or_else(|| panic!("no {name} in {line}"));
+        value
+            .parse()
+            .unwrap_or_else(|_| panic!("{name} {value} in {line}"))
+    };
+    // The guest kernel's clock ticks: HZ=100.
+    (field("ns") / 1e9, field("timer"), field("user") / 100.0)
+}
+
+#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
+#[test]
+fn a_single_busy_task_runs_without_the_periodic_tick_and_two_keep_it() {
+    guest_ready();
+    // One task hashing in user mode: the guest kernel stops its tick until
+    // a timer is due (at most 55 ms apart: the PIT's range; about 25 a
+    // second with the program's start and end), where the periodic tick
+    // would come 100 times a second; the task is still
+    // charged its whole run as user time. Two such tasks need the tick to
+    // share the CPU, and get it.
+    let one = record_preempted_and_replay("tickless", &["tick_count", "1", "600000000"]);
+    let (secs, timer, user) = tick_counts(&one);
+    assert!(secs > 0.3, "too short to judge: {one}");
+    assert!(
+        timer / secs < 50.0,
+        "one busy task: {timer} timer interrupts in {secs:.2} s\n{one}"
+    );
+    assert!(
+        user >= 0.8 * secs && user <= secs + 0.05,
+        "one busy task: charged {user:.2} s of user time in {secs:.2} s\n{one}"
+    );
+    let two = run_expecting(
+        ["run", "--no-stdin", "--", "tick_count", "2", "150000000"],
+        0,
+    );
+    let (secs, timer, user) = tick_counts(&two);
+    assert!(
+        timer / secs > 80.0,
+        "two busy tasks: {timer} timer interrupts in {secs:.2} s\n{two}"
+    );
+    assert!(
+        user >= 0.8 * secs,
+        "two busy tasks: charged {user:.2} s of user time in {secs:.2} s\n{two}"
+    );
 }
 
 #[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
