@@ -64,9 +64,14 @@ CR4.TSD makes user-mode RDTSC fault; whether an interrupt injected at a VM exit 
 the guest before its next instruction (what the exit clock rests on); whether user code \
 stopped by a signal can be interrupted where it stands and found again by a replay \
 trampoline (asynchronous points); whether a hardware branch counter (PMU) exists.\n\n\
+Then, where insight can run, how fast guest user code runs here: the built-in image's \
+`tick_count` loop, one busy task, natively (the same binary) and under `insight run` \
+(the guest kernel stops its tick while one task runs in user mode) and booted with \
+`nohz=off` (the periodic tick), best of 3; from these, the guest's timer interrupts a second \
+and what one tick costs the program. --no-guest skips it.\n\n\
 Exit status 0 when insight can run its guest on this host, 1 otherwise."
     )]
-    HostCheck,
+    HostCheck(cmd::host_check::HostCheckArgs),
     /// Boot a guest, run a command in it, and record the run into a trace.
     // Options from 1: --probes (0) leads.
     #[command(
@@ -221,7 +226,7 @@ pub fn main() -> Result<ExitCode> {
     let cli = Cli::parse();
     match cli.command {
         Command::Run(args) => cmd::run::run(args),
-        Command::HostCheck => cmd::host_check::host_check(),
+        Command::HostCheck(args) => cmd::host_check::host_check(args),
         Command::Record(args) => cmd::record::record(args),
         Command::Replay(args) => match &args.gdb {
             Some(listen) => cmd::debug::serve_replay(&args, listen),

@@ -27,6 +27,54 @@ fn exit_status_and_output_pass_through() {
     );
 }
 
+/// The number before `word` on the line of host-check's output that
+/// starts with `label`.
+fn host_check_figure(stdout: &str, label: &str, word: &str) -> f64 {
+    let line = stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with(label))
+        .unwrap_or_else(|| panic!("no `{label}` line in\n{stdout}"));
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let at = words
+        .iter()
+        .position(|w| *w == word)
+        .unwrap_or_else(|| panic!("no `{word}` in {line}"));
+    words[at - 1]
+        .trim_end_matches('x')
+        .parse()
+        .unwrap_or_else(|_| panic!("{} in {line}", words[at - 1]))
+}
+
+#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
+#[test]
+fn host_check_measures_guest_user_code_and_the_tick() {
+    guest_ready();
+    let stdout = run_expecting(["host-check"], 0);
+    assert!(stdout.contains("insight can run on this host."), "{stdout}");
+    // Speeds are the host's (not judged here); the interrupt rates are the
+    // guest kernel's: a busy task without its tick takes far fewer than
+    // the periodic tick's 100 a second.
+    let speed = stdout
+        .lines()
+        .find_map(|l| l.trim_start().strip_prefix("speed against native:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|w| w.trim_end_matches('x').parse::<f64>().ok());
+    assert!(speed.is_some_and(|s| s > 0.0), "{stdout}");
+    let tickless = host_check_figure(&stdout, "guest timer, one busy task:", "interrupts");
+    let periodic = host_check_figure(&stdout, "with the periodic tick:", "interrupts");
+    assert!(
+        tickless < 50.0 && periodic > 80.0,
+        "timer interrupts a second: {tickless} without the tick, {periodic} with it\n{stdout}"
+    );
+    assert!(stdout.contains("one tick costs the program:"), "{stdout}");
+    let skipped = run_expecting(["host-check", "--no-guest"], 0);
+    assert!(
+        skipped.contains("guest user code: not measured (--no-guest)")
+            && !skipped.contains("speed against native"),
+        "{skipped}"
+    );
+}
+
 #[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
 #[test]
 fn config_file_runs_a_users_threaded_program() {

@@ -1,9 +1,12 @@
-//! `insight host-check`: what this host's KVM can do, and the strategy
-//! insight takes.
+//! `insight host-check`: what this host's KVM can do, the strategy
+//! insight takes, and how fast guest user code runs here.
+
+mod guest;
 
 use std::process::ExitCode;
 
 use anyhow::Result;
+use clap::Args;
 use trace::ClockKind;
 use vmm::host_check::{HostReport, Int3Behaviour, SyscallBehaviour};
 
@@ -24,7 +27,63 @@ fn int3_text(b: &Int3Behaviour) -> String {
     }
 }
 
-pub fn host_check() -> Result<ExitCode> {
+#[derive(Args, Debug)]
+pub struct HostCheckArgs {
+    /// Skip the guest measurement (the built-in guest image runs six
+    /// times: about half a minute, and half a minute more for each of
+    /// its two command lines the first time)
+    #[arg(long)]
+    pub no_guest: bool,
+}
+
+/// The guest measurement's lines.
+fn print_guest_speed(args: &HostCheckArgs) {
+    if args.no_guest {
+        println!("guest user code: not measured (--no-guest)");
+        return;
+    }
+    let s = match guest::measure(|line| eprintln!("insight: {line}")) {
+        Ok(s) => s,
+        Err(e) => {
+            println!("guest user code: not measured ({e:#})");
+            return;
+        }
+    };
+    let rate = |run: &guest::TickCount| match guest::GuestSpeed::rate(run) {
+        Some(r) => format!("{r:.0} interrupts a second"),
+        None => "not counted (no timer line in the guest's /proc/interrupts)".into(),
+    };
+    println!(
+        "guest user code (the image's tick_count, {} rounds, best of 3)",
+        s.rounds
+    );
+    println!(
+        "  speed against native:            {:.2}x ({:.2} s in the guest, {:.2} s natively)",
+        s.speed(&s.guest),
+        s.guest.ns as f64 / 1e9,
+        s.native.ns as f64 / 1e9
+    );
+    println!(
+        "  guest timer, one busy task:      {} (the guest kernel stops its tick)",
+        rate(&s.guest)
+    );
+    println!(
+        "  with the periodic tick:          {:.2}x native, {} (nohz=off)",
+        s.speed(&s.periodic),
+        rate(&s.periodic)
+    );
+    match s.tick_cost() {
+        Some(cost) => println!(
+            "  one tick costs the program:      {:.2} ms (the periodic run's extra time per extra interrupt)",
+            cost * 1e3
+        ),
+        None => println!(
+            "  one tick costs the program:      not measurable (the periodic run was no longer: host noise)"
+        ),
+    }
+}
+
+pub fn host_check(args: HostCheckArgs) -> Result<ExitCode> {
     let r = HostReport::measure()?;
     let syscall = match &r.syscall {
         SyscallBehaviour::EntersKernel => "enters ring 0 (architectural)".to_string(),
@@ -166,6 +225,7 @@ pub fn host_check() -> Result<ExitCode> {
         );
     }
     if r.can_run() {
+        print_guest_speed(&args);
         println!("insight can run on this host.");
         Ok(ExitCode::SUCCESS)
     } else {
