@@ -17,7 +17,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 
 /// Runs of each kind; the best counts (the host is shared and noisy).
-const RUNS: usize = 3;
+pub(super) const RUNS: usize = 3;
 /// How long the loop should take natively: long enough for the guest's
 /// timer to show, short enough for a quick check.
 const TARGET_NS: u64 = 1_000_000_000;

@@ -54,8 +54,9 @@ fn print_guest_speed(args: &HostCheckArgs) {
         None => "not counted (no timer line in the guest's /proc/interrupts)".into(),
     };
     println!(
-        "guest user code (the image's tick_count, {} rounds, best of 3)",
-        s.rounds
+        "guest user code (the image's tick_count, {} rounds, best of {})",
+        s.rounds,
+        guest::RUNS
     );
     println!(
         "  speed against native:            {:.2}x ({:.2} s in the guest, {:.2} s natively)",
