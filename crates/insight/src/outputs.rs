@@ -174,6 +174,13 @@ pub fn create_event_db(
     format: EventFormat,
 ) -> Result<EventWriter> {
     for (stale, pid) in EventWriter::stale_partials(path) {
+        // A writer killed inside a transaction also leaves SQLite's
+        // journal of the partial file: of no use without it.
+        for side in sqlite_sidecars(&stale) {
+            if side.symlink_metadata().is_ok_and(|m| m.is_file()) {
+                let _ = std::fs::remove_file(&side);
+            }
+        }
         match std::fs::remove_file(&stale) {
             Ok(()) => eprintln!(
                 "insight: removed {}, left unfinished by a command (pid {pid}) that is gone",
@@ -188,6 +195,16 @@ pub fn create_event_db(
     }
     EventWriter::create_with(path, meta, format)
         .with_context(|| format!("cannot create the event database {}", path.display()))
+}
+
+/// The files SQLite keeps beside the database `db` while it writes it:
+/// its rollback journal, or its write-ahead log and that log's index.
+fn sqlite_sidecars(db: &Path) -> [PathBuf; 3] {
+    ["-journal", "-wal", "-shm"].map(|suffix| {
+        let mut side = db.as_os_str().to_owned();
+        side.push(suffix);
+        PathBuf::from(side)
+    })
 }
 
 /// Refuses a path inside a trace directory, except its event database.
@@ -230,6 +247,26 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         dir
+    }
+
+    #[test]
+    fn a_gone_writers_partial_database_goes_with_its_journal() {
+        let dir = temp_dir("stale");
+        let db = dir.join("e.db");
+        // A writer that was killed inside a transaction: nobody holds its
+        // partial file, and SQLite's journal of it is beside it.
+        let partial = dir.join("e.db.partial.4000000");
+        let journal = dir.join("e.db.partial.4000000-journal");
+        std::fs::write(&partial, b"SQLite format 3\0").unwrap();
+        std::fs::write(&journal, b"journal").unwrap();
+        // Not a partial of e.db: kept.
+        let other = dir.join("f.db.partial.4000000-journal");
+        std::fs::write(&other, b"journal").unwrap();
+        let writer = create_event_db(&db, &[], EventFormat::Packed).unwrap();
+        assert!(!partial.exists() && !journal.exists());
+        assert!(other.exists());
+        drop(writer);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -188,8 +188,13 @@ fn replays_into_one_database_never_damage_it() {
     });
     killed.kill().unwrap();
     killed.wait().unwrap();
-    let left = partials_of(&db);
-    assert_eq!(left.len(), 1, "{left:?}");
+    // The partial database, and SQLite's journal of it if the replay was
+    // killed inside a transaction: the next replay removes both.
+    let left: Vec<String> = partials_of(&db)
+        .into_iter()
+        .filter(|n| !n.ends_with("-journal"))
+        .collect();
+    assert_eq!(left.len(), 1, "{:?}", partials_of(&db));
     let out = replay_with(&trace, &["--events", db.to_str().unwrap()]);
     let (_, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
