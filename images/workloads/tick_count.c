@@ -19,46 +19,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "self_measure.h"
+
 static uint64_t rounds;
 static uint64_t results[64];
-
-static uint64_t now_ns(void)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
-}
-
-static void cpu_ticks(long *user, long *sys)
-{
-	char buf[1024];
-	FILE *f = fopen("/proc/self/stat", "r");
-	size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
-	if (f)
-		fclose(f);
-	buf[n] = 0;
-	/* Fields 14 and 15, counted after the ")" that ends the name. */
-	char *p = strrchr(buf, ')');
-	*user = *sys = -1;
-	if (p)
-		sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %ld %ld", user, sys);
-}
-
-static long timer_irqs(void)
-{
-	char line[512];
-	long count = -1;
-	FILE *f = fopen("/proc/interrupts", "r");
-	if (!f)
-		return -1;
-	while (fgets(line, sizeof line, f)) {
-		long c;
-		if (sscanf(line, " 0: %ld", &c) == 1 && strstr(line, "timer"))
-			count = c;
-	}
-	fclose(f);
-	return count;
-}
 
 static void *hash(void *arg)
 {
