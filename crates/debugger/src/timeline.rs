@@ -34,6 +34,10 @@ use vmm::VmError;
 pub(crate) const MAX_STEPS_BACK: usize = 50_000;
 /// How many exits back to look for a thread's previous run of user code.
 const MAX_STRETCHES_BACK: u64 = 64;
+/// At most this many remembered steps back to a position a breakpoint can
+/// reach, from one in code a trampoline covers (its patch is one jump, a
+/// few instructions).
+const MAX_PATCHED_STEPS: usize = 16;
 /// The longest stretch of a function decoded to find the instruction
 /// before another.
 const MAX_FUNCTION_SCAN: u64 = 1 << 20;
@@ -86,11 +90,54 @@ impl Timeline {
     }
 
     /// Puts the replay at `target` (a position it passed before).
+    ///
+    /// A position in code that a trampoline searching for an asynchronous
+    /// point covers is never reached by a breakpoint (none goes there; the
+    /// thread runs a copy of the code): it is reached from the position a
+    /// remembered step came from, by that step again — going back to the
+    /// first position outside the patch at most `MAX_PATCHED_STEPS` steps
+    /// earlier.
     pub(crate) fn seek(
         &mut self,
         driver: &mut DebugDriver,
         target: Position,
     ) -> Result<(), VmError> {
+        let mut chain = vec![target];
+        loop {
+            let at = *chain.last().expect("the chain starts with the target");
+            match self.seek_directly(driver, at) {
+                Ok(()) => break,
+                Err(VmError::Debug(why)) => match (self.steps.get(&at), at.user) {
+                    (Some(&before), Some(_)) if chain.len() <= MAX_PATCHED_STEPS => {
+                        chain.push(before)
+                    }
+                    _ => return Err(VmError::Debug(why)),
+                },
+                Err(e) => return Err(e),
+            }
+        }
+        chain.pop();
+        while let Some(next) = chain.pop() {
+            let lwpid = next
+                .user
+                .map(|u| u.lwpid)
+                .expect("only user positions are stepped to");
+            match driver.resume(Resume::Step(lwpid))? {
+                DebugEvent::Stopped(s) if stepped(&s.kind) && s.position == next => {}
+                other => {
+                    return Err(VmError::Debug(format!(
+                        "a step did not come back to a position it reached before ({other:?})"
+                    )))
+                }
+            }
+        }
+        self.now = target;
+        Ok(())
+    }
+
+    /// `seek` by a snapshot and a replay to `target` (a breakpoint where
+    /// it is in user code).
+    fn seek_directly(&mut self, driver: &mut DebugDriver, target: Position) -> Result<(), VmError> {
         let exact = driver
             .snapshots()
             .iter()
@@ -102,7 +149,6 @@ impl Timeline {
         if exact.is_none() {
             Self::replay_to(driver, target)?;
         }
-        self.now = target;
         Ok(())
     }
 

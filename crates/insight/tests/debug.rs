@@ -279,51 +279,179 @@ fn states(output: &str, tag: &str) -> Vec<(u64, String)> {
         .collect()
 }
 
-#[test]
-#[ignore = "needs /dev/kvm, the guest image and gdb (tools/test runs it)"]
-fn a_thousand_steps_back_and_forth_through_system_calls_and_a_page_fault() {
-    let (trace, _) = recording();
-    let script = scratch("debug-steps").join("steps.gdb");
-    // window(): mmap (its first call, through the dynamic linker's lazy
-    // binding), getpid, the first touch of the new page, munmap.
-    let steps = 1500;
-    std::fs::write(
-        &script,
-        format!(
-            "break window\ncontinue\nset $i = 0\n\
-             while $i < {steps}\n  printf \"F %d %lx %lx %lx %lx\\n\", $i, $pc, $rsp, $rax, $eflags\n  stepi\n  set $i = $i + 1\nend\n\
-             printf \"F %d %lx %lx %lx %lx\\n\", $i, $pc, $rsp, $rax, $eflags\n\
-             while $i > 0\n  reverse-stepi\n  set $i = $i - 1\n  printf \"B %d %lx %lx %lx %lx\\n\", $i, $pc, $rsp, $rax, $eflags\nend\n\
-             while $i < {steps}\n  stepi\n  set $i = $i + 1\n  printf \"G %d %lx %lx %lx %lx\\n\", $i, $pc, $rsp, $rax, $eflags\nend\n"
-        ),
+/// A gdb script: `setup`, then the state (pc, rsp, rax, eflags) before
+/// and after each of `steps` forward steps ("F i ..."), after each of as
+/// many reverse steps ("B i ..."), and after each of the forward steps
+/// again ("G i ..."), each tagged with the step count from the start.
+fn back_and_forth(setup: &str, steps: usize) -> String {
+    // (The tag is in the format: a string argument would be made in the
+    // program's memory, which a replay does not let gdb write.)
+    let print = |tag: &str| {
+        format!("printf \"{tag} %d %lx %lx %lx %lx\\n\", $i, $pc, $rsp, $rax, $eflags\n")
+    };
+    format!(
+        "{setup}\nset $i = 0\n{f}\
+         while $i < {steps}\n  stepi\n  set $i = $i + 1\n  {f}end\n\
+         while $i > 0\n  reverse-stepi\n  set $i = $i - 1\n  {b}end\n\
+         while $i < {steps}\n  stepi\n  set $i = $i + 1\n  {g}end\n",
+        f = print("F"),
+        b = print("B"),
+        g = print("G"),
     )
-    .unwrap();
+}
+
+/// Runs `insight debug TRACE EXTRA -- -batch -nx -x SCRIPT` with a
+/// `back_and_forth` script of `steps` (written in a scratch directory of
+/// its own, `name`); checks that the states backwards and forwards again
+/// are those forwards. Returns the forward states and everything printed.
+fn steps_of(
+    name: &str,
+    trace: &std::path::Path,
+    extra: &[&str],
+    script: &str,
+    steps: usize,
+) -> (Vec<(u64, String)>, String) {
+    let file = scratch(name).join("steps.gdb");
+    std::fs::write(&file, script).unwrap();
     let mut cmd = insight();
     cmd.arg("debug")
         .arg(trace)
+        .args(extra)
         .args(["--", "-batch", "-nx", "-x"])
-        .arg(&script);
+        .arg(&file);
     let out = output_within(cmd, SESSION_LIMIT);
+    let _ = std::fs::remove_dir_all(file.parent().unwrap());
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     let forward = states(&stdout, "F");
     assert_eq!(forward.len(), steps + 1, "{stdout}\n{stderr}");
     let mut back = states(&stdout, "B");
     back.reverse();
-    assert_eq!(back[..], forward[..steps], "backwards");
+    assert_eq!(back[..], forward[..steps], "backwards:\n{stdout}\n{stderr}");
     let again = states(&stdout, "G");
-    assert_eq!(again[..], forward[1..], "forwards again");
+    assert_eq!(
+        again[..],
+        forward[1..],
+        "forwards again:\n{stdout}\n{stderr}"
+    );
+    (forward, format!("{stdout}{stderr}"))
+}
+
+#[test]
+#[ignore = "needs /dev/kvm, the guest image and gdb (tools/test runs it)"]
+fn a_thousand_steps_back_and_forth_through_system_calls_and_a_page_fault() {
+    let (trace, _) = recording();
+    // window(): mmap (its first call, through the dynamic linker's lazy
+    // binding), getpid, the first touch of the new page, munmap.
+    let steps = 1500;
+    let script = back_and_forth("break window\ncontinue", steps);
+    let (forward, output) = steps_of("debug-steps", trace, &[], &script, steps);
     // The window went through getpid(): RAX held the pid after a step.
-    let pid = format!("{stdout}{stderr}")
+    let pid = output
         .split("(process ")
         .nth(1)
         .and_then(|rest| rest.split(')').next()?.parse::<u64>().ok())
-        .unwrap_or_else(|| panic!("no pid: {stdout}\n{stderr}"));
+        .unwrap_or_else(|| panic!("no pid: {output}"));
     assert!(
         forward
             .iter()
             .any(|(_, s)| s.split(' ').nth(2) == Some(&format!("{pid:x}"))),
         "no step saw getpid's result {pid}"
     );
-    let _ = std::fs::remove_dir_all(script.parent().unwrap());
+}
+
+/// The number after `"key":` in a line of `insight dump --json`.
+fn json_number(line: &str, key: &str) -> Option<u64> {
+    let rest = &line[line.find(&format!("\"{key}\":"))? + key.len() + 3..];
+    let end = rest
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(rest.len());
+    rest[..end].parse().ok()
+}
+
+/// An asynchronous point of a recording, from `insight dump --json`.
+struct RecordedPoint {
+    /// The deterministic exit it follows.
+    exit: u64,
+    rip: u64,
+    rsp: u64,
+    rax: u64,
+    rflags: u64,
+    /// Where the trampoline that searches for it at replay is put.
+    stub: u64,
+}
+
+fn recorded_points(trace: &std::path::Path) -> Vec<RecordedPoint> {
+    let out = insight()
+        .args(["dump", "--json"])
+        .arg(trace)
+        .output()
+        .unwrap();
+    let dump = expect_status(&out, 0);
+    dump.lines()
+        .filter(|l| l.contains("\"AsyncPoint\""))
+        .map(|l| {
+            let gprs: Vec<u64> = l
+                .split("\"gprs\":[")
+                .nth(1)
+                .and_then(|g| g.split(']').next())
+                .map(|g| g.split(',').filter_map(|v| v.parse().ok()).collect())
+                .unwrap_or_default();
+            let number = |key| json_number(l, key).unwrap_or_else(|| panic!("no {key}: {l}"));
+            assert_eq!(gprs.len(), 16, "{l}");
+            RecordedPoint {
+                exit: number("exit"),
+                rip: number("rip"),
+                rsp: gprs[4],
+                rax: gprs[0],
+                rflags: number("rflags"),
+                stub: number("stub"),
+            }
+        })
+        .collect()
+}
+
+#[test]
+#[ignore = "needs /dev/kvm, the guest image and gdb (tools/test runs it)"]
+fn steps_cross_an_asynchronous_preemption_point_and_come_back() {
+    guest_ready();
+    // Two threads that never leave user code: the tick preempts them
+    // there, at asynchronous points.
+    let (trace, out) = record("debug-preempted", &[], &["tick_count", "2", "100000000"]);
+    expect_status(&out, 0);
+    let points: Vec<RecordedPoint> = recorded_points(&trace)
+        .into_iter()
+        .filter(|p| p.rip < 0x7000_0000_0000)
+        .collect();
+    assert!(points.len() >= 4, "too few asynchronous points recorded");
+    let point = &points[points.len() / 2];
+    // Right after the point the interrupted thread runs the tick's
+    // handler: the session stops there, the thread's user registers those
+    // of the point. Each step crosses into what the thread ran after the
+    // preemption; each reverse step back across it.
+    let at = (point.exit + 1).to_string();
+    let steps = 100;
+    let script = back_and_forth("info threads", steps);
+    let (forward, output) = steps_of(
+        "debug-preempted-steps",
+        &trace,
+        &["--process", "tick_count", "--at", &at],
+        &script,
+        steps,
+    );
+    let recorded = format!(
+        "{:x} {:x} {:x} {:x}",
+        point.rip, point.rsp, point.rax, point.rflags
+    );
+    assert_eq!(forward[0].1, recorded, "not at the point: {output}");
+    // The trampoline searching for the next point is never where gdb
+    // sees the thread: the program's own addresses only.
+    for (i, state) in &forward {
+        let pc = u64::from_str_radix(state.split(' ').next().unwrap(), 16).unwrap();
+        assert!(
+            !(point.stub..point.stub + 0x2000).contains(&pc),
+            "step {i} stands in insight's trampoline at {pc:#x}: {output}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(trace);
 }

@@ -161,6 +161,21 @@ impl PointSearch {
         }
     }
 
+    /// Where the program stands, for a thread of address space `cr3` whose
+    /// RIP is `rip`: in the trampoline, at the original address of the
+    /// instruction moved there, or at the patched position for the
+    /// trampoline's own code (it runs before the instruction there).
+    pub(crate) fn program_rip(&self, cr3: u64, rip: u64) -> u64 {
+        match &self.search {
+            Some(s) if s.point.state.cr3 == cr3 & state::CR3_ROOT => s
+                .moved
+                .iter()
+                .find(|m| m.0 == rip)
+                .map_or_else(|| self.sample_rip(rip), |m| m.1),
+            _ => rip,
+        }
+    }
+
     /// The code the search under way covers with its patch: (address
     /// space, first byte, end); none of it runs where it is meanwhile.
     pub(crate) fn patched_code(&self) -> Option<(u64, u64, u64)> {

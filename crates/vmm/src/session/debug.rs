@@ -246,7 +246,8 @@ impl DebugDriver {
 
     /// Thread `lwpid`'s user registers.
     pub fn thread_regs(&self, lwpid: u32) -> Option<ThreadRegs> {
-        self.tool().thread_regs(&self.session.machine, lwpid)
+        let s = &self.session;
+        self.tool().thread_regs(&s.machine, &s.mode.points, lwpid)
     }
 
     /// The vCPU's x87 and SSE state (the thread running user code's).

@@ -874,7 +874,13 @@ impl DebugTool {
         let moved = in_stub
             .then(|| search.moved_instruction(cr3, user.rip))
             .flatten();
-        if stepping && in_stub && moved.is_none() {
+        // The copy of the patched instruction itself is where the step
+        // over the trampoline's jump arrives: the program has not moved
+        // on yet (the jump is not its instruction), so the step goes on.
+        let jumped = moved
+            .as_ref()
+            .is_some_and(|(orig, _)| search.patch_at(cr3) == Some(*orig));
+        if stepping && in_stub && (moved.is_none() || jumped) {
             return return_by_iret(m, &frame, user);
         }
         user.rflags &= !TF;
@@ -1036,13 +1042,22 @@ impl DebugTool {
     /// The user registers of thread `lwpid` as the program sees them: the
     /// vCPU's if it runs user code now, else those its kernel entry
     /// saved; with its FS and GS bases.
-    pub(crate) fn thread_regs(&self, m: &Machine, lwpid: u32) -> Option<ThreadRegs> {
+    /// In a trampoline searching for an asynchronous point, RIP is the
+    /// program's own address of the instruction (`PointSearch::program_rip`).
+    pub(crate) fn thread_regs(
+        &self,
+        m: &Machine,
+        search: &PointSearch,
+        lwpid: u32,
+    ) -> Option<ThreadRegs> {
         let info = self.tasks.threads.get(&lwpid)?;
         let sregs = m.vcpu.sregs().ok()?;
         let on_cpu = self.tasks.current_thread() == Some(lwpid);
+        let cr3 = self.tasks.process.as_ref().map_or(sregs.cr3, |p| p.cr3);
         if on_cpu && sregs.cs.selector & 3 == 3 {
             let mut regs = m.vcpu.regs().ok()?;
             regs.rflags &= !(TF | RF);
+            regs.rip = search.program_rip(cr3, regs.rip);
             return Some(ThreadRegs {
                 regs,
                 orig_rax: u64::MAX,
@@ -1051,7 +1066,8 @@ impl DebugTool {
                 running: true,
             });
         }
-        let saved = self.tasks.saved_regs(&m.vm.mem, lwpid)?;
+        let mut saved = self.tasks.saved_regs(&m.vm.mem, lwpid)?;
+        saved.regs.rip = search.program_rip(cr3, saved.regs.rip);
         Some(ThreadRegs {
             regs: saved.regs,
             orig_rax: saved.orig_rax,
