@@ -5,6 +5,8 @@ guest's timings.
 The tools import it from their own directory (Python puts a script's
 directory first on sys.path).
 """
+import importlib.machinery
+import importlib.util
 import os
 import re
 import subprocess
@@ -94,6 +96,41 @@ def initrd_with_command(guest, argv, path):
     with open(path, "wb") as f:
         f.write(base + b"\0" * (-len(base) % 4) + p.stdout)
     return path
+
+
+def file_from_initramfs(guest, name, path):
+    """Copies the file `name` (e.g. "usr/bin/ticker") out of the guest's
+    initramfs.cpio (newc format, as gen_init_cpio writes it) to path;
+    returns path. Stops the tool if the archive has no such file."""
+    with open(os.path.join(guest, "initramfs.cpio"), "rb") as f:
+        data = f.read()
+    at = 0
+    while at + 110 <= len(data) and data[at:at + 6] in (b"070701", b"070702"):
+        size = int(data[at + 54:at + 62], 16)
+        name_len = int(data[at + 94:at + 102], 16)
+        entry = data[at + 110:at + 110 + name_len - 1].decode(errors="replace")
+        body = at + 110 + name_len
+        body += -body % 4
+        if entry == "TRAILER!!!":
+            break
+        if entry.lstrip("/") == name:
+            with open(path, "wb") as out:
+                out.write(data[body:body + size])
+            os.chmod(path, 0o755)
+            return path
+        at = body + size
+        at += -at % 4
+    die(f"the guest's initramfs has no {name}")
+
+
+def load_tool(name):
+    """Another benchmark tool (a script in tools/ without .py) as a module."""
+    path = os.path.join(REPO, "tools", name)
+    loader = importlib.machinery.SourceFileLoader(name.replace("-", "_"), path)
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
 
 
 def insight(args, check=True):

@@ -265,6 +265,86 @@ fn a_watchpoint_finds_the_thread_that_wrote_and_others_run_on_unchanged() {
     assert_eq!(&replay_out, stdout);
 }
 
+#[test]
+#[ignore = "needs /dev/kvm, the guest image and gdb (tools/test runs it)"]
+fn breakpoints_go_back_hit_by_hit_and_every_thread_has_a_stack() {
+    let (trace, _) = threads_recording();
+    let mut cmd = insight();
+    cmd.arg("debug")
+        .arg(trace)
+        .args(["--process", "overwriter", "--", "-batch", "-nx"]);
+    for c in [
+        "break scribble",
+        "break report",
+        "continue",
+        // Every thread of the process at the write: each one's stack.
+        "info threads",
+        "thread apply all bt",
+        "continue",
+        // To the process's end, then back hit by hit: report, scribble
+        // (report's breakpoint, under the current PC, is passed over),
+        // then the start of history, twice.
+        "continue",
+        "reverse-continue",
+        "info symbol $pc",
+        "reverse-continue",
+        "info symbol $pc",
+        "reverse-continue",
+        "reverse-continue",
+        "info symbol $pc",
+    ] {
+        cmd.args(["-ex", c]);
+    }
+    let out = output_within(cmd, SESSION_LIMIT);
+    let (gdb_out, gdb_err) = text(&out);
+    let all = format!("{gdb_out}\n{gdb_err}");
+    assert!(out.status.success(), "{all}");
+    // `info threads` rows, then one stack per thread.
+    let threads = all
+        .lines()
+        .filter(|l| {
+            l.trim_start_matches('*')
+                .trim_start()
+                .starts_with(|c: char| c.is_ascii_digit())
+        })
+        .filter(|l| l.contains("Thread "))
+        .count();
+    assert!(threads >= 2, "{all}");
+    // "Thread 2 (Thread 21.23 (running user code)):" heads each stack.
+    let stacks: Vec<&str> = all
+        .split("\nThread ")
+        .skip(1)
+        .filter(|s| s.lines().next().is_some_and(|head| head.ends_with("):")))
+        .collect();
+    assert_eq!(stacks.len(), threads, "a stack for each thread: {all}");
+    for stack in &stacks {
+        assert!(
+            stack.lines().nth(1).is_some_and(|l| l.starts_with("#0")),
+            "no frame: {stack}"
+        );
+    }
+    assert!(
+        stacks.iter().any(|s| s.contains(" scribble ("))
+            && stacks.iter().any(|s| s.contains(" main (")),
+        "{all}"
+    );
+    // Back from the end: report, then scribble, then the start.
+    let symbols: Vec<&str> = all
+        .lines()
+        .filter(|l| l.contains(" in section .text"))
+        .collect();
+    assert_eq!(symbols.len(), 3, "{all}");
+    assert!(symbols[0].starts_with("report "), "{all}");
+    assert!(symbols[1].starts_with("scribble "), "{all}");
+    assert!(symbols[2].starts_with("_start "), "{all}");
+    // The end of the process once, the start of history twice.
+    assert_eq!(
+        all.matches("No more reverse-execution history").count(),
+        3,
+        "{all}"
+    );
+}
+
 /// The states gdb printed with `printf "TAG %d %lx %lx %lx %lx\n"`, by
 /// step, for `tag`.
 fn states(output: &str, tag: &str) -> Vec<(u64, String)> {
