@@ -30,9 +30,16 @@ const SESSION_LIMIT: Duration = Duration::from_secs(900);
 /// Runs gdb in batch mode on the recording with `commands`; returns what
 /// gdb and insight printed (both streams).
 fn gdb(commands: &[&str]) -> String {
-    let (trace, _) = recording();
+    gdb_on(&recording().0, &[], commands)
+}
+
+/// `gdb` on `trace`, with `extra` arguments for `insight debug`.
+fn gdb_on(trace: &std::path::Path, extra: &[&str], commands: &[&str]) -> String {
     let mut cmd = insight();
-    cmd.arg("debug").arg(trace).args(["--", "-batch", "-nx"]);
+    cmd.arg("debug")
+        .arg(trace)
+        .args(extra)
+        .args(["--", "-batch", "-nx"]);
     for c in commands {
         cmd.args(["-ex", c]);
     }
@@ -213,31 +220,25 @@ fn a_watchpoint_finds_the_thread_that_wrote_and_others_run_on_unchanged() {
         [_, "tid", tid, "wrote", "at", "round", round] => (tid, round),
         _ => panic!("{wrote}"),
     };
-    let mut cmd = insight();
-    cmd.arg("debug")
-        .arg(trace)
-        .args(["--process", "overwriter", "--", "-batch", "-nx"]);
-    for c in [
-        "break report",
-        "continue",
-        "watch -l shared",
-        "reverse-continue",
-        "bt 1",
-        "print i",
-        "info threads",
-        "delete",
-        // A breakpoint in libc code libc_loop runs too: the other process
-        // neither stops nor changes; memory shows the program's byte.
-        "break write",
-        "continue",
-        "x/1xb $pc",
-    ] {
-        cmd.args(["-ex", c]);
-    }
-    let out = output_within(cmd, SESSION_LIMIT);
-    let (gdb_out, gdb_err) = text(&out);
-    let all = format!("{gdb_out}\n{gdb_err}");
-    assert!(out.status.success(), "{all}");
+    let all = gdb_on(
+        trace,
+        &["--process", "overwriter"],
+        &[
+            "break report",
+            "continue",
+            "watch -l shared",
+            "reverse-continue",
+            "bt 1",
+            "print i",
+            "info threads",
+            "delete",
+            // A breakpoint in libc code libc_loop runs too: the other process
+            // neither stops nor changes; memory shows the program's byte.
+            "break write",
+            "continue",
+            "x/1xb $pc",
+        ],
+    );
     assert!(
         all.lines()
             .any(|l| l.starts_with("#0") && l.contains("scribble")),
@@ -269,36 +270,30 @@ fn a_watchpoint_finds_the_thread_that_wrote_and_others_run_on_unchanged() {
 #[ignore = "needs /dev/kvm, the guest image and gdb (tools/test runs it)"]
 fn breakpoints_go_back_hit_by_hit_and_every_thread_has_a_stack() {
     let (trace, _) = threads_recording();
-    let mut cmd = insight();
-    cmd.arg("debug")
-        .arg(trace)
-        .args(["--process", "overwriter", "--", "-batch", "-nx"]);
-    for c in [
-        "break scribble",
-        "break report",
-        "continue",
-        // Every thread of the process at the write: each one's stack.
-        "info threads",
-        "thread apply all bt",
-        "continue",
-        // To the process's end, then back hit by hit: report, scribble
-        // (report's breakpoint, under the current PC, is passed over),
-        // then the start of history, twice.
-        "continue",
-        "reverse-continue",
-        "info symbol $pc",
-        "reverse-continue",
-        "info symbol $pc",
-        "reverse-continue",
-        "reverse-continue",
-        "info symbol $pc",
-    ] {
-        cmd.args(["-ex", c]);
-    }
-    let out = output_within(cmd, SESSION_LIMIT);
-    let (gdb_out, gdb_err) = text(&out);
-    let all = format!("{gdb_out}\n{gdb_err}");
-    assert!(out.status.success(), "{all}");
+    let all = gdb_on(
+        trace,
+        &["--process", "overwriter"],
+        &[
+            "break scribble",
+            "break report",
+            "continue",
+            // Every thread of the process at the write: each one's stack.
+            "info threads",
+            "thread apply all bt",
+            "continue",
+            // To the process's end, then back hit by hit: report, scribble
+            // (report's breakpoint, under the current PC, is passed over),
+            // then the start of history, twice.
+            "continue",
+            "reverse-continue",
+            "info symbol $pc",
+            "reverse-continue",
+            "info symbol $pc",
+            "reverse-continue",
+            "reverse-continue",
+            "info symbol $pc",
+        ],
+    );
     // `info threads` rows, then one stack per thread.
     let threads = all
         .lines()
