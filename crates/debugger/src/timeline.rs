@@ -102,26 +102,24 @@ impl Timeline {
         driver: &mut DebugDriver,
         target: Position,
     ) -> Result<(), VmError> {
-        let mut chain = vec![target];
+        // The positions to step to again, from the target back (popped,
+        // the earliest comes first), with their thread.
+        let mut chain = Vec::new();
+        let mut at = target;
         loop {
-            let at = *chain.last().expect("the chain starts with the target");
             match self.seek_directly(driver, at) {
                 Ok(()) => break,
                 Err(VmError::Debug(why)) => match (self.steps.get(&at), at.user) {
-                    (Some(&before), Some(_)) if chain.len() <= MAX_PATCHED_STEPS => {
-                        chain.push(before)
+                    (Some(&before), Some(u)) if chain.len() < MAX_PATCHED_STEPS => {
+                        chain.push((at, u.lwpid));
+                        at = before;
                     }
                     _ => return Err(VmError::Debug(why)),
                 },
                 Err(e) => return Err(e),
             }
         }
-        chain.pop();
-        while let Some(next) = chain.pop() {
-            let lwpid = next
-                .user
-                .map(|u| u.lwpid)
-                .expect("only user positions are stepped to");
+        while let Some((next, lwpid)) = chain.pop() {
             match driver.resume(Resume::Step(lwpid))? {
                 DebugEvent::Stopped(s) if stepped(&s.kind) && s.position == next => {}
                 other => {

@@ -500,13 +500,18 @@ fn steps_cross_an_asynchronous_preemption_point_and_come_back() {
         .collect();
     assert!(points.len() >= 4, "too few asynchronous points recorded");
     let point = &points[points.len() / 2];
-    // Right after the point the interrupted thread runs the tick's
-    // handler: the session stops there, the thread's user registers those
-    // of the point. Each step crosses into what the thread ran after the
+    // Right after the point the session stops; the interrupted thread's
+    // user registers are those of the point (it runs the tick's handler,
+    // or the tick switched to the other thread), and gdb selects it by its
+    // stack pointer. Each step crosses into what the thread ran after the
     // preemption; each reverse step back across it.
     let at = (point.exit + 1).to_string();
     let steps = 100;
-    let script = back_and_forth("info threads", steps);
+    let select = format!(
+        "info threads\nthread 1\nif $rsp != {:#x}\n  thread 2\nend",
+        point.rsp
+    );
+    let script = back_and_forth(&select, steps);
     let (forward, output) = steps_of(
         "debug-preempted-steps",
         &trace,
