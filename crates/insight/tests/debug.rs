@@ -388,28 +388,16 @@ fn steps_of(
 ) -> (Vec<(u64, String)>, String) {
     let file = scratch(name).join("steps.gdb");
     std::fs::write(&file, script).unwrap();
-    let mut cmd = insight();
-    cmd.arg("debug")
-        .arg(trace)
-        .args(extra)
-        .args(["--", "-batch", "-nx", "-x"])
-        .arg(&file);
-    let out = output_within(cmd, SESSION_LIMIT);
+    let output = gdb_on(trace, extra, &[&format!("source {}", file.display())]);
     let _ = std::fs::remove_dir_all(file.parent().unwrap());
-    let (stdout, stderr) = text(&out);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
-    let forward = states(&stdout, "F");
-    assert_eq!(forward.len(), steps + 1, "{stdout}\n{stderr}");
-    let mut back = states(&stdout, "B");
+    let forward = states(&output, "F");
+    assert_eq!(forward.len(), steps + 1, "{output}");
+    let mut back = states(&output, "B");
     back.reverse();
-    assert_eq!(back[..], forward[..steps], "backwards:\n{stdout}\n{stderr}");
-    let again = states(&stdout, "G");
-    assert_eq!(
-        again[..],
-        forward[1..],
-        "forwards again:\n{stdout}\n{stderr}"
-    );
-    (forward, format!("{stdout}{stderr}"))
+    assert_eq!(back[..], forward[..steps], "backwards:\n{output}");
+    let again = states(&output, "G");
+    assert_eq!(again[..], forward[1..], "forwards again:\n{output}");
+    (forward, output)
 }
 
 #[test]
