@@ -357,6 +357,20 @@ impl ProcessTracer {
                 x.seen.insert(lwpid);
                 let mut at = UserRegs::from_kvm(&user);
                 (at.fs_base, at.gs_base) = (sregs.fs.base, sregs.gs.base);
+                // A thread still where it was, with the same registers,
+                // has not run that instruction yet.
+                let ran = |before: &UserRegs| before.rip != at.rip || before.gprs != at.gprs;
+                // An instruction whose page was not mapped yet at its step
+                // ran before this one (after the fault that mapped it): it
+                // is logged first, before a trampoline's jump or a moved
+                // instruction this step may log.
+                if let Some(before) = x.unread.remove(&lwpid).filter(ran) {
+                    if x.log_step(mem, cr3, lwpid, &before, false)? {
+                        // A SYSCALL, whose R11 nobody fixed.
+                        x.r11_fix.insert(lwpid);
+                        x.in_syscall.insert(lwpid, before.rip + 2);
+                    }
+                }
                 if at_patch {
                     // The jump of a trampoline searching for a point: the
                     // instruction it covers runs moved (next) or, where
@@ -386,22 +400,13 @@ impl ProcessTracer {
                 } else if !in_stub {
                     // The program's own code (other steps in the stub
                     // pages are the probe gate's or a trampoline's: left
-                    // out).
-                    // A thread still where it was, with the same
-                    // registers, has not run that instruction yet: it is
-                    // logged below, once. (Where the point is reached,
-                    // the trampoline's store leaves a single-step trap
-                    // pending, taken back at the position.)
-                    let ran = |before: &UserRegs| before.rip != at.rip || before.gprs != at.gprs;
+                    // out). A thread still at the patched position has not
+                    // run its instruction yet: it is logged below, once.
+                    // (Where the point is reached, the trampoline's store
+                    // leaves a single-step trap pending, taken back at the
+                    // position.)
                     if let Some(before) = x.at_patch.remove(&lwpid).filter(ran) {
                         x.log_step(mem, cr3, lwpid, &before, false)?;
-                    }
-                    if let Some(before) = x.unread.remove(&lwpid).filter(ran) {
-                        if x.log_step(mem, cr3, lwpid, &before, false)? {
-                            // A SYSCALL, whose R11 nobody fixed.
-                            x.r11_fix.insert(lwpid);
-                            x.in_syscall.insert(lwpid, before.rip + 2);
-                        }
                     }
                     if let Some(ret) = x.in_syscall.remove(&lwpid) {
                         x.after_syscall(mem, cr3, lwpid, ret, &mut user, &sregs)?;
