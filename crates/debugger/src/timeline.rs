@@ -4,7 +4,8 @@
 //! Positions are the debug tool's: the deterministic exits and
 //! asynchronous points replayed, and a thread's registers in user code
 //! (`vmm::tools::debug::Position`). Going back is going forward again from
-//! a snapshot taken earlier:
+//! a snapshot taken earlier, to a position whose breakpoint goes in only
+//! after the exit before it (`DebugTool::set_hits_from`):
 //!
 //! - `reverse-continue`: from the last snapshot before now, replay to now
 //!   with the breakpoints and watchpoints recording their hits; go to the
@@ -17,11 +18,14 @@
 //!   (found by decoding forwards from the start of the function the
 //!   symbols name) gets a breakpoint, the replay goes to now again, and
 //!   the thread's last hit of it is the answer if one step from it comes
-//!   back to now. Where no instruction falls through to this one (it is a
-//!   jump's target, or no symbol covers it), the thread is single-stepped forward
-//!   from an earlier position: its last pass over this instruction since
-//!   the exit before now (a loop's previous round), its first instruction
-//!   after that exit, or the stretch of user code before.
+//!   back to now. The breakpoint goes in only after the exit before now
+//!   (then the one before that, then from the snapshot): a thread passing
+//!   it costs an exit, and the last pass is almost always there. Where no
+//!   instruction falls through to this one (it is a jump's target, or no
+//!   symbol covers it), the thread is single-stepped forward from an
+//!   earlier position: its last pass over this instruction since the exit
+//!   before now (a loop's previous round), its first instruction after
+//!   that exit, or the stretch of user code before.
 
 use std::collections::HashMap;
 
@@ -145,14 +149,22 @@ impl Timeline {
             .ok_or_else(|| VmError::Debug("no snapshot was taken before that position".into()))?;
         driver.restore(index)?;
         if exact.is_none() {
-            Self::replay_to(driver, target)?;
+            Self::replay_to(driver, target, u64::MAX)?;
         }
         Ok(())
     }
 
-    /// Replays to `target`, which lies ahead; the hits on the way.
-    fn replay_to(driver: &mut DebugDriver, target: Position) -> Result<Vec<Hit>, VmError> {
+    /// Replays to `target`, which lies ahead; the hits on the way after
+    /// exit `hits_from` (before it, and with `u64::MAX` all the way, the
+    /// breakpoints and watchpoints stay out of the guest: a thread in a
+    /// loop passes them at the cost of an exit each).
+    fn replay_to(
+        driver: &mut DebugDriver,
+        target: Position,
+        hits_from: u64,
+    ) -> Result<Vec<Hit>, VmError> {
         driver.debug_mut().take_hits();
+        driver.debug_mut().set_hits_from(hits_from);
         match driver.resume(Resume::To(target))? {
             DebugEvent::Stopped(Stop {
                 kind: StopKind::Reached,
@@ -176,7 +188,7 @@ impl Timeline {
         while let Some(index) = Self::snapshot_before(driver, &end) {
             let from = driver.snapshots()[index].ordinal();
             driver.restore(index)?;
-            let hits = Self::replay_to(driver, end)?;
+            let hits = Self::replay_to(driver, end, 0)?;
             // A breakpoint at the position itself is not gone back to; a
             // write right before it is.
             let last = hits.into_iter().rev().find(|h| {
@@ -329,21 +341,34 @@ impl Timeline {
         for &c in &candidates {
             driver.debug_mut().add_breakpoint(c);
         }
-        let hits = Self::snapshot_before(driver, &now)
-            .map(|index| {
-                driver.restore(index)?;
-                Self::replay_to(driver, now)
-            })
-            .transpose();
+        // The thread's last pass: first looked for since the exit before
+        // now (where it almost always is), then since the one before
+        // that, then all the way from the snapshot (each pass recorded
+        // costs an exit; the replays without them cost little).
+        let last_pass = |driver: &mut DebugDriver, hits_from| -> Result<Option<Hit>, VmError> {
+            let Some(index) = Self::snapshot_before(driver, &now) else {
+                return Ok(None);
+            };
+            driver.restore(index)?;
+            let hits = Self::replay_to(driver, now, hits_from)?;
+            Ok(hits
+                .into_iter()
+                .rev()
+                .find(|h| h.position != now && h.position.user.is_some_and(|u| u.lwpid == lwpid)))
+        };
+        let snapshot =
+            Self::snapshot_before(driver, &now).map_or(0, |i| driver.snapshots()[i].ordinal());
+        let mut last = Ok(None);
+        for hits_from in stretches_back(now.ordinal, snapshot) {
+            last = last_pass(driver, hits_from);
+            if !matches!(last, Ok(None)) {
+                break;
+            }
+        }
         for &c in &candidates {
             driver.debug_mut().remove_breakpoint(c);
         }
-        let last = hits?
-            .unwrap_or_default()
-            .into_iter()
-            .rev()
-            .find(|h| h.position != now && h.position.user.is_some_and(|u| u.lwpid == lwpid));
-        let Some(hit) = last else {
+        let Some(hit) = last? else {
             return Ok(None);
         };
         self.seek(driver, hit.position)?;
@@ -378,7 +403,7 @@ impl Timeline {
         // before now (a loop's previous round), if any.
         driver.debug_mut().add_breakpoint(here.rip);
         self.seek(driver, exit)?;
-        let hits = Self::replay_to(driver, now);
+        let hits = Self::replay_to(driver, now, 0);
         driver.debug_mut().remove_breakpoint(here.rip);
         let anchor = hits?
             .into_iter()
@@ -486,8 +511,42 @@ impl Timeline {
     }
 }
 
+/// Where `fall_through` looks for the last pass over an instruction
+/// before a position after exit `ordinal`, replaying from a snapshot at
+/// exit `snapshot`: from that exit, from the one before, from the
+/// snapshot (a stretch that starts at or before it is the whole replay).
+fn stretches_back(ordinal: u64, snapshot: u64) -> Vec<u64> {
+    let mut from = Vec::new();
+    for start in [ordinal, ordinal.saturating_sub(1), 0] {
+        if from
+            .last()
+            .is_some_and(|&last| last <= snapshot || last == start)
+        {
+            break;
+        }
+        from.push(start);
+    }
+    from
+}
+
 /// Whether a stop ends a single step: the step's own, or a watched write
 /// by the instruction stepped.
 fn stepped(kind: &StopKind) -> bool {
     matches!(kind, StopKind::Step | StopKind::Watch { .. })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_last_pass_is_looked_for_in_the_stretch_then_the_one_before_then_everywhere() {
+        assert_eq!(stretches_back(7, 2), vec![7, 6, 0]);
+        assert_eq!(stretches_back(1, 0), vec![1, 0]);
+        assert_eq!(stretches_back(0, 0), vec![0]);
+        // The snapshot is in the stretch before: nothing further back.
+        assert_eq!(stretches_back(7, 6), vec![7, 6]);
+        // In the stretch itself: the one replay.
+        assert_eq!(stretches_back(7, 7), vec![7]);
+    }
 }

@@ -35,6 +35,12 @@ pub(crate) struct Breakpoints {
     internal: Option<u64>,
     /// The `int3`s in guest memory, by guest physical address.
     inserted: BTreeMap<u64, Inserted>,
+    /// The debugger's breakpoints are out of memory for now (a replay to
+    /// a position that records no hits on this stretch).
+    dormant: bool,
+    /// The VMM's own breakpoint is in memory (only the exits before the
+    /// position's can pass it).
+    internal_armed: bool,
 }
 
 impl Breakpoints {
@@ -62,16 +68,32 @@ impl Breakpoints {
         self.internal = va;
     }
 
+    /// Which of the breakpoints go into memory at the next `sync`: the
+    /// debugger's (`user`), the VMM's own (`internal`).
+    pub(crate) fn set_armed(&mut self, user: bool, internal: bool) {
+        self.dormant = !user;
+        self.internal_armed = internal;
+    }
+
+    /// What `set_armed` said.
+    pub(crate) fn armed(&self) -> (bool, bool) {
+        (!self.dormant, self.internal_armed)
+    }
+
     /// Whether the debugger wants a breakpoint at `va` (the VMM's own
     /// does not count).
     pub(crate) fn is_wanted(&self, va: u64) -> bool {
         self.wanted.contains(&va)
     }
 
-    /// Every address a breakpoint belongs at.
+    /// Every address a breakpoint belongs at now.
     fn all_wanted(&self) -> BTreeSet<u64> {
-        let mut all = self.wanted.clone();
-        all.extend(self.internal);
+        let mut all = if self.dormant {
+            BTreeSet::new()
+        } else {
+            self.wanted.clone()
+        };
+        all.extend(self.internal.filter(|_| self.internal_armed));
         all
     }
 
@@ -225,5 +247,37 @@ mod tests {
         assert_eq!(m.read_obj::<u8>(GuestAddress(0x20_0004)).unwrap(), 0xe5);
         b.sync(&m, 0x1000, None);
         assert_eq!(m.read_obj::<u8>(GuestAddress(0x20_0004)).unwrap(), INT3);
+    }
+
+    #[test]
+    fn dormant_breakpoints_and_the_internal_one_stay_out_until_armed() {
+        let m = user_code(&[0x90, 0x55, 0x48, 0x89, 0xe5]);
+        let byte = |gpa| m.read_obj::<u8>(GuestAddress(gpa)).unwrap();
+        let mut b = Breakpoints::default();
+        b.add(0x40_0001);
+        b.set_internal(Some(0x40_0003));
+        // The debugger's in, the VMM's own not armed.
+        b.sync(&m, 0x1000, None);
+        assert_eq!((byte(0x20_0001), byte(0x20_0003)), (INT3, 0x89));
+        assert!(!b.pending());
+        // Dormant: out of memory, nothing waits for a page.
+        b.set_armed(false, false);
+        b.sync(&m, 0x1000, None);
+        assert_eq!((byte(0x20_0001), byte(0x20_0003)), (0x55, 0x89));
+        assert_eq!(b.at(0x20_0001), None);
+        assert!(b.originals().is_empty());
+        // Only the internal one.
+        b.set_armed(false, true);
+        b.sync(&m, 0x1000, None);
+        assert_eq!((byte(0x20_0001), byte(0x20_0003)), (0x55, INT3));
+        assert!(!b.is_wanted(0x40_0003));
+        // Both, and back.
+        b.set_armed(true, true);
+        b.sync(&m, 0x1000, None);
+        assert_eq!((byte(0x20_0001), byte(0x20_0003)), (INT3, INT3));
+        b.set_armed(true, false);
+        b.sync(&m, 0x1000, None);
+        assert_eq!((byte(0x20_0001), byte(0x20_0003)), (INT3, 0x89));
+        assert_eq!(b.armed(), (true, false));
     }
 }

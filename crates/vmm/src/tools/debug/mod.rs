@@ -211,6 +211,10 @@ pub struct DebugTool {
     stop: Option<Stop>,
     /// Breakpoint and watchpoint hits recorded by `Resume::To`.
     hits: Vec<Hit>,
+    /// `Resume::To` records hits from this ordinal on: before it, the
+    /// breakpoints and watchpoints stay out of the guest (their passes
+    /// cost nothing); `u64::MAX`, none at all.
+    hits_from: u64,
     pub(crate) watches: watch::Watches,
     /// The kernel changed watched bytes for this thread (the watch's
     /// address): the hit is at its return to user mode.
@@ -268,6 +272,7 @@ impl DebugTool {
             stepping: None,
             stop: None,
             hits: Vec::new(),
+            hits_from: 0,
             watches: watch::Watches::default(),
             kernel_wrote: None,
             watch_step: false,
@@ -361,6 +366,14 @@ impl DebugTool {
 
     pub fn put_breakpoints(&mut self, wanted: std::collections::BTreeSet<u64>) {
         self.breakpoints.put(wanted);
+    }
+
+    /// The next `Resume::To` records the hits from the position after exit
+    /// `ordinal` on (0: all its way; `u64::MAX`: none, the breakpoints and
+    /// watchpoints out of the guest all its way, where a thread passing
+    /// them would cost an exit for nothing).
+    pub fn set_hits_from(&mut self, ordinal: u64) {
+        self.hits_from = ordinal;
     }
 
     /// The hits `Resume::To` recorded on its way, oldest first.
@@ -473,8 +486,41 @@ impl DebugTool {
     /// Protects the watched pages of the process as mapped now, and takes
     /// the watched values (`all`: every one, else those not known yet).
     fn sync_watches(&mut self, m: &Machine, all: bool) -> Result<(), VmError> {
-        let cr3 = self.tasks.process.as_ref().map(|p| p.cr3);
+        self.watches.armed = self.hits_armed();
+        let cr3 = self
+            .tasks
+            .process
+            .as_ref()
+            .map(|p| p.cr3)
+            .filter(|_| self.watches.armed);
         self.watches.sync(m, cr3, all)
+    }
+
+    /// Whether the debugger's breakpoints and watchpoints are in the guest
+    /// now: always, but on the stretch of a `Resume::To` before
+    /// `hits_from`.
+    fn hits_armed(&self) -> bool {
+        !matches!(self.resume, Resume::To(_)) || self.ordinal >= self.hits_from
+    }
+
+    /// Whether the breakpoint of the position `Resume::To` goes to is in
+    /// the guest now: only after the exit before the position (a thread
+    /// passing it earlier is not there).
+    fn internal_armed(&self) -> bool {
+        matches!(self.resume, Resume::To(Position { ordinal, user: Some(_) }) if ordinal == self.ordinal)
+    }
+
+    /// At a new ordinal: the breakpoints and watchpoints go in or out of
+    /// the guest where the stretch of a `Resume::To` says so.
+    fn rearm(&mut self, m: &Machine) -> Result<(), VmError> {
+        let armed = (self.hits_armed(), self.internal_armed());
+        if self.breakpoints.armed() != armed {
+            self.sync_breakpoints(m);
+        }
+        if armed.0 != self.watches.armed {
+            self.sync_watches(m, true)?;
+        }
+        Ok(())
     }
 
     /// Sets how the next run goes (before resuming).
@@ -659,6 +705,7 @@ impl DebugTool {
                 )));
             }
         }
+        self.rearm(m)?;
         self.update_returns(m)
     }
 
@@ -1085,6 +1132,8 @@ impl DebugTool {
 
     /// Puts the breakpoints the process maps back in place.
     pub(crate) fn sync_breakpoints(&mut self, m: &Machine) {
+        let (user, internal) = (self.hits_armed(), self.internal_armed());
+        self.breakpoints.set_armed(user, internal);
         if let Some(p) = &self.tasks.process {
             self.breakpoints.sync(&m.vm.mem, p.cr3, self.avoid);
         }

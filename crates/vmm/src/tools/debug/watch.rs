@@ -34,6 +34,9 @@ pub(crate) struct Watches {
     slots: u32,
     /// A watched page was not mapped at the last `sync`.
     pub(crate) missing: bool,
+    /// The debugger wants the watched pages protected (not while a replay
+    /// that records no hits passes); set before each `sync`.
+    pub(crate) armed: bool,
 }
 
 impl Watches {
