@@ -345,24 +345,22 @@ impl Timeline {
         // now (where it almost always is), then since the one before
         // that, then all the way from the snapshot (each pass recorded
         // costs an exit; the replays without them cost little).
-        let last_pass = |driver: &mut DebugDriver, hits_from| -> Result<Option<Hit>, VmError> {
-            let Some(index) = Self::snapshot_before(driver, &now) else {
-                return Ok(None);
+        let last_pass =
+            |driver: &mut DebugDriver, index, hits_from| -> Result<Option<Hit>, VmError> {
+                driver.restore(index)?;
+                let hits = Self::replay_to(driver, now, hits_from)?;
+                Ok(hits.into_iter().rev().find(|h| {
+                    h.position != now && h.position.user.is_some_and(|u| u.lwpid == lwpid)
+                }))
             };
-            driver.restore(index)?;
-            let hits = Self::replay_to(driver, now, hits_from)?;
-            Ok(hits
-                .into_iter()
-                .rev()
-                .find(|h| h.position != now && h.position.user.is_some_and(|u| u.lwpid == lwpid)))
-        };
-        let snapshot =
-            Self::snapshot_before(driver, &now).map_or(0, |i| driver.snapshots()[i].ordinal());
         let mut last = Ok(None);
-        for hits_from in stretches_back(now.ordinal, snapshot) {
-            last = last_pass(driver, hits_from);
-            if !matches!(last, Ok(None)) {
-                break;
+        if let Some(index) = Self::snapshot_before(driver, &now) {
+            let snapshot = driver.snapshots()[index].ordinal();
+            for hits_from in stretches_back(now.ordinal, snapshot) {
+                last = last_pass(driver, index, hits_from);
+                if !matches!(last, Ok(None)) {
+                    break;
+                }
             }
         }
         for &c in &candidates {
