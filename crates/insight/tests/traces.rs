@@ -348,7 +348,18 @@ fn an_event_database_on_a_full_disk_is_said_so_and_removed() {
     let (trace, out) = record("full-disk", &["--probes"], &["syn_cont", "300", "2000"]);
     expect_status(&out, 0);
     let dir = trace.parent().unwrap();
-    let Some(full) = SmallFs::mount(&dir.join("full"), "48k") else {
+    // The database's size depends on the recording's schedule: the small
+    // disk holds half of what this replay writes.
+    let whole = dir.join("whole.db");
+    let out = replay_with(&trace, &["--events", whole.to_str().unwrap()]);
+    expect_status(&out, 0);
+    let pages = std::fs::metadata(&whole).unwrap().len() / 4096;
+    assert!(
+        pages >= 8,
+        "{pages} pages of events: too few to fill a disk"
+    );
+    let room = format!("{}k", pages / 2 * 4);
+    let Some(full) = SmallFs::mount(&dir.join("full"), &room) else {
         return;
     };
     let db = full.0.join("e.db");
