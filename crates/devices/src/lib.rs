@@ -1,8 +1,8 @@
 //! Devices of the insight virtual machine.
 //!
 //! The legacy PC platform (8259 PIC pair, 8254 PIT, 16550 serial console,
-//! CMOS RTC), insight's own platform control port, and virtio block and
-//! network devices. Devices read no host clock: the VMM drives them from
+//! CMOS RTC), insight's own platform control port, and virtio block,
+//! network and console devices. Devices read no host clock: the VMM drives them from
 //! the vCPU thread and passes VM time, so the same inputs give the same
 //! behaviour. The block device's I/O thread touches only the disk files,
 //! the network device's reader only its TAP device; what they produce
@@ -18,6 +18,7 @@ pub mod platform;
 pub mod serial;
 pub mod tap;
 pub mod virtio_blk;
+pub mod virtio_console;
 pub mod virtio_mmio;
 pub mod virtio_net;
 

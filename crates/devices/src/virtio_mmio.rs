@@ -18,6 +18,8 @@ const STATUS_DRIVER_OK: u32 = 0x04;
 const STATUS_FAILED: u32 = 0x80;
 /// Interrupt status: the device used buffers.
 const INT_USED_BUFFER: u32 = 1;
+/// Interrupt status: the device's configuration changed.
+const INT_CONFIG_CHANGE: u32 = 2;
 
 /// What a register write asks of the device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -182,6 +184,12 @@ impl MmioTransport {
         self.interrupt_status |= INT_USED_BUFFER;
     }
 
+    /// Marks that the configuration changed; the device raises its line
+    /// (and answers the config generation register itself).
+    pub fn signal_config_change(&mut self) {
+        self.interrupt_status |= INT_CONFIG_CHANGE;
+    }
+
     /// A register read; `config` is the device's configuration space.
     pub fn read(&self, offset: u64, data: &mut [u8], config: &[u8]) {
         let queue = self.queues.get(self.queue_sel as usize);
@@ -199,7 +207,7 @@ impl MmioTransport {
             0x044 => u32::from(queue.is_some_and(|q| q.ready())),
             0x060 => self.interrupt_status,
             0x070 => self.status,
-            0x0fc => 0, // config generation: the config never changes
+            0x0fc => 0, // config generation: a device whose config changes answers it
             0x100.. => {
                 let start = (offset - 0x100) as usize;
                 for (i, b) in data.iter_mut().enumerate() {
@@ -348,4 +356,61 @@ pub fn write_chain(descs: &[Desc], mem: &GuestMemoryMmap, data: &[u8]) -> Option
         at = end;
     }
     u32::try_from(at).ok()
+}
+
+/// Driving a device's queues as its driver would, for the devices' tests.
+#[cfg(test)]
+pub(crate) mod test_driver {
+    use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+    /// A queue's descriptor table, available ring and used ring.
+    pub(crate) type QueueAt = [u64; 3];
+
+    /// Accepts `features` and sets up `queues` (8 entries each) through
+    /// `write` (offset, value), then sets DRIVER_OK.
+    pub(crate) fn set_up(mut write: impl FnMut(u64, u32), features: u64, queues: &[QueueAt]) {
+        write(0x024, 0);
+        write(0x020, features as u32);
+        write(0x024, 1);
+        write(0x020, (features >> 32) as u32);
+        for (n, q) in queues.iter().enumerate() {
+            write(0x030, n as u32);
+            write(0x038, 8);
+            write(0x080, q[0] as u32);
+            write(0x090, q[1] as u32);
+            write(0x0a0, q[2] as u32);
+            write(0x044, 1);
+        }
+        write(0x070, 0x0f);
+    }
+
+    /// Descriptor `i` of queue `q`; offers it as chain number `n`.
+    pub(crate) fn offer(
+        mem: &GuestMemoryMmap,
+        q: QueueAt,
+        i: u16,
+        n: u16,
+        addr: u64,
+        len: u32,
+        write: bool,
+    ) {
+        let at = q[0] + 16 * u64::from(i);
+        mem.write_obj(addr, GuestAddress(at)).unwrap();
+        mem.write_obj(len, GuestAddress(at + 8)).unwrap();
+        mem.write_obj(if write { 2u16 } else { 0 }, GuestAddress(at + 12))
+            .unwrap();
+        mem.write_obj(i, GuestAddress(q[1] + 4 + 2 * u64::from(n)))
+            .unwrap();
+        mem.write_obj(n + 1, GuestAddress(q[1] + 2)).unwrap();
+    }
+
+    /// How many chains the device has used on queue `q`.
+    pub(crate) fn used_idx(mem: &GuestMemoryMmap, q: QueueAt) -> u16 {
+        mem.read_obj(GuestAddress(q[2] + 2)).unwrap()
+    }
+
+    /// The length the device wrote in used-ring entry `n` of queue `q`.
+    pub(crate) fn used_len(mem: &GuestMemoryMmap, q: QueueAt, n: u64) -> u32 {
+        mem.read_obj(GuestAddress(q[2] + 4 + 8 * n + 4)).unwrap()
+    }
 }

@@ -620,6 +620,7 @@ fn write_frame(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::virtio_mmio::test_driver::{offer, set_up, used_idx, used_len};
     use vm_memory::{Bytes, GuestAddress};
 
     const RXQ: [u64; 3] = [0x1000, 0x2000, 0x3000];
@@ -640,36 +641,8 @@ mod tests {
         let mut mac = [0u8; 6];
         dev.mmio_read(0x100, &mut mac);
         assert_eq!(mac, DEFAULT_MAC);
-        w32(&mut dev, &mem, 0x024, 0);
-        w32(&mut dev, &mem, 0x020, features as u32);
-        w32(&mut dev, &mem, 0x024, 1);
-        w32(&mut dev, &mem, 0x020, (features >> 32) as u32);
-        for (n, q) in [RXQ, TXQ].iter().enumerate() {
-            w32(&mut dev, &mem, 0x030, n as u32);
-            w32(&mut dev, &mem, 0x038, 8);
-            w32(&mut dev, &mem, 0x080, q[0] as u32);
-            w32(&mut dev, &mem, 0x090, q[1] as u32);
-            w32(&mut dev, &mem, 0x0a0, q[2] as u32);
-            w32(&mut dev, &mem, 0x044, 1);
-        }
-        w32(&mut dev, &mem, 0x070, 0x0f);
+        set_up(|at, v| w32(&mut dev, &mem, at, v), features, &[RXQ, TXQ]);
         (dev, mem)
-    }
-
-    /// Descriptor `i` of queue `q`; offers it as chain number `n`.
-    fn offer(mem: &GuestMemoryMmap, q: [u64; 3], i: u16, n: u16, addr: u64, len: u32, write: bool) {
-        let at = q[0] + 16 * u64::from(i);
-        mem.write_obj(addr, GuestAddress(at)).unwrap();
-        mem.write_obj(len, GuestAddress(at + 8)).unwrap();
-        mem.write_obj(if write { 2u16 } else { 0 }, GuestAddress(at + 12))
-            .unwrap();
-        mem.write_obj(i, GuestAddress(q[1] + 4 + 2 * u64::from(n)))
-            .unwrap();
-        mem.write_obj(n + 1, GuestAddress(q[1] + 2)).unwrap();
-    }
-
-    fn used_idx(mem: &GuestMemoryMmap, q: [u64; 3]) -> u16 {
-        mem.read_obj(GuestAddress(q[2] + 2)).unwrap()
     }
 
     fn frame(len: usize, fill: u8) -> Vec<u8> {
@@ -694,8 +667,7 @@ mod tests {
             mem.read_obj::<u8>(GuestAddress(BUF + 0x1000 + 59)).unwrap(),
             9
         );
-        let used_len: u32 = mem.read_obj(GuestAddress(RXQ[2] + 4 + 4)).unwrap();
-        assert_eq!(used_len, 100);
+        assert_eq!(used_len(&mem, RXQ, 0), 100);
         assert!(dev.take_irq());
         assert_eq!(dev.stats().rx_frames, 2);
     }
@@ -763,8 +735,7 @@ mod tests {
         assert_eq!(used_idx(&mem, RXQ), 3);
         let num_buffers: u16 = mem.read_obj(GuestAddress(BUF + 10)).unwrap();
         assert_eq!(num_buffers, 3);
-        let used_len =
-            |n: u64| -> u32 { mem.read_obj(GuestAddress(RXQ[2] + 4 + 8 * n + 4)).unwrap() };
+        let used_len = |n: u64| used_len(&mem, RXQ, n);
         assert_eq!((used_len(0), used_len(1), used_len(2)), (64, 64, 22));
         assert_eq!(
             mem.read_obj::<u8>(GuestAddress(BUF + 0x200 + 21)).unwrap(),

@@ -1,0 +1,523 @@
+//! A virtio console (device type 3) on the virtio-mmio transport: a
+//! terminal for the guest (`hvc0`) with one port (no multiport), whose
+//! output costs one VM exit per buffer where the 16550 costs one per byte.
+//!
+//! Output is synchronous. The guest's driver puts a buffer (up to a page
+//! of text) on the transmit queue, notifies the device — a deterministic
+//! exit — and spins with interrupts off until the buffer comes back used;
+//! so the device writes every queued buffer to the host and completes it
+//! within that exit, and the guest sees the same whether the bytes go to a
+//! terminal, a file or nowhere.
+//!
+//! Input waits in the device until the VMM makes it visible at a
+//! deterministic exit, as the network device's frames do:
+//! [`VirtioConsole::deliver_input`] while recording (it returns what went
+//! in, for the log), [`VirtioConsole::deliver`] at replay with exactly the
+//! bytes logged. The terminal's size is the device's configuration
+//! (`VIRTIO_CONSOLE_F_SIZE`): [`VirtioConsole::resize`] changes it and
+//! raises the configuration interrupt, which the VMM likewise does only at
+//! a deterministic exit.
+//!
+//! Everything the guest hands over is validated: a malformed chain is
+//! counted and returned unused, never fatal.
+
+use std::collections::VecDeque;
+use std::io::Write;
+
+use serde::{Deserialize, Serialize};
+use virtio_queue::QueueT;
+use vm_memory::GuestMemoryMmap;
+
+use crate::virtio_mmio::{
+    self, Desc, DriverRequest, MmioTransport, TransportState, VIRTIO_F_VERSION_1,
+};
+
+/// Where the device's registers are in guest physical memory (after the
+/// network device's).
+pub const MMIO_BASE: u64 = 0xd000_0400;
+pub const MMIO_SIZE: u64 = 0x200;
+/// Its PIC line.
+pub const IRQ: u8 = 7;
+/// The virtio device type of a console.
+const DEVICE_ID: u32 = 3;
+const QUEUE_SIZE: u16 = 64;
+/// Port 0's receive and transmit queues.
+const RX: usize = 0;
+const TX: usize = 1;
+/// The configuration holds the terminal's columns and rows.
+const VIRTIO_CONSOLE_F_SIZE: u64 = 1 << 0;
+const DEVICE_FEATURES: u64 = VIRTIO_F_VERSION_1 | VIRTIO_CONSOLE_F_SIZE;
+/// Input waiting for the guest, at most: what arrives beyond it is
+/// counted and dropped.
+pub const MAX_PENDING_INPUT: usize = 64 << 10;
+/// The longest transmitted chain taken (Linux sends a page at a time).
+const MAX_TX_CHAIN: usize = 64 << 10;
+
+/// The kernel command-line text that declares the device.
+pub fn kernel_cmdline() -> String {
+    format!("virtio_mmio.device={MMIO_SIZE:#x}@{MMIO_BASE:#x}:{IRQ}")
+}
+
+/// What the device counted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConsoleStats {
+    /// Buffers and bytes the guest wrote.
+    pub tx_buffers: u64,
+    pub tx_bytes: u64,
+    /// Transmit chains with a device-writable or unreadable descriptor,
+    /// or longer than the device takes.
+    pub tx_bad_chains: u64,
+    /// Writes to the host that failed (the guest saw them succeed).
+    pub tx_errors: u64,
+    /// Bytes delivered to the guest.
+    pub rx_bytes: u64,
+    /// Receive chains with a device-readable or unwritable descriptor.
+    pub rx_bad_chains: u64,
+    /// Input bytes dropped because too much was waiting.
+    pub rx_overflow: u64,
+}
+
+/// What a checkpoint keeps of the console: the transport, the input
+/// waiting, the terminal's size and the counts.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConsoleState {
+    pub transport: TransportState,
+    pub pending: Vec<u8>,
+    pub size: (u16, u16),
+    pub generation: u32,
+    pub irq: bool,
+    pub stats: ConsoleStats,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConsoleError {
+    #[error("the guest has receive buffers for {fit} of the {needed} input bytes to be delivered")]
+    NoBuffers { needed: usize, fit: usize },
+}
+
+pub struct VirtioConsole<W: Write> {
+    transport: MmioTransport,
+    out: W,
+    /// Input received, waiting for a deterministic point and a buffer.
+    pending: VecDeque<u8>,
+    /// Columns and rows.
+    size: (u16, u16),
+    /// The configuration generation: one more at every size change.
+    generation: u32,
+    irq: bool,
+    stats: ConsoleStats,
+}
+
+/// A receive chain taken for input: its head, descriptors, and the bytes
+/// it holds (`None`: malformed, returned empty).
+type RxChain = (u16, Vec<Desc>, Option<usize>);
+
+impl<W: Write> VirtioConsole<W> {
+    /// A console writing the guest's output to `out`, for a terminal of
+    /// `size` (columns, rows).
+    pub fn new(out: W, size: (u16, u16)) -> Self {
+        VirtioConsole {
+            transport: MmioTransport::new(DEVICE_ID, DEVICE_FEATURES, &[QUEUE_SIZE, QUEUE_SIZE]),
+            out,
+            pending: VecDeque::new(),
+            size,
+            generation: 0,
+            irq: false,
+            stats: ConsoleStats::default(),
+        }
+    }
+
+    pub fn state(&self) -> ConsoleState {
+        ConsoleState {
+            transport: self.transport.state(),
+            pending: self.pending.iter().copied().collect(),
+            size: self.size,
+            generation: self.generation,
+            irq: self.irq,
+            stats: self.stats,
+        }
+    }
+
+    /// Puts the device in `state` (where its output goes stays as is).
+    pub fn restore(&mut self, state: &ConsoleState) -> Result<(), String> {
+        if state.pending.len() > MAX_PENDING_INPUT {
+            return Err(format!(
+                "{} input bytes pending, at most {MAX_PENDING_INPUT}",
+                state.pending.len()
+            ));
+        }
+        self.transport.restore(&state.transport)?;
+        self.pending = state.pending.iter().copied().collect();
+        self.size = state.size;
+        self.generation = state.generation;
+        self.irq = state.irq;
+        self.stats = state.stats;
+        Ok(())
+    }
+
+    pub fn stats(&self) -> ConsoleStats {
+        self.stats
+    }
+
+    /// Where the guest's output goes.
+    pub fn writer(&self) -> &W {
+        &self.out
+    }
+
+    pub fn writer_mut(&mut self) -> &mut W {
+        &mut self.out
+    }
+
+    /// Whether the device raised its interrupt since the last call.
+    pub fn take_irq(&mut self) -> bool {
+        std::mem::take(&mut self.irq)
+    }
+
+    /// Whether the driver has the device running (DRIVER_OK): before it
+    /// does, nothing reads input or the size.
+    pub fn driver_ok(&self) -> bool {
+        self.transport.driver_ok()
+    }
+
+    pub fn mmio_read(&mut self, offset: u64, data: &mut [u8]) {
+        if offset == 0x0fc {
+            let bytes = self.generation.to_le_bytes();
+            for (i, b) in data.iter_mut().enumerate() {
+                *b = bytes.get(i).copied().unwrap_or(0);
+            }
+            return;
+        }
+        // cols, rows, max_nr_ports (one), emerg_wr (not offered).
+        let mut config = [0u8; 12];
+        config[0..2].copy_from_slice(&self.size.0.to_le_bytes());
+        config[2..4].copy_from_slice(&self.size.1.to_le_bytes());
+        config[4..8].copy_from_slice(&1u32.to_le_bytes());
+        self.transport.read(offset, data, &config);
+    }
+
+    pub fn mmio_write(&mut self, offset: u64, data: &[u8], mem: &GuestMemoryMmap) {
+        // Receive buffers the guest adds are used at the next delivery; a
+        // reset drops no input already received.
+        if let DriverRequest::Notify(n) = self.transport.write(offset, data, mem) {
+            if usize::from(n) == TX {
+                self.transmit(mem);
+            }
+        }
+    }
+
+    /// Writes every buffer the guest queued for output to the host, and
+    /// returns them used.
+    fn transmit(&mut self, mem: &GuestMemoryMmap) {
+        let Some(queue) = self.transport.queue(TX) else {
+            return;
+        };
+        let Some(chains) = virtio_mmio::pop_chains(queue, mem, usize::MAX) else {
+            self.stats.tx_bad_chains += 1;
+            return;
+        };
+        let mut used = Vec::with_capacity(chains.len());
+        for (head, descs) in chains {
+            used.push(head);
+            let Some(text) = virtio_mmio::read_chain(&descs, mem, MAX_TX_CHAIN) else {
+                self.stats.tx_bad_chains += 1;
+                continue;
+            };
+            self.stats.tx_buffers += 1;
+            self.stats.tx_bytes += text.len() as u64;
+            if self.out.write_all(&text).is_err() {
+                self.stats.tx_errors += 1;
+            }
+        }
+        if !used.is_empty() && self.out.flush().is_err() {
+            self.stats.tx_errors += 1;
+        }
+        let Some(queue) = self.transport.queue(TX) else {
+            return;
+        };
+        for head in used {
+            if queue.add_used(mem, head, 0).is_err() {
+                self.stats.tx_bad_chains += 1;
+            }
+        }
+        self.transport.signal_used();
+        self.irq = true;
+    }
+
+    /// Keeps host input for the guest, as much as fits; returns how many
+    /// of `bytes` were kept (the rest is counted as dropped).
+    pub fn enqueue_input(&mut self, bytes: &[u8]) -> usize {
+        let n = bytes.len().min(self.input_room());
+        self.pending.extend(&bytes[..n]);
+        self.stats.rx_overflow += (bytes.len() - n) as u64;
+        n
+    }
+
+    /// How many more input bytes the device keeps.
+    pub fn input_room(&self) -> usize {
+        MAX_PENDING_INPUT - self.pending.len()
+    }
+
+    /// Input waiting for the guest.
+    pub fn pending_input(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Delivers as much waiting input as the guest has buffers for, and
+    /// returns it (what a recording logs).
+    pub fn deliver_input(&mut self, mem: &GuestMemoryMmap) -> Vec<u8> {
+        if self.pending.is_empty() || !self.driver_ok() {
+            return Vec::new();
+        }
+        let chains = self.take_buffers(self.pending.len(), mem);
+        let room: usize = chains.iter().filter_map(|c| c.2).sum();
+        let bytes: Vec<u8> = self.pending.drain(..room.min(self.pending.len())).collect();
+        self.fill(&bytes, chains, mem);
+        bytes
+    }
+
+    /// Delivers exactly `bytes` into the guest's receive buffers and
+    /// raises the interrupt; errors, delivering nothing, if the buffers
+    /// cannot hold them all.
+    pub fn deliver(&mut self, bytes: &[u8], mem: &GuestMemoryMmap) -> Result<(), ConsoleError> {
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        let start = self.transport.queue(RX).map(|q| q.next_avail());
+        let chains = self.take_buffers(bytes.len(), mem);
+        let fit: usize = chains.iter().filter_map(|c| c.2).sum();
+        if fit < bytes.len() || !self.driver_ok() {
+            if let (Some(queue), Some(start)) = (self.transport.queue(RX), start) {
+                queue.set_next_avail(start);
+            }
+            return Err(ConsoleError::NoBuffers {
+                needed: bytes.len(),
+                fit: if self.driver_ok() { fit } else { 0 },
+            });
+        }
+        self.fill(bytes, chains, mem);
+        Ok(())
+    }
+
+    /// Takes receive chains, in order, until they hold `needed` bytes or
+    /// the guest has no more.
+    fn take_buffers(&mut self, needed: usize, mem: &GuestMemoryMmap) -> Vec<RxChain> {
+        let mut chains = Vec::new();
+        let mut room = 0;
+        let Some(queue) = self.transport.queue(RX) else {
+            return chains;
+        };
+        while room < needed {
+            let Some(mut popped) = virtio_mmio::pop_chains(queue, mem, 1) else {
+                break;
+            };
+            let Some((head, descs)) = popped.pop() else {
+                break;
+            };
+            let holds = descs
+                .iter()
+                .all(|d| d.2)
+                .then(|| descs.iter().map(|d| d.1 as usize).sum::<usize>());
+            room += holds.unwrap_or(0);
+            chains.push((head, descs, holds));
+        }
+        chains
+    }
+
+    /// Writes `bytes` into `chains` (which hold them all) in order, returns
+    /// the chains used and raises the interrupt.
+    fn fill(&mut self, bytes: &[u8], chains: Vec<RxChain>, mem: &GuestMemoryMmap) {
+        let mut rest = bytes;
+        let mut used = Vec::with_capacity(chains.len());
+        for (head, descs, holds) in chains {
+            let Some(holds) = holds else {
+                self.stats.rx_bad_chains += 1;
+                used.push((head, 0));
+                continue;
+            };
+            let (piece, after) = rest.split_at(holds.min(rest.len()));
+            rest = after;
+            match virtio_mmio::write_chain(&descs, mem, piece) {
+                Some(n) => {
+                    self.stats.rx_bytes += u64::from(n);
+                    used.push((head, n));
+                }
+                None => {
+                    self.stats.rx_bad_chains += 1;
+                    used.push((head, 0));
+                }
+            }
+        }
+        let Some(queue) = self.transport.queue(RX).filter(|_| !used.is_empty()) else {
+            return;
+        };
+        for (head, len) in used {
+            if queue.add_used(mem, head, len).is_err() {
+                self.stats.rx_bad_chains += 1;
+            }
+        }
+        self.transport.signal_used();
+        self.irq = true;
+    }
+
+    /// The host terminal's size changed: the guest is told through a
+    /// configuration interrupt once its driver runs. Returns whether the
+    /// size differs from the one the device had.
+    pub fn resize(&mut self, size: (u16, u16)) -> bool {
+        if size == self.size {
+            return false;
+        }
+        self.size = size;
+        self.generation = self.generation.wrapping_add(1);
+        if self.driver_ok() {
+            self.transport.signal_config_change();
+            self.irq = true;
+        }
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::virtio_mmio::test_driver::{offer, set_up, used_idx, used_len};
+    use vm_memory::{Bytes, GuestAddress};
+
+    const RXQ: [u64; 3] = [0x1000, 0x2000, 0x3000];
+    const TXQ: [u64; 3] = [0x4000, 0x5000, 0x6000];
+    const BUF: u64 = 0x8000;
+
+    fn read32(dev: &mut VirtioConsole<Vec<u8>>, offset: u64) -> u32 {
+        let mut b = [0u8; 4];
+        dev.mmio_read(offset, &mut b);
+        u32::from_le_bytes(b)
+    }
+
+    fn driver_sets_up(dev: &mut VirtioConsole<Vec<u8>>, mem: &GuestMemoryMmap) {
+        let write = |at: u64, v: u32| dev.mmio_write(at, &v.to_le_bytes(), mem);
+        set_up(write, DEVICE_FEATURES, &[RXQ, TXQ]);
+    }
+
+    /// A console of 80x25 whose driver set up both queues.
+    fn setup() -> (VirtioConsole<Vec<u8>>, GuestMemoryMmap) {
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x40000)]).unwrap();
+        let mut dev = VirtioConsole::new(Vec::new(), (80, 25));
+        assert_eq!(read32(&mut dev, 0x008), DEVICE_ID);
+        driver_sets_up(&mut dev, &mem);
+        assert!(dev.driver_ok());
+        (dev, mem)
+    }
+
+    #[test]
+    fn queued_output_is_written_and_completed_within_the_notification() {
+        let (mut dev, mem) = setup();
+        mem.write_slice(b"hello, ", GuestAddress(BUF)).unwrap();
+        mem.write_slice(b"world\n", GuestAddress(BUF + 0x100))
+            .unwrap();
+        offer(&mem, TXQ, 0, 0, BUF, 7, false);
+        offer(&mem, TXQ, 1, 1, BUF + 0x100, 6, false);
+        // Queued, not yet notified: nothing is written.
+        assert!(dev.writer().is_empty());
+        dev.mmio_write(0x050, &1u32.to_le_bytes(), &mem);
+        assert_eq!(dev.writer(), b"hello, world\n");
+        assert_eq!(used_idx(&mem, TXQ), 2);
+        assert!(dev.take_irq());
+        assert_eq!(read32(&mut dev, 0x060) & 1, 1, "used-buffer interrupt");
+        let stats = dev.stats();
+        assert_eq!((stats.tx_buffers, stats.tx_bytes), (2, 13));
+        // A device-writable chain and one outside guest memory are
+        // returned unwritten, and counted.
+        offer(&mem, TXQ, 2, 2, BUF, 4, true);
+        offer(&mem, TXQ, 3, 3, 0xffff_0000, 4, false);
+        dev.mmio_write(0x050, &1u32.to_le_bytes(), &mem);
+        assert_eq!(used_idx(&mem, TXQ), 4);
+        assert_eq!(dev.stats().tx_bad_chains, 2);
+        assert_eq!(dev.writer(), b"hello, world\n");
+    }
+
+    #[test]
+    fn input_reaches_the_guest_only_when_delivered_and_only_into_buffers() {
+        let (mut dev, mem) = setup();
+        assert_eq!(dev.enqueue_input(b"ls -l\n"), 6);
+        // No receive buffers: nothing goes in, the input keeps waiting.
+        assert!(dev.deliver_input(&mem).is_empty());
+        assert_eq!(dev.pending_input(), 6);
+        assert!(!dev.take_irq());
+        // Two 4-byte buffers: the recorder delivers 8 bytes at most.
+        offer(&mem, RXQ, 0, 0, BUF, 4, true);
+        offer(&mem, RXQ, 1, 1, BUF + 0x100, 4, true);
+        assert_eq!(dev.deliver_input(&mem), b"ls -l\n");
+        assert_eq!(used_idx(&mem, RXQ), 2);
+        assert_eq!((used_len(&mem, RXQ, 0), used_len(&mem, RXQ, 1)), (4, 2));
+        let mut got = [0u8; 6];
+        mem.read_slice(&mut got[..4], GuestAddress(BUF)).unwrap();
+        mem.read_slice(&mut got[4..], GuestAddress(BUF + 0x100))
+            .unwrap();
+        assert_eq!(&got, b"ls -l\n");
+        assert!(dev.take_irq());
+        assert_eq!(dev.pending_input(), 0);
+        // More than the buffers hold: the rest waits for the next ones.
+        offer(&mem, RXQ, 2, 2, BUF + 0x200, 3, true);
+        dev.enqueue_input(b"abcdef");
+        assert_eq!(dev.deliver_input(&mem), b"abc");
+        assert_eq!(dev.pending_input(), 3);
+    }
+
+    #[test]
+    fn replay_delivers_exactly_the_logged_bytes_or_nothing() {
+        let (mut dev, mem) = setup();
+        offer(&mem, RXQ, 0, 0, BUF, 4, true);
+        // 6 bytes do not fit one 4-byte buffer: nothing is taken.
+        let err = dev.deliver(b"abcdef", &mem).unwrap_err();
+        assert!(matches!(err, ConsoleError::NoBuffers { needed: 6, fit: 4 }));
+        assert_eq!(used_idx(&mem, RXQ), 0);
+        // A device-readable buffer is returned empty; the bytes go on
+        // into the next.
+        offer(&mem, RXQ, 1, 1, BUF + 0x100, 8, false);
+        offer(&mem, RXQ, 2, 2, BUF + 0x200, 8, true);
+        dev.deliver(b"abcdef", &mem).unwrap();
+        assert_eq!(used_idx(&mem, RXQ), 3);
+        let lens: Vec<u32> = (0..3).map(|n| used_len(&mem, RXQ, n)).collect();
+        assert_eq!(lens, [4, 0, 2]);
+        assert_eq!(dev.stats().rx_bad_chains, 1);
+        assert_eq!(dev.stats().rx_bytes, 6);
+        // Input beyond what the device keeps is dropped and counted.
+        let big = vec![b'x'; MAX_PENDING_INPUT + 10];
+        assert_eq!(dev.enqueue_input(&big), MAX_PENDING_INPUT);
+        assert_eq!(dev.stats().rx_overflow, 10);
+    }
+
+    #[test]
+    fn a_size_change_is_configuration_and_an_interrupt() {
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x40000)]).unwrap();
+        let mut dev = VirtioConsole::new(Vec::new(), (80, 25));
+        // Offered: the size; read from the configuration space.
+        assert_eq!(
+            read32(&mut dev, 0x010) as u64,
+            DEVICE_FEATURES & 0xffff_ffff
+        );
+        assert_eq!(read32(&mut dev, 0x100), 80 | 25 << 16);
+        assert_eq!(read32(&mut dev, 0x104), 1, "one port");
+        // Before the driver runs, a resize changes the configuration but
+        // raises nothing.
+        assert!(dev.resize((100, 30)));
+        assert!(!dev.take_irq());
+        assert_eq!(read32(&mut dev, 0x100), 100 | 30 << 16);
+        let generation = read32(&mut dev, 0x0fc);
+        driver_sets_up(&mut dev, &mem);
+        assert!(!dev.resize((100, 30)), "the same size is no change");
+        assert!(dev.resize((132, 43)));
+        assert!(dev.take_irq());
+        assert_eq!(read32(&mut dev, 0x060) & 2, 2, "configuration interrupt");
+        assert_ne!(read32(&mut dev, 0x0fc), generation);
+        assert_eq!(read32(&mut dev, 0x100), 132 | 43 << 16);
+        // A checkpoint's state restores into a new device.
+        dev.enqueue_input(b"q");
+        let state = dev.state();
+        let mut other = VirtioConsole::new(Vec::new(), (1, 1));
+        other.restore(&state).unwrap();
+        assert_eq!(other.state(), state);
+        let mut bad = state;
+        bad.pending = vec![0; MAX_PENDING_INPUT + 1];
+        assert!(other.restore(&bad).is_err());
+    }
+}
