@@ -451,5 +451,88 @@ fn segments_merge_into_the_replay_from_boot() {
     let stderr = text(&out).1;
     assert!(stderr.contains(&format!("{fallback}, taking")), "{stderr}");
     assert!(events_with_stacks(Path::new(&db("from.db"))) == whole);
+
+    // What keeps --jobs faithful: a replay free to run on any host CPU
+    // moves to the recording's when its program starts (the program reads
+    // that CPU's APIC ID, and a segment elsewhere diverged).
+    moves_to_the_recordings_cpu_at_exec(&trace);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Replays `trace` (whose command starts after the boot snapshot) with
+/// `--any-cpu` and checks that a thread of the replay ends up allowed only
+/// the host CPU reporting the recording's APIC ID, and stays there.
+fn moves_to_the_recordings_cpu_at_exec(trace: &Path) {
+    let header = trace::TraceReader::<journal::Entry>::open(trace)
+        .unwrap()
+        .header
+        .clone();
+    let home = header
+        .host_apic_id
+        .and_then(|id| vmm::host_cpu::with_apic_id(id).unwrap());
+    let cpus = vmm::host_cpu::cpus().unwrap().len();
+    let Some(home) = home.filter(|_| cpus > 1) else {
+        eprintln!(
+            "note: {cpus} host CPU(s) here, {} with the recording's APIC ID: a move between \
+             CPUs cannot happen, so it is not checked",
+            if home.is_some() { "one" } else { "none" }
+        );
+        return;
+    };
+    let mut child = insight()
+        .arg("replay")
+        .arg(trace)
+        .args(["--any-cpu", "--no-console"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let only_home = home.cpu.to_string();
+    // A thread seen allowed only that CPU, and since when (the thread that
+    // reads every CPU's APIC ID at the start visits each for a moment).
+    let mut pinned: std::collections::HashMap<String, std::time::Instant> = Default::default();
+    let mut stayed = false;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        for (tid, allowed) in allowed_cpus_by_thread(child.id()) {
+            if allowed == only_home {
+                let since = *pinned.entry(tid).or_insert_with(std::time::Instant::now);
+                stayed |= since.elapsed() > std::time::Duration::from_secs(1);
+            } else {
+                pinned.remove(&tid);
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    assert!(status.success(), "{stderr}");
+    assert!(stderr.contains("replay matched the recording"), "{stderr}");
+    assert!(
+        stayed,
+        "no thread of the --any-cpu replay was kept on host CPU {} (APIC ID {}) for a second",
+        home.cpu, home.apic_id
+    );
+}
+
+/// Each thread of process `pid` with the host CPUs it may run on, as
+/// /proc lists them ("0-1", "3").
+fn allowed_cpus_by_thread(pid: u32) -> Vec<(String, String)> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|task| {
+            let status = std::fs::read_to_string(task.path().join("status")).ok()?;
+            let allowed = status
+                .lines()
+                .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))?
+                .trim()
+                .to_owned();
+            Some((task.file_name().to_string_lossy().into_owned(), allowed))
+        })
+        .collect()
 }
