@@ -40,7 +40,7 @@ pub const IRQ: u8 = 5;
 const QUEUE_SIZE: u16 = 128;
 /// The kernel command-line text that declares the device.
 pub fn kernel_cmdline() -> String {
-    format!("virtio_mmio.device={MMIO_SIZE:#x}@{MMIO_BASE:#x}:{IRQ}")
+    virtio_mmio::kernel_cmdline(MMIO_BASE, MMIO_SIZE, IRQ)
 }
 
 const VIRTIO_BLK_F_SEG_MAX: u64 = 1 << 2;

@@ -55,7 +55,7 @@ const MAX_TX_CHAIN: usize = 64 << 10;
 
 /// The kernel command-line text that declares the device.
 pub fn kernel_cmdline() -> String {
-    format!("virtio_mmio.device={MMIO_SIZE:#x}@{MMIO_BASE:#x}:{IRQ}")
+    virtio_mmio::kernel_cmdline(MMIO_BASE, MMIO_SIZE, IRQ)
 }
 
 /// What the device counted.
@@ -181,10 +181,7 @@ impl<W: Write> VirtioConsole<W> {
 
     pub fn mmio_read(&mut self, offset: u64, data: &mut [u8]) {
         if offset == 0x0fc {
-            let bytes = self.generation.to_le_bytes();
-            for (i, b) in data.iter_mut().enumerate() {
-                *b = bytes.get(i).copied().unwrap_or(0);
-            }
+            virtio_mmio::read_register(self.generation, data);
             return;
         }
         // cols, rows, max_nr_ports (one), emerg_wr (not offered).
@@ -282,16 +279,22 @@ impl<W: Write> VirtioConsole<W> {
         if bytes.is_empty() {
             return Ok(());
         }
+        if !self.driver_ok() {
+            return Err(ConsoleError::NoBuffers {
+                needed: bytes.len(),
+                fit: 0,
+            });
+        }
         let start = self.transport.queue(RX).map(|q| q.next_avail());
         let chains = self.take_buffers(bytes.len(), mem);
         let fit: usize = chains.iter().filter_map(|c| c.2).sum();
-        if fit < bytes.len() || !self.driver_ok() {
+        if fit < bytes.len() {
             if let (Some(queue), Some(start)) = (self.transport.queue(RX), start) {
                 queue.set_next_avail(start);
             }
             return Err(ConsoleError::NoBuffers {
                 needed: bytes.len(),
-                fit: if self.driver_ok() { fit } else { 0 },
+                fit,
             });
         }
         self.fill(bytes, chains, mem);

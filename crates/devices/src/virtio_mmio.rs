@@ -217,10 +217,7 @@ impl MmioTransport {
             }
             _ => 0,
         };
-        let bytes = value.to_le_bytes();
-        for (i, b) in data.iter_mut().enumerate() {
-            *b = bytes.get(i).copied().unwrap_or(0);
-        }
+        read_register(value, data);
     }
 
     /// A register write (config space is read-only).
@@ -296,6 +293,21 @@ impl MmioTransport {
             q.reset();
         }
     }
+}
+
+/// Answers a read of a 32-bit register holding `value` (bytes the
+/// register lacks read as 0).
+pub fn read_register(value: u32, data: &mut [u8]) {
+    let bytes = value.to_le_bytes();
+    for (i, b) in data.iter_mut().enumerate() {
+        *b = bytes.get(i).copied().unwrap_or(0);
+    }
+}
+
+/// The kernel command-line text that declares a device whose `size` bytes
+/// of registers are at `base`, on PIC line `irq`.
+pub fn kernel_cmdline(base: u64, size: u64, irq: u8) -> String {
+    format!("virtio_mmio.device={size:#x}@{base:#x}:{irq}")
 }
 
 /// A descriptor: guest address, length, device-writable.

@@ -50,7 +50,7 @@ const TX: usize = 1;
 
 /// The kernel command-line text that declares the device.
 pub fn kernel_cmdline() -> String {
-    format!("virtio_mmio.device={MMIO_SIZE:#x}@{MMIO_BASE:#x}:{IRQ}")
+    virtio_mmio::kernel_cmdline(MMIO_BASE, MMIO_SIZE, IRQ)
 }
 
 const VIRTIO_NET_F_GUEST_CSUM: u64 = 1 << 1;

@@ -369,7 +369,7 @@ pub fn replay(
     };
     let mut session =
         ReplaySession::new(machine, Replayer::new(reader), points, tools, heap_events);
-    if let (Some(cpu), Some(_)) = (home_cpu, kernel_stack_top) {
+    if let Some(cpu) = home_cpu {
         session.move_to_cpu_at_exec(cpu);
     }
     let restored = match options.from {
