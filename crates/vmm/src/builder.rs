@@ -242,8 +242,7 @@ pub struct ReplayOptions {
     pub trace: PathBuf,
     pub console: Console,
     /// Run on any host CPU, not only one reporting the APIC ID the
-    /// recording ran on, until a task enters `execve` (then on that one,
-    /// where this host has it).
+    /// recording ran on.
     pub any_cpu: bool,
     /// Whether user-mode RDTSC faults on this host.
     pub user_rdtsc_traps: bool,
@@ -292,14 +291,9 @@ pub fn replay(
     let mut notes = Notes::new();
     let spec = guest::from_trace(&reader.header, &trace)?;
     let mut machine = Machine::new(&spec, options.console)?;
-    // With any CPU allowed, the vCPU still moves to the recording's CPU
-    // when a program starts: the program reads its APIC ID.
-    let mut home_cpu = None;
-    if let Some(apic_id) = reader.header.host_apic_id {
+    if let (Some(apic_id), false) = (reader.header.host_apic_id, options.any_cpu) {
         match crate::host_cpu::with_apic_id(apic_id).map_err(BuildError::HostCpu)? {
-            Some(cpu) if options.any_cpu => home_cpu = Some(cpu.cpu),
             Some(cpu) => machine.run_on_host_cpu(cpu.cpu),
-            None if options.any_cpu => {}
             None => notes.push(format!(
                 "no CPU this replay may run on reports APIC ID {apic_id}, the one the recording \
                  ran on; a program that keeps what CPUID told it (glibc does) may not be found \
@@ -369,9 +363,6 @@ pub fn replay(
     };
     let mut session =
         ReplaySession::new(machine, Replayer::new(reader), points, tools, heap_events);
-    if let Some(cpu) = home_cpu {
-        session.move_to_cpu_at_exec(cpu);
-    }
     let restored = match options.from {
         Some(from) => {
             let Some(start) = checkpoint_before(&trace, from)? else {

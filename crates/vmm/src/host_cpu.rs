@@ -8,8 +8,7 @@
 //! the other CPU of a two-CPU host missed such a point every time, one on
 //! the recording's CPU found it every time). So a recording keeps its
 //! vCPU on one host CPU and names it in the trace by its APIC ID, and a
-//! replay runs on a CPU with the same ID — a replay allowed any CPU (the
-//! segments of `replay --jobs`), from the first `execve` on.
+//! replay runs on a CPU with the same ID.
 
 use std::io;
 

@@ -36,10 +36,6 @@ pub(super) struct Replaying {
     /// The heap gate leaves the guest (its events are collected).
     heap_events: bool,
     progress: ProgressReport,
-    /// A replay free to run on any host CPU moves to this one, which
-    /// reports the APIC ID the recording ran on, when a program starts
-    /// (`move_to_cpu_at_exec`).
-    home_cpu: Option<usize>,
 }
 
 impl ReplaySession {
@@ -61,20 +57,8 @@ impl ReplaySession {
                 tools,
                 heap_events,
                 progress: ProgressReport::new(),
-                home_cpu: None,
             },
         }
-    }
-
-    /// Lets the vCPU run on any host CPU until a task enters `execve`,
-    /// then keeps it on host CPU `cpu`, the one reporting the APIC ID the
-    /// recording ran on: the new program reads that ID with a CPUID the
-    /// host does not trap, and glibc keeps it in memory, which the
-    /// asynchronous points compare (`crate::host_cpu`). A replay that
-    /// starts after its programs did (a segment of `replay --jobs`) runs
-    /// anywhere.
-    pub fn move_to_cpu_at_exec(&mut self, cpu: usize) {
-        self.mode.home_cpu = Some(cpu);
     }
 
     /// The machine replaying.
@@ -242,23 +226,6 @@ impl Replaying {
         Ok(Claimed::Passed)
     }
 
-    /// At a kernel entry from user mode: if the task entered `execve` and
-    /// the vCPU is to move for it (`home_cpu`), keeps the vCPU thread on
-    /// that host CPU from now on.
-    fn move_home_at_exec(&mut self, m: &mut Machine) -> Result<(), VmError> {
-        let (Some(cpu), Some(var)) = (self.home_cpu, self.tools.kernel_stack_top) else {
-            return Ok(());
-        };
-        let cr3 = m.vcpu.sregs()?.cr3;
-        if !exec::enters_exec(&m.vm.mem, cr3, var) {
-            return Ok(());
-        }
-        crate::sys::pin_to_cpu(cpu).map_err(|source| VmError::Pin { cpu, source })?;
-        m.run_on_host_cpu(cpu);
-        self.home_cpu = None;
-        Ok(())
-    }
-
     /// Sets the trap flag of the traced process's task on the CPU.
     fn arm_tracing(&mut self, m: &mut Machine) -> Result<(), VmError> {
         match (&mut self.tools.tracing, &self.tools.events) {
@@ -421,9 +388,6 @@ impl Mode for Replaying {
         let debug_entry = self.tools.debug.as_ref().map(|_| entry.clone());
         let kernel_entry = exec::is_kernel_entry(&entry);
         self.log.exit(entry, regs)?;
-        if kernel_entry {
-            self.move_home_at_exec(m)?;
-        }
         // Switches before this exit come before what it raises.
         if let Some(events) = &mut self.tools.events {
             events.drain_switches(&m.vm.mem, self.log.progress().guest_ns)?;

@@ -44,23 +44,6 @@ pub(crate) fn is_kernel_entry(entry: &Entry) -> bool {
 /// `execve` or `execveat`. `stack_top_var` is the guest kernel's variable
 /// with the top of the current task's kernel stack.
 pub(crate) fn exec_call(mem: &GuestMemoryMmap, cr3: u64, stack_top_var: u64) -> Option<ExecCall> {
-    let (path_at, returns_to) = exec_arguments(mem, cr3, stack_top_var)?;
-    Some(ExecCall {
-        path: user_string(mem, cr3 & CR3_ROOT, path_at, 4096)?,
-        returns_to,
-    })
-}
-
-/// Whether the current task, at a kernel entry from user mode
-/// (`is_kernel_entry`), entered `execve` or `execveat` (whatever the path
-/// it names).
-pub(crate) fn enters_exec(mem: &GuestMemoryMmap, cr3: u64, stack_top_var: u64) -> bool {
-    exec_arguments(mem, cr3, stack_top_var).is_some()
-}
-
-/// The user address of the path an `execve` or `execveat` names and where
-/// the call returns; `None` for any other entry.
-fn exec_arguments(mem: &GuestMemoryMmap, cr3: u64, stack_top_var: u64) -> Option<(u64, u64)> {
     let top = guest_events::kernel_stack_top(mem, cr3, stack_top_var)?;
     let saved = guest_events::saved_user_regs(mem, cr3, top)?;
     let path_at = match saved.orig_rax {
@@ -68,7 +51,10 @@ fn exec_arguments(mem: &GuestMemoryMmap, cr3: u64, stack_top_var: u64) -> Option
         EXECVEAT => saved.regs.rsi,
         _ => return None,
     };
-    Some((path_at, saved.regs.rip))
+    Some(ExecCall {
+        path: user_string(mem, cr3 & CR3_ROOT, path_at, 4096)?,
+        returns_to: saved.regs.rip,
+    })
 }
 
 /// Reads a NUL-terminated string of at most `max` bytes at user address

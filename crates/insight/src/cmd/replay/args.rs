@@ -120,12 +120,10 @@ pub struct ReplayArgs {
     #[arg(long, value_name = "N", conflicts_with_all = ["from", "to", "checkpoint_every", "tx_pcap"])]
     pub jobs: Option<usize>,
     /// Run on any host CPU, not only one reporting the APIC ID the
-    /// recording ran on, until a program starts. Guest user code reads
-    /// CPUID without the host trapping it and glibc keeps the APIC ID it
-    /// gives, so from the first `execve` on the replay runs on the
-    /// recording's CPU. A program that reads CPUID again later may differ
-    /// from the recording; replay's checks then report a divergence,
-    /// never a wrong result.
+    /// recording ran on. Guest user code reads CPUID without the host
+    /// trapping it, so a program that starts in this replay and keeps the
+    /// APIC ID CPUID gave it (glibc does) may differ from the recording;
+    /// replay's checks then report a divergence, never a wrong result.
     #[arg(long)]
     pub any_cpu: bool,
     /// Single-step the user code of one process at replay: its pid, or the
