@@ -26,6 +26,7 @@
 #include <net/if.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,6 +50,7 @@
 #define CTL_EXIT_STATUS 0x02
 #define CTL_READY 0x09
 #define CTL_FETCH 0x0a
+#define CTL_TERMINAL 0x0b
 #define CTL_MSG(code, arg) (((unsigned)(code) << 24) | ((unsigned)(arg) & 0xffffff))
 
 #define COMMAND_FILE "/etc/insight/command"
@@ -373,6 +375,31 @@ static void enter_workdir(void)
 }
 
 /*
+ * The command's terminal: the virtio console when the run attached it
+ * (hvc0, a VM exit per buffer of output), else the serial console this
+ * process inherited (ttyS0, a VM exit per byte), which keeps the kernel's
+ * messages either way.
+ */
+static bool use_virtio_console(void)
+{
+	int fd = open("/dev/hvc0", O_RDWR | O_NOCTTY | O_CLOEXEC);
+	bool ok = true;
+
+	if (fd < 0) {
+		if (errno != ENOENT)
+			fprintf(stderr, "insight-init: cannot open /dev/hvc0: %s\n", strerror(errno));
+		return false;
+	}
+	for (int std = 0; std <= 2; std++)
+		if (dup2(fd, std) < 0) {
+			fprintf(stderr, "insight-init: cannot use /dev/hvc0: %s\n", strerror(errno));
+			ok = false;
+		}
+	close(fd);
+	return ok;
+}
+
+/*
  * The command's session: this process leads it, with the console as
  * controlling tty, and runs the command as its child. When a session
  * leader exits, the kernel hangs up its terminal and discards output not
@@ -386,13 +413,20 @@ static int session_leader(char **argv)
 	int status;
 	pid_t cmd;
 
+	bool virtio_console = use_virtio_console();
 	setsid();
 	ioctl(STDIN_FILENO, TIOCSCTTY, 1);
-	/* Plain "\n" line ends: the host's terminal adds its own "\r". */
+	/*
+	 * Output goes to the host's terminal as written: plain "\n" line ends
+	 * (the host's terminal adds its own "\r"), and no output processing,
+	 * which the interpreted guest kernel would do byte by byte.
+	 */
 	if (tcgetattr(STDOUT_FILENO, &t) == 0) {
-		t.c_oflag &= ~(tcflag_t)ONLCR;
+		t.c_oflag &= ~(tcflag_t)(OPOST | ONLCR);
 		tcsetattr(STDOUT_FILENO, TCSANOW, &t);
 	}
+	/* Which terminal the command has: input goes there from now on. */
+	ctl(CTL_TERMINAL, virtio_console);
 	cmd = fork();
 	if (cmd < 0)
 		return 125;

@@ -31,6 +31,7 @@ const CODE_SWITCH_RING: u8 = 0x07;
 const CODE_PREEMPT_AREA: u8 = 0x08;
 const CODE_READY: u8 = 0x09;
 const CODE_FETCH: u8 = 0x0a;
+const CODE_TERMINAL: u8 = 0x0b;
 /// Arguments of `CODE_EVENT`: who raised the event.
 const EVENT_FROM_PROBE: u32 = 0;
 const EVENT_FROM_KERNEL: u32 = 1;
@@ -79,6 +80,10 @@ pub enum ControlMessage {
     /// `/init` asks for the part of the run's archive at offset RDX, to be
     /// written to its buffer at virtual address RSI of RDI bytes.
     Fetch,
+    /// `/init` opened the command's terminal: the virtio console (`true`;
+    /// input and the terminal's size reach it from now on, before which
+    /// its driver would drop them) or the serial console.
+    Terminal { virtio: bool },
     /// A write this version does not understand.
     Unknown(u32),
 }
@@ -98,6 +103,7 @@ impl ControlMessage {
             CODE_PREEMPT_AREA => ControlMessage::PreemptArea,
             CODE_READY => ControlMessage::Ready,
             CODE_FETCH => ControlMessage::Fetch,
+            CODE_TERMINAL if arg <= 1 => ControlMessage::Terminal { virtio: arg == 1 },
             _ => ControlMessage::Unknown(value),
         }
     }
@@ -168,6 +174,18 @@ mod tests {
         );
         assert_eq!(ControlMessage::decode(0x0900_0000), ControlMessage::Ready);
         assert_eq!(ControlMessage::decode(0x0a00_0000), ControlMessage::Fetch);
+        assert_eq!(
+            ControlMessage::decode(0x0b00_0001),
+            ControlMessage::Terminal { virtio: true }
+        );
+        assert_eq!(
+            ControlMessage::decode(0x0b00_0000),
+            ControlMessage::Terminal { virtio: false }
+        );
+        assert_eq!(
+            ControlMessage::decode(0x0b00_0002),
+            ControlMessage::Unknown(0x0b00_0002)
+        );
         assert_eq!(
             ControlMessage::decode(0x7700_0000),
             ControlMessage::Unknown(0x7700_0000)

@@ -106,7 +106,14 @@ pub struct VirtioConsole<W: Write> {
     generation: u32,
     irq: bool,
     stats: ConsoleStats,
+    /// Output written since [`VirtioConsole::take_transmitted`] last
+    /// looked: its length and FNV-1a digest.
+    transmitted: Option<(u64, u64)>,
 }
+
+/// FNV-1a's offset basis and prime (64-bit).
+const FNV_BASIS: u64 = 0xcbf2_9ce4_8422_2325;
+const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
 
 /// A receive chain taken for input: its head, descriptors, and the bytes
 /// it holds (`None`: malformed, returned empty).
@@ -124,6 +131,7 @@ impl<W: Write> VirtioConsole<W> {
             generation: 0,
             irq: false,
             stats: ConsoleStats::default(),
+            transmitted: None,
         }
     }
 
@@ -166,6 +174,18 @@ impl<W: Write> VirtioConsole<W> {
 
     pub fn writer_mut(&mut self) -> &mut W {
         &mut self.out
+    }
+
+    /// The output written since the last call, as its length and FNV-1a
+    /// digest (`None`: nothing was written): what a recording logs with
+    /// the transmit notification, and a replay checks.
+    pub fn take_transmitted(&mut self) -> Option<(u64, u64)> {
+        self.transmitted.take()
+    }
+
+    /// The terminal size the device's configuration holds (columns, rows).
+    pub fn size(&self) -> (u16, u16) {
+        self.size
     }
 
     /// Whether the device raised its interrupt since the last call.
@@ -221,6 +241,11 @@ impl<W: Write> VirtioConsole<W> {
             };
             self.stats.tx_buffers += 1;
             self.stats.tx_bytes += text.len() as u64;
+            let (len, mut digest) = self.transmitted.unwrap_or((0, FNV_BASIS));
+            for &b in &text {
+                digest = (digest ^ u64::from(b)).wrapping_mul(FNV_PRIME);
+            }
+            self.transmitted = Some((len + text.len() as u64, digest));
             if self.out.write_all(&text).is_err() {
                 self.stats.tx_errors += 1;
             }
@@ -236,8 +261,12 @@ impl<W: Write> VirtioConsole<W> {
                 self.stats.tx_bad_chains += 1;
             }
         }
-        self.transport.signal_used();
-        self.irq = true;
+        // A driver that waits for its output buffers itself may ask for
+        // no interrupt.
+        if !virtio_mmio::interrupt_suppressed(queue, mem) {
+            self.transport.signal_used();
+            self.irq = true;
+        }
     }
 
     /// Keeps host input for the guest, as much as fits; returns how many
@@ -427,6 +456,13 @@ mod tests {
         assert_eq!(read32(&mut dev, 0x060) & 1, 1, "used-buffer interrupt");
         let stats = dev.stats();
         assert_eq!((stats.tx_buffers, stats.tx_bytes), (2, 13));
+        let (len, digest) = dev.take_transmitted().unwrap();
+        assert_eq!(len, 13);
+        let fnv = b"hello, world\n".iter().fold(FNV_BASIS, |h, &b| {
+            (h ^ u64::from(b)).wrapping_mul(FNV_PRIME)
+        });
+        assert_eq!(digest, fnv, "one digest over the buffers, in order");
+        assert_eq!(dev.take_transmitted(), None, "taken once");
         // A device-writable chain and one outside guest memory are
         // returned unwritten, and counted.
         offer(&mem, TXQ, 2, 2, BUF, 4, true);
@@ -435,6 +471,18 @@ mod tests {
         assert_eq!(used_idx(&mem, TXQ), 4);
         assert_eq!(dev.stats().tx_bad_chains, 2);
         assert_eq!(dev.writer(), b"hello, world\n");
+        assert_eq!(dev.take_transmitted(), None, "bad chains write nothing");
+        assert!(dev.take_irq());
+        // A driver that waits for its output itself asks for no
+        // interrupt (VRING_AVAIL_F_NO_INTERRUPT): the buffer is written
+        // and used all the same.
+        mem.write_obj(1u16, GuestAddress(TXQ[1])).unwrap();
+        mem.write_slice(b"quiet\n", GuestAddress(BUF)).unwrap();
+        offer(&mem, TXQ, 4, 4, BUF, 6, false);
+        dev.mmio_write(0x050, &1u32.to_le_bytes(), &mem);
+        assert_eq!(dev.writer(), b"hello, world\nquiet\n");
+        assert_eq!(used_idx(&mem, TXQ), 5);
+        assert!(!dev.take_irq(), "an interrupt the driver asked not to have");
     }
 
     #[test]

@@ -313,6 +313,15 @@ pub fn kernel_cmdline(base: u64, size: u64, irq: u8) -> String {
 /// A descriptor: guest address, length, device-writable.
 pub type Desc = (GuestAddress, u32, bool);
 
+/// Whether the driver asks for no used-buffer interrupt on `queue`
+/// (VRING_AVAIL_F_NO_INTERRUPT in its available ring's flags; virtio-queue
+/// does not look at it). An unreadable ring asks for nothing.
+pub fn interrupt_suppressed(queue: &Queue, mem: &GuestMemoryMmap) -> bool {
+    const VRING_AVAIL_F_NO_INTERRUPT: u16 = 1;
+    mem.read_obj::<u16>(GuestAddress(queue.avail_ring()))
+        .is_ok_and(|flags| u16::from_le(flags) & VRING_AVAIL_F_NO_INTERRUPT != 0)
+}
+
 /// The chains the guest made available on `queue`, as (head, descriptors);
 /// `None` when the available ring itself is unreadable.
 pub fn pop_chains(

@@ -8,6 +8,7 @@
 //! command = ["sh", "-c", "echo hi"]    # or a string run by `sh -c`
 //! probes = true                        # preload the probe library in it
 //! workdir = "/root/data"               # the command's working directory
+//! console = "virtio"                   # the command's terminal, or "serial"
 //!
 //! [[files]]                            # host files to add to the guest
 //! host = "build/myprog"                # relative to this file
@@ -111,6 +112,43 @@ struct RawConfig {
     workdir: Option<PathBuf>,
     disk: Option<PathBuf>,
     net: Option<RawNet>,
+    #[serde(default)]
+    console: ConsoleKind,
+}
+
+/// The guest command's terminal.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum ConsoleKind {
+    /// A virtio console (`hvc0`): a VM exit per buffer of output.
+    #[default]
+    Virtio,
+    /// The 16550 UART (`ttyS0`), as the kernel's messages use: a VM exit
+    /// per byte, for a guest kernel without virtio-console.
+    Serial,
+}
+
+impl std::str::FromStr for ConsoleKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "virtio" => Ok(ConsoleKind::Virtio),
+            "serial" => Ok(ConsoleKind::Serial),
+            other => Err(format!(
+                "{other:?} is not a console: \"virtio\" (hvc0) or \"serial\" (ttyS0)"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for ConsoleKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ConsoleKind::Virtio => "virtio",
+            ConsoleKind::Serial => "serial",
+        })
+    }
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -226,6 +264,8 @@ pub struct VmConfig {
     pub disk: Option<PathBuf>,
     /// The guest's network device (`eth0`), if any.
     pub net: Option<NetConfig>,
+    /// The guest command's terminal.
+    pub console: ConsoleKind,
 }
 
 impl VmConfig {
@@ -325,6 +365,7 @@ impl VmConfig {
             host_command: None,
             disk: raw.disk.map(resolve),
             net: raw.net.map(RawNet::validate).transpose()?,
+            console: raw.console,
         })
     }
 }
@@ -437,6 +478,21 @@ mod tests {
         assert!(!parse("").unwrap().probes);
         let err = parse("probes = \"yes\"").unwrap_err();
         assert!(err.contains("probes"), "{err}");
+    }
+
+    #[test]
+    fn the_console_is_virtio_unless_serial_is_asked_for() {
+        assert_eq!(parse("").unwrap().console, ConsoleKind::Virtio);
+        assert_eq!(
+            parse("console = \"serial\"").unwrap().console,
+            ConsoleKind::Serial
+        );
+        assert_eq!(
+            parse("console = \"virtio\"").unwrap().console,
+            ConsoleKind::Virtio
+        );
+        let err = parse("console = \"vga\"").unwrap_err();
+        assert!(err.contains("console") && err.contains("serial"), "{err}");
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use crate::boot;
-use crate::config::VmConfig;
+use crate::config::{ConsoleKind, VmConfig};
 use crate::host_program::{self, Brought, HostProgramError};
 use crate::image::{self, GuestQuirks};
 use crate::initramfs::{ArchiveFiles, CpioWriter, InitramfsError};
@@ -37,6 +37,8 @@ pub struct VmSpec {
     pub disk: Option<DiskImage>,
     /// The virtio network device, if the guest has one.
     pub net: Option<NetSpec>,
+    /// The command's terminal, where host input goes.
+    pub console: ConsoleKind,
     pub cmdline: String,
     pub memory_mib: u64,
     /// Seed for the guest kernel's random number generator.
@@ -105,6 +107,9 @@ pub const CLOCK_FILE: &str = "/etc/insight/clock";
 /// them.
 const BLOCK_PLATFORM_DEVICE: &str = "virtio-mmio.0";
 const NET_PLATFORM_DEVICE: &str = "virtio-mmio.1";
+/// The virtio console, declared after them: with it attached, `/init`
+/// gives the command `/dev/hvc0` as its terminal.
+const CONSOLE_PLATFORM_DEVICE: &str = "virtio-mmio.2";
 /// The probe library in the built guest image (`probes/`,
 /// tools/build-guest), which `probes = true` or `--probes` preloads.
 pub const PROBE_LIBRARY: &str = "/usr/lib/libinsight-probes.so";
@@ -323,6 +328,9 @@ pub fn prepare(config: &VmConfig, options: &BootOptions) -> Result<VmSpec, Guest
     if config.net.is_some() {
         attach += &format!("{NET_PLATFORM_DEVICE}\n");
     }
+    if config.console == ConsoleKind::Virtio {
+        attach += &format!("{CONSOLE_PLATFORM_DEVICE}\n");
+    }
     if !attach.is_empty() {
         extra.add_file(DEVICES_FILE.as_ref(), 0o644, attach.as_bytes())?;
     }
@@ -350,6 +358,7 @@ pub fn prepare(config: &VmConfig, options: &BootOptions) -> Result<VmSpec, Guest
             mac: n.mac,
             tap: Some((n.tap.clone(), n.host_address)),
         }),
+        console: config.console,
         cmdline: base_cmdline(options, &config.cmdline),
         memory_mib: config.memory_mib,
         rng_seed,
@@ -358,14 +367,31 @@ pub fn prepare(config: &VmConfig, options: &BootOptions) -> Result<VmSpec, Guest
     })
 }
 
+/// The terminal a run's archive gives the command: the virtio console if
+/// it has `/init` attach it.
+pub fn console_of_archive(archive: &[u8]) -> ConsoleKind {
+    let mut files = crate::initramfs::ArchiveFiles::default();
+    files.add(archive);
+    let attached = files.file(DEVICES_FILE.as_ref()).is_some_and(|list| {
+        list.split(|&b| b == b'\n')
+            .any(|line| line == CONSOLE_PLATFORM_DEVICE.as_bytes())
+    });
+    if attached {
+        ConsoleKind::Virtio
+    } else {
+        ConsoleKind::Serial
+    }
+}
+
 /// The kernel command line of every run of an image: the disk and network
 /// devices are always declared (and answer once `/init` attaches them).
 fn base_cmdline(options: &BootOptions, extra: &str) -> String {
     format!(
-        "{} {} {}",
+        "{} {} {} {}",
         image::kernel_cmdline(options.quirks, options.quiet, extra),
         devices::virtio_blk::kernel_cmdline(),
-        devices::virtio_net::kernel_cmdline()
+        devices::virtio_net::kernel_cmdline(),
+        devices::virtio_console::kernel_cmdline()
     )
 }
 
@@ -517,6 +543,7 @@ pub fn from_trace(header: &trace::Header, dir: &Path) -> Result<VmSpec, GuestErr
             mac: n.mac,
             tap: None,
         }),
+        console: console_of_archive(&header.boot.archive),
         cmdline: header.boot.cmdline.clone(),
         memory_mib: header.boot.memory_mib,
         rng_seed,
@@ -761,6 +788,25 @@ mod tests {
     }
 
     #[test]
+    fn the_archive_says_which_console_the_command_has() {
+        let (dir, mut config) = config_with_stand_in_images("console-kind");
+        let spec = prepare(&config, &OPTIONS).unwrap();
+        assert_eq!(spec.console, ConsoleKind::Virtio);
+        assert!(contains(&spec.archive, "virtio-mmio.2\n"));
+        assert_eq!(console_of_archive(&spec.archive), ConsoleKind::Virtio);
+        // Every run declares the console's transport: one boot snapshot.
+        assert!(spec
+            .cmdline
+            .contains(&devices::virtio_console::kernel_cmdline()));
+        config.console = ConsoleKind::Serial;
+        let serial = prepare(&config, &OPTIONS).unwrap();
+        assert_eq!(serial.cmdline, spec.cmdline);
+        assert_eq!(console_of_archive(&serial.archive), ConsoleKind::Serial);
+        assert_eq!(console_of_archive(b"not an archive"), ConsoleKind::Serial);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn appends_command_env_and_files_after_the_base_image() {
         let dir = std::env::temp_dir().join(format!("insight-guest-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -795,9 +841,11 @@ mod tests {
         assert!(text.contains("usr/local/bin/prog"));
         assert!(text.contains("prog\0a b\0"));
         assert!(text.contains("X=1\0"));
-        assert!(!text.contains("etc/insight/devices"), "no disk, no network");
+        // No disk, no network: /init attaches the console only.
+        assert!(text.contains("etc/insight/devices") && text.contains("virtio-mmio.2\n"));
+        assert!(!text.contains("virtio-mmio.0") && !text.contains("virtio-mmio.1"));
         assert!(spec.cmdline.contains("insight.syscall=pf"));
-        // Both devices are always declared, in the order /init names them.
+        // The devices are always declared, in the order /init names them.
         let blk = spec
             .cmdline
             .find("virtio_mmio.device=0x200@0xd0000000")

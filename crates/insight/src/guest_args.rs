@@ -42,6 +42,12 @@ pub struct GuestArgs {
     /// Do not forward standard input to the guest console.
     #[arg(long)]
     pub no_stdin: bool,
+    /// The command's terminal: `virtio` (hvc0, a VM exit per buffer of
+    /// output; the default) or `serial` (ttyS0, a VM exit per byte, for a
+    /// guest kernel without virtio-console). Overrides the config's
+    /// `console`.
+    #[arg(long, value_name = "KIND")]
+    console: Option<guest::config::ConsoleKind>,
     /// Look the command's program up on the host's PATH (not the guest's)
     /// and bring it into the guest, as a path (`./prog`) is brought.
     #[arg(long)]
@@ -132,6 +138,9 @@ fn guest_config(args: &GuestArgs) -> Result<VmConfig> {
     }
     // The flag turns probes on; without it the config decides.
     config.probes |= args.probes;
+    if let Some(kind) = args.console {
+        config.console = kind;
+    }
     Ok(config)
 }
 
@@ -202,6 +211,7 @@ fn describe(path: Option<&PathBuf>, config: &VmConfig) -> String {
     if config.probes {
         description += &format!("# probes: {} preloaded\n", guest::PROBE_LIBRARY);
     }
+    description += &format!("# console: {}\n", config.console);
     description
 }
 
@@ -349,18 +359,19 @@ mod tests {
     }
 
     #[test]
-    fn a_trace_header_describes_the_probes() {
+    fn a_trace_header_describes_the_probes_and_the_console() {
         let mut config = VmConfig::builtin();
         config.command = vec!["syn_cont".into()];
         assert_eq!(
             describe(None, &config),
-            "# built-in guest\n# command: [\"syn_cont\"]\n"
+            "# built-in guest\n# command: [\"syn_cont\"]\n# console: virtio\n"
         );
         config.probes = true;
+        config.console = guest::config::ConsoleKind::Serial;
         assert_eq!(
             describe(None, &config),
             "# built-in guest\n# command: [\"syn_cont\"]\n\
-             # probes: /usr/lib/libinsight-probes.so preloaded\n"
+             # probes: /usr/lib/libinsight-probes.so preloaded\n# console: serial\n"
         );
     }
 }

@@ -77,6 +77,16 @@ pub enum Entry {
     EventRaised { ns: u64 },
     /// Digest of the general registers at the preceding exit.
     Registers { digest: u64 },
+    /// The preceding exit (the virtio console's transmit notification)
+    /// wrote `bytes` bytes of console output whose FNV-1a digest is
+    /// `digest`: replay checks that it writes the same.
+    ConsoleOut { bytes: u64, digest: u64 },
+    /// Typed input was made visible to the guest's virtio console after
+    /// the preceding exit: these bytes, in its receive buffers.
+    ConsoleRx { bytes: Vec<u8> },
+    /// The guest was told after the preceding exit that its virtio
+    /// console's terminal is `cols` columns by `rows` rows.
+    ConsoleSize { cols: u16, rows: u16 },
     /// The guest's user code, running on after the preceding exit without
     /// one of its own, was stopped at this state and the interrupt of the
     /// `Interrupt` entry that follows delivered there (an asynchronous
@@ -94,6 +104,10 @@ pub enum Input {
     Disk(u64),
     /// Deliver these network frames.
     Net(Vec<Vec<u8>>),
+    /// Deliver these bytes of typed input to the virtio console.
+    Console(Vec<u8>),
+    /// Tell the virtio console's driver this terminal size (columns, rows).
+    ConsoleSize(u16, u16),
 }
 
 /// Why a recording ended.
@@ -130,6 +144,9 @@ impl Entry {
                 | Entry::NetRx { .. }
                 | Entry::EventRaised { .. }
                 | Entry::Registers { .. }
+                | Entry::ConsoleOut { .. }
+                | Entry::ConsoleRx { .. }
+                | Entry::ConsoleSize { .. }
                 | Entry::AsyncPoint(_)
                 | Entry::End(_)
         )
@@ -151,6 +168,9 @@ impl Entry {
             Entry::NetRx { .. } => "NetRx",
             Entry::EventRaised { .. } => "EventRaised",
             Entry::Registers { .. } => "Registers",
+            Entry::ConsoleOut { .. } => "ConsoleOut",
+            Entry::ConsoleRx { .. } => "ConsoleRx",
+            Entry::ConsoleSize { .. } => "ConsoleSize",
             Entry::AsyncPoint(_) => "AsyncPoint",
             Entry::End(_) => "End",
         }
@@ -172,6 +192,9 @@ impl Entry {
             | Entry::NetRx { .. }
             | Entry::EventRaised { .. }
             | Entry::Registers { .. }
+            | Entry::ConsoleOut { .. }
+            | Entry::ConsoleRx { .. }
+            | Entry::ConsoleSize { .. }
             | Entry::AsyncPoint(_)
             | Entry::End(_) => {}
         }
@@ -293,6 +316,18 @@ impl fmt::Display for Entry {
             ),
             Entry::EventRaised { ns } => write!(f, "  guest event raised at {ns} ns"),
             Entry::Registers { digest } => write!(f, "  registers digest {digest:016x}"),
+            Entry::ConsoleOut { bytes, digest } => {
+                write!(f, "  console output, {bytes} bytes, digest {digest:016x}")
+            }
+            Entry::ConsoleRx { bytes } => write!(
+                f,
+                "  console input, {} byte{}",
+                bytes.len(),
+                if bytes.len() == 1 { "" } else { "s" }
+            ),
+            Entry::ConsoleSize { cols, rows } => {
+                write!(f, "  console size {cols}x{rows}")
+            }
             Entry::AsyncPoint(p) => {
                 let s = &p.state;
                 write!(

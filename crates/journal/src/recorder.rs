@@ -151,4 +151,22 @@ impl Recorder {
         let lens = frames.iter().map(|f| f.len() as u32).collect();
         self.push(Entry::NetRx { payload, lens })
     }
+
+    /// Records the console output the last exit wrote: how many bytes,
+    /// and their digest.
+    pub fn console_out(&mut self, bytes: u64, digest: u64) -> Result<(), JournalError> {
+        self.push(Entry::ConsoleOut { bytes, digest })
+    }
+
+    /// Records typed input made visible to the virtio console after the
+    /// last exit.
+    pub fn console_rx(&mut self, bytes: Vec<u8>) -> Result<(), JournalError> {
+        self.push(Entry::ConsoleRx { bytes })
+    }
+
+    /// Records the terminal size the virtio console's driver was told
+    /// after the last exit.
+    pub fn console_size(&mut self, (cols, rows): (u16, u16)) -> Result<(), JournalError> {
+        self.push(Entry::ConsoleSize { cols, rows })
+    }
 }

@@ -210,6 +210,33 @@ impl Replayer {
         Ok(())
     }
 
+    /// Checks the console output the last exit wrote (`written`: its
+    /// length and digest, `None` if it wrote none) against the log.
+    pub fn console_out(&mut self, written: Option<(u64, u64)>) -> Result<(), JournalError> {
+        let logged = self.take(|e| match e {
+            Entry::ConsoleOut { bytes, digest } => Some((*bytes, *digest)),
+            _ => None,
+        })?;
+        if logged == written {
+            return Ok(());
+        }
+        // A killed recorder may have written the exit but not what followed.
+        if logged.is_none() && self.peek()?.is_none() && !self.trace_complete() {
+            return Ok(());
+        }
+        let expected = match logged {
+            Some((bytes, digest)) => Some(Entry::ConsoleOut { bytes, digest }),
+            None => self.peek()?.cloned(),
+        };
+        let found = match written {
+            Some((bytes, digest)) => {
+                format!("console output, {bytes} bytes, digest {digest:016x}")
+            }
+            None => "no console output".to_owned(),
+        };
+        Err(self.diverged(expected, found))
+    }
+
     pub fn progress(&self) -> Progress {
         Progress {
             exits: self.exits,
@@ -280,7 +307,13 @@ impl Replayer {
     pub fn wakeup_due(&mut self) -> Result<bool, JournalError> {
         Ok(matches!(
             self.peek()?,
-            Some(Entry::Interrupt { .. } | Entry::DiskDone { .. } | Entry::NetRx { .. })
+            Some(
+                Entry::Interrupt { .. }
+                    | Entry::DiskDone { .. }
+                    | Entry::NetRx { .. }
+                    | Entry::ConsoleRx { .. }
+                    | Entry::ConsoleSize { .. }
+            )
         ))
     }
 
@@ -323,6 +356,8 @@ impl Replayer {
                 }
                 Input::Net(frames)
             }
+            Some(Entry::ConsoleRx { bytes }) => Input::Console(bytes.clone()),
+            Some(Entry::ConsoleSize { cols, rows }) => Input::ConsoleSize(*cols, *rows),
             _ => return Ok(None),
         };
         self.last_input = self.next()?;
@@ -335,6 +370,13 @@ impl Replayer {
         let found = format!("{} frames cannot be delivered: {why}", frames.len());
         let expected = self.last_input.clone();
         self.diverged(expected, found)
+    }
+
+    /// The divergence for logged console input or a terminal size the
+    /// guest's virtio console cannot take now: `why`.
+    pub fn undeliverable_console(&mut self, why: String) -> JournalError {
+        let expected = self.last_input.clone();
+        self.diverged(expected, why)
     }
 
     /// When the recording saw the event the last exit raised.

@@ -161,6 +161,58 @@ fn inputs_replay_in_their_recorded_order_with_their_payloads() {
 }
 
 #[test]
+fn console_output_input_and_size_replay_and_output_is_checked() {
+    let dir = temp_trace("console");
+    let notify = |rip| Entry::MmioWrite {
+        addr: 0xd000_0450,
+        size: 4,
+        rip,
+        value: 1,
+    };
+    {
+        let writer = TraceWriter::create(&dir, &header(64)).unwrap();
+        let mut r = Recorder::new(writer, 64);
+        r.exit(notify(0x100), &regs(0x100, 1)).unwrap();
+        r.console_out(6, 0xfeed).unwrap();
+        r.console_size((132, 43)).unwrap();
+        r.console_rx(b"ls\n".to_vec()).unwrap();
+        r.interrupt(0x27).unwrap();
+        r.exit(notify(0x104), &regs(0x104, 2)).unwrap();
+        r.console_out(2, 0xbeef).unwrap();
+        r.exit(notify(0x108), &regs(0x108, 3)).unwrap();
+        r.finish(EndReason::PowerOff, 0).unwrap();
+    }
+    let mut j = replayer(&dir);
+    j.exit(notify(0x100), &regs(0x100, 1)).unwrap();
+    j.console_out(Some((6, 0xfeed))).unwrap();
+    assert!(j.wakeup_due().unwrap());
+    assert_eq!(j.input().unwrap(), Some(Input::ConsoleSize(132, 43)));
+    assert_eq!(j.input().unwrap(), Some(Input::Console(b"ls\n".to_vec())));
+    assert_eq!(j.input().unwrap(), None);
+    assert_eq!(j.interrupt().unwrap(), Some(0x27));
+    // Other bytes than the recording's: a divergence at that exit.
+    j.exit(notify(0x104), &regs(0x104, 2)).unwrap();
+    let err = j.console_out(Some((2, 0xbee0))).unwrap_err();
+    assert!(err.to_string().contains("console output"), "{err}");
+    assert_eq!(diverged_at(err), 2);
+
+    // Output where the recording had none, and none where it had some.
+    let mut j = replayer(&dir);
+    j.exit(notify(0x100), &regs(0x100, 1)).unwrap();
+    assert_eq!(diverged_at(j.console_out(None).unwrap_err()), 1);
+    let mut j = replayer(&dir);
+    j.exit(notify(0x100), &regs(0x100, 1)).unwrap();
+    j.console_out(Some((6, 0xfeed))).unwrap();
+    while j.input().unwrap().is_some() {}
+    j.interrupt().unwrap();
+    j.exit(notify(0x104), &regs(0x104, 2)).unwrap();
+    j.console_out(Some((2, 0xbeef))).unwrap();
+    j.exit(notify(0x108), &regs(0x108, 3)).unwrap();
+    assert_eq!(diverged_at(j.console_out(Some((1, 0))).unwrap_err()), 3);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn entries_after_the_end_are_damage() {
     let dir = temp_trace("after-end");
     let mut w = TraceWriter::create(&dir, &header(64)).unwrap();

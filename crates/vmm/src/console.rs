@@ -1,23 +1,34 @@
-//! Host standard input for the guest's serial console.
+//! Host standard input for the guest's console.
 //!
 //! A reader thread collects bytes from standard input; the vCPU thread
-//! moves them into the UART as its receive FIFO has room, at VM exits. On a
-//! terminal, input is raw (keys go to the guest, Ctrl-C included) and
-//! Ctrl-A x stops the VM; Ctrl-A Ctrl-A sends one Ctrl-A.
+//! moves them into the UART as its receive FIFO has room, or into the
+//! virtio console, at VM exits. On a terminal, input is raw (keys go to
+//! the guest, Ctrl-C included) and Ctrl-A x stops the VM; Ctrl-A Ctrl-A
+//! sends one Ctrl-A. The terminal's size is looked up now and then for the
+//! virtio console.
 
 use std::collections::VecDeque;
 use std::io::Read;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use crate::sys::RawStdin;
 
 const CTRL_A: u8 = 0x01;
 
-#[derive(Default)]
+/// How often the terminal's size is looked up (a window being resized
+/// is followed within this long).
+const SIZE_POLL_NS: u64 = 100_000_000;
+
 struct Shared {
     pending: Mutex<VecDeque<u8>>,
     quit: AtomicBool,
+    /// Standard input is a terminal, whose size the guest is told.
+    terminal: bool,
+    since: Instant,
+    /// Nanoseconds after `since` when the size is next looked up.
+    next_size_poll: AtomicU64,
 }
 
 /// Bytes typed or piped for the guest.
@@ -37,7 +48,13 @@ impl ConsoleInput {
         let raw = RawStdin::enter();
         let escapes = raw.is_some();
         let input = ConsoleInput {
-            shared: Arc::new(Shared::default()),
+            shared: Arc::new(Shared {
+                pending: Mutex::default(),
+                quit: AtomicBool::new(false),
+                terminal: escapes,
+                since: Instant::now(),
+                next_size_poll: AtomicU64::new(0),
+            }),
         };
         let shared = Arc::clone(&input.shared);
         // The thread ends at end of input; at exit the process ends it.
@@ -70,6 +87,23 @@ impl ConsoleInput {
             }
             Err(_) => Vec::new(),
         }
+    }
+
+    /// The terminal's size (columns, rows), looked up at most every
+    /// `SIZE_POLL_NS`; `None` between lookups, and without a terminal.
+    pub fn window_size(&self) -> Option<(u16, u16)> {
+        let shared = &self.shared;
+        if !shared.terminal {
+            return None;
+        }
+        let now = shared.since.elapsed().as_nanos() as u64;
+        if now < shared.next_size_poll.load(Ordering::Relaxed) {
+            return None;
+        }
+        shared
+            .next_size_poll
+            .store(now + SIZE_POLL_NS, Ordering::Relaxed);
+        crate::sys::stdin_terminal_size()
     }
 
     /// Whether the user asked to stop the VM (Ctrl-A x).

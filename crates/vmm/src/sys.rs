@@ -108,6 +108,19 @@ impl Drop for RawStdin {
     }
 }
 
+/// The size (columns, rows) of the terminal on standard input; `None`
+/// if it is not a terminal or says 0x0.
+pub fn stdin_terminal_size() -> Option<(u16, u16)> {
+    // SAFETY: winsize is plain data.
+    let mut size: libc::winsize = unsafe { std::mem::zeroed() };
+    // SAFETY: TIOCGWINSZ writes one winsize into `size`, which is valid
+    // and writable; the result is checked before `size` is used.
+    if unsafe { libc::ioctl(libc::STDIN_FILENO, libc::TIOCGWINSZ, &mut size) } != 0 {
+        return None;
+    }
+    (size.ws_col > 0 && size.ws_row > 0).then_some((size.ws_col, size.ws_row))
+}
+
 /// The host CPUs the calling thread may run on.
 pub fn allowed_cpus() -> io::Result<Vec<usize>> {
     // SAFETY: an all-zero cpu_set_t is an empty set.

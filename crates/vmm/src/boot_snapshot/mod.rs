@@ -80,6 +80,7 @@ pub(crate) fn take(m: &mut Machine, target: &SnapshotTarget) -> Result<SnapshotT
         block: None,
         overlay: Vec::new(),
         net: None,
+        console: m.vm.console.state(),
         vm: VmState::of(&m.vm, &m.vcpu, PointStats::default()),
         events: None,
     };

@@ -1,9 +1,10 @@
-//! Inputs made visible to the guest: finished disk requests and received
-//! network frames, published at once in a plain run, right after a
+//! Inputs made visible to the guest: finished disk requests, received
+//! network frames, typed input and the terminal's size for the virtio
+//! console, published at once in a plain run, right after a
 //! deterministic exit when recording (and logged), and where the log says
 //! when replaying.
 
-use devices::{virtio_blk, virtio_net};
+use devices::{virtio_blk, virtio_console, virtio_net};
 use journal::{Input, Recorder, Replayer};
 
 use crate::vm::{Machine, VmError};
@@ -18,7 +19,23 @@ pub(super) fn publish_live(m: &mut Machine) {
     if let Some(net) = &mut vm.net {
         net.deliver_received(&vm.mem);
     }
+    if vm.status.terminal == Some(true) {
+        vm.console.deliver_input(&vm.mem);
+    }
+    if let Some(size) = terminal_size_to_tell(m) {
+        m.vm.console.resize(size);
+    }
     pulse_irqs(m);
+}
+
+/// The host terminal's size, if the command's terminal is the virtio
+/// console (open: its driver drops a size it is told before) and it has
+/// not been told it.
+fn terminal_size_to_tell(m: &Machine) -> Option<(u16, u16)> {
+    let console = &m.vm.console;
+    m.vm.terminal_size.filter(|&size| {
+        m.vm.status.terminal == Some(true) && console.driver_ok() && size != console.size()
+    })
 }
 
 /// Recording: what the devices have, at a delivery point only, logged.
@@ -36,6 +53,16 @@ pub(super) fn publish_recorded(m: &mut Machine, recorder: &mut Recorder) -> Resu
             if !frames.is_empty() {
                 recorder.net_rx(&frames)?;
             }
+        }
+        if vm.status.terminal == Some(true) {
+            let typed = vm.console.deliver_input(&vm.mem);
+            if !typed.is_empty() {
+                recorder.console_rx(typed)?;
+            }
+        }
+        if let Some(size) = terminal_size_to_tell(m) {
+            m.vm.console.resize(size);
+            recorder.console_size(size)?;
         }
     }
     pulse_irqs(m);
@@ -83,6 +110,21 @@ fn replay_input(m: &mut Machine, log: &mut Replayer, input: Input) -> Result<(),
                 return Err(log.undeliverable_frames(&frames, why).into());
             }
         }
+        Input::Console(bytes) => {
+            if let Err(why) = vm.console.deliver(&bytes, &vm.mem) {
+                let why = format!("{} bytes of console input: {why}", bytes.len());
+                return Err(log.undeliverable_console(why).into());
+            }
+        }
+        Input::ConsoleSize(cols, rows) => {
+            if !vm.console.driver_ok() {
+                let why = format!(
+                    "console size {cols}x{rows}: the guest's virtio console driver is not running"
+                );
+                return Err(log.undeliverable_console(why).into());
+            }
+            vm.console.resize((cols, rows));
+        }
     }
     Ok(())
 }
@@ -95,5 +137,8 @@ fn pulse_irqs(m: &mut Machine) {
     }
     if vm.net.as_mut().is_some_and(|n| n.take_irq()) {
         vm.platform.pic.pulse_irq(virtio_net::IRQ);
+    }
+    if vm.console.take_irq() {
+        vm.platform.pic.pulse_irq(virtio_console::IRQ);
     }
 }

@@ -59,10 +59,12 @@ impl Mode for Live {
 
     fn exit(
         &mut self,
-        _m: &mut Machine,
+        m: &mut Machine,
         _entry: Entry,
         _regs: &kvm_bindings::kvm_regs,
     ) -> Result<(), VmError> {
+        // Nothing checks the console's output here.
+        m.vm.console.take_transmitted();
         Ok(())
     }
 

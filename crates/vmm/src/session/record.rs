@@ -95,7 +95,11 @@ impl Mode for Recording {
         regs: &kvm_bindings::kvm_regs,
     ) -> Result<(), VmError> {
         self.points.after_exit(m, m.vm.clock.now_ns());
-        Ok(self.recorder.exit(entry, regs)?)
+        self.recorder.exit(entry, regs)?;
+        if let Some((bytes, digest)) = m.vm.console.take_transmitted() {
+            self.recorder.console_out(bytes, digest)?;
+        }
+        Ok(())
     }
 
     fn kicked(&mut self, m: &mut Machine, _resumed: Resumed) -> Result<bool, VmError> {

@@ -388,6 +388,9 @@ impl Mode for Replaying {
         let debug_entry = self.tools.debug.as_ref().map(|_| entry.clone());
         let kernel_entry = exec::is_kernel_entry(&entry);
         self.log.exit(entry, regs)?;
+        // The virtio console writes at its transmit notification: the
+        // same bytes as the recording's, or the replay stops here.
+        self.log.console_out(m.vm.console.take_transmitted())?;
         // Switches before this exit come before what it raises.
         if let Some(events) = &mut self.tools.events {
             events.drain_switches(&m.vm.mem, self.log.progress().guest_ns)?;

@@ -166,6 +166,7 @@ fn messages<M: Mode>(m: &mut Machine, mode: &mut M) -> Result<Option<StopReason>
                 m.vm.status.devices_attached = true;
             }
             ControlMessage::Fetch => m.fetch_archive()?,
+            ControlMessage::Terminal { virtio } => m.vm.status.terminal = Some(virtio),
             ControlMessage::Sync | ControlMessage::Unknown(_) => {}
         }
     }

@@ -219,6 +219,7 @@ impl CheckpointTaker {
             block,
             overlay,
             net: m.vm.net.as_ref().map(|n| n.state()),
+            console: m.vm.console.state(),
             vm: VmState::of(&m.vm, &m.vcpu, points),
             events,
         };

@@ -4,6 +4,7 @@
 use std::io::Write;
 
 use devices::virtio_blk::{self, VirtioBlock};
+use devices::virtio_console::{self, VirtioConsole};
 use devices::virtio_net::{self, VirtioNet};
 use devices::LegacyPlatform;
 use kvm_ioctls::VcpuExit;
@@ -188,35 +189,71 @@ pub(crate) struct Bus<'a, W: Write> {
     pub(crate) platform: &'a mut LegacyPlatform<W>,
     pub(crate) block: Option<&'a mut VirtioBlock>,
     pub(crate) net: Option<&'a mut VirtioNet>,
+    pub(crate) console: Option<&'a mut VirtioConsole<W>>,
     pub(crate) mem: &'a GuestMemoryMmap,
+}
+
+/// A virtio device's register window an MMIO access falls in, and the
+/// offset there.
+enum Mmio {
+    Block(u64),
+    Net(u64),
+    Console(u64),
+    Unmapped,
+}
+
+impl Mmio {
+    fn at(addr: u64) -> Self {
+        if let Some(offset) = window(addr, virtio_blk::MMIO_BASE, virtio_blk::MMIO_SIZE) {
+            Mmio::Block(offset)
+        } else if let Some(offset) = window(addr, virtio_net::MMIO_BASE, virtio_net::MMIO_SIZE) {
+            Mmio::Net(offset)
+        } else if let Some(offset) =
+            window(addr, virtio_console::MMIO_BASE, virtio_console::MMIO_SIZE)
+        {
+            Mmio::Console(offset)
+        } else {
+            Mmio::Unmapped
+        }
+    }
 }
 
 impl<W: Write> Bus<'_, W> {
     fn mmio_read(&mut self, addr: u64, data: &mut [u8]) {
-        let block = window(addr, virtio_blk::MMIO_BASE, virtio_blk::MMIO_SIZE);
-        let net = window(addr, virtio_net::MMIO_BASE, virtio_net::MMIO_SIZE);
-        if let (Some(dev), Some(offset)) = (self.block.as_deref_mut(), block) {
-            dev.mmio_read(offset, data);
-        } else if let (Some(dev), Some(offset)) = (self.net.as_deref_mut(), net) {
-            dev.mmio_read(offset, data);
-        } else {
-            // Nothing else is mapped: reads see an empty bus.
+        let answered = match Mmio::at(addr) {
+            Mmio::Block(offset) => self.block.as_deref_mut().map(|d| d.mmio_read(offset, data)),
+            Mmio::Net(offset) => self.net.as_deref_mut().map(|d| d.mmio_read(offset, data)),
+            Mmio::Console(offset) => self
+                .console
+                .as_deref_mut()
+                .map(|d| d.mmio_read(offset, data)),
+            Mmio::Unmapped => None,
+        };
+        if answered.is_none() {
+            // Nothing is there: reads see an empty bus.
             data.fill(0xff);
         }
     }
 
     fn mmio_write(&mut self, addr: u64, data: &[u8]) {
-        if let (Some(block), Some(offset)) = (
-            self.block.as_deref_mut(),
-            window(addr, virtio_blk::MMIO_BASE, virtio_blk::MMIO_SIZE),
-        ) {
-            block.mmio_write(offset, data, self.mem);
-        }
-        if let (Some(net), Some(offset)) = (
-            self.net.as_deref_mut(),
-            window(addr, virtio_net::MMIO_BASE, virtio_net::MMIO_SIZE),
-        ) {
-            net.mmio_write(offset, data, self.mem);
+        let mem = self.mem;
+        match Mmio::at(addr) {
+            Mmio::Block(offset) => {
+                if let Some(d) = self.block.as_deref_mut() {
+                    d.mmio_write(offset, data, mem);
+                }
+            }
+            Mmio::Net(offset) => {
+                if let Some(d) = self.net.as_deref_mut() {
+                    d.mmio_write(offset, data, mem);
+                }
+            }
+            Mmio::Console(offset) => {
+                if let Some(d) = self.console.as_deref_mut() {
+                    d.mmio_write(offset, data, mem);
+                }
+            }
+            Mmio::Unmapped => {}
         }
     }
 }
@@ -322,6 +359,7 @@ mod tests {
                 platform: &mut self.platform,
                 block: None,
                 net: None,
+                console: None,
                 mem: &self.mem,
             };
             dispatch(

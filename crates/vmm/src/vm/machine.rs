@@ -9,6 +9,7 @@ use kvm_ioctls::VcpuExit;
 use super::dispatch::{dispatch, Bus, Next};
 use super::{kvm_err, Vcpu, Vm, VmError, BOOT_VCPU};
 use crate::console::ConsoleInput;
+use guest::config::ConsoleKind;
 use journal::{Entry, Replayer};
 
 /// How long a halted vCPU sleeps at most while console input is
@@ -68,6 +69,7 @@ impl Machine {
                 platform: &mut vm.platform,
                 block: vm.block.as_mut().filter(|_| attached),
                 net: vm.net.as_mut().filter(|_| attached),
+                console: Some(&mut vm.console).filter(|_| attached),
                 mem: &vm.mem,
             },
             log,
@@ -122,9 +124,12 @@ impl Machine {
         Ok(None)
     }
 
-    /// Moves pending host input into the UART, as far as its FIFO has room.
-    /// Input waits until `/init` runs: the console tty is open by then, and
-    /// the kernel's serial driver resets the FIFO while it starts.
+    /// Moves pending host input to the command's terminal: into the UART
+    /// as far as its FIFO has room, or into the virtio console, where it
+    /// waits for the next delivery point; and notes the host terminal's
+    /// size for the virtio console. UART input waits until `/init` runs:
+    /// the console tty is open by then, and the kernel's serial driver
+    /// resets the FIFO while it starts.
     pub(crate) fn feed_input(&mut self) -> Result<(), VmError> {
         let Some(input) = &self.vm.input else {
             return Ok(());
@@ -132,12 +137,28 @@ impl Machine {
         if input.quit_requested() {
             return Err(VmError::StoppedByUser);
         }
-        if self.vm.status.init_reached.is_none() {
-            return Ok(());
-        }
-        let bytes = input.take(self.vm.platform.serial.input_room());
-        if !bytes.is_empty() {
-            self.vm.platform.receive_input(&bytes);
+        // A command given the virtio console may still get the serial one
+        // (a guest kernel without its driver): input waits until `/init`
+        // says which.
+        let virtio = match (self.vm.console_kind, self.vm.status.terminal) {
+            (ConsoleKind::Serial, _) | (_, Some(false)) => false,
+            (ConsoleKind::Virtio, Some(true)) => true,
+            (ConsoleKind::Virtio, None) => return Ok(()),
+        };
+        if virtio {
+            let console = &mut self.vm.console;
+            let bytes = input.take(console.input_room());
+            if !bytes.is_empty() {
+                console.enqueue_input(&bytes);
+            }
+            if let Some(size) = input.window_size() {
+                self.vm.terminal_size = Some(size);
+            }
+        } else if self.vm.status.init_reached.is_some() {
+            let bytes = input.take(self.vm.platform.serial.input_room());
+            if !bytes.is_empty() {
+                self.vm.platform.receive_input(&bytes);
+            }
         }
         Ok(())
     }

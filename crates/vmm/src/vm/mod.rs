@@ -7,11 +7,13 @@
 //! sessions (`crate::session`) drive the machine and attach there.
 
 use std::io::Write;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use devices::cow_disk::DiskError;
 use devices::doorbell::Doorbell;
 use devices::virtio_blk::{BlockError, VirtioBlock};
+use devices::virtio_console::VirtioConsole;
 use devices::virtio_net::{NetError, VirtioNet};
 use devices::LegacyPlatform;
 use events::db::DbError;
@@ -20,6 +22,7 @@ use vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 
 use crate::console::ConsoleInput;
 use guest::boot::BootError;
+use guest::config::ConsoleKind;
 use guest::initramfs;
 use introspect::xstate::XsaveLayout;
 use journal::JournalError;
@@ -40,6 +43,41 @@ pub const BOOT_VCPU: u8 = 0;
 
 /// Where the guest's console output goes.
 pub type Console = Box<dyn Write + Send>;
+
+/// The console output both terminals of the guest write to, the UART
+/// (kernel messages, or the command's output with `console = "serial"`)
+/// and the virtio console, in the order they write.
+#[derive(Clone)]
+pub struct ConsoleSink(Arc<Mutex<Console>>);
+
+impl ConsoleSink {
+    pub(crate) fn new(out: Console) -> Self {
+        ConsoleSink(Arc::new(Mutex::new(out)))
+    }
+}
+
+impl Write for ConsoleSink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self.0.lock() {
+            Ok(mut out) => out.write(buf),
+            Err(_) => Err(std::io::Error::other("the console's writer panicked")),
+        }
+    }
+
+    fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
+        match self.0.lock() {
+            Ok(mut out) => out.write_all(buf),
+            Err(_) => Err(std::io::Error::other("the console's writer panicked")),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self.0.lock() {
+            Ok(mut out) => out.flush(),
+            Err(_) => Err(std::io::Error::other("the console's writer panicked")),
+        }
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum VmError {
@@ -207,6 +245,9 @@ pub struct GuestStatus {
     /// Where the guest kernel announced its preemption area (the pages
     /// it maps into every process, `introspect::stub_area`).
     pub stub_area_gpa: Option<u64>,
+    /// The command's terminal, once `/init` opened it: the virtio console
+    /// (`true`) or the serial console.
+    pub terminal: Option<bool>,
 }
 
 /// A created VM: everything but the vCPU.
@@ -215,7 +256,11 @@ pub struct Vm {
     fd: VmFd,
     kvm: Kvm,
     pub(crate) mem: GuestMemoryMmap,
-    pub(crate) platform: LegacyPlatform<Console>,
+    pub(crate) platform: LegacyPlatform<ConsoleSink>,
+    /// The virtio console: always there, used once `/init` attaches it.
+    pub(crate) console: VirtioConsole<ConsoleSink>,
+    /// The command's terminal: where host input goes.
+    pub(crate) console_kind: ConsoleKind,
     /// The virtio disk.
     pub(crate) block: Option<VirtioBlock>,
     /// The virtio network device.
@@ -228,8 +273,11 @@ pub struct Vm {
     pub(crate) status: GuestStatus,
     /// The run's archive, for `/init` to fetch.
     pub(crate) archive: Vec<u8>,
-    /// Host input for the serial console, if attached.
+    /// Host input for the console, if attached.
     pub(crate) input: Option<ConsoleInput>,
+    /// The host terminal's size (columns, rows), once known: the virtio
+    /// console's driver is told it at the next delivery point.
+    pub(crate) terminal_size: Option<(u16, u16)>,
 }
 
 impl Vm {

@@ -7,14 +7,15 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use devices::cow_disk::{CowDisk, DiskError};
 use devices::doorbell::Doorbell;
 use devices::virtio_blk::VirtioBlock;
+use devices::virtio_console::VirtioConsole;
 use devices::virtio_net::{NetBackend, VirtioNet};
 use devices::LegacyPlatform;
 use kvm_ioctls::Kvm;
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 
 use super::{
-    kvm_err, Console, ExitCounts, GuestCpu, GuestStatus, Machine, Vcpu, Vm, VmClock, VmError,
-    BOOT_VCPU,
+    kvm_err, Console, ConsoleSink, ExitCounts, GuestCpu, GuestStatus, Machine, Vcpu, Vm, VmClock,
+    VmError, BOOT_VCPU,
 };
 use crate::{cpuid, kvm_ext};
 use guest::boot;
@@ -148,7 +149,11 @@ impl Machine {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0);
-        let mut platform = LegacyPlatform::new(boot_unix_secs, console);
+        let sink = ConsoleSink::new(console);
+        let mut platform = LegacyPlatform::new(boot_unix_secs, sink.clone());
+        // The size is unknown (0x0) until the VMM tells the driver the
+        // host terminal's: a change is what makes the driver read it.
+        let console = VirtioConsole::new(sink, (0, 0));
         let archive =
             guest::spec::delivered_archive(&spec.archive, &spec.rng_seed, spec.wall_clock)
                 .map_err(|e| VmError::Restore(format!("the run's archive: {e}")))?;
@@ -163,6 +168,8 @@ impl Machine {
                 kvm,
                 mem,
                 platform,
+                console,
+                console_kind: spec.console,
                 block,
                 net,
                 doorbell,
@@ -177,6 +184,7 @@ impl Machine {
                 status: GuestStatus::default(),
                 archive,
                 input: None,
+                terminal_size: None,
             },
         })
     }

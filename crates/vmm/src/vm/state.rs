@@ -6,6 +6,7 @@
 use devices::cow_disk::SectorRun;
 use devices::platform::PlatformState;
 use devices::virtio_blk::BlockState;
+use devices::virtio_console::ConsoleState;
 use devices::virtio_net::NetState;
 use kvm_bindings::{
     kvm_debugregs, kvm_mp_state, kvm_msr_entry, kvm_regs, kvm_sregs, kvm_vcpu_events, kvm_xcrs,
@@ -62,6 +63,8 @@ pub(crate) struct VmState {
     pub(crate) devices_attached: bool,
     /// Where the guest kernel announced its context-switch ring.
     switch_ring_gpa: Option<u64>,
+    /// The command's terminal, once `/init` said which.
+    terminal: Option<bool>,
 }
 
 /// What the event capture had reached, when the replay captured events:
@@ -94,6 +97,7 @@ pub(crate) struct Checkpoint {
     pub(crate) block: Option<BlockState>,
     pub(crate) overlay: Vec<SectorRun>,
     pub(crate) net: Option<NetState>,
+    pub(crate) console: ConsoleState,
     pub(crate) vm: VmState,
     pub(crate) events: Option<EventsState>,
 }
@@ -106,6 +110,7 @@ pub(crate) struct MachineState<'a> {
     pub(crate) platform: &'a PlatformState,
     pub(crate) block: Option<&'a BlockState>,
     pub(crate) net: Option<&'a NetState>,
+    pub(crate) console: &'a ConsoleState,
     pub(crate) vm: &'a VmState,
     pub(crate) vm_ns: u64,
 }
@@ -127,6 +132,9 @@ impl MachineState<'_> {
             net.restore(state)
                 .map_err(|e| VmError::Restore(format!("network: {e}")))?;
         }
+        m.vm.console
+            .restore(self.console)
+            .map_err(|e| VmError::Restore(format!("console: {e}")))?;
         self.vm.restore(&mut m.vm, &mut m.vcpu, self.vm_ns);
         Ok(())
     }
@@ -140,6 +148,7 @@ impl Checkpoint {
             platform: &self.platform,
             block: self.block.as_ref(),
             net: self.net.as_ref(),
+            console: &self.console,
             vm: &self.vm,
             vm_ns: self.vm_ns,
         }
@@ -238,6 +247,7 @@ impl VmState {
             point_stats: points,
             devices_attached: vm.status.devices_attached,
             switch_ring_gpa: vm.status.switch_ring_gpa,
+            terminal: vm.status.terminal,
         }
     }
 
@@ -251,6 +261,7 @@ impl VmState {
         vm.status.stub_area_gpa = self.stub_area_gpa;
         vm.status.devices_attached = self.devices_attached;
         vm.status.switch_ring_gpa = self.switch_ring_gpa;
+        vm.status.terminal = self.terminal;
     }
 }
 

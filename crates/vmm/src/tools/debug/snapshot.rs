@@ -12,6 +12,7 @@
 use std::sync::Arc;
 
 use devices::platform::PlatformState;
+use devices::virtio_console::ConsoleState;
 use devices::virtio_net::NetState;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
@@ -81,6 +82,7 @@ pub struct Snapshot {
     pub(crate) vcpu: VcpuState,
     pub(crate) platform: PlatformState,
     pub(crate) net: Option<NetState>,
+    pub(crate) console: ConsoleState,
     pub(crate) vm: VmState,
     pub(crate) tasks: Tasks,
 }
@@ -121,6 +123,7 @@ impl Snapshot {
             vcpu,
             platform: m.vm.platform.state(),
             net: m.vm.net.as_ref().map(|n| n.state()),
+            console: m.vm.console.state(),
             vm: VmState::of(&m.vm, &m.vcpu, points),
             tasks: tasks.clone(),
         })
@@ -142,6 +145,7 @@ impl Snapshot {
             // Refused when taken: a guest with a disk is not snapshotted.
             block: None,
             net: self.net.as_ref(),
+            console: &self.console,
             vm: &self.vm,
             vm_ns: self.vm_ns,
         }

@@ -1,0 +1,279 @@
+//! The command's terminal: the virtio console (`hvc0`, a VM exit per
+//! buffer of output) by default, the UART (`ttyS0`) with `--console
+//! serial`. Output reaches the host byte for byte and replays identically,
+//! checked by the log; typed input, Ctrl-C and the host terminal's size
+//! reach the command and replay from the log.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use journal::Entry;
+
+/// The log's entries.
+fn entries(trace: &Path) -> (trace::Header, Vec<Entry>) {
+    let mut reader = trace::TraceReader::<Entry>::open(trace).unwrap();
+    let mut all = Vec::new();
+    while let Some(frame) = reader.next_frame().unwrap() {
+        all.extend(frame);
+    }
+    (reader.header.clone(), all)
+}
+
+/// Ten million bytes, a block at a time (busybox `head` writes a line at
+/// a time to a terminal; `cat` writes what it reads): `run` prints them
+/// all, `record` logs every transmitted buffer's length and digest, and
+/// a replay prints the same bytes.
+#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
+#[test]
+fn ten_million_bytes_reach_the_host_and_replay_identically() {
+    guest_ready();
+    const BYTES: usize = 10_000_000;
+    let command = ["sh", "-c", "yes | head -c 10000000 | cat"];
+    let check = |stdout: &[u8], what: &str| {
+        assert_eq!(stdout.len(), BYTES, "{what} printed another length");
+        assert!(
+            stdout.chunks(2).all(|c| c == b"y\n"),
+            "{what} printed other bytes than yes's"
+        );
+    };
+
+    let mut run = insight();
+    run.args(["run", "--no-stdin", "--"]).args(command);
+    let out = output_within(run, Duration::from_secs(600));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out).1);
+    check(&out.stdout, "run");
+
+    let (trace, out) = record("console-10m", &[], &command);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out).1);
+    check(&out.stdout, "record");
+    // Every byte went through the virtio console, in buffers of at most
+    // one tty write (64 KiB), each logged with the notification that
+    // sent it.
+    let (_, log) = entries(&trace);
+    let logged: Vec<u64> = log
+        .iter()
+        .filter_map(|e| match e {
+            Entry::ConsoleOut { bytes, .. } => Some(*bytes),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(logged.iter().sum::<u64>(), BYTES as u64);
+    assert!(
+        logged.iter().all(|&b| b <= 64 << 10),
+        "a buffer beyond a tty write"
+    );
+    assert!(
+        logged.len() < BYTES / 1000,
+        "{} buffers: the output went a few bytes at a time",
+        logged.len()
+    );
+
+    let replayed = replay(&trace);
+    let (_, stderr) = text(&replayed);
+    assert_eq!(replayed.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("replay matched the recording"), "{stderr}");
+    assert!(
+        replayed.stdout == out.stdout,
+        "the replay printed {} bytes, not the recording's",
+        replayed.stdout.len()
+    );
+    let _ = std::fs::remove_dir_all(trace.parent().unwrap());
+}
+
+/// A replay whose console output differs from the recording's stops at
+/// the notification that sent it, saying what was logged.
+#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
+#[test]
+fn console_output_is_checked_at_replay() {
+    guest_ready();
+    let (trace, out) = record(
+        "console-tamper",
+        &[],
+        &["sh", "-c", "echo first line; echo second line"],
+    );
+    let recorded = expect_status(&out, 0);
+    let (header, log) = entries(&trace);
+    let (at, ordinal) = log
+        .iter()
+        .enumerate()
+        .scan(0u64, |exits, (i, e)| {
+            *exits += u64::from(e.is_exit());
+            Some((i, *exits, e))
+        })
+        .find_map(|(i, exits, e)| matches!(e, Entry::ConsoleOut { .. }).then_some((i, exits)))
+        .expect("no console output logged");
+    let mut tampered = log.clone();
+    if let Entry::ConsoleOut { digest, .. } = &mut tampered[at] {
+        *digest ^= 1;
+    }
+    let bad = trace.parent().unwrap().join("bad-output");
+    let mut writer = trace::TraceWriter::create(&bad, &header).unwrap();
+    for e in tampered {
+        writer.push(e).unwrap();
+    }
+    writer.finish().unwrap();
+    std::fs::copy(
+        trace.join(trace::SNAPSHOT_FILE),
+        bad.join(trace::SNAPSHOT_FILE),
+    )
+    .unwrap();
+    let out = replay(&bad);
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("replay diverged at exit {ordinal}:")),
+        "{stderr}"
+    );
+    assert!(stderr.contains("console output"), "{stderr}");
+    // The untouched trace replays.
+    let out = replay(&trace);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out).1);
+    assert_eq!(text(&out).0, recorded);
+    let _ = std::fs::remove_dir_all(trace.parent().unwrap());
+}
+
+/// Typed input through the UART, as for a guest kernel without
+/// virtio-console (the default console's input is
+/// `replay.rs`'s `typed_input_is_recorded_and_replayed`).
+#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
+#[test]
+fn a_serial_console_takes_typed_input_and_replays_it() {
+    guest_ready();
+    let trace = scratch("typed-serial").join("trace");
+    let mut cmd = insight();
+    cmd.args(["record", "--console", "serial", "-o"])
+        .arg(&trace)
+        .args([
+            "--",
+            "sh",
+            "-c",
+            "readlink /proc/self/fd/0; read line; echo got-$line",
+        ]);
+    let out = output_with_input(cmd, b"serial-input\n");
+    let stdout = expect_status(&out, 0);
+    assert!(stdout.contains("/dev/console\n"), "{stdout}");
+    assert!(stdout.contains("got-serial-input\n"), "{stdout}");
+    let (_, log) = entries(&trace);
+    assert!(
+        !log.iter().any(|e| matches!(
+            e,
+            Entry::ConsoleOut { .. } | Entry::ConsoleRx { .. } | Entry::ConsoleSize { .. }
+        )),
+        "the serial console's run used the virtio console"
+    );
+    let out = replay(&trace);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out).1);
+    assert_eq!(text(&out).0, stdout);
+    let _ = std::fs::remove_dir_all(trace.parent().unwrap());
+}
+
+/// `top` draws the same screens in a replay as in its recording.
+#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
+#[test]
+fn top_replays_identically() {
+    guest_ready();
+    let stdout = record_and_replay(
+        "console-top",
+        &[],
+        &["top", "-b", "-n", "2", "-d", "1"],
+        0,
+        |_, _| {},
+    );
+    assert_eq!(stdout.matches("Load average:").count(), 2, "{stdout}");
+}
+
+/// `insight` under a terminal (`script` makes one): its size reaches the
+/// command's terminal and the log, Ctrl-C interrupts the command's
+/// foreground job, and a replay (no terminal at all) does the same.
+#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
+#[test]
+fn a_terminal_gives_its_size_and_its_ctrl_c_and_both_replay() {
+    guest_ready();
+    let trace = scratch("console-pty").join("trace");
+    let inner = format!(
+        "stty cols 123 rows 45; exec {} record -o {} -- sh",
+        env!("CARGO_BIN_EXE_insight"),
+        trace.display()
+    );
+    let mut script = Command::new("script")
+        .args(["-q", "-e", "-c", &inner, "/dev/null"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("script (util-linux) runs a command under a terminal");
+    let mut keys = script.stdin.take().unwrap();
+    let mut output = script.stdout.take().unwrap();
+    let (seen_tx, seen) = std::sync::mpsc::channel::<Vec<u8>>();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n @ 1..) = output.read(&mut buf) {
+            if seen_tx.send(buf[..n].to_vec()).is_err() {
+                break;
+            }
+        }
+    });
+    let mut screen = Vec::new();
+    // Waits until `text` is on the terminal `times` times.
+    let mut wait_for_text = |text: &str, times: usize| {
+        let started = Instant::now();
+        while String::from_utf8_lossy(&screen).matches(text).count() < times {
+            let left = Duration::from_secs(120).saturating_sub(started.elapsed());
+            match seen.recv_timeout(left) {
+                Ok(bytes) => screen.extend(bytes),
+                Err(_) => panic!(
+                    "no {text:?} on the terminal after 120 s:\n{}",
+                    String::from_utf8_lossy(&screen)
+                ),
+            }
+        }
+    };
+    // The shell's prompt, then a job that would run 100 s, interrupted
+    // (the next prompt comes when it ends).
+    const PROMPT: &str = "~ # ";
+    wait_for_text(PROMPT, 1);
+    keys.write_all(b"stty size\n").unwrap();
+    wait_for_text(PROMPT, 2);
+    keys.write_all(b"sleep 100\n").unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    let interrupted = Instant::now();
+    keys.write_all(b"\x03").unwrap();
+    wait_for_text(PROMPT, 3);
+    keys.write_all(b"echo sleep-status-$?\n").unwrap();
+    wait_for_text("sleep-status-130", 1);
+    assert!(
+        interrupted.elapsed() < Duration::from_secs(60),
+        "Ctrl-C did not interrupt sleep"
+    );
+    keys.write_all(b"exit 7\n").unwrap();
+    let status = script.wait().unwrap();
+    let recorded = String::from_utf8_lossy(&screen).into_owned();
+    assert_eq!(status.code(), Some(7), "{recorded}");
+    assert!(recorded.contains("45 123"), "{recorded}");
+
+    let (_, log) = entries(&trace);
+    assert!(
+        log.contains(&Entry::ConsoleSize {
+            cols: 123,
+            rows: 45
+        }),
+        "the terminal's size is not in the log"
+    );
+    assert!(
+        log.iter()
+            .any(|e| matches!(e, Entry::ConsoleRx { bytes } if bytes.contains(&3))),
+        "Ctrl-C is not in the log"
+    );
+    let replayed = replay(&trace);
+    let (stdout, stderr) = text(&replayed);
+    assert_eq!(replayed.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("replay matched the recording"), "{stderr}");
+    assert!(stdout.contains("45 123"), "{stdout}");
+    assert!(stdout.contains("sleep-status-130"), "{stdout}");
+    let _ = std::fs::remove_dir_all(trace.parent().unwrap());
+}
