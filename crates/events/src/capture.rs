@@ -486,12 +486,10 @@ mod tests {
     use super::*;
     use crate::abi::{encode, lock_payload};
     use crate::db::EventDb;
+    use crate::testing::TempDb;
 
-    fn capture(name: &str) -> (Capture, std::path::PathBuf) {
-        let dir = std::env::temp_dir().join(format!("insight-cap-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("events.db");
+    fn capture(name: &str) -> (Capture, TempDb) {
+        let path = TempDb::new("insight-cap", name);
         (Capture::new(EventWriter::create(&path, &[]).unwrap()), path)
     }
 
@@ -646,7 +644,7 @@ mod tests {
 
     #[test]
     fn kernel_exits_untrack_threads() {
-        let (mut c, _) = capture("exit");
+        let (mut c, _db) = capture("exit");
         let lock = encode(Kind::Lock as u16, 7, 8, "app", &lock_payload(0x10, 0x20, 0));
         c.raised(1, Source::Probe, Some((7, 8)), Ok(&lock)).unwrap();
         let exit = encode(Kind::Exit as u16, 7, 8, "app", &[0; 8]);

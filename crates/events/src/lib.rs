@@ -5,3 +5,5 @@ pub mod abi;
 pub mod capture;
 pub mod db;
 pub mod packed;
+#[cfg(test)]
+mod testing;

@@ -3,13 +3,11 @@
 use super::*;
 use crate::db::digest;
 use crate::packed::{self, BLOCK_EVENTS};
+use crate::testing::TempDb;
 use rusqlite::Connection;
 
-fn temp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("insight-db-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join("events.db")
+fn temp(name: &str) -> TempDb {
+    TempDb::new("insight-db", name)
 }
 
 /// Runs `sql` on the database at `path` and recomputes its table digests,
@@ -144,7 +142,8 @@ fn copies_between_formats_keep_everything() {
     // A database with a gap in its sequence is refused, not renumbered.
     drop(original);
     tamper_and_reseal(&rows_path, "DELETE FROM events WHERE seq = 10;");
-    let mut w = EventWriter::create(&temp("copy-gap"), &[]).unwrap();
+    let gap = temp("copy-gap");
+    let mut w = EventWriter::create(&gap, &[]).unwrap();
     let err = EventDb::open(&rows_path)
         .unwrap()
         .copy_to(&mut w)
