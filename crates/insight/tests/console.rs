@@ -7,22 +7,11 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
 use journal::Entry;
-
-/// The log's entries.
-fn entries(trace: &Path) -> (trace::Header, Vec<Entry>) {
-    let mut reader = trace::TraceReader::<Entry>::open(trace).unwrap();
-    let mut all = Vec::new();
-    while let Some(frame) = reader.next_frame().unwrap() {
-        all.extend(frame);
-    }
-    (reader.header.clone(), all)
-}
 
 /// Ten million bytes, a block at a time (busybox `head` writes a line at
 /// a time to a terminal; `cat` writes what it reads): `run` prints them
@@ -54,7 +43,7 @@ fn ten_million_bytes_reach_the_host_and_replay_identically() {
     // Every byte went through the virtio console, in buffers of at most
     // one tty write (64 KiB), each logged with the notification that
     // sent it.
-    let (_, log) = entries(&trace);
+    let (_, log) = read_all(&trace);
     let logged: Vec<u64> = log
         .iter()
         .filter_map(|e| match e {
@@ -97,7 +86,7 @@ fn console_output_is_checked_at_replay() {
         &["sh", "-c", "echo first line; echo second line"],
     );
     let recorded = expect_status(&out, 0);
-    let (header, log) = entries(&trace);
+    let (header, log) = read_all(&trace);
     let (at, ordinal) = log
         .iter()
         .enumerate()
@@ -112,16 +101,7 @@ fn console_output_is_checked_at_replay() {
         *digest ^= 1;
     }
     let bad = trace.parent().unwrap().join("bad-output");
-    let mut writer = trace::TraceWriter::create(&bad, &header).unwrap();
-    for e in tampered {
-        writer.push(e).unwrap();
-    }
-    writer.finish().unwrap();
-    std::fs::copy(
-        trace.join(trace::SNAPSHOT_FILE),
-        bad.join(trace::SNAPSHOT_FILE),
-    )
-    .unwrap();
+    write_all(&bad, &trace, &header, tampered);
     let out = replay(&bad);
     let (_, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
@@ -158,7 +138,7 @@ fn a_serial_console_takes_typed_input_and_replays_it() {
     let stdout = expect_status(&out, 0);
     assert!(stdout.contains("/dev/console\n"), "{stdout}");
     assert!(stdout.contains("got-serial-input\n"), "{stdout}");
-    let (_, log) = entries(&trace);
+    let (_, log) = read_all(&trace);
     assert!(
         !log.iter().any(|e| matches!(
             e,
@@ -256,7 +236,7 @@ fn a_terminal_gives_its_size_and_its_ctrl_c_and_both_replay() {
     assert_eq!(status.code(), Some(7), "{recorded}");
     assert!(recorded.contains("45 123"), "{recorded}");
 
-    let (_, log) = entries(&trace);
+    let (_, log) = read_all(&trace);
     assert!(
         log.contains(&Entry::ConsoleSize {
             cols: 123,

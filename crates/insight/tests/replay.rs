@@ -9,7 +9,6 @@
 
 mod common;
 
-use std::path::Path;
 use std::process::Stdio;
 
 use common::*;
@@ -123,35 +122,6 @@ fn typed_input_is_recorded_and_replayed() {
     // the log.
     assert_replays_identically(&trace, &stdout);
     let _ = std::fs::remove_dir_all(trace.parent().unwrap());
-}
-
-/// All log entries of a trace, with its header.
-fn read_all(trace: &Path) -> (trace::Header, Vec<Entry>) {
-    let mut reader = trace::TraceReader::<Entry>::open(trace).unwrap();
-    let mut events = Vec::new();
-    while let Some(frame) = reader.next_frame().unwrap() {
-        events.extend(frame);
-    }
-    (reader.header.clone(), events)
-}
-
-/// Writes `events` as a complete trace with `header`, and the boot
-/// snapshot of `original` (the trace they came from), if it has one.
-fn write_all(trace: &Path, original: &Path, header: &trace::Header, events: Vec<Entry>) {
-    let mut writer = trace::TraceWriter::create(trace, header).unwrap();
-    for e in events {
-        writer.push(e).unwrap();
-    }
-    writer.finish().unwrap();
-    copy_snapshot(original, trace);
-}
-
-/// Copies the boot snapshot of trace `from`, if it has one, into `to`.
-fn copy_snapshot(from: &Path, to: &Path) {
-    let snapshot = from.join(trace::SNAPSHOT_FILE);
-    if snapshot.exists() {
-        std::fs::copy(snapshot, to.join(trace::SNAPSHOT_FILE)).unwrap();
-    }
 }
 
 /// The exit ordinal reported by a divergence message.

@@ -312,3 +312,37 @@ pub fn assert_checkpoints_replay_faithfully(trace: &Path, recorded_stdout: &str)
         );
     }
 }
+
+/// All log entries of a trace, with its header.
+pub fn read_all(trace: &Path) -> (trace::Header, Vec<journal::Entry>) {
+    let mut reader = trace::TraceReader::<journal::Entry>::open(trace).unwrap();
+    let mut events = Vec::new();
+    while let Some(frame) = reader.next_frame().unwrap() {
+        events.extend(frame);
+    }
+    (reader.header.clone(), events)
+}
+
+/// Writes `events` as a complete trace with `header`, and the boot
+/// snapshot of `original` (the trace they came from), if it has one.
+pub fn write_all(
+    trace: &Path,
+    original: &Path,
+    header: &trace::Header,
+    events: Vec<journal::Entry>,
+) {
+    let mut writer = trace::TraceWriter::create(trace, header).unwrap();
+    for e in events {
+        writer.push(e).unwrap();
+    }
+    writer.finish().unwrap();
+    copy_snapshot(original, trace);
+}
+
+/// Copies the boot snapshot of trace `from`, if it has one, into `to`.
+pub fn copy_snapshot(from: &Path, to: &Path) {
+    let snapshot = from.join(trace::SNAPSHOT_FILE);
+    if snapshot.exists() {
+        std::fs::copy(snapshot, to.join(trace::SNAPSHOT_FILE)).unwrap();
+    }
+}
