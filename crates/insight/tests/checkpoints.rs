@@ -231,6 +231,37 @@ fn events_with_stacks(db: &Path) -> Vec<(events::db::Row, Option<Vec<u64>>)> {
 }
 
 #[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
+/// A copy of `trace`, its checkpoints included, whose last console
+/// output has another digest, and the exit that logged it: a replay
+/// diverges there.
+fn tampered_last_output(trace: &Path) -> (std::path::PathBuf, u64) {
+    use journal::Entry;
+    let (header, mut log) = read_all(trace);
+    let at = log
+        .iter()
+        .rposition(|e| matches!(e, Entry::ConsoleOut { .. }))
+        .expect("no console output logged");
+    let exit = log[..=at].iter().filter(|e| e.is_exit()).count() as u64;
+    if let Entry::ConsoleOut { digest, .. } = &mut log[at] {
+        *digest ^= 1;
+    }
+    let bad = trace.parent().unwrap().join("bad-output");
+    write_all(&bad, trace, &header, log);
+    let (from, to) = (
+        trace.join(trace::checkpoints::CHECKPOINTS_DIR),
+        bad.join(trace::checkpoints::CHECKPOINTS_DIR),
+    );
+    std::fs::create_dir_all(&to).unwrap();
+    for entry in std::fs::read_dir(&from).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+    }
+    // The same header, so the checkpoints are the copy's own.
+    let own = trace::checkpoints::list(&bad).unwrap();
+    assert!(!own.is_empty() && own.iter().all(|c| !c.foreign), "{own:?}");
+    (bad, exit)
+}
+
 #[test]
 fn segments_merge_into_the_replay_from_boot() {
     guest_ready();
@@ -263,6 +294,32 @@ fn segments_merge_into_the_replay_from_boot() {
     assert!(stderr.contains("replay matched the recording"), "{stderr}");
     assert_eq!(stdout, recorded, "the segments' console output, in order");
     assert!(events_with_stacks(Path::new(&db("jobs.db"))) == whole);
+
+    // A segment that diverges is replayed once more on the recording's
+    // CPU (segments run on any), and a divergence there fails the whole.
+    let (bad, exit) = tampered_last_output(&trace);
+    let out = replay_with(&bad, &["--jobs", "2", "--no-console"]);
+    let stderr = text(&out).1;
+    // Checkpoint k is taken after its exit; segment k + 1 starts there.
+    let k = 1 + stored.iter().filter(|c| c.exit < exit).count();
+    let which = format!("segment {k}/{}", stored.len() + 1);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(
+        stderr
+            .matches(&format!(
+                "{which} diverged on another host CPU than the recording's"
+            ))
+            .count(),
+        1,
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("replaying it again on the recording's CPU")
+            && stderr.contains("console output")
+            && stderr.contains(&format!("insight: {which} failed")),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&bad);
 
     // The Slurm job array of docs/scale-out.md, one array task after the
     // other, then its merge job.

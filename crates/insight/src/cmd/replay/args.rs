@@ -116,7 +116,8 @@ pub struct ReplayArgs {
     /// replay (samples excepted: they follow host time), sooner. Needs
     /// checkpoints taken with --events when events are collected.
     /// Segments run on any host CPU (see --any-cpu), or they would all
-    /// share the one the recording ran on.
+    /// share the one the recording ran on; one that diverges there is
+    /// replayed again on the recording's CPU.
     #[arg(long, value_name = "N", conflicts_with_all = ["from", "to", "checkpoint_every", "tx_pcap"])]
     pub jobs: Option<usize>,
     /// Run on any host CPU, not only one reporting the APIC ID the

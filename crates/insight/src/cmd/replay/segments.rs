@@ -17,7 +17,7 @@ use diagnosis::plugin::Plugin;
 use super::args::{ReplayArgs, Unwind};
 use crate::cmd::events::merge;
 use crate::cmd::report::diagnose;
-use crate::exit::{EXIT_INSIGHT_ERROR, EXIT_STOPPED_BY_USER};
+use crate::exit::{EXIT_DIVERGED, EXIT_INSIGHT_ERROR, EXIT_STOPPED_BY_USER};
 use crate::status::printable;
 use vmm::CheckpointEvery;
 
@@ -175,9 +175,11 @@ pub fn end_with_parent() -> Result<()> {
     vmm::end_with_parent(parent).context("a segment of replay --jobs")
 }
 
-/// A segment's replay under way: its number and where its outputs go.
+/// A segment's replay under way: its number, whether it may run on any
+/// host CPU, and where its outputs go.
 struct Running {
     k: usize,
+    any_cpu: bool,
     child: Child,
     stdout: PathBuf,
     stderr: PathBuf,
@@ -218,7 +220,15 @@ pub fn replay_in_parallel(
         trace.display(),
         jobs.min(segments)
     );
-    let spawn = |k: usize| -> Result<Running> {
+    // A segment runs on any host CPU, so that segments run side by side.
+    // One that diverges there is replayed once more on the CPU the
+    // recording ran on: a program that starts inside a segment keeps what
+    // CPUID told it, which user code reads untrapped (--any-cpu), and
+    // --jobs must give the answer one replay gives.
+    let pinnable = trace::TraceReader::<journal::Entry>::open(trace)
+        .map(|r| r.header.host_apic_id.is_some())
+        .unwrap_or(false);
+    let spawn = |k: usize, any_cpu: bool| -> Result<Running> {
         let stdout = work.join(format!("segment-{k}.out"));
         let stderr = work.join(format!("segment-{k}.err"));
         let mut cmd = Command::new(&exe);
@@ -227,10 +237,12 @@ pub fn replay_in_parallel(
             .args(["--segment", &format!("{k}/{segments}")])
             // The segment ends when this process does, however it ends.
             .env(PARENT_ENV, std::process::id().to_string())
-            .arg("--any-cpu")
             .stdin(Stdio::null())
             .stdout(File::create(&stdout)?)
             .stderr(File::create(&stderr)?);
+        if any_cpu {
+            cmd.arg("--any-cpu");
+        }
         if args.no_console {
             cmd.arg("--no-console");
         }
@@ -251,6 +263,7 @@ pub fn replay_in_parallel(
             .with_context(|| format!("cannot start {}", exe.display()))?;
         Ok(Running {
             k,
+            any_cpu,
             child,
             stdout,
             stderr,
@@ -266,7 +279,7 @@ pub fn replay_in_parallel(
     let result = (|| -> Result<Option<ExitCode>> {
         while next <= segments || !running.is_empty() {
             while next <= segments && running.len() < jobs {
-                running.push_back(spawn(next)?);
+                running.push_back(spawn(next, true)?);
                 next += 1;
             }
             // In order: a segment's console output follows the one before.
@@ -286,9 +299,23 @@ pub fn replay_in_parallel(
                 }
                 std::thread::sleep(Duration::from_millis(20));
             };
+            let err = std::fs::read_to_string(&r.stderr).unwrap_or_default();
+            if status.code() == Some(i32::from(EXIT_DIVERGED)) && r.any_cpu && pinnable {
+                eprintln!(
+                    "insight: segment {}/{segments} diverged on another host CPU than the \
+                     recording's ({}); replaying it again on the recording's CPU",
+                    r.k,
+                    first_divergence(&err)
+                );
+                let db = work.join(format!("segment-{}.db", r.k));
+                for stale in [events::db::EventWriter::partial_path(&db), db] {
+                    let _ = std::fs::remove_file(stale);
+                }
+                running.push_front(spawn(r.k, false)?);
+                continue;
+            }
             let out = std::fs::read(&r.stdout).unwrap_or_default();
             std::io::stdout().write_all(&out)?;
-            let err = std::fs::read_to_string(&r.stderr).unwrap_or_default();
             if !status.success() {
                 eprint!("{}", printable(&err));
                 eprintln!("insight: segment {}/{segments} failed", r.k);
@@ -354,6 +381,22 @@ pub fn replay_in_parallel(
         diagnose(tools, path)?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The line of a segment's standard error that says where it diverged,
+/// or the last line it wrote.
+fn first_divergence(stderr: &str) -> String {
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("diverged"))
+        .or_else(|| stderr.lines().last())
+        .unwrap_or("no message");
+    let line: String = line
+        .trim_start_matches("insight: ")
+        .chars()
+        .take(240)
+        .collect();
+    printable(&line).into_owned()
 }
 
 /// Stops the segments still `running` after an interruption and says
