@@ -399,6 +399,38 @@ mod tests {
         assert_eq!(pic.slave.isr(), 0);
     }
 
+    /// The master in auto-EOI mode, the slave with normal EOI (Linux's
+    /// setup when it asks for auto-EOI).
+    #[test]
+    fn an_auto_eoi_master_takes_no_eoi_and_the_slave_takes_its_own() {
+        let mut pic = DualPic::new();
+        linux_init(&mut pic);
+        pic.write(0x20, 0x11);
+        pic.write(0x21, 0x30);
+        pic.write(0x21, 0x04);
+        pic.write(0x21, 0x03); // ICW4: 8086 mode, auto EOI
+        pic.pulse_irq(0);
+        assert_eq!(pic.acknowledge(), Some(0x30));
+        assert_eq!(pic.master.isr(), 0);
+        // Nothing in service: the next edge and a lower line go through.
+        pic.pulse_irq(0);
+        pic.pulse_irq(4);
+        assert_eq!(pic.acknowledge(), Some(0x30));
+        assert_eq!(pic.acknowledge(), Some(0x34));
+        assert_eq!(pic.acknowledge(), None);
+        // A slave line: the cascade clears itself, the slave's line waits
+        // for its EOI.
+        pic.pulse_irq(12);
+        assert_eq!(pic.acknowledge(), Some(0x3c));
+        assert_eq!((pic.master.isr(), pic.slave.isr()), (0, 1 << 4));
+        pic.pulse_irq(13);
+        pic.pulse_irq(1);
+        assert_eq!(pic.acknowledge(), Some(0x31), "the master is not held");
+        assert_eq!(pic.acknowledge(), None, "IRQ13 waits for IRQ12's EOI");
+        pic.write(0xa0, 0x64); // specific EOI for slave line 4
+        assert_eq!(pic.acknowledge(), Some(0x3d));
+    }
+
     #[test]
     fn edge_needs_a_falling_edge_before_the_next_request() {
         let mut pic = DualPic::new();
