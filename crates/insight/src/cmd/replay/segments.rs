@@ -225,9 +225,12 @@ pub fn replay_in_parallel(
     // recording ran on: a program that starts inside a segment keeps what
     // CPUID told it, which user code reads untrapped (--any-cpu), and
     // --jobs must give the answer one replay gives.
+    // Only where a CPU of this host reports the recording's APIC ID: a
+    // replay elsewhere runs on any CPU anyway.
     let pinnable = trace::TraceReader::<journal::Entry>::open(trace)
-        .map(|r| r.header.host_apic_id.is_some())
-        .unwrap_or(false);
+        .ok()
+        .and_then(|r| r.header.host_apic_id)
+        .is_some_and(|id| matches!(vmm::host_cpu::with_apic_id(id), Ok(Some(_))));
     let spawn = |k: usize, any_cpu: bool| -> Result<Running> {
         let stdout = work.join(format!("segment-{k}.out"));
         let stderr = work.join(format!("segment-{k}.err"));
