@@ -241,7 +241,7 @@ fn tampered_last_output(trace: &Path) -> (std::path::PathBuf, u64) {
         .iter()
         .rposition(|e| matches!(e, Entry::ConsoleOut { .. }))
         .expect("no console output logged");
-    let exit = log[..=at].iter().filter(|e| e.is_exit()).count() as u64;
+    let exit = exit_ordinal(&log, at);
     if let Entry::ConsoleOut { digest, .. } = &mut log[at] {
         *digest ^= 1;
     }

@@ -87,15 +87,11 @@ fn console_output_is_checked_at_replay() {
     );
     let recorded = expect_status(&out, 0);
     let (header, log) = read_all(&trace);
-    let (at, ordinal) = log
+    let at = log
         .iter()
-        .enumerate()
-        .scan(0u64, |exits, (i, e)| {
-            *exits += u64::from(e.is_exit());
-            Some((i, *exits, e))
-        })
-        .find_map(|(i, exits, e)| matches!(e, Entry::ConsoleOut { .. }).then_some((i, exits)))
+        .position(|e| matches!(e, Entry::ConsoleOut { .. }))
         .expect("no console output logged");
+    let ordinal = exit_ordinal(&log, at);
     let mut tampered = log.clone();
     if let Entry::ConsoleOut { digest, .. } = &mut tampered[at] {
         *digest ^= 1;

@@ -346,3 +346,9 @@ pub fn copy_snapshot(from: &Path, to: &Path) {
         std::fs::copy(snapshot, to.join(trace::SNAPSHOT_FILE)).unwrap();
     }
 }
+
+/// The ordinal of the exit that the log entry at `at` follows (or is):
+/// the exits up to and including it.
+pub fn exit_ordinal(log: &[journal::Entry], at: usize) -> u64 {
+    log[..=at].iter().filter(|e| e.is_exit()).count() as u64
+}
