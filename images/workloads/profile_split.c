@@ -14,6 +14,12 @@
  * function inside the mixed run would count the other thread's time while
  * it is preempted).
  *
+ * "phased" runs the three in phases instead: both threads all the rounds
+ * of arith(), then (after a barrier) of chase(), then of hash(); the
+ * phases' lengths are each function's time alone in the very run a
+ * profile is taken of, printed as "profile_split: phases arith A ns chase
+ * C ns hash H ns".
+ *
  * Prints "profile_split: FUNCS ROUNDS rounds NS ns (result R)", NS the
  * CLOCK_MONOTONIC time from the threads' start to their end.
  */
@@ -34,6 +40,10 @@
 
 static int rounds = 40;
 static int run_arith = 1, run_chase = 1, run_hash = 1;
+static int phased;
+static pthread_barrier_t phase_barrier;
+/* When each phase ended (phased): [0] the start, then arith, chase, hash. */
+static uint64_t phase_end[4];
 static uint32_t next_slot[CHASE_LEN];
 
 struct worker {
@@ -76,6 +86,14 @@ __attribute__((noinline)) static uint64_t hash(uint64_t h)
 	return h;
 }
 
+/* Both threads at the end of phase `p` (phased): the time it ended. */
+static void next_phase(int p)
+{
+	if (pthread_barrier_wait(&phase_barrier) == PTHREAD_BARRIER_SERIAL_THREAD)
+		phase_end[p] = now_ns();
+	pthread_barrier_wait(&phase_barrier);
+}
+
 static void *work(void *arg)
 {
 	struct worker *w = arg;
@@ -84,6 +102,20 @@ static void *work(void *arg)
 	double s = 0;
 	for (size_t i = 0; i < FP_LEN; i++)
 		w->a[i] = (double)i * 0.5;
+	if (phased) {
+		next_phase(0);
+		for (int r = 0; r < rounds; r++)
+			s += arith(w->a);
+		next_phase(1);
+		for (int r = 0; r < rounds; r++)
+			at = chase(at);
+		next_phase(2);
+		for (int r = 0; r < rounds; r++)
+			h = hash(h);
+		next_phase(3);
+		w->result = h ^ at ^ (uint64_t)s;
+		return NULL;
+	}
 	for (int r = 0; r < rounds; r++) {
 		if (run_arith)
 			s += arith(w->a);
@@ -102,10 +134,11 @@ int main(int argc, char **argv)
 	if (argc > 1)
 		rounds = atoi(argv[1]);
 	if (rounds < 1 || argc > 3) {
-		fprintf(stderr, "usage: profile_split [ROUNDS [arith|chase|hash]]\n");
+		fprintf(stderr, "usage: profile_split [ROUNDS [arith|chase|hash|phased]]\n");
 		return 2;
 	}
-	if (only) {
+	phased = only && !strcmp(only, "phased");
+	if (only && !phased) {
 		run_arith = !strcmp(only, "arith");
 		run_chase = !strcmp(only, "chase");
 		run_hash = !strcmp(only, "hash");
@@ -125,6 +158,10 @@ int main(int argc, char **argv)
 	}
 	static struct worker workers[2];
 	pthread_t tid[2];
+	if (pthread_barrier_init(&phase_barrier, NULL, 2)) {
+		fprintf(stderr, "profile_split: pthread_barrier_init failed\n");
+		return 1;
+	}
 	uint64_t start = now_ns();
 	for (int i = 0; i < 2; i++)
 		if (pthread_create(&tid[i], NULL, work, &workers[i])) {
@@ -134,6 +171,11 @@ int main(int argc, char **argv)
 	for (int i = 0; i < 2; i++)
 		pthread_join(tid[i], NULL);
 	uint64_t ns = now_ns() - start;
+	if (phased)
+		printf("profile_split: phases arith %llu ns chase %llu ns hash %llu ns\n",
+		       (unsigned long long)(phase_end[1] - phase_end[0]),
+		       (unsigned long long)(phase_end[2] - phase_end[1]),
+		       (unsigned long long)(phase_end[3] - phase_end[2]));
 	printf("profile_split: %s %d rounds %llu ns (result %llx)\n", only ? only : "all", rounds,
 	       (unsigned long long)ns, (unsigned long long)(workers[0].result ^ workers[1].result));
 	return 0;
