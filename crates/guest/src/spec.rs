@@ -769,6 +769,7 @@ mod tests {
             images,
             boot,
             digest_interval: 1,
+            sample_period_ns: 0,
         };
         let trace_dir = dir.join("trace");
         let writer = trace::TraceWriter::<()>::create(&trace_dir, &header).unwrap();

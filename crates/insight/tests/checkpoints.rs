@@ -230,7 +230,6 @@ fn events_with_stacks(db: &Path) -> Vec<(events::db::Row, Option<Vec<u64>>)> {
     all
 }
 
-#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
 /// A copy of `trace`, its checkpoints included, whose last console
 /// output has another digest, and the exit that logged it: a replay
 /// diverges there.
@@ -262,6 +261,7 @@ fn tampered_last_output(trace: &Path) -> (std::path::PathBuf, u64) {
     (bad, exit)
 }
 
+#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
 #[test]
 fn segments_merge_into_the_replay_from_boot() {
     guest_ready();
@@ -283,6 +283,7 @@ fn segments_merge_into_the_replay_from_boot() {
             .any(|(r, s)| r.kind == events::abi::Kind::Lock && s.is_some()),
         "no lock event with a stack"
     );
+
     let stored = trace::checkpoints::list(&trace).unwrap();
     assert!(stored.len() >= 3, "{} checkpoints", stored.len());
 
@@ -500,6 +501,43 @@ fn segments_merge_into_the_replay_from_boot() {
     assert!(stderr.contains("segments replayed faithfully"), "{stderr}");
     assert!(!stderr.contains(fallback), "{stderr}");
     assert!(events_with_stacks(Path::new(&db("again.db"))) == whole);
+
+    // Samples at the recording's marks: checkpoints taken without them
+    // are taken again (event numbers count samples), then segments merge
+    // to exactly the samples of one replay.
+    let sampled = |name: &str| {
+        let out = replay_with(
+            &trace,
+            &[
+                "--jobs",
+                "2",
+                "--events",
+                &db(name),
+                "--sample-period",
+                "1ms",
+            ],
+        );
+        expect_status(&out, 0);
+        (text(&out).1, events_with_stacks(Path::new(&db(name))))
+    };
+    let (stderr, first) = sampled("sampled.db");
+    assert!(
+        stderr
+            .contains("did not sample at the recording's marks, which cannot start event capture")
+            && stderr.contains("in one segment"),
+        "{stderr}"
+    );
+    let samples = first
+        .iter()
+        .filter(|(r, _)| r.kind == events::abi::Kind::Sample)
+        .count();
+    assert!(samples >= 100, "{samples} samples");
+    let (stderr, merged) = sampled("sampled-jobs.db");
+    assert!(stderr.contains("segments replayed faithfully"), "{stderr}");
+    assert!(
+        merged == first,
+        "the segments' samples differ from one replay's"
+    );
 
     let stored = without_events();
     let from = stored[stored.len() / 2].exit.to_string();

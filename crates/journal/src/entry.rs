@@ -6,7 +6,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 use trace::PayloadRef;
 
-use crate::preempt::AsyncPoint;
+use crate::preempt::{AsyncPoint, MarkAt, SampleMark};
 
 /// An entry of the event log. The exit entries (`In` to `Completed`) are
 /// the deterministic exits in order: the n-th of them is exit n. The
@@ -93,6 +93,10 @@ pub enum Entry {
     /// point; inputs may be made visible there too). Not an exit: it has
     /// no ordinal.
     AsyncPoint(Box<AsyncPoint>),
+    /// The recording's sampling clock found the task here, after the
+    /// preceding exit (and before the next entry's position): replay
+    /// takes a SAMPLE there. Not an exit; nothing is delivered there.
+    Sample(Box<SampleMark>),
     /// The recording ended here.
     End(EndReason),
 }
@@ -148,6 +152,7 @@ impl Entry {
                 | Entry::ConsoleRx { .. }
                 | Entry::ConsoleSize { .. }
                 | Entry::AsyncPoint(_)
+                | Entry::Sample(_)
                 | Entry::End(_)
         )
     }
@@ -172,6 +177,7 @@ impl Entry {
             Entry::ConsoleRx { .. } => "ConsoleRx",
             Entry::ConsoleSize { .. } => "ConsoleSize",
             Entry::AsyncPoint(_) => "AsyncPoint",
+            Entry::Sample(_) => "Sample",
             Entry::End(_) => "End",
         }
     }
@@ -196,6 +202,7 @@ impl Entry {
             | Entry::ConsoleRx { .. }
             | Entry::ConsoleSize { .. }
             | Entry::AsyncPoint(_)
+            | Entry::Sample(_)
             | Entry::End(_) => {}
         }
         self
@@ -341,6 +348,21 @@ impl fmt::Display for Entry {
                     p.run_ns / 1000
                 )
             }
+            Entry::Sample(mark) => match &mark.at {
+                MarkAt::Kernel { rip } => {
+                    write!(f, "  sample  in the kernel at {rip:#x}, {} ns", mark.ns)
+                }
+                MarkAt::Boundary { rip } => write!(
+                    f,
+                    "  sample  at the kernel's boundary at {rip:#x}, {} ns",
+                    mark.ns
+                ),
+                MarkAt::User(p) => write!(
+                    f,
+                    "  sample  rip {:#x} rsp {:#x} cr3 {:#x} at {} ns",
+                    p.state.rip, p.state.gprs[4], p.state.cr3, mark.ns
+                ),
+            },
             Entry::End(reason) => write!(f, "end: {reason}"),
         }
     }

@@ -31,7 +31,7 @@ mod tests;
 pub use entry::{register_digest, EndReason, Entry, Input};
 pub use recorder::Recorder;
 pub use replayer::{
-    check_host, regs_text, CpuidEntry, Divergence, HostMismatch, LogPosition, Replayer,
+    check_host, regs_text, CpuidEntry, Divergence, HostMismatch, LogPosition, Replayer, Sought,
 };
 
 /// Default for how often registers are digested: at every exit whose

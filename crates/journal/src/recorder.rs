@@ -7,7 +7,7 @@ use trace::{Summary, TraceWriter};
 
 use super::entry::register_digest;
 use super::{clock_read, EndReason, Entry, JournalError, Progress};
-use crate::preempt::AsyncPoint;
+use crate::preempt::{AsyncPoint, SampleMark};
 
 /// The recorder hands complete frames to the OS at least this often, so a
 /// crashed recording loses at most this much of its end.
@@ -141,6 +141,12 @@ impl Recorder {
     pub fn async_point(&mut self, point: AsyncPoint) -> Result<(), JournalError> {
         self.async_points += 1;
         self.push(Entry::AsyncPoint(Box::new(point)))
+    }
+
+    /// Records a sample the recording's sampling clock took (replay
+    /// collects its thread and stack there).
+    pub fn sample(&mut self, mark: SampleMark) -> Result<(), JournalError> {
+        self.push(Entry::Sample(Box::new(mark)))
     }
 
     /// Records the network frames made visible after the last exit (their

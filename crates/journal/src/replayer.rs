@@ -4,13 +4,14 @@
 //! visible where they were, and the first mismatch stops replay with a
 //! [`Divergence`].
 
+use std::collections::VecDeque;
 use std::fmt;
 
 use trace::{Header, TraceError, TraceReader};
 
 use super::entry::{register_digest, rip_of};
 use super::{clock_read, EndReason, Entry, Input, JournalError, Progress};
-use crate::preempt::AsyncPoint;
+use crate::preempt::{AsyncPoint, SampleMark};
 
 /// A position in the log, and the counts replay had reached there.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -41,6 +42,22 @@ pub struct Replayer {
     last_input: Option<Entry>,
     /// Nothing follows the log's end entry.
     end_checked: bool,
+    /// Whether the recording's sample marks are wanted (else they are
+    /// passed over as they are read).
+    take_marks: bool,
+    /// Sample marks read and not yet taken: they come before `peeked`.
+    marks: VecDeque<SampleMark>,
+    /// Sample marks passed by (the next exit, or the entry after them, was
+    /// taken first).
+    marks_missed: u64,
+}
+
+/// What replay looks for next between exits: a recorded sample's position
+/// or an asynchronous point (the log's order).
+#[derive(Clone, Debug)]
+pub enum Sought {
+    Mark(SampleMark),
+    Point(Box<AsyncPoint>),
 }
 
 impl Replayer {
@@ -57,7 +74,16 @@ impl Replayer {
             exhausted: false,
             last_input: None,
             end_checked: false,
+            take_marks: false,
+            marks: VecDeque::new(),
+            marks_missed: 0,
         }
+    }
+
+    /// Returns the recording's sample marks (`sought`) instead of passing
+    /// over them.
+    pub fn take_sample_marks(&mut self) {
+        self.take_marks = true;
     }
 
     /// Where replay stands in the log (between exits: no exit entry
@@ -82,6 +108,7 @@ impl Replayer {
         self.current = None;
         self.exhausted = false;
         self.last_input = None;
+        self.marks.clear();
         Ok(())
     }
 
@@ -90,19 +117,31 @@ impl Replayer {
         self.reader.complete.is_some()
     }
 
+    /// The next entry other than a sample mark (marks read on the way are
+    /// kept, in order, if wanted).
     fn peek(&mut self) -> Result<Option<&Entry>, JournalError> {
-        if self.peeked.is_none() && !self.exhausted {
-            self.peeked = self.reader.next_event()?;
-            self.exhausted = self.peeked.is_none();
+        while self.peeked.is_none() && !self.exhausted {
+            match self.reader.next_event()? {
+                Some(Entry::Sample(mark)) if self.take_marks => self.marks.push_back(*mark),
+                Some(Entry::Sample(_)) => self.entries += 1,
+                Some(e) => self.peeked = Some(e),
+                None => self.exhausted = true,
+            }
         }
         Ok(self.peeked.as_ref())
     }
 
+    /// Takes the next entry other than a sample mark; marks before it not
+    /// taken yet were missed (a position is the index of the first entry
+    /// not taken).
     fn next(&mut self) -> Result<Option<Entry>, JournalError> {
         self.peek()?;
         let e = self.peeked.take();
         if e.is_some() {
-            self.entries += 1;
+            let missed = self.marks.len() as u64;
+            self.marks.clear();
+            self.marks_missed += missed;
+            self.entries += missed + 1;
         }
         Ok(e)
     }
@@ -268,13 +307,31 @@ impl Replayer {
         Ok(Some(value))
     }
 
-    /// The asynchronous point the log has next, if it has one before the
-    /// next exit (left in the log until it is reached).
-    pub fn async_point(&mut self) -> Result<Option<AsyncPoint>, JournalError> {
-        Ok(match self.peek()? {
-            Some(Entry::AsyncPoint(p)) => Some((**p).clone()),
+    /// The sample mark or asynchronous point the log has next, if it has
+    /// one before the next exit (left in the log until it is reached, or
+    /// the mark `sample_mark_done`).
+    pub fn sought(&mut self) -> Result<Option<Sought>, JournalError> {
+        self.peek()?;
+        if let Some(mark) = self.marks.front() {
+            return Ok(Some(Sought::Mark(mark.clone())));
+        }
+        Ok(match &self.peeked {
+            Some(Entry::AsyncPoint(p)) => Some(Sought::Point(p.clone())),
             _ => None,
         })
+    }
+
+    /// The sample mark `sought` returned was taken (`taken`), or given up.
+    pub fn sample_mark_done(&mut self, taken: bool) {
+        if self.marks.pop_front().is_some() {
+            self.entries += 1;
+            self.marks_missed += u64::from(!taken);
+        }
+    }
+
+    /// How many sample marks replay passed by without taking them.
+    pub fn sample_marks_missed(&self) -> u64 {
+        self.marks_missed
     }
 
     /// The asynchronous point the log has next was reached: what follows

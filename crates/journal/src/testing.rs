@@ -29,5 +29,6 @@ pub fn header(digest_interval: u64) -> trace::Header {
             net: None,
         },
         digest_interval,
+        sample_period_ns: 0,
     }
 }

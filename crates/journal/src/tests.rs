@@ -332,3 +332,120 @@ fn digests_depend_on_every_register() {
     }
     assert_eq!(register_digest(&regs(0x1234, 0x5678)), base);
 }
+
+/// A sample mark at `rip` in user code (registers only), or in the kernel.
+fn mark(ns: u64, rip: Option<u64>) -> crate::preempt::SampleMark {
+    use crate::preempt::{state::UserState, AsyncPoint, MarkAt, SampleMark};
+    let at = match rip {
+        None => MarkAt::Kernel {
+            rip: 0xffff_ffff_8100_0000,
+        },
+        Some(rip) => MarkAt::User(Box::new(AsyncPoint {
+            state: UserState {
+                cr3: 0x1000,
+                rip,
+                rflags: 0x202,
+                gprs: [ns; 16],
+                fs_base: 0,
+                gs_base: 0,
+                xstate: 0,
+                words: vec![],
+                pages: Default::default(),
+                memory: 0,
+            },
+            stub: 0x7000_0000,
+            code_pages: vec![(rip & !0xfff, 0x20_0000)],
+            run_ns: ns,
+        })),
+    };
+    SampleMark { ns, at }
+}
+
+/// Records reads with sample marks between them: two after the first
+/// exit, before an asynchronous point, one after the second, one before
+/// the end.
+fn record_with_marks(dir: &std::path::Path) -> Box<crate::preempt::AsyncPoint> {
+    let writer = TraceWriter::create(dir, &header(1000)).unwrap();
+    let mut r = Recorder::new(writer, 1000);
+    r.exit(port_in(0x40, 0x100, 7), &regs(0x100, 1)).unwrap();
+    r.sample(mark(10, Some(0x40_1000))).unwrap();
+    r.sample(mark(20, None)).unwrap();
+    let crate::preempt::MarkAt::User(point) = mark(25, Some(0x40_1010)).at else {
+        unreachable!()
+    };
+    r.async_point(*point.clone()).unwrap();
+    r.interrupt(0x30).unwrap();
+    r.exit(port_in(0x40, 0x104, 9), &regs(0x104, 2)).unwrap();
+    r.sample(mark(30, Some(0x40_1020))).unwrap();
+    r.exit(port_in(0x40, 0x108, 5), &regs(0x108, 3)).unwrap();
+    r.sample(mark(40, None)).unwrap();
+    r.finish(EndReason::CommandExited(0), 0).unwrap();
+    point
+}
+
+#[test]
+fn sample_marks_come_in_order_before_a_point_and_are_passed_by_at_an_exit() {
+    let dir = temp_trace("marks");
+    let point = record_with_marks(&dir);
+    // Marks taken: found in their order, the point after them.
+    let mut j = replayer(&dir);
+    j.take_sample_marks();
+    replay_read(&mut j, 0x40, 0x100, 1).unwrap();
+    assert_eq!(j.interrupt().unwrap(), None);
+    // Entry 0 is the exit: the first mark is the next entry not taken.
+    assert_eq!(j.position().entry, 1);
+    let Some(Sought::Mark(m)) = j.sought().unwrap() else {
+        panic!("no mark")
+    };
+    assert_eq!(m, mark(10, Some(0x40_1000)));
+    // Looked at again: the same, until done.
+    assert!(matches!(j.sought().unwrap(), Some(Sought::Mark(m)) if m.ns == 10));
+    j.sample_mark_done(true);
+    assert_eq!(j.position().entry, 2);
+    assert!(matches!(j.sought().unwrap(), Some(Sought::Mark(m)) if m.ns == 20));
+    j.sample_mark_done(true);
+    assert!(matches!(j.sought().unwrap(), Some(Sought::Point(p)) if p == point));
+    j.async_point_reached().unwrap();
+    assert_eq!(j.interrupt().unwrap(), Some(0x30));
+    // The mark after the second exit is not found before the third: the
+    // third exit passes it by.
+    replay_read(&mut j, 0x40, 0x104, 2).unwrap();
+    assert!(matches!(j.sought().unwrap(), Some(Sought::Mark(m)) if m.ns == 30));
+    replay_read(&mut j, 0x40, 0x108, 3).unwrap();
+    assert_eq!(j.sample_marks_missed(), 1);
+    // A mark given up counts as missed too; the end follows it.
+    assert!(matches!(j.sought().unwrap(), Some(Sought::Mark(m)) if m.ns == 40));
+    j.sample_mark_done(false);
+    assert_eq!(j.sample_marks_missed(), 2);
+    assert_eq!(j.sought().unwrap().map(|_| ()), None);
+    assert_eq!(j.end_reached().unwrap(), Some(EndReason::CommandExited(0)));
+    j.end(&EndReason::CommandExited(0)).unwrap();
+
+    // Marks not wanted: passed over, the point is next, every position
+    // counts them.
+    let mut k = replayer(&dir);
+    replay_read(&mut k, 0x40, 0x100, 1).unwrap();
+    assert!(matches!(k.sought().unwrap(), Some(Sought::Point(p)) if p == point));
+    assert_eq!(k.position().entry, 3);
+    k.async_point_reached().unwrap();
+    assert_eq!(k.interrupt().unwrap(), Some(0x30));
+    replay_read(&mut k, 0x40, 0x104, 2).unwrap();
+    assert!(k.sought().unwrap().is_none());
+    replay_read(&mut k, 0x40, 0x108, 3).unwrap();
+    assert_eq!(k.end_reached().unwrap(), Some(EndReason::CommandExited(0)));
+    k.end(&EndReason::CommandExited(0)).unwrap();
+    assert_eq!(k.sample_marks_missed(), 0);
+
+    // A checkpoint's position between the marks resumes at the second.
+    let mut s = replayer(&dir);
+    s.take_sample_marks();
+    replay_read(&mut s, 0x40, 0x100, 1).unwrap();
+    s.sought().unwrap();
+    s.sample_mark_done(true);
+    let at = s.position();
+    let mut t = replayer(&dir);
+    t.take_sample_marks();
+    t.seek(&at).unwrap();
+    assert!(matches!(t.sought().unwrap(), Some(Sought::Mark(m)) if m.ns == 20));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

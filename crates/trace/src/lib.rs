@@ -35,7 +35,7 @@ pub mod files;
 
 /// Format version, bumped on every change of the layout or of the types
 /// serialized in it.
-pub const TRACE_VERSION: u32 = 9;
+pub const TRACE_VERSION: u32 = 10;
 pub const MAGIC: [u8; 8] = *b"INSIGHT\0";
 
 const HEADER_FILE: &str = "header";
@@ -176,6 +176,9 @@ pub struct Header {
     /// A register digest is logged at every deterministic exit whose
     /// ordinal is a multiple of this.
     pub digest_interval: u64,
+    /// The recording's sampling clock: a sample mark about every so many
+    /// nanoseconds of the recording's time (0: none were taken).
+    pub sample_period_ns: u64,
 }
 
 /// The guest's initial state besides the image files.

@@ -32,6 +32,7 @@ fn header() -> Header {
             net: None,
         },
         digest_interval: 64,
+        sample_period_ns: 0,
     }
 }
 

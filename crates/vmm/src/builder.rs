@@ -144,6 +144,10 @@ pub struct RecordOptions<'a> {
     pub input: Option<ConsoleInput>,
     /// Called with the recording's counts about twice a second.
     pub progress: Option<ProgressFn>,
+    /// The recording's sampling clock: a sample mark about every so much
+    /// VM time, where replay collects the thread and stack
+    /// (docs/events.md, "Samples").
+    pub sample_period: Option<Duration>,
 }
 
 /// A recording of `machine` into a new trace: the vCPU kept on one host
@@ -163,6 +167,34 @@ pub fn record(
     });
     let host_cpu = crate::host_cpu::for_recording().map_err(BuildError::HostCpu)?;
     machine.run_on_host_cpu(host_cpu.cpu);
+    let preemption = crate::host_check::probe_state_match().map_err(BuildError::ProbeHost)?;
+    let mut points = if preemption.works() {
+        PointTaker::default()
+    } else {
+        notes.push(format!(
+            "this host cannot preempt guest user code where it stands ({}): interrupts wait \
+             for the guest's next exit, and a program that busy-waits may not finish \
+             (insight host-check)",
+            preemption
+                .failure
+                .as_deref()
+                .unwrap_or("the state was not found again")
+        ));
+        PointTaker::at_exits_only()
+    };
+    if let Some(period) = options.sample_period {
+        let period_ns = u64::try_from(period.as_nanos()).unwrap_or(u64::MAX).max(1);
+        let top = guest::boot::kernel_variable(&options.spec.kernel_image, KERNEL_STACK_TOP)
+            .filter(|&a| a >= KERNEL_START);
+        points.sample_every(period_ns, top);
+        if points.sample_period_ns() == 0 {
+            notes.push(
+                "no sample marks in this recording (user code cannot be found again where it \
+                 stands): a replay samples by its own time"
+                    .to_owned(),
+            );
+        }
+    }
     let vm = machine.vm();
     let header = Header {
         clock: ClockKind::Exit,
@@ -178,6 +210,7 @@ pub fn record(
         images,
         boot,
         digest_interval: options.digest_every,
+        sample_period_ns: points.sample_period_ns(),
     };
     let writer = TraceWriter::create(&options.output, &header).map_err(|source| {
         BuildError::CreateTrace {
@@ -189,21 +222,6 @@ pub fn record(
         boot_snapshot::link_into(s, &options.output.join(trace::SNAPSHOT_FILE))
             .map_err(BuildError::LinkSnapshot)?;
     }
-    let preemption = crate::host_check::probe_state_match().map_err(BuildError::ProbeHost)?;
-    let points = if preemption.works() {
-        PointTaker::default()
-    } else {
-        notes.push(format!(
-            "this host cannot preempt guest user code where it stands ({}): interrupts wait \
-             for the guest's next exit, and a program that busy-waits may not finish \
-             (insight host-check)",
-            preemption
-                .failure
-                .as_deref()
-                .unwrap_or("the state was not found again")
-        ));
-        PointTaker::at_exits_only()
-    };
     if let Some(input) = options.input {
         machine.attach_input(input);
     }
@@ -228,12 +246,30 @@ pub struct EventOptions {
     /// Unwind user stacks by the call-frame information of the guest's
     /// files, read with this (`None`: by frame pointers).
     pub cfi_files: Option<GuestFileLoader>,
-    /// A SAMPLE of the tracked task on the vCPU about every so much host
-    /// time.
+    /// A SAMPLE of the tracked task on the vCPU about every so much time:
+    /// at the recording's sample marks where it took them (every mark at
+    /// its period, fewer for a longer one), else by host time.
     pub sample_period: Option<Duration>,
+    /// Sample by host time even where the recording took sample marks.
+    pub replay_time_samples: bool,
     /// The window ends at the first event of this kind (of this thread, or
     /// any): nothing after it is stored.
     pub end_after: Option<(events::abi::Kind, Option<u32>)>,
+}
+
+/// The period (ns) at which a replay samples at the recording's marks,
+/// sampling every `period` (`None`: no samples) of a trace whose header is
+/// `header`; `None` where it samples by host time (`replay_time_samples`,
+/// or a recording without marks) or not at all.
+pub fn sample_marks_period(
+    header: &Header,
+    period: Option<Duration>,
+    replay_time_samples: bool,
+) -> Option<u64> {
+    if header.sample_period_ns == 0 || replay_time_samples {
+        return None;
+    }
+    period.map(|p| u64::try_from(p.as_nanos()).unwrap_or(u64::MAX).max(1))
 }
 
 /// What a replay needs besides its trace.
@@ -338,9 +374,28 @@ pub fn replay(
             capture.end_after(kind, lwpid);
         }
         tools.events = Some(EventTool::new(capture, stacks));
-        tools.sampling = events
-            .sample_period
-            .map(|period| Sampling::every(period, kernel_stack_top));
+        let recorded_ns = reader.header.sample_period_ns;
+        let at_marks = sample_marks_period(
+            &reader.header,
+            events.sample_period,
+            events.replay_time_samples,
+        )
+        .is_some();
+        tools.sampling = events.sample_period.map(|period| {
+            let sampling = Sampling::every(period, kernel_stack_top);
+            match at_marks {
+                true => sampling.at_marks(recorded_ns),
+                false => sampling,
+            }
+        });
+        if at_marks && events.sample_period < Some(Duration::from_nanos(recorded_ns)) {
+            notes.push(format!(
+                "sampling at each of the recording's sample marks, about every {:.1} ms: a \
+                 replay samples no more often than its recording marked (record \
+                 --sample-period)",
+                recorded_ns as f64 / 1e6
+            ));
+        }
         heap_events = events.heap;
     }
     tools.tracing = options.tracing.map(ProcessTracer::new);
@@ -361,8 +416,15 @@ pub fn replay(
     } else {
         PointSearch::default()
     };
-    let mut session =
-        ReplaySession::new(machine, Replayer::new(reader), points, tools, heap_events);
+    let mut log = Replayer::new(reader);
+    if tools
+        .sampling
+        .as_ref()
+        .is_some_and(Sampling::at_recorded_marks)
+    {
+        log.take_sample_marks();
+    }
+    let mut session = ReplaySession::new(machine, log, points, tools, heap_events);
     let restored = match options.from {
         Some(from) => {
             let Some(start) = checkpoint_before(&trace, from)? else {

@@ -2,6 +2,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use trace::ClockKind;
@@ -37,8 +38,34 @@ pub struct RecordArgs {
     /// exposes, see `insight host-check`).
     #[arg(long, value_enum, default_value_t = ClockChoice::Exit)]
     clock: ClockChoice,
+    /// Mark where the guest's task stands about every PERIOD of the
+    /// recording's time (1ms, the least, to 1s; `off` for none): replays
+    /// take their samples (`--diagnose profile`, `--sample-period`) at
+    /// these marks, so that every replay has the same samples and a
+    /// profile's shares are shares of the recorded run. Each mark costs
+    /// the recording an exit, about 2 % at 1ms on hosts like these
+    /// (docs/BENCHMARKS.md).
+    #[arg(long, value_name = "PERIOD", default_value = "1ms", value_parser = parse_mark_period)]
+    sample_period: MarkPeriod,
     #[command(flatten)]
     guest: GuestArgs,
+}
+
+/// `--sample-period`: a period, or `off`.
+#[derive(Clone, Copy, Debug)]
+struct MarkPeriod(Option<Duration>);
+
+fn parse_mark_period(text: &str) -> Result<MarkPeriod, String> {
+    if text == "off" {
+        return Ok(MarkPeriod(None));
+    }
+    let period = super::replay::args::parse_period(text)?;
+    if period > Duration::from_secs(1) {
+        return Err(format!(
+            "'{text}' is longer than the longest sampling period, 1s"
+        ));
+    }
+    Ok(MarkPeriod(Some(period)))
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -157,6 +184,7 @@ pub fn record(args: RecordArgs) -> Result<ExitCode> {
             user_rdtsc_traps: user_rdtsc_traps()?,
             input,
             progress: progress_report(&status, "record"),
+            sample_period: args.sample_period.0,
         },
     )
     .inspect_err(|_| {
@@ -228,6 +256,14 @@ pub fn record(args: RecordArgs) -> Result<ExitCode> {
                 p.advanced,
                 p.declined,
                 p.busy_ns as f64 / 1e9
+            );
+        }
+        let s = &outcome.samples;
+        if s.taken + s.missed > 0 {
+            eprintln!(
+                "insight: {} sample marks ({} kicks at positions a replay could not find again, \
+                 each tried again 50 us later)",
+                s.taken, s.missed
             );
         }
     }

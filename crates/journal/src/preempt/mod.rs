@@ -43,6 +43,35 @@ pub struct AsyncPoint {
     pub run_ns: u64,
 }
 
+/// A sample the recording took at a kick of its sampling clock: where
+/// the task on the vCPU stood, for replay to collect its thread and stack
+/// there. Every replay then takes the same samples, at positions of the
+/// recording's time (docs/profiler-comparison.md).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SampleMark {
+    /// VM time of the recording at the kick, in nanoseconds.
+    pub ns: u64,
+    pub at: MarkAt,
+}
+
+/// Where a [`SampleMark`]'s task stood.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MarkAt {
+    /// In the guest kernel at `rip`: replay samples the task (its thread
+    /// and user stack) where its next search for a position begins, after
+    /// the exit or the mark before this one.
+    Kernel { rip: u64 },
+    /// In user mode at `rip`, at the kernel's boundary (returning from a
+    /// system call or a fault, at the probe gate): kernel time, sampled as
+    /// for `Kernel`.
+    Boundary { rip: u64 },
+    /// In user code, at this position. Only its registers count (no
+    /// words, pages, digests: an earlier pass with the same registers is
+    /// an equally good sample); replay's trampoline stops there as it does
+    /// at an asynchronous point.
+    User(Box<AsyncPoint>),
+}
+
 /// Guest physical addresses of code pages by their virtual page address:
 /// a process's page tables, or what a point recorded of them.
 pub trait CodeMap {

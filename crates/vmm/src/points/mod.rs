@@ -8,8 +8,23 @@ mod search;
 mod taker;
 
 pub(crate) use patch::Patch;
-pub(crate) use search::PointSearch;
+pub(crate) use search::{Found, PointSearch};
 pub(crate) use taker::PointTaker;
+
+/// Sample marks: counts shown with a run's outcome (kept out of
+/// `PointStats`, which checkpoints and boot snapshots store).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SampleStats {
+    /// Recording: sample marks logged; replay: samples taken at them.
+    pub taken: u64,
+    /// Recording: sampling kicks at a position replay could not find
+    /// again (tried again soon after); replay: marks passed by (an exit
+    /// came first, or no trampoline could go there).
+    pub missed: u64,
+    /// Replay: marks whose search was given up, for taking far longer
+    /// than the recording took to get there.
+    pub given_up: u64,
+}
 
 /// Counts shown with a run's outcome.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -4,7 +4,6 @@
 use std::time::Duration;
 
 use super::{Patch, PointStats};
-use crate::session::Claimed;
 use crate::vm::{kvm_err, Machine, VmError};
 use introspect::stub_area::EXIT_PAGE_GPA;
 use journal::preempt::guest_code::{build_stub, code_around, trampoline_entries};
@@ -16,6 +15,9 @@ use journal::Replayer;
 /// to a search's time: a user-mode exit costs 30-45 us on these hosts,
 /// and the event's capture (or the step's logging) a few more.
 const GATE_EXIT_ALLOWANCE: Duration = Duration::from_micros(200);
+
+/// How many times a point search's bound a mark's search may take.
+const MARK_PATIENCE: u32 = 10;
 
 /// A point replay is looking for.
 struct Search {
@@ -35,6 +37,9 @@ struct Search {
     gate_exits: u64,
     /// The bytes of code the patch covers, from `patch.rip`.
     covered: u64,
+    /// A sample mark's position (found by its registers alone), not an
+    /// asynchronous point.
+    mark: bool,
 }
 
 /// How much slower than the recording replay may run the code before a
@@ -51,9 +56,17 @@ impl Search {
     /// `SEARCH_SLOWDOWN` times, so longer than that (and two seconds for a
     /// loaded host) means the state will never come.
     fn bound(&self) -> Duration {
-        Duration::from_nanos(self.point.run_ns.saturating_mul(SEARCH_SLOWDOWN))
+        let bound = Duration::from_nanos(self.point.run_ns.saturating_mul(SEARCH_SLOWDOWN))
             + Duration::from_secs(2)
-            + GATE_EXIT_ALLOWANCE.saturating_mul(self.gate_exits.min(u32::MAX as u64) as u32)
+            + GATE_EXIT_ALLOWANCE.saturating_mul(self.gate_exits.min(u32::MAX as u64) as u32);
+        // A mark's search never stops the replay: it is given up only
+        // when it cannot be a loaded host's delay (giving up changes the
+        // samples), the next exit passes it by otherwise.
+        if self.mark {
+            bound.saturating_mul(MARK_PATIENCE)
+        } else {
+            bound
+        }
     }
 
     /// What the search has seen, for a report that it failed.
@@ -71,6 +84,17 @@ impl Search {
         }
         text
     }
+}
+
+/// What a store to the exit page was.
+pub(crate) enum Found {
+    NotOurs,
+    /// A pass the search goes on after.
+    Passed,
+    /// The asynchronous point: the vCPU stands at a delivery point.
+    Point,
+    /// The sample mark's position: the vCPU stands there.
+    Mark,
 }
 
 /// Finding the recorded asynchronous points again at replay.
@@ -203,41 +227,65 @@ impl PointSearch {
         }
     }
 
-    /// At a delivery point: if the log's next entry is an asynchronous
-    /// point, puts the trampoline in place to find it.
-    pub(crate) fn arm(&mut self, m: &mut Machine, log: &mut Replayer) -> Result<(), VmError> {
-        if self.search.is_some() {
-            return Ok(());
-        }
-        let Some(point) = log.async_point()? else {
-            return Ok(());
+    /// At a delivery point (or where a mark's search ended: `at_mark`):
+    /// the trampoline in place to find asynchronous point `point`, the
+    /// log's next entry.
+    pub(crate) fn arm_point(
+        &mut self,
+        m: &mut Machine,
+        log: &mut Replayer,
+        point: AsyncPoint,
+        at_mark: bool,
+    ) -> Result<(), VmError> {
+        let words = if self.registers_only {
+            Vec::new()
+        } else {
+            point.state.words.clone()
         };
+        match self.install(m, point, &words, false, at_mark) {
+            Ok(()) => Ok(()),
+            Err(why) => Err(log.async_point_missed(why).into()),
+        }
+    }
+
+    /// The trampoline in place to find a sample mark's position `at`
+    /// (by its registers alone); false if it cannot be put there now (the
+    /// mark is passed by): the position cannot be patched, or the task
+    /// would go on inside the bytes the patch covers.
+    pub(crate) fn arm_mark(
+        &mut self,
+        m: &mut Machine,
+        at: AsyncPoint,
+        at_mark: bool,
+    ) -> Result<bool, VmError> {
+        Ok(self.install(m, at, &[], true, at_mark).is_ok())
+    }
+
+    /// Puts the trampoline for `point` in place, comparing `words` too.
+    /// `at_mark`: the task stands where a mark's search left it (in user
+    /// code, nothing injected), not at a delivery point.
+    fn install(
+        &mut self,
+        m: &mut Machine,
+        point: AsyncPoint,
+        words: &[(u64, u64)],
+        mark: bool,
+        at_mark: bool,
+    ) -> Result<(), String> {
+        if self.search.is_some() {
+            return Err("a search is under way".into());
+        }
         let (cr3, rip) = (point.state.cr3, point.state.rip);
         let (code, before) = code_around(&m.vm.mem, &point.code_pages, rip);
-        let site = match site::choose(rip, &code, &before) {
-            Ok(s) => s,
-            Err(why) => {
-                let why = format!("the recorded position cannot be patched: {why}");
-                return Err(log.async_point_missed(why).into());
-            }
-        };
-        let words: &[(u64, u64)] = if self.registers_only {
-            &[]
-        } else {
-            &point.state.words
-        };
+        let site = site::choose(rip, &code, &before)
+            .map_err(|why| format!("the recorded position cannot be patched: {why}"))?;
         let addrs: Vec<u64> = words.iter().map(|w| w.0).collect();
         let values: Vec<u64> = words.iter().map(|w| w.1).collect();
-        let (stub, jump) = match build_stub(&site, point.stub, &addrs) {
-            Ok(s) => s,
-            Err(why) => {
-                let why = format!("no trampoline for the recorded position: {why}");
-                return Err(log.async_point_missed(why).into());
-            }
-        };
+        let (stub, jump) = build_stub(&site, point.stub, &addrs)
+            .map_err(|why| format!("no trampoline for the recorded position: {why}"))?;
 
         let displaced = AsyncPoint::pages_at(point.stub).code + stub.displaced_at;
-        let moved = site
+        let moved: Vec<(u64, u64, Vec<u8>)> = site
             .relocated_layout(displaced)
             .unwrap_or_default()
             .into_iter()
@@ -250,12 +298,44 @@ impl PointSearch {
                 )
             })
             .collect();
+        // The task must not go on inside the bytes the jump covers. The
+        // recorder chose positions so that it never does, but for one: a
+        // mark's position just after the mark before it in the same loop.
+        // The task stands there in user code, on its way from that mark,
+        // and goes on from the trampoline's copy of its instruction.
+        let mut redirect = None;
+        let sregs = m.vcpu.sregs().map_err(|e| e.to_string())?;
+        let inside = |at: u64| at > rip && at < site.resume();
+        if sregs.cs.selector & 3 == 3 && sregs.cr3 & state::CR3_ROOT == cr3 {
+            let mut regs = m.vcpu.regs().map_err(|e| e.to_string())?;
+            if inside(regs.rip) {
+                let copy = moved
+                    .iter()
+                    .find(|c: &&(u64, u64, Vec<u8>)| c.1 == regs.rip);
+                match copy {
+                    Some(&(at, _, _)) if at_mark => {
+                        regs.rip = at;
+                        redirect = Some(regs);
+                    }
+                    _ => {
+                        return Err(format!(
+                            "the task stands at {:#x}, inside the bytes the trampoline's jump \
+                             at {rip:#x} covers",
+                            regs.rip
+                        ))
+                    }
+                }
+            }
+        }
         let data = trampoline::data_page(&point.state.kvm_regs(), &values);
         let code_pages = point.code_pages.clone();
-        let patch = match m.install(cr3, &code_pages, rip, point.stub, &stub, Some(data), jump) {
-            Ok(p) => p,
-            Err(why) => return Err(log.async_point_missed(why).into()),
-        };
+        let patch = m.install(cr3, &code_pages, rip, point.stub, &stub, Some(data), jump)?;
+        if let Some(regs) = redirect {
+            if let Err(e) = m.vcpu.set_regs(&regs) {
+                m.restore(&patch.saved);
+                return Err(e.to_string());
+            }
+        }
         self.search = Some(Search {
             point,
             patch,
@@ -265,8 +345,42 @@ impl PointSearch {
             moved,
             gate_exits: 0,
             covered: site.len as u64,
+            mark,
         });
         Ok(())
+    }
+
+    /// Whether the search under way is a sample mark's.
+    pub(crate) fn seeking_mark(&self) -> bool {
+        self.search.as_ref().is_some_and(|s| s.mark)
+    }
+
+    /// Gives up the search for a sample mark (it ran out of time): the
+    /// guest's bytes back. False if the vCPU stands in the trampoline's
+    /// code page, which the guest's bytes would replace under it (the
+    /// search goes on).
+    pub(crate) fn give_up_mark(&mut self, m: &Machine) -> Result<bool, VmError> {
+        let Some(search) = self.search.as_ref().filter(|s| s.mark) else {
+            return Ok(false);
+        };
+        let rip = m.vcpu.regs()?.rip;
+        if (search.patch.stub..search.patch.stub + 0x1000).contains(&rip) {
+            return Ok(false);
+        }
+        self.abandon_mark(m);
+        Ok(true)
+    }
+
+    /// A deterministic exit came before the sample mark's position (the
+    /// log passed the mark by): the search ends, the guest's bytes back.
+    /// (A faithful replay reaches a mark's position before the exit after
+    /// it, as it does a point's; the trampoline's code runs no exit.)
+    pub(crate) fn abandon_mark(&mut self, m: &Machine) {
+        if self.seeking_mark() {
+            if let Some(search) = self.search.take() {
+                m.restore(&search.patch.saved);
+            }
+        }
     }
 
     /// A store to the exit page: the trampoline's, or not. `ignored_flags`
@@ -280,13 +394,13 @@ impl PointSearch {
         log: &mut Replayer,
         ignored_flags: u64,
         written: &[(u64, Vec<u8>)],
-    ) -> Result<Claimed, VmError> {
+    ) -> Result<Found, VmError> {
         let regs = m.vcpu.regs()?;
         match &self.search {
             Some(search) if search.patch.exit_rips.contains(&regs.rip) => {
                 self.candidate(m, log, &regs, ignored_flags, written)
             }
-            _ => Ok(Claimed::NotOurs),
+            _ => Ok(Found::NotOurs),
         }
     }
 
@@ -299,12 +413,15 @@ impl PointSearch {
         regs: &kvm_bindings::kvm_regs,
         ignored_flags: u64,
         written: &[(u64, Vec<u8>)],
-    ) -> Result<Claimed, VmError> {
-        self.stats.candidates += 1;
+    ) -> Result<Found, VmError> {
         let sregs = m.vcpu.sregs()?;
         let Some(search) = &self.search else {
-            return Ok(Claimed::NotOurs);
+            return Ok(Found::NotOurs);
         };
+        let mark = search.mark;
+        if !mark {
+            self.stats.candidates += 1;
+        }
         let logged = &search.point.state;
         let mut found = UserState {
             cr3: sregs.cr3 & state::CR3_ROOT,
@@ -320,7 +437,7 @@ impl PointSearch {
             pages: PageSet::default(),
             memory: logged.memory,
         };
-        if !self.registers_only {
+        if !self.registers_only && !mark {
             found.words = logged
                 .words
                 .iter()
@@ -342,35 +459,44 @@ impl PointSearch {
             search.candidates += 1;
         }
         if !differences.is_empty() {
-            self.stats.rejected += 1;
+            if !mark {
+                self.stats.rejected += 1;
+            }
             if let Some(search) = &mut self.search {
                 search.rejected += 1;
                 search.last_rejection = differences;
             }
-            return Ok(Claimed::Passed);
+            return Ok(Found::Passed);
         }
         let Some(search) = self.search.take() else {
-            return Ok(Claimed::NotOurs);
+            return Ok(Found::NotOurs);
         };
         if !m.complete_trampoline_exit(&search.patch)? {
             return Err(log
                 .async_point_missed("the vCPU ran on past the trampoline".into())
                 .into());
         }
+        if mark {
+            return Ok(Found::Mark);
+        }
         self.stats.points += 1;
         self.stats.busy_ns += search.patch.started.elapsed().as_nanos() as u64;
         log.async_point_reached()?;
-        Ok(Claimed::Reached)
+        Ok(Found::Point)
     }
 
     /// A search that has gone on far longer than the recording took to get
-    /// there will not succeed.
-    pub(crate) fn check_time(&mut self, log: &mut Replayer) -> Result<(), VmError> {
+    /// there will not succeed: a point's is a divergence; a mark's is given
+    /// up (true: the next entry may be sought).
+    pub(crate) fn check_time(&mut self, m: &Machine, log: &mut Replayer) -> Result<bool, VmError> {
         let Some(search) = &self.search else {
-            return Ok(());
+            return Ok(false);
         };
         if search.patch.started.elapsed() <= search.bound() {
-            return Ok(());
+            return Ok(false);
+        }
+        if search.mark {
+            return self.give_up_mark(m);
         }
         let why = format!(
             "the recorded state was not reached within {:.1} s (the recording got there {:.3} s \

@@ -5,14 +5,17 @@ use std::time::Instant;
 
 use vm_memory::{Bytes, GuestAddress};
 
-use super::{Patch, PointStats};
-use crate::session::Claimed;
+use super::{Patch, PointStats, SampleStats};
+use crate::session::{Claimed, Resumed};
+use crate::tools::samples::user_position;
 use crate::vm::{kvm_err, Machine, VmError};
+use events::abi::SampleMode;
+use introspect::probe_gate;
 use introspect::stub_area::EXIT_PAGE_GPA;
 use journal::preempt::guest_code::{trampoline_entries, PageTables};
 use journal::preempt::state::{self, PageSet, UserState};
 use journal::preempt::trampoline::{self, StubError};
-use journal::preempt::{AsyncPoint, CodeMap};
+use journal::preempt::{AsyncPoint, CodeMap, MarkAt, SampleMark};
 use journal::Recorder;
 
 /// How long user code must have run without an exit of its own before a
@@ -39,6 +42,11 @@ const TRAP_NS: u64 = 2_000_000;
 /// every 20 ms 1.45 times, never 1.1 times; restarting at every exit made
 /// a probed syn_cont record 7.3 times slower than without probes.
 const WINDOW_NS: u64 = 1_000_000;
+/// How soon to look again after the sampling clock's kick found a
+/// position replay could not find again (a sample taken later is one
+/// taken elsewhere: the sooner, the less it leans to the code after such
+/// positions).
+const SAMPLE_RETRY_NS: u64 = 50_000;
 /// A window older than this when its point is due starts afresh. Only
 /// points need a window, so it starts afresh only before one: GNU sort
 /// records in 1.2 times its run's time.
@@ -63,6 +71,8 @@ pub(crate) struct PointTaker {
     dirty_logging: bool,
     /// A trap that stops the task at a better position.
     trap: Option<Patch>,
+    /// The trap is a sample mark's, not a point's.
+    trap_for_mark: bool,
     /// Deliver at deterministic exits only.
     exits_only: bool,
     /// The host TSC when the recording started.
@@ -71,7 +81,29 @@ pub(crate) struct PointTaker {
     /// (a read resets KVM's log; a point declined after one must not lose
     /// the pages it saw).
     window_pages: Vec<u64>,
+    /// The recording's sampling clock: a sample mark about every so many
+    /// nanoseconds of VM time (0: none).
+    sample_period_ns: u64,
+    /// VM time the next sample is due, and no attempt before the second.
+    sample_due_ns: (u64, u64),
+    /// The guest kernel variable holding the top of the current task's
+    /// kernel stack.
+    kernel_stack_top: Option<u64>,
+    /// The last sample mark in user code since the last exit or point,
+    /// (address space, RIP): where a replay that takes the marks stands
+    /// when it puts the next trampoline in place (else the task is in
+    /// the kernel then, and resumes user mode at the area's `resume_ip`).
+    last_mark: Option<(u64, u64)>,
     pub(crate) stats: PointStats,
+    pub(crate) sample_stats: SampleStats,
+}
+
+/// What the recorder makes of the position a sampling kick found.
+enum MarkVerdict {
+    Take(MarkAt),
+    /// Wait until the task gets back to this position.
+    Advance(u64),
+    Decline,
 }
 
 /// What the recorder makes of the position a kick found.
@@ -96,6 +128,22 @@ impl PointTaker {
         }
     }
 
+    /// Takes a sample mark about every `period_ns` of VM time (0: none);
+    /// on a host that delivers at exits only, none (replay could not find
+    /// them either). `kernel_stack_top`: the guest kernel variable that
+    /// tells user code just back from the kernel (`Sampling::every`).
+    pub(crate) fn sample_every(&mut self, period_ns: u64, kernel_stack_top: Option<u64>) {
+        if !self.exits_only {
+            self.sample_period_ns = period_ns;
+            self.kernel_stack_top = kernel_stack_top;
+        }
+    }
+
+    /// The sampling clock's period in nanoseconds (0: no samples).
+    pub(crate) fn sample_period_ns(&self) -> u64 {
+        self.sample_period_ns
+    }
+
     /// Before the first KVM_RUN: KVM's dirty log on (the pages a point
     /// lists).
     pub(crate) fn start(&mut self, m: &Machine) -> Result<(), VmError> {
@@ -103,15 +151,158 @@ impl PointTaker {
             m.start_dirty_log()?;
             self.dirty_logging = true;
             self.tsc_start = crate::sys::host_tsc();
+            let first = m.vm.clock.now_ns().saturating_add(self.sample_period_ns);
+            self.sample_due_ns = (first, first);
         }
         Ok(())
     }
 
     /// When the vCPU should be kicked to look for an asynchronous point
-    /// (u64::MAX: not before something else happens).
+    /// or to take a sample (u64::MAX: not before something else happens).
     pub(crate) fn deadline(&self, m: &Machine) -> u64 {
         let (point, window) = self.point_and_window_due(m);
-        point.min(window)
+        let sample = self.sample_due(m.vm.status.stub_area_gpa.is_some());
+        point.min(window).min(sample)
+    }
+
+    /// When the next sample mark is due (u64::MAX: never, or not before an
+    /// exit): as a point, only after the run's first exit, with the guest
+    /// kernel's area announced, and not while a trap is set (its jump
+    /// would be read as the program's code).
+    fn sample_due(&self, announced: bool) -> u64 {
+        if self.sample_period_ns == 0
+            || !announced
+            || self.last_exit_ns.is_none()
+            || self.trap.is_some()
+        {
+            return u64::MAX;
+        }
+        self.sample_due_ns.0.max(self.sample_due_ns.1)
+    }
+
+    /// At a kick: if a sample is due, a mark of where the task stands
+    /// (before any point taken at the same kick: replay finds the mark
+    /// first). `resumed`: how the interrupted KVM_RUN started.
+    pub(crate) fn try_sample(
+        &mut self,
+        m: &mut Machine,
+        recorder: &mut Recorder,
+        resumed: Resumed,
+    ) -> Result<(), VmError> {
+        let now = m.vm.clock.now_ns();
+        if self.trap_for_mark {
+            // The task did not come back: the sample is missed.
+            if self
+                .trap
+                .as_ref()
+                .is_some_and(|t| now >= t.since_ns + TRAP_NS)
+            {
+                self.drop_trap(m);
+                self.sample_stats.missed += 1;
+            }
+            return Ok(());
+        }
+        if now < self.sample_due(m.vm.status.stub_area_gpa.is_some()) {
+            return Ok(());
+        }
+        let started = Instant::now();
+        let verdict = self.mark_position(m, resumed, now);
+        self.stats.busy_ns += started.elapsed().as_nanos() as u64;
+        match verdict? {
+            MarkVerdict::Take(at) => self.take_mark(recorder, at, now)?,
+            MarkVerdict::Advance(to) if self.arm_trap(m, to)? => self.trap_for_mark = true,
+            MarkVerdict::Advance(_) | MarkVerdict::Decline => {
+                self.sample_stats.missed += 1;
+                self.sample_due_ns.1 = now + SAMPLE_RETRY_NS;
+            }
+        }
+        Ok(())
+    }
+
+    /// Logs a sample mark at `at`, taken at VM time `now`, and when the
+    /// next is due.
+    fn take_mark(&mut self, recorder: &mut Recorder, at: MarkAt, now: u64) -> Result<(), VmError> {
+        if let MarkAt::User(p) = &at {
+            self.last_mark = Some((p.state.cr3, p.state.rip));
+        }
+        recorder.sample(SampleMark { ns: now, at })?;
+        self.sample_stats.taken += 1;
+        // A late kick does not bunch the next samples up.
+        let next = self.sample_due_ns.0.saturating_add(self.sample_period_ns);
+        let next = next.max(now + self.sample_period_ns / 2);
+        self.sample_due_ns = (next, next);
+        Ok(())
+    }
+
+    /// Takes the trap out of the guest's code.
+    fn drop_trap(&mut self, m: &Machine) {
+        if let Some(trap) = self.trap.take() {
+            m.restore(&trap.saved);
+        }
+        self.trap_for_mark = false;
+    }
+
+    /// Where the task on the vCPU stands, as a sample mark: one replay
+    /// can find again, a position to take it at instead, or none (the
+    /// sample is tried again soon).
+    fn mark_position(
+        &self,
+        m: &Machine,
+        resumed: Resumed,
+        now: u64,
+    ) -> Result<MarkVerdict, VmError> {
+        let sregs = m.vcpu.sregs()?;
+        let regs = m.vcpu.regs()?;
+        if sregs.cs.selector & 3 != 3 {
+            return Ok(MarkVerdict::Take(MarkAt::Kernel { rip: regs.rip }));
+        }
+        let mem = &m.vm.mem;
+        let cr3 = sregs.cr3 & state::CR3_ROOT;
+        let area = match m.stub_area() {
+            Some(a) if a.cr3 == cr3 => a,
+            _ => return Ok(MarkVerdict::Decline),
+        };
+        let mut moved = regs;
+        let top = self.kernel_stack_top;
+        let mode = user_position(mem, sregs.cr3, &mut moved, &area.stub_va, resumed, top);
+        if mode != SampleMode::User || probe_gate::in_stub_pages(regs.rip, &area.stub_va) {
+            return Ok(MarkVerdict::Take(MarkAt::Boundary { rip: moved.rip }));
+        }
+        let tables = PageTables { mem, cr3 };
+        let Some((site, stub)) = m.patchable(&tables, regs.rip, &area.stub_va) else {
+            return Ok(MarkVerdict::Decline);
+        };
+        // Replay could not stop the task here if it went on inside the
+        // patch's bytes, but from the mark before this one, where replay
+        // moves it to the trampoline's copy of its instruction (search.rs).
+        // Where the task resumed after the exit, it passes again (it got
+        // here from there): the mark is taken there, at its next pass.
+        let after_mark = self.last_mark.is_some_and(|(c, _)| c == cr3);
+        if !after_mark && (regs.rip + 1..site.resume()).contains(&area.resume_ip) {
+            return Ok(MarkVerdict::Advance(area.resume_ip));
+        }
+        let gprs = state::gprs(&regs);
+        let tsc = self.tsc_start..=crate::sys::host_tsc();
+        if gprs.iter().any(|v| tsc.contains(v)) {
+            return Ok(MarkVerdict::Decline);
+        }
+        Ok(MarkVerdict::Take(MarkAt::User(Box::new(AsyncPoint {
+            state: UserState {
+                cr3,
+                rip: regs.rip,
+                rflags: regs.rflags & !state::RF,
+                gprs,
+                fs_base: sregs.fs.base,
+                gs_base: sregs.gs.base,
+                xstate: 0,
+                words: Vec::new(),
+                pages: PageSet::default(),
+                memory: 0,
+            },
+            stub,
+            code_pages: code_pages(&tables, regs.rip),
+            run_ns: now.saturating_sub(self.last_exit_ns.unwrap_or(now)),
+        }))))
     }
 
     /// When a point is due, and when its dirty window should start
@@ -131,9 +322,11 @@ impl PointTaker {
     /// without an exit", and no trap left behind.
     pub(crate) fn after_exit(&mut self, m: &Machine, now: u64) {
         self.last_exit_ns = Some(now);
-        if let Some(trap) = self.trap.take() {
-            m.restore(&trap.saved);
+        self.last_mark = None;
+        if self.trap_for_mark && self.trap.is_some() {
+            self.sample_stats.missed += 1;
         }
+        self.drop_trap(m);
     }
 
     /// Whether a store to `addr` may be the trap's.
@@ -155,9 +348,7 @@ impl PointTaker {
 
     /// The run stopped: the guest's bytes back.
     pub(crate) fn end(&mut self, m: &Machine) {
-        if let Some(trap) = self.trap.take() {
-            m.restore(&trap.saved);
-        }
+        self.drop_trap(m);
     }
 
     /// At a kick: if an interrupt has waited a tick for an exit and the
@@ -184,7 +375,12 @@ impl PointTaker {
         if point > now || !m.vm.platform.pic.has_pending() {
             return Ok(false);
         }
-        if let Some(trap) = self.trap.take() {
+        if self.trap_for_mark {
+            // A point is due: the mark's trap gives way (the sample is
+            // missed).
+            self.drop_trap(m);
+            self.sample_stats.missed += 1;
+        } else if let Some(trap) = self.trap.take() {
             // The task did not come back: look again at the next kick.
             m.restore(&trap.saved);
             self.stats.declined += 1;
@@ -196,6 +392,7 @@ impl PointTaker {
         self.stats.busy_ns += started.elapsed().as_nanos() as u64;
         match position? {
             Verdict::Take(point) => {
+                self.last_mark = None;
                 recorder.async_point(*point)?;
                 self.stats.points += 1;
                 return Ok(true);
@@ -259,17 +456,20 @@ impl PointTaker {
         let Some((site, stub)) = m.patchable(&tables, regs.rip, &area.stub_va) else {
             return Ok(Verdict::Decline);
         };
-        let page = regs.rip & !0xfff;
-        let code_pages: Vec<(u64, u64)> = [page.wrapping_sub(0x1000), page, page + 0x1000]
-            .into_iter()
-            .filter_map(|p| tables.page_gpa(p).map(|gpa| (p, gpa)))
-            .collect();
+        let code_pages = code_pages(&tables, regs.rip);
         // At replay the task resumes user mode where it did here, before
         // it reaches the position: inside the patch it would run its
         // bytes. It passes there again (it got here from there), so the
         // point is taken there, at its next pass.
         if (regs.rip + 1..site.resume()).contains(&area.resume_ip) {
             return Ok(Verdict::Advance(area.resume_ip));
+        }
+        // A replay that takes the sample marks stands at the last one
+        // (in user mode, nothing delivered) when it puts this point's
+        // trampoline in place; one that does not, where the task resumes.
+        let after_mark = self.last_mark.filter(|&(c, _)| c == cr3);
+        if after_mark.is_some_and(|(_, at)| (regs.rip + 1..site.resume()).contains(&at)) {
+            return Ok(Verdict::Decline);
         }
         let gprs = state::gprs(&regs);
         let words: Vec<(u64, u64)> = site
@@ -377,8 +577,20 @@ impl PointTaker {
             });
         }
         let now = m.vm.clock.now_ns();
+        if std::mem::take(&mut self.trap_for_mark) {
+            // Nothing is delivered at a mark: the guest goes on.
+            match self.mark_position(m, Resumed::default(), now)? {
+                MarkVerdict::Take(at) => self.take_mark(recorder, at, now)?,
+                MarkVerdict::Advance(_) | MarkVerdict::Decline => {
+                    self.sample_stats.missed += 1;
+                    self.sample_due_ns.1 = now + SAMPLE_RETRY_NS;
+                }
+            }
+            return Ok(Claimed::Passed);
+        }
         match self.examine(m, now)? {
             Verdict::Take(point) => {
+                self.last_mark = None;
                 recorder.async_point(*point)?;
                 self.stats.points += 1;
                 self.stats.advanced += 1;
@@ -427,6 +639,16 @@ impl PointTaker {
         }
         point.saturating_sub(WINDOW_NS)
     }
+}
+
+/// The pages of code around `rip` that `tables` map, (virtual, guest
+/// physical): the one it is on and the ones before and after.
+fn code_pages(tables: &PageTables<'_>, rip: u64) -> Vec<(u64, u64)> {
+    let page = rip & !0xfff;
+    [page.wrapping_sub(0x1000), page, page + 0x1000]
+        .into_iter()
+        .filter_map(|p| tables.page_gpa(p).map(|gpa| (p, gpa)))
+        .collect()
 }
 
 /// Of `pages`, those the address space `cr3` maps for user mode: the
@@ -490,6 +712,42 @@ mod tests {
         assert_eq!(p.point_due(true, Some(0)), 10_050_000_000);
         p.exits_only = true;
         assert_eq!(p.point_due(true, Some(0)), u64::MAX);
+    }
+
+    #[test]
+    fn samples_are_due_by_the_clock_after_the_first_exit_and_never_under_a_trap() {
+        // No sampling clock.
+        let mut p = PointTaker {
+            sample_due_ns: (5_000_000, 5_000_000),
+            last_exit_ns: Some(0),
+            ..Default::default()
+        };
+        assert_eq!(p.sample_due(true), u64::MAX);
+        p.sample_every(1_000_000, None);
+        assert_eq!(p.sample_due(true), 5_000_000);
+        // Before the guest kernel announced its area, before the first
+        // exit (replay looks for marks after exits).
+        assert_eq!(p.sample_due(false), u64::MAX);
+        p.last_exit_ns = None;
+        assert_eq!(p.sample_due(true), u64::MAX);
+        p.last_exit_ns = Some(0);
+        // A declined kick tries again later; the due time stays.
+        p.sample_due_ns.1 = 5_050_000;
+        assert_eq!(p.sample_due(true), 5_050_000);
+        // Never while the recorder's trap is set.
+        p.trap = Some(Patch {
+            rip: 0x40_1000,
+            since_ns: 0,
+            stub: 0,
+            exit_rips: [0; 2],
+            saved: Vec::new(),
+            started: Instant::now(),
+        });
+        assert_eq!(p.sample_due(true), u64::MAX);
+        // A host that delivers at exits only takes none.
+        let mut q = PointTaker::at_exits_only();
+        q.sample_every(1_000_000, None);
+        assert_eq!(q.sample_period_ns(), 0);
     }
 
     #[test]

@@ -102,7 +102,10 @@ impl Mode for Recording {
         Ok(())
     }
 
-    fn kicked(&mut self, m: &mut Machine, _resumed: Resumed) -> Result<bool, VmError> {
+    fn kicked(&mut self, m: &mut Machine, resumed: Resumed) -> Result<bool, VmError> {
+        // The sampling clock's mark first: replay finds it before a point
+        // taken at the same position.
+        self.points.try_sample(m, &mut self.recorder, resumed)?;
         // An interrupt that waited a tick for an exit may be delivered
         // where the guest's user code stands.
         self.points.try_point(m, &mut self.recorder)
@@ -126,6 +129,7 @@ impl Mode for Recording {
 
     fn outcome(&self, _m: &Machine, outcome: &mut RunOutcome) {
         outcome.points = self.points.stats;
+        outcome.samples = self.points.sample_stats;
     }
 
     fn finish(

@@ -7,18 +7,21 @@ use std::path::Path;
 use std::time::Instant;
 
 use devices::control::EventRaiser;
+use events::abi::SampleMode;
 use introspect::instructions::TF;
 use introspect::probe_gate;
-use journal::{EndReason, Entry, JournalError, Progress, Replayer};
+use journal::preempt::MarkAt;
+use journal::{EndReason, Entry, JournalError, Progress, Replayer, Sought};
 
 use super::{
     inputs, run_on_vcpu_thread, Claimed, Mode, ProgressFn, ProgressReport, Resumed, RunOutcome,
     StopReason, HOUSEKEEPING_NS,
 };
 use crate::boot_snapshot::{self, SnapshotRestored};
-use crate::points::PointSearch;
+use crate::points::{Found, PointSearch, SampleStats};
 use crate::tools::checkpoints::{self, CheckpointTaker, RestoredFrom};
 use crate::tools::exec;
+use crate::tools::samples::Sampling;
 use crate::tools::{CheckpointEvery, CheckpointRestored, ReplayPoint, ReplayTools};
 use crate::vm::state::EventsState;
 use crate::vm::{Machine, VmError};
@@ -35,6 +38,12 @@ pub(super) struct Replaying {
     pub(super) tools: ReplayTools,
     /// The heap gate leaves the guest (its events are collected).
     heap_events: bool,
+    /// Samples taken at the recording's marks, and marks whose search was
+    /// given up.
+    samples_taken: u64,
+    samples_given_up: u64,
+    /// Whether the mark being sought is one this replay samples at.
+    mark_wanted: bool,
     progress: ProgressReport,
 }
 
@@ -56,6 +65,9 @@ impl ReplaySession {
                 points,
                 tools,
                 heap_events,
+                samples_taken: 0,
+                samples_given_up: 0,
+                mark_wanted: false,
                 progress: ProgressReport::new(),
             },
         }
@@ -139,10 +151,13 @@ impl ReplaySession {
         }
         let tools = &mut self.mode.tools;
         if let Some(events) = &tools.events {
-            if let Some(why) = checkpoints::unfit_for_events(&chain[0], events.stacks.is_some()) {
+            let marks = tools.sampling.as_ref().and_then(Sampling::marks_period);
+            if let Some(why) =
+                checkpoints::unfit_for_events(&chain[0], events.stacks.is_some(), marks)
+            {
                 return Err(VmError::Restore(format!(
                     "{why}: take the checkpoints again with --events or --diagnose (and the \
-                     same --unwind)"
+                     same --unwind and --sample-period)"
                 )));
             }
         }
@@ -200,6 +215,11 @@ impl Replaying {
             capture: e.capture.state(),
             switch_ring: e.switch_ring.as_ref().map(|r| r.position()),
             processes: e.stacks.as_ref().map(|p| p.state()),
+            sample_marks: self
+                .tools
+                .sampling
+                .as_ref()
+                .and_then(Sampling::marks_period),
         });
         taker.take(m, position, self.points.stats, events)
     }
@@ -224,6 +244,72 @@ impl Replaying {
         // A probe event: its task may be one to trace.
         self.arm_tracing(m)?;
         Ok(Claimed::Passed)
+    }
+
+    /// Puts the next search in place, unless one is under way: for the
+    /// log's next sample mark (one the recording took in the kernel is
+    /// sampled at once, where replay stands) or asynchronous point.
+    /// `at_mark`: the vCPU stands where a mark's search left it, in user
+    /// code with nothing injected (else at a delivery point).
+    fn search_next(&mut self, m: &mut Machine, at_mark: bool) -> Result<(), VmError> {
+        while !self.points.patched() {
+            match self.log.sought()? {
+                None => return Ok(()),
+                Some(Sought::Point(point)) => {
+                    let Some(debug) = &mut self.tools.debug else {
+                        return self.points.arm_point(m, &mut self.log, *point, at_mark);
+                    };
+                    // The trampoline copies the code it covers: without
+                    // `int3`s.
+                    debug.lift_breakpoints(&m.vm.mem);
+                    self.points.arm_point(m, &mut self.log, *point, at_mark)?;
+                    debug.patched(m, self.points.patched_code());
+                    return Ok(());
+                }
+                Some(Sought::Mark(mark)) => {
+                    // Every mark in user code is found, sampled or not: the
+                    // recorder chose each position for where the task
+                    // stands at the mark before it.
+                    let wanted =
+                        (self.tools.sampling.as_mut()).is_some_and(|s| s.wants_mark(mark.ns));
+                    let (mode, rip) = match mark.at {
+                        MarkAt::User(at) => {
+                            if self.points.arm_mark(m, *at, at_mark)? {
+                                self.mark_wanted = wanted;
+                            } else {
+                                self.log.sample_mark_done(false);
+                            }
+                            continue;
+                        }
+                        MarkAt::Kernel { rip } => (SampleMode::Kernel, rip),
+                        MarkAt::Boundary { rip } => (SampleMode::KernelBoundary, rip),
+                    };
+                    match wanted {
+                        true => self.take_mark_sample(m, mode, Some(rip))?,
+                        false => self.log.sample_mark_done(true),
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A SAMPLE where a recording's mark put the task (`mode`: where the
+    /// recording found it, at `rip` if not where the vCPU stands); the
+    /// mark is done.
+    fn take_mark_sample(
+        &mut self,
+        m: &mut Machine,
+        mode: SampleMode,
+        rip: Option<u64>,
+    ) -> Result<(), VmError> {
+        self.log.sample_mark_done(true);
+        self.samples_taken += 1;
+        if let (Some(sampling), Some(events)) = (&mut self.tools.sampling, &mut self.tools.events) {
+            let guest_ns = self.log.progress().guest_ns;
+            sampling.take_mark(m, events, &self.points, guest_ns, mode, rip)?;
+        }
+        Ok(())
     }
 
     /// Sets the trap flag of the traced process's task on the CPU.
@@ -301,15 +387,7 @@ impl Mode for Replaying {
             }
             m.inject(vector)?;
         }
-        match &mut self.tools.debug {
-            // The trampoline copies the code it covers: without `int3`s.
-            Some(debug) if !self.points.patched() => {
-                debug.lift_breakpoints(&m.vm.mem);
-                self.points.arm(m, &mut self.log)?;
-                debug.patched(m, self.points.patched_code());
-            }
-            _ => self.points.arm(m, &mut self.log)?,
-        }
+        self.search_next(m, false)?;
         Ok(None)
     }
 
@@ -360,12 +438,25 @@ impl Mode for Replaying {
             .as_ref()
             .map(|d| d.breakpoints.originals())
             .unwrap_or_default();
-        let claimed = self.points.store(m, &mut self.log, ignored, &written)?;
-        if let (Claimed::Reached, Some(debug)) = (&claimed, &mut self.tools.debug) {
-            debug.patched(m, None);
-            debug.advanced(m, None, &self.log.position())?;
+        match self.points.store(m, &mut self.log, ignored, &written)? {
+            Found::NotOurs => Ok(Claimed::NotOurs),
+            Found::Passed => Ok(Claimed::Passed),
+            Found::Point => {
+                if let Some(debug) = &mut self.tools.debug {
+                    debug.patched(m, None);
+                    debug.advanced(m, None, &self.log.position())?;
+                }
+                Ok(Claimed::Reached)
+            }
+            Found::Mark => {
+                match self.mark_wanted {
+                    true => self.take_mark_sample(m, SampleMode::User, None)?,
+                    false => self.log.sample_mark_done(true),
+                }
+                self.search_next(m, true)?;
+                Ok(Claimed::Passed)
+            }
         }
-        Ok(claimed)
     }
 
     fn log(&mut self) -> Option<&mut Replayer> {
@@ -385,6 +476,9 @@ impl Mode for Replaying {
         entry: Entry,
         regs: &kvm_bindings::kvm_regs,
     ) -> Result<(), VmError> {
+        // The log passed by the mark sought, if any (a faithful replay
+        // reaches its position before this exit).
+        self.points.abandon_mark(m);
         let debug_entry = self.tools.debug.as_ref().map(|_| entry.clone());
         let kernel_entry = exec::is_kernel_entry(&entry);
         self.log.exit(entry, regs)?;
@@ -405,7 +499,11 @@ impl Mode for Replaying {
     }
 
     fn kicked(&mut self, m: &mut Machine, resumed: Resumed) -> Result<bool, VmError> {
-        self.points.check_time(&mut self.log)?;
+        if self.points.check_time(m, &mut self.log)? {
+            self.log.sample_mark_done(false);
+            self.samples_given_up += 1;
+            self.search_next(m, true)?;
+        }
         // A kick: the guest stopped wherever it was, which is what a
         // sample wants (exits would bias it).
         if let (Some(sampling), Some(events)) = (&mut self.tools.sampling, &mut self.tools.events) {
@@ -479,6 +577,11 @@ impl Mode for Replaying {
 
     fn outcome(&self, _m: &Machine, outcome: &mut RunOutcome) {
         outcome.points = self.points.stats;
+        outcome.samples = SampleStats {
+            taken: self.samples_taken,
+            missed: self.log.sample_marks_missed() - self.samples_given_up,
+            given_up: self.samples_given_up,
+        };
         if let Some(taker) = &self.tools.checkpoints {
             outcome.checkpoints = taker.taken().to_vec();
         }

@@ -278,7 +278,12 @@ pub fn checkpoint_before(
 /// Why the trace's checkpoint at `exit` cannot start a replay that
 /// collects events (`stacks`: and unwinds stacks by call-frame
 /// information); `None` if it can.
-pub fn checkpoint_unfit(trace: &Path, exit: u64, stacks: bool) -> Result<Option<String>, VmError> {
+pub fn checkpoint_unfit(
+    trace: &Path,
+    exit: u64,
+    stacks: bool,
+    sample_marks: Option<u64>,
+) -> Result<Option<String>, VmError> {
     let identity = checkpoints::trace_identity(trace).map_err(ckpt_err)?;
     let path = checkpoints::list(trace)
         .map_err(ckpt_err)?
@@ -287,11 +292,16 @@ pub fn checkpoint_unfit(trace: &Path, exit: u64, stacks: bool) -> Result<Option<
         .ok_or_else(|| VmError::Restore(format!("the trace has no checkpoint at exit {exit}")))?
         .path;
     let (checkpoint, _) = checkpoints::read::<Checkpoint>(&path, &identity).map_err(ckpt_err)?;
-    Ok(unfit_for_events(&checkpoint, stacks))
+    Ok(unfit_for_events(&checkpoint, stacks, sample_marks))
 }
 
-/// Why `c` cannot start event capture (with `stacks` unwound by CFI).
-pub(crate) fn unfit_for_events(c: &Checkpoint, stacks: bool) -> Option<String> {
+/// Why `c` cannot start event capture (with `stacks` unwound by CFI,
+/// sampling at the recording's marks every `sample_marks` ns).
+pub(crate) fn unfit_for_events(
+    c: &Checkpoint,
+    stacks: bool,
+    sample_marks: Option<u64>,
+) -> Option<String> {
     match &c.events {
         None => Some(format!(
             "the checkpoint at exit {} was taken by a replay that collected no events",
@@ -301,6 +311,17 @@ pub(crate) fn unfit_for_events(c: &Checkpoint, stacks: bool) -> Option<String> {
             "the checkpoint at exit {} was taken by a replay that did not unwind stacks by \
              call-frame information",
             c.exit
+        )),
+        Some(e) if e.sample_marks != sample_marks => Some(format!(
+            "the checkpoint at exit {} was taken by a replay that {}",
+            c.exit,
+            match e.sample_marks {
+                Some(ns) => format!(
+                    "sampled at the recording's marks every {:.1} ms",
+                    ns as f64 / 1e6
+                ),
+                None => "did not sample at the recording's marks".to_owned(),
+            }
         )),
         Some(_) => None,
     }

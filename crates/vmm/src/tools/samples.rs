@@ -19,10 +19,14 @@ use crate::points::PointSearch;
 use crate::session::Resumed;
 use crate::vm::{Machine, VmError};
 
-/// Samples: their host-time period and when the next is due.
+/// Samples: their period and when the next is due, in host time, or in
+/// the recording's time where it took sample marks.
 pub(crate) struct Sampling {
     period_ns: u64,
     next_ns: u64,
+    /// The recording's sampling period, when samples are taken at its
+    /// marks (`journal::preempt::SampleMark`) rather than by host time.
+    recorded_ns: Option<u64>,
     /// Where the guest kernel keeps the top of the current task's kernel
     /// stack, so that samples in the kernel find the user registers.
     kernel_stack_top: Option<u64>,
@@ -40,13 +44,54 @@ impl Sampling {
         Sampling {
             period_ns,
             next_ns: period_ns,
+            recorded_ns: None,
             kernel_stack_top,
         }
     }
 
-    /// When the next sample is due (VM time).
+    /// Samples at the recording's marks, taken about every `recorded_ns`
+    /// of its time: every mark, or for a longer `period` the first mark at
+    /// least about a period after the last one taken.
+    pub(crate) fn at_marks(self, recorded_ns: u64) -> Self {
+        Sampling {
+            recorded_ns: Some(recorded_ns.max(1)),
+            next_ns: 0,
+            ..self
+        }
+    }
+
+    /// Whether samples are the recording's marks.
+    pub(crate) fn at_recorded_marks(&self) -> bool {
+        self.recorded_ns.is_some()
+    }
+
+    /// The period (ns) of samples taken at the recording's marks; `None`
+    /// for samples by host time.
+    pub(crate) fn marks_period(&self) -> Option<u64> {
+        self.recorded_ns.map(|_| self.period_ns)
+    }
+
+    /// When the next sample is due (VM time; never by host time where the
+    /// recording's marks are the samples).
     pub(crate) fn next_ns(&self) -> u64 {
-        self.next_ns
+        match self.recorded_ns {
+            Some(_) => u64::MAX,
+            None => self.next_ns,
+        }
+    }
+
+    /// Whether the recording's mark taken at `ns` (its time) is one this
+    /// replay samples at: all of them at the recorded period, fewer for a
+    /// longer one.
+    pub(crate) fn wants_mark(&mut self, ns: u64) -> bool {
+        let Some(recorded) = self.recorded_ns else {
+            return false;
+        };
+        if ns < self.next_ns {
+            return false;
+        }
+        self.next_ns = ns.saturating_add(self.period_ns.saturating_sub(recorded / 2));
+        true
     }
 
     /// A SAMPLE of the task on the vCPU into `events`, if one is due and
@@ -62,10 +107,46 @@ impl Sampling {
         guest_ns: u64,
     ) -> Result<(), VmError> {
         let now = m.vm.clock.now_ns();
-        if now < self.next_ns {
+        if self.recorded_ns.is_some() || now < self.next_ns {
             return Ok(());
         }
         self.next_ns = now.saturating_add(self.period_ns);
+        self.sample(m, events, search, resumed, guest_ns, None)
+    }
+
+    /// A SAMPLE of the task on the vCPU where a recording's mark put it:
+    /// in user code at the mark's position (`recorded` `User`), or, for a
+    /// mark the recording took at `rip` in the kernel or at its boundary,
+    /// the task where replay stood when it came to the mark (its thread,
+    /// its user stack).
+    pub(crate) fn take_mark(
+        &mut self,
+        m: &Machine,
+        events: &mut EventTool,
+        search: &PointSearch,
+        guest_ns: u64,
+        recorded: SampleMode,
+        rip: Option<u64>,
+    ) -> Result<(), VmError> {
+        let at = Recorded {
+            mode: recorded,
+            rip,
+        };
+        self.sample(m, events, search, Resumed::default(), guest_ns, Some(at))
+    }
+
+    /// A SAMPLE of the task on the vCPU, where it was as `mode` says or as
+    /// its state shows.
+    fn sample(
+        &mut self,
+        m: &Machine,
+        events: &mut EventTool,
+        search: &PointSearch,
+        resumed: Resumed,
+        guest_ns: u64,
+        recorded: Option<Recorded>,
+    ) -> Result<(), VmError> {
+        let mode = recorded.map(|r| r.mode);
         let mem = &m.vm.mem;
         events.drain_switches(mem, guest_ns)?;
         let stubs = m.stub_mappings();
@@ -79,49 +160,17 @@ impl Sampling {
         let mut regs = m.vcpu.regs()?;
         let sregs = m.vcpu.sregs()?;
         let user = sregs.cs.selector & 3 == 3;
-        // At the probe gate's store or the `ret` after it: the vCPU is on
-        // its way back from the gate's exit, replay's own time (the gate
-        // is a bare `ret` while recording). The sample is the probe's, at
-        // its return address, as at a kernel boundary.
-        let at_gate = user && probe_gate::is_gate_store(regs.rip, &stubs);
-        if let Some(probe) = at_gate
-            .then(|| probe_at_gate(mem, sregs.cr3, &regs))
-            .flatten()
-        {
-            (regs.rip, regs.rsp) = (probe.rip, probe.rsp);
-        }
-        // A system call on its way into the kernel through the trap page:
-        // the program is at the call's return address.
-        let in_syscall_trap = user
-            && regs.rip == SYSCALL_TRAP_RIP
-            && (USER_CODE_MIN..USER_CODE_END).contains(&regs.rcx);
-        if in_syscall_trap {
-            regs.rip = regs.rcx;
-        }
+        let here = user.then(|| {
+            let top = self.kernel_stack_top;
+            user_position(mem, sregs.cr3, &mut regs, &stubs, resumed, top)
+        });
         // Inside the trampoline, the program is at the patched position.
-        let rip = search.sample_rip(regs.rip);
-        let (mode, stack) = if user {
-            // Started in the kernel and not moved on since it returned,
-            // with the registers its entry saved: the time is the
-            // kernel's, or the host's on its behalf (after a page fault
-            // the faulting instruction apparently waits while the host
-            // maps the fresh page; kicks are answered within 30-70 us in
-            // either mode, so they are not held back). A spin loop whose
-            // registers repeat those saved would count too, in the first
-            // run after a kernel entry only.
-            let kernel_time = resumed.in_kernel
-                && self.kernel_stack_top.is_some_and(|top| {
-                    guest_events::user_regs_as_saved(mem, sregs.cr3, top, &regs)
-                });
-            let mode = if at_gate
-                || in_syscall_trap
-                || kernel_time
-                || at_kernel_boundary(mem, sregs.cr3, &regs, resumed.rip)
-            {
-                SampleMode::KernelBoundary
-            } else {
-                SampleMode::User
-            };
+        let rip = match recorded.and_then(|r| r.rip) {
+            Some(rip) => rip,
+            None => search.sample_rip(regs.rip),
+        };
+        let (mode, stack) = if let Some(here) = here {
+            let mode = mode.unwrap_or(here);
             let stack = match &events.stacks {
                 Some(stacks) => {
                     let mut mem = UserMemory {
@@ -154,13 +203,68 @@ impl Sampling {
                 frames.extend(stacks.unwind(pid, &mut mem, at, MAX_STACK_FRAMES - 1));
                 frames
             });
-            (SampleMode::Kernel, stack)
+            (mode.unwrap_or(SampleMode::Kernel), stack)
         };
         events
             .capture
             .sample(guest_ns, pid, lwpid, rip, mode, &stack)?;
         Ok(())
     }
+}
+
+/// Where a task in user mode at `regs` is, for a sample: in user code
+/// (`User`), or between its kernel (or the hypervisor) and the program
+/// (`KernelBoundary`). `regs` is moved to where the program is: at the
+/// probe gate, to the probe's return; in the system-call trap page, to the
+/// call's return. `resumed`: how the interrupted KVM_RUN started;
+/// `kernel_stack_top`: the guest kernel variable (see `Sampling::every`).
+pub(crate) fn user_position(
+    mem: &GuestMemoryMmap,
+    cr3: u64,
+    regs: &mut kvm_regs,
+    stubs: &[u64],
+    resumed: Resumed,
+    kernel_stack_top: Option<u64>,
+) -> SampleMode {
+    // At the probe gate's store or the `ret` after it: the vCPU is on its
+    // way back from the gate's exit, replay's own time (the gate is a bare
+    // `ret` while recording). The sample is the probe's, at its return
+    // address, as at a kernel boundary.
+    let at_gate = probe_gate::is_gate_store(regs.rip, stubs);
+    if let Some(probe) = at_gate.then(|| probe_at_gate(mem, cr3, regs)).flatten() {
+        (regs.rip, regs.rsp) = (probe.rip, probe.rsp);
+    }
+    // A system call on its way into the kernel through the trap page: the
+    // program is at the call's return address.
+    let in_syscall_trap =
+        regs.rip == SYSCALL_TRAP_RIP && (USER_CODE_MIN..USER_CODE_END).contains(&regs.rcx);
+    if in_syscall_trap {
+        regs.rip = regs.rcx;
+    }
+    // Started in the kernel and not moved on since it returned, with the
+    // registers its entry saved: the time is the kernel's, or the host's
+    // on its behalf (after a page fault the faulting instruction
+    // apparently waits while the host maps the fresh page; kicks are
+    // answered within 30-70 us in either mode, so they are not held
+    // back). A spin loop whose registers repeat those saved would count
+    // too, in the first run after a kernel entry only.
+    let kernel_time = resumed.in_kernel
+        && kernel_stack_top
+            .is_some_and(|top| guest_events::user_regs_as_saved(mem, cr3, top, regs));
+    if at_gate || in_syscall_trap || kernel_time || at_kernel_boundary(mem, cr3, regs, resumed.rip)
+    {
+        SampleMode::KernelBoundary
+    } else {
+        SampleMode::User
+    }
+}
+
+/// Where a recording's mark found the task.
+#[derive(Clone, Copy)]
+struct Recorded {
+    mode: SampleMode,
+    /// Its RIP, where replay samples elsewhere.
+    rip: Option<u64>,
 }
 
 /// RFLAGS.RF: set when a fault handler returns to restart the instruction
@@ -175,7 +279,7 @@ const MAX_INSN: u64 = 15;
 /// hypervisor) and the instruction at RIP rather than running user code
 /// (see `SampleMode::KernelBoundary`). `resumed_at`: the RIP of the VM
 /// exit right before the interrupted KVM_RUN.
-fn at_kernel_boundary(
+pub(crate) fn at_kernel_boundary(
     mem: &GuestMemoryMmap,
     cr3: u64,
     regs: &kvm_regs,

@@ -77,6 +77,11 @@ pub(crate) struct EventsState {
     pub(crate) switch_ring: Option<(u64, u64)>,
     /// Each process's objects, when stacks are unwound by them.
     pub(crate) processes: Option<unwind::ProcessesState>,
+    /// The sampling period (ns) of a replay that sampled at the
+    /// recording's marks: a replay that starts here must sample the same
+    /// way, or its events would be numbered otherwise than the events
+    /// before this checkpoint.
+    pub(crate) sample_marks: Option<u64>,
 }
 
 /// One checkpoint, as stored; a boot snapshot is one too.

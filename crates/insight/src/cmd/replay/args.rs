@@ -59,10 +59,21 @@ pub struct ReplayArgs {
     #[arg(long, value_name = "TOOL,...", value_delimiter = ',', value_parser = report::parse_tool)]
     pub diagnose: Vec<String>,
     /// Sample the tracked task on the CPU (RIP and user stack) about every
-    /// PERIOD of host time, e.g. 1ms (the least), 5ms, 20ms; into the
-    /// event database. Tasks are tracked once they raise a probe event.
+    /// PERIOD, e.g. 1ms (the least), 5ms, 20ms; into the event database.
+    /// Where the recording marked samples (`insight record
+    /// --sample-period`, on by default) they are taken at its marks: every
+    /// one at the recorded period, the first after each PERIOD of recorded
+    /// time for a longer one; the same samples in every replay. Otherwise
+    /// by this replay's host time. Tasks are tracked once they raise a
+    /// probe event.
     #[arg(long, value_name = "PERIOD", value_parser = parse_period)]
     pub sample_period: Option<Duration>,
+    /// Sample by this replay's host time even where the recording marked
+    /// its samples (how insight sampled before it could mark them: two
+    /// replays then give different samples, and a function slowed down by
+    /// the replay's own work gets more of them).
+    #[arg(long)]
+    pub replay_time_samples: bool,
     /// How the user stacks of samples and lock events are found: cfi
     /// (the call-frame information of the guest's executables and
     /// libraries, their .eh_frame, as exceptions and `perf --call-graph
@@ -113,8 +124,9 @@ pub struct ReplayArgs {
     pub segment: Option<(usize, usize)>,
     /// Replay the segments between the trace's checkpoints N at a time, in
     /// separate processes, and join their events: the same database as one
-    /// replay (samples excepted: they follow host time), sooner. Needs
-    /// checkpoints taken with --events when events are collected.
+    /// replay, samples at the recording's marks included, sooner. Needs
+    /// checkpoints taken collecting the same events (--events, --unwind,
+    /// --sample-period); others are taken again first, in one segment.
     /// Segments run on any host CPU (see --any-cpu), or they would all
     /// share the one the recording ran on; one that diverges there is
     /// replayed again on the recording's CPU.

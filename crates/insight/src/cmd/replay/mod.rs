@@ -3,7 +3,7 @@
 //! arguments are in `args.rs`; checkpoints, windows and `--jobs` in
 //! `segments.rs`.
 
-mod args;
+pub(crate) mod args;
 mod segments;
 
 pub use args::{parse_duration, parse_position, EventsFormat, Position, ReplayArgs, Unwind};
@@ -266,6 +266,30 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
     }
     if let (Some(summary), Some(path)) = (&outcome.events, &args.events) {
         report_capture(summary, path);
+        let s = &outcome.samples;
+        if s.taken + s.missed + s.given_up > 0 {
+            let mut lost = Vec::new();
+            if s.missed > 0 {
+                lost.push(format!(
+                    "{} passed by: not found before the next exit",
+                    s.missed
+                ));
+            }
+            if s.given_up > 0 {
+                lost.push(format!(
+                    "{} given up: not found in far longer than the recording took",
+                    s.given_up
+                ));
+            }
+            eprintln!(
+                "insight: sampled at {} of the recording's sample marks{}",
+                s.taken,
+                match lost.is_empty() {
+                    true => String::new(),
+                    false => format!(" ({})", lost.join("; ")),
+                }
+            );
+        }
         diagnose(tools, path)?;
     }
     let exits = outcome.journal.exits;
@@ -365,6 +389,7 @@ fn event_options(
         heap: args.heap_events,
         cfi_files,
         sample_period: args.sample_period,
+        replay_time_samples: args.replay_time_samples,
         end_after,
     })
 }

@@ -70,8 +70,11 @@ pub(super) fn checkpoints_for_events(trace: &Path, args: &mut ReplayArgs) -> Res
         (None, None) => Vec::new(),
     };
     let stacks = args.unwind == Unwind::Cfi;
+    let header = super::open_trace(trace)?.header;
+    let marks =
+        vmm::builder::sample_marks_period(&header, args.sample_period, args.replay_time_samples);
     for exit in starts {
-        let Some(why) = vmm::checkpoint_unfit(trace, exit, stacks)? else {
+        let Some(why) = vmm::checkpoint_unfit(trace, exit, stacks, marks)? else {
             continue;
         };
         if args.checkpoint_every.is_none() {
@@ -256,6 +259,9 @@ pub fn replay_in_parallel(
             if let Some(period) = args.sample_period {
                 cmd.arg("--sample-period")
                     .arg(format!("{}us", period.as_micros()));
+            }
+            if args.replay_time_samples {
+                cmd.arg("--replay-time-samples");
             }
             if args.heap_events {
                 cmd.arg("--heap-events");
