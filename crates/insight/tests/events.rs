@@ -591,6 +591,17 @@ fn profiles_are_shares_of_the_recorded_run_and_every_replay_has_the_same_samples
             let first = sampled(&db);
             assert!(first.len() as f64 >= user);
             assert!(first == sampled(&again), "the replays' samples differ");
+            // Sampling by the replay's host time is still there.
+            let host = dir.join("host.db");
+            let out = replay_into(
+                &trace,
+                &host,
+                &["--diagnose", "profile", "--replay-time-samples"],
+            );
+            let (report, stderr) = text(&out);
+            assert_eq!(out.status.code(), Some(0), "{stderr}");
+            assert!(!stderr.contains("sampled at "), "{stderr}");
+            assert!(sampled(&host).len() >= 300, "{report}");
         }
     }
     let _ = std::fs::remove_dir_all(&dir);

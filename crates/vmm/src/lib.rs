@@ -21,7 +21,7 @@ pub mod tools;
 pub mod unemulated;
 pub mod vm;
 
-pub use points::{PointStats, SampleStats};
+pub use points::{PointCounts, PointStats, SampleStats};
 pub use session::{
     LiveRun, NetReport, ProgressFn, RecordSession, ReplaySession, RunOutcome, StopReason,
 };

@@ -247,7 +247,7 @@ pub fn record(args: RecordArgs) -> Result<ExitCode> {
             bytes,
             output.display()
         );
-        let p = &outcome.points;
+        let p = &outcome.points.asynchronous;
         if p.points + p.declined > 0 {
             eprintln!(
                 "insight: preempted user code at {} asynchronous points ({} at the task's next \
@@ -258,7 +258,7 @@ pub fn record(args: RecordArgs) -> Result<ExitCode> {
                 p.busy_ns as f64 / 1e9
             );
         }
-        let s = &outcome.samples;
+        let s = &outcome.points.samples;
         if s.taken + s.missed > 0 {
             eprintln!(
                 "insight: {} sample marks ({} kicks at positions a replay could not find again, \

@@ -11,6 +11,13 @@ pub(crate) use patch::Patch;
 pub(crate) use search::{Found, PointSearch};
 pub(crate) use taker::PointTaker;
 
+/// What the asynchronous points and the sample marks came to in a run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PointCounts {
+    pub asynchronous: PointStats,
+    pub samples: SampleStats,
+}
+
 /// Sample marks: counts shown with a run's outcome (kept out of
 /// `PointStats`, which checkpoints and boot snapshots store).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

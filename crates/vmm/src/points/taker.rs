@@ -89,6 +89,8 @@ pub(crate) struct PointTaker {
     /// The guest kernel variable holding the top of the current task's
     /// kernel stack.
     kernel_stack_top: Option<u64>,
+    /// The sampling clock's pseudo-random state (`next_interval`).
+    jitter: u64,
     /// The last sample mark in user code since the last exit or point,
     /// (address space, RIP): where a replay that takes the marks stands
     /// when it puts the next trampoline in place (else the task is in
@@ -151,6 +153,7 @@ impl PointTaker {
             m.start_dirty_log()?;
             self.dirty_logging = true;
             self.tsc_start = crate::sys::host_tsc();
+            self.jitter = self.tsc_start;
             let first = m.vm.clock.now_ns().saturating_add(self.sample_period_ns);
             self.sample_due_ns = (first, first);
         }
@@ -228,10 +231,26 @@ impl PointTaker {
         recorder.sample(SampleMark { ns: now, at })?;
         self.sample_stats.taken += 1;
         // A late kick does not bunch the next samples up.
-        let next = self.sample_due_ns.0.saturating_add(self.sample_period_ns);
+        let next = self.sample_due_ns.0.saturating_add(self.next_interval());
         let next = next.max(now + self.sample_period_ns / 2);
         self.sample_due_ns = (next, next);
         Ok(())
+    }
+
+    /// The time to the next sample: the period on average, drawn evenly
+    /// from half to one and a half periods. The guest's own periodic work
+    /// (its timer tick) would otherwise meet the samples at the same
+    /// phase for long stretches: a run of the 1-ms samples lands in the
+    /// 10-ms tick's handler two times in ten, another three.
+    fn next_interval(&mut self) -> u64 {
+        // xorshift64: the marks are logged, so no replay needs the seed.
+        let mut x = self.jitter | 1;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.jitter = x;
+        let period = self.sample_period_ns;
+        period / 2 + x % period.max(1)
     }
 
     /// Takes the trap out of the guest's code.

@@ -24,7 +24,7 @@ use journal::{EndReason, Entry, Progress, Replayer};
 use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
 
 use crate::boot_snapshot::SnapshotTaken;
-use crate::points::{PointStats, SampleStats};
+use crate::points::PointCounts;
 use crate::tools::{CheckpointTaken, ExpansionStats};
 use crate::vm::{ExitCounts, Machine, VmClock, VmError};
 
@@ -83,10 +83,9 @@ pub struct RunOutcome {
     pub trace: Option<trace::Summary>,
     /// What the event capture stored, when replaying with one.
     pub events: Option<CaptureSummary>,
-    /// Asynchronous points taken or reached (recording, replay).
-    pub points: PointStats,
-    /// Sample marks logged (recording), or samples taken at them (replay).
-    pub samples: SampleStats,
+    /// Asynchronous points taken or reached, sample marks logged or
+    /// sampled at (recording, replay).
+    pub points: PointCounts,
     /// Checkpoints taken (replay).
     pub checkpoints: Vec<CheckpointTaken>,
     /// The boot snapshot taken (a plain run asked for one).

@@ -9,7 +9,7 @@ use super::{
     inputs, run_on_vcpu_thread, Claimed, Mode, ProgressFn, ProgressReport, Resumed, RunOutcome,
     StopReason, HOUSEKEEPING_NS,
 };
-use crate::points::PointTaker;
+use crate::points::{PointCounts, PointTaker};
 use crate::vm::{Machine, VmError};
 
 /// A machine whose run is recorded into a trace.
@@ -128,8 +128,10 @@ impl Mode for Recording {
     }
 
     fn outcome(&self, _m: &Machine, outcome: &mut RunOutcome) {
-        outcome.points = self.points.stats;
-        outcome.samples = self.points.sample_stats;
+        outcome.points = PointCounts {
+            asynchronous: self.points.stats,
+            samples: self.points.sample_stats,
+        };
     }
 
     fn finish(

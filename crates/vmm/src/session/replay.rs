@@ -18,7 +18,7 @@ use super::{
     StopReason, HOUSEKEEPING_NS,
 };
 use crate::boot_snapshot::{self, SnapshotRestored};
-use crate::points::{Found, PointSearch, SampleStats};
+use crate::points::{Found, PointCounts, PointSearch, SampleStats};
 use crate::tools::checkpoints::{self, CheckpointTaker, RestoredFrom};
 use crate::tools::exec;
 use crate::tools::samples::Sampling;
@@ -576,11 +576,13 @@ impl Mode for Replaying {
     }
 
     fn outcome(&self, _m: &Machine, outcome: &mut RunOutcome) {
-        outcome.points = self.points.stats;
-        outcome.samples = SampleStats {
-            taken: self.samples_taken,
-            missed: self.log.sample_marks_missed() - self.samples_given_up,
-            given_up: self.samples_given_up,
+        outcome.points = PointCounts {
+            asynchronous: self.points.stats,
+            samples: SampleStats {
+                taken: self.samples_taken,
+                missed: (self.log.sample_marks_missed()).saturating_sub(self.samples_given_up),
+                given_up: self.samples_given_up,
+            },
         };
         if let Some(taker) = &self.tools.checkpoints {
             outcome.checkpoints = taker.taken().to_vec();

@@ -194,7 +194,6 @@ pub(super) fn outcome<M: Mode>(m: &mut Machine, mode: &M, stop: StopReason) -> R
         }),
         events: None,
         points: Default::default(),
-        samples: Default::default(),
         checkpoints: Vec::new(),
         boot_snapshot: None,
         expansion: None,

@@ -266,7 +266,7 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
     }
     if let (Some(summary), Some(path)) = (&outcome.events, &args.events) {
         report_capture(summary, path);
-        let s = &outcome.samples;
+        let s = &outcome.points.samples;
         if s.taken + s.missed + s.given_up > 0 {
             let mut lost = Vec::new();
             if s.missed > 0 {
