@@ -62,13 +62,6 @@ fn replays_agree(trace: &Path, extra: &[&str]) -> (PathBuf, Vec<Row>, Output) {
     first.unwrap()
 }
 
-/// Replays `trace` with `--events db` and `extra`, more `replay`
-/// arguments; returns the output.
-fn replay_into(trace: &Path, db: &Path, extra: &[&str]) -> Output {
-    let db = db.to_str().expect("a scratch path in UTF-8");
-    replay_with(trace, &[&["--events", db], extra].concat())
-}
-
 /// Replays `trace` into the database `db`; returns replay's stderr.
 fn replay_events(trace: &Path, db: &Path) -> String {
     let out = replay_into(trace, db, &[]);
@@ -515,114 +508,6 @@ fn public_name(name: &str) -> String {
     name.trim_start_matches("__GI_")
         .trim_start_matches('_')
         .to_owned()
-}
-
-#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
-#[test]
-fn profiles_are_shares_of_the_recorded_run_and_every_replay_has_the_same_samples() {
-    guest_ready();
-    let dir = scratch("ev-split");
-    for opt in ["-O1", "-O2"] {
-        // profile_split in phases: both threads run all their arith()
-        // calls, then chase(), then hash(); the program times each phase
-        // (each function alone, in the very run the profile is of).
-        let prog = build_workload(&dir, "profile_split", &[opt, "-fomit-frame-pointer"]);
-        let prog = prog.to_str().expect("a scratch path in UTF-8");
-        let trace = dir.join(format!("trace{opt}"));
-        let out = record_into(
-            &trace,
-            &["--probes", "--file", prog],
-            &[prog, "30", "phased"],
-        );
-        let stdout = expect_status(&out, 0);
-        // "profile_split: phases arith A ns chase C ns hash H ns"
-        let phases: Vec<f64> = stdout
-            .lines()
-            .find_map(|l| l.strip_prefix("profile_split: phases "))
-            .unwrap_or_else(|| panic!("no phases in:\n{stdout}"))
-            .split_whitespace()
-            .filter_map(|w| w.parse().ok())
-            .collect();
-        assert_eq!(phases.len(), 3, "{stdout}");
-        let total: f64 = phases.iter().sum();
-
-        let db = dir.join(format!("events{opt}.db"));
-        let out = replay_into(&trace, &db, &["--diagnose", "profile"]);
-        let (report, stderr) = text(&out);
-        assert_eq!(out.status.code(), Some(0), "{stderr}");
-        assert!(stderr.contains("sampled at "), "{stderr}");
-        // "  24.60%       292  profile_split    arith": samples per function.
-        let samples = |function: &str| -> f64 {
-            report
-                .lines()
-                .find(|l| l.split_whitespace().nth(3) == Some(function))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|n| n.parse().ok())
-                .unwrap_or_else(|| panic!("no {function} in:\n{report}"))
-        };
-        let counts = [samples("arith"), samples("chase"), samples("hash")];
-        let user: f64 = counts.iter().sum();
-        assert!(user >= 400.0, "{user} user samples:\n{report}");
-        for (i, name) in ["arith", "chase", "hash"].iter().enumerate() {
-            let (truth, share) = (100.0 * phases[i] / total, 100.0 * counts[i] / user);
-            assert!(
-                (share - truth).abs() <= 3.0,
-                "{opt} {name}: {share:.1} % of the user samples, {truth:.1} % of the time \
-                 (phases {phases:?}):\n{report}"
-            );
-        }
-
-        if opt == "-O2" {
-            // Another replay takes the same samples: times, threads,
-            // positions and stacks.
-            let again = dir.join("again.db");
-            let out = replay_into(&trace, &again, &["--sample-period", "1ms"]);
-            assert_eq!(out.status.code(), Some(0), "{}", text(&out).1);
-            let sampled = |db: &Path| {
-                let db = EventDb::open(db).unwrap();
-                let mut all = Vec::new();
-                db.for_each_with_stacks(&[Kind::Sample], |r, stack| {
-                    all.push((r, stack.map(<[u64]>::to_vec)));
-                    Ok(())
-                })
-                .unwrap();
-                all
-            };
-            let first = sampled(&db);
-            assert!(first.len() as f64 >= user);
-            assert!(first == sampled(&again), "the replays' samples differ");
-            // Sampling by the replay's host time is still there.
-            let host = dir.join("host.db");
-            let out = replay_into(
-                &trace,
-                &host,
-                &["--diagnose", "profile", "--replay-time-samples"],
-            );
-            let (report, stderr) = text(&out);
-            assert_eq!(out.status.code(), Some(0), "{stderr}");
-            assert!(!stderr.contains("sampled at "), "{stderr}");
-            assert!(sampled(&host).len() >= 300, "{report}");
-        }
-    }
-    let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// The workload `name` built natively as the guest image builds it, with
-/// `flags` (optimisation, frame pointers) into `dir`.
-fn build_workload(dir: &Path, name: &str, flags: &[&str]) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../images/workloads")
-        .join(format!("{name}.c"));
-    let prog = dir.join(format!("{name}{}", flags.concat()));
-    let cc = std::process::Command::new("gcc")
-        .args(flags)
-        .args(["-g", "-pthread", "-o"])
-        .arg(&prog)
-        .arg(&src)
-        .status()
-        .expect("gcc is needed to build the workload natively");
-    assert!(cc.success(), "gcc failed on {}", src.display());
-    prog
 }
 
 /// Per leaf function, its most frequent stack (innermost first, glibc's

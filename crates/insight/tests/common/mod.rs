@@ -62,6 +62,24 @@ pub fn compile_test_program(dir: &Path, name: &str, flags: &[&str]) -> PathBuf {
     prog
 }
 
+/// The workload `name` built natively as the guest image builds it, with
+/// `flags` (optimisation, frame pointers) into `dir`.
+pub fn build_workload(dir: &Path, name: &str, flags: &[&str]) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../images/workloads")
+        .join(format!("{name}.c"));
+    let prog = dir.join(format!("{name}{}", flags.concat()));
+    let cc = std::process::Command::new("gcc")
+        .args(flags)
+        .args(["-g", "-pthread", "-o"])
+        .arg(&prog)
+        .arg(&src)
+        .status()
+        .expect("gcc is needed to build the workload natively");
+    assert!(cc.success(), "gcc failed on {}", src.display());
+    prog
+}
+
 /// Runs `cmd` with `input` on its standard input (then closed); returns
 /// its output.
 pub fn output_with_input(mut cmd: Command, input: &[u8]) -> Output {
@@ -239,6 +257,13 @@ pub fn replay_with(trace: &Path, extra: &[&str]) -> Output {
     let mut cmd = insight();
     cmd.arg("replay").arg(trace).args(extra);
     output_within(cmd, RECORD_LIMIT)
+}
+
+/// Replays `trace` with `--events db` and `extra`, more `replay`
+/// arguments; returns the output.
+pub fn replay_into(trace: &Path, db: &Path, extra: &[&str]) -> Output {
+    let db = db.to_str().expect("a scratch path in UTF-8");
+    replay_with(trace, &[&["--events", db], extra].concat())
 }
 
 /// Replays `trace` REPLAYS times and checks that every replay matched the
