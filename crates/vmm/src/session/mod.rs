@@ -11,7 +11,7 @@
 //! guest runs without exiting.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use devices::control::EventRaiser;
@@ -296,10 +296,6 @@ pub(crate) struct KickState {
     /// Kick at once, whatever the deadline.
     now: AtomicBool,
     done: AtomicBool,
-    /// The kick thread has kicked and waits for the vCPU's next deadline.
-    waiting: AtomicBool,
-    /// The kick thread, woken when a deadline comes while it waits.
-    kicker: OnceLock<std::thread::Thread>,
 }
 
 impl KickState {
@@ -308,18 +304,11 @@ impl KickState {
             deadline_ns: AtomicU64::new(u64::MAX),
             now: AtomicBool::new(false),
             done: AtomicBool::new(false),
-            waiting: AtomicBool::new(false),
-            kicker: OnceLock::new(),
         })
     }
 
     pub(crate) fn set_deadline(&self, ns: u64) {
         self.deadline_ns.store(ns, Ordering::Release);
-        if self.waiting.swap(false, Ordering::AcqRel) {
-            if let Some(kicker) = self.kicker.get() {
-                kicker.unpark();
-            }
-        }
     }
 
     /// Has the vCPU kicked out of KVM_RUN as soon as possible.
@@ -339,33 +328,17 @@ fn register_kick_handler() -> Result<(), VmError> {
     })
 }
 
-/// The least time between two kicks.
-const KICK_GAP: Duration = Duration::from_micros(20);
-
 /// Kicks the vCPU with `kick` whenever its deadline passes (or a kick is
 /// asked for), until `state` says done.
 fn kick_loop(state: &KickState, clock: VmClock, kick: impl Fn()) {
-    let _ = state.kicker.set(std::thread::current());
     while !state.done.load(Ordering::Acquire) {
         let now = clock.now_ns();
         let deadline = state.deadline_ns.load(Ordering::Acquire);
         if deadline <= now || state.now.swap(false, Ordering::AcqRel) {
-            state.waiting.store(true, Ordering::Release);
+            // A kick that lands while the vCPU is outside KVM_RUN is
+            // harmless; the next one follows within a millisecond.
             kick();
-            // Until the vCPU publishes its next deadline (before its next
-            // KVM_RUN: a retry 50 us later is kept), or a millisecond: a
-            // kick that landed while the vCPU was outside KVM_RUN is sent
-            // again then. Never sooner than KICK_GAP.
-            let until = Instant::now() + Duration::from_millis(1);
-            std::thread::sleep(KICK_GAP);
-            while state.waiting.load(Ordering::Acquire) && !state.done.load(Ordering::Acquire) {
-                let left = until.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    break;
-                }
-                std::thread::park_timeout(left);
-            }
-            state.waiting.store(false, Ordering::Release);
+            std::thread::sleep(Duration::from_millis(1));
         } else {
             let wait = (deadline - now).min(5_000_000);
             std::thread::sleep(Duration::from_nanos(wait));
