@@ -46,6 +46,29 @@ pub const RF: u64 = 1 << 16;
 pub const CR3_ROOT: u64 = 0x000f_ffff_ffff_f000;
 
 impl UserState {
+    /// The state's registers part, at `regs` in the address space `cr3`
+    /// (its root taken) with these segment bases; no extended state, words
+    /// or memory.
+    pub fn of_registers(
+        cr3: u64,
+        regs: &kvm_bindings::kvm_regs,
+        fs_base: u64,
+        gs_base: u64,
+    ) -> Self {
+        UserState {
+            cr3: cr3 & CR3_ROOT,
+            rip: regs.rip,
+            rflags: regs.rflags & !RF,
+            gprs: gprs(regs),
+            fs_base,
+            gs_base,
+            xstate: 0,
+            words: Vec::new(),
+            pages: PageSet::default(),
+            memory: 0,
+        }
+    }
+
     /// The registers as `kvm_regs`, for the trampoline.
     pub fn kvm_regs(&self) -> kvm_bindings::kvm_regs {
         let g = self.gprs;

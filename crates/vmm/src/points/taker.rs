@@ -306,18 +306,7 @@ impl PointTaker {
             return Ok(MarkVerdict::Decline);
         }
         Ok(MarkVerdict::Take(MarkAt::User(Box::new(AsyncPoint {
-            state: UserState {
-                cr3,
-                rip: regs.rip,
-                rflags: regs.rflags & !state::RF,
-                gprs,
-                fs_base: sregs.fs.base,
-                gs_base: sregs.gs.base,
-                xstate: 0,
-                words: Vec::new(),
-                pages: PageSet::default(),
-                memory: 0,
-            },
+            state: UserState::of_registers(cr3, &regs, sregs.fs.base, sregs.gs.base),
             stub,
             code_pages: code_pages(&tables, regs.rip),
             run_ns: now.saturating_sub(self.last_exit_ns.unwrap_or(now)),
@@ -515,16 +504,11 @@ impl PointTaker {
         let memory = state::memory_digest(mem, &pages, &[], &entries);
         Ok(Verdict::Take(Box::new(AsyncPoint {
             state: UserState {
-                cr3,
-                rip: regs.rip,
-                rflags: regs.rflags & !state::RF,
-                gprs,
-                fs_base: sregs.fs.base,
-                gs_base: sregs.gs.base,
                 xstate: state::xstate_digest(&cpu, &m.vm.cpu.xsave_layout),
                 words,
                 pages,
                 memory,
+                ..UserState::of_registers(cr3, &regs, sregs.fs.base, sregs.gs.base)
             },
             stub,
             code_pages,
