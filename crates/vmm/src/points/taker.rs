@@ -292,12 +292,14 @@ impl PointTaker {
             return Ok(MarkVerdict::Decline);
         };
         // Replay could not stop the task here if it went on inside the
-        // patch's bytes, but from the mark before this one, where replay
-        // moves it to the trampoline's copy of its instruction (search.rs).
-        // Where the task resumed after the exit, it passes again (it got
-        // here from there): the mark is taken there, at its next pass.
-        let after_mark = self.last_mark.is_some_and(|(c, _)| c == cr3);
-        if !after_mark && (regs.rip + 1..site.resume()).contains(&area.resume_ip) {
+        // patch's bytes. From the mark before this one, replay moves it to
+        // the trampoline's copy of its instruction (search.rs); but a task
+        // can also come back from the kernel without an exit (another
+        // task of the address space resuming where it stopped: a thread,
+        // a shell back from vfork). Where user mode last resumed, it
+        // passes again (it got here from there): the mark is taken
+        // there, at its next pass.
+        if (regs.rip + 1..site.resume()).contains(&area.resume_ip) {
             return Ok(MarkVerdict::Advance(area.resume_ip));
         }
         let gprs = state::gprs(&regs);
