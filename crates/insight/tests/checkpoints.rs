@@ -265,11 +265,7 @@ fn tampered_last_output(trace: &Path) -> (std::path::PathBuf, u64) {
 #[test]
 fn segments_merge_into_the_replay_from_boot() {
     guest_ready();
-    let (trace, out) = record(
-        "ckpt-seg",
-        &["--probes", "--sample-period", "1ms"],
-        &["syn_cont", "1000", "2000"],
-    );
+    let (trace, out) = record("ckpt-seg", &["--probes"], &["syn_cont", "1000", "2000"]);
     let recorded = expect_status(&out, 0);
     let dir = trace.parent().unwrap().to_owned();
     let db = |name: &str| dir.join(name).to_str().unwrap().to_owned();

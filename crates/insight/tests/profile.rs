@@ -28,7 +28,7 @@ fn profiles_are_shares_of_the_recorded_run_and_every_replay_has_the_same_samples
         let trace = dir.join(format!("trace{opt}"));
         let out = record_into(
             &trace,
-            &["--probes", "--sample-period", "1ms", "--file", prog],
+            &["--probes", "--file", prog],
             &[prog, "40", "phased"],
         );
         let stdout = expect_status(&out, 0);

@@ -39,15 +39,13 @@ pub struct RecordArgs {
     #[arg(long, value_enum, default_value_t = ClockChoice::Exit)]
     clock: ClockChoice,
     /// Mark where the guest's task stands about every PERIOD of the
-    /// recording's time (1ms, the least, to 1s; `off`, the default, for
-    /// none): replays then take their samples (`--diagnose profile`,
-    /// `--sample-period`) at these marks, so that every replay has the
-    /// same samples and a profile's shares are shares of the recorded run
-    /// (docs/events.md, "Samples"). Each mark costs the recording about
-    /// 70 us on hosts like these: 5-7 % at 1ms, 1-3 % at 4ms
-    /// (docs/BENCHMARKS.md). Off by default while a replay with marks can
-    /// still diverge on some programs (GNU sed's regex matcher).
-    #[arg(long, value_name = "PERIOD", default_value = "off", value_parser = parse_mark_period)]
+    /// recording's time (1ms, the least, to 1s; `off` for none): replays
+    /// take their samples (`--diagnose profile`, `--sample-period`) at
+    /// these marks, so that every replay has the same samples and a
+    /// profile's shares are shares of the recorded run (docs/events.md,
+    /// "Samples"). Each mark costs the recording about 70 us on hosts
+    /// like these: 5-7 % at 1ms, 1-3 % at 4ms (docs/BENCHMARKS.md).
+    #[arg(long, value_name = "PERIOD", default_value = "1ms", value_parser = parse_mark_period)]
     sample_period: MarkPeriod,
     #[command(flatten)]
     guest: GuestArgs,
