@@ -289,15 +289,25 @@ impl<W: Write> VirtioConsole<W> {
     }
 
     /// Delivers as much waiting input as the guest has buffers for, and
-    /// returns it (what a recording logs).
+    /// returns it (what a recording logs). The buffers are then taken as
+    /// `deliver` takes them at replay, so that the guest gets back the
+    /// same ones: none when no byte fits (not even unusable ones), and
+    /// none past the last that holds a delivered byte.
     pub fn deliver_input(&mut self, mem: &GuestMemoryMmap) -> Vec<u8> {
         if self.pending.is_empty() || !self.driver_ok() {
             return Vec::new();
         }
+        let start = self.transport.queue(RX).map(|q| q.next_avail());
         let chains = self.take_buffers(self.pending.len(), mem);
         let room: usize = chains.iter().filter_map(|c| c.2).sum();
-        let bytes: Vec<u8> = self.pending.drain(..room.min(self.pending.len())).collect();
-        self.fill(&bytes, chains, mem);
+        if let (Some(queue), Some(start)) = (self.transport.queue(RX), start) {
+            queue.set_next_avail(start);
+        }
+        let bytes: Vec<u8> = self.pending.iter().take(room).copied().collect();
+        if bytes.is_empty() || self.deliver(&bytes, mem).is_err() {
+            return Vec::new();
+        }
+        self.pending.drain(..bytes.len());
         bytes
     }
 
@@ -511,6 +521,39 @@ mod tests {
         dev.enqueue_input(b"abcdef");
         assert_eq!(dev.deliver_input(&mem), b"abc");
         assert_eq!(dev.pending_input(), 3);
+    }
+
+    #[test]
+    fn the_recorder_returns_the_buffers_replay_will_return() {
+        // Offered: a buffer the device cannot write, a 2-byte one, and
+        // another it cannot write; 5 bytes wait.
+        let offers = |mem: &GuestMemoryMmap| {
+            offer(mem, RXQ, 0, 0, BUF, 8, false);
+            offer(mem, RXQ, 1, 1, BUF + 0x100, 2, true);
+            offer(mem, RXQ, 2, 2, BUF + 0x200, 8, false);
+        };
+        let (mut rec, rec_mem) = setup();
+        let (mut rep, rep_mem) = setup();
+        offers(&rec_mem);
+        offers(&rep_mem);
+        rec.enqueue_input(b"hello");
+        let logged = rec.deliver_input(&rec_mem);
+        assert_eq!(logged, b"he");
+        rep.deliver(&logged, &rep_mem).unwrap();
+        // The trailing unusable buffer stays with the guest on both sides.
+        assert_eq!(used_idx(&rec_mem, RXQ), 2);
+        assert_eq!(used_idx(&rep_mem, RXQ), 2);
+        assert_eq!(rec.pending_input(), 3);
+
+        // Only unusable buffers: nothing is delivered, none is returned
+        // (a replay, logging nothing, returns none), no interrupt.
+        let (mut rec, mem) = setup();
+        offer(&mem, RXQ, 0, 0, BUF, 8, false);
+        rec.enqueue_input(b"x");
+        assert!(rec.deliver_input(&mem).is_empty());
+        assert_eq!(used_idx(&mem, RXQ), 0);
+        assert!(!rec.take_irq());
+        assert_eq!(rec.pending_input(), 1);
     }
 
     #[test]
