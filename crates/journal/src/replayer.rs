@@ -50,6 +50,9 @@ pub struct Replayer {
     /// Sample marks passed by (the next exit, or the entry after them, was
     /// taken first).
     marks_missed: u64,
+    /// The recording's time at the last mark found in user code, if it is
+    /// later than the last clock read (`event_ns`).
+    mark_ns: Option<u64>,
 }
 
 /// What replay looks for next between exits: a recorded sample's position
@@ -77,6 +80,7 @@ impl Replayer {
             take_marks: false,
             marks: VecDeque::new(),
             marks_missed: 0,
+            mark_ns: None,
         }
     }
 
@@ -109,6 +113,7 @@ impl Replayer {
         self.exhausted = false;
         self.last_input = None;
         self.marks.clear();
+        self.mark_ns = None;
         Ok(())
     }
 
@@ -222,7 +227,12 @@ impl Replayer {
         observed: Entry,
         regs: &kvm_bindings::kvm_regs,
     ) -> Result<(), JournalError> {
-        self.guest_ns = clock_read(&observed).unwrap_or(self.guest_ns);
+        if let Some(ns) = clock_read(&observed) {
+            self.guest_ns = ns;
+            // A clock read after a mark reads a later time (in a trace
+            // that says otherwise, the times still never decrease).
+            self.mark_ns = self.mark_ns.filter(|&m| m > ns);
+        }
         self.exits += 1;
         let logged = match self.current.take() {
             Some(l) => l,
@@ -327,6 +337,30 @@ impl Replayer {
             self.entries += 1;
             self.marks_missed += u64::from(!taken);
         }
+    }
+
+    /// A sample mark the recording took in user code was found where it
+    /// was taken (the mark `sought` returned; `sample_mark_done` follows):
+    /// events from here on happened at its time or later.
+    pub fn mark_found(&mut self) {
+        if let Some(mark) = self.marks.front() {
+            self.mark_ns = Some(mark.ns.max(self.guest_ns));
+        }
+    }
+
+    /// The recording's time for an event raised now: the last time replay
+    /// knows the recorded run had reached, the last clock value the guest
+    /// read or the last mark found in user code, whichever is later.
+    /// Deterministic, and never decreasing.
+    pub fn event_ns(&self) -> u64 {
+        self.mark_ns.unwrap_or(self.guest_ns)
+    }
+
+    /// Whether a mark found since the last clock read holds `event_ns`
+    /// ahead of `position().guest_ns`: a checkpoint taken now would lose
+    /// it (a replay from there would time its first events earlier).
+    pub fn mark_time_pending(&self) -> bool {
+        self.mark_ns.is_some()
     }
 
     /// How many sample marks replay passed by without taking them.

@@ -449,3 +449,72 @@ fn sample_marks_come_in_order_before_a_point_and_are_passed_by_at_an_exit() {
     assert!(matches!(t.sought().unwrap(), Some(Sought::Mark(m)) if m.ns == 20));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+fn clock_read(rip: u64, value: u64) -> Entry {
+    Entry::RdMsr {
+        index: MSR_INSIGHT_CLOCK,
+        rip,
+        value,
+        fault: false,
+    }
+}
+
+/// Replays one read of the guest's clock; returns the value it read.
+fn replay_clock(j: &mut Replayer, rip: u64) -> u64 {
+    let value = match j.read(&clock_read(0, 0)).unwrap() {
+        Entry::RdMsr { value, .. } => value,
+        other => panic!("no logged clock read: {other:?}"),
+    };
+    j.exit(clock_read(rip, value), &regs(rip, value)).unwrap();
+    value
+}
+
+#[test]
+fn events_are_timed_by_the_last_clock_read_or_user_mark_and_never_go_back() {
+    let dir = temp_trace("event-times");
+    let writer = TraceWriter::create(&dir, &header(1000)).unwrap();
+    let mut r = Recorder::new(writer, 1000);
+    r.exit(clock_read(0x100, 100), &regs(0x100, 100)).unwrap();
+    r.sample(mark(150, Some(0x40_1000))).unwrap();
+    r.sample(mark(180, None)).unwrap();
+    r.sample(mark(200, Some(0x40_1010))).unwrap();
+    r.exit(port_in(0x40, 0x104, 9), &regs(0x104, 2)).unwrap();
+    r.sample(mark(250, Some(0x40_1020))).unwrap();
+    // A clock read earlier than the mark before it (a damaged trace).
+    r.exit(clock_read(0x108, 240), &regs(0x108, 240)).unwrap();
+    r.exit(clock_read(0x10c, 300), &regs(0x10c, 300)).unwrap();
+    r.finish(EndReason::CommandExited(0), 0).unwrap();
+
+    let mut j = replayer(&dir);
+    j.take_sample_marks();
+    assert_eq!(replay_clock(&mut j, 0x100), 100);
+    assert_eq!((j.event_ns(), j.mark_time_pending()), (100, false));
+    // A mark found in user code: later events are at least that late.
+    assert!(matches!(j.sought().unwrap(), Some(Sought::Mark(m)) if m.ns == 150));
+    j.mark_found();
+    j.sample_mark_done(true);
+    assert_eq!((j.event_ns(), j.mark_time_pending()), (150, true));
+    // One in the kernel is taken where replay stands, not where the
+    // recording was: it times nothing.
+    assert!(matches!(j.sought().unwrap(), Some(Sought::Mark(m)) if m.ns == 180));
+    j.sample_mark_done(true);
+    assert_eq!(j.event_ns(), 150);
+    j.sought().unwrap();
+    j.mark_found();
+    j.sample_mark_done(true);
+    assert_eq!(j.event_ns(), 200);
+    // Another exit, not a clock read: the mark's time stands.
+    replay_read(&mut j, 0x40, 0x104, 2).unwrap();
+    assert_eq!((j.event_ns(), j.position().guest_ns), (200, 100));
+    j.sought().unwrap();
+    j.mark_found();
+    j.sample_mark_done(true);
+    assert_eq!(j.event_ns(), 250);
+    // An earlier clock reading does not take the time back; a later one
+    // is the time, and no mark is pending.
+    assert_eq!(replay_clock(&mut j, 0x108), 240);
+    assert_eq!((j.event_ns(), j.mark_time_pending()), (250, true));
+    assert_eq!(replay_clock(&mut j, 0x10c), 300);
+    assert_eq!((j.event_ns(), j.mark_time_pending()), (300, false));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

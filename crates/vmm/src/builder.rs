@@ -365,6 +365,10 @@ pub fn replay(
         ..Default::default()
     };
     let mut heap_events = false;
+    // Marks found in user code also time the events raised after them
+    // (Replayer::event_ns): every replay that collects events finds them,
+    // sampling or not, unless it samples by its own host time.
+    let mut take_marks = false;
     if let Some(events) = options.events {
         let stacks = events
             .cfi_files
@@ -397,6 +401,7 @@ pub fn replay(
             ));
         }
         heap_events = events.heap;
+        take_marks = reader.header.sample_period_ns > 0 && !events.replay_time_samples;
     }
     tools.tracing = options.tracing.map(ProcessTracer::new);
     if let Some(selector) = options.debug {
@@ -417,11 +422,7 @@ pub fn replay(
         PointSearch::default()
     };
     let mut log = Replayer::new(reader);
-    if tools
-        .sampling
-        .as_ref()
-        .is_some_and(Sampling::at_recorded_marks)
-    {
+    if take_marks {
         log.take_sample_marks();
     }
     let mut session = ReplaySession::new(machine, log, points, tools, heap_events);

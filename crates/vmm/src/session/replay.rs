@@ -11,7 +11,7 @@ use events::abi::SampleMode;
 use introspect::instructions::TF;
 use introspect::probe_gate;
 use journal::preempt::MarkAt;
-use journal::{EndReason, Entry, JournalError, Progress, Replayer, Sought};
+use journal::{EndReason, Entry, JournalError, LogPosition, Progress, Replayer, Sought};
 
 use super::{
     inputs, run_on_vcpu_thread, Claimed, Mode, ProgressFn, ProgressReport, Resumed, RunOutcome,
@@ -208,7 +208,13 @@ impl Replaying {
             return Ok(());
         };
         let position = self.log.position();
-        if !taker.due(&position) || self.points.patched() || !checkpoints::at_rest(m) {
+        // Not while a mark keeps the events' time ahead of the last clock
+        // read: a replay from the checkpoint would not know it.
+        if !taker.due(&position)
+            || self.points.patched()
+            || self.log.mark_time_pending()
+            || !checkpoints::at_rest(m)
+        {
             return Ok(());
         }
         let events = self.tools.events.as_ref().map(|e| EventsState {
@@ -226,8 +232,8 @@ impl Replaying {
 
     /// A store to the probe gate's address: when the gate made it, a probe
     /// raised an event whose buffer is at the address stored; it is
-    /// captured at the guest time of the last deterministic exit, and the
-    /// guest goes on as if nothing happened.
+    /// captured at the recording's latest time known (`event_ns`), and
+    /// the guest goes on as if nothing happened.
     fn gate_event(&mut self, m: &mut Machine, data: &[u8]) -> Result<Claimed, VmError> {
         let rip = m.vcpu.synced_regs().rip;
         let Ok(address) = <[u8; 8]>::try_from(data).map(u64::from_le_bytes) else {
@@ -240,7 +246,7 @@ impl Replaying {
         let Some(events) = &mut self.tools.events else {
             return Ok(Claimed::Passed);
         };
-        events.raised_at_gate(m, address, self.log.progress().guest_ns)?;
+        events.raised_at_gate(m, address, self.log.event_ns())?;
         // A probe event: its task may be one to trace.
         self.arm_tracing(m)?;
         Ok(Claimed::Passed)
@@ -306,7 +312,7 @@ impl Replaying {
         self.log.sample_mark_done(true);
         self.samples_taken += 1;
         if let (Some(sampling), Some(events)) = (&mut self.tools.sampling, &mut self.tools.events) {
-            let guest_ns = self.log.progress().guest_ns;
+            let guest_ns = self.log.event_ns();
             sampling.take_mark(m, events, &self.points, guest_ns, mode, rip)?;
         }
         Ok(())
@@ -409,7 +415,13 @@ impl Mode for Replaying {
             return debug.debug_exit(m, &self.points);
         }
         if let (Some(tracer), Some(events)) = (&mut self.tools.tracing, &mut self.tools.events) {
-            tracer.step(m, events, &self.points, self.log.position())?;
+            // Its accesses happened at the time events raised now would
+            // have.
+            let at = LogPosition {
+                guest_ns: self.log.event_ns(),
+                ..self.log.position()
+            };
+            tracer.step(m, events, &self.points, at)?;
         }
         self.points.traced_step();
         Ok(())
@@ -449,6 +461,7 @@ impl Mode for Replaying {
                 Ok(Claimed::Reached)
             }
             Found::Mark => {
+                self.log.mark_found();
                 match self.mark_wanted {
                     true => self.take_mark_sample(m, SampleMode::User, None)?,
                     false => self.log.sample_mark_done(true),
@@ -487,7 +500,7 @@ impl Mode for Replaying {
         self.log.console_out(m.vm.console.take_transmitted())?;
         // Switches before this exit come before what it raises.
         if let Some(events) = &mut self.tools.events {
-            events.drain_switches(&m.vm.mem, self.log.progress().guest_ns)?;
+            events.drain_switches(&m.vm.mem, self.log.event_ns())?;
             if let (Some(tracer), true) = (&mut self.tools.tracing, kernel_entry) {
                 tracer.kernel_entry(m, events, self.tools.kernel_stack_top)?;
             }
@@ -507,7 +520,7 @@ impl Mode for Replaying {
         // A kick: the guest stopped wherever it was, which is what a
         // sample wants (exits would bias it).
         if let (Some(sampling), Some(events)) = (&mut self.tools.sampling, &mut self.tools.events) {
-            let guest_ns = self.log.progress().guest_ns;
+            let guest_ns = self.log.event_ns();
             sampling.take(m, events, &self.points, resumed, guest_ns)?;
         }
         Ok(false)
@@ -604,7 +617,7 @@ impl Mode for Replaying {
         let Some(mut events) = self.tools.events.take() else {
             return result;
         };
-        let drained = events.drain_switches(&m.vm.mem, self.log.progress().guest_ns);
+        let drained = events.drain_switches(&m.vm.mem, self.log.event_ns());
         let finished = events.finish();
         let mut outcome = result.and_then(|o| drained.map(|()| o))?;
         outcome.events = Some(finished?);

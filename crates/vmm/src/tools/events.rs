@@ -108,7 +108,7 @@ impl EventTool {
     }
 
     /// A probe raised an event through the gate, its buffer at `address`:
-    /// captured at guest time `ns` (the last deterministic exit's).
+    /// captured at guest time `ns` (`Replayer::event_ns`).
     pub(crate) fn raised_at_gate(
         &mut self,
         m: &Machine,

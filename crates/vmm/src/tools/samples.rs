@@ -60,11 +60,6 @@ impl Sampling {
         }
     }
 
-    /// Whether samples are the recording's marks.
-    pub(crate) fn at_recorded_marks(&self) -> bool {
-        self.recorded_ns.is_some()
-    }
-
     /// The period (ns) of samples taken at the recording's marks; `None`
     /// for samples by host time.
     pub(crate) fn marks_period(&self) -> Option<u64> {

@@ -71,7 +71,9 @@ pub struct ReplayArgs {
     /// Sample by this replay's host time even where the recording marked
     /// its samples (how insight sampled before it could mark them: two
     /// replays then give different samples, and a function slowed down by
-    /// the replay's own work gets more of them).
+    /// the replay's own work gets more of them). The marks then do not
+    /// time events either: events between exits take the guest clock's
+    /// last reading (docs/events.md, "Event times").
     #[arg(long)]
     pub replay_time_samples: bool,
     /// How the user stacks of samples and lock events are found: cfi
