@@ -212,6 +212,8 @@ pub struct ElfSymbols<'a> {
     data: Vec<(u64, u64, String)>,
     /// The lowest and highest address its loadable segments cover.
     span: (u64, u64),
+    /// Its entry point (ELF `e_entry`).
+    entry: u64,
     /// Where its DWARF may be: the file itself, then its debug file.
     dwarf_in: [Option<&'a [u8]>; 2],
     /// Its DWARF line tables, read at the first lookup.
@@ -264,6 +266,7 @@ impl<'a> ElfSymbols<'a> {
             functions,
             data,
             span,
+            entry: file.entry(),
             dwarf_in: [Some(elf), debug],
             lines: OnceCell::new(),
         })
@@ -308,6 +311,79 @@ impl<'a> ElfSymbols<'a> {
     /// The address of the data object (global variable) named `name`.
     pub fn data_address(&self, name: &str) -> Option<u64> {
         self.data.iter().find(|d| d.2 == name).map(|d| d.0)
+    }
+
+    /// Its entry point (ELF `e_entry`), before the load bias.
+    pub fn entry(&self) -> u64 {
+        self.entry
+    }
+
+    /// The address and size of the data object named `name`.
+    pub fn data_object(&self, name: &str) -> Option<(u64, u64)> {
+        self.data
+            .iter()
+            .find(|d| d.2 == name)
+            .map(|d| (d.0, d.1 - d.0))
+    }
+
+    /// The address of the function named `name`.
+    pub fn function_address(&self, name: &str) -> Option<u64> {
+        self.functions.iter().find(|f| f.2 == name).map(|f| f.0)
+    }
+
+    /// The names of its functions.
+    pub fn function_names(&self) -> impl Iterator<Item = &str> {
+        self.functions.iter().map(|f| f.2.as_str())
+    }
+
+    /// The names of its data objects.
+    pub fn data_names(&self) -> impl Iterator<Item = &str> {
+        self.data.iter().map(|d| d.2.as_str())
+    }
+
+    /// The lowest address the DWARF line tables give line `line` of the
+    /// source file `file` (its name, or the end of its path); `Err` with
+    /// the lines that file has code at nearest to it, or `None` for
+    /// either when the file is unknown.
+    pub fn line_address(&self, file: &str, line: u32) -> Result<u64, Option<Vec<u32>>> {
+        let lines = self.lines.get_or_init(|| {
+            self.dwarf_in
+                .iter()
+                .flatten()
+                .find_map(|d| dwarf(&object::File::parse(*d).ok()?))
+        });
+        let Some(ctx) = lines.as_ref() else {
+            return Err(None);
+        };
+        let Ok(rows) = ctx.find_location_range(self.span.0, self.span.1) else {
+            return Err(None);
+        };
+        let wanted = |path: &str| path == file || path.ends_with(&format!("/{file}"));
+        let mut best: Option<u64> = None;
+        let mut near: Vec<u32> = Vec::new();
+        for (addr, _, loc) in rows {
+            let (Some(path), Some(l)) = (loc.file, loc.line) else {
+                continue;
+            };
+            if !wanted(path) {
+                continue;
+            }
+            if l == line {
+                best = Some(best.map_or(addr, |b| b.min(addr)));
+            } else {
+                near.push(l);
+            }
+        }
+        if let Some(addr) = best {
+            return Ok(addr);
+        }
+        if near.is_empty() {
+            return Err(None);
+        }
+        near.sort_unstable_by_key(|&l| (l.abs_diff(line), l));
+        near.dedup();
+        near.truncate(3);
+        Err(Some(near))
     }
 }
 

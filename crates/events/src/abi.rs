@@ -45,10 +45,15 @@ pub enum Kind {
     Alloc = 19,
     /// A block was freed (or unmapped, or moved by realloc).
     Free = 20,
+    /// A probe given at replay (`replay --probe`) was hit at a function's
+    /// entry (the host's; docs/probes.md).
+    Probe = 21,
+    /// The function of such a probe returned.
+    ProbeReturn = 22,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 20] = [
+    pub const ALL: [Kind; 22] = [
         Kind::Lock,
         Kind::LockRet,
         Kind::TryLock,
@@ -69,6 +74,8 @@ impl Kind {
         Kind::HeapCall,
         Kind::Alloc,
         Kind::Free,
+        Kind::Probe,
+        Kind::ProbeReturn,
     ];
 
     pub fn from_u16(v: u16) -> Option<Kind> {
@@ -98,6 +105,8 @@ impl Kind {
             Kind::HeapCall => "HEAPCALL",
             Kind::Alloc => "ALLOC",
             Kind::Free => "FREE",
+            Kind::Probe => "PROBE",
+            Kind::ProbeReturn => "PROBE_RET",
         }
     }
 
@@ -400,7 +409,10 @@ pub fn parse(buf: &[u8], room: usize) -> Result<RawEvent, AbiError> {
     }
     let raw_kind = u16_at(buf, 6);
     let kind = Kind::from_u16(raw_kind).ok_or(AbiError::UnknownKind(raw_kind))?;
-    if matches!(kind, Kind::Sample | Kind::ContextSwitch | Kind::MemAccess) {
+    if matches!(
+        kind,
+        Kind::Sample | Kind::ContextSwitch | Kind::MemAccess | Kind::Probe | Kind::ProbeReturn
+    ) {
         return Err(AbiError::HostKind(raw_kind));
     }
     let size = u32_at(buf, 8);

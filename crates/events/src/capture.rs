@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, HashSet};
 
 use crate::abi::{self, Kind, Payload, RawEvent, SampleMode, Source};
-use crate::db::{DbError, EventWriter, Row};
+use crate::db::{DbError, EventWriter, ProbeRow, ProbeValue, Row};
 
 /// The lowest user address Linux lets a process map (`vm.mmap_min_addr`'s
 /// default).
@@ -393,6 +393,73 @@ impl Capture {
         })?;
         *self.per_kind.entry(Kind::MemAccess).or_insert(0) += 1;
         Ok(())
+    }
+
+    /// Declares the probes a replay arms (before their first hit).
+    pub fn probes(&mut self, probes: &[ProbeRow]) -> Result<(), DbError> {
+        for p in probes {
+            self.db.probe(p)?;
+        }
+        Ok(())
+    }
+
+    /// Process `pid` maps the object at `path` at `base`, as the host
+    /// found it (not a SYMBOL event): noted from the next event on, as a
+    /// SYMBOL event's object is.
+    pub fn object_seen(&mut self, pid: u32, base: u64, path: &str) -> Result<(), DbError> {
+        let seq = self.db.next_seq();
+        if self
+            .objects
+            .iter()
+            .any(|o| o.0 == pid && o.1 == base && o.2 == path)
+        {
+            return Ok(());
+        }
+        self.db.object(pid, base, path, seq)?;
+        self.objects.push((pid, base, path.to_owned(), seq));
+        Ok(())
+    }
+
+    /// A hit of probe `probe` by task (pid, lwpid): at the entry of the
+    /// function at `addr` (`kind` PROBE; `caller`: the return address) or
+    /// at its return (PROBE_RET, `addr`: where it returns to), with the
+    /// values captured by slot and the user stack (for `ustack`). Its
+    /// sequence number, unless a window ended before it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn probe_hit(
+        &mut self,
+        time_hint: u64,
+        (pid, lwpid): (u32, u32),
+        kind: Kind,
+        probe: u32,
+        addr: u64,
+        caller: Option<u64>,
+        values: &[(u32, ProbeValue)],
+        stack: &[u64],
+    ) -> Result<Option<u64>, DbError> {
+        if self.ended {
+            return Ok(None);
+        }
+        let time = self.advance(time_hint);
+        let seq = self.db.push(&Row {
+            seq: 0,
+            time,
+            kind,
+            source: Source::Host,
+            pid,
+            lwpid,
+            addr: Some(addr),
+            caller,
+            value: Some(i64::from(probe)),
+        })?;
+        for (slot, value) in values {
+            self.db.probe_value(seq, *slot, value)?;
+        }
+        if !stack.is_empty() {
+            self.db.stack(seq, stack)?;
+        }
+        *self.per_kind.entry(kind).or_insert(0) += 1;
+        Ok(Some(seq))
     }
 
     /// Context switches the ring overwrote before the hypervisor read them.

@@ -5,5 +5,6 @@ pub mod abi;
 pub mod capture;
 pub mod db;
 pub mod packed;
+pub mod probe_spec;
 #[cfg(test)]
 mod testing;

@@ -20,6 +20,7 @@ use crate::points::{PointSearch, PointTaker};
 use crate::session::{LiveRun, ProgressFn, RecordSession, ReplaySession};
 use crate::tools::debug::{DebugTool, KernelPoints, ProcessSelector};
 use crate::tools::events::EventTool;
+use crate::tools::probes::{self, ProbePlan, ProbeTool};
 use crate::tools::samples::Sampling;
 use crate::tools::tracing::ProcessTracer;
 use crate::tools::{
@@ -85,6 +86,10 @@ pub enum BuildError {
     NoNetwork { trace: PathBuf },
     #[error("a debugger's replay collects no events and traces no process")]
     DebugAndTools,
+    #[error("probes given at replay need an event database (--events or --diagnose)")]
+    ProbesWithoutEvents,
+    #[error("probes given at replay cannot go with a debugger or the tracing of a process")]
+    ProbesAndTools,
 }
 
 impl BuildError {
@@ -291,6 +296,9 @@ pub struct ReplayOptions {
     /// Attach a debugger to the process selected (no `events`, no
     /// `tracing`): drive the session with `DebugDriver`.
     pub debug: Option<ProcessSelector>,
+    /// Probes given at replay (needs `events`; not with `debug` or
+    /// `tracing`).
+    pub probes: Option<ProbePlan>,
     /// Start from the trace's checkpoint at or before this point.
     pub from: Option<ReplayPoint>,
     /// Stop at the first exit at or after this point.
@@ -404,16 +412,28 @@ pub fn replay(
         take_marks = reader.header.sample_period_ns > 0 && !events.replay_time_samples;
     }
     tools.tracing = options.tracing.map(ProcessTracer::new);
+    if let Some(plan) = &options.probes {
+        let Some(events) = &mut tools.events else {
+            return Err(BuildError::ProbesWithoutEvents);
+        };
+        if options.debug.is_some() || tools.tracing.is_some() {
+            return Err(BuildError::ProbesAndTools);
+        }
+        (events.capture.probes(&probes::probe_rows(plan))).map_err(VmError::from)?;
+        let probe_tool = ProbeTool::new(plan);
+        tools.debug = Some(DebugTool::collecting(
+            plan.process.clone(),
+            kernel_points(&spec.kernel_image, kernel_stack_top),
+            plan.exe_entry,
+            probe_tool.sites(),
+        ));
+        tools.probes = Some(probe_tool);
+    }
     if let Some(selector) = options.debug {
         if tools.events.is_some() || tools.tracing.is_some() {
             return Err(BuildError::DebugAndTools);
         }
-        let image = &spec.kernel_image;
-        let kernel = KernelPoints {
-            stack_top_var: kernel_stack_top,
-            iret: guest::boot::kernel_instruction(image, KERNEL_USER_IRET, &SWAPGS, 128),
-            sysret: guest::boot::kernel_code(image, KERNEL_SYSRET),
-        };
+        let kernel = kernel_points(&spec.kernel_image, kernel_stack_top);
         tools.debug = Some(DebugTool::new(selector, kernel));
     }
     let points = if options.registers_only {
@@ -450,5 +470,17 @@ pub fn replay(
     if let Some(progress) = options.progress {
         session.on_progress(progress);
     }
+    if options.probes.is_some() {
+        session.collect_probes()?;
+    }
     Ok((session, ReplayStart { restored, notes }))
+}
+
+/// The guest kernel's code and data the debugger's engine uses.
+fn kernel_points(image: &[u8], stack_top_var: Option<u64>) -> KernelPoints {
+    KernelPoints {
+        stack_top_var,
+        iret: guest::boot::kernel_instruction(image, KERNEL_USER_IRET, &SWAPGS, 128),
+        sysret: guest::boot::kernel_code(image, KERNEL_SYSRET),
+    }
 }

@@ -7,6 +7,7 @@ use crate::plugin::Plugin;
 pub mod deadlock;
 pub mod locks;
 pub mod memory;
+pub mod probes;
 pub mod profile;
 pub mod threads;
 pub mod timeline;
@@ -20,6 +21,7 @@ pub fn registry() -> Vec<Box<dyn Plugin>> {
         Box::new(profile::Profile::new(profile::ProfileOptions::default())),
         Box::new(threads::Threads::new()),
         Box::new(memory::Memory::new()),
+        Box::new(probes::Probes::new()),
         Box::new(timeline::Timeline::new(None)),
     ]
 }

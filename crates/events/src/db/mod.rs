@@ -7,7 +7,9 @@
 //! a few bytes per event, see [`crate::packed`]) or `rows` (one row of the
 //! `events` table per event, for SQL queries, about 37 bytes per event).
 //! Readers take both, and version 1 and 2 databases. Version 3 adds the
-//! checksums of [`digest`]: every block's, and every table's.
+//! checksums of [`digest`]: every block's, and every table's. Version 4
+//! adds the probes given at replay (`probes`) and the values their hits
+//! captured (`probe_values`).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -25,9 +27,9 @@ pub use reader::EventDb;
 pub use writer::EventWriter;
 
 /// `PRAGMA user_version` of the databases this insight writes.
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 /// Older versions this insight still reads (without checksums).
-const READABLE_VERSIONS: [i64; 3] = [1, 2, 3];
+const READABLE_VERSIONS: [i64; 4] = [1, 2, 3, 4];
 /// `PRAGMA application_id`: "INSG".
 pub const APPLICATION_ID: i64 = 0x494e_5347;
 
@@ -71,6 +73,14 @@ CREATE TABLE event_blocks(
 );
 CREATE TABLE stacks(seq INTEGER PRIMARY KEY, frames BLOB NOT NULL);
 CREATE TABLE anomalies(what TEXT PRIMARY KEY, count INTEGER NOT NULL, example TEXT);
+CREATE TABLE probes(id INTEGER PRIMARY KEY, spec TEXT NOT NULL, captures TEXT NOT NULL);
+CREATE TABLE probe_values(
+    seq INTEGER NOT NULL,
+    slot INTEGER NOT NULL,
+    value INTEGER,
+    bytes BLOB,
+    PRIMARY KEY(seq, slot)
+) WITHOUT ROWID;
 CREATE VIEW named_events AS
     SELECT e.seq, e.time, k.name AS kind,
         CASE e.source WHEN 0 THEN 'probe' WHEN 1 THEN 'kernel' ELSE 'host' END AS source,
@@ -148,6 +158,24 @@ impl Row {
             value: e.value,
         }
     }
+}
+
+/// A probe given at replay, as the database keeps it: its number (the
+/// `value` of its PROBE and PROBE_RET events), the spec's text, and the
+/// names of the values each hit captured, by slot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProbeRow {
+    pub id: u32,
+    pub spec: String,
+    pub captures: Vec<String>,
+}
+
+/// A value a probe's hit captured: an integer, or bytes (memory, a
+/// string).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ProbeValue {
+    Int(i64),
+    Bytes(Vec<u8>),
 }
 
 /// How events are stored.

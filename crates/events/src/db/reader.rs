@@ -2,6 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
+use rusqlite::types::Value;
 use rusqlite::{Connection, OpenFlags};
 
 use super::*;
@@ -393,7 +394,11 @@ impl EventDb {
         if first != 1 {
             w.start_at(first)?;
         }
-        for table in ["meta", "threads", "objects", "anomalies"] {
+        let mut tables = vec!["meta", "threads", "objects", "anomalies"];
+        if self.version >= 4 {
+            tables.extend(["probes", "probe_values"]);
+        }
+        for table in tables {
             let rows = self.rows(&format!("SELECT * FROM {table}"))?;
             for row in rows {
                 if table == "meta"
@@ -482,7 +487,18 @@ impl EventDb {
                  count = count + excluded.count",
             ),
         ];
-        for (read, write) in copies {
+        let probes = [
+            (
+                "SELECT * FROM probes",
+                "INSERT OR IGNORE INTO probes VALUES (?1, ?2, ?3)",
+            ),
+            (
+                "SELECT * FROM probe_values",
+                "INSERT OR REPLACE INTO probe_values VALUES (?1, ?2, ?3, ?4)",
+            ),
+        ];
+        let probes = if self.version >= 4 { &probes[..] } else { &[] };
+        for (read, write) in copies.iter().chain(probes) {
             for row in self.rows(read)? {
                 w.conn
                     .execute(write, rusqlite::params_from_iter(row))
@@ -490,6 +506,67 @@ impl EventDb {
             }
         }
         self.push_events_to(w)
+    }
+
+    /// The probes given at the replay that wrote it (none before schema
+    /// version 4), by number.
+    pub fn probes(&self) -> Result<Vec<ProbeRow>, DbError> {
+        if self.version < 4 {
+            return Ok(Vec::new());
+        }
+        let mut out = Vec::new();
+        for row in self.rows("SELECT id, spec, captures FROM probes ORDER BY id")? {
+            let (Some(Value::Integer(id)), Some(Value::Text(spec)), Some(Value::Text(captures))) =
+                (row.first(), row.get(1), row.get(2))
+            else {
+                return Err(self.corrupt("a row of its probes table is malformed"));
+            };
+            let id =
+                u32::try_from(*id).map_err(|_| self.corrupt("a probe number is out of range"))?;
+            let captures = match captures.is_empty() {
+                true => Vec::new(),
+                false => captures.split('\t').map(str::to_owned).collect(),
+            };
+            out.push(ProbeRow {
+                id,
+                spec: spec.clone(),
+                captures,
+            });
+        }
+        Ok(out)
+    }
+
+    /// The values probe hits captured: by event, (slot, value) in slot
+    /// order.
+    pub fn probe_values(&self) -> Result<HashMap<u64, Vec<(u32, ProbeValue)>>, DbError> {
+        let mut out: HashMap<u64, Vec<(u32, ProbeValue)>> = HashMap::new();
+        if self.version < 4 {
+            return Ok(out);
+        }
+        let rows =
+            self.rows("SELECT seq, slot, value, bytes FROM probe_values ORDER BY seq, slot")?;
+        for row in rows {
+            let value = match (row.get(2), row.get(3)) {
+                (Some(Value::Integer(v)), _) => ProbeValue::Int(*v),
+                (_, Some(Value::Blob(b))) => ProbeValue::Bytes(b.clone()),
+                _ => return Err(self.corrupt("a probe value is neither an integer nor bytes")),
+            };
+            let (Some(Value::Integer(seq)), Some(Value::Integer(slot))) = (row.first(), row.get(1))
+            else {
+                return Err(self.corrupt("a row of its probe_values table is malformed"));
+            };
+            let slot =
+                u32::try_from(*slot).map_err(|_| self.corrupt("a probe slot is out of range"))?;
+            out.entry(*seq as u64).or_default().push((slot, value));
+        }
+        Ok(out)
+    }
+
+    fn corrupt(&self, what: &str) -> DbError {
+        DbError::Corrupt {
+            path: self.path.clone(),
+            what: what.to_owned(),
+        }
     }
 
     /// The anomalies the capture counted: (what, count, example).

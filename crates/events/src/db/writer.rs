@@ -294,6 +294,29 @@ impl EventWriter {
         Ok(())
     }
 
+    /// Declares a probe given at replay.
+    pub fn probe(&mut self, probe: &ProbeRow) -> Result<(), DbError> {
+        self.conn
+            .prepare_cached("INSERT OR REPLACE INTO probes VALUES (?1, ?2, ?3)")
+            .and_then(|mut s| s.execute(params![probe.id, probe.spec, probe.captures.join("\t")]))
+            .map_err(sql(&self.partial))?;
+        Ok(())
+    }
+
+    /// A value the hit that made event `seq` captured, in its probe's
+    /// capture `slot`.
+    pub fn probe_value(&mut self, seq: u64, slot: u32, value: &ProbeValue) -> Result<(), DbError> {
+        let (int, bytes) = match value {
+            ProbeValue::Int(v) => (Some(*v), None),
+            ProbeValue::Bytes(b) => (None, Some(b.as_slice())),
+        };
+        self.conn
+            .prepare_cached("INSERT OR REPLACE INTO probe_values VALUES (?1, ?2, ?3, ?4)")
+            .and_then(|mut s| s.execute(params![seq, slot, int, bytes]))
+            .map_err(sql(&self.partial))?;
+        Ok(())
+    }
+
     /// Stores the anomaly counters (what was wrong, how often, an example).
     pub fn anomalies(&mut self, counts: &[(String, u64, String)]) -> Result<(), DbError> {
         for (what, n, example) in counts {

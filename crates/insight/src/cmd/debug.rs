@@ -91,6 +91,7 @@ fn prepare(
         to: None,
         checkpoint_every: None,
         debug: Some(selector.clone()),
+        probes: None,
         sent_frames: None,
         progress: None,
     };

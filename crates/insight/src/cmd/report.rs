@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use diagnosis::plugin::{self, Output, Plugin};
-use diagnosis::plugins::{self, deadlock, locks, memory, profile, threads, timeline};
+use diagnosis::plugins::{self, deadlock, locks, memory, probes, profile, threads, timeline};
 use diagnosis::symbols::GuestFiles;
 use events::db::EventDb;
 
@@ -89,6 +89,21 @@ Example:\n  insight replay t1 --events t1.db && insight report threads t1.db"
         long_about = "Per variable and heap block of a process traced at replay (`insight replay TRACE --trace-process PID --trace-memory FILE`, docs/expansion.md), from the MEMACCESS and heap events of its event database: loads, stores, read-modify-writes and bytes. Global and static variables are named by the symbol tables of the objects the process loaded, heap blocks by their allocation site (malloc@function+0x1f, from the probe library's heap events: record with --probes), other memory by its page. An access to a heap block after it was freed is listed under \"Use after free\" with where the block was freed and the first such access; the allocator's own accesses (inside malloc, free ...) are counted apart. --svg FILE draws a heat map: a row per page, the accesses in the order made from left to right.\n\nExample:\n  insight replay t1 --trace-process 19 --trace-memory t1.mem\n  insight report memory t1 --svg t1-pages.svg"
     )]
     Memory(MemoryArgs),
+    /// What the probes given at replay saw: calls per thread, histograms
+    /// of captured values and of call durations, top stacks.
+    #[command(
+        long_about = "What the probes given at replay (`insight replay TRACE --probe SPEC`, \
+docs/probes.md) saw, from the PROBE and PROBE_RET events of an event database. Per probe, \
+named by its spec: its calls (hits whose condition held), per thread; for each integer it \
+captured (arguments, the return value, registers, variables) the least, greatest and mean \
+value and a log2 histogram, as bpftrace's hist() draws it; for a `return` probe the same of \
+its calls' durations (duration_ns, the recording's guest time); for memory and strings the \
+most frequent values; with `ustack` the most frequent call stacks. --csv prints one row per \
+hit instead.\n\n\
+Example:\n  insight replay t1 --probe 'parse_request capture arg1' --probe 'compress return'\n  \
+insight report probes t1 --json"
+    )]
+    Probes(ProbesArgs),
     /// Threads, lock waits and holds, context switches and samples over
     /// time: Perfetto's JSON, or a page.
     #[command(
@@ -234,6 +249,19 @@ pub struct MemoryArgs {
     json: bool,
 }
 
+#[derive(clap::Args)]
+pub struct ProbesArgs {
+    #[command(flatten)]
+    input: Input,
+    /// JSON instead of text.
+    #[arg(long)]
+    json: bool,
+    /// One CSV row per hit (seq, time_ns, probe, event, pid, lwpid, the
+    /// captured values as name=value separated by ';', bytes in hex).
+    #[arg(long, conflicts_with = "json")]
+    csv: bool,
+}
+
 /// Any plugin without options of its own: `insight report NAME DB`.
 #[derive(clap::Parser)]
 struct PluginArgs {
@@ -307,6 +335,14 @@ pub fn report(args: ReportArgs) -> Result<ExitCode> {
                 "heat map",
                 a.input.force,
             )?;
+        }
+        Tool::Probes(a) => {
+            let out = run_one(Box::new(probes::Probes::new()), &a.input)?;
+            if a.csv {
+                print!("{}", printable(out.attachment("csv").unwrap_or_default()));
+            } else {
+                print_output(&out, a.json);
+            }
         }
         Tool::Timeline(a) => {
             let db = traces::events_db(a.input.db.as_deref(), "timeline")?;

@@ -20,6 +20,7 @@ use super::{
 use crate::boot_snapshot::{self, SnapshotRestored};
 use crate::points::{Found, PointCounts, PointSearch, SampleStats};
 use crate::tools::checkpoints::{self, CheckpointTaker, RestoredFrom};
+use crate::tools::debug::Resume;
 use crate::tools::exec;
 use crate::tools::samples::Sampling;
 use crate::tools::{CheckpointEvery, CheckpointRestored, ReplayPoint, ReplayTools};
@@ -197,6 +198,17 @@ impl ReplaySession {
     /// replay finds the guest doing something the recording did not.
     pub fn run(self) -> Result<RunOutcome, VmError> {
         run_on_vcpu_thread(self.machine, self.mode)
+    }
+}
+
+impl ReplaySession {
+    /// Arms the probes given at replay: the debugger's engine collects
+    /// their hits to the replay's end.
+    pub(crate) fn collect_probes(&mut self) -> Result<(), VmError> {
+        if let Some(debug) = &mut self.mode.tools.debug {
+            debug.resume(&mut self.machine, Resume::Collect)?;
+        }
+        Ok(())
     }
 }
 
@@ -412,7 +424,11 @@ impl Mode for Replaying {
 
     fn debug_exit(&mut self, m: &mut Machine) -> Result<(), VmError> {
         if let Some(debug) = &mut self.tools.debug {
-            return debug.debug_exit(m, &self.points);
+            debug.debug_exit(m, &self.points)?;
+            if let (Some(probes), Some(events)) = (&mut self.tools.probes, &mut self.tools.events) {
+                probes.collect(m, debug, events, self.log.event_ns())?;
+            }
+            return Ok(());
         }
         if let (Some(tracer), Some(events)) = (&mut self.tools.tracing, &mut self.tools.events) {
             // Its accesses happened at the time events raised now would

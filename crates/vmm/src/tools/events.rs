@@ -5,6 +5,7 @@
 use devices::control::EventRaiser;
 use events::abi::{Kind, Payload, Source};
 use events::capture::{Capture, CaptureSummary, Stored};
+use events::db::ProbeValue;
 use introspect::guest_events::{self, SwitchRing, UserMemory};
 use kvm_bindings::kvm_regs;
 use unwind::Regs;
@@ -105,6 +106,57 @@ impl EventTool {
             rbp: regs.rbp,
         });
         self.stack_of(&m.vm.mem, stored, cr3, at)
+    }
+
+    /// Process `pid` runs the executable at guest `path`, loaded at
+    /// `bias`: its stacks unwind through it, and reports name its code.
+    pub(crate) fn executable_seen(
+        &mut self,
+        pid: u32,
+        bias: u64,
+        path: &str,
+    ) -> Result<(), VmError> {
+        if let Some(stacks) = &mut self.stacks {
+            stacks.mapped(pid, bias, path);
+        }
+        self.capture.object_seen(pid, bias, path)?;
+        Ok(())
+    }
+
+    /// A hit of a probe given at replay by task (pid, lwpid), stored at
+    /// guest time `ns` after the switches before it; with the user stack
+    /// unwound from `stack_from` (for `ustack`), where the objects of the
+    /// process are known.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn probe_hit(
+        &mut self,
+        m: &Machine,
+        ns: u64,
+        task: (u32, u32),
+        kind: Kind,
+        probe: u32,
+        (addr, caller): (u64, Option<u64>),
+        values: &[(u32, ProbeValue)],
+        stack_from: Option<&kvm_regs>,
+    ) -> Result<(), VmError> {
+        self.drain_switches(&m.vm.mem, ns)?;
+        let mut frames = Vec::new();
+        if let (Some(stacks), Some(r)) = (&mut self.stacks, stack_from) {
+            let cr3 = m.vcpu.sregs()?.cr3;
+            let mut mem = UserMemory {
+                mem: &m.vm.mem,
+                cr3,
+            };
+            let at = Regs {
+                rip: r.rip,
+                rsp: r.rsp,
+                rbp: r.rbp,
+            };
+            frames = stacks.unwind(task.0, &mut mem, at, MAX_STACK_FRAMES);
+        }
+        self.capture
+            .probe_hit(ns, task, kind, probe, addr, caller, values, &frames)?;
+        Ok(())
     }
 
     /// A probe raised an event through the gate, its buffer at `address`:

@@ -9,6 +9,7 @@ pub mod debug;
 pub(crate) mod events;
 pub(crate) mod exec;
 pub(crate) mod frames;
+pub mod probes;
 pub(crate) mod samples;
 pub(crate) mod tracing;
 
@@ -49,6 +50,8 @@ pub(crate) struct ReplayTools {
     pub(crate) kernel_stack_top: Option<u64>,
     /// A debugger's hold on one process.
     pub(crate) debug: Option<debug::DebugTool>,
+    /// Probes given at replay (with `debug`, collecting, and `events`).
+    pub(crate) probes: Option<probes::ProbeTool>,
 }
 
 /// Guest memory for the tools' tests.

@@ -173,6 +173,21 @@ pub struct ReplayArgs {
     /// (default: the guest command's program).
     #[arg(long, value_name = "PID|NAME", requires = "gdb")]
     pub process: Option<String>,
+    /// Probe the recorded program at replay, with no change to it and
+    /// nothing paid while recording (docs/probes.md): SPEC names a
+    /// function of the program (`parse`), a FILE:LINE, or an address,
+    /// then optionally `return`, `in PROGRAM` or `in pid PID`, `capture`
+    /// values (arg0..arg5, retval, registers, *argN:LEN, str(argN), a
+    /// global variable, ustack) and `if OPERAND OP NUMBER`. E.g.
+    /// --probe 'parse_request capture arg1 if arg1 > 4096'. Hits become
+    /// PROBE and PROBE_RET events (`insight report probes`); each costs
+    /// the replay two exits. Repeatable; the events go to TRACE/events.db
+    /// unless --events names a file.
+    #[arg(long, value_name = "SPEC", conflicts_with_all = ["gdb", "trace_process", "jobs", "segment", "from", "checkpoint_every"])]
+    pub probe: Vec<String>,
+    /// Probes from FILE, one spec per line (`#` starts a comment line).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["gdb", "trace_process", "jobs", "segment", "from", "checkpoint_every"])]
+    pub probes_file: Option<PathBuf>,
     /// Write each load and store of the traced process's user code to
     /// FILE, a line per access: kind (L, S or M for read-modify-write, as
     /// Valgrind's lackey), address, size, thread, instruction address.

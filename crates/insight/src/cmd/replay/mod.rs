@@ -4,6 +4,7 @@
 //! `segments.rs`.
 
 pub(crate) mod args;
+mod probes;
 mod segments;
 
 pub use args::{parse_duration, parse_position, EventsFormat, Position, ReplayArgs, Unwind};
@@ -51,6 +52,11 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
         let (from, to) = segment_bounds(&trace, segment)?;
         args.from = from.map(|e| Position::At(ReplayPoint::Exit(e)));
         args.to = to.map(|e| Position::At(ReplayPoint::Exit(e)));
+    }
+    let probe_specs = probes::specs(&args.probe, args.probes_file.as_deref())?;
+    if !probe_specs.is_empty() && !args.diagnose.iter().any(|d| d == "probes") {
+        // The probes' report comes with them.
+        args.diagnose.push("probes".into());
     }
     let tools: Vec<Box<dyn Plugin>> = args
         .diagnose
@@ -128,6 +134,25 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
     }
     let reader = open_trace(&trace)?;
     let complete = reader.complete.is_some();
+    let probe_plan = match probe_specs.is_empty() {
+        true => None,
+        false => {
+            let files = traces::guest_files(&reader.header, &trace)?;
+            let program = traces::recorded_program(&reader.header, &trace).unwrap_or_default();
+            let plan = probes::plan(probe_specs, &files, &program)?;
+            eprintln!(
+                "insight: {} probe{} armed in {} (docs/probes.md)",
+                plan.probes.len(),
+                if plan.probes.len() == 1 { "" } else { "s" },
+                match &plan.process {
+                    vmm::tools::debug::ProcessSelector::Pid(pid) => format!("process {pid}"),
+                    vmm::tools::debug::ProcessSelector::Name(name) =>
+                        format!("the first process to run {name}"),
+                }
+            );
+            Some(plan)
+        }
+    };
     let status = StatusLine::for_stderr();
     let console: Box<dyn Write + Send> = if args.no_console {
         Box::new(std::io::sink())
@@ -174,6 +199,7 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
         to: args.to.map(|p| p.resolve(&trace, true)).transpose()?,
         checkpoint_every: args.checkpoint_every,
         debug: None,
+        probes: probe_plan,
         sent_frames,
         progress: progress_report(&status, "replay"),
     };

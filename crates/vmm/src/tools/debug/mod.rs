@@ -125,6 +125,10 @@ pub enum Resume {
     /// Until the replay has reached the point and a thread of the process
     /// is on the CPU at a deterministic exit.
     Until(crate::tools::ReplayPoint),
+    /// To the replay's end, never stopping: each breakpoint a thread of
+    /// the process hits is kept with its registers
+    /// (`DebugTool::take_probe_hits`), for the probes given at replay.
+    Collect,
 }
 
 /// Why a resumed replay stopped.
@@ -164,6 +168,29 @@ pub struct Hit {
 pub enum HitKind {
     Breakpoint { addr: u64 },
     Watch { addr: u64 },
+}
+
+/// A breakpoint hit while collecting (`Resume::Collect`): the thread and
+/// its user registers at the breakpoint's address, the instruction not
+/// run yet.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ProbeHit {
+    pub(crate) pid: u32,
+    pub(crate) lwpid: u32,
+    pub(crate) regs: kvm_regs,
+}
+
+/// A tool collecting breakpoint hits (`Resume::Collect`): the breakpoints
+/// it puts in place when the process starts, at addresses of its
+/// executable before the load bias (which the start's `AT_ENTRY` less
+/// `exe_entry` gives), and the hits since the last look.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Collecting {
+    pub(crate) exe_entry: u64,
+    pub(crate) sites: Vec<u64>,
+    /// The load bias, once the process started.
+    pub(crate) bias: Option<u64>,
+    hits: Vec<ProbeHit>,
 }
 
 /// A stop: why, which thread of the process is concerned, and where.
@@ -232,6 +259,8 @@ pub struct DebugTool {
     /// The replay stopped right after an exit (a snapshot may be taken).
     pub(crate) at_exit: bool,
     pub(crate) snapshots: SnapshotClock,
+    /// What a collecting tool collects.
+    pub(crate) collecting: Option<Collecting>,
 }
 
 /// The hardware breakpoints on guest kernel code.
@@ -281,7 +310,33 @@ impl DebugTool {
             ordinal: 0,
             at_exit: false,
             snapshots: SnapshotClock::default(),
+            collecting: None,
         }
+    }
+
+    /// A tool that collects the hits of breakpoints at `sites` of the
+    /// executable of the process `selector` names (addresses before its
+    /// load bias; `exe_entry`: its ELF entry point), to the replay's end.
+    pub(crate) fn collecting(
+        selector: ProcessSelector,
+        kernel: KernelPoints,
+        exe_entry: u64,
+        sites: Vec<u64>,
+    ) -> Self {
+        let mut tool = DebugTool::new(selector, kernel);
+        tool.resume = Resume::Collect;
+        tool.collecting = Some(Collecting {
+            exe_entry,
+            sites,
+            bias: None,
+            hits: Vec::new(),
+        });
+        tool
+    }
+
+    /// The breakpoint hits collected since the last call, oldest first.
+    pub(crate) fn take_probe_hits(&mut self) -> Vec<ProbeHit> {
+        (self.collecting.as_mut()).map_or_else(Vec::new, |c| std::mem::take(&mut c.hits))
     }
 
     /// Pauses right after an exit for a snapshot about every `every` of
@@ -563,7 +618,7 @@ impl DebugTool {
                 self.stop_here(m, StopKind::Reached)?
             }
             Resume::Enter(lwpid) => self.stepping = Some(Stepping::AtReturn(lwpid)),
-            Resume::Continue | Resume::To(_) if user && current.is_some() => {
+            Resume::Continue | Resume::To(_) | Resume::Collect if user && current.is_some() => {
                 let mut regs = m.vcpu.regs()?;
                 if self.step_over_breakpoint(m, &mut regs)? {
                     regs.rflags |= TF;
@@ -741,6 +796,22 @@ impl DebugTool {
         Ok(())
     }
 
+    /// The process started: the breakpoints of a collecting tool go to
+    /// their addresses in its executable, as loaded.
+    fn add_start_sites(&mut self) {
+        let (Some(start), Some(process)) = (&mut self.collecting, &self.tasks.process) else {
+            return;
+        };
+        let Some(entry) = tasks::auxv_value(&process.auxv, tasks::AT_ENTRY) else {
+            return;
+        };
+        let bias = entry.wrapping_sub(start.exe_entry);
+        start.bias = Some(bias);
+        for &site in &start.sites {
+            self.breakpoints.add(site.wrapping_add(bias));
+        }
+    }
+
     /// The kernel breakpoints as this run needs them.
     fn arm(&mut self, m: &mut Machine) -> Result<(), VmError> {
         if self.traps.handlers.is_none() {
@@ -880,7 +951,21 @@ impl DebugTool {
                         user: Some(here),
                     },
                 }),
-                Resume::To(_) | Resume::Start | Resume::Enter(_) | Resume::Until(_) => {}
+                Resume::Collect if wanted => {
+                    let pid = self.tasks.process.as_ref().map_or(0, |p| p.pid);
+                    if let Some(c) = &mut self.collecting {
+                        c.hits.push(ProbeHit {
+                            pid,
+                            lwpid,
+                            regs: user,
+                        });
+                    }
+                }
+                Resume::To(_)
+                | Resume::Start
+                | Resume::Enter(_)
+                | Resume::Until(_)
+                | Resume::Collect => {}
                 Resume::Continue | Resume::Step(_) if wanted => {
                     stop = Some(StopKind::Breakpoint { addr })
                 }
@@ -1006,6 +1091,7 @@ impl DebugTool {
                 if self.resume == Resume::Start {
                     self.stop_here(m, StopKind::Started)?;
                 }
+                self.add_start_sites();
             }
         }
         self.sync_breakpoints(m);
@@ -1059,7 +1145,10 @@ impl DebugTool {
             return Ok(());
         }
         self.tasks.threads.entry(lwpid).or_default().exited = true;
-        if self.tasks.live_threads().is_empty() && self.stop.is_none() {
+        if self.tasks.live_threads().is_empty()
+            && self.stop.is_none()
+            && self.resume != Resume::Collect
+        {
             self.stop_here(m, StopKind::ProcessExited { status })?;
         }
         Ok(())

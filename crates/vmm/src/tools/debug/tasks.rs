@@ -158,6 +158,18 @@ impl Tasks {
     }
 }
 
+/// The auxiliary vector's key of the program's entry point.
+pub(crate) const AT_ENTRY: u64 = 9;
+
+/// The value of `key` in an auxiliary vector (`Elf64_auxv_t` pairs).
+pub(crate) fn auxv_value(auxv: &[u8], key: u64) -> Option<u64> {
+    auxv.chunks_exact(16).find_map(|pair| {
+        let k = u64::from_le_bytes(pair[..8].try_into().ok()?);
+        let v = u64::from_le_bytes(pair[8..].try_into().ok()?);
+        (k == key).then_some(v)
+    })
+}
+
 /// Reads up to `len` bytes at user address `at` of the address space
 /// `cr3` without touching the accessed bits; how many could be read
 /// (reading stops at the first page the process does not map).

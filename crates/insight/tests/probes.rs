@@ -1,0 +1,217 @@
+//! Probes given at replay (`insight replay --probe`, docs/probes.md) on one
+//! recording of the guest's `probe_target`: two threads call
+//! `parse_request(method, len)` and the main thread `factorial(6)`
+//! recursively; the program prints how many calls it made, how many had
+//! a length over 4096, and the factorial's calls and result.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use common::*;
+
+/// The recording the tests probe, and the program's own counts:
+/// (parse_request calls, of them with len > 4096, factorial calls).
+fn recording() -> &'static (PathBuf, (u64, u64, u64)) {
+    static RECORDING: OnceLock<(PathBuf, (u64, u64, u64))> = OnceLock::new();
+    RECORDING.get_or_init(|| {
+        guest_ready();
+        let (trace, out) = record("probes", &[], &["probe_target"]);
+        let stdout = expect_status(&out, 0);
+        let number = |key: &str| -> u64 {
+            stdout
+                .split_whitespace()
+                .skip_while(|w| *w != key)
+                .nth(1)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("no '{key}' in {stdout}"))
+        };
+        let counts = (number("calls"), number("over_4096"), {
+            let line = stdout.lines().find(|l| l.contains("factorial")).unwrap();
+            line.split_whitespace().nth(3).unwrap().parse().unwrap()
+        });
+        (trace, counts)
+    })
+}
+
+/// Replays the recording with `probes` into `db`; the report's JSON.
+fn probe_report(db: &Path, probes: &[&str]) -> serde_json::Value {
+    let mut extra = vec!["--no-console"];
+    for p in probes {
+        extra.extend(["--probe", p]);
+    }
+    let out = replay_into(&recording().0, db, &extra);
+    expect_status(&out, 0);
+    let report = insight()
+        .args(["report", "probes", "--json"])
+        .arg(db)
+        .output()
+        .unwrap();
+    let json = expect_status(&report, 0);
+    serde_json::from_str(&json).unwrap()
+}
+
+fn probe(report: &serde_json::Value, id: u64) -> &serde_json::Value {
+    report["probes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["id"] == id)
+        .unwrap_or_else(|| panic!("no probe {id} in {report}"))
+}
+
+fn value<'a>(probe: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    probe["values"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == name)
+        .unwrap_or_else(|| panic!("no value {name} in {probe}"))
+}
+
+#[test]
+#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
+fn probes_count_what_the_program_counts_and_capture_its_values() {
+    let (_, (calls, over, factorial_calls)) = *recording();
+    let dir = scratch("probes-values");
+    let db = dir.join("events.db");
+    let report = probe_report(
+        &db,
+        &[
+            "parse_request capture arg1, str(arg0), ustack if arg1 > 4096",
+            "factorial return capture arg0, retval",
+            "parse_request return capture retval, requests",
+            "probe_target.c:38 capture rdi",
+        ],
+    );
+    // Entry, with a condition and a string.
+    let p1 = probe(&report, 1);
+    assert_eq!(p1["calls"], over, "{p1}");
+    let per_thread: Vec<u64> = p1["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["calls"].as_u64().unwrap())
+        .collect();
+    assert_eq!(per_thread.len(), 2, "two worker threads: {p1}");
+    assert_eq!(per_thread.iter().sum::<u64>(), over);
+    let len = value(p1, "arg1");
+    assert_eq!(
+        (len["min"].as_i64(), len["max"].as_i64()),
+        (Some(5000), Some(9000))
+    );
+    let methods: Vec<&str> = value(p1, "str(arg0)")["top"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["text"].as_str().unwrap())
+        .collect();
+    let mut sorted = methods.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, ["GET", "POST", "PUT"]);
+    // The stacks name the caller, from the program's call-frame
+    // information.
+    let stacks = p1["stacks"].as_array().unwrap();
+    assert!(!stacks.is_empty(), "{p1}");
+    assert!(
+        stacks[0]["frames"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("worker+"),
+        "{p1}"
+    );
+    // Return, through a recursion six deep.
+    let p2 = probe(&report, 2);
+    assert_eq!(p2["calls"], factorial_calls, "{p2}");
+    let (n, r) = (value(p2, "arg0"), value(p2, "retval"));
+    assert_eq!((n["min"].as_i64(), n["max"].as_i64()), (Some(1), Some(6)));
+    assert_eq!((r["min"].as_i64(), r["max"].as_i64()), (Some(1), Some(720)));
+    // 1 + 2 + 6 + 24 + 120 + 720: each return matched its own call.
+    assert_eq!(r["mean"].as_f64().unwrap() * 6.0, 873.0, "{p2}");
+    assert_eq!(value(p2, "duration_ns")["count"], factorial_calls);
+    // Return of a function two threads run at once; a global variable as
+    // it was at the entry.
+    let p3 = probe(&report, 3);
+    assert_eq!(p3["calls"], calls, "{p3}");
+    assert_eq!(value(p3, "retval")["max"], 18000);
+    let requests = value(p3, "requests");
+    assert_eq!(
+        (requests["min"].as_u64(), requests["max"].as_u64()),
+        (Some(0), Some(calls - 1))
+    );
+    // A source line (factorial's first statement), and a register there.
+    let p4 = probe(&report, 4);
+    assert_eq!(p4["calls"], factorial_calls, "{p4}");
+    assert_eq!(value(p4, "rdi")["max"], 6);
+    // One row per hit.
+    let csv = insight()
+        .args(["report", "probes", "--csv"])
+        .arg(&db)
+        .output()
+        .unwrap();
+    let csv = expect_status(&csv, 0);
+    let rows = csv.lines().skip(1).count() as u64;
+    assert_eq!(
+        rows,
+        over + factorial_calls + calls + factorial_calls,
+        "{csv}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
+fn probe_events_are_the_same_in_every_replay() {
+    let dir = scratch("probes-again");
+    let specs = [
+        "parse_request return capture arg1, retval",
+        "factorial capture arg0",
+    ];
+    let mut seen = Vec::new();
+    for round in 0..2 {
+        let db = dir.join(format!("events-{round}.db"));
+        probe_report(&db, &specs);
+        let probe_rows: Vec<String> = rows(&db)
+            .into_iter()
+            .filter(|r| {
+                matches!(
+                    r.kind,
+                    events::abi::Kind::Probe | events::abi::Kind::ProbeReturn
+                )
+            })
+            .map(|r| format!("{r:?}"))
+            .collect();
+        assert!(!probe_rows.is_empty());
+        let values = events::db::EventDb::open(&db)
+            .unwrap()
+            .probe_values()
+            .unwrap();
+        let mut values: Vec<String> = values.into_iter().map(|v| format!("{v:?}")).collect();
+        values.sort();
+        seen.push((probe_rows, values));
+    }
+    assert_eq!(seen[0], seen[1]);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+#[ignore = "needs the guest image (tools/test runs it)"]
+fn bad_probes_are_refused_before_the_replay_boots_naming_the_nearest() {
+    let trace = &recording().0;
+    let refused = |spec: &str| -> String {
+        let out = replay_with(trace, &["--no-console", "--probe", spec]);
+        assert!(!out.status.success(), "{spec} was accepted");
+        let (stdout, stderr) = text(&out);
+        assert!(
+            !stdout.contains("probe_target:"),
+            "{spec}: the replay ran: {stdout}"
+        );
+        stderr
+    };
+    assert!(refused("parse_requst").contains("nearest: parse_request"));
+    assert!(refused("parse_request capture nosuch").contains("no global variable 'nosuch'"));
+    assert!(refused("probe_target.c:2").contains("nearest lines with code"));
+    assert!(refused("parse_request capture retval").contains("add 'return'"));
+    assert!(refused("libnosuch.so:f").contains("libnosuch.so"));
+}

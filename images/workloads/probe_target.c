@@ -1,0 +1,71 @@
+/*
+ * probe_target [CALLS]: what the tests of probes given at replay look at.
+ * Two threads call parse_request() CALLS times each (default 60) with a
+ * length that cycles through 0, 1000, ..., 9000 and a method name that
+ * cycles through "GET", "PUT", "POST"; parse_request() returns twice the
+ * length and counts its calls in the global `requests`. The main thread
+ * then computes factorial(6) recursively (6 nested calls) once. The
+ * program prints what a probe should see:
+ *   probe_target: parse_request calls C over_4096 B requests R
+ *   probe_target: factorial calls F result X
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+long requests;
+static long factorial_calls;
+static volatile long sink;
+static long calls = 60;
+static long over_4096;
+static pthread_mutex_t count_lock = PTHREAD_MUTEX_INITIALIZER;
+
+__attribute__((noinline)) long parse_request(const char *method, long len)
+{
+	pthread_mutex_lock(&count_lock);
+	requests++;
+	if (len > 4096)
+		over_4096++;
+	pthread_mutex_unlock(&count_lock);
+	for (long i = 0; i < len; i++)
+		sink += method[i % strlen(method)];
+	return 2 * len;
+}
+
+__attribute__((noinline)) long factorial(long n)
+{
+	factorial_calls++;
+	if (n <= 1)
+		return 1;
+	long r = n * factorial(n - 1);
+	sink += r;
+	return r;
+}
+
+static void *worker(void *arg)
+{
+	static const char *const methods[] = {"GET", "PUT", "POST"};
+	(void)arg;
+	for (long i = 0; i < calls; i++)
+		sink += parse_request(methods[i % 3], (i % 10) * 1000);
+	return NULL;
+}
+
+int main(int argc, char **argv)
+{
+	pthread_t t[2];
+
+	if (argc > 1)
+		calls = atol(argv[1]);
+	for (int i = 0; i < 2; i++)
+		if (pthread_create(&t[i], NULL, worker, NULL) != 0)
+			return 1;
+	for (int i = 0; i < 2; i++)
+		pthread_join(t[i], NULL);
+	long f = factorial(6);
+	printf("probe_target: parse_request calls %ld over_4096 %ld requests %ld\n",
+	       2 * calls, over_4096, requests);
+	printf("probe_target: factorial calls %ld result %ld\n", factorial_calls, f);
+	return 0;
+}
