@@ -212,8 +212,17 @@ pub struct ElfSymbols<'a> {
     data: Vec<(u64, u64, String)>,
     /// The lowest and highest address its loadable segments cover.
     span: (u64, u64),
+    /// Every function and data object name, aliases included: (start,
+    /// end).
+    names: HashMap<String, (u64, u64)>,
+    /// The names that are indirect functions (`STT_GNU_IFUNC`): their
+    /// address is a resolver's, which picks the implementation a call
+    /// reaches.
+    ifuncs: std::collections::HashSet<String>,
     /// Its entry point (ELF `e_entry`).
     entry: u64,
+    /// Where its dynamic section is (`.dynamic`), if it has one.
+    dynamic: Option<u64>,
     /// Where its DWARF may be: the file itself, then its debug file.
     dwarf_in: [Option<&'a [u8]>; 2],
     /// Its DWARF line tables, read at the first lookup.
@@ -233,6 +242,7 @@ impl<'a> ElfSymbols<'a> {
         let debug_file = debug.and_then(|d| object::File::parse(d).ok());
         let mut functions: Vec<(u64, u64, String)> = Vec::new();
         let mut data: Vec<(u64, u64, String)> = Vec::new();
+        let mut ifuncs = std::collections::HashSet::new();
         let symbols = file
             .symbols()
             .chain(file.dynamic_symbols())
@@ -249,6 +259,17 @@ impl<'a> ElfSymbols<'a> {
             }
             let end = sym.address().saturating_add(sym.size().max(1));
             list.push((sym.address(), end, name.to_owned()));
+            if let object::SymbolFlags::Elf { st_info, .. } = sym.flags() {
+                if st_info & 0xf == object::elf::STT_GNU_IFUNC {
+                    ifuncs.insert(name.to_owned());
+                }
+            }
+        }
+        // Every name, aliases included (`pthread_mutex_lock` and
+        // `__pthread_mutex_lock` are one function): (start, end).
+        let mut names: HashMap<String, (u64, u64)> = HashMap::new();
+        for (start, end, name) in functions.iter().chain(&data) {
+            names.entry(name.clone()).or_insert((*start, *end));
         }
         for list in [&mut functions, &mut data] {
             list.sort();
@@ -266,7 +287,10 @@ impl<'a> ElfSymbols<'a> {
             functions,
             data,
             span,
+            names,
+            ifuncs,
             entry: file.entry(),
+            dynamic: file.section_by_name(".dynamic").map(|s| s.address()),
             dwarf_in: [Some(elf), debug],
             lines: OnceCell::new(),
         })
@@ -318,27 +342,43 @@ impl<'a> ElfSymbols<'a> {
         self.entry
     }
 
-    /// The address and size of the data object named `name`.
+    /// The address of its dynamic section, where the dynamic linker
+    /// says where the process's libraries are (`DT_DEBUG`).
+    pub fn dynamic(&self) -> Option<u64> {
+        self.dynamic
+    }
+
+    /// The address and size of the data object named `name` (any of its
+    /// names).
     pub fn data_object(&self, name: &str) -> Option<(u64, u64)> {
-        self.data
-            .iter()
-            .find(|d| d.2 == name)
-            .map(|d| (d.0, d.1 - d.0))
+        let &(start, end) = self.names.get(name)?;
+        containing(&self.data, start).map(|_| (start, end - start))
     }
 
-    /// The address of the function named `name`.
+    /// The address of the function named `name` (any of its names).
     pub fn function_address(&self, name: &str) -> Option<u64> {
-        self.functions.iter().find(|f| f.2 == name).map(|f| f.0)
+        let &(start, _) = self.names.get(name)?;
+        containing(&self.functions, start).map(|_| start)
     }
 
-    /// The names of its functions.
+    /// Whether `name` is an indirect function (`STT_GNU_IFUNC`, as glibc's
+    /// `strlen` or `memcpy`): its address is its resolver's.
+    pub fn is_indirect(&self, name: &str) -> bool {
+        self.ifuncs.contains(name)
+    }
+
+    /// The names of its functions, aliases included.
     pub fn function_names(&self) -> impl Iterator<Item = &str> {
-        self.functions.iter().map(|f| f.2.as_str())
+        (self.names.iter())
+            .filter(|(_, &(start, _))| containing(&self.functions, start).is_some())
+            .map(|(n, _)| n.as_str())
     }
 
-    /// The names of its data objects.
+    /// The names of its data objects, aliases included.
     pub fn data_names(&self) -> impl Iterator<Item = &str> {
-        self.data.iter().map(|d| d.2.as_str())
+        (self.names.iter())
+            .filter(|(_, &(start, _))| containing(&self.data, start).is_some())
+            .map(|(n, _)| n.as_str())
     }
 
     /// The lowest address the DWARF line tables give line `line` of the

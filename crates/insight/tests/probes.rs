@@ -83,6 +83,7 @@ fn probes_count_what_the_program_counts_and_capture_its_values() {
             "factorial return capture arg0, retval",
             "parse_request return capture retval, requests",
             "probe_target.c:38 capture rdi",
+            "libc.so.6:pthread_mutex_lock capture ustack",
         ],
     );
     // Entry, with a condition and a string.
@@ -144,6 +145,29 @@ fn probes_count_what_the_program_counts_and_capture_its_values() {
     let p4 = probe(&report, 4);
     assert_eq!(p4["calls"], factorial_calls, "{p4}");
     assert_eq!(value(p4, "rdi")["max"], 6);
+    // A function of a shared library (found in the dynamic linker's list),
+    // under one of its names (glibc's own is __pthread_mutex_lock): every
+    // parse_request call takes the lock once, from one place.
+    let p5 = probe(&report, 5);
+    assert!(p5["calls"].as_u64().unwrap() >= calls, "{p5}");
+    let top = &p5["stacks"][0];
+    assert_eq!(top["count"], calls, "{p5}");
+    assert!(
+        top["frames"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("parse_request+"),
+        "{p5}"
+    );
+    assert!(
+        top["frames"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f.as_str().unwrap().contains("libc.so.6")),
+        "the stack goes on through libc: {p5}"
+    );
+    let lib_calls = p5["calls"].as_u64().unwrap();
     // One row per hit.
     let csv = insight()
         .args(["report", "probes", "--csv"])
@@ -154,7 +178,7 @@ fn probes_count_what_the_program_counts_and_capture_its_values() {
     let rows = csv.lines().skip(1).count() as u64;
     assert_eq!(
         rows,
-        over + factorial_calls + calls + factorial_calls,
+        over + factorial_calls + calls + factorial_calls + lib_calls,
         "{csv}"
     );
     let _ = std::fs::remove_dir_all(dir);
@@ -213,5 +237,6 @@ fn bad_probes_are_refused_before_the_replay_boots_naming_the_nearest() {
     assert!(refused("parse_request capture nosuch").contains("no global variable 'nosuch'"));
     assert!(refused("probe_target.c:2").contains("nearest lines with code"));
     assert!(refused("parse_request capture retval").contains("add 'return'"));
-    assert!(refused("libnosuch.so:f").contains("libnosuch.so"));
+    assert!(refused("libnosuch.so:f").contains("no library 'libnosuch.so'"));
+    assert!(refused("libc.so.6:strlen").contains("indirect function"));
 }

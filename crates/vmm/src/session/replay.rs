@@ -523,6 +523,9 @@ impl Mode for Replaying {
         }
         if let Some(debug) = &mut self.tools.debug {
             debug.advanced(m, debug_entry.as_ref(), &self.log.position())?;
+            if let (Some(probes), Some(events)) = (&mut self.tools.probes, &mut self.tools.events) {
+                probes.advanced(m, debug, events)?;
+            }
         }
         Ok(())
     }

@@ -35,18 +35,25 @@ pub struct ProbePlan {
     /// The ELF entry point of its executable (its load bias is where the
     /// kernel says the program starts, less this).
     pub exe_entry: u64,
+    /// Where the executable's dynamic section is (before the load bias):
+    /// its `DT_DEBUG` entry leads to the dynamic linker's list of the
+    /// libraries loaded. `None` for a static executable.
+    pub exe_dynamic: Option<u64>,
     pub probes: Vec<PlannedProbe>,
 }
 
-/// One probe: its number, its spec, and where it goes in the executable
-/// (before the load bias).
+/// One probe: its number, its spec, and where it goes in its object
+/// (before the object's load bias).
 #[derive(Clone, Debug)]
 pub struct PlannedProbe {
     pub id: u32,
     pub spec: ProbeSpec,
+    /// The shared library it goes into (its guest path), or `None`: the
+    /// executable.
+    pub object: Option<String>,
     pub site: u64,
     /// The global variables it captures or compares: their addresses in
-    /// the executable and sizes (1 to 8 bytes).
+    /// the object and sizes (1 to 8 bytes).
     pub globals: Vec<(String, u64, u8)>,
 }
 
@@ -91,8 +98,11 @@ pub(crate) struct ProbeTool {
     /// Breakpoints at return addresses, with how many calls wait there.
     return_sites: HashMap<u64, usize>,
     exe_path: String,
+    exe_dynamic: Option<u64>,
     /// The process whose executable the events tool was told of.
     announced: Option<u32>,
+    /// The libraries found loaded: (path, load bias).
+    libraries: Vec<(String, u64)>,
 }
 
 impl ProbeTool {
@@ -102,14 +112,19 @@ impl ProbeTool {
             calls: HashMap::new(),
             return_sites: HashMap::new(),
             exe_path: plan.exe_path.clone(),
+            exe_dynamic: plan.exe_dynamic,
             announced: None,
+            libraries: Vec::new(),
         }
     }
 
-    /// The breakpoints the process needs from its start: every probe's
-    /// site.
+    /// The breakpoints the process needs from its start: the sites of the
+    /// probes in its executable.
     pub(crate) fn sites(&self) -> Vec<u64> {
-        let mut sites: Vec<u64> = self.probes.iter().map(|p| p.site).collect();
+        let mut sites: Vec<u64> = (self.probes.iter())
+            .filter(|p| p.object.is_none())
+            .map(|p| p.site)
+            .collect();
         sites.sort_unstable();
         sites.dedup();
         sites
@@ -120,7 +135,7 @@ impl ProbeTool {
     /// hit (nothing ran since).
     pub(crate) fn collect(
         &mut self,
-        m: &Machine,
+        m: &mut Machine,
         debug: &mut DebugTool,
         events: &mut EventTool,
         ns: u64,
@@ -129,18 +144,83 @@ impl ProbeTool {
         if hits.is_empty() {
             return Ok(());
         }
-        let bias = debug.collecting.as_ref().and_then(|s| s.bias).unwrap_or(0);
+        let bias = exe_bias(debug).unwrap_or(0);
         if let Some(first) = hits.first().filter(|h| self.announced != Some(h.pid)) {
             self.announced = Some(first.pid);
             events.executable_seen(first.pid, bias, &self.exe_path)?;
         }
+        let bases = self.bases(debug);
         let mut changed = false;
         for hit in hits {
-            changed |= self.returned(m, debug, events, ns, &hit)?;
-            changed |= self.entered(m, debug, events, ns, bias, &hit)?;
+            changed |= self.returned(m, debug, events, ns, &bases, &hit)?;
+            changed |= self.entered(m, debug, events, ns, &bases, &hit)?;
         }
         if changed {
-            debug.sync_breakpoints(m);
+            debug.breakpoints_changed(m)?;
+        }
+        Ok(())
+    }
+
+    /// Each probe's object's load bias, where known.
+    fn bases(&self, debug: &DebugTool) -> Vec<Option<u64>> {
+        let bias = exe_bias(debug);
+        (self.probes.iter())
+            .map(|p| match &p.object {
+                None => bias,
+                Some(path) => self.library_base(path),
+            })
+            .collect()
+    }
+
+    fn library_base(&self, path: &str) -> Option<u64> {
+        (self.libraries.iter())
+            .find(|(p, _)| same_object(p, path))
+            .map(|&(_, base)| base)
+    }
+
+    /// After a deterministic exit or asynchronous point: while a probe's
+    /// library is not known to be loaded, the dynamic linker's list of
+    /// the process's libraries (`r_debug`, through the executable's
+    /// `DT_DEBUG`) is read, and the probes of the libraries found in it go
+    /// in, with the libraries' objects for stacks and symbols.
+    pub(crate) fn advanced(
+        &mut self,
+        m: &mut Machine,
+        debug: &mut DebugTool,
+        events: &mut EventTool,
+    ) -> Result<(), VmError> {
+        let (Some(bias), Some(dynamic), Some(pid)) = (
+            exe_bias(debug),
+            self.exe_dynamic,
+            debug.process().map(|p| p.pid),
+        ) else {
+            return Ok(());
+        };
+        let waiting = (self.probes.iter())
+            .filter_map(|p| p.object.as_deref())
+            .any(|o| self.library_base(o).is_none());
+        if !waiting {
+            return Ok(());
+        }
+        let found = loaded_libraries(&|va, buf| debug.read_user(m, &[], va, buf), bias + dynamic);
+        let mut added = false;
+        for (path, base) in found {
+            if path.is_empty() || self.libraries.iter().any(|l| l.0 == path) {
+                continue;
+            }
+            events.executable_seen(pid, base, &path)?;
+            for probe in self
+                .probes
+                .iter()
+                .filter(|p| p.object.as_deref().is_some_and(|o| same_object(&path, o)))
+            {
+                debug.add_breakpoint(base.wrapping_add(probe.site));
+                added = true;
+            }
+            self.libraries.push((path, base));
+        }
+        if added {
+            debug.breakpoints_changed(m)?;
         }
         Ok(())
     }
@@ -153,15 +233,15 @@ impl ProbeTool {
         debug: &mut DebugTool,
         events: &mut EventTool,
         ns: u64,
-        bias: u64,
+        bases: &[Option<u64>],
         hit: &ProbeHit,
     ) -> Result<bool, VmError> {
         let va = hit.regs.rip;
         let mut added = false;
         for (index, probe) in self.probes.iter().enumerate() {
-            if probe.site.wrapping_add(bias) != va {
+            let Some(bias) = bases[index].filter(|b| probe.site.wrapping_add(*b) == va) else {
                 continue;
-            }
+            };
             let returns_to = read_u64(m, debug, hit.regs.rsp).unwrap_or(0);
             let reader = Reader { m, debug, bias };
             match probe.spec.at {
@@ -211,6 +291,7 @@ impl ProbeTool {
         debug: &mut DebugTool,
         events: &mut EventTool,
         ns: u64,
+        bases: &[Option<u64>],
         hit: &ProbeHit,
     ) -> Result<bool, VmError> {
         let Some(calls) = self.calls.get_mut(&hit.lwpid) else {
@@ -227,17 +308,16 @@ impl ProbeTool {
             ended.push(calls.pop().expect("a call"));
         }
         let mut removed = false;
-        let bias = debug.collecting.as_ref().and_then(|s| s.bias).unwrap_or(0);
+        let is_site = |va: u64| {
+            (self.probes.iter().zip(bases))
+                .any(|(p, b)| b.is_some_and(|b| p.site.wrapping_add(b) == va))
+        };
         for call in ended {
             let waiting = self.return_sites.entry(call.returns_to).or_insert(1);
             *waiting -= 1;
             if *waiting == 0 {
                 self.return_sites.remove(&call.returns_to);
-                if !self
-                    .probes
-                    .iter()
-                    .any(|p| p.site.wrapping_add(bias) == call.returns_to)
-                {
+                if !is_site(call.returns_to) {
                     debug.remove_breakpoint(call.returns_to);
                 }
                 removed = true;
@@ -248,6 +328,7 @@ impl ProbeTool {
                 continue;
             }
             let probe = &self.probes[call.probe];
+            let bias = bases[call.probe].unwrap_or(0);
             let reader = Reader { m, debug, bias };
             let mut values = call.values;
             values.extend(capture(&reader, probe, &hit.regs, Phase::Return));
@@ -411,6 +492,75 @@ fn holds(
     value.is_some_and(|v| c.op.holds(v, c.value))
 }
 
+/// The executable's load bias, once the process started.
+fn exe_bias(debug: &DebugTool) -> Option<u64> {
+    debug.collecting.as_ref().and_then(|c| c.bias)
+}
+
+/// Whether the dynamic linker's name of a library (`path`) is the one a
+/// probe names (`object`: a path, or a file name).
+fn same_object(path: &str, object: &str) -> bool {
+    let name = |p: &str| p.rsplit('/').next().unwrap_or(p).to_owned();
+    path == object || name(path) == name(object)
+}
+
+/// `DT_DEBUG`, the dynamic-section tag whose value the dynamic linker
+/// sets to its `r_debug`.
+const DT_DEBUG: u64 = 21;
+/// The most dynamic entries and libraries read.
+const MAX_DYNAMIC: u64 = 256;
+const MAX_LIBRARIES: usize = 1024;
+
+/// The libraries in the dynamic linker's list of a process whose
+/// executable's dynamic section is at `dynamic`, read with `read`:
+/// (path, load bias). Empty until the dynamic linker has made the list;
+/// a list the program damaged ends where it stops making sense.
+fn loaded_libraries(read: &dyn Fn(u64, &mut [u8]) -> usize, dynamic: u64) -> Vec<(String, u64)> {
+    let u64_at = |va: u64| {
+        let mut b = [0u8; 8];
+        (read(va, &mut b) == 8).then(|| u64::from_le_bytes(b))
+    };
+    let mut r_debug = None;
+    for i in 0..MAX_DYNAMIC {
+        let at = dynamic.wrapping_add(16 * i);
+        match u64_at(at) {
+            Some(0) | None => break,
+            Some(DT_DEBUG) => {
+                r_debug = u64_at(at + 8);
+                break;
+            }
+            Some(_) => {}
+        }
+    }
+    let Some(r_debug) = r_debug.filter(|&r| r != 0) else {
+        return Vec::new();
+    };
+    // struct r_debug { int r_version; struct link_map *r_map; ... }
+    let mut map = u64_at(r_debug + 8).unwrap_or(0);
+    let mut out = Vec::new();
+    while map != 0 && out.len() < MAX_LIBRARIES {
+        // struct link_map { l_addr; char *l_name; l_ld; l_next; l_prev }
+        let (Some(base), Some(name_at), Some(next)) =
+            (u64_at(map), u64_at(map + 8), u64_at(map + 24))
+        else {
+            break;
+        };
+        let mut name = vec![0u8; 512];
+        let n = if name_at == 0 {
+            0
+        } else {
+            read(name_at, &mut name)
+        };
+        name.truncate(n);
+        if let Some(end) = name.iter().position(|&b| b == 0) {
+            name.truncate(end);
+        }
+        out.push((String::from_utf8_lossy(&name).into_owned(), base));
+        map = next;
+    }
+    out
+}
+
 fn wants_stack(probe: &PlannedProbe) -> bool {
     probe.spec.captures.contains(&CaptureItem::Ustack)
 }
@@ -428,6 +578,7 @@ mod tests {
         PlannedProbe {
             id: 3,
             spec: ProbeSpec::parse(text).unwrap(),
+            object: None,
             site: 0x1130,
             globals: Vec::new(),
         }
@@ -439,6 +590,65 @@ mod tests {
         assert_eq!(row.captures, ["arg0", "retval", DURATION]);
         assert_eq!(row.id, 3);
         assert_eq!(planned("work capture arg1").row().captures, ["arg1"]);
+    }
+
+    /// Reads from `mem` as if it were mapped at address 0.
+    fn reader(mem: Vec<u8>) -> impl Fn(u64, &mut [u8]) -> usize {
+        move |va: u64, buf: &mut [u8]| {
+            let at = (va as usize).min(mem.len());
+            let n = buf.len().min(mem.len() - at);
+            buf[..n].copy_from_slice(&mem[at..at + n]);
+            n
+        }
+    }
+
+    #[test]
+    fn libraries_are_read_from_the_dynamic_linkers_list() {
+        // Dynamic section at 0x1000: DT_NEEDED, DT_DEBUG -> r_debug at
+        // 0x2000, whose r_map lists the executable ("") and libc.
+        let mut mem = vec![0u8; 0x4000];
+        let put = |mem: &mut Vec<u8>, at: usize, v: u64| {
+            mem[at..at + 8].copy_from_slice(&v.to_le_bytes())
+        };
+        put(&mut mem, 0x1000, 1);
+        put(&mut mem, 0x1008, 7);
+        put(&mut mem, 0x1010, DT_DEBUG);
+        put(&mut mem, 0x1018, 0x2000);
+        put(&mut mem, 0x2008, 0x2100);
+        put(&mut mem, 0x2100, 0x5555_0000);
+        put(&mut mem, 0x2108, 0x3000);
+        put(&mut mem, 0x2118, 0x2200);
+        put(&mut mem, 0x2200, 0x7f00_0000);
+        put(&mut mem, 0x2208, 0x3010);
+        let path = b"/lib/x86_64-linux-gnu/libc.so.6\0";
+        mem[0x3010..0x3010 + path.len()].copy_from_slice(path);
+        let mut early = mem.clone();
+        assert_eq!(
+            loaded_libraries(&reader(mem), 0x1000),
+            [
+                (String::new(), 0x5555_0000),
+                ("/lib/x86_64-linux-gnu/libc.so.6".to_owned(), 0x7f00_0000)
+            ]
+        );
+        // Before the dynamic linker set DT_DEBUG: nothing.
+        early[0x1018..0x1020].fill(0);
+        assert!(loaded_libraries(&reader(early), 0x1000).is_empty());
+        // A list that loops on itself ends.
+        let mut looped = vec![0u8; 0x4000];
+        put(&mut looped, 0x1000, DT_DEBUG);
+        put(&mut looped, 0x1008, 0x2000);
+        put(&mut looped, 0x2008, 0x2100);
+        put(&mut looped, 0x2118, 0x2100);
+        assert_eq!(
+            loaded_libraries(&reader(looped), 0x1000).len(),
+            MAX_LIBRARIES
+        );
+        assert!(same_object("/lib/x86_64-linux-gnu/libc.so.6", "libc.so.6"));
+        assert!(same_object(
+            "/lib/x86_64-linux-gnu/libc.so.6",
+            "/usr/lib/x86_64-linux-gnu/libc.so.6"
+        ));
+        assert!(!same_object("/lib/libm.so.6", "libc.so.6"));
     }
 
     #[test]

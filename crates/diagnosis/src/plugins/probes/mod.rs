@@ -84,10 +84,12 @@ fn short(v: u64) -> String {
     v.to_string()
 }
 
-/// A byte value for people: printable text as it is, else hex.
+/// A byte value for people: text (newlines and tabs escaped) where it is
+/// printable, else hex.
 fn show_bytes(b: &[u8]) -> String {
-    if !b.is_empty() && b.iter().all(|&c| c.is_ascii_graphic() || c == b' ') {
-        format!("\"{}\"", String::from_utf8_lossy(b))
+    let text = |c: &u8| c.is_ascii_graphic() || matches!(c, b' ' | b'\n' | b'\t' | b'\r');
+    if !b.is_empty() && b.iter().all(text) {
+        format!("{:?}", String::from_utf8_lossy(b))
     } else {
         b.iter().map(|c| format!("{c:02x}")).collect()
     }
@@ -372,6 +374,7 @@ mod tests {
         assert_eq!(bucket_range(64).1.unwrap().1, i64::MAX);
         assert_eq!(show_bytes(b"GET /"), "\"GET /\"");
         assert_eq!(show_bytes(&[0, 255]), "00ff");
+        assert_eq!(show_bytes(b"a\tb\n"), "\"a\\tb\\n\"");
     }
 
     #[test]

@@ -137,9 +137,9 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
     let probe_plan = match probe_specs.is_empty() {
         true => None,
         false => {
-            let files = traces::guest_files(&reader.header, &trace)?;
+            let mut files = traces::guest_files(&reader.header, &trace)?;
             let program = traces::recorded_program(&reader.header, &trace).unwrap_or_default();
-            let plan = probes::plan(probe_specs, &files, &program)?;
+            let plan = probes::plan(probe_specs, &mut files, &program)?;
             eprintln!(
                 "insight: {} probe{} armed in {} (docs/probes.md)",
                 plan.probes.len(),

@@ -22,6 +22,20 @@ const PATH: [&str; 6] = [
     "/sbin",
 ];
 
+/// Where a library named without a path is looked for, as the guest's
+/// dynamic linker looks.
+const LIBRARY_PATH: [&str; 6] = [
+    "/lib/x86_64-linux-gnu",
+    "/usr/lib/x86_64-linux-gnu",
+    "/lib64",
+    "/lib",
+    "/usr/lib",
+    "/usr/local/lib",
+];
+
+/// Where detached debug files are looked up by build ID.
+const DEBUG_DIR: &str = "/usr/lib/debug";
+
 /// The specs of `--probe` and `--probes-file`, in that order.
 pub(crate) fn specs(given: &[String], file: Option<&Path>) -> Result<Vec<ProbeSpec>> {
     let mut specs = Vec::new();
@@ -45,7 +59,19 @@ pub(crate) fn specs(given: &[String], file: Option<&Path>) -> Result<Vec<ProbeSp
 /// The plan of `specs` for the recording whose files are `files` and
 /// whose command ran `program` (its name, as `traces::recorded_program`
 /// gives it).
-pub(crate) fn plan(specs: Vec<ProbeSpec>, files: &GuestFiles, program: &str) -> Result<ProbePlan> {
+pub(crate) fn plan(
+    specs: Vec<ProbeSpec>,
+    files: &mut GuestFiles,
+    program: &str,
+) -> Result<ProbePlan> {
+    // Stripped libraries (the guest's glibc is the host's Debian one) are
+    // named by their debug files, where the host has them (libc6-dbg).
+    let libraries: Vec<String> = (specs.iter())
+        .filter_map(|s| s.location.object())
+        .filter_map(|o| find_library(files, o).map(|(path, _)| path))
+        .collect();
+    files.add_debug_files(Path::new(DEBUG_DIR), libraries.iter().map(String::as_str));
+    let files = &*files;
     let process = one_process(&specs)?;
     // The executable: the object a location names, the process's program,
     // or the recorded command's.
@@ -65,11 +91,38 @@ pub(crate) fn plan(specs: Vec<ProbeSpec>, files: &GuestFiles, program: &str) -> 
         )
     })?;
     let debug = files.debug_file(&exe_path);
-    let symbols = ElfSymbols::parse_with_debug(exe, debug)
+    let exe_symbols = ElfSymbols::parse_with_debug(exe, debug)
         .with_context(|| format!("{exe_path} is not an ELF executable insight can read"))?;
+    let exe_file = exe_path.rsplit('/').next().unwrap_or(&exe_path).to_owned();
     let mut probes = Vec::new();
     for (id, spec) in specs.into_iter().enumerate() {
-        let site = site(&spec, &symbols, &exe_path)?;
+        // The program's own code, or one of the libraries it loads.
+        let library = spec
+            .location
+            .object()
+            .filter(|o| o.rsplit('/').next() != Some(exe_file.as_str()));
+        let library = match library {
+            Some(name) => Some(find_library(files, name).with_context(|| {
+                format!(
+                    "probe '{}': the recording has no library '{name}' (looked in {})",
+                    spec.text,
+                    LIBRARY_PATH.join(", ")
+                )
+            })?),
+            None => None,
+        };
+        let lib_symbols = match &library {
+            Some((path, bytes)) => Some(
+                ElfSymbols::parse_with_debug(bytes, files.debug_file(path))
+                    .with_context(|| format!("{path} is not an ELF file insight can read"))?,
+            ),
+            None => None,
+        };
+        let (symbols, object_path) = match (&lib_symbols, &library) {
+            (Some(s), Some((path, _))) => (s, path.as_str()),
+            _ => (&exe_symbols, exe_path.as_str()),
+        };
+        let site = site(&spec, symbols, object_path)?;
         let mut globals = Vec::new();
         let operand = spec.condition.as_ref().map(|c| &c.operand);
         for item in spec.captures.iter().chain(operand) {
@@ -84,7 +137,7 @@ pub(crate) fn plan(specs: Vec<ProbeSpec>, files: &GuestFiles, program: &str) -> 
             }
             let Some((addr, size)) = symbols.data_object(name) else {
                 bail!(
-                    "probe '{}': {exe_path} has no global variable '{name}'{}",
+                    "probe '{}': {object_path} has no global variable '{name}'{}",
                     spec.text,
                     suggest(&nearest(name, symbols.data_names(), 3))
                 );
@@ -94,6 +147,7 @@ pub(crate) fn plan(specs: Vec<ProbeSpec>, files: &GuestFiles, program: &str) -> 
         probes.push(PlannedProbe {
             id: id as u32 + 1,
             spec,
+            object: library.map(|(path, _)| path),
             site,
             globals,
         });
@@ -106,7 +160,8 @@ pub(crate) fn plan(specs: Vec<ProbeSpec>, files: &GuestFiles, program: &str) -> 
     Ok(ProbePlan {
         process,
         exe_path,
-        exe_entry: symbols.entry(),
+        exe_entry: exe_symbols.entry(),
+        exe_dynamic: exe_symbols.dynamic(),
         probes,
     })
 }
@@ -145,20 +200,44 @@ fn find_program<'f>(files: &'f GuestFiles, name: &str) -> Option<(String, &'f [u
     })
 }
 
-/// Where `spec` goes in the executable, before its load bias.
-fn site(spec: &ProbeSpec, symbols: &ElfSymbols, exe_path: &str) -> Result<u64> {
-    let exe_name = exe_path.rsplit('/').next().unwrap_or(exe_path);
-    if let Some(object) = spec.location.object() {
-        let object_name = object.rsplit('/').next().unwrap_or(object);
-        if object_name != exe_name {
-            bail!(
-                "probe '{}': {object} is not the program ({exe_path}); probes go into the \
-                 program's own code in this version, not into its shared libraries",
-                spec.text
-            );
-        }
+/// The guest file of the shared library `name` (a path, or a file name
+/// looked up as the dynamic linker would).
+fn find_library<'f>(files: &'f GuestFiles, name: &str) -> Option<(String, &'f [u8])> {
+    if name.contains('/') {
+        return files.get(name).map(|b| (name.to_owned(), b));
     }
+    LIBRARY_PATH.iter().find_map(|dir| {
+        let path = format!("{dir}/{name}");
+        files.get(&path).map(|b| (path, b))
+    })
+}
+
+/// Where `spec` goes in its object (at `exe_path`), before the object's
+/// load bias.
+fn site(spec: &ProbeSpec, symbols: &ElfSymbols, exe_path: &str) -> Result<u64> {
     match &spec.location {
+        Location::Function { name, .. } if symbols.is_indirect(name) => {
+            let mut variants: Vec<&str> = (symbols.function_names())
+                .filter(|f| {
+                    f.starts_with("__") && f.contains(name.as_str()) && !symbols.is_indirect(f)
+                })
+                .collect();
+            variants.sort_unstable();
+            variants.truncate(8);
+            bail!(
+                "probe '{}': {name} in {exe_path} is an indirect function: its address is a \
+                 resolver the dynamic linker calls once to pick the implementation calls reach; \
+                 probe that implementation{}",
+                spec.text,
+                match variants.is_empty() {
+                    true => " (the library's debug symbols name its implementations: install \
+                              its -dbg package on this host, e.g. libc6-dbg, or probe an \
+                              address)"
+                        .to_owned(),
+                    false => format!(" ({})", variants.join(", ")),
+                }
+            )
+        }
         Location::Function { name, .. } => symbols.function_address(name).with_context(|| {
             format!(
                 "probe '{}': {exe_path} has no function '{name}'{}",

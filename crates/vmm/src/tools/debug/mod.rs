@@ -334,6 +334,14 @@ impl DebugTool {
         tool
     }
 
+    /// Breakpoints were added or removed: they go in (or out) where the
+    /// process maps their pages, and the returns to user mode are watched
+    /// while some wait for theirs.
+    pub(crate) fn breakpoints_changed(&mut self, m: &mut Machine) -> Result<(), VmError> {
+        self.sync_breakpoints(m);
+        self.update_returns(m)
+    }
+
     /// The breakpoint hits collected since the last call, oldest first.
     pub(crate) fn take_probe_hits(&mut self) -> Vec<ProbeHit> {
         (self.collecting.as_mut()).map_or_else(Vec::new, |c| std::mem::take(&mut c.hits))
