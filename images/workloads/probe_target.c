@@ -1,18 +1,23 @@
 /*
- * probe_target [CALLS]: what the tests of probes given at replay look at.
+ * probe_target [CALLS [FORKS]]: what the tests of probes given at replay
+ * look at.
  * Two threads call parse_request() CALLS times each (default 60) with a
  * length that cycles through 0, 1000, ..., 9000 and a method name that
  * cycles through "GET", "PUT", "POST"; parse_request() returns twice the
  * length and counts its calls in the global `requests`. The main thread
- * then computes factorial(6) recursively (6 nested calls) once. The
- * program prints what a probe should see:
+ * then computes factorial(6) recursively (6 nested calls) once, and forks
+ * FORKS children (default none), each of which calls parse_request("GET",
+ * 100) 10 times. The program prints what a probe should see:
  *   probe_target: parse_request calls C over_4096 B requests R
  *   probe_target: factorial calls F result X
+ *   probe_target: children F calls_each 10 (with FORKS)
  */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 long requests;
 static long factorial_calls;
@@ -64,8 +69,22 @@ int main(int argc, char **argv)
 	for (int i = 0; i < 2; i++)
 		pthread_join(t[i], NULL);
 	long f = factorial(6);
+	long forks = argc > 2 ? atol(argv[2]) : 0;
+	for (long i = 0; i < forks; i++) {
+		pid_t child = fork();
+		if (child < 0)
+			return 1;
+		if (child == 0) {
+			for (int j = 0; j < 10; j++)
+				sink += parse_request("GET", 100);
+			_exit(0);
+		}
+		waitpid(child, NULL, 0);
+	}
 	printf("probe_target: parse_request calls %ld over_4096 %ld requests %ld\n",
 	       2 * calls, over_4096, requests);
 	printf("probe_target: factorial calls %ld result %ld\n", factorial_calls, f);
+	if (forks > 0)
+		printf("probe_target: children %ld calls_each 10\n", forks);
 	return 0;
 }

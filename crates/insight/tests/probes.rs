@@ -1,8 +1,9 @@
 //! Probes given at replay (`insight replay --probe`, docs/probes.md) on one
 //! recording of the guest's `probe_target`: two threads call
-//! `parse_request(method, len)` and the main thread `factorial(6)`
-//! recursively; the program prints how many calls it made, how many had
-//! a length over 4096, and the factorial's calls and result.
+//! `parse_request(method, len)`, the main thread `factorial(6)`
+//! recursively, then two children it forks call `parse_request` 10 times
+//! each; the program prints how many calls it made, how many had a
+//! length over 4096, and the factorial's calls and result.
 
 mod common;
 
@@ -12,12 +13,13 @@ use std::sync::OnceLock;
 use common::*;
 
 /// The recording the tests probe, and the program's own counts:
-/// (parse_request calls, of them with len > 4096, factorial calls).
+/// (parse_request calls of its threads, of them with len > 4096,
+/// factorial calls); each of its 2 children makes 10 more.
 fn recording() -> &'static (PathBuf, (u64, u64, u64)) {
     static RECORDING: OnceLock<(PathBuf, (u64, u64, u64))> = OnceLock::new();
     RECORDING.get_or_init(|| {
         guest_ready();
-        let (trace, out) = record("probes", &[], &["probe_target"]);
+        let (trace, out) = record("probes", &[], &["probe_target", "60", "2"]);
         let stdout = expect_status(&out, 0);
         let number = |key: &str| -> u64 {
             stdout
@@ -27,6 +29,7 @@ fn recording() -> &'static (PathBuf, (u64, u64, u64)) {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or_else(|| panic!("no '{key}' in {stdout}"))
         };
+        assert_eq!((number("children"), number("calls_each")), (CHILDREN, 10));
         let counts = (number("calls"), number("over_4096"), {
             let line = stdout.lines().find(|l| l.contains("factorial")).unwrap();
             line.split_whitespace().nth(3).unwrap().parse().unwrap()
@@ -52,6 +55,10 @@ fn probe_report(db: &Path, probes: &[&str]) -> serde_json::Value {
     serde_json::from_str(&json).unwrap()
 }
 
+/// The children probe_target forks, and their calls each.
+const CHILDREN: u64 = 2;
+const CHILD_CALLS: u64 = CHILDREN * 10;
+
 fn probe(report: &serde_json::Value, id: u64) -> &serde_json::Value {
     report["probes"]
         .as_array()
@@ -76,13 +83,23 @@ fn probes_count_what_the_program_counts_and_capture_its_values() {
     let (_, (calls, over, factorial_calls)) = *recording();
     let dir = scratch("probes-values");
     let db = dir.join("events.db");
+    // factorial's first statement, as the workload's source has it.
+    let source = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../images/workloads/probe_target.c"),
+    )
+    .unwrap();
+    let line = 1 + source
+        .lines()
+        .position(|l| l.trim() == "factorial_calls++;")
+        .unwrap();
+    let line_probe = format!("probe_target.c:{line} capture rdi");
     let report = probe_report(
         &db,
         &[
             "parse_request capture arg1, str(arg0), ustack if arg1 > 4096",
             "factorial return capture arg0, retval",
             "parse_request return capture retval, requests",
-            "probe_target.c:38 capture rdi",
+            &line_probe,
             "libc.so.6:pthread_mutex_lock capture ustack",
         ],
     );
@@ -131,16 +148,23 @@ fn probes_count_what_the_program_counts_and_capture_its_values() {
     // 1 + 2 + 6 + 24 + 120 + 720: each return matched its own call.
     assert_eq!(r["mean"].as_f64().unwrap() * 6.0, 873.0, "{p2}");
     assert_eq!(value(p2, "duration_ns")["count"], factorial_calls);
-    // Return of a function two threads run at once; a global variable as
-    // it was at the entry.
+    // Return of a function two threads run at once, and the children the
+    // process forks (its code at the same addresses); a global variable as
+    // it was at the entry (a child's starts from its parent's count).
     let p3 = probe(&report, 3);
-    assert_eq!(p3["calls"], calls, "{p3}");
+    assert_eq!(p3["calls"], calls + CHILD_CALLS, "{p3}");
     assert_eq!(value(p3, "retval")["max"], 18000);
     let requests = value(p3, "requests");
     assert_eq!(
         (requests["min"].as_u64(), requests["max"].as_u64()),
-        (Some(0), Some(calls - 1))
+        (Some(0), Some(calls + 9))
     );
+    let mut by_pid: std::collections::BTreeMap<u64, u64> = Default::default();
+    for t in p3["threads"].as_array().unwrap() {
+        *by_pid.entry(t["pid"].as_u64().unwrap()).or_default() += t["calls"].as_u64().unwrap();
+    }
+    let per_process: Vec<u64> = by_pid.values().copied().collect();
+    assert_eq!(per_process, [calls, 10, 10], "{p3}");
     // A source line (factorial's first statement), and a register there.
     let p4 = probe(&report, 4);
     assert_eq!(p4["calls"], factorial_calls, "{p4}");
@@ -178,7 +202,7 @@ fn probes_count_what_the_program_counts_and_capture_its_values() {
     let rows = csv.lines().skip(1).count() as u64;
     assert_eq!(
         rows,
-        over + factorial_calls + calls + factorial_calls + lib_calls,
+        over + factorial_calls + calls + CHILD_CALLS + factorial_calls + lib_calls,
         "{csv}"
     );
     let _ = std::fs::remove_dir_all(dir);

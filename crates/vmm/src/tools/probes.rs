@@ -99,8 +99,8 @@ pub(crate) struct ProbeTool {
     return_sites: HashMap<u64, usize>,
     exe_path: String,
     exe_dynamic: Option<u64>,
-    /// The process whose executable the events tool was told of.
-    announced: Option<u32>,
+    /// The processes whose objects the events tool was told of.
+    announced: Vec<u32>,
     /// The libraries found loaded: (path, load bias).
     libraries: Vec<(String, u64)>,
 }
@@ -113,7 +113,7 @@ impl ProbeTool {
             return_sites: HashMap::new(),
             exe_path: plan.exe_path.clone(),
             exe_dynamic: plan.exe_dynamic,
-            announced: None,
+            announced: Vec::new(),
             libraries: Vec::new(),
         }
     }
@@ -144,10 +144,8 @@ impl ProbeTool {
         if hits.is_empty() {
             return Ok(());
         }
-        let bias = exe_bias(debug).unwrap_or(0);
-        if let Some(first) = hits.first().filter(|h| self.announced != Some(h.pid)) {
-            self.announced = Some(first.pid);
-            events.executable_seen(first.pid, bias, &self.exe_path)?;
+        for hit in &hits {
+            self.announce(m, debug, events, hit)?;
         }
         let bases = self.bases(debug);
         let mut changed = false;
@@ -157,6 +155,35 @@ impl ProbeTool {
         }
         if changed {
             debug.breakpoints_changed(m)?;
+        }
+        Ok(())
+    }
+
+    /// The first hit of a process: its objects go to the events tool, for
+    /// its stacks and symbols (the executable where the probed process
+    /// has it, the libraries where its own dynamic linker's list says).
+    fn announce(
+        &mut self,
+        m: &Machine,
+        debug: &DebugTool,
+        events: &mut EventTool,
+        hit: &ProbeHit,
+    ) -> Result<(), VmError> {
+        if self.announced.contains(&hit.pid) {
+            return Ok(());
+        }
+        self.announced.push(hit.pid);
+        let Some(bias) = exe_bias(debug) else {
+            return Ok(());
+        };
+        events.executable_seen(hit.pid, bias, &self.exe_path)?;
+        if let Some(dynamic) = self.exe_dynamic {
+            let read = |va, buf: &mut [u8]| debug.read_in(m, hit.cr3, va, buf);
+            for (path, base) in loaded_libraries(&read, bias + dynamic) {
+                if !path.is_empty() {
+                    events.executable_seen(hit.pid, base, &path)?;
+                }
+            }
         }
         Ok(())
     }
@@ -208,7 +235,9 @@ impl ProbeTool {
             if path.is_empty() || self.libraries.iter().any(|l| l.0 == path) {
                 continue;
             }
-            events.executable_seen(pid, base, &path)?;
+            if self.announced.contains(&pid) {
+                events.executable_seen(pid, base, &path)?;
+            }
             for probe in self
                 .probes
                 .iter()
@@ -242,8 +271,13 @@ impl ProbeTool {
             let Some(bias) = bases[index].filter(|b| probe.site.wrapping_add(*b) == va) else {
                 continue;
             };
-            let returns_to = read_u64(m, debug, hit.regs.rsp).unwrap_or(0);
-            let reader = Reader { m, debug, bias };
+            let reader = Reader {
+                m,
+                debug,
+                cr3: hit.cr3,
+                bias,
+            };
+            let returns_to = reader.read_u64(hit.regs.rsp).unwrap_or(0);
             match probe.spec.at {
                 ProbeAt::Entry => {
                     let values = capture(&reader, probe, &hit.regs, Phase::Entry);
@@ -329,7 +363,12 @@ impl ProbeTool {
             }
             let probe = &self.probes[call.probe];
             let bias = bases[call.probe].unwrap_or(0);
-            let reader = Reader { m, debug, bias };
+            let reader = Reader {
+                m,
+                debug,
+                cr3: hit.cr3,
+                bias,
+            };
             let mut values = call.values;
             values.extend(capture(&reader, probe, &hit.regs, Phase::Return));
             let duration = ns.saturating_sub(call.start_ns);
@@ -375,16 +414,23 @@ fn taken_at(item: &CaptureItem, at: ProbeAt) -> Phase {
     }
 }
 
-/// Reads the process's memory as the program sees it.
+/// Reads the memory of a hit's process as its program sees it; `bias`:
+/// the load bias of the probe's object.
 struct Reader<'a> {
     m: &'a Machine,
     debug: &'a DebugTool,
+    cr3: u64,
     bias: u64,
 }
 
 impl Reader<'_> {
     fn read(&self, va: u64, buf: &mut [u8]) -> usize {
-        self.debug.read_user(self.m, &[], va, buf)
+        self.debug.read_in(self.m, self.cr3, va, buf)
+    }
+
+    fn read_u64(&self, va: u64) -> Option<u64> {
+        let mut buf = [0u8; 8];
+        (self.read(va, &mut buf) == 8).then(|| u64::from_le_bytes(buf))
     }
 
     fn global(&self, probe: &PlannedProbe, name: &str) -> Option<i64> {
@@ -394,11 +440,6 @@ impl Reader<'_> {
         (self.read(rel.wrapping_add(self.bias), &mut buf[..size]) == size)
             .then(|| i64::from_le_bytes(buf))
     }
-}
-
-fn read_u64(m: &Machine, debug: &DebugTool, va: u64) -> Option<u64> {
-    let mut buf = [0u8; 8];
-    (debug.read_user(m, &[], va, &mut buf) == 8).then(|| u64::from_le_bytes(buf))
 }
 
 /// The general-purpose registers in [`events::probe_spec::REGISTERS`]

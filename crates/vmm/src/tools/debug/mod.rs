@@ -177,6 +177,8 @@ pub enum HitKind {
 pub(crate) struct ProbeHit {
     pub(crate) pid: u32,
     pub(crate) lwpid: u32,
+    /// The address space of its process.
+    pub(crate) cr3: u64,
     pub(crate) regs: kvm_regs,
 }
 
@@ -942,6 +944,22 @@ impl DebugTool {
             .tasks
             .current_thread()
             .filter(|_| in_process && va == addr);
+        // Collecting: a hit of any process at the address the breakpoint
+        // has in the process (its own, or a child it forked: the same code
+        // at the same address).
+        let collect = self.resume == Resume::Collect && va == addr;
+        if let (true, Some((pid, lwpid)), Some(c)) =
+            (collect, self.tasks.current, &mut self.collecting)
+        {
+            if self.breakpoints.is_wanted(addr) {
+                c.hits.push(ProbeHit {
+                    pid,
+                    lwpid,
+                    cr3,
+                    regs: user,
+                });
+            }
+        }
         let mut stop = None;
         if let Some(lwpid) = lwpid {
             let here = UserPoint::of(lwpid, &user);
@@ -959,16 +977,6 @@ impl DebugTool {
                         user: Some(here),
                     },
                 }),
-                Resume::Collect if wanted => {
-                    let pid = self.tasks.process.as_ref().map_or(0, |p| p.pid);
-                    if let Some(c) = &mut self.collecting {
-                        c.hits.push(ProbeHit {
-                            pid,
-                            lwpid,
-                            regs: user,
-                        });
-                    }
-                }
                 Resume::To(_)
                 | Resume::Start
                 | Resume::Enter(_)
@@ -1180,6 +1188,15 @@ impl DebugTool {
         if self.avoid.is_some_and(|a| a.0 == cr3) {
             breakpoints::hide_saved(&m.vm.mem, cr3, va, &mut buf[..n], replaced);
         }
+        n
+    }
+
+    /// Reads the memory of the address space `cr3` (a process the tool
+    /// collects hits of) at `va` into `buf` as its program would see it;
+    /// how many bytes could be read.
+    pub(crate) fn read_in(&self, m: &Machine, cr3: u64, va: u64, buf: &mut [u8]) -> usize {
+        let n = peek_user(&m.vm.mem, cr3, va, buf);
+        self.breakpoints.hide(&m.vm.mem, cr3, va, &mut buf[..n]);
         n
     }
 
