@@ -7,35 +7,71 @@
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use common::*;
 
-/// The recording the tests probe, and the program's own counts:
-/// (parse_request calls of its threads, of them with len > 4096,
-/// factorial calls); each of its 2 children makes 10 more.
-fn recording() -> &'static (PathBuf, (u64, u64, u64)) {
-    static RECORDING: OnceLock<(PathBuf, (u64, u64, u64))> = OnceLock::new();
+/// What probe_target printed about itself.
+struct Counts {
+    /// parse_request calls of its two threads, and of them with a length
+    /// over 4096.
+    calls: u64,
+    over: u64,
+    /// Per worker thread, by its lwpid: (calls, over 4096).
+    threads: BTreeMap<u64, (u64, u64)>,
+    factorial_calls: u64,
+    /// Its write() calls.
+    writes: u64,
+}
+
+/// The value after `key` on the line of probe_target's output that starts
+/// with `start`, the `nth` such line.
+fn field(stdout: &str, start: &str, nth: usize, key: &str) -> u64 {
+    let line = (stdout.lines())
+        .filter(|l| l.starts_with(&format!("probe_target: {start}")))
+        .nth(nth)
+        .unwrap_or_else(|| panic!("no line {nth} '{start}' in {stdout}"));
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let at = words.iter().position(|w| *w == key).unwrap();
+    words[at + 1].parse().unwrap()
+}
+
+/// The recording the tests probe, and the program's own counts; each of
+/// its 2 children makes 10 more calls.
+fn recording() -> &'static (PathBuf, Counts) {
+    static RECORDING: OnceLock<(PathBuf, Counts)> = OnceLock::new();
     RECORDING.get_or_init(|| {
         guest_ready();
         let (trace, out) = record("probes", &[], &["probe_target", "60", "2"]);
         let stdout = expect_status(&out, 0);
-        let number = |key: &str| -> u64 {
-            stdout
-                .split_whitespace()
-                .skip_while(|w| *w != key)
-                .nth(1)
-                .and_then(|v| v.parse().ok())
-                .unwrap_or_else(|| panic!("no '{key}' in {stdout}"))
+        assert_eq!(field(&stdout, "children", 0, "children"), CHILDREN);
+        assert_eq!(field(&stdout, "children", 0, "calls_each"), 10);
+        let threads = (0..2)
+            .map(|i| {
+                let tid = field(&stdout, "thread", i, "thread");
+                let calls = field(&stdout, "thread", i, "calls");
+                (tid, (calls, field(&stdout, "thread", i, "over_4096")))
+            })
+            .collect();
+        let counts = Counts {
+            calls: field(&stdout, "parse_request", 0, "calls"),
+            over: field(&stdout, "parse_request", 0, "over_4096"),
+            threads,
+            factorial_calls: field(&stdout, "factorial", 0, "calls"),
+            writes: field(&stdout, "writes", 0, "writes"),
         };
-        assert_eq!((number("children"), number("calls_each")), (CHILDREN, 10));
-        let counts = (number("calls"), number("over_4096"), {
-            let line = stdout.lines().find(|l| l.contains("factorial")).unwrap();
-            line.split_whitespace().nth(3).unwrap().parse().unwrap()
-        });
         (trace, counts)
     })
+}
+
+/// Per thread of the main process (pid `pid`): its lwpid and calls.
+fn thread_calls(probe: &serde_json::Value, pid: u64) -> BTreeMap<u64, u64> {
+    (probe["threads"].as_array().unwrap().iter())
+        .filter(|t| t["pid"] == pid)
+        .map(|t| (t["lwpid"].as_u64().unwrap(), t["calls"].as_u64().unwrap()))
+        .collect()
 }
 
 /// Replays the recording with `probes` into `db`; the report's JSON.
@@ -80,7 +116,11 @@ fn value<'a>(probe: &'a serde_json::Value, name: &str) -> &'a serde_json::Value 
 #[test]
 #[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
 fn probes_count_what_the_program_counts_and_capture_its_values() {
-    let (_, (calls, over, factorial_calls)) = *recording();
+    let counts = &recording().1;
+    let (calls, over, factorial_calls) = (counts.calls, counts.over, counts.factorial_calls);
+    // The program's own: (lwpid -> calls), (lwpid -> of them over 4096).
+    let own_calls: BTreeMap<u64, u64> = counts.threads.iter().map(|(&t, c)| (t, c.0)).collect();
+    let own_over: BTreeMap<u64, u64> = counts.threads.iter().map(|(&t, c)| (t, c.1)).collect();
     let dir = scratch("probes-values");
     let db = dir.join("events.db");
     // factorial's first statement, as the workload's source has it.
@@ -101,19 +141,14 @@ fn probes_count_what_the_program_counts_and_capture_its_values() {
             "parse_request return capture retval, requests",
             &line_probe,
             "libc.so.6:pthread_mutex_lock capture ustack",
+            "libc.so.6:write capture arg2",
         ],
     );
     // Entry, with a condition and a string.
     let p1 = probe(&report, 1);
     assert_eq!(p1["calls"], over, "{p1}");
-    let per_thread: Vec<u64> = p1["threads"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["calls"].as_u64().unwrap())
-        .collect();
-    assert_eq!(per_thread.len(), 2, "two worker threads: {p1}");
-    assert_eq!(per_thread.iter().sum::<u64>(), over);
+    let pid = p1["threads"][0]["pid"].as_u64().unwrap();
+    assert_eq!(thread_calls(p1, pid), own_over, "per thread: {p1}");
     let len = value(p1, "arg1");
     assert_eq!(
         (len["min"].as_i64(), len["max"].as_i64()),
@@ -165,6 +200,7 @@ fn probes_count_what_the_program_counts_and_capture_its_values() {
     }
     let per_process: Vec<u64> = by_pid.values().copied().collect();
     assert_eq!(per_process, [calls, 10, 10], "{p3}");
+    assert_eq!(thread_calls(p3, pid), own_calls, "per thread: {p3}");
     // A source line (factorial's first statement), and a register there.
     let p4 = probe(&report, 4);
     assert_eq!(p4["calls"], factorial_calls, "{p4}");
@@ -192,6 +228,10 @@ fn probes_count_what_the_program_counts_and_capture_its_values() {
         "the stack goes on through libc: {p5}"
     );
     let lib_calls = p5["calls"].as_u64().unwrap();
+    // glibc's write() of the program's own lines, and no other process's.
+    let p6 = probe(&report, 6);
+    assert_eq!(p6["calls"], counts.writes, "{p6}");
+    assert_eq!(thread_calls(p6, pid).values().sum::<u64>(), counts.writes);
     // One row per hit.
     let csv = insight()
         .args(["report", "probes", "--csv"])
@@ -202,7 +242,7 @@ fn probes_count_what_the_program_counts_and_capture_its_values() {
     let rows = csv.lines().skip(1).count() as u64;
     assert_eq!(
         rows,
-        over + factorial_calls + calls + CHILD_CALLS + factorial_calls + lib_calls,
+        over + factorial_calls + calls + CHILD_CALLS + factorial_calls + lib_calls + counts.writes,
         "{csv}"
     );
     let _ = std::fs::remove_dir_all(dir);
