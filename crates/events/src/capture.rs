@@ -462,6 +462,13 @@ impl Capture {
         Ok(Some(seq))
     }
 
+    /// A call of a `return` probe's function that will not be reported:
+    /// its thread had too many such calls under way (deeper than the
+    /// probes follow).
+    pub fn probe_call_untracked(&mut self, example: String) {
+        self.anomaly("probe calls too deep to follow (no PROBE_RET)", example);
+    }
+
     /// Context switches the ring overwrote before the hypervisor read them.
     pub fn lost_switches(&mut self, n: u64, example: String) {
         let entry = self

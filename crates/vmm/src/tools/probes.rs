@@ -73,6 +73,10 @@ impl PlannedProbe {
     }
 }
 
+/// The most calls of `return` probes one thread may have under way; a
+/// deeper one is counted as an anomaly and not reported.
+const MAX_PENDING_CALLS: usize = 100_000;
+
 /// The name of a return probe's last value slot.
 pub const DURATION: &str = "duration_ns";
 
@@ -296,8 +300,16 @@ impl ProbeTool {
                     )?;
                 }
                 ProbeAt::Return => {
+                    let pending = self.calls.entry(hit.lwpid).or_default();
+                    if pending.len() >= MAX_PENDING_CALLS {
+                        events.capture.probe_call_untracked(format!(
+                            "probe {} in lwpid {}: {MAX_PENDING_CALLS} calls under way",
+                            probe.id, hit.lwpid
+                        ));
+                        continue;
+                    }
                     let values = capture(&reader, probe, &hit.regs, Phase::Entry);
-                    self.calls.entry(hit.lwpid).or_default().push(PendingCall {
+                    pending.push(PendingCall {
                         probe: index,
                         rsp: hit.regs.rsp,
                         function: va,

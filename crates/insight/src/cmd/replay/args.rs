@@ -175,7 +175,8 @@ pub struct ReplayArgs {
     pub process: Option<String>,
     /// Probe the recorded program at replay, with no change to it and
     /// nothing paid while recording (docs/probes.md): SPEC names a
-    /// function of the program (`parse`), a FILE:LINE, or an address,
+    /// function of the program (`parse`) or of a library it loads
+    /// (`libc.so.6:fsync`), a FILE:LINE, or an address,
     /// then optionally `return`, `in PROGRAM` or `in pid PID`, `capture`
     /// values (arg0..arg5, retval, registers, *argN:LEN, str(argN), a
     /// global variable, ustack) and `if OPERAND OP NUMBER`. E.g.
