@@ -163,14 +163,7 @@ fn syn_cont_yields_exactly_its_lock_events_identically_in_every_replay() {
     // levels (measured: 1.6-2.1 %), unlike the paper's multiprocessor; an
     // exit per probe event made level-2 locks change hands more, as
     // preemptions inside critical sections did.
-    let out = insight()
-        .args(["report", "locks", "--json", "--stacks", "2"])
-        .arg(&a)
-        .output()
-        .unwrap();
-    let (json, stderr) = text(&out);
-    assert_eq!(out.status.code(), Some(0), "{stderr}");
-    let report: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let report = report_json("locks", &a, &["--stacks", "2"]);
     let locks = report["locks"].as_array().unwrap();
     // Contended acquisitions come with the whole stacks of their requests
     // (syn_cont is built without frame pointers): the worker that called
@@ -196,7 +189,7 @@ fn syn_cont_yields_exactly_its_lock_events_identically_in_every_replay() {
             stacks += 1;
         }
     }
-    assert!(stacks > 0, "no contended acquisition: {json}");
+    assert!(stacks > 0, "no contended acquisition: {report}");
     let level = |requests: u64| -> Vec<&serde_json::Value> {
         locks
             .iter()
@@ -204,31 +197,24 @@ fn syn_cont_yields_exactly_its_lock_events_identically_in_every_replay() {
             .collect()
     };
     let (level1, level2) = (level(2000), level(8000));
-    assert_eq!((level1.len(), level2.len()), (8, 2), "{json}");
+    assert_eq!((level1.len(), level2.len()), (8, 2), "{report}");
     let mean = |ls: &[&serde_json::Value], field: &str| -> f64 {
         ls.iter().map(|l| l[field].as_f64().unwrap()).sum::<f64>() / ls.len() as f64
     };
     assert!(
         mean(&level2, "blocked_percent") > mean(&level1, "blocked_percent"),
-        "{json}"
+        "{report}"
     );
     assert!(
         locks
             .iter()
             .all(|l| l["ownership_changes"].as_u64() > Some(0)),
-        "{json}"
+        "{report}"
     );
 
     // The per-thread summary (a plugin with no command of its own) counts
     // every lock call, at least 2000 in each of the 16 workers.
-    let out = insight()
-        .args(["report", "threads", "--json"])
-        .arg(&a)
-        .output()
-        .unwrap();
-    let (json, stderr) = text(&out);
-    assert_eq!(out.status.code(), Some(0), "{stderr}");
-    let summary: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let summary = report_json("threads", &a, &[]);
     let threads = summary["threads"].as_array().unwrap();
     let calls: Vec<u64> = threads
         .iter()
@@ -238,8 +224,12 @@ fn syn_cont_yields_exactly_its_lock_events_identically_in_every_replay() {
         .iter()
         .filter(|r| matches!(r.kind, Kind::Lock | Kind::TryLock | Kind::TimedLock))
         .count();
-    assert_eq!(calls.iter().sum::<u64>(), requests as u64, "{json}");
-    assert_eq!(calls.iter().filter(|&&c| c >= 2000).count(), 16, "{json}");
+    assert_eq!(calls.iter().sum::<u64>(), requests as u64, "{summary}");
+    assert_eq!(
+        calls.iter().filter(|&&c| c >= 2000).count(),
+        16,
+        "{summary}"
+    );
 
     // The timeline draws what the lock report counts: per lock, a hold
     // slice per acquisition and waits that add up to its wait time.
@@ -721,12 +711,7 @@ fn the_papers_deadlock_programs_are_diagnosed() {
     let beside = db.with_file_name("replay-1.timeline.json");
     assert!(beside.exists() && db.with_file_name("replay-1.timeline.html").exists());
     let (_, slices) = timeline(&db, dir);
-    let out = insight()
-        .args(["report", "deadlock", "--json"])
-        .arg(&db)
-        .output()
-        .unwrap();
-    let report: serde_json::Value = serde_json::from_str(&text(&out).0).unwrap();
+    let report = report_json("deadlock", &db, &[]);
     let mut edges = 0;
     for cycle in report["cycles"].as_array().unwrap() {
         for edge in cycle["stacks"].as_array().unwrap() {

@@ -234,14 +234,7 @@ fn traced_instructions_and_accesses_are_exact_and_replay_unchanged() {
     );
 
     // The same accesses as MEMACCESS events, named by variable.
-    let report = insight()
-        .args(["report", "memory", "--json"])
-        .arg(&traced_db)
-        .output()
-        .unwrap();
-    let (json, stderr) = text(&report);
-    assert!(report.status.success(), "{stderr}");
-    let json: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let json = report_json("memory", &traced_db, &[]);
     let var = json["variables"]
         .as_array()
         .unwrap()

@@ -82,13 +82,7 @@ fn probe_report(db: &Path, probes: &[&str]) -> serde_json::Value {
     }
     let out = replay_into(&recording().0, db, &extra);
     expect_status(&out, 0);
-    let report = insight()
-        .args(["report", "probes", "--json"])
-        .arg(db)
-        .output()
-        .unwrap();
-    let json = expect_status(&report, 0);
-    serde_json::from_str(&json).unwrap()
+    report_json("probes", db, &[])
 }
 
 /// The children probe_target forks, and their calls each.

@@ -141,19 +141,12 @@ fn lock_hold_times_inside_user_code_are_the_programs_own() {
     let db = dir.join("events.db");
     let out = replay_into(&trace, &db, &[]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out).1);
-    let out = insight()
-        .args(["report", "locks", "--json"])
-        .arg(&db)
-        .output()
-        .unwrap();
-    let (json, stderr) = text(&out);
-    assert_eq!(out.status.code(), Some(0), "{stderr}");
-    let report: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let report = report_json("locks", &db, &[]);
     let locks = report["locks"].as_array().unwrap();
     let held = locks
         .iter()
         .find(|l| l["hold"]["total_ns"].as_u64() > Some(0))
-        .unwrap_or_else(|| panic!("no lock held for any time: {json}"));
+        .unwrap_or_else(|| panic!("no lock held for any time: {report}"));
     let reported = held["hold"]["avg_ns"].as_f64().unwrap();
     // An event raised between exits has the recording's time at the last
     // sample mark found in user code before it (a mark about every
@@ -162,7 +155,7 @@ fn lock_hold_times_inside_user_code_are_the_programs_own() {
     // readings alone, as before, 8-ms holds looked 0.46 and 1.3 ms long.
     assert!(
         (0.85..=1.05).contains(&(reported / truth)),
-        "the lock tool says holds take {:.2} ms on average, the program {:.2} ms: {json}",
+        "the lock tool says holds take {:.2} ms on average, the program {:.2} ms: {report}",
         reported / 1e6,
         truth / 1e6
     );

@@ -115,6 +115,19 @@ pub fn expect_status(out: &Output, status: i32) -> String {
     stdout
 }
 
+/// `insight report TOOL --json EXTRA.. DB`, which must succeed: its
+/// report.
+pub fn report_json(tool: &str, db: &Path, extra: &[&str]) -> serde_json::Value {
+    let out = insight()
+        .args(["report", tool, "--json"])
+        .args(extra)
+        .arg(db)
+        .output()
+        .unwrap();
+    let json = expect_status(&out, 0);
+    serde_json::from_str(&json).unwrap_or_else(|e| panic!("report {tool}: {e}:\n{json}"))
+}
+
 /// Runs `insight` with `args`; asserts its exit status; returns stdout.
 pub fn run_expecting<S: AsRef<std::ffi::OsStr>>(
     args: impl IntoIterator<Item = S>,
