@@ -298,3 +298,41 @@ fn bad_probes_are_refused_before_the_replay_boots_naming_the_nearest() {
     assert!(refused("libnosuch.so:f").contains("no library 'libnosuch.so'"));
     assert!(refused("libc.so.6:strlen").contains("indirect function"));
 }
+
+#[test]
+#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
+fn every_run_of_the_program_is_probed_one_after_the_other() {
+    guest_ready();
+    let (trace, out) = record(
+        "probes-runs",
+        &[],
+        &["sh", "-c", "probe_target 5; probe_target 7 1"],
+    );
+    let stdout = expect_status(&out, 0);
+    let writes: u64 = (0..2).map(|i| field(&stdout, "writes", i, "writes")).sum();
+    let db = trace.with_file_name("events.db");
+    let out = replay_into(
+        &trace,
+        &db,
+        &[
+            "--no-console",
+            "--probe",
+            "parse_request",
+            "--probe",
+            "libc.so.6:write",
+        ],
+    );
+    expect_status(&out, 0);
+    let report = report_json("probes", &db, &[]);
+    // 2 x 5, then 2 x 7 and a child's 10: each run from its own start,
+    // its library at its own address.
+    let mut by_pid: BTreeMap<u64, u64> = BTreeMap::new();
+    for t in probe(&report, 1)["threads"].as_array().unwrap() {
+        *by_pid.entry(t["pid"].as_u64().unwrap()).or_default() += t["calls"].as_u64().unwrap();
+    }
+    let mut per_process: Vec<u64> = by_pid.into_values().collect();
+    per_process.sort_unstable();
+    assert_eq!(per_process, [10, 10, 14], "{report}");
+    assert_eq!(probe(&report, 2)["calls"], writes, "{report}");
+    let _ = std::fs::remove_dir_all(trace.parent().unwrap());
+}

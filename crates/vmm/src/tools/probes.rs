@@ -107,6 +107,8 @@ pub(crate) struct ProbeTool {
     announced: Vec<u32>,
     /// The libraries found loaded: (path, load bias).
     libraries: Vec<(String, u64)>,
+    /// The process followed, whose libraries and calls these are.
+    process: Option<u32>,
 }
 
 impl ProbeTool {
@@ -119,6 +121,7 @@ impl ProbeTool {
             exe_dynamic: plan.exe_dynamic,
             announced: Vec::new(),
             libraries: Vec::new(),
+            process: None,
         }
     }
 
@@ -148,6 +151,7 @@ impl ProbeTool {
         if hits.is_empty() {
             return Ok(());
         }
+        self.follow(debug);
         for hit in &hits {
             self.announce(m, debug, events, hit)?;
         }
@@ -192,6 +196,18 @@ impl ProbeTool {
         Ok(())
     }
 
+    /// Another process is followed (the last ended, the program ran
+    /// again): what was known of the last one's libraries and calls goes.
+    fn follow(&mut self, debug: &DebugTool) {
+        let now = debug.process().map(|p| p.pid);
+        if now != self.process {
+            self.process = now;
+            self.libraries.clear();
+            self.calls.clear();
+            self.return_sites.clear();
+        }
+    }
+
     /// Each probe's object's load bias, where known.
     fn bases(&self, debug: &DebugTool) -> Vec<Option<u64>> {
         let bias = exe_bias(debug);
@@ -220,6 +236,7 @@ impl ProbeTool {
         debug: &mut DebugTool,
         events: &mut EventTool,
     ) -> Result<(), VmError> {
+        self.follow(debug);
         let (Some(bias), Some(dynamic), Some(pid)) = (
             exe_bias(debug),
             self.exe_dynamic,

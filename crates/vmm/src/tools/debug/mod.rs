@@ -1161,13 +1161,32 @@ impl DebugTool {
             return Ok(());
         }
         self.tasks.threads.entry(lwpid).or_default().exited = true;
-        if self.tasks.live_threads().is_empty()
-            && self.stop.is_none()
-            && self.resume != Resume::Collect
-        {
+        if !self.tasks.live_threads().is_empty() {
+            return Ok(());
+        }
+        if self.resume == Resume::Collect {
+            return self.collected_process_ended(m);
+        }
+        if self.stop.is_none() {
             self.stop_here(m, StopKind::ProcessExited { status })?;
         }
         Ok(())
+    }
+
+    /// The process a collecting tool followed ended: its breakpoints come
+    /// out, and the next process the selector names (the next execution
+    /// of the program) is followed from its start.
+    fn collected_process_ended(&mut self, m: &mut Machine) -> Result<(), VmError> {
+        self.breakpoints.lift_all(&m.vm.mem);
+        self.breakpoints = Breakpoints::default();
+        self.lifted = None;
+        self.lifted_until_return = false;
+        self.tasks.process = None;
+        self.tasks.threads.clear();
+        if let Some(c) = &mut self.collecting {
+            c.bias = None;
+        }
+        self.update_returns(m)
     }
 
     /// Reads the process's memory at `va` into `buf` as the program would
