@@ -113,6 +113,11 @@ impl GuestFiles {
         self.files.get(&self.resolve(path)?).map(Vec::as_slice)
     }
 
+    /// The paths of its regular files (without the leading `/`).
+    pub fn paths(&self) -> impl Iterator<Item = &str> {
+        self.files.keys().map(String::as_str)
+    }
+
     /// Gives the guest kernel's image: kernel addresses are then named by
     /// its symbol table (a `vmlinux` has one; a compressed `bzImage` is
     /// not an ELF file, and kernel addresses stay `[kernel]`).

@@ -296,6 +296,7 @@ fn bad_probes_are_refused_before_the_replay_boots_naming_the_nearest() {
     assert!(refused("probe_target.c:2").contains("nearest lines with code"));
     assert!(refused("parse_request capture retval").contains("add 'return'"));
     assert!(refused("libnosuch.so:f").contains("no library 'libnosuch.so'"));
+    assert!(refused("libcc.so.6:write").contains("nearest: libc.so.6"));
     assert!(refused("libc.so.6:strlen").contains("indirect function"));
 }
 

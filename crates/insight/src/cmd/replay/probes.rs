@@ -104,9 +104,14 @@ pub(crate) fn plan(
         let library = match library {
             Some(name) => Some(find_library(files, name).with_context(|| {
                 format!(
-                    "probe '{}': the recording has no library '{name}' (looked in {})",
+                    "probe '{}': the recording has no library '{name}' (looked in {}){}",
                     spec.text,
-                    LIBRARY_PATH.join(", ")
+                    LIBRARY_PATH.join(", "),
+                    suggest(&nearest(
+                        name,
+                        library_names(files).iter().map(String::as_str),
+                        3
+                    ))
                 )
             })?),
             None => None,
@@ -210,6 +215,23 @@ fn find_library<'f>(files: &'f GuestFiles, name: &str) -> Option<(String, &'f [u
         let path = format!("{dir}/{name}");
         files.get(&path).map(|b| (path, b))
     })
+}
+
+/// The file names of the guest's libraries, where the dynamic linker
+/// looks.
+fn library_names(files: &GuestFiles) -> Vec<String> {
+    let dirs: Vec<&str> = LIBRARY_PATH
+        .iter()
+        .map(|d| d.trim_start_matches('/'))
+        .collect();
+    let mut names: Vec<String> = (files.paths())
+        .filter_map(|p| p.rsplit_once('/'))
+        .filter(|(dir, name)| dirs.contains(dir) && name.contains(".so"))
+        .map(|(_, name)| name.to_owned())
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    names
 }
 
 /// Where `spec` goes in its object (at `exe_path`), before the object's
