@@ -213,6 +213,15 @@ impl ReplaySession {
 }
 
 impl Replaying {
+    /// The code a trampoline patches changed from `before` (a mark's
+    /// search ended): the debugger's breakpoints go back where it was.
+    fn patch_changed(&mut self, m: &Machine, before: Option<(u64, u64, u64)>) {
+        let now = self.points.patched_code();
+        if let (Some(debug), true) = (&mut self.tools.debug, now != before) {
+            debug.patched(m, now);
+        }
+    }
+
     /// Right after a checked deterministic exit: takes a checkpoint if one
     /// is due and the machine is at rest.
     fn checkpoint_if_due(&mut self, m: &mut Machine) -> Result<(), VmError> {
@@ -292,7 +301,16 @@ impl Replaying {
                         (self.tools.sampling.as_mut()).is_some_and(|s| s.wants_mark(mark.ns));
                     let (mode, rip) = match mark.at {
                         MarkAt::User(at) => {
-                            if self.points.arm_mark(m, *at, at_mark)? {
+                            // As for a point: the trampoline copies code
+                            // without `int3`s, and none goes into its patch.
+                            if let Some(debug) = &mut self.tools.debug {
+                                debug.lift_breakpoints(&m.vm.mem);
+                            }
+                            let armed = self.points.arm_mark(m, *at, at_mark)?;
+                            if let Some(debug) = &mut self.tools.debug {
+                                debug.patched(m, self.points.patched_code());
+                            }
+                            if armed {
                                 self.mark_wanted = wanted;
                             } else {
                                 self.log.sample_mark_done(false);
@@ -483,6 +501,10 @@ impl Mode for Replaying {
                     false => self.log.sample_mark_done(true),
                 }
                 self.search_next(m, true)?;
+                // The mark's patch is out: breakpoints may go back there.
+                if let Some(debug) = &mut self.tools.debug {
+                    debug.patched(m, self.points.patched_code());
+                }
                 Ok(Claimed::Passed)
             }
         }
@@ -507,7 +529,9 @@ impl Mode for Replaying {
     ) -> Result<(), VmError> {
         // The log passed by the mark sought, if any (a faithful replay
         // reaches its position before this exit).
+        let patched = self.points.patched_code();
         self.points.abandon_mark(m);
+        self.patch_changed(m, patched);
         let debug_entry = self.tools.debug.as_ref().map(|_| entry.clone());
         let kernel_entry = exec::is_kernel_entry(&entry);
         self.log.exit(entry, regs)?;
@@ -531,11 +555,13 @@ impl Mode for Replaying {
     }
 
     fn kicked(&mut self, m: &mut Machine, resumed: Resumed) -> Result<bool, VmError> {
+        let patched = self.points.patched_code();
         if self.points.check_time(m, &mut self.log)? {
             self.log.sample_mark_done(false);
             self.samples_given_up += 1;
             self.search_next(m, true)?;
         }
+        self.patch_changed(m, patched);
         // A kick: the guest stopped wherever it was, which is what a
         // sample wants (exits would bias it).
         if let (Some(sampling), Some(events)) = (&mut self.tools.sampling, &mut self.tools.events) {
