@@ -126,8 +126,10 @@ pub enum Resume {
     /// is on the CPU at a deterministic exit.
     Until(crate::tools::ReplayPoint),
     /// To the replay's end, never stopping: each breakpoint a thread of
-    /// the process hits is kept with its registers
-    /// (`DebugTool::take_probe_hits`), for the probes given at replay.
+    /// the process (or of a child it forked) hits is kept with its
+    /// registers (`DebugTool::take_probe_hits`), for the probes given at
+    /// replay; when the process ends, the next the selector names is
+    /// followed.
     Collect,
 }
 
