@@ -73,8 +73,8 @@ pub(crate) fn plan(
     files.add_debug_files(Path::new(DEBUG_DIR), libraries.iter().map(String::as_str));
     let files = &*files;
     let process = one_process(&specs)?;
-    // The executable: the object a location names, the process's program,
-    // or the recorded command's.
+    // The executable: the program `in NAME` names, or the recorded
+    // command's.
     let exe_name = match &process {
         Some(ProcessName::Name(name)) => name.clone(),
         _ => program.to_owned(),
