@@ -213,6 +213,25 @@ impl ReplaySession {
 }
 
 impl Replaying {
+    /// Puts a search's trampoline in place with `arm`: the debugger's
+    /// breakpoints are out of guest memory meanwhile (the trampoline
+    /// copies the code it covers: without `int3`s), and stay out of the
+    /// patch.
+    fn arm_search<T>(
+        &mut self,
+        m: &mut Machine,
+        arm: impl FnOnce(&mut PointSearch, &mut Machine, &mut Replayer) -> Result<T, VmError>,
+    ) -> Result<T, VmError> {
+        if let Some(debug) = &mut self.tools.debug {
+            debug.lift_breakpoints(&m.vm.mem);
+        }
+        let armed = arm(&mut self.points, m, &mut self.log);
+        if let Some(debug) = &mut self.tools.debug {
+            debug.patched(m, self.points.patched_code());
+        }
+        armed
+    }
+
     /// The code a trampoline patches changed from `before` (a mark's
     /// search ended): the debugger's breakpoints go back where it was.
     fn patch_changed(&mut self, m: &Machine, before: Option<(u64, u64, u64)>) {
@@ -283,15 +302,8 @@ impl Replaying {
             match self.log.sought()? {
                 None => return Ok(()),
                 Some(Sought::Point(point)) => {
-                    let Some(debug) = &mut self.tools.debug else {
-                        return self.points.arm_point(m, &mut self.log, *point, at_mark);
-                    };
-                    // The trampoline copies the code it covers: without
-                    // `int3`s.
-                    debug.lift_breakpoints(&m.vm.mem);
-                    self.points.arm_point(m, &mut self.log, *point, at_mark)?;
-                    debug.patched(m, self.points.patched_code());
-                    return Ok(());
+                    let point = *point;
+                    return self.arm_search(m, |p, m, log| p.arm_point(m, log, point, at_mark));
                 }
                 Some(Sought::Mark(mark)) => {
                     // Every mark in user code is found, sampled or not: the
@@ -301,16 +313,8 @@ impl Replaying {
                         (self.tools.sampling.as_mut()).is_some_and(|s| s.wants_mark(mark.ns));
                     let (mode, rip) = match mark.at {
                         MarkAt::User(at) => {
-                            // As for a point: the trampoline copies code
-                            // without `int3`s, and none goes into its patch.
-                            if let Some(debug) = &mut self.tools.debug {
-                                debug.lift_breakpoints(&m.vm.mem);
-                            }
-                            let armed = self.points.arm_mark(m, *at, at_mark)?;
-                            if let Some(debug) = &mut self.tools.debug {
-                                debug.patched(m, self.points.patched_code());
-                            }
-                            if armed {
+                            let at = *at;
+                            if self.arm_search(m, |p, m, _| p.arm_mark(m, at, at_mark))? {
                                 self.mark_wanted = wanted;
                             } else {
                                 self.log.sample_mark_done(false);
