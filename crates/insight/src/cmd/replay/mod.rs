@@ -147,7 +147,7 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
                 match &plan.process {
                     vmm::tools::debug::ProcessSelector::Pid(pid) => format!("process {pid}"),
                     vmm::tools::debug::ProcessSelector::Name(name) =>
-                        format!("the first process to run {name}"),
+                        format!("each run of {name} in turn, and the children it forks"),
                 }
             );
             Some(plan)

@@ -3,6 +3,7 @@
 //! files before anything boots: an unknown function, line, variable or
 //! object is an error that names it and the nearest matches.
 
+use std::collections::HashMap;
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
@@ -94,6 +95,8 @@ pub(crate) fn plan(
     let exe_symbols = ElfSymbols::parse_with_debug(exe, debug)
         .with_context(|| format!("{exe_path} is not an ELF executable insight can read"))?;
     let exe_file = exe_path.rsplit('/').next().unwrap_or(&exe_path).to_owned();
+    // Each library's symbols, read once for all the probes in it.
+    let mut libraries: HashMap<String, ElfSymbols> = HashMap::new();
     let mut probes = Vec::new();
     for (id, spec) in specs.into_iter().enumerate() {
         // The program's own code, or one of the libraries it loads.
@@ -102,30 +105,33 @@ pub(crate) fn plan(
             .object()
             .filter(|o| o.rsplit('/').next() != Some(exe_file.as_str()));
         let library = match library {
-            Some(name) => Some(find_library(files, name).with_context(|| {
-                format!(
-                    "probe '{}': the recording has no library '{name}' (looked in {}){}",
-                    spec.text,
-                    LIBRARY_PATH.join(", "),
-                    suggest(&nearest(
-                        name,
-                        library_names(files).iter().map(String::as_str),
-                        3
-                    ))
-                )
-            })?),
-            None => None,
-        };
-        let lib_symbols = match &library {
-            Some((path, bytes)) => Some(
-                ElfSymbols::parse_with_debug(bytes, files.debug_file(path))
-                    .with_context(|| format!("{path} is not an ELF file insight can read"))?,
+            Some(name) => Some(
+                find_library(files, name)
+                    .map(|(path, _)| path)
+                    .with_context(|| {
+                        format!(
+                            "probe '{}': the recording has no library '{name}' (looked in {}){}",
+                            spec.text,
+                            LIBRARY_PATH.join(", "),
+                            suggest(&nearest(
+                                name,
+                                library_names(files).iter().map(String::as_str),
+                                3
+                            ))
+                        )
+                    })?,
             ),
             None => None,
         };
-        let (symbols, object_path) = match (&lib_symbols, &library) {
-            (Some(s), Some((path, _))) => (s, path.as_str()),
-            _ => (&exe_symbols, exe_path.as_str()),
+        if let Some(path) = library.as_ref().filter(|p| !libraries.contains_key(*p)) {
+            let bytes = files.get(path).unwrap_or_default();
+            let symbols = ElfSymbols::parse_with_debug(bytes, files.debug_file(path))
+                .with_context(|| format!("{path} is not an ELF file insight can read"))?;
+            libraries.insert(path.clone(), symbols);
+        }
+        let (symbols, object_path) = match &library {
+            Some(path) => (&libraries[path], path.as_str()),
+            None => (&exe_symbols, exe_path.as_str()),
         };
         let site = site(&spec, symbols, object_path)?;
         let mut globals = Vec::new();
@@ -152,7 +158,7 @@ pub(crate) fn plan(
         probes.push(PlannedProbe {
             id: id as u32 + 1,
             spec,
-            object: library.map(|(path, _)| path),
+            object: library,
             site,
             globals,
         });
