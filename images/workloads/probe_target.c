@@ -1,12 +1,14 @@
 /*
- * probe_target [CALLS [FORKS]]: what the tests of probes given at replay
+ * probe_target [CALLS [FORKS [PAUSE_MS]]]: what the tests of probes given at replay
  * look at. Two threads call parse_request() CALLS times each (default 60)
  * with a length that cycles through 0, 1000, ..., 9000 and a method name
  * that cycles through "GET", "PUT", "POST"; parse_request() returns twice
  * the length and counts its calls in the global `requests`. The main
  * thread then computes factorial(6) recursively (6 nested calls) once,
  * and forks FORKS children (default none), each of which calls
- * parse_request("GET", 100) 10 times. The main thread prints what a probe
+ * parse_request("GET", 100) 10 times. With PAUSE_MS, the main thread
+ * sleeps that long between its threads' calls and the rest (another
+ * program can run meanwhile). The main thread prints what a probe
  * should see, each line with one write() of its own:
  *   probe_target: thread TID calls C over_4096 B      (each worker)
  *   probe_target: parse_request calls C over_4096 B requests R
@@ -97,6 +99,9 @@ int main(int argc, char **argv)
 			return 1;
 	for (int i = 0; i < 2; i++)
 		pthread_join(t[i], NULL);
+	long pause_ms = argc > 3 ? atol(argv[3]) : 0;
+	if (pause_ms > 0)
+		usleep((useconds_t)pause_ms * 1000);
 	long f = factorial(6);
 	long forks = argc > 2 ? atol(argv[2]) : 0;
 	for (long i = 0; i < forks; i++) {

@@ -226,8 +226,6 @@ pub struct ElfSymbols<'a> {
     ifuncs: std::collections::HashSet<String>,
     /// Its entry point (ELF `e_entry`).
     entry: u64,
-    /// Where its dynamic section is (`.dynamic`), if it has one.
-    dynamic: Option<u64>,
     /// Where its DWARF may be: the file itself, then its debug file.
     dwarf_in: [Option<&'a [u8]>; 2],
     /// Its DWARF line tables, read at the first lookup.
@@ -295,7 +293,6 @@ impl<'a> ElfSymbols<'a> {
             names,
             ifuncs,
             entry: file.entry(),
-            dynamic: file.section_by_name(".dynamic").map(|s| s.address()),
             dwarf_in: [Some(elf), debug],
             lines: OnceCell::new(),
         })
@@ -345,12 +342,6 @@ impl<'a> ElfSymbols<'a> {
     /// Its entry point (ELF `e_entry`), before the load bias.
     pub fn entry(&self) -> u64 {
         self.entry
-    }
-
-    /// The address of its dynamic section, where the dynamic linker
-    /// says where the process's libraries are (`DT_DEBUG`).
-    pub fn dynamic(&self) -> Option<u64> {
-        self.dynamic
     }
 
     /// The address and size of the data object named `name` (any of its

@@ -298,17 +298,33 @@ fn bad_probes_are_refused_before_the_replay_boots_naming_the_nearest() {
     assert!(refused("libnosuch.so:f").contains("no library 'libnosuch.so'"));
     assert!(refused("libcc.so.6:write").contains("nearest: libc.so.6"));
     assert!(refused("libc.so.6:strlen").contains("indirect function"));
+    assert!(refused("libc.so.6:write in nosuchprog").contains("no program 'nosuchprog'"));
+    // Two programs' own functions in one replay.
+    let out = replay_with(
+        trace,
+        &[
+            "--no-console",
+            "--probe",
+            "parse_request in probe_target",
+            "--probe",
+            "main in lock_hold",
+        ],
+    );
+    assert!(
+        text(&out).1.contains("functions of different programs"),
+        "{out:?}"
+    );
 }
 
-#[test]
-#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
-fn every_run_of_the_program_is_probed_one_after_the_other() {
+/// Records `command`, which runs `probe_target 5` and `probe_target 7 1`
+/// (one child), and replays it probing `parse_request` and
+/// `libc.so.6:write`: each run counted from its own start, its library
+/// at its own address (2 x 5, 2 x 7 and the child's 10), and every write
+/// of both (the shell is static: it has no libc.so.6). The trace, the
+/// event database and the replay's standard error.
+fn two_runs_probed(name: &str, command: &str) -> (PathBuf, PathBuf, String) {
     guest_ready();
-    let (trace, out) = record(
-        "probes-runs",
-        &[],
-        &["sh", "-c", "probe_target 5; probe_target 7 1"],
-    );
+    let (trace, out) = record(name, &[], &["sh", "-c", command]);
     let stdout = expect_status(&out, 0);
     let writes: u64 = (0..2).map(|i| field(&stdout, "writes", i, "writes")).sum();
     let db = trace.with_file_name("events.db");
@@ -323,10 +339,9 @@ fn every_run_of_the_program_is_probed_one_after_the_other() {
             "libc.so.6:write",
         ],
     );
+    let stderr = text(&out).1;
     expect_status(&out, 0);
     let report = report_json("probes", &db, &[]);
-    // 2 x 5, then 2 x 7 and a child's 10: each run from its own start,
-    // its library at its own address.
     let mut by_pid: BTreeMap<u64, u64> = BTreeMap::new();
     for t in probe(&report, 1)["threads"].as_array().unwrap() {
         *by_pid.entry(t["pid"].as_u64().unwrap()).or_default() += t["calls"].as_u64().unwrap();
@@ -335,5 +350,42 @@ fn every_run_of_the_program_is_probed_one_after_the_other() {
     per_process.sort_unstable();
     assert_eq!(per_process, [10, 10, 14], "{report}");
     assert_eq!(probe(&report, 2)["calls"], writes, "{report}");
+    (trace, db, stderr)
+}
+
+#[test]
+#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
+fn every_run_of_the_program_is_probed_one_after_the_other() {
+    let (trace, _, _) = two_runs_probed("probes-runs", "probe_target 5; probe_target 7 1");
+    let _ = std::fs::remove_dir_all(trace.parent().unwrap());
+}
+
+#[test]
+#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
+fn programs_running_at_once_are_each_probed_from_its_start() {
+    // The first pauses 2 s between its threads' calls and its writes; the
+    // second runs meanwhile.
+    let (trace, db, stderr) = two_runs_probed(
+        "probes-at-once",
+        "probe_target 5 0 2000 & probe_target 7 1; wait",
+    );
+    assert!(
+        stderr.contains("every process that runs probe_target")
+            && stderr.contains("every process that loads libc.so.6"),
+        "{stderr}"
+    );
+    // They ran at once: two processes' hits interleave.
+    let mut spans: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
+    for row in rows(&db)
+        .iter()
+        .filter(|r| r.kind == events::abi::Kind::Probe)
+    {
+        let span = spans.entry(row.pid).or_insert((row.seq, row.seq));
+        span.1 = row.seq;
+    }
+    let overlap = spans
+        .values()
+        .any(|a| (spans.values()).any(|b| a != b && a.0 < b.1 && b.0 < a.1));
+    assert!(overlap, "{spans:?}");
     let _ = std::fs::remove_dir_all(trace.parent().unwrap());
 }

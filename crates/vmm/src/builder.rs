@@ -421,12 +421,10 @@ pub fn replay(
         }
         (events.capture.probes(&probes::probe_rows(plan))).map_err(VmError::from)?;
         let probe_tool = ProbeTool::new(plan);
-        tools.debug = Some(DebugTool::collecting(
-            plan.process.clone(),
-            kernel_points(&spec.kernel_image, kernel_stack_top),
-            plan.exe_entry,
-            probe_tool.sites(),
-        ));
+        tools.debug = Some(DebugTool::collecting(kernel_points(
+            &spec.kernel_image,
+            kernel_stack_top,
+        )));
         tools.probes = Some(probe_tool);
     }
     if let Some(selector) = options.debug {

@@ -21,29 +21,27 @@ use events::probe_spec::{
 };
 use kvm_bindings::kvm_regs;
 
-use super::debug::{DebugTool, ProbeHit, ProcessSelector};
+use super::debug::{
+    auxv_value, DebugTool, ProbeHit, ProcessChange, ProcessInfo, ProcessSelector, AT_ENTRY,
+    AT_PHDR, AT_PHNUM,
+};
 use super::events::EventTool;
 use crate::vm::{Machine, VmError};
 
 /// The probes a replay arms, resolved against the recording's files.
 #[derive(Clone, Debug)]
 pub struct ProbePlan {
-    /// The process they go into.
-    pub process: ProcessSelector,
-    /// Its executable's path in the guest.
+    /// The program the probes in an executable name functions of: its
+    /// path in the guest.
     pub exe_path: String,
-    /// The ELF entry point of its executable (its load bias is where the
-    /// kernel says the program starts, less this).
+    /// Its ELF entry point (its load bias is where the kernel says the
+    /// program starts, less this).
     pub exe_entry: u64,
-    /// Where the executable's dynamic section is (before the load bias):
-    /// its `DT_DEBUG` entry leads to the dynamic linker's list of the
-    /// libraries loaded. `None` for a static executable.
-    pub exe_dynamic: Option<u64>,
     pub probes: Vec<PlannedProbe>,
 }
 
-/// One probe: its number, its spec, and where it goes in its object
-/// (before the object's load bias).
+/// One probe: its number, its spec, where it goes in its object (before
+/// the object's load bias), and which processes it goes into.
 #[derive(Clone, Debug)]
 pub struct PlannedProbe {
     pub id: u32,
@@ -55,6 +53,10 @@ pub struct PlannedProbe {
     /// The global variables it captures or compares: their addresses in
     /// the object and sizes (1 to 8 bytes).
     pub globals: Vec<(String, u64, u8)>,
+    /// The processes it goes into, each from the start of a program it
+    /// executes (a probe in the executable: those that execute the plan's
+    /// program).
+    pub process: ProcessSelector,
 }
 
 impl PlannedProbe {
@@ -83,6 +85,8 @@ pub const DURATION: &str = "duration_ns";
 /// A call of a `return` probe's function, until it returns.
 struct PendingCall {
     probe: usize,
+    /// The followed address space whose breakpoint waits at its return.
+    space: u64,
     /// The stack pointer at the entry (at the return address).
     rsp: u64,
     /// The function's address and the return address.
@@ -94,47 +98,51 @@ struct PendingCall {
     start_ns: u64,
 }
 
+/// A process the probes go into, from the start of its program.
+struct Followed {
+    pid: u32,
+    /// The program as it executed it, and whether it is the plan's.
+    exe: String,
+    runs_program: bool,
+    /// Which of the plan's probes go into it.
+    probes: Vec<bool>,
+    /// The executable's load bias, and its dynamic section (`None`: a
+    /// static program, or not known yet).
+    bias: Option<u64>,
+    dynamic: Option<u64>,
+    /// Its program headers were read (the dynamic linker reads them
+    /// first: they are not in memory at the start).
+    headers_read: bool,
+    auxv: Vec<u8>,
+    /// The libraries found loaded: (path, load bias).
+    libraries: Vec<(String, u64)>,
+    /// Breakpoints at return addresses, with how many calls wait there.
+    return_sites: HashMap<u64, usize>,
+}
+
 /// The probes' state in a replay.
 pub(crate) struct ProbeTool {
     probes: Vec<PlannedProbe>,
+    exe_path: String,
+    exe_entry: u64,
+    /// The processes followed, by address space.
+    followed: HashMap<u64, Followed>,
     /// Calls of `return` probes under way, per thread, innermost last.
     calls: HashMap<u32, Vec<PendingCall>>,
-    /// Breakpoints at return addresses, with how many calls wait there.
-    return_sites: HashMap<u64, usize>,
-    exe_path: String,
-    exe_dynamic: Option<u64>,
     /// The processes whose objects the events tool was told of.
     announced: Vec<u32>,
-    /// The libraries found loaded: (path, load bias).
-    libraries: Vec<(String, u64)>,
-    /// The process followed, whose libraries and calls these are.
-    process: Option<u32>,
 }
 
 impl ProbeTool {
     pub(crate) fn new(plan: &ProbePlan) -> Self {
         ProbeTool {
             probes: plan.probes.clone(),
-            calls: HashMap::new(),
-            return_sites: HashMap::new(),
             exe_path: plan.exe_path.clone(),
-            exe_dynamic: plan.exe_dynamic,
+            exe_entry: plan.exe_entry,
+            followed: HashMap::new(),
+            calls: HashMap::new(),
             announced: Vec::new(),
-            libraries: Vec::new(),
-            process: None,
         }
-    }
-
-    /// The breakpoints the process needs from its start: the sites of the
-    /// probes in its executable.
-    pub(crate) fn sites(&self) -> Vec<u64> {
-        let mut sites: Vec<u64> = (self.probes.iter())
-            .filter(|p| p.object.is_none())
-            .map(|p| p.site)
-            .collect();
-        sites.sort_unstable();
-        sites.dedup();
-        sites
     }
 
     /// Turns the hits the debugger's engine collected into events, at
@@ -147,24 +155,84 @@ impl ProbeTool {
         events: &mut EventTool,
         ns: u64,
     ) -> Result<(), VmError> {
+        let mut changed = self.processes_changed(debug);
         let hits = debug.take_probe_hits();
-        if hits.is_empty() {
-            return Ok(());
-        }
-        self.follow(debug);
         for hit in &hits {
             self.announce(m, debug, events, hit)?;
         }
-        let bases = self.bases(debug);
-        let mut changed = false;
         for hit in hits {
-            changed |= self.returned(m, debug, events, ns, &bases, &hit)?;
-            changed |= self.entered(m, debug, events, ns, &bases, &hit)?;
+            changed |= self.returned(m, debug, events, ns, &hit)?;
+            changed |= self.entered(m, debug, events, ns, &hit)?;
         }
         if changed {
             debug.breakpoints_changed(m)?;
         }
         Ok(())
+    }
+
+    /// Looks at the programs started and the followed processes ended:
+    /// a process that executes a program some probes go into is
+    /// followed, with the breakpoints of its executable's probes in
+    /// place before its first instruction. Whether breakpoints changed.
+    fn processes_changed(&mut self, debug: &mut DebugTool) -> bool {
+        let mut changed = false;
+        for change in debug.take_process_changes() {
+            match change {
+                ProcessChange::Started(info) => changed |= self.started(debug, &info),
+                ProcessChange::Ended { cr3 } => {
+                    self.followed.remove(&cr3);
+                    self.calls.retain(|_, calls| {
+                        calls.retain(|c| c.space != cr3);
+                        !calls.is_empty()
+                    });
+                }
+            }
+        }
+        changed
+    }
+
+    fn started(&mut self, debug: &mut DebugTool, info: &ProcessInfo) -> bool {
+        let exe_file = self.exe_path.rsplit('/').next().unwrap_or(&self.exe_path);
+        let runs_program = ProcessSelector::Name(exe_file.to_owned()).matches(info.pid, &info.exe);
+        let probes: Vec<bool> = (self.probes.iter())
+            .map(|p| p.process.matches(info.pid, &info.exe) && (p.object.is_some() || runs_program))
+            .collect();
+        if !probes.iter().any(|&p| p) {
+            return false;
+        }
+        let bias = auxv_value(&info.auxv, AT_ENTRY)
+            .map(|e| e.wrapping_sub(self.exe_entry))
+            .filter(|_| runs_program);
+        debug.follow(info.pid, info.cr3);
+        let mut changed = false;
+        if let Some(bias) = bias.filter(|_| runs_program) {
+            for (_, p) in
+                (self.probes.iter().enumerate()).filter(|&(i, p)| probes[i] && p.object.is_none())
+            {
+                debug.add_breakpoint_in(info.cr3, p.site.wrapping_add(bias));
+                changed = true;
+            }
+        }
+        let exe = match runs_program {
+            true => self.exe_path.clone(),
+            false => info.exe.clone(),
+        };
+        self.followed.insert(
+            info.cr3,
+            Followed {
+                pid: info.pid,
+                exe,
+                runs_program,
+                probes,
+                bias,
+                dynamic: None,
+                headers_read: false,
+                auxv: info.auxv.clone(),
+                libraries: Vec::new(),
+                return_sites: HashMap::new(),
+            },
+        );
+        changed
     }
 
     /// The first hit of a process: its objects go to the events tool, for
@@ -181,13 +249,16 @@ impl ProbeTool {
             return Ok(());
         }
         self.announced.push(hit.pid);
-        let Some(bias) = exe_bias(debug) else {
+        let Some(f) = self.followed.get(&hit.space) else {
             return Ok(());
         };
-        events.executable_seen(hit.pid, bias, &self.exe_path)?;
-        if let Some(dynamic) = self.exe_dynamic {
+        let Some(bias) = f.bias else {
+            return Ok(());
+        };
+        events.executable_seen(hit.pid, bias, &f.exe)?;
+        if let Some(dynamic) = f.dynamic {
             let read = |va, buf: &mut [u8]| debug.read_in(m, hit.cr3, va, buf);
-            for (path, base) in loaded_libraries(&read, bias + dynamic) {
+            for (path, base) in loaded_libraries(&read, dynamic) {
                 if !path.is_empty() {
                     events.executable_seen(hit.pid, base, &path)?;
                 }
@@ -196,78 +267,67 @@ impl ProbeTool {
         Ok(())
     }
 
-    /// Another process is followed (the last ended, the program ran
-    /// again): what was known of the last one's libraries and calls goes.
-    fn follow(&mut self, debug: &DebugTool) {
-        let now = debug.process().map(|p| p.pid);
-        if now != self.process {
-            self.process = now;
-            self.libraries.clear();
-            self.calls.clear();
-            self.return_sites.clear();
-        }
-    }
-
-    /// Each probe's object's load bias, where known.
-    fn bases(&self, debug: &DebugTool) -> Vec<Option<u64>> {
-        let bias = exe_bias(debug);
-        (self.probes.iter())
-            .map(|p| match &p.object {
-                None => bias,
-                Some(path) => self.library_base(path),
-            })
-            .collect()
-    }
-
-    fn library_base(&self, path: &str) -> Option<u64> {
-        (self.libraries.iter())
-            .find(|(p, _)| same_object(p, path))
-            .map(|&(_, base)| base)
-    }
-
     /// After a deterministic exit or asynchronous point: while a probe's
-    /// library is not known to be loaded, the dynamic linker's list of
-    /// the process's libraries (`r_debug`, through the executable's
-    /// `DT_DEBUG`) is read, and the probes of the libraries found in it go
-    /// in, with the libraries' objects for stacks and symbols.
+    /// library is not known to be loaded in a followed process, the
+    /// dynamic linker's list of its libraries (`r_debug`, through the
+    /// executable's `DT_DEBUG`) is read, and the probes of the libraries
+    /// found in it go in, with the libraries' objects for stacks and
+    /// symbols.
     pub(crate) fn advanced(
         &mut self,
         m: &mut Machine,
         debug: &mut DebugTool,
         events: &mut EventTool,
     ) -> Result<(), VmError> {
-        self.follow(debug);
-        let (Some(bias), Some(dynamic), Some(pid)) = (
-            exe_bias(debug),
-            self.exe_dynamic,
-            debug.process().map(|p| p.pid),
-        ) else {
-            return Ok(());
-        };
-        let waiting = (self.probes.iter())
-            .filter_map(|p| p.object.as_deref())
-            .any(|o| self.library_base(o).is_none());
-        if !waiting {
-            return Ok(());
-        }
-        let found = loaded_libraries(&|va, buf| debug.read_user(m, &[], va, buf), bias + dynamic);
-        let mut added = false;
-        for (path, base) in found {
-            if path.is_empty() || self.libraries.iter().any(|l| l.0 == path) {
+        let mut added = self.processes_changed(debug);
+        let mut unfollowed = Vec::new();
+        for (&cr3, f) in &mut self.followed {
+            if !f.headers_read {
+                let read = |va, buf: &mut [u8]| debug.read_in(m, cr3, va, buf);
+                let Some((bias, dynamic)) = loaded_program(&read, &f.auxv) else {
+                    continue;
+                };
+                f.headers_read = true;
+                f.bias = f.bias.or(bias);
+                f.dynamic = dynamic;
+                // A static program runs no library code: a process only
+                // library probes go into has nothing for them.
+                let in_executable = (self.probes.iter().enumerate())
+                    .any(|(i, p)| f.probes[i] && p.object.is_none());
+                if dynamic.is_none() && !in_executable {
+                    unfollowed.push((cr3, f.pid));
+                }
+            }
+            let Some(dynamic) = f.dynamic else {
+                continue;
+            };
+            let waiting = (self.probes.iter().enumerate())
+                .filter(|&(i, _)| f.probes[i])
+                .filter_map(|(_, p)| p.object.as_deref())
+                .any(|o| library_base(&f.libraries, o).is_none());
+            if !waiting {
                 continue;
             }
-            if self.announced.contains(&pid) {
-                events.executable_seen(pid, base, &path)?;
+            let found = loaded_libraries(&|va, buf| debug.read_in(m, cr3, va, buf), dynamic);
+            for (path, base) in found {
+                if path.is_empty() || f.libraries.iter().any(|l| l.0 == path) {
+                    continue;
+                }
+                if self.announced.contains(&f.pid) {
+                    events.executable_seen(f.pid, base, &path)?;
+                }
+                for (_, probe) in (self.probes.iter().enumerate()).filter(|&(i, p)| {
+                    f.probes[i] && p.object.as_deref().is_some_and(|o| same_object(&path, o))
+                }) {
+                    debug.add_breakpoint_in(cr3, base.wrapping_add(probe.site));
+                    added = true;
+                }
+                f.libraries.push((path, base));
             }
-            for probe in self
-                .probes
-                .iter()
-                .filter(|p| p.object.as_deref().is_some_and(|o| same_object(&path, o)))
-            {
-                debug.add_breakpoint(base.wrapping_add(probe.site));
-                added = true;
-            }
-            self.libraries.push((path, base));
+        }
+        for (cr3, pid) in unfollowed {
+            self.followed.remove(&cr3);
+            debug.unfollow(pid);
         }
         if added {
             debug.breakpoints_changed(m)?;
@@ -283,9 +343,12 @@ impl ProbeTool {
         debug: &mut DebugTool,
         events: &mut EventTool,
         ns: u64,
-        bases: &[Option<u64>],
         hit: &ProbeHit,
     ) -> Result<bool, VmError> {
+        let Some(f) = self.followed.get(&hit.space) else {
+            return Ok(false);
+        };
+        let bases = bases(&self.probes, f);
         let va = hit.regs.rip;
         let mut added = false;
         for (index, probe) in self.probes.iter().enumerate() {
@@ -328,15 +391,17 @@ impl ProbeTool {
                     let values = capture(&reader, probe, &hit.regs, Phase::Entry);
                     pending.push(PendingCall {
                         probe: index,
+                        space: hit.space,
                         rsp: hit.regs.rsp,
                         function: va,
                         returns_to,
                         values,
                         start_ns: ns,
                     });
-                    let waiting = self.return_sites.entry(returns_to).or_insert(0);
+                    let f = self.followed.get_mut(&hit.space).expect("followed");
+                    let waiting = f.return_sites.entry(returns_to).or_insert(0);
                     if *waiting == 0 {
-                        debug.add_breakpoint(returns_to);
+                        debug.add_breakpoint_in(hit.space, returns_to);
                         added = true;
                     }
                     *waiting += 1;
@@ -354,10 +419,12 @@ impl ProbeTool {
         debug: &mut DebugTool,
         events: &mut EventTool,
         ns: u64,
-        bases: &[Option<u64>],
         hit: &ProbeHit,
     ) -> Result<bool, VmError> {
-        let Some(calls) = self.calls.get_mut(&hit.lwpid) else {
+        let (Some(calls), Some(f)) = (
+            self.calls.get_mut(&hit.lwpid),
+            self.followed.get_mut(&hit.space),
+        ) else {
             return Ok(false);
         };
         let (va, rsp) = (hit.regs.rip, hit.regs.rsp);
@@ -370,18 +437,22 @@ impl ProbeTool {
             }
             ended.push(calls.pop().expect("a call"));
         }
+        if calls.is_empty() {
+            self.calls.remove(&hit.lwpid);
+        }
+        let bases = bases(&self.probes, f);
         let mut removed = false;
         let is_site = |va: u64| {
-            (self.probes.iter().zip(bases))
+            (self.probes.iter().zip(&bases))
                 .any(|(p, b)| b.is_some_and(|b| p.site.wrapping_add(b) == va))
         };
         for call in ended {
-            let waiting = self.return_sites.entry(call.returns_to).or_insert(1);
+            let waiting = f.return_sites.entry(call.returns_to).or_insert(1);
             *waiting -= 1;
             if *waiting == 0 {
-                self.return_sites.remove(&call.returns_to);
+                f.return_sites.remove(&call.returns_to);
                 if !is_site(call.returns_to) {
-                    debug.remove_breakpoint(call.returns_to);
+                    debug.remove_breakpoint_in(hit.space, call.returns_to);
                 }
                 removed = true;
             }
@@ -419,9 +490,6 @@ impl ProbeTool {
                 &values,
                 wants_stack(probe).then_some(&hit.regs),
             )?;
-        }
-        if calls.is_empty() {
-            self.calls.remove(&hit.lwpid);
         }
         Ok(removed)
     }
@@ -562,9 +630,64 @@ fn holds(
     value.is_some_and(|v| c.op.holds(v, c.value))
 }
 
-/// The executable's load bias, once the process started.
-fn exe_bias(debug: &DebugTool) -> Option<u64> {
-    debug.collecting.as_ref().and_then(|c| c.bias)
+/// Each probe's object's load bias in the followed process `f`, where
+/// known and where the probe goes into it.
+fn bases(probes: &[PlannedProbe], f: &Followed) -> Vec<Option<u64>> {
+    (probes.iter().enumerate())
+        .map(|(i, p)| match &p.object {
+            _ if !f.probes[i] => None,
+            None => f.bias.filter(|_| f.runs_program),
+            Some(path) => library_base(&f.libraries, path),
+        })
+        .collect()
+}
+
+/// The load bias of a library a probe names (`object`) in a process's
+/// list of loaded libraries.
+fn library_base(libraries: &[(String, u64)], object: &str) -> Option<u64> {
+    (libraries.iter())
+        .find(|(p, _)| same_object(p, object))
+        .map(|&(_, base)| base)
+}
+
+/// Program header types.
+const PT_DYNAMIC: u32 = 2;
+const PT_PHDR: u32 = 6;
+/// The size of an `Elf64_Phdr`, and the most read.
+const PHDR_SIZE: usize = 56;
+const MAX_PHDRS: u64 = 128;
+
+/// A program, from its auxiliary vector and its program headers in
+/// memory (read with `read`), as the dynamic linker finds itself: its
+/// load bias (where the headers are, less where `PT_PHDR` says they are)
+/// and its dynamic section (`None`: a static program). `None` while the
+/// headers are not in memory.
+fn loaded_program(
+    read: &dyn Fn(u64, &mut [u8]) -> usize,
+    auxv: &[u8],
+) -> Option<(Option<u64>, Option<u64>)> {
+    let (Some(phdr), Some(phnum)) = (auxv_value(auxv, AT_PHDR), auxv_value(auxv, AT_PHNUM)) else {
+        return Some((None, None));
+    };
+    let mut headers = vec![0u8; PHDR_SIZE * phnum.min(MAX_PHDRS) as usize];
+    if read(phdr, &mut headers) < headers.len() {
+        return None;
+    }
+    let field =
+        |h: &[u8], at: usize| u64::from_le_bytes(h[at..at + 8].try_into().expect("8 bytes"));
+    let of_type = |t: u32| {
+        headers
+            .chunks_exact(PHDR_SIZE)
+            .find(|h| u32::from_le_bytes(h[..4].try_into().expect("4 bytes")) == t)
+            .map(|h| field(h, 16))
+    };
+    let Some(bias) = of_type(PT_PHDR).map(|vaddr| phdr.wrapping_sub(vaddr)) else {
+        return Some((None, None));
+    };
+    Some((
+        Some(bias),
+        of_type(PT_DYNAMIC).map(|v| bias.wrapping_add(v)),
+    ))
 }
 
 /// Whether the dynamic linker's name of a library (`path`) is the one a
@@ -651,6 +774,7 @@ mod tests {
             object: None,
             site: 0x1130,
             globals: Vec::new(),
+            process: ProcessSelector::Any,
         }
     }
 
@@ -719,6 +843,43 @@ mod tests {
             "/usr/lib/x86_64-linux-gnu/libc.so.6"
         ));
         assert!(!same_object("/lib/libm.so.6", "libc.so.6"));
+    }
+
+    #[test]
+    fn a_program_finds_its_bias_and_dynamic_section_in_its_headers() {
+        // Program headers at 0x5555_0040 (PT_PHDR says 0x40): PT_LOAD,
+        // PT_DYNAMIC at 0x2de0.
+        let mut mem = vec![0u8; 0x200];
+        let phdr = |mem: &mut Vec<u8>, n: usize, kind: u32, vaddr: u64| {
+            let at = 0x40 + n * PHDR_SIZE;
+            mem[at..at + 4].copy_from_slice(&kind.to_le_bytes());
+            mem[at + 16..at + 24].copy_from_slice(&vaddr.to_le_bytes());
+        };
+        phdr(&mut mem, 0, PT_PHDR, 0x40);
+        phdr(&mut mem, 1, 1, 0);
+        phdr(&mut mem, 2, PT_DYNAMIC, 0x2de0);
+        let base = 0x5555_0000u64;
+        let read = |va: u64, buf: &mut [u8]| reader(mem.clone())(va.wrapping_sub(base), buf);
+        let auxv: Vec<u8> = [(AT_PHDR, base + 0x40), (AT_PHNUM, 3), (0, 0)]
+            .iter()
+            .flat_map(|&(k, v): &(u64, u64)| k.to_le_bytes().into_iter().chain(v.to_le_bytes()))
+            .collect();
+        assert_eq!(
+            loaded_program(&read, &auxv),
+            Some((Some(base), Some(base + 0x2de0)))
+        );
+        // A static program: no dynamic section.
+        let mut static_mem = mem.clone();
+        static_mem[0x40 + 2 * PHDR_SIZE..0x40 + 2 * PHDR_SIZE + 4].fill(0);
+        let read_static =
+            |va: u64, buf: &mut [u8]| reader(static_mem.clone())(va.wrapping_sub(base), buf);
+        assert_eq!(
+            loaded_program(&read_static, &auxv),
+            Some((Some(base), None))
+        );
+        // Not said: never known; not in memory yet: later.
+        assert_eq!(loaded_program(&read, &auxv[16..]), Some((None, None)));
+        assert_eq!(loaded_program(&|_, _| 0, &auxv), None);
     }
 
     #[test]

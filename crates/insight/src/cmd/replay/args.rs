@@ -177,7 +177,9 @@ pub struct ReplayArgs {
     /// nothing paid while recording (docs/probes.md): SPEC names a
     /// function of the program (`parse`) or of a library it loads
     /// (`libc.so.6:fsync`), a FILE:LINE, or an address,
-    /// then optionally `return`, `in PROGRAM` or `in pid PID`, `capture`
+    /// then optionally `return`, `in PROGRAM` or `in pid PID` (default:
+    /// every process that runs the program, or for a library's function
+    /// every process that loads it, from each one's start), `capture`
     /// values (arg0..arg5, retval, registers, *argN:LEN, str(argN), a
     /// global variable, ustack) and `if OPERAND OP NUMBER`. E.g.
     /// --probe 'parse_request capture arg1 if arg1 > 4096'. Hits become

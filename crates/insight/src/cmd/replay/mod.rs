@@ -141,14 +141,10 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
             let program = traces::recorded_program(&reader.header, &trace).unwrap_or_default();
             let plan = probes::plan(probe_specs, &mut files, &program)?;
             eprintln!(
-                "insight: {} probe{} armed in {} (docs/probes.md)",
+                "insight: {} probe{} armed in {} and the children they fork (docs/probes.md)",
                 plan.probes.len(),
                 if plan.probes.len() == 1 { "" } else { "s" },
-                match &plan.process {
-                    vmm::tools::debug::ProcessSelector::Pid(pid) => format!("process {pid}"),
-                    vmm::tools::debug::ProcessSelector::Name(name) =>
-                        format!("each run of {name} in turn, and the children it forks"),
-                }
+                probes::armed_in(&plan)
             );
             Some(plan)
         }

@@ -73,27 +73,46 @@ pub(crate) fn plan(
         .collect();
     files.add_debug_files(Path::new(DEBUG_DIR), libraries.iter().map(String::as_str));
     let files = &*files;
-    let process = one_process(&specs)?;
     // The executable: the program `in NAME` names, or the recorded
     // command's.
-    let exe_name = match &process {
-        Some(ProcessName::Name(name)) => name.clone(),
-        _ => program.to_owned(),
+    let exe_name = match program_named(&specs)? {
+        Some(name) => name,
+        None => program.to_owned(),
     };
-    if exe_name.is_empty() {
+    let in_executable = specs.iter().any(|s| s.location.object().is_none());
+    if exe_name.is_empty() && in_executable {
         bail!(
             "the recording does not say which program its command ran: name it with 'in PROGRAM'"
         );
     }
-    let (exe_path, exe) = find_program(files, &exe_name).with_context(|| {
-        format!(
+    for spec in &specs {
+        if let Some(ProcessName::Name(name)) = &spec.process {
+            if find_program(files, name).is_none() {
+                bail!(
+                    "probe '{}': the recording has no program '{name}' (looked in {})",
+                    spec.text,
+                    PATH.join(", ")
+                );
+            }
+        }
+    }
+    let (exe_path, exe) = match find_program(files, &exe_name) {
+        Some(found) => found,
+        // Only probes in libraries: any program may load them.
+        None if !in_executable => (String::new(), &[][..]),
+        None => bail!(
             "the recording has no program '{exe_name}' (looked in {})",
             PATH.join(", ")
-        )
-    })?;
+        ),
+    };
     let debug = files.debug_file(&exe_path);
-    let exe_symbols = ElfSymbols::parse_with_debug(exe, debug)
-        .with_context(|| format!("{exe_path} is not an ELF executable insight can read"))?;
+    let exe_symbols = match exe_path.is_empty() {
+        true => None,
+        false => Some(
+            ElfSymbols::parse_with_debug(exe, debug)
+                .with_context(|| format!("{exe_path} is not an ELF executable insight can read"))?,
+        ),
+    };
     let exe_file = exe_path.rsplit('/').next().unwrap_or(&exe_path).to_owned();
     // Each library's symbols, read once for all the probes in it.
     let mut libraries: HashMap<String, ElfSymbols> = HashMap::new();
@@ -131,7 +150,12 @@ pub(crate) fn plan(
         }
         let (symbols, object_path) = match &library {
             Some(path) => (&libraries[path], path.as_str()),
-            None => (&exe_symbols, exe_path.as_str()),
+            None => (
+                exe_symbols
+                    .as_ref()
+                    .context("no program for a probe in one")?,
+                exe_path.as_str(),
+            ),
         };
         let site = site(&spec, symbols, object_path)?;
         let mut globals = Vec::new();
@@ -155,44 +179,74 @@ pub(crate) fn plan(
             };
             globals.push((name.clone(), addr, size.clamp(1, 8) as u8));
         }
+        // Which processes: those `in` names; by default, for a probe in
+        // the executable those that execute the program, for one in a
+        // library every process that loads it.
+        let process = match (&spec.process, &library) {
+            (Some(ProcessName::Pid(pid)), _) => ProcessSelector::Pid(*pid),
+            (Some(ProcessName::Name(name)), _) => ProcessSelector::Name(file_name(name)),
+            (None, None) => ProcessSelector::Name(file_name(&exe_name)),
+            (None, Some(_)) => ProcessSelector::Any,
+        };
         probes.push(PlannedProbe {
             id: id as u32 + 1,
             spec,
             object: library,
             site,
             globals,
+            process,
         });
     }
-    let process = match process {
-        Some(ProcessName::Pid(pid)) => ProcessSelector::Pid(pid),
-        Some(ProcessName::Name(name)) => ProcessSelector::Name(name),
-        None => ProcessSelector::Name(exe_name.rsplit('/').next().unwrap_or(&exe_name).to_owned()),
-    };
     Ok(ProbePlan {
-        process,
         exe_path,
-        exe_entry: exe_symbols.entry(),
-        exe_dynamic: exe_symbols.dynamic(),
+        exe_entry: exe_symbols.as_ref().map_or(0, |s| s.entry()),
         probes,
     })
 }
 
-/// The process every spec names (they must agree: one replay probes one
-/// process).
-fn one_process(specs: &[ProbeSpec]) -> Result<Option<ProcessName>> {
-    let mut named: Option<&ProbeSpec> = None;
-    for spec in specs.iter().filter(|s| s.process.is_some()) {
+/// Which processes the probes of `plan` go into, in words.
+pub(crate) fn armed_in(plan: &ProbePlan) -> String {
+    let mut named: Vec<String> = Vec::new();
+    for p in &plan.probes {
+        let words = match &p.process {
+            ProcessSelector::Pid(pid) => format!("process {pid}"),
+            ProcessSelector::Name(name) => format!("every process that runs {name}"),
+            ProcessSelector::Any => match &p.object {
+                Some(object) => format!("every process that loads {}", file_name(object)),
+                None => "every process".to_owned(),
+            },
+        };
+        if !named.contains(&words) {
+            named.push(words);
+        }
+    }
+    named.join(", ")
+}
+
+fn file_name(path: &str) -> String {
+    path.rsplit('/').next().unwrap_or(path).to_owned()
+}
+
+/// The program the probes in the executable name with `in NAME` (they
+/// must agree: one replay resolves functions in one program).
+fn program_named(specs: &[ProbeSpec]) -> Result<Option<String>> {
+    let mut named: Option<(&ProbeSpec, &String)> = None;
+    for spec in specs.iter().filter(|s| s.location.object().is_none()) {
+        let Some(ProcessName::Name(name)) = &spec.process else {
+            continue;
+        };
         match named {
-            Some(first) if first.process != spec.process => bail!(
-                "probes '{}' and '{}' name different processes: one replay probes one process \
-                 (replay once per process)",
+            Some((first, other)) if other != name => bail!(
+                "probes '{}' and '{}' name functions of different programs: one replay probes \
+                 one program's own functions (replay once per program; probes in libraries \
+                 may name any)",
                 first.text,
                 spec.text
             ),
-            _ => named = Some(spec),
+            _ => named = Some((spec, name)),
         }
     }
-    Ok(named.and_then(|s| s.process.clone()))
+    Ok(named.map(|(_, name)| name.clone()))
 }
 
 /// The guest file of the program `name` (a path, or a name looked up in

@@ -47,6 +47,7 @@ mod tasks;
 mod watch;
 
 pub use snapshot::Snapshot;
+pub(crate) use tasks::{auxv_value, AT_ENTRY, AT_PHDR, AT_PHNUM};
 pub use tasks::{ProcessInfo, ProcessSelector};
 
 /// RFLAGS.RF, which the CPU sets and clears on its own around faults.
@@ -125,11 +126,13 @@ pub enum Resume {
     /// Until the replay has reached the point and a thread of the process
     /// is on the CPU at a deterministic exit.
     Until(crate::tools::ReplayPoint),
-    /// To the replay's end, never stopping: each breakpoint a thread of
-    /// the process (or of a child it forked) hits is kept with its
-    /// registers (`DebugTool::take_probe_hits`), for the probes given at
-    /// replay; when the process ends, the next the selector names is
-    /// followed.
+    /// To the replay's end, never stopping, for the probes given at
+    /// replay: every program execution is told to the collecting tool
+    /// (`DebugTool::take_process_changes`), which follows the processes it
+    /// wants (`DebugTool::follow`) with breakpoints in each; each
+    /// breakpoint a thread of a followed process (or of a child it
+    /// forked) hits is kept with its registers
+    /// (`DebugTool::take_probe_hits`).
     Collect,
 }
 
@@ -181,20 +184,29 @@ pub(crate) struct ProbeHit {
     pub(crate) lwpid: u32,
     /// The address space of its process.
     pub(crate) cr3: u64,
+    /// The address space of the followed process whose breakpoint it is:
+    /// `cr3`, or its parent's for a child it forked.
+    pub(crate) space: u64,
     pub(crate) regs: kvm_regs,
 }
 
-/// A tool collecting breakpoint hits (`Resume::Collect`): the breakpoints
-/// it puts in place when the process starts, at addresses of its
-/// executable before the load bias (which the start's `AT_ENTRY` less
-/// `exe_entry` gives), and the hits since the last look.
+/// What a collecting tool learns of the guest's processes.
+#[derive(Clone, Debug)]
+pub(crate) enum ProcessChange {
+    /// A process started a program (at its first instruction, nothing of
+    /// it run yet).
+    Started(ProcessInfo),
+    /// A followed process ended, or executed another program (whose start
+    /// comes next).
+    Ended { cr3: u64 },
+}
+
+/// A tool collecting breakpoint hits (`Resume::Collect`): the hits and
+/// the process changes since the last look.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Collecting {
-    pub(crate) exe_entry: u64,
-    pub(crate) sites: Vec<u64>,
-    /// The load bias, once the process started.
-    pub(crate) bias: Option<u64>,
     hits: Vec<ProbeHit>,
+    changes: Vec<ProcessChange>,
 }
 
 /// A stop: why, which thread of the process is concerned, and where.
@@ -318,24 +330,49 @@ impl DebugTool {
         }
     }
 
-    /// A tool that collects the hits of breakpoints at `sites` of the
-    /// executable of the process `selector` names (addresses before its
-    /// load bias; `exe_entry`: its ELF entry point), to the replay's end.
-    pub(crate) fn collecting(
-        selector: ProcessSelector,
-        kernel: KernelPoints,
-        exe_entry: u64,
-        sites: Vec<u64>,
-    ) -> Self {
-        let mut tool = DebugTool::new(selector, kernel);
+    /// A tool that collects the hits of the breakpoints it is given in
+    /// the processes it follows, to the replay's end.
+    pub(crate) fn collecting(kernel: KernelPoints) -> Self {
+        let mut tool = DebugTool::new(ProcessSelector::Any, kernel);
         tool.resume = Resume::Collect;
-        tool.collecting = Some(Collecting {
-            exe_entry,
-            sites,
-            bias: None,
-            hits: Vec::new(),
-        });
+        tool.collecting = Some(Collecting::default());
         tool
+    }
+
+    /// The processes that started and the followed ones that ended since
+    /// the last call, in order.
+    pub(crate) fn take_process_changes(&mut self) -> Vec<ProcessChange> {
+        (self.collecting.as_mut()).map_or_else(Vec::new, |c| std::mem::take(&mut c.changes))
+    }
+
+    /// Follows the process `pid` (its address space `cr3`), which just
+    /// started: breakpoints go into it (`add_breakpoint_in`), its threads
+    /// are followed, and its end is told.
+    pub(crate) fn follow(&mut self, pid: u32, cr3: u64) {
+        let mut followed = tasks::Followed {
+            cr3,
+            ..Default::default()
+        };
+        followed.threads.insert(pid, false);
+        self.tasks.followed.insert(pid, followed);
+    }
+
+    /// Stops following the process `pid`: its breakpoints come out at
+    /// the next run, unless another process wants them too.
+    pub(crate) fn unfollow(&mut self, pid: u32) {
+        if let Some(followed) = self.tasks.followed.remove(&pid) {
+            self.breakpoints.drop_space(followed.cr3);
+        }
+    }
+
+    /// A breakpoint at `va` of a followed process's address space `cr3`
+    /// (from the next run; `breakpoints_changed` after a change).
+    pub(crate) fn add_breakpoint_in(&mut self, cr3: u64, va: u64) {
+        self.breakpoints.add_in(cr3, va);
+    }
+
+    pub(crate) fn remove_breakpoint_in(&mut self, cr3: u64, va: u64) {
+        self.breakpoints.remove_in(cr3, va);
     }
 
     /// Breakpoints were added or removed: they go in (or out) where the
@@ -674,7 +711,8 @@ impl DebugTool {
         let Ok(gpa) = introspect::gva::translate_user(&m.vm.mem, cr3, regs.rip) else {
             return Ok(false);
         };
-        if self.breakpoints.at(gpa) != Some(regs.rip) {
+        // Ours (for whichever process it was put in).
+        if self.breakpoints.at(gpa).is_none() {
             return Ok(false);
         }
         Ok(self.lift_for_one(m, cr3, regs.rip, gpa))
@@ -798,7 +836,7 @@ impl DebugTool {
             return Ok(());
         };
         if self.selector.matches(pid, &call.path) {
-            self.tasks.exec = Some(tasks::Exec {
+            self.tasks.exec_started(tasks::Exec {
                 pid,
                 lwpid,
                 path: call.path,
@@ -806,22 +844,6 @@ impl DebugTool {
             });
         }
         Ok(())
-    }
-
-    /// The process started: the breakpoints of a collecting tool go to
-    /// their addresses in its executable, as loaded.
-    fn add_start_sites(&mut self) {
-        let (Some(start), Some(process)) = (&mut self.collecting, &self.tasks.process) else {
-            return;
-        };
-        let Some(entry) = tasks::auxv_value(&process.auxv, tasks::AT_ENTRY) else {
-            return;
-        };
-        let bias = entry.wrapping_sub(start.exe_entry);
-        start.bias = Some(bias);
-        for &site in &start.sites {
-            self.breakpoints.add(site.wrapping_add(bias));
-        }
     }
 
     /// The kernel breakpoints as this run needs them.
@@ -861,7 +883,8 @@ impl DebugTool {
     /// caught: a program starting, a step that ends there, a breakpoint
     /// waiting for its page, a position to reach in its user code.
     fn returns_needed(&self) -> bool {
-        self.tasks.exec.is_some()
+        !self.tasks.execs.is_empty()
+            || (self.collecting.is_some() && self.breakpoints.pending())
             || matches!(
                 self.stepping,
                 Some(Stepping::AtReturn(_) | Stepping::ReturnThenTrap(_))
@@ -946,21 +969,21 @@ impl DebugTool {
             .tasks
             .current_thread()
             .filter(|_| in_process && va == addr);
-        // Collecting: a hit of any process at the address the breakpoint
-        // has in the process (its own, or a child it forked: the same code
-        // at the same address).
-        let collect = self.resume == Resume::Collect && va == addr;
-        if let (true, Some((pid, lwpid)), Some(c)) =
-            (collect, self.tasks.current, &mut self.collecting)
+        // Collecting: a hit of a followed process, or of a child one
+        // forked (the same code at the same address).
+        let space = (self.resume == Resume::Collect)
+            .then(|| (self.breakpoints).space_of_hit(&m.vm.mem, cr3, addr, gpa))
+            .flatten();
+        if let (Some(space), Some((pid, lwpid)), Some(c)) =
+            (space, self.tasks.current, &mut self.collecting)
         {
-            if self.breakpoints.is_wanted(addr) {
-                c.hits.push(ProbeHit {
-                    pid,
-                    lwpid,
-                    cr3,
-                    regs: user,
-                });
-            }
+            c.hits.push(ProbeHit {
+                pid,
+                lwpid,
+                cr3,
+                space,
+                regs: user,
+            });
         }
         let mut stop = None;
         if let Some(lwpid) = lwpid {
@@ -1076,18 +1099,16 @@ impl DebugTool {
         let Some((pid, lwpid)) = self.tasks.current else {
             return Ok(());
         };
-        let starting = self
-            .tasks
-            .exec
-            .as_ref()
-            .filter(|e| (e.pid, e.lwpid) == (pid, lwpid))
-            .cloned();
+        let starting = self.tasks.take_exec(pid, lwpid);
         let in_process = self.tasks.process.as_ref().is_some_and(|p| p.cr3 == cr3);
-        if starting.is_none() && !in_process {
+        if starting.is_none() && !in_process && self.collecting.is_none() {
             return Ok(());
         }
-        if let Some(exec) = starting {
-            self.tasks.exec = None;
+        if let (Some(exec), Some(_)) = (&starting, &self.collecting) {
+            if user.rip != exec.returns_to {
+                self.collected_start(m, cr3, user.rsp, exec)?;
+            }
+        } else if let Some(exec) = starting {
             if user.rip != exec.returns_to {
                 // The program started: its stack holds what the kernel
                 // gave it.
@@ -1109,7 +1130,6 @@ impl DebugTool {
                 if self.resume == Resume::Start {
                     self.stop_here(m, StopKind::Started)?;
                 }
-                self.add_start_sites();
             }
         }
         self.sync_breakpoints(m);
@@ -1151,6 +1171,44 @@ impl DebugTool {
         self.update_returns(m)
     }
 
+    /// A process started a program, at its first instruction (`rsp`: its
+    /// stack pointer there), under a collecting tool: a followed process
+    /// that executed another program has ended, and the start is told.
+    fn collected_start(
+        &mut self,
+        m: &mut Machine,
+        cr3: u64,
+        rsp: u64,
+        exec: &tasks::Exec,
+    ) -> Result<(), VmError> {
+        self.collected_end(m, exec.pid)?;
+        let auxv = auxv_at_start(&m.vm.mem, cr3, rsp).unwrap_or_default();
+        if let Some(c) = &mut self.collecting {
+            c.changes.push(ProcessChange::Started(ProcessInfo {
+                pid: exec.pid,
+                cr3,
+                exe: exec.path.clone(),
+                auxv,
+            }));
+        }
+        Ok(())
+    }
+
+    /// A followed process ended (its last thread exited, or it executes
+    /// another program): its breakpoints come out (unless another process
+    /// wants them too) and the end is told.
+    fn collected_end(&mut self, m: &mut Machine, pid: u32) -> Result<(), VmError> {
+        let Some(followed) = self.tasks.followed.remove(&pid) else {
+            return Ok(());
+        };
+        self.breakpoints.drop_space(followed.cr3);
+        if let Some(c) = &mut self.collecting {
+            c.changes.push(ProcessChange::Ended { cr3: followed.cr3 });
+        }
+        self.sync_breakpoints(m);
+        self.update_returns(m)
+    }
+
     /// A kernel event: a thread of the process exited.
     pub(crate) fn thread_exited(
         &mut self,
@@ -1159,6 +1217,19 @@ impl DebugTool {
         lwpid: u32,
         status: i32,
     ) -> Result<(), VmError> {
+        if self.collecting.is_some() {
+            // A task that dies executing a program never starts it.
+            self.tasks.execs.retain(|e| e.lwpid != lwpid);
+            self.tasks.follow_switches(&m.vm.mem);
+            let Some(followed) = self.tasks.followed.get_mut(&pid) else {
+                return self.update_returns(m);
+            };
+            followed.threads.insert(lwpid, true);
+            if followed.threads.values().all(|&exited| exited) {
+                self.collected_end(m, pid)?;
+            }
+            return Ok(());
+        }
         if self.tasks.process.as_ref().is_none_or(|p| p.pid != pid) {
             return Ok(());
         }
@@ -1166,29 +1237,10 @@ impl DebugTool {
         if !self.tasks.live_threads().is_empty() {
             return Ok(());
         }
-        if self.resume == Resume::Collect {
-            return self.collected_process_ended(m);
-        }
         if self.stop.is_none() {
             self.stop_here(m, StopKind::ProcessExited { status })?;
         }
         Ok(())
-    }
-
-    /// The process a collecting tool followed ended: its breakpoints come
-    /// out, and the next process the selector names (the next execution
-    /// of the program) is followed from its start.
-    fn collected_process_ended(&mut self, m: &mut Machine) -> Result<(), VmError> {
-        self.breakpoints.lift_all(&m.vm.mem);
-        self.breakpoints = Breakpoints::default();
-        self.lifted = None;
-        self.lifted_until_return = false;
-        self.tasks.process = None;
-        self.tasks.threads.clear();
-        if let Some(c) = &mut self.collecting {
-            c.bias = None;
-        }
-        self.update_returns(m)
     }
 
     /// Reads the process's memory at `va` into `buf` as the program would
@@ -1269,9 +1321,8 @@ impl DebugTool {
     pub(crate) fn sync_breakpoints(&mut self, m: &Machine) {
         let (user, internal) = (self.hits_armed(), self.internal_armed());
         self.breakpoints.set_armed(user, internal);
-        if let Some(p) = &self.tasks.process {
-            self.breakpoints.sync(&m.vm.mem, p.cr3, self.avoid);
-        }
+        let cr3 = self.tasks.process.as_ref().map(|p| p.cr3);
+        self.breakpoints.sync(&m.vm.mem, cr3, self.avoid);
         // The one a thread is stepped over stays out until it is.
         if let Some(gpa) = self.lifted {
             self.breakpoints.lift(&m.vm.mem, gpa);

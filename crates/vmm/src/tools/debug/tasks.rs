@@ -20,6 +20,9 @@ pub enum ProcessSelector {
     /// ends in it, or its first 15 characters match it (the kernel's
     /// `comm`).
     Name(String),
+    /// Every process, from each program it executes (probes given at
+    /// replay in a library every process may load).
+    Any,
 }
 
 impl ProcessSelector {
@@ -29,6 +32,7 @@ impl ProcessSelector {
         match self {
             ProcessSelector::Pid(p) => *p == pid,
             ProcessSelector::Name(name) => crate::tools::exec::program_named(path, name),
+            ProcessSelector::Any => true,
         }
     }
 }
@@ -70,9 +74,19 @@ pub(crate) struct Tasks {
     pub(crate) process: Option<ProcessInfo>,
     /// The process's threads by lwpid, in the order first seen.
     pub(crate) threads: BTreeMap<u32, ThreadInfo>,
-    /// A program execution that may be the one selected, until the task
-    /// returns to user mode.
-    pub(crate) exec: Option<Exec>,
+    /// Program executions that may be the one selected, until their
+    /// tasks return to user mode.
+    pub(crate) execs: Vec<Exec>,
+    /// The processes a collecting tool follows, by pid.
+    pub(crate) followed: BTreeMap<u32, Followed>,
+}
+
+/// A process a collecting tool follows: its address space and its
+/// threads (whether each exited).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Followed {
+    pub(crate) cr3: u64,
+    pub(crate) threads: BTreeMap<u32, bool>,
 }
 
 /// A program execution that may be the one selected, until it returns to
@@ -108,6 +122,9 @@ impl Tasks {
                 if Some(p) == pid {
                     self.threads.entry(l).or_default();
                 }
+                if let Some(f) = self.followed.get_mut(&p) {
+                    f.threads.entry(l).or_default();
+                }
             }
             self.current = Some((to_pid, to_lwpid));
         }
@@ -117,6 +134,19 @@ impl Tasks {
     pub(crate) fn current_thread(&self) -> Option<u32> {
         let pid = self.process.as_ref()?.pid;
         self.current.filter(|c| c.0 == pid).map(|c| c.1)
+    }
+
+    /// A program execution that may be the one selected: it replaces any
+    /// the same task started before.
+    pub(crate) fn exec_started(&mut self, exec: Exec) {
+        self.execs.retain(|e| e.lwpid != exec.lwpid);
+        self.execs.push(exec);
+    }
+
+    /// The program execution of task (pid, lwpid) under way, taken.
+    pub(crate) fn take_exec(&mut self, pid: u32, lwpid: u32) -> Option<Exec> {
+        let at = (self.execs.iter()).position(|e| (e.pid, e.lwpid) == (pid, lwpid))?;
+        Some(self.execs.remove(at))
     }
 
     /// The process's threads that have not exited.
@@ -158,7 +188,10 @@ impl Tasks {
     }
 }
 
-/// The auxiliary vector's key of the program's entry point.
+/// The auxiliary vector's keys of where the program headers are, how
+/// many, and the program's entry point.
+pub(crate) const AT_PHDR: u64 = 3;
+pub(crate) const AT_PHNUM: u64 = 5;
 pub(crate) const AT_ENTRY: u64 = 9;
 
 /// The value of `key` in an auxiliary vector (`Elf64_auxv_t` pairs).
