@@ -8,7 +8,8 @@
  * and forks FORKS children (default none), each of which calls
  * parse_request("GET", 100) 10 times. With PAUSE_MS, the main thread
  * sleeps that long between its threads' calls and the rest (another
- * program can run meanwhile). The main thread prints what a probe
+ * program can run meanwhile), and each child sleeps that long before its
+ * calls, not waited for: it outlives the program. The main thread prints what a probe
  * should see, each line with one write() of its own:
  *   probe_target: thread TID calls C over_4096 B      (each worker)
  *   probe_target: parse_request calls C over_4096 B requests R
@@ -109,11 +110,14 @@ int main(int argc, char **argv)
 		if (child < 0)
 			return 1;
 		if (child == 0) {
+			if (pause_ms > 0)
+				usleep((useconds_t)pause_ms * 1000);
 			for (int j = 0; j < 10; j++)
 				sink += parse_request("GET", 100);
 			_exit(0);
 		}
-		waitpid(child, NULL, 0);
+		if (pause_ms == 0)
+			waitpid(child, NULL, 0);
 	}
 	for (int i = 0; i < 2; i++)
 		say("probe_target: thread %ld calls %ld over_4096 %ld\n", counts[i].tid,

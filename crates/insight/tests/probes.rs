@@ -389,3 +389,34 @@ fn programs_running_at_once_are_each_probed_from_its_start() {
     assert!(overlap, "{spans:?}");
     let _ = std::fs::remove_dir_all(trace.parent().unwrap());
 }
+
+#[test]
+#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
+fn a_child_is_probed_after_its_parent_ended() {
+    // The child sleeps 1 s before its calls, and the program does not
+    // wait for it (cat waits for the pipe's end: the child's exit).
+    let (trace, db, _) = two_runs_probed(
+        "probes-orphan",
+        "probe_target 5 0 0; probe_target 7 1 1000 | cat",
+    );
+    let rows = rows(&db);
+    let probe_pids: std::collections::BTreeSet<u32> = (rows.iter())
+        .filter(|r| r.kind == events::abi::Kind::Probe)
+        .map(|r| r.pid)
+        .collect();
+    // The child: the last process probed; its parent: the one before.
+    let pids: Vec<u32> = probe_pids.into_iter().collect();
+    let (parent, child) = (pids[pids.len() - 2], pids[pids.len() - 1]);
+    let parent_exit = (rows.iter())
+        .filter(|r| r.kind == events::abi::Kind::Exit && r.pid == parent)
+        .map(|r| r.seq)
+        .max()
+        .unwrap_or_else(|| panic!("no exit of {parent}"));
+    let child_first = (rows.iter())
+        .filter(|r| r.kind == events::abi::Kind::Probe && r.pid == child && r.value == Some(1))
+        .map(|r| r.seq)
+        .min()
+        .unwrap();
+    assert!(parent_exit < child_first, "{parent_exit} {child_first}");
+    let _ = std::fs::remove_dir_all(trace.parent().unwrap());
+}

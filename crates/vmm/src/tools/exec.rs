@@ -11,6 +11,12 @@ use vm_memory::GuestMemoryMmap;
 /// The system calls that execute a program.
 const EXECVE: u64 = 59;
 const EXECVEAT: u64 = 322;
+/// The system calls that make a task: a process of its own memory unless
+/// `CLONE_VM` (`clone`'s first argument, `clone3`'s first field).
+const CLONE: u64 = 56;
+const FORK: u64 = 57;
+const CLONE3: u64 = 435;
+const CLONE_VM: u64 = 0x100;
 /// The control port message of the guest kernel's deterministic point at
 /// every kernel entry from user mode (`INSIGHT_CTL_SYNC`).
 const SYNC_POINT: u32 = 0x0500_0000;
@@ -55,6 +61,26 @@ pub(crate) fn exec_call(mem: &GuestMemoryMmap, cr3: u64, stack_top_var: u64) -> 
         path: user_string(mem, cr3 & CR3_ROOT, path_at, 4096)?,
         returns_to: saved.regs.rip,
     })
+}
+
+/// At a kernel entry from user mode (`is_kernel_entry`), in the address
+/// space `cr3`: whether the current task entered a system call that makes
+/// a process with memory of its own (`fork`, `clone` or `clone3` without
+/// `CLONE_VM`; a `vfork` child shares its parent's until it executes a
+/// program); then where the call returns, in the parent and the child.
+pub(crate) fn fork_call(mem: &GuestMemoryMmap, cr3: u64, stack_top_var: u64) -> Option<u64> {
+    let top = guest_events::kernel_stack_top(mem, cr3, stack_top_var)?;
+    let saved = guest_events::saved_user_regs(mem, cr3, top)?;
+    let flags = match saved.orig_rax {
+        FORK => 0,
+        CLONE => saved.regs.rdi,
+        CLONE3 => {
+            let pa = gva::translate_user(mem, cr3 & CR3_ROOT, saved.regs.rdi).ok()?;
+            vm_memory::Bytes::read_obj::<u64>(mem, vm_memory::GuestAddress(pa)).ok()?
+        }
+        _ => return None,
+    };
+    (flags & CLONE_VM == 0).then_some(saved.regs.rip)
 }
 
 /// Reads a NUL-terminated string of at most `max` bytes at user address

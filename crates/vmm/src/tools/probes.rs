@@ -179,6 +179,9 @@ impl ProbeTool {
         for change in debug.take_process_changes() {
             match change {
                 ProcessChange::Started(info) => changed |= self.started(debug, &info),
+                ProcessChange::Forked { pid, cr3, parent } => {
+                    changed |= self.forked(debug, pid, cr3, parent)
+                }
                 ProcessChange::Ended { cr3 } => {
                     self.followed.remove(&cr3);
                     self.calls.retain(|_, calls| {
@@ -233,6 +236,36 @@ impl ProbeTool {
             },
         );
         changed
+    }
+
+    /// A followed process forked a child, now on its own: the same probes
+    /// go into it, at the same addresses, while it runs (also after its
+    /// parent ended).
+    fn forked(&mut self, debug: &mut DebugTool, pid: u32, cr3: u64, parent: u64) -> bool {
+        let Some(p) = self.followed.get(&parent) else {
+            debug.unfollow(pid);
+            return false;
+        };
+        let child = Followed {
+            pid,
+            exe: p.exe.clone(),
+            runs_program: p.runs_program,
+            probes: p.probes.clone(),
+            bias: p.bias,
+            dynamic: p.dynamic,
+            headers_read: p.headers_read,
+            auxv: p.auxv.clone(),
+            libraries: p.libraries.clone(),
+            return_sites: HashMap::new(),
+        };
+        let bases = bases(&self.probes, &child);
+        for (probe, base) in self.probes.iter().zip(&bases) {
+            if let Some(base) = base {
+                debug.add_breakpoint_in(cr3, probe.site.wrapping_add(*base));
+            }
+        }
+        self.followed.insert(cr3, child);
+        bases.iter().any(Option::is_some)
     }
 
     /// The first hit of a process: its objects go to the events tool, for

@@ -30,7 +30,7 @@ use vm_memory::GuestMemoryMmap;
 
 use self::breakpoints::Breakpoints;
 use self::tasks::{auxv_at_start, peek_user, Tasks};
-use super::exec::{exec_call, is_kernel_entry};
+use super::exec::{exec_call, fork_call, is_kernel_entry};
 use super::frames::{
     idt_handler, return_by_iret, set_kernel_breakpoints, ExceptionFrame, BREAKPOINT_VECTOR,
     DEBUG_VECTOR,
@@ -199,6 +199,10 @@ pub(crate) enum ProcessChange {
     /// A followed process ended, or executed another program (whose start
     /// comes next).
     Ended { cr3: u64 },
+    /// A followed process (its address space `parent`) forked a child,
+    /// followed from its first return to user mode: its memory is a copy
+    /// of its parent's.
+    Forked { pid: u32, cr3: u64, parent: u64 },
 }
 
 /// A tool collecting breakpoint hits (`Resume::Collect`): the hits and
@@ -782,6 +786,7 @@ impl DebugTool {
         }
         if !user && entry.is_some_and(is_kernel_entry) {
             self.look_for_exec(m, sregs.cr3)?;
+            self.look_for_fork(m, sregs.cr3);
         }
         if self.interrupt.swap(false, Ordering::AcqRel) && self.stop.is_none() {
             self.stop_here(m, StopKind::Interrupted)?;
@@ -846,6 +851,82 @@ impl DebugTool {
         Ok(())
     }
 
+    /// At a system call's entry, under a collecting tool: if a thread of a
+    /// followed process forks, the returns to user mode are watched for
+    /// its child's first.
+    fn look_for_fork(&mut self, m: &Machine, cr3: u64) {
+        let (Some(_), Some(var), Some((pid, lwpid))) = (
+            &self.collecting,
+            self.kernel.stack_top_var,
+            self.tasks.current,
+        ) else {
+            return;
+        };
+        if !self.tasks.followed.contains_key(&pid) {
+            return;
+        }
+        if let Some(returns_to) = fork_call(&m.vm.mem, cr3, var) {
+            self.tasks.forks.retain(|f| f.lwpid != lwpid);
+            self.tasks.forks.push(tasks::Fork {
+                pid,
+                lwpid,
+                cr3: cr3 & CR3_ROOT,
+                returns_to,
+                child: None,
+                child_seen: false,
+            });
+        }
+    }
+
+    /// A return to user mode of task (pid, lwpid) in the address space
+    /// `cr3`, under a collecting tool, with the user registers `user`:
+    /// the end of a fork's system call in the parent (with the child's
+    /// pid) or in the child (with 0, in its own address space), whose
+    /// process is followed from here.
+    fn fork_returns(&mut self, pid: u32, lwpid: u32, cr3: u64, user: &kvm_regs) {
+        let parent = self
+            .tasks
+            .forks
+            .iter()
+            .position(|f| (f.pid, f.lwpid) == (pid, lwpid));
+        if let Some(at) = parent {
+            let fork = &mut self.tasks.forks[at];
+            if user.rip != fork.returns_to || fork.child.is_some() {
+                // Another return of the parent (an interrupt's, a fault's).
+                return;
+            }
+            let child = user.rax as i64;
+            if child <= 0 || fork.child_seen {
+                self.tasks.forks.remove(at);
+            } else {
+                fork.child = Some(child as u32);
+            }
+            return;
+        }
+        if user.rax != 0 || self.tasks.followed.contains_key(&pid) {
+            return;
+        }
+        let child = self.tasks.forks.iter().position(|f| {
+            !f.child_seen
+                && f.returns_to == user.rip
+                && f.cr3 != cr3
+                && f.child.is_none_or(|c| c == pid)
+        });
+        let Some(at) = child else {
+            return;
+        };
+        let fork = &mut self.tasks.forks[at];
+        fork.child_seen = true;
+        let parent = fork.cr3;
+        if fork.child.is_some() {
+            self.tasks.forks.remove(at);
+        }
+        self.follow(pid, cr3);
+        if let Some(c) = &mut self.collecting {
+            c.changes.push(ProcessChange::Forked { pid, cr3, parent });
+        }
+    }
+
     /// The kernel breakpoints as this run needs them.
     fn arm(&mut self, m: &mut Machine) -> Result<(), VmError> {
         if self.traps.handlers.is_none() {
@@ -884,6 +965,7 @@ impl DebugTool {
     /// waiting for its page, a position to reach in its user code.
     fn returns_needed(&self) -> bool {
         !self.tasks.execs.is_empty()
+            || !self.tasks.forks.is_empty()
             || (self.collecting.is_some() && self.breakpoints.pending())
             || matches!(
                 self.stepping,
@@ -1104,6 +1186,9 @@ impl DebugTool {
         if starting.is_none() && !in_process && self.collecting.is_none() {
             return Ok(());
         }
+        if self.collecting.is_some() {
+            self.fork_returns(pid, lwpid, cr3, &user);
+        }
         if let (Some(exec), Some(_)) = (&starting, &self.collecting) {
             if user.rip != exec.returns_to {
                 self.collected_start(m, cr3, user.rsp, exec)?;
@@ -1218,8 +1303,10 @@ impl DebugTool {
         status: i32,
     ) -> Result<(), VmError> {
         if self.collecting.is_some() {
-            // A task that dies executing a program never starts it.
+            // A task that dies executing a program never starts it; a
+            // child that dies before it runs is never followed.
             self.tasks.execs.retain(|e| e.lwpid != lwpid);
+            (self.tasks.forks).retain(|f| f.lwpid != lwpid && f.child != Some(lwpid));
             self.tasks.follow_switches(&m.vm.mem);
             let Some(followed) = self.tasks.followed.get_mut(&pid) else {
                 return self.update_returns(m);

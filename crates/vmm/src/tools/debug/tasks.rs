@@ -79,6 +79,25 @@ pub(crate) struct Tasks {
     pub(crate) execs: Vec<Exec>,
     /// The processes a collecting tool follows, by pid.
     pub(crate) followed: BTreeMap<u32, Followed>,
+    /// Forks by their threads under way, until the parent and the child
+    /// have both returned to user mode.
+    pub(crate) forks: Vec<Fork>,
+}
+
+/// A fork by a thread of a followed process (its memory copied: the
+/// child runs the same code at the same addresses).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Fork {
+    pub(crate) pid: u32,
+    pub(crate) lwpid: u32,
+    /// The parent's address space.
+    pub(crate) cr3: u64,
+    /// Where the system call returns, in both.
+    pub(crate) returns_to: u64,
+    /// The child's pid, once the parent returned with it.
+    pub(crate) child: Option<u32>,
+    /// The child has returned to user mode (and is followed).
+    pub(crate) child_seen: bool,
 }
 
 /// A process a collecting tool follows: its address space and its
