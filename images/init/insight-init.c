@@ -51,6 +51,7 @@
 #define CTL_READY 0x09
 #define CTL_FETCH 0x0a
 #define CTL_TERMINAL 0x0b
+#define CTL_INIT_ANNOUNCES_TERMINAL 1 /* CTL_INIT_REACHED's arg: CTL_TERMINAL comes */
 #define CTL_MSG(code, arg) (((unsigned)(code) << 24) | ((unsigned)(arg) & 0xffffff))
 
 #define COMMAND_FILE "/etc/insight/command"
@@ -517,7 +518,7 @@ static void setup_network(void)
 int main(void)
 {
 	have_port = ioperm(CTL_PORT, CTL_PORTS, 1) == 0 && inl(CTL_PORT) == CTL_SIGNATURE;
-	ctl(CTL_INIT_REACHED, 0);
+	ctl(CTL_INIT_REACHED, CTL_INIT_ANNOUNCES_TERMINAL);
 
 	mount_or_warn("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC);
 	mount_or_warn("sysfs", "/sys", "sysfs", MS_NOSUID | MS_NODEV | MS_NOEXEC);

@@ -32,6 +32,10 @@ const CODE_PREEMPT_AREA: u8 = 0x08;
 const CODE_READY: u8 = 0x09;
 const CODE_FETCH: u8 = 0x0a;
 const CODE_TERMINAL: u8 = 0x0b;
+/// An argument flag of `CODE_INIT_REACHED`: `/init` will say which
+/// terminal the command has (`CODE_TERMINAL`). An `/init` from before that
+/// message gives its command the serial console.
+const INIT_ANNOUNCES_TERMINAL: u32 = 1;
 /// Arguments of `CODE_EVENT`: who raised the event.
 const EVENT_FROM_PROBE: u32 = 0;
 const EVENT_FROM_KERNEL: u32 = 1;
@@ -53,8 +57,9 @@ pub enum EventRaiser {
 /// A message from the guest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ControlMessage {
-    /// User space `/init` started.
-    InitReached,
+    /// User space `/init` started; whether it will say which terminal
+    /// the command has (`Terminal`: else the serial console).
+    InitReached { announces_terminal: bool },
     /// The guest command finished with this status (0..=255).
     ExitStatus(u8),
     /// The guest kernel powered off.
@@ -92,7 +97,9 @@ impl ControlMessage {
     pub fn decode(value: u32) -> Self {
         let arg = value & 0x00ff_ffff;
         match (value >> 24) as u8 {
-            CODE_INIT_REACHED => ControlMessage::InitReached,
+            CODE_INIT_REACHED => ControlMessage::InitReached {
+                announces_terminal: arg & INIT_ANNOUNCES_TERMINAL != 0,
+            },
             CODE_EXIT_STATUS if arg <= 0xff => ControlMessage::ExitStatus(arg as u8),
             CODE_POWER_OFF => ControlMessage::PowerOff,
             CODE_PANIC => ControlMessage::Panic,
@@ -140,7 +147,15 @@ mod tests {
     fn decodes_the_guest_protocol() {
         assert_eq!(
             ControlMessage::decode(0x0100_0000),
-            ControlMessage::InitReached
+            ControlMessage::InitReached {
+                announces_terminal: false
+            }
+        );
+        assert_eq!(
+            ControlMessage::decode(0x0100_0001),
+            ControlMessage::InitReached {
+                announces_terminal: true
+            }
         );
         assert_eq!(
             ControlMessage::decode(0x0200_0003),

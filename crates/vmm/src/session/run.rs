@@ -129,8 +129,13 @@ pub(super) fn run<M: Mode>(
 fn messages<M: Mode>(m: &mut Machine, mode: &mut M) -> Result<Option<StopReason>, VmError> {
     for message in m.vm.platform.take_messages() {
         match message {
-            ControlMessage::InitReached => {
-                m.vm.status.init_reached = Some(Duration::from_nanos(m.vm.clock.now_ns()))
+            ControlMessage::InitReached { announces_terminal } => {
+                m.vm.status.init_reached = Some(Duration::from_nanos(m.vm.clock.now_ns()));
+                if !announces_terminal {
+                    // An `/init` from before the virtio console: its
+                    // command has the serial one, where input goes.
+                    m.vm.status.terminal = Some(false);
+                }
             }
             ControlMessage::ExitStatus(s) => {
                 m.vm.status.exit_status = Some(s);
