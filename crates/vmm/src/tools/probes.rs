@@ -300,9 +300,9 @@ impl ProbeTool {
         Ok(())
     }
 
-    /// After a deterministic exit or asynchronous point: while a probe's
-    /// library is not known to be loaded in a followed process, the
-    /// dynamic linker's list of its libraries (`r_debug`, through the
+    /// After a deterministic exit or asynchronous point with a task of a
+    /// followed process on the CPU: while a probe's library is not known
+    /// to be loaded in that process, the dynamic linker's list of its libraries (`r_debug`, through the
     /// executable's `DT_DEBUG`) is read, and the probes of the libraries
     /// found in it go in, with the libraries' objects for stacks and
     /// symbols.
@@ -314,7 +314,12 @@ impl ProbeTool {
     ) -> Result<(), VmError> {
         let mut added = self.processes_changed(debug);
         let mut unfollowed = Vec::new();
+        // Only a process's own tasks change its memory's headers and list.
+        let current = debug.current_pid();
         for (&cr3, f) in &mut self.followed {
+            if current != Some(f.pid) {
+                continue;
+            }
             if !f.headers_read {
                 let read = |va, buf: &mut [u8]| debug.read_in(m, cr3, va, buf);
                 let Some((bias, dynamic)) = loaded_program(&read, &f.auxv) else {

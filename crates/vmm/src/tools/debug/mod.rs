@@ -443,6 +443,11 @@ impl DebugTool {
         Arc::clone(&self.interrupt)
     }
 
+    /// The pid of the task on the CPU, as of the last look.
+    pub(crate) fn current_pid(&self) -> Option<u32> {
+        self.tasks.current.map(|(pid, _)| pid)
+    }
+
     /// The process, once started.
     pub fn process(&self) -> Option<&ProcessInfo> {
         self.tasks.process.as_ref()
