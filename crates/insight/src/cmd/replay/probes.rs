@@ -299,11 +299,19 @@ fn library_names(files: &GuestFiles) -> Vec<String> {
 fn site(spec: &ProbeSpec, symbols: &ElfSymbols, exe_path: &str) -> Result<u64> {
     match &spec.location {
         Location::Function { name, .. } if symbols.is_indirect(name) => {
+            // glibc names them `__NAME_VARIANT` (`__strlen_evex`,
+            // `__cos_fma`; `__cos_ifunc` is the resolver); else any
+            // internal name containing NAME.
+            let internal = |f: &&str| {
+                f.starts_with("__") && f.contains(name.as_str()) && !symbols.is_indirect(f)
+            };
+            let prefix = format!("__{name}_");
             let mut variants: Vec<&str> = (symbols.function_names())
-                .filter(|f| {
-                    f.starts_with("__") && f.contains(name.as_str()) && !symbols.is_indirect(f)
-                })
+                .filter(|f| internal(f) && f.starts_with(&prefix) && !f.ends_with("_ifunc"))
                 .collect();
+            if variants.is_empty() {
+                variants = symbols.function_names().filter(internal).collect();
+            }
             variants.sort_unstable();
             variants.truncate(8);
             bail!(
