@@ -757,7 +757,7 @@ fn loaded_libraries(read: &dyn Fn(u64, &mut [u8]) -> usize, dynamic: u64) -> Vec
         match u64_at(at) {
             Some(0) | None => break,
             Some(DT_DEBUG) => {
-                r_debug = u64_at(at + 8);
+                r_debug = u64_at(at.wrapping_add(8));
                 break;
             }
             Some(_) => {}
@@ -767,13 +767,15 @@ fn loaded_libraries(read: &dyn Fn(u64, &mut [u8]) -> usize, dynamic: u64) -> Vec
         return Vec::new();
     };
     // struct r_debug { int r_version; struct link_map *r_map; ... }
-    let mut map = u64_at(r_debug + 8).unwrap_or(0);
+    let mut map = u64_at(r_debug.wrapping_add(8)).unwrap_or(0);
     let mut out = Vec::new();
     while map != 0 && out.len() < MAX_LIBRARIES {
         // struct link_map { l_addr; char *l_name; l_ld; l_next; l_prev }
-        let (Some(base), Some(name_at), Some(next)) =
-            (u64_at(map), u64_at(map + 8), u64_at(map + 24))
-        else {
+        let (Some(base), Some(name_at), Some(next)) = (
+            u64_at(map),
+            u64_at(map.wrapping_add(8)),
+            u64_at(map.wrapping_add(24)),
+        ) else {
             break;
         };
         let mut name = vec![0u8; 512];

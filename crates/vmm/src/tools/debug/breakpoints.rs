@@ -185,8 +185,16 @@ impl Breakpoints {
         avoid: Option<(u64, u64, u64)>,
     ) {
         let mut wanted = self.all_wanted(cr3);
+        // The patched code's guest physical bytes: every process that maps
+        // them (a fork child, another run of the program) sees the patch.
+        let mut patched: BTreeSet<u64> = BTreeSet::new();
         if let Some((space, start, end)) = avoid {
             wanted.retain(|&(c, va)| c != space || !(start..end).contains(&va));
+            for va in start..end.min(start.saturating_add(64)) {
+                if let Ok(gpa) = gva::translate_user(mem, space, va) {
+                    patched.insert(gpa);
+                }
+            }
         }
         // Where each goes in guest memory: one `int3` for every process
         // that maps the page there.
@@ -194,6 +202,7 @@ impl Breakpoints {
         self.unmapped = 0;
         for (c, va) in wanted {
             match gva::translate_user(mem, c, va) {
+                Ok(gpa) if patched.contains(&gpa) => {}
                 Ok(gpa) => {
                     at.entry(gpa).or_insert(va);
                 }
@@ -384,6 +393,12 @@ mod tests {
         );
         assert_eq!(b.space_of_hit(&m, 0x9000, 0x40_0004, 0x20_0004), None);
         assert_eq!(b.space_of_hit(&m, 0x1000, 0x40_0004, 0x20_0004), None);
+        // A trampoline patches 0x40_0001.. in 0x1000's process: the page is
+        // 0x5000's too, whose breakpoint there stays out of the patch.
+        b.sync(&m, None, Some((0x1000, 0x40_0001, 0x40_0003)));
+        assert_eq!((byte(0x20_0001), byte(0x20_0004)), (0x55, INT3));
+        b.sync(&m, None, None);
+        assert_eq!(byte(0x20_0001), INT3);
         // A process ends: what only it wanted comes out.
         b.drop_space(0x5000);
         b.sync(&m, None, None);

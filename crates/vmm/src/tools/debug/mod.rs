@@ -845,6 +845,12 @@ impl DebugTool {
         let Some(call) = exec_call(&m.vm.mem, cr3, var) else {
             return Ok(());
         };
+        // A followed process executing a program frees its memory before
+        // it returns: its breakpoints come out now, while its page tables
+        // are still its own (if the call fails it is no longer followed).
+        if self.collecting.is_some() && self.tasks.followed.contains_key(&pid) {
+            self.collected_end(m, pid)?;
+        }
         if self.selector.matches(pid, &call.path) {
             self.tasks.exec_started(tasks::Exec {
                 pid,
@@ -1198,10 +1204,11 @@ impl DebugTool {
             if user.rip != exec.returns_to {
                 self.collected_start(m, cr3, user.rsp, exec)?;
             }
-        } else if let Some(exec) = starting {
+        } else if let Some(exec) = starting.filter(|_| self.tasks.process.is_none()) {
             if user.rip != exec.returns_to {
                 // The program started: its stack holds what the kernel
-                // gave it.
+                // gave it. Another execution under way is not the one.
+                self.tasks.execs.clear();
                 let auxv = auxv_at_start(&m.vm.mem, cr3, user.rsp).unwrap_or_default();
                 self.tasks.process = Some(ProcessInfo {
                     pid,
