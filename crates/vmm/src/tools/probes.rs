@@ -196,7 +196,7 @@ impl ProbeTool {
 
     fn started(&mut self, debug: &mut DebugTool, info: &ProcessInfo) -> bool {
         let exe_file = self.exe_path.rsplit('/').next().unwrap_or(&self.exe_path);
-        let runs_program = ProcessSelector::Name(exe_file.to_owned()).matches(info.pid, &info.exe);
+        let runs_program = crate::tools::exec::program_named(&info.exe, exe_file);
         let probes: Vec<bool> = (self.probes.iter())
             .map(|p| p.process.matches(info.pid, &info.exe) && (p.object.is_some() || runs_program))
             .collect();

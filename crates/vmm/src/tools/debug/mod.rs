@@ -363,10 +363,11 @@ impl DebugTool {
 
     /// Stops following the process `pid`: its breakpoints come out at
     /// the next run, unless another process wants them too.
-    pub(crate) fn unfollow(&mut self, pid: u32) {
-        if let Some(followed) = self.tasks.followed.remove(&pid) {
-            self.breakpoints.drop_space(followed.cr3);
-        }
+    /// Its address space, if it was followed.
+    pub(crate) fn unfollow(&mut self, pid: u32) -> Option<u64> {
+        let followed = self.tasks.followed.remove(&pid)?;
+        self.breakpoints.drop_space(followed.cr3);
+        Some(followed.cr3)
     }
 
     /// A breakpoint at `va` of a followed process's address space `cr3`
@@ -1295,12 +1296,11 @@ impl DebugTool {
     /// another program): its breakpoints come out (unless another process
     /// wants them too) and the end is told.
     fn collected_end(&mut self, m: &mut Machine, pid: u32) -> Result<(), VmError> {
-        let Some(followed) = self.tasks.followed.remove(&pid) else {
+        let Some(cr3) = self.unfollow(pid) else {
             return Ok(());
         };
-        self.breakpoints.drop_space(followed.cr3);
         if let Some(c) = &mut self.collecting {
-            c.changes.push(ProcessChange::Ended { cr3: followed.cr3 });
+            c.changes.push(ProcessChange::Ended { cr3 });
         }
         self.sync_breakpoints(m);
         self.update_returns(m)
