@@ -105,6 +105,30 @@ static TLS union {
 	char bytes[PAGE];
 } buffer __attribute__((aligned(PAGE)));
 static TLS pid_t my_lwpid;
+
+/*
+ * The buffer page's last 8 bytes tell the gate how far up the thread's
+ * stack it may copy at replay (docs/events.md, "The event ring"): an
+ * address no frame of the thread lies above and up to which the stack is
+ * mapped; 0 where unknown (the gate then copies to the end of the stack
+ * pointer's page). Events never reach these bytes (paths are capped at
+ * half a page).
+ */
+#define STACK_TOP_AT (PAGE - 8)
+extern void *__libc_stack_end;
+
+static uintptr_t stack_top(void)
+{
+	uintptr_t top;
+	memcpy(&top, buffer.bytes + STACK_TOP_AT, sizeof(top));
+	return top;
+}
+
+static void set_stack_top(uintptr_t top)
+{
+	top &= ~(uintptr_t)7;
+	memcpy(buffer.bytes + STACK_TOP_AT, &top, sizeof(top));
+}
 /* Events this thread raised so far (THREADCREATE's creator_events). */
 static TLS uint32_t events_raised;
 /* Set while a probe runs, so that nothing it calls raises events. */
@@ -316,8 +340,15 @@ static struct insight_event_header *begin(uint16_t kind, uint32_t payload)
 {
 	if (!my_pid)
 		my_pid = getpid();
-	if (!my_lwpid)
+	if (!my_lwpid) {
 		my_lwpid = (pid_t)syscall(SYS_gettid);
+		/* The main thread's frames all lie below its arguments. A
+		 * child forked by another thread keeps that thread's top. */
+		uintptr_t end = (uintptr_t)__libc_stack_end;
+		uintptr_t here = (uintptr_t)__builtin_frame_address(0);
+		if (my_lwpid == my_pid && !stack_top() && here < end && end - here < (64 << 20))
+			set_stack_top(end);
+	}
 	struct insight_event_header *h = &buffer.header;
 	h->magic = INSIGHT_EVENT_MAGIC;
 	h->version = INSIGHT_EVENT_VERSION;
@@ -532,6 +563,10 @@ static void *start_thread(void *p)
 	start_free(p);
 	if (!my_lwpid)
 		my_lwpid = (pid_t)syscall(SYS_gettid);
+	/* Every frame the thread's events see lies below this one's saved
+	 * frame pointer and return address (which the start routine's frame
+	 * takes over if it is called as a tail call). */
+	set_stack_top((uintptr_t)__builtin_frame_address(0) + 16);
 	remember_thread(pthread_self(), my_lwpid);
 	if (enter()) {
 		struct insight_event_header *h =

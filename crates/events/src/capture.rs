@@ -478,6 +478,14 @@ impl Capture {
         entry.0 += n;
     }
 
+    /// The replay's event ring held something the gate never writes.
+    pub fn damaged_event_ring(&mut self, why: String) {
+        self.anomaly(
+            "event ring entries unreadable (overwritten by the guest)",
+            why,
+        );
+    }
+
     /// The switch ring the guest announced is unusable.
     pub fn bad_switch_ring(&mut self, why: String) {
         self.anomaly("unusable context-switch ring", why);

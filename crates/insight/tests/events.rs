@@ -36,27 +36,52 @@ fn record_probed(name: &str, env: &[&str], command: &[&str], status: i32) -> (Pa
 }
 
 /// Replays `trace` into fresh databases REPLAYS times with `extra` replay
-/// arguments; asserts that every replay wrote the same events (kinds,
-/// order, threads, values); returns the first database's path and rows,
-/// and its replay's output.
+/// arguments, the last one with every event at an exit of its own
+/// (`--event-exits`, as before the event ring); asserts that every replay
+/// wrote the same events (kinds, order, threads, values, times) and the
+/// same stacks; returns the first database's path and rows, and its
+/// replay's output.
 fn replays_agree(trace: &Path, extra: &[&str]) -> (PathBuf, Vec<Row>, Output) {
     let dir = trace.parent().unwrap();
     let mut first: Option<(PathBuf, Vec<Row>, Output)> = None;
+    let mut first_stacks = None;
     for round in 1..=REPLAYS {
         let db = dir.join(format!("replay-{round}.db"));
-        let out = replay_into(trace, &db, extra);
+        let mut args = extra.to_vec();
+        if round == REPLAYS {
+            args.push("--event-exits");
+        }
+        let out = replay_into(trace, &db, &args);
         let (_, stderr) = text(&out);
         assert_eq!(out.status.code(), Some(0), "replay {round}: {stderr}");
         assert!(stderr.contains("replay matched the recording"), "{stderr}");
         let events = rows(&db);
+        let stacks = EventDb::open(&db).unwrap().stacks().unwrap();
         match &first {
-            None => first = Some((db, events, out)),
-            Some((_, expected, _)) => assert!(
-                &events == expected,
-                "replay {round} wrote other events than replay 1 ({} against {})",
-                events.len(),
-                expected.len()
-            ),
+            None => {
+                first = Some((db, events, out));
+                first_stacks = Some(stacks);
+            }
+            Some((_, expected, _)) => {
+                assert!(
+                    &events == expected,
+                    "replay {round} ({args:?}) wrote other events than replay 1 ({} against {})",
+                    events.len(),
+                    expected.len()
+                );
+                let expected = first_stacks.as_ref().unwrap();
+                let differ = expected
+                    .iter()
+                    .filter(|(seq, s)| stacks.get(seq) != Some(s));
+                assert!(
+                    stacks.len() == expected.len() && differ.clone().next().is_none(),
+                    "replay {round} ({args:?}) unwound other stacks than replay 1: {} against {}, \
+                     first differing at seq {:?}",
+                    stacks.len(),
+                    expected.len(),
+                    differ.map(|(seq, _)| seq).min()
+                );
+            }
         }
     }
     first.unwrap()
@@ -307,6 +332,40 @@ fn fork_and_exec_raise_fork_and_exit_events() {
 
 #[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
 #[test]
+fn heap_events_from_the_event_ring_are_those_exits_capture() {
+    guest_ready();
+    let (trace, stdout) = record_probed("ev-heap", &[], &["alloc_churn", "3000"], 0);
+    assert!(stdout.contains("alloc_churn: 3000 rounds"), "{stdout}");
+    // Replays through the ring, and one with an exit per event: the same
+    // events and stacks (replays_agree).
+    let (db, rows, _) = replays_agree(&trace, &["--heap-events"]);
+    let pid = rows
+        .iter()
+        .find(|r| r.kind == Kind::Symbol)
+        .map(|r| r.pid)
+        .unwrap();
+    let allocs: Vec<&Row> = rows
+        .iter()
+        .filter(|r| r.kind == Kind::Alloc && r.pid == pid)
+        .collect();
+    // One allocation per round (malloc, calloc or realloc), and the
+    // C library's own.
+    assert!((3000..3100).contains(&allocs.len()), "{}", allocs.len());
+    let stacks = EventDb::open(&db).unwrap().stacks().unwrap();
+    let with_stack = allocs
+        .iter()
+        .filter(|r| stacks.contains_key(&r.seq))
+        .count();
+    assert!(
+        with_stack >= 3000,
+        "{with_stack} of {} ALLOC events have a stack",
+        allocs.len()
+    );
+    let _ = std::fs::remove_dir_all(trace.parent().unwrap());
+}
+
+#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
+#[test]
 fn malformed_events_are_counted_and_replay_goes_on() {
     guest_ready();
     let (trace, stdout) = record_probed("ev-abuse", &[], &["probe_abuse"], 0);
@@ -343,11 +402,11 @@ fn samples_land_where_the_program_spends_its_time() {
     let (trace, stdout) = record_probed("ev-sample", &[], &["hotspot", "150", "8"], 0);
     assert!(stdout.contains("hotspot: 150 rounds"), "{stdout}");
     let dir = trace.parent().unwrap();
-    let db = dir.join("events.db");
-    let out = replay_into(&trace, &db, &["--sample-period", "1ms"]);
+    // The samples and their stacks are the same in every replay, events
+    // through the ring or at exits.
+    let (db, rows, out) = replays_agree(&trace, &["--sample-period", "1ms"]);
     let (_, stderr) = text(&out);
-    assert_eq!(out.status.code(), Some(0), "{stderr}");
-    let samples: Vec<Row> = rows(&db)
+    let samples: Vec<Row> = rows
         .into_iter()
         .filter(|r| r.kind == Kind::Sample)
         .collect();

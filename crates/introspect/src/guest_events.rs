@@ -350,6 +350,12 @@ impl SwitchRing {
 
     /// The records written since the last drain, oldest first.
     pub fn drain(&mut self, mem: &GuestMemoryMmap) -> Switches {
+        self.drain_to(mem, u64::MAX)
+    }
+
+    /// The records written since the last drain and before record number
+    /// `until` (counted from the ring's start), oldest first.
+    pub fn drain_to(&mut self, mem: &GuestMemoryMmap, until: u64) -> Switches {
         let mut out = Switches::default();
         let read_u32 = |at: u64| mem.read_obj::<u32>(GuestAddress(at)).unwrap_or(0);
         let size = u64::from(read_u32(self.gpa + 4));
@@ -365,7 +371,8 @@ impl SwitchRing {
             out.lost = head - self.seen - size;
             self.seen = head - size;
         }
-        while self.seen < head {
+        let end = head.min(until);
+        while self.seen < end {
             let at = self.gpa + RING_HEADER + (self.seen & (size - 1)) * 16;
             out.records.push([
                 read_u32(at),

@@ -6,6 +6,7 @@
 //! registers). Everything read here is the guest's word: nothing is
 //! trusted, nothing panics.
 
+pub mod event_ring;
 pub mod guest_events;
 pub mod gva;
 pub mod instructions;

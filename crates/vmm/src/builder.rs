@@ -260,6 +260,10 @@ pub struct EventOptions {
     /// The window ends at the first event of this kind (of this thread, or
     /// any): nothing after it is stored.
     pub end_after: Option<(events::abi::Kind, Option<u32>)>,
+    /// Every probe event leaves the guest, as without an event ring (to
+    /// measure what the ring saves). A window that ends at an event does
+    /// too, so as to stop where the event was raised.
+    pub exits: bool,
 }
 
 /// The period (ns) at which a replay samples at the recording's marks,
@@ -373,6 +377,7 @@ pub fn replay(
         ..Default::default()
     };
     let mut heap_events = false;
+    let mut event_exits = false;
     // Marks found in user code also time the events raised after them
     // (Replayer::event_ns): every replay that collects events finds them,
     // sampling or not, unless it samples by its own host time.
@@ -409,6 +414,7 @@ pub fn replay(
             ));
         }
         heap_events = events.heap;
+        event_exits = events.exits || events.end_after.is_some();
         take_marks = reader.header.sample_period_ns > 0 && !events.replay_time_samples;
     }
     tools.tracing = options.tracing.map(ProcessTracer::new);
@@ -444,6 +450,9 @@ pub fn replay(
         log.take_sample_marks();
     }
     let mut session = ReplaySession::new(machine, log, points, tools, heap_events);
+    if event_exits {
+        session.events_by_exit();
+    }
     let restored = match options.from {
         Some(from) => {
             let Some(start) = checkpoint_before(&trace, from)? else {

@@ -26,8 +26,8 @@ const WANT_GPRS: u64 = 24;
 const WANT_WORDS: u64 = WANT_GPRS + 16 * 8;
 /// The most memory words a stub compares.
 pub const MAX_WORDS: usize = 8;
-/// The most code a stub may take: its page, up to the probe gate.
-const MAX_CODE: usize = introspect::probe_gate::HEADER_OFFSET as usize;
+/// The most code a stub may take: its page, up to the probe gate's code.
+const MAX_CODE: usize = introspect::probe_gate::CODE_START as usize;
 
 /// The order the stub compares the general registers other than RAX in
 /// (encoding numbers): the stack pointer first, which tells threads apart.

@@ -8,6 +8,7 @@ use std::time::Instant;
 use vm_memory::{Bytes, GuestAddress};
 
 use crate::vm::{Machine, VmError};
+use introspect::event_ring::EventRing;
 use introspect::gva;
 use introspect::probe_gate;
 use introspect::stub_area::GuestArea;
@@ -40,18 +41,25 @@ impl Machine {
     }
 
     /// Writes the probe gate (`gate`) and the heap gate (`heap`) into the
-    /// announced area's code page.
+    /// announced area's code page. Returns the event ring when a gate
+    /// appends to it (emptied for this run), which then must be read at
+    /// every exit.
     pub(crate) fn install_probe_gate(
         &mut self,
         gate: probe_gate::GateMode,
         heap: probe_gate::GateMode,
-    ) {
-        let Some(area) = self.stub_area() else {
-            return;
-        };
-        let at = GuestAddress(area.code_pa + probe_gate::HEADER_OFFSET);
+    ) -> Option<EventRing> {
+        let area = self.stub_area()?;
+        let ring = area.ring.map(|(gpa, pages)| EventRing { gpa, pages });
+        let at = GuestAddress(area.code_pa + probe_gate::CODE_START);
         // The area was checked to name a page of RAM.
-        let _ = self.vm.mem.write_slice(&probe_gate::bytes(gate, heap), at);
+        let _ = self
+            .vm
+            .mem
+            .write_slice(&probe_gate::bytes(gate, heap, ring), at);
+        let ring = ring.filter(|_| [gate, heap].contains(&probe_gate::GateMode::Ring))?;
+        ring.reset(&self.vm.mem);
+        Some(ring)
     }
 
     /// The process of the task on the vCPU maps the trampoline pages here

@@ -501,7 +501,7 @@ impl PointTaker {
         let xsave = m.vcpu.fd.get_xsave().map_err(kvm_err("GET_XSAVE"))?;
         let cpu: Vec<u8> = xsave.region.iter().flat_map(|w| w.to_le_bytes()).collect();
         let written = self.take_dirty_pages(m)?;
-        let pages = without_timestamps(mem, &user_pages(mem, cr3, &written), &tsc);
+        let pages = without_timestamps(mem, &user_pages(mem, cr3, &written, area.ring), &tsc);
         let entries = trampoline_entries(mem, cr3, stub, &words);
         let memory = state::memory_digest(mem, &pages, &[], &entries);
         Ok(Verdict::Take(Box::new(AsyncPoint {
@@ -657,7 +657,9 @@ fn code_pages(tables: &PageTables<'_>, rip: u64) -> Vec<(u64, u64)> {
 }
 
 /// Of `pages`, those the address space `cr3` maps for user mode: the
-/// memory the program can see. The guest kernel's pages are left out: a
+/// memory the program can see, but the event ring's (`ring`: its first
+/// frame's address, pages), which replay's gates write and the
+/// recording's do not. The guest kernel's pages are left out: a
 /// point tells loop iterations apart by what the program sees (registers
 /// and its memory), and the kernel's state is checked at every
 /// deterministic exit. With the kernel's pages in the digest, one replay
@@ -665,12 +667,18 @@ fn code_pages(tables: &PageTables<'_>, rip: u64) -> Vec<(u64, u64)> {
 /// (every later replay of that trace too) whose 35 written pages were all
 /// but one the kernel's (stacks, per-CPU data, timers, sockets); which
 /// page differed, a digest cannot say.
-fn user_pages(mem: &vm_memory::GuestMemoryMmap, cr3: u64, pages: &PageSet) -> PageSet {
+fn user_pages(
+    mem: &vm_memory::GuestMemoryMmap,
+    cr3: u64,
+    pages: &PageSet,
+    ring: Option<(u64, u64)>,
+) -> PageSet {
     let runs = introspect::gva::user_frames(mem, cr3);
+    let ring = ring.map_or(0..0, |(gpa, n)| gpa >> 12..(gpa >> 12) + n);
     PageSet::from_frames(
         pages
             .frames()
-            .filter(|&f| introspect::gva::in_runs(&runs, f)),
+            .filter(|&f| introspect::gva::in_runs(&runs, f) && !ring.contains(&f)),
     )
 }
 

@@ -19,6 +19,7 @@ use devices::virtio_blk::BlockStats;
 use devices::virtio_net::NetStats;
 use devices::PlatformStats;
 use events::capture::CaptureSummary;
+use introspect::event_ring::EventRing;
 use introspect::probe_gate;
 use journal::{EndReason, Entry, Progress, Replayer};
 use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
@@ -26,7 +27,7 @@ use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
 use crate::boot_snapshot::SnapshotTaken;
 use crate::points::PointCounts;
 use crate::tools::{CheckpointTaken, ExpansionStats};
-use crate::vm::{ExitCounts, Machine, VmClock, VmError};
+use crate::vm::{ExitCounts, Machine, Vm, VmClock, VmError};
 
 mod debug;
 mod inputs;
@@ -243,9 +244,20 @@ pub(crate) trait Mode {
     fn switch_ring_announced(&mut self, _m: &mut Machine) {}
 
     /// How the probe gates are to behave in this run (the gate, the heap
-    /// gate): silent unless a replay collects events.
+    /// gate): silent unless replaying.
     fn gate_modes(&self) -> (probe_gate::GateMode, probe_gate::GateMode) {
         (probe_gate::GateMode::Silent, probe_gate::GateMode::Silent)
+    }
+
+    /// The gates are in place; `ring` is the event ring when one appends
+    /// to it.
+    fn gate_installed(&mut self, _ring: Option<EventRing>) {}
+
+    /// The vCPU came out of KVM_RUN, for whatever reason, before anything
+    /// handles why: what the guest left in memory meanwhile (the event
+    /// ring) is read now.
+    fn left_guest(&mut self, _vm: &Vm) -> Result<(), VmError> {
+        Ok(())
     }
 
     /// `/init` is ready for the run's archive: the reason to stop here, if

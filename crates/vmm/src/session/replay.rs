@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use devices::control::EventRaiser;
 use events::abi::SampleMode;
+use introspect::event_ring::EventRing;
 use introspect::instructions::TF;
 use introspect::probe_gate;
 use journal::preempt::MarkAt;
@@ -25,7 +26,7 @@ use crate::tools::exec;
 use crate::tools::samples::Sampling;
 use crate::tools::{CheckpointEvery, CheckpointRestored, ReplayPoint, ReplayTools};
 use crate::vm::state::EventsState;
-use crate::vm::{Machine, VmError};
+use crate::vm::{Machine, Vm, VmError};
 
 /// A machine re-executing a recording.
 pub struct ReplaySession {
@@ -39,6 +40,11 @@ pub(super) struct Replaying {
     pub(super) tools: ReplayTools,
     /// The heap gate leaves the guest (its events are collected).
     heap_events: bool,
+    /// The event ring the gates append to, read at every exit (None:
+    /// they leave the guest for each event).
+    ring: Option<EventRing>,
+    /// Every event leaves the guest, ring or not.
+    event_exits: bool,
     /// Samples taken at the recording's marks, and marks whose search was
     /// given up.
     samples_taken: u64,
@@ -66,12 +72,20 @@ impl ReplaySession {
                 points,
                 tools,
                 heap_events,
+                ring: None,
+                event_exits: false,
                 samples_taken: 0,
                 samples_given_up: 0,
                 mark_wanted: false,
                 progress: ProgressReport::new(),
             },
         }
+    }
+
+    /// Every probe event leaves the guest, as with a guest kernel that
+    /// maps no event ring (before the gates are in place).
+    pub(crate) fn events_by_exit(&mut self) {
+        self.mode.event_exits = true;
     }
 
     /// The machine replaying.
@@ -123,7 +137,7 @@ impl ReplaySession {
         let restored = boot_snapshot::restore(m, path, &key, Some(&expected))?;
         // The probe gate as this replay needs it (it raises events).
         let (gate, heap) = self.mode.gate_modes();
-        m.install_probe_gate(gate, heap);
+        self.mode.ring = m.install_probe_gate(gate, heap);
         if let (Some(events), Some(gpa)) =
             (&mut self.mode.tools.events, m.vm.status.switch_ring_gpa)
         {
@@ -163,6 +177,11 @@ impl ReplaySession {
             }
         }
         let shadow = checkpoints::apply(m, &chain)?;
+        // The gates as this replay needs them, whichever replay took the
+        // checkpoint.
+        let (gate, heap) = self.mode.gate_modes();
+        self.mode.ring = m.install_probe_gate(gate, heap);
+        let tools = &mut self.mode.tools;
         let c = &chain[0];
         self.mode.log.seek(&c.log)?;
         self.mode.points.resume(c.vm.point_stats);
@@ -598,13 +617,43 @@ impl Mode for Replaying {
         }
     }
 
+    /// The gates append to the event ring unless something needs to stop
+    /// at each event (the debugger, probes given at replay and
+    /// `--trace-process` act when one is raised) or `--event-exits` asks
+    /// for an exit each; then they leave the guest. A replay that collects
+    /// no events empties the ring unread.
     fn gate_modes(&self) -> (probe_gate::GateMode, probe_gate::GateMode) {
-        let heap = if self.heap_events {
+        let t = &self.tools;
+        let gate = if t.debug.is_none() && t.tracing.is_none() && !self.event_exits {
+            probe_gate::GateMode::Ring
+        } else {
             probe_gate::GateMode::Exit
+        };
+        let heap = if self.heap_events {
+            gate
         } else {
             probe_gate::GateMode::Silent
         };
-        (probe_gate::GateMode::Exit, heap)
+        (gate, heap)
+    }
+
+    fn gate_installed(&mut self, ring: Option<EventRing>) {
+        self.ring = ring;
+    }
+
+    /// Events the gates put in the ring since the last exit are captured
+    /// before anything this exit brings (switches, clock readings, marks)
+    /// moves the capture on: at the time and in the order the exit gate
+    /// would have captured them.
+    fn left_guest(&mut self, vm: &Vm) -> Result<(), VmError> {
+        match (self.ring, &mut self.tools.events) {
+            (Some(ring), Some(events)) => events.drain_ring(&vm.mem, ring, self.log.event_ns()),
+            (Some(ring), None) => {
+                ring.discard(&vm.mem);
+                Ok(())
+            }
+            (None, _) => Ok(()),
+        }
     }
 
     fn ended(&mut self, reason: &EndReason) -> Result<(), VmError> {
@@ -666,7 +715,12 @@ impl Mode for Replaying {
         let Some(mut events) = self.tools.events.take() else {
             return result;
         };
-        let drained = events.drain_switches(&m.vm.mem, self.log.event_ns());
+        let ns = self.log.event_ns();
+        let drained = match self.ring {
+            Some(ring) => events.drain_ring(&m.vm.mem, ring, ns),
+            None => Ok(()),
+        }
+        .and_then(|()| events.drain_switches(&m.vm.mem, ns));
         let finished = events.finish();
         let mut outcome = result.and_then(|o| drained.map(|()| o))?;
         outcome.events = Some(finished?);

@@ -42,6 +42,7 @@ pub(super) fn run<M: Mode>(
         };
         let debug_armed = mode.debug_armed();
         let exit = m.vcpu.run();
+        mode.left_guest(&m.vm)?;
         let claimed = match &exit {
             Ok(VcpuExit::MmioWrite(addr, data)) if mode.claims(*addr) => {
                 Some((*addr, data.to_vec()))
@@ -154,14 +155,13 @@ fn messages<M: Mode>(m: &mut Machine, mode: &mut M) -> Result<Option<StopReason>
             }
             ControlMessage::PreemptArea => {
                 // The probe gate goes at the end of the area's code page,
-                // silent unless replaying (`introspect::probe_gate`):
-                // every replay takes the same path, whether it captures
-                // events or not.
+                // silent unless replaying (`introspect::probe_gate`).
                 let gpa = m.vcpu.synced_regs().rsi;
                 if GuestArea::read(&m.vm.mem, gpa).is_ok() {
                     m.vm.status.stub_area_gpa = Some(gpa);
                     let (gate, heap) = mode.gate_modes();
-                    m.install_probe_gate(gate, heap);
+                    let ring = m.install_probe_gate(gate, heap);
+                    mode.gate_installed(ring);
                 }
             }
             ControlMessage::Ready => {

@@ -6,6 +6,7 @@ use devices::control::EventRaiser;
 use events::abi::{Kind, Payload, Source};
 use events::capture::{Capture, CaptureSummary, Stored};
 use events::db::ProbeValue;
+use introspect::event_ring::EventRing;
 use introspect::guest_events::{self, SwitchRing, UserMemory};
 use kvm_bindings::kvm_regs;
 use unwind::Regs;
@@ -57,10 +58,20 @@ impl EventTool {
         mem: &GuestMemoryMmap,
         hint: u64,
     ) -> Result<(), VmError> {
+        self.drain_switches_to(mem, hint, u64::MAX)
+    }
+
+    /// `drain_switches`, of the records before record number `until`.
+    fn drain_switches_to(
+        &mut self,
+        mem: &GuestMemoryMmap,
+        hint: u64,
+        until: u64,
+    ) -> Result<(), VmError> {
         let Some(ring) = &mut self.switch_ring else {
             return Ok(());
         };
-        let switches = ring.drain(mem);
+        let switches = ring.drain_to(mem, until);
         // Called at every replay exit: most find nothing new.
         if switches.records.is_empty() && switches.lost == 0 {
             return Ok(());
@@ -105,7 +116,51 @@ impl EventTool {
             rsp: regs.rsp,
             rbp: regs.rbp,
         });
-        self.stack_of(&m.vm.mem, stored, cr3, at)
+        let mut mem = UserMemory {
+            mem: &m.vm.mem,
+            cr3,
+        };
+        self.stack_of(&mut mem, stored, at)
+    }
+
+    /// Captures the events the gates appended to `ring` since the last
+    /// call (none while a gate runs: the vCPU stopped inside one), each
+    /// after the context switches that preceded it, at guest time `ns`,
+    /// with its stack unwound from the copy the gate took.
+    pub(crate) fn drain_ring(
+        &mut self,
+        mem: &GuestMemoryMmap,
+        ring: EventRing,
+        ns: u64,
+    ) -> Result<(), VmError> {
+        if ring.busy(mem) || !ring.pending(mem) {
+            return Ok(());
+        }
+        let drained = ring.drain(mem);
+        for entry in drained.entries {
+            self.drain_switches_to(mem, ns, entry.switches)?;
+            let raised_by = self.capture.current();
+            let stored = self
+                .capture
+                .raised(ns, Source::Probe, raised_by, Ok(&entry.event))?;
+            if self.stacks.is_none() {
+                continue;
+            }
+            let mut stack = CopiedStack {
+                at: entry.rsp,
+                bytes: &entry.stack,
+                rest: UserMemory {
+                    mem,
+                    cr3: entry.cr3,
+                },
+            };
+            let at = probe_at_gate_in(&mut stack, entry.rsp, entry.rbp);
+            self.stack_of(&mut stack, stored, at)?;
+        }
+        if let Some(why) = drained.damaged {
+            self.capture.damaged_event_ring(why);
+        }
+        Ok(())
     }
 
     /// Process `pid` runs the executable at guest `path`, loaded at
@@ -183,7 +238,11 @@ impl EventTool {
             Some(_) => probe_at_gate(&m.vm.mem, cr3, &m.vcpu.synced_regs()),
             None => None,
         };
-        self.stack_of(&m.vm.mem, stored, cr3, at)
+        let mut mem = UserMemory {
+            mem: &m.vm.mem,
+            cr3,
+        };
+        self.stack_of(&mut mem, stored, at)
     }
 
     /// Follows what a stored event tells of the process's objects, and
@@ -191,9 +250,8 @@ impl EventTool {
     /// their caller, unwound from the probe's registers `at` (when known).
     fn stack_of(
         &mut self,
-        mem: &GuestMemoryMmap,
+        mem: &mut impl unwind::Memory,
         stored: Option<Stored>,
-        cr3: u64,
         at: Option<Regs>,
     ) -> Result<(), VmError> {
         let (Some(stacks), Some(stored)) = (&mut self.stacks, stored) else {
@@ -216,10 +274,9 @@ impl EventTool {
         let Some(at) = at else {
             return Ok(());
         };
-        let mut mem = UserMemory { mem, cr3 };
         // The probe library's own frames come first: the stack starts at
         // the caller the probe named.
-        let frames = stacks.unwind(stored.pid, &mut mem, at, MAX_STACK_FRAMES + 4);
+        let frames = stacks.unwind(stored.pid, mem, at, MAX_STACK_FRAMES + 4);
         if let Some(first) = frames.iter().position(|&ra| ra == caller) {
             let end = frames.len().min(first + MAX_STACK_FRAMES);
             self.capture.stack(stored.seq, &frames[first..end])?;
@@ -237,12 +294,39 @@ impl EventTool {
 /// with `regs`: its return address, and its stack pointer before the
 /// call (the probe called the gate past its 128-byte red zone).
 pub(crate) fn probe_at_gate(mem: &GuestMemoryMmap, cr3: u64, regs: &kvm_regs) -> Option<Regs> {
-    let rip = unwind::Memory::read_u64(&mut UserMemory { mem, cr3 }, regs.rsp)?;
+    probe_at_gate_in(&mut UserMemory { mem, cr3 }, regs.rsp, regs.rbp)
+}
+
+/// `probe_at_gate`, for a task that was at the gate with `rsp` and `rbp`,
+/// its stack in `mem`.
+fn probe_at_gate_in(mem: &mut impl unwind::Memory, rsp: u64, rbp: u64) -> Option<Regs> {
+    let rip = mem.read_u64(rsp)?;
     Some(Regs {
         rip,
-        rsp: regs.rsp.wrapping_add(8 + 128),
-        rbp: regs.rbp,
+        rsp: rsp.wrapping_add(8 + 128),
+        rbp,
     })
+}
+
+/// A stack as the ring gate copied it when the event was raised: words
+/// from `at` up are read from the copy, any others from memory as it is.
+struct CopiedStack<'a> {
+    at: u64,
+    bytes: &'a [u8],
+    rest: UserMemory<'a>,
+}
+
+impl unwind::Memory for CopiedStack<'_> {
+    fn read_u64(&mut self, addr: u64) -> Option<u64> {
+        let copied = addr
+            .checked_sub(self.at)
+            .and_then(|off| usize::try_from(off).ok())
+            .and_then(|off| self.bytes.get(off..off.checked_add(8)?));
+        match copied {
+            Some(word) => Some(u64::from_le_bytes(word.try_into().ok()?)),
+            None => self.rest.read_u64(addr),
+        }
+    }
 }
 
 /// Lock events that keep their caller's whole stack: requests and

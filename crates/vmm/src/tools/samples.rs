@@ -221,11 +221,11 @@ pub(crate) fn user_position(
     resumed: Resumed,
     kernel_stack_top: Option<u64>,
 ) -> SampleMode {
-    // At the probe gate's store or the `ret` after it: the vCPU is on its
-    // way back from the gate's exit, replay's own time (the gate is a bare
-    // `ret` while recording). The sample is the probe's, at its return
-    // address, as at a kernel boundary.
-    let at_gate = probe_gate::is_gate_store(regs.rip, stubs);
+    // In the probe gate's code: the vCPU is copying an event into the
+    // ring or on its way back from the gate's exit, replay's own time (the
+    // gate is a bare `ret` while recording). The sample is the probe's, at
+    // its return address, as at a kernel boundary.
+    let at_gate = probe_gate::in_gate_code(regs.rip, stubs);
     if let Some(probe) = at_gate.then(|| probe_at_gate(mem, cr3, regs)).flatten() {
         (regs.rip, regs.rsp) = (probe.rip, probe.rsp);
     }

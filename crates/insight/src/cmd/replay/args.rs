@@ -37,11 +37,17 @@ pub struct ReplayArgs {
     /// HEAPCALL, ALLOC and FREE around each call to malloc, calloc,
     /// realloc, free, posix_memalign, aligned_alloc, memalign, mmap and
     /// munmap (docs/events.md). They name heap blocks by their allocation
-    /// site in `insight report memory`, and cost this replay an exit per
-    /// event; other replays skip them at no cost. On with
-    /// --trace-process.
+    /// site in `insight report memory`, and cost this replay a copy into
+    /// the event ring per event (an exit each with --event-exits); other
+    /// replays skip them at no cost. On with --trace-process.
     #[arg(long)]
     pub heap_events: bool,
+    /// Capture every probe event at a VM exit of its own, as insight did
+    /// before the event ring: the events, their order and stacks are the
+    /// same, the replay slower (one exit per event, ~75 us on nested
+    /// hosts). For measuring what the ring saves (tools/bench-events).
+    #[arg(long)]
+    pub event_exits: bool,
     /// Replace an existing --events or --tx-pcap file even if it is not
     /// one insight wrote (never a device, link, directory, or a file of a
     /// trace).

@@ -413,6 +413,7 @@ fn event_options(
         sample_period: args.sample_period,
         replay_time_samples: args.replay_time_samples,
         end_after,
+        exits: args.event_exits,
     })
 }
 

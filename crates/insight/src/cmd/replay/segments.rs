@@ -266,6 +266,9 @@ pub fn replay_in_parallel(
             if args.heap_events {
                 cmd.arg("--heap-events");
             }
+            if args.event_exits {
+                cmd.arg("--event-exits");
+            }
         }
         let child = cmd
             .spawn()
