@@ -172,11 +172,11 @@ pub fn parse(bytes: &[u8], out: &mut Drained) {
         let size = u64::from(u32_at(rest, 4));
         let stack = u64_at(rest, 40);
         let padded = size.div_ceil(8) * 8;
-        let expected = ENTRY_HEADER + padded + stack;
+        // The guest's word: bounded before any sum is taken.
+        let expected = (stack <= STACK_WINDOW).then(|| ENTRY_HEADER + padded + stack);
         if !(MIN_EVENT..=MAX_EVENT).contains(&size)
-            || stack > STACK_WINDOW
             || stack % 8 != 0
-            || expected != len as u64
+            || expected != Some(len as u64)
             || len > rest.len()
         {
             out.damaged = Some(format!(
@@ -272,6 +272,16 @@ mod tests {
         let mut bad = entry_bytes(&sample(2, 72, 16));
         bad[0] ^= 8; // length off by 8
         bytes.extend(&bad);
+        // A stack length no sum survives: refused, never added up.
+        let mut huge = entry_bytes(&sample(3, 72, 16));
+        huge[40..48].copy_from_slice(&u64::MAX.to_le_bytes());
+        let mut lone = Drained::default();
+        parse(&huge, &mut lone);
+        assert!(lone.entries.is_empty());
+        assert!(lone
+            .damaged
+            .unwrap()
+            .contains("stack 18446744073709551615 bytes"));
         mem.write_slice(&bytes, GuestAddress(ring.gpa + ENTRIES))
             .unwrap();
         mem.write_obj(bytes.len() as u64, GuestAddress(ring.gpa + USED))
