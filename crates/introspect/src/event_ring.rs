@@ -218,6 +218,14 @@ mod tests {
         b
     }
 
+    /// `bytes` of entries in `ring`, as the gate leaves them.
+    fn publish(mem: &GuestMemoryMmap, ring: EventRing, bytes: &[u8]) {
+        mem.write_slice(bytes, GuestAddress(ring.gpa + ENTRIES))
+            .unwrap();
+        mem.write_obj(bytes.len() as u64, GuestAddress(ring.gpa + USED))
+            .unwrap();
+    }
+
     fn sample(n: u8, event: usize, stack: usize) -> Entry {
         Entry {
             switches: 100 + u64::from(n),
@@ -238,10 +246,7 @@ mod tests {
         };
         let entries = [sample(1, 72, 256), sample(2, 61, 0), sample(3, 48, 4096)];
         let bytes: Vec<u8> = entries.iter().flat_map(entry_bytes).collect();
-        mem.write_slice(&bytes, GuestAddress(ring.gpa + ENTRIES))
-            .unwrap();
-        mem.write_obj(bytes.len() as u64, GuestAddress(ring.gpa + USED))
-            .unwrap();
+        publish(&mem, ring, &bytes);
         assert!(ring.pending(&mem));
         let drained = ring.drain(&mem);
         assert_eq!(drained.damaged, None);
@@ -249,10 +254,7 @@ mod tests {
         assert!(!ring.pending(&mem));
         assert_eq!(ring.drain(&mem), Drained::default());
         // Discarded unread, but never under a running gate.
-        mem.write_slice(&bytes, GuestAddress(ring.gpa + ENTRIES))
-            .unwrap();
-        mem.write_obj(bytes.len() as u64, GuestAddress(ring.gpa + USED))
-            .unwrap();
+        publish(&mem, ring, &bytes);
         mem.write_obj(1u64, GuestAddress(ring.gpa + BUSY)).unwrap();
         ring.discard(&mem);
         assert!(ring.pending(&mem));
@@ -282,10 +284,7 @@ mod tests {
             .damaged
             .unwrap()
             .contains("stack 18446744073709551615 bytes"));
-        mem.write_slice(&bytes, GuestAddress(ring.gpa + ENTRIES))
-            .unwrap();
-        mem.write_obj(bytes.len() as u64, GuestAddress(ring.gpa + USED))
-            .unwrap();
+        publish(&mem, ring, &bytes);
         let drained = ring.drain(&mem);
         assert_eq!(drained.entries, [sample(1, 72, 16)]);
         assert!(drained.damaged.unwrap().contains("offset 136"));

@@ -301,6 +301,14 @@ pub(crate) trait Mode {
     }
 }
 
+/// Writes the probe gates as `mode` wants them into the announced area's
+/// code page, and tells the mode which event ring they append to.
+pub(super) fn install_gates<M: Mode>(m: &mut Machine, mode: &mut M) {
+    let (gate, heap) = mode.gate_modes();
+    let ring = m.install_probe_gate(gate, heap);
+    mode.gate_installed(ring);
+}
+
 /// State the vCPU thread shares with the thread that kicks it.
 pub(crate) struct KickState {
     /// VM time at which the vCPU must be out of KVM_RUN (u64::MAX: none).

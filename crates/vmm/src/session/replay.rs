@@ -136,8 +136,7 @@ impl ReplaySession {
         let m = &mut self.machine;
         let restored = boot_snapshot::restore(m, path, &key, Some(&expected))?;
         // The probe gate as this replay needs it (it raises events).
-        let (gate, heap) = self.mode.gate_modes();
-        self.mode.ring = m.install_probe_gate(gate, heap);
+        super::install_gates(m, &mut self.mode);
         if let (Some(events), Some(gpa)) =
             (&mut self.mode.tools.events, m.vm.status.switch_ring_gpa)
         {
@@ -179,8 +178,7 @@ impl ReplaySession {
         let shadow = checkpoints::apply(m, &chain)?;
         // The gates as this replay needs them, whichever replay took the
         // checkpoint.
-        let (gate, heap) = self.mode.gate_modes();
-        self.mode.ring = m.install_probe_gate(gate, heap);
+        super::install_gates(m, &mut self.mode);
         let tools = &mut self.mode.tools;
         let c = &chain[0];
         self.mode.log.seek(&c.log)?;

@@ -159,9 +159,7 @@ fn messages<M: Mode>(m: &mut Machine, mode: &mut M) -> Result<Option<StopReason>
                 let gpa = m.vcpu.synced_regs().rsi;
                 if GuestArea::read(&m.vm.mem, gpa).is_ok() {
                     m.vm.status.stub_area_gpa = Some(gpa);
-                    let (gate, heap) = mode.gate_modes();
-                    let ring = m.install_probe_gate(gate, heap);
-                    mode.gate_installed(ring);
+                    super::install_gates(m, mode);
                 }
             }
             ControlMessage::Ready => {
