@@ -112,23 +112,19 @@ static TLS pid_t my_lwpid;
  * address no frame of the thread lies above and up to which the stack is
  * mapped; 0 where unknown (the gate then copies to the end of the stack
  * pointer's page). Events never reach these bytes (paths are capped at
- * half a page).
+ * half a page). call_gate sets them at every event, from the thread's
+ * stack [stack_lo, stack_hi): 0 when the stack pointer lies elsewhere (a
+ * signal stack, a coroutine's), whose end the library does not know.
  */
 #define STACK_TOP_AT (PAGE - 8)
+/* How many bytes above its stack pointer the gate copies at most. */
+#define STACK_WINDOW 4096
+/* The main thread's stack: at most this far below its arguments. */
+#define MAIN_STACK_SPAN ((uintptr_t)64 << 20)
 extern void *__libc_stack_end;
+static TLS uintptr_t stack_lo;
+static TLS uintptr_t stack_hi;
 
-static uintptr_t stack_top(void)
-{
-	uintptr_t top;
-	memcpy(&top, buffer.bytes + STACK_TOP_AT, sizeof(top));
-	return top;
-}
-
-static void set_stack_top(uintptr_t top)
-{
-	top &= ~(uintptr_t)7;
-	memcpy(buffer.bytes + STACK_TOP_AT, &top, sizeof(top));
-}
 /* Events this thread raised so far (THREADCREATE's creator_events). */
 static TLS uint32_t events_raised;
 /* Set while a probe runs, so that nothing it calls raises events. */
@@ -308,17 +304,43 @@ __attribute__((constructor)) static void probes_init(void)
 	strncpy(comm, program_invocation_short_name, sizeof(comm) - 1);
 }
 
-/* Calls the gate @g with the event @e. */
+/*
+ * Calls the gate @g with the event @e (the calling thread's buffer).
+ *
+ * The replay's gate copies the stack from its stack pointer up to the top
+ * given in the buffer page, at most STACK_WINDOW bytes; the recording's
+ * reads none of it. A page of that window the thread never touched (in a
+ * caller's large local array that was never written) would fault at
+ * replay only, and the replay would diverge: so in both modes, before
+ * the call, the last byte the copy will read is read here (the call's
+ * own push touches the first page; the window spans at most two).
+ */
 static inline void call_gate(struct insight_event_header *e, void *g)
 {
+	uintptr_t sp;
+	__asm__("mov %%rsp, %0" : "=r"(sp));
+	uintptr_t top = sp >= stack_lo && sp < stack_hi ? stack_hi : 0;
+	memcpy(buffer.bytes + STACK_TOP_AT, &top, sizeof(top));
 	/* Past the red zone, where the compiler may keep locals. LEA leaves
-	 * the flags alone. */
+	 * the flags alone; the gate's stack pointer is RSP - 8 at the call. */
 	__asm__ volatile("lea -128(%%rsp), %%rsp\n\t"
-			 "call *%1\n\t"
+			 "lea -8(%%rsp), %%rcx\n\t"
+			 "mov %[top], %%rsi\n\t"
+			 "sub %%rcx, %%rsi\n\t"
+			 "jbe 1f\n\t" /* no top above it: the copy ends in RSP's page */
+			 "cmp %[window], %%rsi\n\t"
+			 "jbe 2f\n\t"
+			 "mov %[window], %%rsi\n"
+			 "2:\n\t"
+			 "and $-8, %%rsi\n\t"
+			 "jz 1f\n\t"
+			 "movzbl -1(%%rcx,%%rsi), %%esi\n"
+			 "1:\n\t"
+			 "call *%[g]\n\t"
 			 "lea 128(%%rsp), %%rsp"
 			 :
-			 : "a"(e), "r"(g)
-			 : "memory");
+			 : "a"(e), [g] "r"(g), [top] "r"(top), [window] "i"(STACK_WINDOW)
+			 : "rcx", "rsi", "cc", "memory");
 }
 
 static void notify(struct insight_event_header *e)
@@ -344,10 +366,12 @@ static struct insight_event_header *begin(uint16_t kind, uint32_t payload)
 		my_lwpid = (pid_t)syscall(SYS_gettid);
 		/* The main thread's frames all lie below its arguments. A
 		 * child forked by another thread keeps that thread's top. */
-		uintptr_t end = (uintptr_t)__libc_stack_end;
+		uintptr_t end = (uintptr_t)__libc_stack_end & ~(uintptr_t)7;
 		uintptr_t here = (uintptr_t)__builtin_frame_address(0);
-		if (my_lwpid == my_pid && !stack_top() && here < end && end - here < (64 << 20))
-			set_stack_top(end);
+		if (my_lwpid == my_pid && !stack_hi && here < end && end - here < MAIN_STACK_SPAN) {
+			stack_lo = end - MAIN_STACK_SPAN;
+			stack_hi = end;
+		}
 	}
 	struct insight_event_header *h = &buffer.header;
 	h->magic = INSIGHT_EVENT_MAGIC;
@@ -557,6 +581,28 @@ static void start_free(struct start *s)
 		free(s);
 }
 
+/*
+ * The calling thread's stack: from its lowest address, which its
+ * attributes give, to @top. The attributes cost a system call (glibc adds
+ * the CPU affinity) and a malloc, which raises no event. Not inlined: the
+ * caller keeps its tail call.
+ */
+static __attribute__((noinline)) void set_thread_stack(uintptr_t top)
+{
+	pthread_attr_t attr;
+	in_probe = 1;
+	if (pthread_getattr_np(pthread_self(), &attr) == 0) {
+		void *lo;
+		size_t size;
+		if (pthread_attr_getstack(&attr, &lo, &size) == 0 && (uintptr_t)lo < top) {
+			stack_lo = (uintptr_t)lo;
+			stack_hi = top;
+		}
+		pthread_attr_destroy(&attr);
+	}
+	in_probe = 0;
+}
+
 static void *start_thread(void *p)
 {
 	struct start s = *(struct start *)p;
@@ -565,8 +611,8 @@ static void *start_thread(void *p)
 		my_lwpid = (pid_t)syscall(SYS_gettid);
 	/* Every frame the thread's events see lies below this one's saved
 	 * frame pointer and return address (which the start routine's frame
-	 * takes over if it is called as a tail call). */
-	set_stack_top((uintptr_t)__builtin_frame_address(0) + 16);
+	 * takes over: it is called as a tail call). */
+	set_thread_stack(((uintptr_t)__builtin_frame_address(0) + 16) & ~(uintptr_t)7);
 	remember_thread(pthread_self(), my_lwpid);
 	if (enter()) {
 		struct insight_event_header *h =
