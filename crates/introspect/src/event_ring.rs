@@ -128,28 +128,42 @@ impl EventRing {
         }
     }
 
-    /// Reads every entry written since the last drain, oldest first, and
-    /// empties the ring. Call only when not `busy`.
-    pub fn drain(&self, mem: &GuestMemoryMmap) -> Drained {
+    /// Reads the entries published after offset `*read` (where reads
+    /// made while a gate ran stopped), oldest first. With no gate
+    /// running, empties the ring and sets `*read` back to 0; under a
+    /// running gate (interrupted inside, `busy`) leaves the ring as it is
+    /// — the gate adds its entry's length to the bytes used it read — and
+    /// moves `*read` past what it read. Published entries are complete
+    /// either way: the gate publishes with one instruction.
+    pub fn drain(&self, mem: &GuestMemoryMmap, read: &mut u64) -> Drained {
         let used = self.word(mem, USED);
-        if used == 0 {
-            return Drained::default();
-        }
+        let busy = self.busy(mem);
         let mut out = Drained::default();
-        let mut bytes = vec![0u8; used.min(self.capacity()) as usize];
-        if used > self.capacity()
-            || mem
-                .read_slice(&mut bytes, GuestAddress(self.gpa + ENTRIES))
-                .is_err()
-        {
+        if used > self.capacity() || *read > used {
             out.damaged = Some(format!(
-                "{used} bytes of entries in a ring of {}",
-                self.capacity()
+                "{used} bytes of entries in a ring of {} (read to {})",
+                self.capacity(),
+                *read
             ));
-        } else {
-            parse(&bytes, &mut out);
+        } else if used > *read {
+            let mut bytes = vec![0u8; (used - *read) as usize];
+            if mem
+                .read_slice(&mut bytes, GuestAddress(self.gpa + ENTRIES + *read))
+                .is_err()
+            {
+                out.damaged = Some(format!("the ring's entries from offset {}", *read));
+            } else {
+                parse(&bytes, &mut out);
+            }
         }
-        let _ = mem.write_obj(0u64, GuestAddress(self.gpa + USED));
+        if busy {
+            *read = used;
+        } else {
+            if used != 0 {
+                let _ = mem.write_obj(0u64, GuestAddress(self.gpa + USED));
+            }
+            *read = 0;
+        }
         out
     }
 }
@@ -248,11 +262,13 @@ mod tests {
         let bytes: Vec<u8> = entries.iter().flat_map(entry_bytes).collect();
         publish(&mem, ring, &bytes);
         assert!(ring.pending(&mem));
-        let drained = ring.drain(&mem);
+        let mut read = 0;
+        let drained = ring.drain(&mem, &mut read);
         assert_eq!(drained.damaged, None);
         assert_eq!(drained.entries, entries);
         assert!(!ring.pending(&mem));
-        assert_eq!(ring.drain(&mem), Drained::default());
+        assert_eq!(read, 0);
+        assert_eq!(ring.drain(&mem, &mut read), Drained::default());
         // Discarded unread, but never under a running gate.
         publish(&mem, ring, &bytes);
         mem.write_obj(1u64, GuestAddress(ring.gpa + BUSY)).unwrap();
@@ -260,6 +276,36 @@ mod tests {
         assert!(ring.pending(&mem));
         mem.write_obj(0u64, GuestAddress(ring.gpa + BUSY)).unwrap();
         ring.discard(&mem);
+        assert!(!ring.pending(&mem));
+    }
+
+    #[test]
+    fn entries_published_under_a_running_gate_are_read_once_and_the_ring_kept() {
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+        let ring = EventRing {
+            gpa: 0x4_0000,
+            pages: 4,
+        };
+        let entries = [sample(1, 72, 256), sample(2, 61, 8), sample(3, 48, 64)];
+        let bytes: Vec<Vec<u8>> = entries.iter().map(entry_bytes).collect();
+        // Two published, a gate running (writing the third).
+        publish(&mem, ring, &bytes[..2].concat());
+        mem.write_obj(1u64, GuestAddress(ring.gpa + BUSY)).unwrap();
+        let mut read = 0;
+        assert_eq!(ring.drain(&mem, &mut read).entries, entries[..2]);
+        assert_eq!(read, bytes[..2].concat().len() as u64);
+        assert!(ring.pending(&mem), "emptied under a running gate");
+        // Nothing new yet: nothing read twice.
+        assert_eq!(ring.drain(&mem, &mut read), Drained::default());
+        // The gate publishes the third and returns.
+        publish(&mem, ring, &bytes.concat());
+        mem.write_obj(0u64, GuestAddress(ring.gpa + BUSY)).unwrap();
+        let drained = ring.drain(&mem, &mut read);
+        assert_eq!(
+            (drained.entries, drained.damaged),
+            (entries[2..].to_vec(), None)
+        );
+        assert_eq!(read, 0);
         assert!(!ring.pending(&mem));
     }
 
@@ -285,13 +331,14 @@ mod tests {
             .unwrap()
             .contains("stack 18446744073709551615 bytes"));
         publish(&mem, ring, &bytes);
-        let drained = ring.drain(&mem);
+        let mut read = 0;
+        let drained = ring.drain(&mem, &mut read);
         assert_eq!(drained.entries, [sample(1, 72, 16)]);
         assert!(drained.damaged.unwrap().contains("offset 136"));
         // More used than the ring holds: nothing is read.
         mem.write_obj(1u64 << 40, GuestAddress(ring.gpa + USED))
             .unwrap();
-        let drained = ring.drain(&mem);
+        let drained = ring.drain(&mem, &mut read);
         assert!(drained.entries.is_empty());
         assert!(drained.damaged.is_some());
         assert!(!ring.pending(&mem));

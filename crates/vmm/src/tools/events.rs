@@ -24,6 +24,9 @@ pub(crate) struct EventTool {
     /// their call-frame information (without it, stacks follow frame
     /// pointers and lock events keep their caller only).
     pub(crate) stacks: Option<unwind::Processes>,
+    /// Where reads of the event ring made while a gate ran stopped
+    /// (`EventRing::drain`).
+    ring_read: u64,
 }
 
 impl EventTool {
@@ -32,6 +35,7 @@ impl EventTool {
             capture,
             switch_ring: None,
             stacks,
+            ring_read: 0,
         }
     }
 
@@ -124,7 +128,7 @@ impl EventTool {
     }
 
     /// Captures the events the gates appended to `ring` since the last
-    /// call (none while a gate runs: the vCPU stopped inside one), each
+    /// call (those published, where the vCPU stopped inside a gate), each
     /// after the context switches that preceded it, at guest time `ns`,
     /// with its stack unwound from the copy the gate took.
     pub(crate) fn drain_ring(
@@ -133,10 +137,10 @@ impl EventTool {
         ring: EventRing,
         ns: u64,
     ) -> Result<(), VmError> {
-        if ring.busy(mem) || !ring.pending(mem) {
+        if !ring.pending(mem) {
             return Ok(());
         }
-        let drained = ring.drain(mem);
+        let drained = ring.drain(mem, &mut self.ring_read);
         for entry in drained.entries {
             self.drain_switches_to(mem, ns, entry.switches)?;
             let raised_by = self.capture.current();
