@@ -39,15 +39,31 @@ fn profiles_are_shares_of_the_recorded_run_and_every_replay_has_the_same_samples
             &[prog, "40", "phased"],
         );
         let stdout = expect_status(&out, 0);
-        // "profile_split: phases arith A ns chase C ns hash H ns"
-        let phases: Vec<f64> = stdout
+        // "profile_split: pass K arith A ns chase C ns hash H ns", five
+        // passes: each phase's median. Time the host takes from the guest
+        // (a shared, noisy host) stretches a phase without a sample in it,
+        // which the profile rightly leaves out; it stretches one pass, not
+        // most.
+        let passes: Vec<Vec<f64>> = stdout
             .lines()
-            .find_map(|l| l.strip_prefix("profile_split: phases "))
-            .unwrap_or_else(|| panic!("no phases in:\n{stdout}"))
-            .split_whitespace()
-            .filter_map(|w| w.parse().ok())
+            .filter_map(|l| l.strip_prefix("profile_split: pass "))
+            .map(|l| {
+                l.split_whitespace()
+                    .filter_map(|w| w.parse().ok())
+                    .collect()
+            })
             .collect();
-        assert_eq!(phases.len(), 3, "{stdout}");
+        assert!(
+            passes.len() == 5 && passes.iter().all(|p| p.len() == 4),
+            "{stdout}"
+        );
+        let phases: Vec<f64> = (1..4)
+            .map(|i| {
+                let mut t: Vec<f64> = passes.iter().map(|p| p[i]).collect();
+                t.sort_by(f64::total_cmp);
+                t[t.len() / 2]
+            })
+            .collect();
         let total: f64 = phases.iter().sum();
 
         let db = dir.join(format!("events{opt}.db"));
@@ -59,6 +75,11 @@ fn profiles_are_shares_of_the_recorded_run_and_every_replay_has_the_same_samples
         let samples = |function: &str| -> f64 {
             report
                 .lines()
+                .filter(|l| {
+                    l.split_whitespace()
+                        .next()
+                        .is_some_and(|w| w.ends_with('%'))
+                })
                 .find(|l| l.split_whitespace().nth(3) == Some(function))
                 .and_then(|l| l.split_whitespace().nth(1))
                 .and_then(|n| n.parse().ok())
@@ -67,20 +88,19 @@ fn profiles_are_shares_of_the_recorded_run_and_every_replay_has_the_same_samples
         let counts = [samples("arith"), samples("chase"), samples("hash")];
         let user: f64 = counts.iter().sum();
         assert!(user >= 400.0, "{user} user samples:\n{report}");
-        // The phases are timed by the guest's clock, the host's: time the
-        // host gives other work (a shared, noisy host) stretches a phase
-        // without a sample in it, which the profile rightly leaves out.
-        // On a quiet host the shares are within 2 pp (tools/bench-samples,
-        // docs/BENCHMARKS.md, where the 3-pp goal is measured); on a loaded
-        // one 4 pp has been seen. The bound here catches what the marks
-        // exist to fix: replay-time sampling was 16.8 pp off on this
-        // program, and a tight loop losing its marks 7 pp.
+        // The program's own split against the share of user samples:
+        // measured on these hosts 0.0-3.4 pp (five runs of each build; the
+        // pointer chase about 2.5 pp over, the hash loop as much under, at
+        // -O2). The bound catches what the marks exist to fix: replay-time
+        // sampling was 16.8 pp off on this program, a tight loop losing
+        // its marks 7 pp, unpatchable positions after a load 3.2 pp.
         for (i, name) in ["arith", "chase", "hash"].iter().enumerate() {
             let (truth, share) = (100.0 * phases[i] / total, 100.0 * counts[i] / user);
+            eprintln!("{opt} {name}: {share:.1} % of the user samples, {truth:.1} % of the time");
             assert!(
-                (share - truth).abs() <= 6.0,
+                (share - truth).abs() <= 4.5,
                 "{opt} {name}: {share:.1} % of the user samples, {truth:.1} % of the time \
-                 (phases {phases:?}):\n{report}"
+                 (median phases {phases:?}):\n{stdout}\n{report}"
             );
         }
 

@@ -5,6 +5,7 @@
 
 use std::time::Instant;
 
+use iced_x86::{Decoder, DecoderOptions, FlowControl};
 use vm_memory::{Bytes, GuestAddress};
 
 use crate::vm::{Machine, VmError};
@@ -31,6 +32,10 @@ pub(crate) struct Patch {
     pub(crate) saved: Vec<(u64, Vec<u8>)>,
     pub(crate) started: Instant,
 }
+
+/// How many instructions after an unpatchable position `next_patchable`
+/// looks at.
+const NEXT_TRIES: usize = 3;
 
 impl Machine {
     /// The area the guest kernel announced, read again (it is the guest's
@@ -95,6 +100,30 @@ impl Machine {
             .filter(|&s| s != 0)
             .find(|&s| build_stub(&site, s, &[]).is_ok())?;
         Some((site, stub))
+    }
+
+    /// Where a task standing at `rip`, where no patch can go, passes
+    /// next and one can: the first of the `NEXT_TRIES` instructions after
+    /// it, in straight-line code from `rip`, that is `patchable`. (A tight
+    /// loop can have an instruction the vCPU is mostly stopped after, a
+    /// load's, at an unpatchable position: the recorder takes its mark an
+    /// instruction or two later rather than none.)
+    pub(crate) fn next_patchable(&self, map: &dyn CodeMap, rip: u64, stubs: &[u64]) -> Option<u64> {
+        let (code, _) = code_around(&self.vm.mem, map, rip);
+        let mut decoder = Decoder::with_ip(64, &code, rip, DecoderOptions::NONE);
+        for _ in 0..NEXT_TRIES {
+            if !decoder.can_decode() {
+                return None;
+            }
+            let i = decoder.decode();
+            if i.is_invalid() || i.flow_control() != FlowControl::Next {
+                return None;
+            }
+            if self.patchable(map, i.next_ip(), stubs).is_some() {
+                return Some(i.next_ip());
+            }
+        }
+        None
     }
 
     /// The 8-byte word at user address `at` in the address space `cr3`,

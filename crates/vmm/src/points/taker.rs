@@ -289,7 +289,10 @@ impl PointTaker {
         }
         let tables = PageTables { mem, cr3 };
         let Some((site, stub)) = m.patchable(&tables, regs.rip, &area.stub_va) else {
-            return Ok(MarkVerdict::Decline);
+            // Taken where the task passes next, a few instructions on.
+            return Ok(m
+                .next_patchable(&tables, regs.rip, &area.stub_va)
+                .map_or(MarkVerdict::Decline, MarkVerdict::Advance));
         };
         // Replay could not stop the task here if it went on inside the
         // patch's bytes. From the mark before this one, replay moves it to
