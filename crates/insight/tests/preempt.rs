@@ -140,8 +140,11 @@ fn a_single_busy_task_runs_without_the_periodic_tick_and_two_keep_it() {
         timer / secs < 50.0,
         "one busy task: {timer} timer interrupts in {secs:.2} s\n{one}"
     );
+    // Charged in whole jiffies, at each restart of the tick: a run of
+    // 1.78 s was once charged 1.83 s (two VMs sharing the host's CPUs).
+    // The upper bound catches a run charged twice, not a few jiffies.
     assert!(
-        user >= 0.8 * secs && user <= secs + 0.05,
+        user >= 0.8 * secs && user <= 1.05 * secs + 0.05,
         "one busy task: charged {user:.2} s of user time in {secs:.2} s\n{one}"
     );
     let two = run_expecting(
