@@ -240,6 +240,16 @@ mod tests {
             .unwrap();
     }
 
+    /// A 4-page ring in 1 MiB of guest memory.
+    fn ring_in_memory() -> (GuestMemoryMmap, EventRing) {
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+        let ring = EventRing {
+            gpa: 0x4_0000,
+            pages: 4,
+        };
+        (mem, ring)
+    }
+
     fn sample(n: u8, event: usize, stack: usize) -> Entry {
         Entry {
             switches: 100 + u64::from(n),
@@ -253,11 +263,7 @@ mod tests {
 
     #[test]
     fn entries_come_back_in_order_and_the_ring_is_emptied() {
-        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
-        let ring = EventRing {
-            gpa: 0x4_0000,
-            pages: 4,
-        };
+        let (mem, ring) = ring_in_memory();
         let entries = [sample(1, 72, 256), sample(2, 61, 0), sample(3, 48, 4096)];
         let bytes: Vec<u8> = entries.iter().flat_map(entry_bytes).collect();
         publish(&mem, ring, &bytes);
@@ -281,11 +287,7 @@ mod tests {
 
     #[test]
     fn entries_published_under_a_running_gate_are_read_once_and_the_ring_kept() {
-        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
-        let ring = EventRing {
-            gpa: 0x4_0000,
-            pages: 4,
-        };
+        let (mem, ring) = ring_in_memory();
         let entries = [sample(1, 72, 256), sample(2, 61, 8), sample(3, 48, 64)];
         let bytes: Vec<Vec<u8>> = entries.iter().map(entry_bytes).collect();
         // Two published, a gate running (writing the third).
@@ -311,11 +313,7 @@ mod tests {
 
     #[test]
     fn a_damaged_ring_gives_what_precedes_the_damage_and_says_why() {
-        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
-        let ring = EventRing {
-            gpa: 0x4_0000,
-            pages: 4,
-        };
+        let (mem, ring) = ring_in_memory();
         let mut bytes = entry_bytes(&sample(1, 72, 16));
         let mut bad = entry_bytes(&sample(2, 72, 16));
         bad[0] ^= 8; // length off by 8
