@@ -20,9 +20,8 @@
  * profile is taken of, printed as "profile_split: phases arith A ns chase
  * C ns hash H ns". The rounds are run in PASSES passes of the three
  * phases, each printed as "profile_split: pass K arith A ns chase C ns
- * hash H ns" (the phases line is their sum): time the host takes from
- * the guest stretches some passes and not the others, which a median
- * leaves out.
+ * hash H ns" (the phases line is their sum): how much a phase's time
+ * varies from pass to pass on a shared host.
  *
  * Prints "profile_split: FUNCS ROUNDS rounds NS ns (result R)", NS the
  * CLOCK_MONOTONIC time from the threads' start to their end.

@@ -39,31 +39,21 @@ fn profiles_are_shares_of_the_recorded_run_and_every_replay_has_the_same_samples
             &[prog, "40", "phased"],
         );
         let stdout = expect_status(&out, 0);
-        // "profile_split: pass K arith A ns chase C ns hash H ns", five
-        // passes: each phase's median. Time the host takes from the guest
-        // (a shared, noisy host) stretches a phase without a sample in it,
-        // which the profile rightly leaves out; it stretches one pass, not
-        // most.
-        let passes: Vec<Vec<f64>> = stdout
+        // "profile_split: phases arith A ns chase C ns hash H ns": each
+        // phase's time over the five passes. Not a median pass: a pass
+        // whose pointer chase takes twice its usual time (the host's
+        // caches taken by others) is time the program spent there, and
+        // the samples see it; a median left it out (chase 6.7 pp over).
+        let phases: Vec<f64> = stdout
             .lines()
-            .filter_map(|l| l.strip_prefix("profile_split: pass "))
+            .find_map(|l| l.strip_prefix("profile_split: phases "))
             .map(|l| {
                 l.split_whitespace()
                     .filter_map(|w| w.parse().ok())
                     .collect()
             })
-            .collect();
-        assert!(
-            passes.len() == 5 && passes.iter().all(|p| p.len() == 4),
-            "{stdout}"
-        );
-        let phases: Vec<f64> = (1..4)
-            .map(|i| {
-                let mut t: Vec<f64> = passes.iter().map(|p| p[i]).collect();
-                t.sort_by(f64::total_cmp);
-                t[t.len() / 2]
-            })
-            .collect();
+            .unwrap_or_default();
+        assert!(phases.len() == 3, "{stdout}");
         let total: f64 = phases.iter().sum();
 
         let db = dir.join(format!("events{opt}.db"));
@@ -100,7 +90,7 @@ fn profiles_are_shares_of_the_recorded_run_and_every_replay_has_the_same_samples
             assert!(
                 (share - truth).abs() <= 4.5,
                 "{opt} {name}: {share:.1} % of the user samples, {truth:.1} % of the time \
-                 (median phases {phases:?}):\n{stdout}\n{report}"
+                 (phases {phases:?} ns):\n{stdout}\n{report}"
             );
         }
 
@@ -146,38 +136,83 @@ fn lock_hold_times_inside_user_code_are_the_programs_own() {
     guest_ready();
     let dir = scratch("lock-hold");
     // 40 holds of about 16 ms, each a busy loop with no system call: the
-    // guest kernel never runs while the lock is held, so nothing exits.
+    // guest kernel runs while the lock is held only for a timer tick.
     let trace = dir.join("trace");
     let out = record_into(&trace, &["--probes"], &["lock_hold", "40", "16000"]);
     let stdout = expect_status(&out, 0);
-    // "lock_hold: rounds 40 hold_avg_ns N read_ns C", its clock read
-    // before each request and after each release, less what a reading
-    // costs.
-    let truth: f64 = stdout
+    // "lock_hold: round R ns N": from the clock reading before each
+    // request to the one after its release.
+    let spans: Vec<f64> = stdout
         .lines()
-        .find_map(|l| l.strip_prefix("lock_hold: rounds 40 hold_avg_ns "))
-        .and_then(|n| n.split_whitespace().next()?.parse().ok())
-        .unwrap_or_else(|| panic!("no hold time in:\n{stdout}"));
+        .filter_map(|l| l.strip_prefix("lock_hold: round "))
+        .filter_map(|l| l.split_whitespace().nth(2)?.parse().ok())
+        .collect();
+    assert_eq!(spans.len(), 40, "{stdout}");
     let db = dir.join("events.db");
     let out = replay_into(&trace, &db, &[]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out).1);
+    // The holds as the lock tool times them: each LOCK_RET to the UNLOCK
+    // after it; the first is the program's untimed warm-up.
+    let mut holds = Vec::new();
+    let mut acquired = None;
+    EventDb::open(&db)
+        .unwrap()
+        .for_each(&[Kind::LockRet, Kind::Unlock], |row| {
+            match row.kind {
+                Kind::LockRet => acquired = Some(row.time),
+                _ => holds.extend(acquired.take().map(|t| (row.time - t) as f64)),
+            }
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(holds.len(), 41, "{holds:?}");
+    // They are the holds `report locks` averages.
     let report = report_json("locks", &db, &[]);
     let locks = report["locks"].as_array().unwrap();
     let held = locks
         .iter()
         .find(|l| l["hold"]["total_ns"].as_u64() > Some(0))
         .unwrap_or_else(|| panic!("no lock held for any time: {report}"));
+    let average = holds.iter().sum::<f64>() / holds.len() as f64;
     let reported = held["hold"]["avg_ns"].as_f64().unwrap();
-    // An event raised between exits has the recording's time at the last
-    // sample mark found in user code before it (a mark about every
-    // 1.1 ms): a release is timed up to a mark interval early (measured:
-    // 0.93 and 0.96 of the program's figure). Timed by the clock's
-    // readings alone, as before, 8-ms holds looked 0.46 and 1.3 ms long.
     assert!(
-        (0.85..=1.05).contains(&(reported / truth)),
-        "the lock tool says holds take {:.2} ms on average, the program {:.2} ms: {report}",
-        reported / 1e6,
-        truth / 1e6
+        (reported - average).abs() < 1e3,
+        "{reported} {average}: {report}"
+    );
+    let holds = &holds[1..];
+    let table = || -> String {
+        let rows = spans.iter().zip(holds);
+        rows.map(|(s, h)| format!("{:.2}/{:.2} ", s / 1e6, h / 1e6))
+            .collect()
+    };
+    // The request is timed at the reading before it (an exit) or later,
+    // the release at the last sample mark before it (one about every
+    // 1.1 ms): a hold is never longer than its span, and shorter by up to
+    // a mark interval plus what the reading after it cost. Measured here:
+    // 1.2-3.0 ms shorter, 1.9 ms the median (the reading's entry into the
+    // kernel about 1.5 ms of it). Timed by the clock's readings alone, as
+    // before the marks, 8-ms holds looked 0.46 and 1.3 ms long; with marks
+    // lost after loads, 16-ms holds 0.6 times their length.
+    for (span, hold) in spans.iter().zip(holds) {
+        assert!(
+            *hold <= span + 50e3 && *hold >= span / 2.0,
+            "held {:.2} ms by the lock tool, {:.2} ms by the program's clock; \
+             all rounds (program/tool, ms): {}",
+            hold / 1e6,
+            span / 1e6,
+            table()
+        );
+    }
+    let mut short: Vec<f64> = spans.iter().zip(holds).map(|(s, h)| s - h).collect();
+    short.sort_by(f64::total_cmp);
+    let median = short[short.len() / 2];
+    eprintln!("lock holds: the tool's {median:.0} ns shorter than the program's (median)");
+    assert!(
+        median <= 5e6,
+        "the lock tool's holds are {:.2} ms shorter than the program's (median); \
+         all rounds (program/tool, ms): {}",
+        median / 1e6,
+        table()
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
