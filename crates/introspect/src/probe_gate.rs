@@ -513,7 +513,9 @@ mod tests {
 
         /// Calls the gate at `gate` with RAX = `buffer` the way the probe
         /// library does, the flags set by `cmp a, b` first; returns what
-        /// came back, what went in, and RSP at the gate.
+        /// came back, what went in, and RSP at the gate. Never inlined: the
+        /// gate's return address is then the same from every caller.
+        #[inline(never)]
         fn call(gate: u64, buffer: u64, (a, b): (u64, u64)) -> (After, After, u64) {
             let regs_in = [0x1111, 0x2222, 0x3333, 0x4444, 0x5555, 0x6666, 0x7777u64];
             let mut r = regs_in;
