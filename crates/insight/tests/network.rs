@@ -341,10 +341,10 @@ fn tcp_bulk_transfer_replays() {
     network_ready();
     let dir = scratch("tcp");
     let trace = dir.join("trace");
-    // 20 MiB that compress badly (xorshift), and their checksum.
+    // 8 MiB (about 6,000 frames) that compress badly (xorshift), and their checksum.
     let data = dir.join("bulk");
     let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-    let bytes: Vec<u8> = (0..20 << 17)
+    let bytes: Vec<u8> = (0..8 << 17)
         .flat_map(|_| {
             x ^= x << 13;
             x ^= x >> 7;

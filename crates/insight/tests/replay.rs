@@ -1,6 +1,6 @@
 //! Record and replay, end to end: the determinism suite (every workload
-//! recorded once with the probe library preloaded and replayed three times
-//! with byte-identical console output),
+//! recorded once with the probe library preloaded and replayed twice, and
+//! from two of its checkpoints, with byte-identical console output),
 //! proof that recordings capture real non-determinism, and replays of
 //! tampered, truncated, future-version and foreign-image traces.
 //!
@@ -417,4 +417,5 @@ fn branch_clock_is_refused_with_the_reason() {
         "a refused recording left {}",
         trace.display()
     );
+    let _ = std::fs::remove_dir_all(trace.parent().unwrap());
 }
