@@ -79,16 +79,17 @@ fn profiles_are_shares_of_the_recorded_run_and_every_replay_has_the_same_samples
         let user: f64 = counts.iter().sum();
         assert!(user >= 400.0, "{user} user samples:\n{report}");
         // The program's own split against the share of user samples:
-        // measured on these hosts 0.0-3.4 pp (five runs of each build; the
-        // pointer chase about 2.5 pp over, the hash loop as much under, at
-        // -O2). The bound catches what the marks exist to fix: replay-time
+        // measured on these hosts 0.2-2.0 pp (three runs of each build).
+        // The bound catches what the marks exist to fix: replay-time
         // sampling was 16.8 pp off on this program, a tight loop losing
-        // its marks 7 pp, unpatchable positions after a load 3.2 pp.
+        // its marks 7 pp, unpatchable positions after a load 3.2 pp, and
+        // the hash loop's samples at a trampoline's position taken for
+        // the kernel's time 3.2 pp.
         for (i, name) in ["arith", "chase", "hash"].iter().enumerate() {
             let (truth, share) = (100.0 * phases[i] / total, 100.0 * counts[i] / user);
             eprintln!("{opt} {name}: {share:.1} % of the user samples, {truth:.1} % of the time");
             assert!(
-                (share - truth).abs() <= 4.5,
+                (share - truth).abs() <= 3.0,
                 "{opt} {name}: {share:.1} % of the user samples, {truth:.1} % of the time \
                  (phases {phases:?} ns):\n{stdout}\n{report}"
             );

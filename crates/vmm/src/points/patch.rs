@@ -207,7 +207,7 @@ impl Machine {
         let mut regs = self.vcpu.regs()?;
         regs.rip = patch.rip;
         self.vcpu.set_regs(&regs)?;
-        self.vcpu.resume_rip = Some(regs.rip);
+        self.vcpu.resume_at(&regs);
         Ok(true)
     }
 }

@@ -148,6 +148,11 @@ impl ProgressReport {
 pub(crate) struct Resumed {
     /// The RIP of the VM exit right before it, if it followed one.
     pub rip: Option<u64>,
+    /// The general registers at that exit (`state::gprs` order), where
+    /// known (not right after a checkpoint's restore): a task found at
+    /// that RIP with other registers ran on and came back to it, as in a
+    /// loop.
+    pub gprs: Option<[u64; 16]>,
     /// The vCPU started in the guest kernel: it had stopped there, or an
     /// interrupt or exception had just been injected.
     pub in_kernel: bool,

@@ -37,6 +37,7 @@ pub(super) fn run<M: Mode>(
 
         let resumed = Resumed {
             rip: m.vcpu.resume_rip.take(),
+            gprs: m.vcpu.resume_gprs.take(),
             in_kernel: std::mem::take(&mut m.vcpu.injected)
                 || m.vcpu.synced_regs().rip >= KERNEL_START,
         };
@@ -92,7 +93,7 @@ pub(super) fn run<M: Mode>(
                     m.vcpu.exception_pending = true;
                 }
                 let regs = m.vcpu.synced_regs();
-                m.vcpu.resume_rip = Some(regs.rip);
+                m.vcpu.resume_at(&regs);
                 mode.exit(m, event.with_rip(regs.rip), &regs)?;
             }
         }

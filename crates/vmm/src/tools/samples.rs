@@ -9,6 +9,7 @@ use events::abi::SampleMode;
 use events::capture::{USER_CODE_END, USER_CODE_MIN};
 use introspect::guest_events::{self, UserMemory, SYSCALL_TRAP_RIP};
 use introspect::{gva, probe_gate};
+use journal::preempt::state;
 use kvm_bindings::kvm_regs;
 use unwind::Regs;
 use vm_memory::GuestMemoryMmap;
@@ -246,8 +247,7 @@ pub(crate) fn user_position(
     let kernel_time = resumed.in_kernel
         && kernel_stack_top
             .is_some_and(|top| guest_events::user_regs_as_saved(mem, cr3, top, regs));
-    if at_gate || in_syscall_trap || kernel_time || at_kernel_boundary(mem, cr3, regs, resumed.rip)
-    {
+    if at_gate || in_syscall_trap || kernel_time || at_kernel_boundary(mem, cr3, regs, resumed) {
         SampleMode::KernelBoundary
     } else {
         SampleMode::User
@@ -272,25 +272,39 @@ const MAX_INSN: u64 = 15;
 
 /// Whether a user-mode task at `regs` is between its kernel (or the
 /// hypervisor) and the instruction at RIP rather than running user code
-/// (see `SampleMode::KernelBoundary`). `resumed_at`: the RIP of the VM
-/// exit right before the interrupted KVM_RUN.
+/// (see `SampleMode::KernelBoundary`). `resumed`: how the interrupted
+/// KVM_RUN started, the VM exit right before it.
 pub(crate) fn at_kernel_boundary(
     mem: &GuestMemoryMmap,
     cr3: u64,
     regs: &kvm_regs,
-    resumed_at: Option<u64>,
+    resumed: Resumed,
 ) -> bool {
     // Restarting after a fault; an interrupted REP string instruction
     // has RF set too, and is user time.
     let restarting = regs.rflags & RFLAGS_RF != 0 && !is_rep_string(&code_at(mem, cr3, regs.rip));
     // Not moved on since an exit at RIP: hosts report the exit with RIP at
-    // the port I/O instruction or already past it.
-    let resumed = resumed_at.is_some_and(|exit_rip| {
-        exit_rip == regs.rip
-            || port_io_len(&code_at(mem, cr3, exit_rip))
+    // the port I/O instruction or already past it. Back at RIP with other
+    // registers, the task went round a loop since (a tight loop passes the
+    // position of a trampoline's exit about every few instructions).
+    let unmoved = resumed.rip.is_some_and(|exit_rip| {
+        let past_io = || {
+            port_io_len(&code_at(mem, cr3, exit_rip))
                 .is_some_and(|n| exit_rip.wrapping_add(n) == regs.rip)
+        };
+        let same_gprs = |io: bool| {
+            resumed.gprs.is_none_or(|then| {
+                let now = state::gprs(regs);
+                // An IN writes RAX (the first of `gprs`).
+                then.iter()
+                    .zip(now)
+                    .skip(usize::from(io))
+                    .all(|(a, b)| *a == b)
+            })
+        };
+        (exit_rip == regs.rip && same_gprs(false)) || (past_io() && same_gprs(true))
     });
-    restarting || resumed || after_kernel_entry(mem, cr3, regs)
+    restarting || unmoved || after_kernel_entry(mem, cr3, regs)
 }
 
 /// Up to `MAX_INSN` bytes of guest code at `rip`, fewer where the page
@@ -407,15 +421,65 @@ mod tests {
             rflags: 0x202 | RFLAGS_RF,
             ..Default::default()
         };
-        assert!(!at_kernel_boundary(&m, 0x1000, &rf(base), None));
+        let none = Resumed::default();
+        assert!(!at_kernel_boundary(&m, 0x1000, &rf(base), none));
         // A load restarting after a fault.
-        assert!(at_kernel_boundary(&m, 0x1000, &rf(base + 4), None));
-        assert!(!at_kernel_boundary(&m, 0x1000, &at(base + 4, 0), None));
-        // The exit was reported at the out, or already past it.
-        let after_out = at(base + 3, 0);
-        assert!(at_kernel_boundary(&m, 0x1000, &after_out, Some(base + 2)));
-        assert!(at_kernel_boundary(&m, 0x1000, &after_out, Some(base + 3)));
-        assert!(!at_kernel_boundary(&m, 0x1000, &after_out, Some(base)));
-        assert!(!at_kernel_boundary(&m, 0x1000, &after_out, None));
+        assert!(at_kernel_boundary(&m, 0x1000, &rf(base + 4), none));
+        assert!(!at_kernel_boundary(&m, 0x1000, &at(base + 4, 0), none));
+        // The exit was reported at the out, or already past it; registers
+        // unknown (after a checkpoint's restore) or as they were then.
+        let after_out = at(base + 3, 7);
+        let exit = |rip, gprs: Option<&kvm_regs>| Resumed {
+            rip: Some(rip),
+            gprs: gprs.map(state::gprs),
+            in_kernel: false,
+        };
+        for gprs in [None, Some(&after_out)] {
+            assert!(at_kernel_boundary(
+                &m,
+                0x1000,
+                &after_out,
+                exit(base + 2, gprs)
+            ));
+            assert!(at_kernel_boundary(
+                &m,
+                0x1000,
+                &after_out,
+                exit(base + 3, gprs)
+            ));
+            assert!(!at_kernel_boundary(
+                &m,
+                0x1000,
+                &after_out,
+                exit(base, gprs)
+            ));
+        }
+        assert!(!at_kernel_boundary(&m, 0x1000, &after_out, none));
+        // An IN past the exit changed RAX only: still the exit's round trip.
+        let read = kvm_regs {
+            rax: 0x1234,
+            ..after_out
+        };
+        assert!(at_kernel_boundary(
+            &m,
+            0x1000,
+            &read,
+            exit(base + 2, Some(&after_out))
+        ));
+        // Back at the exit's RIP with another RBX (a loop's counter): the
+        // task went round the loop since, user time.
+        let round = at(base + 3, 8);
+        assert!(!at_kernel_boundary(
+            &m,
+            0x1000,
+            &round,
+            exit(base + 3, Some(&after_out))
+        ));
+        assert!(!at_kernel_boundary(
+            &m,
+            0x1000,
+            &round,
+            exit(base + 2, Some(&after_out))
+        ));
     }
 }

@@ -263,6 +263,7 @@ impl VmState {
         vm.status.init_reached = self.init_reached_ns.map(std::time::Duration::from_nanos);
         vcpu.exception_pending = self.exception_pending;
         vcpu.resume_rip = self.resume_rip;
+        vcpu.resume_gprs = None;
         vm.status.stub_area_gpa = self.stub_area_gpa;
         vm.status.devices_attached = self.devices_attached;
         vm.status.switch_ring_gpa = self.switch_ring_gpa;

@@ -1,6 +1,7 @@
 //! The vCPU: KVM's vCPU object and what the VMM must remember of its run
 //! between two `KVM_RUN`s.
 
+use journal::preempt::state;
 use kvm_bindings::{kvm_regs, kvm_sregs};
 use kvm_ioctls::{VcpuExit, VcpuFd};
 
@@ -20,6 +21,9 @@ pub struct Vcpu {
     /// KVM_RUN returns: a kick that finds it still there came during the
     /// hypervisor's round trip, not while the guest ran.
     pub(crate) resume_rip: Option<u64>,
+    /// The general registers there (`state::gprs` order): not kept in
+    /// checkpoints, so unknown after a restore.
+    pub(crate) resume_gprs: Option<[u64; 16]>,
     /// The last KVM_RUN ended in a deterministic exit, or the vCPU is at an
     /// asynchronous point: under the exit clock the only moments an
     /// interrupt may be injected or input made visible.
@@ -51,6 +55,7 @@ impl Vcpu {
             exception_pending: false,
             injected: false,
             resume_rip: None,
+            resume_gprs: None,
             at_delivery_point: false,
             after_exit: false,
             host_cpu: None,
@@ -72,6 +77,12 @@ impl Vcpu {
             regs: true,
             sregs: self.sregs_at_exits,
         };
+    }
+
+    /// The guest resumes at `regs` after the exit being handled.
+    pub(crate) fn resume_at(&mut self, regs: &kvm_regs) {
+        self.resume_rip = Some(regs.rip);
+        self.resume_gprs = Some(state::gprs(regs));
     }
 
     /// The vCPU's registers (as `kvm_run` carries them with every exit).
