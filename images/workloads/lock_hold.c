@@ -10,9 +10,10 @@
  * costs a system call, which the guest kernel makes slow (C, the least
  * of 20 pairs: from one reading's value to the next's, the return from
  * the first call and the entry into the second). The loop runs alone on
- * the guest's CPU, so nothing exits to the hypervisor while the lock is
- * held: what a lock tool says of the hold time shows how it times events
- * raised between exits.
+ * the guest's CPU and makes no system call, so while the lock is held no
+ * deterministic exit happens (an interrupt seldom: the guest kernel stops
+ * its tick while one task runs in user mode): what a lock tool says of
+ * the hold time shows how it times events raised between exits.
  *
  * Then prints each round's span, from the reading before the request to
  * the one after the release, as it was ("lock_hold: round R ns N"). A

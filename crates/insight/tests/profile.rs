@@ -161,7 +161,7 @@ fn lock_hold_times_inside_user_code_are_the_programs_own() {
         .for_each(&[Kind::LockRet, Kind::Unlock], |row| {
             match row.kind {
                 Kind::LockRet => acquired = Some(row.time),
-                _ => holds.extend(acquired.take().map(|t| (row.time - t) as f64)),
+                _ => holds.extend(acquired.take().map(|t| row.time as f64 - t as f64)),
             }
             Ok(())
         })
