@@ -378,11 +378,7 @@ fn segments_merge_into_the_replay_from_boot() {
     // Killed, the parent could not remove its directory of the segments'
     // outputs.
     let outputs = format!("insight-segments-{}-", parent.id());
-    for entry in std::fs::read_dir(std::env::temp_dir()).unwrap().flatten() {
-        if entry.file_name().to_string_lossy().starts_with(&outputs) {
-            let _ = std::fs::remove_dir_all(entry.path());
-        }
-    }
+    remove_temp_entries(|name| name.starts_with(&outputs));
     // SIGTERM: the segments are stopped and what finished is said.
     let (parent, segments) = jobs_with_segments(&trace, std::process::Stdio::piped());
     signal("-TERM", &[parent.id()]);

@@ -55,19 +55,22 @@ const SCRATCH_PREFIX: &str = "insight-e2e-";
 
 /// Removes the scratch directories of test processes that no longer run.
 fn sweep_scratch_of_ended_processes() {
+    remove_temp_entries(|name| {
+        (name.strip_prefix(SCRATCH_PREFIX))
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<u32>().ok())
+            .is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists())
+    });
+}
+
+/// Removes what the system's temporary directory holds under a name
+/// `doomed` picks.
+pub fn remove_temp_entries(doomed: impl Fn(&str) -> bool) {
     let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
         return;
     };
     for entry in entries.flatten() {
-        let name = entry.file_name();
-        let Some(pid) = (name.to_str())
-            .and_then(|n| n.strip_prefix(SCRATCH_PREFIX))
-            .and_then(|rest| rest.split('-').next())
-            .and_then(|pid| pid.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if !Path::new(&format!("/proc/{pid}")).exists() {
+        if entry.file_name().to_str().is_some_and(&doomed) {
             let _ = std::fs::remove_dir_all(entry.path());
         }
     }

@@ -421,11 +421,12 @@ mod tests {
             rflags: 0x202 | RFLAGS_RF,
             ..Default::default()
         };
+        let boundary = |regs: &kvm_regs, resumed| at_kernel_boundary(&m, 0x1000, regs, resumed);
         let none = Resumed::default();
-        assert!(!at_kernel_boundary(&m, 0x1000, &rf(base), none));
+        assert!(!boundary(&rf(base), none));
         // A load restarting after a fault.
-        assert!(at_kernel_boundary(&m, 0x1000, &rf(base + 4), none));
-        assert!(!at_kernel_boundary(&m, 0x1000, &at(base + 4, 0), none));
+        assert!(boundary(&rf(base + 4), none));
+        assert!(!boundary(&at(base + 4, 0), none));
         // The exit was reported at the out, or already past it; registers
         // unknown (after a checkpoint's restore) or as they were then.
         let after_out = at(base + 3, 7);
@@ -435,51 +436,21 @@ mod tests {
             in_kernel: false,
         };
         for gprs in [None, Some(&after_out)] {
-            assert!(at_kernel_boundary(
-                &m,
-                0x1000,
-                &after_out,
-                exit(base + 2, gprs)
-            ));
-            assert!(at_kernel_boundary(
-                &m,
-                0x1000,
-                &after_out,
-                exit(base + 3, gprs)
-            ));
-            assert!(!at_kernel_boundary(
-                &m,
-                0x1000,
-                &after_out,
-                exit(base, gprs)
-            ));
+            assert!(boundary(&after_out, exit(base + 2, gprs)));
+            assert!(boundary(&after_out, exit(base + 3, gprs)));
+            assert!(!boundary(&after_out, exit(base, gprs)));
         }
-        assert!(!at_kernel_boundary(&m, 0x1000, &after_out, none));
+        assert!(!boundary(&after_out, none));
         // An IN past the exit changed RAX only: still the exit's round trip.
         let read = kvm_regs {
             rax: 0x1234,
             ..after_out
         };
-        assert!(at_kernel_boundary(
-            &m,
-            0x1000,
-            &read,
-            exit(base + 2, Some(&after_out))
-        ));
+        assert!(boundary(&read, exit(base + 2, Some(&after_out))));
         // Back at the exit's RIP with another RBX (a loop's counter): the
         // task went round the loop since, user time.
         let round = at(base + 3, 8);
-        assert!(!at_kernel_boundary(
-            &m,
-            0x1000,
-            &round,
-            exit(base + 3, Some(&after_out))
-        ));
-        assert!(!at_kernel_boundary(
-            &m,
-            0x1000,
-            &round,
-            exit(base + 2, Some(&after_out))
-        ));
+        assert!(!boundary(&round, exit(base + 3, Some(&after_out))));
+        assert!(!boundary(&round, exit(base + 2, Some(&after_out))));
     }
 }
