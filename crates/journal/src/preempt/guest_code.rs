@@ -110,9 +110,8 @@ pub fn read_code(mem: &GuestMemoryMmap, map: &dyn CodeMap, va: u64, buf: &mut [u
 }
 
 /// The code at `rip` (up to CODE_WINDOW bytes, as far as it is readable)
-/// and the LOOP_WINDOW bytes before it (fewer at the start of a mapping),
-/// from the pages `map` finds (read without touching the page tables'
-/// accessed bits).
+/// and the LOOP_WINDOW bytes before it (`code_before`), from the pages
+/// `map` finds (read without touching the page tables' accessed bits).
 pub fn code_around(mem: &GuestMemoryMmap, map: &dyn CodeMap, rip: u64) -> (Vec<u8>, Vec<u8>) {
     let mut code = Vec::with_capacity(CODE_WINDOW);
     let mut at = rip;
@@ -125,13 +124,19 @@ pub fn code_around(mem: &GuestMemoryMmap, map: &dyn CodeMap, rip: u64) -> (Vec<u
         at += part.len() as u64;
         code.extend(part);
     }
-    let mut before = vec![0u8; LOOP_WINDOW as usize];
-    let start = rip.wrapping_sub(LOOP_WINDOW);
+    (code, code_before(mem, map, rip, LOOP_WINDOW))
+}
+
+/// The `len` bytes of code before `rip`; where the page before is not
+/// mapped, those of `rip`'s own page (fewer at the start of a mapping).
+pub fn code_before(mem: &GuestMemoryMmap, map: &dyn CodeMap, rip: u64, len: u64) -> Vec<u8> {
+    let mut before = vec![0u8; len as usize];
+    let start = rip.wrapping_sub(len);
     if start > rip || !read_code(mem, map, start, &mut before) {
-        before = vec![0u8; (rip & 0xfff) as usize];
-        if !read_code(mem, map, rip & !0xfff, &mut before) {
+        before = vec![0u8; (rip & 0xfff).min(len) as usize];
+        if !read_code(mem, map, rip - before.len() as u64, &mut before) {
             before.clear();
         }
     }
-    (code, before)
+    before
 }

@@ -31,6 +31,16 @@ pub const PATCH_LEN: usize = 5;
 pub const CODE_WINDOW: usize = 1024;
 /// How far back the start of a spin loop may be.
 pub const LOOP_WINDOW: u64 = 64;
+/// How far back the recorder looks for a direct branch into the bytes a
+/// patch would cover (`Site::entered_inside`). Function entries are where
+/// user code is most often stopped, and glibc enters its string functions
+/// past their first instruction from a sibling entry: `__mempcpy_*` sets
+/// RAX and jumps to the `cmp` after `__memmove_*`'s `mov %rdi, %rax`, 74
+/// bytes back in the AVX2 variants of glibc 2.36, which a 64-byte window
+/// missed (a replay patched memcpy's entry, a mempcpy call ran the middle
+/// of the jump, and the program went wrong or died where the recording's
+/// did not).
+pub const ENTRY_WINDOW: u64 = 256;
 
 /// Why a position cannot be patched.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -228,12 +238,13 @@ impl Site {
     /// bytes the patch covers: into the middle of the `jmp rel32` that
     /// replaces them, where the code it reaches is no instruction at all.
     /// Compilers enter rotated loops that way (`jmp` to the condition in
-    /// the middle of the loop), and a thread that enters while the patch
-    /// waits for another position runs garbage. Looks at the covered
-    /// instructions and those after them in `code` (read at `rip`), and
-    /// at the `before` bytes decoded from every offset that leads to
-    /// `rip` exactly (one of them is the real instruction stream; a false
-    /// one can only make this say yes more often).
+    /// the middle of the loop), glibc its string functions (ENTRY_WINDOW),
+    /// and a thread that enters while the patch waits for another
+    /// position runs garbage. Looks at the covered instructions and those
+    /// after them in `code` (read at `rip`), and at the `before` bytes
+    /// (up to ENTRY_WINDOW) decoded from every offset that leads to `rip`
+    /// exactly (one of them is the real instruction stream; a false one
+    /// can only make this say yes more often).
     pub fn entered_inside(&self, code: &[u8], before: &[u8]) -> bool {
         let end = self.rip + self.len as u64;
         let into = |i: &Instruction| {
@@ -252,24 +263,35 @@ impl Site {
                 return true;
             }
         }
-        let base = self.rip - before.len() as u64;
-        (0..before.len()).any(|offset| {
-            let mut d = Decoder::with_ip(
-                64,
-                &before[offset..],
-                base + offset as u64,
-                DecoderOptions::NONE,
-            );
-            let mut branches_in = false;
-            while d.can_decode() && d.ip() < self.rip {
-                let i = d.decode();
-                if i.is_invalid() {
-                    return false;
-                }
-                branches_in |= into(&i);
+        // From the last offset back: the instruction decoded at an offset
+        // leads to `rip` exactly when the one after it does, and branches
+        // in on the way when it or one after it does. One decode per
+        // offset, however long the window.
+        let n = before.len();
+        let base = self.rip - n as u64;
+        let mut lands = vec![false; n + 1];
+        let mut enters = vec![false; n + 1];
+        lands[n] = true;
+        let mut d = Decoder::with_ip(64, before, base, DecoderOptions::NONE);
+        for offset in (0..n).rev() {
+            if d.set_position(offset).is_err() {
+                continue;
             }
-            branches_in && d.ip() == self.rip
-        })
+            d.set_ip(base + offset as u64);
+            let i = d.decode();
+            // The slice ends at `rip`: an instruction that would reach
+            // past it decodes as invalid.
+            if i.is_invalid() {
+                continue;
+            }
+            let next = offset + i.len();
+            lands[offset] = lands[next];
+            enters[offset] = into(&i) || enters[next];
+            if lands[offset] && enters[offset] {
+                return true;
+            }
+        }
+        false
     }
 
     /// Addresses of memory the code at the position reads or writes, as
@@ -432,6 +454,42 @@ mod tests {
         let code = [0x90, 0x90, 0x90, 0x90, 0x90, 0x75, 0xfa];
         let s = choose(AT, &code, &[]).unwrap();
         assert!(s.entered_inside(&code, &[]));
+    }
+
+    #[test]
+    fn a_sibling_entry_far_before_the_patch_is_seen() {
+        // The layout of glibc's memmove-vec-unaligned-erms.S: mempcpy sets
+        // RAX and jumps to the `cmp` after memmove's first instruction,
+        // more than LOOP_WINDOW bytes back; padding in between.
+        let mut before = vec![
+            0x48, 0x89, 0xf8, // mempcpy: mov rax,rdi
+            0x48, 0x01, 0xd0, // add rax,rdx
+            0xeb, 0x00, // jmp rel8 to memmove+3 (filled in below)
+        ];
+        before.resize(0x50, 0x90);
+        let memmove = AT + before.len() as u64;
+        let code = [
+            0x48, 0x89, 0xf8, // memmove: mov rax,rdi
+            0x48, 0x83, 0xfa, 0x20, // +3: cmp rdx,0x20
+            0x72, 0x10, // jb
+            0xc3, // ret
+        ];
+        before[7] = (memmove + 3 - (AT + 8)) as u8;
+        assert!(before.len() as u64 > LOOP_WINDOW);
+        assert!(before.len() as u64 <= ENTRY_WINDOW);
+        let s = choose(
+            memmove,
+            &code,
+            &before[before.len() - LOOP_WINDOW as usize..],
+        )
+        .unwrap();
+        assert_eq!(s.len, 7);
+        assert!(s.entered_inside(&code, &before));
+        // The window the loops use does not reach the jump.
+        assert!(!s.entered_inside(&code, &before[before.len() - LOOP_WINDOW as usize..]));
+        // Aimed at memmove itself, the jump enters nothing.
+        before[7] = (memmove - (AT + 8)) as u8;
+        assert!(!s.entered_inside(&code, &before));
     }
 
     #[test]

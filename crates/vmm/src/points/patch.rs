@@ -91,7 +91,8 @@ impl Machine {
         }
         let (code, before) = code_around(&self.vm.mem, map, rip);
         let site = site::choose(rip, &code, &before).ok()?;
-        if site.entered_inside(&code, &before) {
+        let entries = guest_code::code_before(&self.vm.mem, map, rip, site::ENTRY_WINDOW);
+        if site.entered_inside(&code, &entries) {
             return None;
         }
         let stub = stubs
