@@ -200,7 +200,7 @@ impl PointTaker {
                 .as_ref()
                 .is_some_and(|t| now >= t.since_ns + TRAP_NS)
             {
-                self.drop_trap(m);
+                self.leave_trap(m)?;
                 self.sample_stats.missed += 1;
             }
             return Ok(());
@@ -259,6 +259,26 @@ impl PointTaker {
             m.restore(&trap.saved);
         }
         self.trap_for_mark = false;
+    }
+
+    /// Takes the trap out at a kick. The kick may have stopped the task
+    /// on the trap's first instruction, its store, not run yet (the jump
+    /// to it taken, often with the fault of the first fetch from the
+    /// trap's page): the task goes back to the trapped position, which
+    /// gets the guest's bytes back, instead of running on in a page the
+    /// trap's code is gone from (zeros: the guest died of a write to
+    /// address 0 at the page's first byte). Nothing else of the trap's
+    /// code runs before its store exits.
+    fn leave_trap(&mut self, m: &mut Machine) -> Result<(), VmError> {
+        if let Some(trap) = &self.trap {
+            let mut regs = m.vcpu.regs()?;
+            if regs.rip == trap.exit_rips[0] {
+                regs.rip = trap.rip;
+                m.vcpu.set_regs(&regs)?;
+            }
+        }
+        self.drop_trap(m);
+        Ok(())
     }
 
     /// Where the task on the vCPU stands, as a sample mark: one replay
@@ -391,11 +411,11 @@ impl PointTaker {
         if self.trap_for_mark {
             // A point is due: the mark's trap gives way (the sample is
             // missed).
-            self.drop_trap(m);
+            self.leave_trap(m)?;
             self.sample_stats.missed += 1;
-        } else if let Some(trap) = self.trap.take() {
+        } else if self.trap.is_some() {
             // The task did not come back: look again at the next kick.
-            m.restore(&trap.saved);
+            self.leave_trap(m)?;
             self.stats.declined += 1;
             self.retry_ns = now + RETRY_NS;
             return Ok(false);
