@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::{Patch, PointStats};
 use crate::vm::{kvm_err, Machine, VmError};
 use introspect::stub_area::EXIT_PAGE_GPA;
-use journal::preempt::guest_code::{build_stub, code_around, trampoline_entries};
+use journal::preempt::guest_code::{build_stub, code_around, code_before, trampoline_entries};
 use journal::preempt::state::{self, PageSet, UserState};
 use journal::preempt::{site, trampoline, AsyncPoint};
 use journal::Replayer;
@@ -40,6 +40,10 @@ struct Search {
     /// A sample mark's position (found by its registers alone), not an
     /// asynchronous point.
     mark: bool,
+    /// A direct branch nearby enters the patch in its middle
+    /// (`Site::entered_inside`): a position recorded by an insight whose
+    /// recorder did not look as far, which the search may never find.
+    entered_inside: bool,
 }
 
 /// How much slower than the recording replay may run the code before a
@@ -81,6 +85,17 @@ impl Search {
         );
         if !self.last_rejection.is_empty() {
             text += &format!(" (the last differed in {})", self.last_rejection.join(", "));
+        }
+        if self.entered_inside {
+            text += &format!(
+                "; the program's code jumps into the middle of the bytes the trampoline's jump \
+                 covers at {:#x} (from within {} bytes before it or {} after): the recording \
+                 was made by an insight whose recorder did not check that far, and the \
+                 program may have run the middle of the jump",
+                self.point.state.rip,
+                site::ENTRY_WINDOW,
+                site::CODE_WINDOW
+            );
         }
         text
     }
@@ -327,6 +342,8 @@ impl PointSearch {
                 }
             }
         }
+        let entries = code_before(&m.vm.mem, &point.code_pages, rip, site::ENTRY_WINDOW);
+        let entered_inside = site.entered_inside(&code, &entries);
         let data = trampoline::data_page(&point.state.kvm_regs(), &values);
         let code_pages = point.code_pages.clone();
         let patch = m.install(cr3, &code_pages, rip, point.stub, &stub, Some(data), jump)?;
@@ -346,6 +363,7 @@ impl PointSearch {
             gate_exits: 0,
             covered: site.len as u64,
             mark,
+            entered_inside,
         });
         Ok(())
     }
@@ -506,5 +524,63 @@ impl PointSearch {
             search.progress()
         );
         Err(log.async_point_missed(why).into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn search(entered_inside: bool) -> Search {
+        let regs = kvm_bindings::kvm_regs {
+            rip: 0x7f00_0000_1a80,
+            ..Default::default()
+        };
+        Search {
+            point: AsyncPoint {
+                state: UserState::of_registers(0x1000, &regs, 0, 0),
+                stub: 0x7f00_0010_0000,
+                code_pages: Vec::new(),
+                run_ns: 1_000_000,
+            },
+            patch: Patch {
+                rip: regs.rip,
+                since_ns: 0,
+                stub: 0x7f00_0010_0000,
+                exit_rips: [0; 2],
+                saved: Vec::new(),
+                started: std::time::Instant::now(),
+            },
+            candidates: 2,
+            rejected: 2,
+            last_rejection: vec!["memory (3 written pages)".into()],
+            moved: Vec::new(),
+            gate_exits: 0,
+            covered: 7,
+            mark: false,
+            entered_inside,
+        }
+    }
+
+    #[test]
+    fn a_failed_search_says_when_the_code_enters_its_patch_in_the_middle() {
+        let plain = search(false).progress();
+        assert_eq!(
+            plain,
+            "the trampoline for the asynchronous point at 0x7f0000001a80 saw the recorded \
+             registers 2 times and rejected 2 (the last differed in memory (3 written pages))"
+        );
+        let entered = search(true).progress();
+        assert!(entered.starts_with(&plain), "{entered}");
+        assert!(
+            entered.contains(
+                "jumps into the middle of the bytes the trampoline's jump covers at 0x7f0000001a80"
+            ),
+            "{entered}"
+        );
+        assert!(
+            entered.contains("from within 256 bytes before it"),
+            "{entered}"
+        );
     }
 }
