@@ -3,12 +3,15 @@
 
 use std::time::Duration;
 
+use vm_memory::GuestMemoryMmap;
+
 use super::{Patch, PointStats};
 use crate::vm::{kvm_err, Machine, VmError};
 use introspect::stub_area::EXIT_PAGE_GPA;
 use journal::preempt::guest_code::{build_stub, code_around, code_before, trampoline_entries};
+use journal::preempt::site::{self, Site};
 use journal::preempt::state::{self, PageSet, UserState};
-use journal::preempt::{site, trampoline, AsyncPoint};
+use journal::preempt::{trampoline, AsyncPoint};
 use journal::Replayer;
 
 /// What a probe gate exit, or a single step of a traced process, may add
@@ -35,15 +38,13 @@ struct Search {
     /// Probe gate exits and traced steps since the search began: replay's
     /// alone, each a round trip the recording did not make.
     gate_exits: u64,
-    /// The bytes of code the patch covers, from `patch.rip`.
-    covered: u64,
+    /// Where the patch goes: the instructions it covers.
+    site: Site,
+    /// The code at `patch.rip` as it was before the patch.
+    code: Vec<u8>,
     /// A sample mark's position (found by its registers alone), not an
     /// asynchronous point.
     mark: bool,
-    /// A direct branch nearby enters the patch in its middle
-    /// (`Site::entered_inside`): a position recorded by an insight whose
-    /// recorder did not look as far, which the search may never find.
-    entered_inside: bool,
 }
 
 /// How much slower than the recording replay may run the code before a
@@ -73,8 +74,9 @@ impl Search {
         }
     }
 
-    /// What the search has seen, for a report that it failed.
-    fn progress(&self) -> String {
+    /// What the search has seen, for a report that it failed (`mem`: the
+    /// guest's memory, for the code before the position).
+    fn progress(&self, mem: &GuestMemoryMmap) -> String {
         let mut text = format!(
             "the trampoline for the asynchronous point at {:#x} saw the recorded registers {} \
              time{} and rejected {}",
@@ -86,13 +88,18 @@ impl Search {
         if !self.last_rejection.is_empty() {
             text += &format!(" (the last differed in {})", self.last_rejection.join(", "));
         }
-        if self.entered_inside {
+        // A direct branch nearby enters the patch in its middle: a
+        // position recorded by an insight whose recorder did not look as
+        // far, which the search may never find.
+        let rip = self.point.state.rip;
+        let before = code_before(mem, &self.point.code_pages, rip, site::ENTRY_WINDOW);
+        if self.site.entered_inside(&self.code, &before) {
             text += &format!(
                 "; the program's code jumps into the middle of the bytes the trampoline's jump \
                  covers at {:#x} (from within {} bytes before it or {} after): the recording \
                  was made by an insight whose recorder did not check that far, and the \
                  program may have run the middle of the jump",
-                self.point.state.rip,
+                rip,
                 site::ENTRY_WINDOW,
                 site::CODE_WINDOW
             );
@@ -187,8 +194,8 @@ impl PointSearch {
     }
 
     /// What the search for a point under way has seen.
-    pub(crate) fn progress(&self) -> Option<String> {
-        self.search.as_ref().map(Search::progress)
+    pub(crate) fn progress(&self, m: &Machine) -> Option<String> {
+        self.search.as_ref().map(|s| s.progress(&m.vm.mem))
     }
 
     /// Where a SAMPLE taken now should say the guest is: inside the
@@ -219,7 +226,11 @@ impl PointSearch {
     /// space, first byte, end); none of it runs where it is meanwhile.
     pub(crate) fn patched_code(&self) -> Option<(u64, u64, u64)> {
         let s = self.search.as_ref()?;
-        Some((s.point.state.cr3, s.patch.rip, s.patch.rip + s.covered))
+        Some((
+            s.point.state.cr3,
+            s.patch.rip,
+            s.patch.rip + s.site.len as u64,
+        ))
     }
 
     /// The guest bytes the search's patch replaced, by guest physical
@@ -342,8 +353,6 @@ impl PointSearch {
                 }
             }
         }
-        let entries = code_before(&m.vm.mem, &point.code_pages, rip, site::ENTRY_WINDOW);
-        let entered_inside = site.entered_inside(&code, &entries);
         let data = trampoline::data_page(&point.state.kvm_regs(), &values);
         let code_pages = point.code_pages.clone();
         let patch = m.install(cr3, &code_pages, rip, point.stub, &stub, Some(data), jump)?;
@@ -361,9 +370,9 @@ impl PointSearch {
             last_rejection: Vec::new(),
             moved,
             gate_exits: 0,
-            covered: site.len as u64,
+            site,
+            code,
             mark,
-            entered_inside,
         });
         Ok(())
     }
@@ -521,7 +530,7 @@ impl PointSearch {
              after the exit); {}",
             search.bound().as_secs_f64(),
             search.point.run_ns as f64 / 1e9,
-            search.progress()
+            search.progress(&m.vm.mem)
         );
         Err(log.async_point_missed(why).into())
     }
@@ -530,21 +539,32 @@ impl PointSearch {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use vm_memory::{Bytes, GuestAddress};
 
-    fn search(entered_inside: bool) -> Search {
+    /// Where the searched position's code page is, virtual and physical.
+    const PAGE_VA: u64 = 0x7f00_0000_1000;
+    const PAGE_GPA: u64 = 0x3000;
+
+    /// A search for the position after `before` in a page of guest
+    /// memory `mem` that holds `before` and then `code`.
+    fn search(mem: &GuestMemoryMmap, before: &[u8], code: &[u8]) -> Search {
+        let mut page = before.to_vec();
+        page.extend_from_slice(code);
+        mem.write_slice(&page, GuestAddress(PAGE_GPA)).unwrap();
+        let rip = PAGE_VA + before.len() as u64;
         let regs = kvm_bindings::kvm_regs {
-            rip: 0x7f00_0000_1a80,
+            rip,
             ..Default::default()
         };
         Search {
             point: AsyncPoint {
                 state: UserState::of_registers(0x1000, &regs, 0, 0),
                 stub: 0x7f00_0010_0000,
-                code_pages: Vec::new(),
+                code_pages: vec![(PAGE_VA, PAGE_GPA)],
                 run_ns: 1_000_000,
             },
             patch: Patch {
-                rip: regs.rip,
+                rip,
                 since_ns: 0,
                 stub: 0x7f00_0010_0000,
                 exit_rips: [0; 2],
@@ -556,31 +576,43 @@ mod tests {
             last_rejection: vec!["memory (3 written pages)".into()],
             moved: Vec::new(),
             gate_exits: 0,
-            covered: 7,
+            site: site::choose(rip, code, &[]).unwrap(),
+            code: code.to_vec(),
             mark: false,
-            entered_inside,
         }
     }
 
     #[test]
     fn a_failed_search_says_when_the_code_enters_its_patch_in_the_middle() {
-        let plain = search(false).progress();
-        assert_eq!(
-            plain,
-            "the trampoline for the asynchronous point at 0x7f0000001a80 saw the recorded \
-             registers 2 times and rejected 2 (the last differed in memory (3 written pages))"
-        );
-        let entered = search(true).progress();
-        assert!(entered.starts_with(&plain), "{entered}");
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap();
+        // glibc's layout: mempcpy jumps to memmove's second instruction
+        // from 80 bytes before memmove, farther than the loop window.
+        let mut before = vec![
+            0x48, 0x89, 0xf8, // mempcpy: mov rax,rdi
+            0x48, 0x01, 0xd0, // add rax,rdx
+            0xeb, 0x4b, // jmp memmove+3
+        ];
+        before.resize(0x50, 0x90);
+        let code = [
+            0x48, 0x89, 0xf8, // memmove: mov rax,rdi
+            0x48, 0x83, 0xfa, 0x20, // cmp rdx,0x20
+            0x72, 0x10, // jb
+            0xc3, // ret
+        ];
+        let entered = search(&mem, &before, &code).progress(&mem);
+        let plain = "the trampoline for the asynchronous point at 0x7f0000001050 saw the \
+                     recorded registers 2 times and rejected 2 (the last differed in memory (3 \
+                     written pages))";
+        assert!(entered.starts_with(plain), "{entered}");
         assert!(
             entered.contains(
-                "jumps into the middle of the bytes the trampoline's jump covers at 0x7f0000001a80"
+                "jumps into the middle of the bytes the trampoline's jump covers at \
+                 0x7f0000001050 (from within 256 bytes before it"
             ),
             "{entered}"
         );
-        assert!(
-            entered.contains("from within 256 bytes before it"),
-            "{entered}"
-        );
+        // Aimed at memmove itself, the jump enters nothing.
+        before[7] = 0x48;
+        assert_eq!(search(&mem, &before, &code).progress(&mem), plain);
     }
 }

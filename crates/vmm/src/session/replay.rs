@@ -392,7 +392,7 @@ impl Replaying {
                 if let Ok(regs) = m.vcpu.regs() {
                     d.state = journal::regs_text(&regs);
                 }
-                if let Some(search) = self.points.progress() {
+                if let Some(search) = self.points.progress(m) {
                     d.state += &format!("; {search}");
                 }
                 Err(VmError::Journal(JournalError::Diverged(d)))
