@@ -357,8 +357,11 @@ static void notify(struct insight_event_header *e)
 		__asm__ volatile("int3" : : "a"(e), "b"(INSIGHT_EVENTNOTIFY) : "memory");
 }
 
-/* The calling thread's buffer, with the generic fields filled in (never NULL). */
-static struct insight_event_header *begin(uint16_t kind, uint32_t payload)
+/* The process the calling thread's buffer header was filled in for. */
+static TLS pid_t header_for;
+
+/* Fills in the header fields every event of the calling thread shares. */
+static __attribute__((noinline, cold)) void fill_header(void)
 {
 	if (!my_pid)
 		my_pid = getpid();
@@ -376,13 +379,28 @@ static struct insight_event_header *begin(uint16_t kind, uint32_t payload)
 	struct insight_event_header *h = &buffer.header;
 	h->magic = INSIGHT_EVENT_MAGIC;
 	h->version = INSIGHT_EVENT_VERSION;
-	h->kind = kind;
-	h->size = (uint32_t)(sizeof(*h) + payload);
 	h->pid = (uint32_t)my_pid;
 	h->lwpid = (uint32_t)my_lwpid;
 	h->flags = 0;
 	h->timestamp = 0;
 	memcpy(h->comm, comm, sizeof(h->comm));
+	header_for = my_pid;
+}
+
+/*
+ * The calling thread's buffer, with the generic fields filled in (never
+ * NULL). Those every event of the thread shares are written at its first
+ * event (and again in a forked child), only the kind and size at each: a
+ * program that allocates millions of times raises two heap events a call,
+ * and the allocator's own fast path is not much longer than the header.
+ */
+static struct insight_event_header *begin(uint16_t kind, uint32_t payload)
+{
+	if (__builtin_expect(!my_pid || header_for != my_pid, 0))
+		fill_header();
+	struct insight_event_header *h = &buffer.header;
+	h->kind = kind;
+	h->size = (uint32_t)(sizeof(*h) + payload);
 	return h;
 }
 
