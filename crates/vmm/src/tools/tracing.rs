@@ -372,6 +372,17 @@ impl ProcessTracer {
                     }
                 }
                 if at_patch {
+                    // The instruction a system call returned to ran if the
+                    // thread is past it: it is logged now, before the
+                    // instruction under the jump, which is logged later.
+                    // (Where the point is reached, an interrupt delivered
+                    // there lets that one run before the next step, and
+                    // its log came first: a gap in the trace.)
+                    if let Some(ret) = x.in_syscall.get(&lwpid).copied().filter(|&r| r != rip) {
+                        x.in_syscall.remove(&lwpid);
+                        x.after_syscall(mem, cr3, lwpid, ret, &mut user, &sregs)?;
+                        at.gprs[11] = user.r11;
+                    }
                     // The jump of a trampoline searching for a point: the
                     // instruction it covers runs moved (next) or, where
                     // the point is reached, in place after the interrupt.
