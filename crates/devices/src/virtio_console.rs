@@ -246,17 +246,19 @@ impl<W: Write> VirtioConsole<W> {
     /// negotiated, or naming memory the guest lacks writes nothing and is
     /// counted.
     fn write_register(&mut self, data: &[u8], mem: &GuestMemoryMmap) {
-        let value = <[u8; 8]>::try_from(data).map(u64::from_le_bytes);
-        let text = value.ok().filter(|_| {
-            self.driver_ok() && self.transport.negotiated(VIRTIO_CONSOLE_F_INSIGHT_WRITE)
-        });
-        let text = text.and_then(|value| {
-            let gpa = value & ((1 << 48) - 1);
-            let len = (value >> 48) as usize + 1;
-            let mut text = vec![0u8; len];
-            mem.read_slice(&mut text, GuestAddress(gpa)).ok()?;
-            Some(text)
-        });
+        let accepted =
+            self.driver_ok() && self.transport.negotiated(VIRTIO_CONSOLE_F_INSIGHT_WRITE);
+        let text = <[u8; 8]>::try_from(data)
+            .ok()
+            .filter(|_| accepted)
+            .map(u64::from_le_bytes)
+            .and_then(|value| {
+                let gpa = value & ((1 << 48) - 1);
+                let len = (value >> 48) as usize + 1;
+                let mut text = vec![0u8; len];
+                mem.read_slice(&mut text, GuestAddress(gpa)).ok()?;
+                Some(text)
+            });
         match text {
             Some(text) => {
                 self.emit(&text);
