@@ -74,17 +74,21 @@ fn ten_million_bytes_reach_the_host_and_replay_identically() {
     let _ = std::fs::remove_dir_all(trace.parent().unwrap());
 }
 
-/// insight's guest kernel takes the console's write register (one VM exit
-/// and no virtqueue work a write): the driver accepted the feature the
-/// device offers (`VIRTIO_CONSOLE_F_INSIGHT_WRITE`, bit 23), and what it
-/// wrote through it reached the host.
+/// insight's guest kernel takes the console's write registers (one VM exit
+/// and no virtqueue work a write, no copy of a program's write): the
+/// driver accepted the features the device offers
+/// (`VIRTIO_CONSOLE_F_INSIGHT_WRITE`, bit 23, and `..._WRITE_USER`, bit
+/// 24), and what it wrote through them reached the host byte for byte.
 #[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
 #[test]
 fn the_guest_writes_its_output_through_the_console_register() {
     guest_ready();
+    // The features, then text that is different on every page of a
+    // write: `cat` writes what `seq` piped to it in 4 KiB pieces, each read
+    // by the device through the program's page tables.
     let script = "for d in /sys/bus/virtio/devices/*; do \
                   [ \"$(cat $d/device)\" = 0x0003 ] && echo \"features $(cat $d/features)\"; \
-                  done; true";
+                  done; seq 1 100000 | cat";
     let mut run = insight();
     run.args(["run", "--no-stdin", "--", "sh", "-c", script]);
     let out = output_within(run, Duration::from_secs(300));
@@ -99,6 +103,27 @@ fn the_guest_writes_its_output_through_the_console_register() {
         features.as_bytes().get(23),
         Some(&b'1'),
         "the driver did not take the write register: {features}"
+    );
+    assert_eq!(
+        features.as_bytes().get(24),
+        Some(&b'1'),
+        "the driver did not take the user write register: {features}"
+    );
+    let printed = stdout
+        .split_once("features ")
+        .and_then(|(_, rest)| rest.split_once('\n'))
+        .map(|(_, rest)| rest)
+        .unwrap_or_default();
+    let expected: String = (1..=100_000).map(|i| format!("{i}\n")).collect();
+    assert!(
+        printed == expected,
+        "seq's {} bytes came out as {} bytes, first difference at byte {:?}",
+        expected.len(),
+        printed.len(),
+        printed
+            .bytes()
+            .zip(expected.bytes())
+            .position(|(a, b)| a != b)
     );
 }
 

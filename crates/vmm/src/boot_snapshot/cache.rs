@@ -21,8 +21,9 @@ use guest::{Start, VmSpec};
 /// Bumped whenever what a snapshot holds or what the guest does after it
 /// changes in a way its key would not show.
 /// 2: the virtio console offers its write register (a snapshot's driver
-/// negotiated without it).
-pub const SNAPSHOT_FORMAT: u32 = 2;
+/// negotiated without it). 3: and its write register for a process's own
+/// memory.
+pub const SNAPSHOT_FORMAT: u32 = 3;
 /// Snapshots kept; the least recently used go first.
 pub const MAX_CACHED: usize = 8;
 /// File name extension of a cached snapshot.

@@ -153,7 +153,9 @@ impl Machine {
         let mut platform = LegacyPlatform::new(boot_unix_secs, sink.clone());
         // The size is unknown (0x0) until the VMM tells the driver the
         // host terminal's: a change is what makes the driver read it.
-        let console = VirtioConsole::new(sink, (0, 0));
+        // Writes straight from a process's buffer go through the guest's
+        // page tables, read as user mode would.
+        let console = VirtioConsole::new(sink, (0, 0), Some(user_page));
         let archive =
             guest::spec::delivered_archive(&spec.archive, &spec.rng_seed, spec.wall_clock)
                 .map_err(|e| VmError::Restore(format!("the run's archive: {e}")))?;
@@ -188,4 +190,9 @@ impl Machine {
             },
         })
     }
+}
+
+/// The console's page walk: where a user-mode read of `va` goes.
+fn user_page(mem: &GuestMemoryMmap, root: u64, va: u64) -> Option<u64> {
+    introspect::gva::translate_user(mem, root, va).ok()
 }
