@@ -104,7 +104,8 @@ impl UserWrite {
     fn read(mem: &GuestMemoryMmap, at: GuestAddress) -> Option<Self> {
         let mut raw = [0u8; Self::SIZE];
         mem.read_slice(&mut raw, at).ok()?;
-        let word = |i: usize| u64::from_le_bytes(raw[i * 8..i * 8 + 8].try_into().unwrap());
+        let word =
+            |i: usize| u64::from_le_bytes(raw[i * 8..i * 8 + 8].try_into().unwrap_or_default());
         Some(UserWrite {
             root: word(0),
             addr: word(1),
