@@ -136,8 +136,9 @@ fn lock_hold_times_inside_user_code_are_the_programs_own() {
     let _alone = ALONE.lock().unwrap_or_else(|e| e.into_inner());
     guest_ready();
     let dir = scratch("lock-hold");
-    // 40 holds of about 16 ms, each a busy loop with no system call: the
-    // guest kernel runs while the lock is held only for a timer tick.
+    // 40 holds of 16 ms of user-mode work each, a busy loop with no system
+    // call: the guest kernel runs while the lock is held only for a timer
+    // interrupt (several milliseconds each on a host that interprets it).
     let trace = dir.join("trace");
     let out = record_into(&trace, &["--probes"], &["lock_hold", "40", "16000"]);
     let stdout = expect_status(&out, 0);
@@ -188,15 +189,10 @@ fn lock_hold_times_inside_user_code_are_the_programs_own() {
     };
     // The request is timed at the reading before it (an exit) or later,
     // the release at the last sample mark before it (one about every
-    // 1.1 ms): a hold is never longer than its span, and shorter by up to
-    // a mark interval plus what the reading after it cost. Measured here:
-    // 1.2-3.0 ms shorter, 1.9 ms the median (the reading's entry into the
-    // kernel about 1.5 ms of it). Timed by the clock's readings alone, as
-    // before the marks, 8-ms holds looked 0.46 and 1.3 ms long; with marks
-    // lost after loads, 16-ms holds 0.6 times their length.
+    // 1.1 ms): a hold is never longer than its span.
     for (span, hold) in spans.iter().zip(holds) {
         assert!(
-            *hold <= span + 50e3 && *hold >= span / 2.0,
+            *hold <= span + 50e3,
             "held {:.2} ms by the lock tool, {:.2} ms by the program's clock; \
              all rounds (program/tool, ms): {}",
             hold / 1e6,
@@ -204,15 +200,27 @@ fn lock_hold_times_inside_user_code_are_the_programs_own() {
             table()
         );
     }
-    let mut short: Vec<f64> = spans.iter().zip(holds).map(|(s, h)| s - h).collect();
-    short.sort_by(f64::total_cmp);
-    let median = short[short.len() / 2];
-    eprintln!("lock holds: the tool's {median:.0} ns shorter than the program's (median)");
+    // The program's own average hold: its spans less a clock reading's
+    // cost. Each span also holds the guest kernel's work at the readings
+    // around the hold (an interrupt delivered there, the system call's
+    // entry and return), which the lock tool rightly leaves out: 0.1 to
+    // 4.5 ms a round in the recordings measured, and on a host loaded
+    // with two busy loops a few rounds in forty had their marks starved
+    // (a hold of 0 against a 6-ms span) while the average stayed at
+    // 0.88-0.96 of the program's (0.32-0.78 while the program calibrated
+    // its loop from one disturbed run, so that its spans were mostly that
+    // kernel work). An issue of the tool shows as a low average.
+    let program: f64 = (stdout.lines())
+        .find_map(|l| l.strip_prefix("lock_hold: rounds 40 hold_avg_ns "))
+        .and_then(|l| l.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no average hold: {stdout}"));
+    let ratio = holds.iter().sum::<f64>() / holds.len() as f64 / program;
+    eprintln!("lock holds: the tool's average {ratio:.3} of the program's");
     assert!(
-        median <= 5e6,
-        "the lock tool's holds are {:.2} ms shorter than the program's (median); \
+        (0.8..=1.05).contains(&ratio),
+        "the lock tool's average hold is {ratio:.3} of the program's {:.2} ms; \
          all rounds (program/tool, ms): {}",
-        median / 1e6,
+        program / 1e6,
         table()
     );
     let _ = std::fs::remove_dir_all(&dir);
