@@ -64,7 +64,7 @@ pub const VIRTIO_CONSOLE_F_INSIGHT_WRITE: u64 = 1 << 23;
 /// max_nr_ports, emerg_wr).
 pub const INSIGHT_WRITE: u64 = 0x100 + 16;
 /// insight's own (device-specific bit 24, offered where the VMM gives the
-/// device a [`UserPages`] walk): the driver may write a buffer of the
+/// device a [`UserRead`] walk): the driver may write a buffer of the
 /// writing process out with one 8-byte write of [`INSIGHT_WRITE_USER`],
 /// whose value is the guest-physical address of a [`UserWrite`]. The
 /// device reads the bytes through the page tables it names, open to user
@@ -78,11 +78,11 @@ pub const INSIGHT_WRITE_USER: u64 = 0x100 + 24;
 const DEVICE_FEATURES: u64 =
     VIRTIO_F_VERSION_1 | VIRTIO_CONSOLE_F_SIZE | VIRTIO_CONSOLE_F_INSIGHT_WRITE;
 
-/// The guest-physical address a user-mode read of `va` reads, through the
-/// page tables whose root is at `root` (`None`: the page is absent or not
-/// open to user mode). The VMM's page walk; the device never writes the
-/// tables.
-pub type UserPages = fn(mem: &GuestMemoryMmap, root: u64, va: u64) -> Option<u64>;
+/// Reads what a user-mode read of `buf.len()` bytes at `va` sees through
+/// the page tables whose root is at `root`, up to the first page that is
+/// absent or not open to user mode; how many bytes it read. The VMM's
+/// page walk; the device never writes the tables.
+pub type UserRead = fn(mem: &GuestMemoryMmap, root: u64, va: u64, buf: &mut [u8]) -> usize;
 
 /// What a write of [`INSIGHT_WRITE_USER`] points at, 32 bytes in guest
 /// memory, little-endian: the physical address of the writing process's
@@ -178,29 +178,7 @@ pub struct VirtioConsole<W: Write> {
     transmitted: Option<(u64, u64)>,
     /// The page walk for writes from a process's memory; without it the
     /// device does not offer them.
-    user_pages: Option<UserPages>,
-}
-
-/// The bytes of `write`'s buffer, page by page through its page tables, up
-/// to the first page that does not translate or lies outside guest memory.
-fn read_user(mem: &GuestMemoryMmap, pages: UserPages, write: &UserWrite) -> Vec<u8> {
-    let len = write.len as usize;
-    let mut text = vec![0u8; len];
-    let mut done = 0;
-    while done < len {
-        let va = write.addr.wrapping_add(done as u64);
-        let n = (0x1000 - (va & 0xfff) as usize).min(len - done);
-        let read = pages(mem, write.root, va).and_then(|pa| {
-            mem.read_slice(&mut text[done..done + n], GuestAddress(pa))
-                .ok()
-        });
-        if read.is_none() {
-            break;
-        }
-        done += n;
-    }
-    text.truncate(done);
-    text
+    user_read: Option<UserRead>,
 }
 
 /// FNV-1a's offset basis and prime (64-bit).
@@ -213,10 +191,10 @@ type RxChain = (u16, Vec<Desc>, Option<usize>);
 
 impl<W: Write> VirtioConsole<W> {
     /// A console writing the guest's output to `out`, for a terminal of
-    /// `size` (columns, rows); with `user_pages`, offering writes straight
+    /// `size` (columns, rows); with `user_read`, offering writes straight
     /// from a process's memory ([`VIRTIO_CONSOLE_F_INSIGHT_WRITE_USER`]).
-    pub fn new(out: W, size: (u16, u16), user_pages: Option<UserPages>) -> Self {
-        let features = match user_pages {
+    pub fn new(out: W, size: (u16, u16), user_read: Option<UserRead>) -> Self {
+        let features = match user_read {
             Some(_) => DEVICE_FEATURES | VIRTIO_CONSOLE_F_INSIGHT_WRITE_USER,
             None => DEVICE_FEATURES,
         };
@@ -229,7 +207,7 @@ impl<W: Write> VirtioConsole<W> {
             irq: false,
             stats: ConsoleStats::default(),
             transmitted: None,
-            user_pages,
+            user_read,
         }
     }
 
@@ -364,21 +342,23 @@ impl<W: Write> VirtioConsole<W> {
     /// negotiated, naming memory the guest lacks or a length out of range
     /// writes nothing and is counted; so is a buffer only partly written.
     fn write_user_register(&mut self, data: &[u8], mem: &GuestMemoryMmap) {
-        let pages = self.user_pages.filter(|_| self.driver_ok()).filter(|_| {
+        let read = self.user_read.filter(|_| self.driver_ok()).filter(|_| {
             self.transport
                 .negotiated(VIRTIO_CONSOLE_F_INSIGHT_WRITE_USER)
         });
         let request = <[u8; 8]>::try_from(data)
             .ok()
-            .zip(pages)
-            .map(|(value, pages)| (GuestAddress(u64::from_le_bytes(value)), pages))
-            .and_then(|(at, pages)| Some((at, UserWrite::read(mem, at)?, pages)))
+            .zip(read)
+            .map(|(value, read)| (GuestAddress(u64::from_le_bytes(value)), read))
+            .and_then(|(at, read)| Some((at, UserWrite::read(mem, at)?, read)))
             .filter(|(_, w, _)| (1..=MAX_TX_CHAIN as u64).contains(&w.len));
-        let Some((at, write, pages)) = request else {
+        let Some((at, write, read)) = request else {
             self.stats.tx_bad_chains += 1;
             return;
         };
-        let text = read_user(mem, pages, &write);
+        let mut text = vec![0u8; write.len as usize];
+        let done = read(mem, write.root, write.addr, &mut text);
+        text.truncate(done);
         if !text.is_empty() {
             self.emit(&text);
             if self.out.flush().is_err() {
@@ -627,9 +607,17 @@ mod tests {
     const USER_VA: u64 = 0x4000_0000;
     const USER_PA: u64 = 0x10000;
 
-    fn test_pages(_mem: &GuestMemoryMmap, root: u64, va: u64) -> Option<u64> {
-        let page = va.checked_sub(USER_VA)? >> 12;
-        (root == ROOT && page < 32 && page != 3).then(|| USER_PA + (va - USER_VA))
+    fn test_read(mem: &GuestMemoryMmap, root: u64, va: u64, buf: &mut [u8]) -> usize {
+        let pa = |va: u64| {
+            let page = va.checked_sub(USER_VA)? >> 12;
+            (root == ROOT && page < 32 && page != 3).then(|| USER_PA + (va - USER_VA))
+        };
+        // Byte by byte: where the first byte user mode cannot read is.
+        let readable = (0..buf.len()).take_while(|&i| {
+            pa(va + i as u64)
+                .is_some_and(|pa| mem.read_slice(&mut buf[i..=i], GuestAddress(pa)).is_ok())
+        });
+        readable.count()
     }
 
     fn features_offered(dev: &mut VirtioConsole<Vec<u8>>, mem: &GuestMemoryMmap) -> u64 {
@@ -640,7 +628,7 @@ mod tests {
     /// A console of 80x25 whose driver set up both queues.
     fn setup() -> (VirtioConsole<Vec<u8>>, GuestMemoryMmap) {
         let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x40000)]).unwrap();
-        let mut dev = VirtioConsole::new(Vec::new(), (80, 25), Some(test_pages));
+        let mut dev = VirtioConsole::new(Vec::new(), (80, 25), Some(test_read));
         assert_eq!(read32(&mut dev, 0x008), DEVICE_ID);
         driver_sets_up(&mut dev, &mem);
         assert!(dev.driver_ok());
@@ -724,7 +712,7 @@ mod tests {
         dev.mmio_write(INSIGHT_WRITE, &(BUF as u32).to_le_bytes(), &mem);
         assert_eq!(dev.writer().len(), 10 + 65536);
         assert_eq!(dev.stats().tx_bad_chains, 2);
-        let mut plain = VirtioConsole::new(Vec::new(), (80, 25), Some(test_pages));
+        let mut plain = VirtioConsole::new(Vec::new(), (80, 25), Some(test_read));
         let write = |at: u64, v: u32| plain.mmio_write(at, &v.to_le_bytes(), &mem);
         set_up(
             write,
@@ -814,7 +802,7 @@ mod tests {
         set_up(write, DEVICE_FEATURES, &[RXQ, TXQ]);
         request(USER_VA + 0x0ff0, 4, ROOT);
         plain.mmio_write(INSIGHT_WRITE_USER, &DESC.to_le_bytes(), &mem);
-        let mut unasked = VirtioConsole::new(Vec::new(), (80, 25), Some(test_pages));
+        let mut unasked = VirtioConsole::new(Vec::new(), (80, 25), Some(test_read));
         let write = |at: u64, v: u32| unasked.mmio_write(at, &v.to_le_bytes(), &mem);
         set_up(write, DEVICE_FEATURES, &[RXQ, TXQ]);
         unasked.mmio_write(INSIGHT_WRITE_USER, &DESC.to_le_bytes(), &mem);

@@ -64,16 +64,40 @@ pub fn peek_virt(
     gva: u64,
     buf: &mut [u8],
 ) -> Result<(), TranslateError> {
+    read_pages(mem, gva, buf, |va| translate(mem, cr3, va)).1
+}
+
+/// Reads what a user-mode read of `buf.len()` bytes at `gva` would see,
+/// page by page up to the first page that is not mapped, not open to user
+/// mode or outside guest memory; how many bytes it read. Does not touch
+/// the accessed bits.
+pub fn peek_user(mem: &GuestMemoryMmap, cr3: u64, gva: u64, buf: &mut [u8]) -> usize {
+    read_pages(mem, gva, buf, |va| translate_user(mem, cr3, va)).0
+}
+
+/// Fills `buf` from `gva` on, each page's part from the guest-physical
+/// address `translate` gives: how many bytes it read, and why it stopped
+/// before the end.
+fn read_pages(
+    mem: &GuestMemoryMmap,
+    gva: u64,
+    buf: &mut [u8],
+    translate: impl Fn(u64) -> Result<u64, TranslateError>,
+) -> (usize, Result<(), TranslateError>) {
     let mut done = 0;
     while done < buf.len() {
         let va = gva.wrapping_add(done as u64);
         let n = ((0x1000 - (va & 0xfff)) as usize).min(buf.len() - done);
-        let pa = translate(mem, cr3, va)?;
-        mem.read_slice(&mut buf[done..done + n], GuestAddress(pa))
-            .map_err(|_| TranslateError::OutsideMemory(va))?;
+        let read = translate(va).and_then(|pa| {
+            mem.read_slice(&mut buf[done..done + n], GuestAddress(pa))
+                .map_err(|_| TranslateError::OutsideMemory(va))
+        });
+        if let Err(e) = read {
+            return (done, Err(e));
+        }
         done += n;
     }
-    Ok(())
+    (done, Ok(()))
 }
 
 /// The guest physical addresses of the entries a walk for `gva` reads,
@@ -305,6 +329,17 @@ mod tests {
         put(m, 0x4000 + 7 * 8, 0x11_0000 | 1);
     }
 
+    /// User space under CR3 0x1000: PML4[0] -> PDPT 0x6000 -> PD 0x7000,
+    /// whose second entry (2 MiB up) is PT 0x8000 holding `pt`.
+    fn user_tables(m: &GuestMemoryMmap, pt: &[u64]) {
+        put(m, 0x1000, 0x6000 | 7);
+        put(m, 0x6000, 0x7000 | 7);
+        put(m, 0x7000 + 8, 0x8000 | 7);
+        for (i, &entry) in pt.iter().enumerate() {
+            put(m, 0x8000 + 8 * i as u64, entry);
+        }
+    }
+
     #[test]
     fn user_frames_are_those_mapped_user_at_every_level() {
         let m = mem();
@@ -313,15 +348,10 @@ mod tests {
         // supervisor page. PML4[1] is not user; PML4[2] aliases PDPT
         // 0x6000 (walked once). The kernel half (tables()) does not count.
         tables(&m);
-        put(&m, 0x1000, 0x6000 | 7);
+        user_tables(&m, &[0x9000 | 7, 0xa000 | 5, 0xb000 | 3]);
         put(&m, 0x1000 + 8, 0x6000 | 3);
         put(&m, 0x1000 + 16, 0x6000 | 7);
-        put(&m, 0x6000, 0x7000 | 7);
         put(&m, 0x7000, 0x40_0000 | 0x87);
-        put(&m, 0x7000 + 8, 0x8000 | 7);
-        put(&m, 0x8000, 0x9000 | 7);
-        put(&m, 0x8000 + 8, 0xa000 | 5);
-        put(&m, 0x8000 + 16, 0xb000 | 3);
         let runs = user_frames(&m, 0x1000);
         assert_eq!(runs, [(0x9, 2), (0x400, 512)]);
         assert!(in_runs(&runs, 0x9) && in_runs(&runs, 0xa) && in_runs(&runs, 0x5ff));
@@ -331,6 +361,38 @@ mod tests {
         put(&m, 0x8000 + 24, 0x8000 | 7);
         put(&m, 0x7000 + 16, 0x7000 | 7);
         assert_eq!(user_frames(&m, 0x1000).len(), 2);
+    }
+
+    #[test]
+    fn user_reads_stop_at_the_first_page_user_mode_cannot_read() {
+        let m = mem();
+        tables(&m);
+        // User pages 0x9000 and 0xa000, then a supervisor page, a page
+        // outside guest memory, and none.
+        let pages = [0x9000 | 7, 0xa000 | 7, 0xb000 | 3, 0x7f00_0000 | 7];
+        user_tables(&m, &pages);
+        m.write_slice(b"abcd", GuestAddress(0x9ffe)).unwrap();
+        m.write_slice(b"efgh", GuestAddress(0xaffe)).unwrap();
+        let mut buf = [0u8; 4];
+        assert_eq!(peek_user(&m, 0x1000, 0x20_0ffe, &mut buf), 4);
+        assert_eq!(&buf, b"abcd");
+        let mut buf = [0u8; 4];
+        assert_eq!(peek_user(&m, 0x1000, 0x20_1ffe, &mut buf), 2);
+        assert_eq!(&buf, b"ef\0\0");
+        // The kernel's view reads the supervisor page.
+        peek_virt(&m, 0x1000, 0x20_1ffe, &mut buf).unwrap();
+        assert_eq!(&buf, b"efgh");
+        assert_eq!(peek_user(&m, 0x1000, 0x20_3000, &mut buf), 0);
+        assert_eq!(
+            peek_virt(&m, 0x1000, 0x20_3000, &mut buf),
+            Err(TranslateError::OutsideMemory(0x20_3000))
+        );
+        assert_eq!(peek_user(&m, 0x1000, 0x20_4000, &mut buf), 0);
+        assert_eq!(peek_user(&m, 0x1000, 0x20_0000, &mut []), 0);
+        // No byte of the tables changed: no accessed bit set.
+        let mut entry = [0u8; 8];
+        m.read_slice(&mut entry, GuestAddress(0x8000)).unwrap();
+        assert_eq!(u64::from_le_bytes(entry), 0x9000 | 7);
     }
 
     #[test]

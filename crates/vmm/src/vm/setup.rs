@@ -155,7 +155,7 @@ impl Machine {
         // host terminal's: a change is what makes the driver read it.
         // Writes straight from a process's buffer go through the guest's
         // page tables, read as user mode would.
-        let console = VirtioConsole::new(sink, (0, 0), Some(user_page));
+        let console = VirtioConsole::new(sink, (0, 0), Some(introspect::gva::peek_user));
         let archive =
             guest::spec::delivered_archive(&spec.archive, &spec.rng_seed, spec.wall_clock)
                 .map_err(|e| VmError::Restore(format!("the run's archive: {e}")))?;
@@ -190,9 +190,4 @@ impl Machine {
             },
         })
     }
-}
-
-/// The console's page walk: where a user-mode read of `va` goes.
-fn user_page(mem: &GuestMemoryMmap, root: u64, va: u64) -> Option<u64> {
-    introspect::gva::translate_user(mem, root, va).ok()
 }

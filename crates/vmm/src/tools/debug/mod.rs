@@ -29,7 +29,7 @@ use kvm_bindings::kvm_regs;
 use vm_memory::GuestMemoryMmap;
 
 use self::breakpoints::Breakpoints;
-use self::tasks::{auxv_at_start, peek_user, Tasks};
+use self::tasks::{auxv_at_start, Tasks};
 use super::exec::{exec_call, fork_call, is_kernel_entry};
 use super::frames::{
     idt_handler, return_by_iret, set_kernel_breakpoints, ExceptionFrame, BREAKPOINT_VECTOR,
@@ -37,6 +37,7 @@ use super::frames::{
 };
 use crate::points::PointSearch;
 use crate::vm::{Machine, VmError};
+use introspect::gva::peek_user;
 use introspect::instructions::TF;
 use journal::preempt::state::CR3_ROOT;
 use journal::Entry;

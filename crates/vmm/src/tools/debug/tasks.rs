@@ -222,34 +222,13 @@ pub(crate) fn auxv_value(auxv: &[u8], key: u64) -> Option<u64> {
     })
 }
 
-/// Reads up to `len` bytes at user address `at` of the address space
-/// `cr3` without touching the accessed bits; how many could be read
-/// (reading stops at the first page the process does not map).
-pub(crate) fn peek_user(mem: &GuestMemoryMmap, cr3: u64, at: u64, buf: &mut [u8]) -> usize {
-    let mut done = 0;
-    while done < buf.len() {
-        let va = at.wrapping_add(done as u64);
-        let n = ((0x1000 - (va & 0xfff)) as usize).min(buf.len() - done);
-        let Ok(pa) = gva::translate_user(mem, cr3, va) else {
-            break;
-        };
-        if vm_memory::Bytes::read_slice(mem, &mut buf[done..done + n], vm_memory::GuestAddress(pa))
-            .is_err()
-        {
-            break;
-        }
-        done += n;
-    }
-    done
-}
-
 /// The auxiliary vector on a new program's stack, whose RSP points at
 /// argc: past argv and envp, pairs of words through AT_NULL (at most
 /// 64 pairs).
 pub(crate) fn auxv_at_start(mem: &GuestMemoryMmap, cr3: u64, rsp: u64) -> Option<Vec<u8>> {
     let word = |at: u64| -> Option<u64> {
         let mut b = [0u8; 8];
-        (peek_user(mem, cr3, at, &mut b) == 8).then(|| u64::from_le_bytes(b))
+        (gva::peek_user(mem, cr3, at, &mut b) == 8).then(|| u64::from_le_bytes(b))
     };
     let argc = word(rsp)?;
     if argc > 1 << 20 {

@@ -7,9 +7,8 @@
 
 use vm_memory::{Bytes, GuestAddress};
 
-use super::tasks::peek_user;
 use crate::vm::{Machine, VmError};
-use introspect::gva::{self, PAGE_SIZE};
+use introspect::gva::{self, peek_user, PAGE_SIZE};
 
 /// The most pages watched at once (each costs two memory slots).
 pub(crate) const MAX_PAGES: usize = 64;
