@@ -2,8 +2,10 @@
  * debug_target: what the debugger's tests look at. It writes the global
  * `value` three times (0, then 42 by a store, then 1337 by a read() from a
  * pipe), runs a short stretch of code with system calls and a page fault
- * (window()), and reports the value and the shared objects it maps, as
- * /proc/self/maps lists them.
+ * (window()), fills `big` (4 KiB) with one read() from the pipe, a copy
+ * large enough for insight to make for the guest kernel, and reports the
+ * value, big[100] and the shared objects it maps, as /proc/self/maps
+ * lists them.
  */
 #include <stdio.h>
 #include <string.h>
@@ -12,6 +14,7 @@
 #include <unistd.h>
 
 long value;
+long big[512];
 static volatile int sink;
 
 __attribute__((noinline)) static void set_value(long v)
@@ -35,6 +38,7 @@ __attribute__((noinline)) static void window(void)
 __attribute__((noinline)) static void report(void)
 {
 	printf("debug_target: value %ld\n", value);
+	printf("debug_target: big[100] %ld\n", big[100]);
 	FILE *maps = fopen("/proc/self/maps", "r");
 	char line[512], last[256] = "";
 	while (maps && fgets(line, sizeof line, maps)) {
@@ -54,6 +58,10 @@ int main(void)
 {
 	int fds[2];
 	long v = 1337;
+	static long block[512];
+
+	for (int i = 0; i < 512; i++)
+		block[i] = 1000 + i;
 
 	set_value(0);
 	window();
@@ -61,6 +69,9 @@ int main(void)
 	if (pipe(fds) != 0 || write(fds[1], &v, sizeof v) != sizeof v)
 		return 1;
 	if (read(fds[0], &value, sizeof value) != sizeof value)
+		return 1;
+	if (write(fds[1], block, sizeof block) != sizeof block ||
+	    read(fds[0], big, sizeof big) != sizeof big)
 		return 1;
 	report();
 	return 0;

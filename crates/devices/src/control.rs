@@ -9,7 +9,9 @@
 //! directly from user mode (docs/events.md), when the guest kernel granted
 //! the process that port. A 32-bit read of port 0x0f08 (`ARCHIVE_PORT`)
 //! returns the size of the run's archive, which `/init` then fetches with
-//! `CODE_FETCH` messages (docs/ARCHITECTURE.md, "Boot snapshots").
+//! `CODE_FETCH` messages (docs/ARCHITECTURE.md, "Boot snapshots"). The
+//! guest kernel hands the VMM its larger copies to and from user memory
+//! (`CODE_COPY`).
 
 pub const CONTROL_PORT: u16 = 0x0f00;
 /// Ports the device decodes (three 32-bit registers).
@@ -32,6 +34,7 @@ const CODE_PREEMPT_AREA: u8 = 0x08;
 const CODE_READY: u8 = 0x09;
 const CODE_FETCH: u8 = 0x0a;
 const CODE_TERMINAL: u8 = 0x0b;
+const CODE_COPY: u8 = 0x0c;
 /// An argument flag of `CODE_INIT_REACHED`: `/init` will say which
 /// terminal the command has (`CODE_TERMINAL`). An `/init` from before that
 /// message gives its command the serial console.
@@ -89,6 +92,10 @@ pub enum ControlMessage {
     /// input and the terminal's size reach it from now on, before which
     /// its driver would drop them) or the serial console.
     Terminal { virtio: bool },
+    /// The guest kernel asks the VMM to copy RCX bytes from virtual
+    /// address RSI to RDI (to or from user memory) and to write the count
+    /// of bytes it could not copy to the u64 at virtual address R8.
+    Copy,
     /// A write this version does not understand.
     Unknown(u32),
 }
@@ -111,6 +118,7 @@ impl ControlMessage {
             CODE_READY => ControlMessage::Ready,
             CODE_FETCH => ControlMessage::Fetch,
             CODE_TERMINAL if arg <= 1 => ControlMessage::Terminal { virtio: arg == 1 },
+            CODE_COPY if arg == 0 => ControlMessage::Copy,
             _ => ControlMessage::Unknown(value),
         }
     }
@@ -200,6 +208,11 @@ mod tests {
         assert_eq!(
             ControlMessage::decode(0x0b00_0002),
             ControlMessage::Unknown(0x0b00_0002)
+        );
+        assert_eq!(ControlMessage::decode(0x0c00_0000), ControlMessage::Copy);
+        assert_eq!(
+            ControlMessage::decode(0x0c00_0001),
+            ControlMessage::Unknown(0x0c00_0001)
         );
         assert_eq!(
             ControlMessage::decode(0x7700_0000),

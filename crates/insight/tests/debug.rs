@@ -102,6 +102,18 @@ fn steps_go_back_to_the_same_instruction_and_registers() {
     assert_eq!(v[6], call_rsp - 8, "{out}");
 }
 
+/// The (old, new) values of each watchpoint stop gdb printed.
+fn watch_changes(out: &str) -> Vec<(i64, i64)> {
+    out.lines()
+        .zip(out.lines().skip(1))
+        .filter_map(|(old, new)| {
+            let old = old.strip_prefix("Old value = ")?.trim().parse().ok()?;
+            let new = new.strip_prefix("New value = ")?.trim().parse().ok()?;
+            Some((old, new))
+        })
+        .collect()
+}
+
 #[test]
 #[ignore = "needs /dev/kvm, the guest image and gdb (tools/test runs it)"]
 fn a_watchpoint_goes_back_to_each_write_of_the_value() {
@@ -120,15 +132,7 @@ fn a_watchpoint_goes_back_to_each_write_of_the_value() {
         "continue",
         "print value",
     ]);
-    let changes: Vec<(i64, i64)> = out
-        .lines()
-        .zip(out.lines().skip(1))
-        .filter_map(|(old, new)| {
-            let old = old.strip_prefix("Old value = ")?.trim().parse().ok()?;
-            let new = new.strip_prefix("New value = ")?.trim().parse().ok()?;
-            Some((old, new))
-        })
-        .collect();
+    let changes = watch_changes(&out);
     // Going back, "old" is the later value.
     assert_eq!(changes, vec![(1337, 42), (42, 0), (0, 42)], "{out}");
     let frames: Vec<&str> = out.lines().filter(|l| l.starts_with("#0")).collect();
@@ -139,6 +143,31 @@ fn a_watchpoint_goes_back_to_each_write_of_the_value() {
         out.contains("$1 = 1337") && out.contains("$2 = 42"),
         "{out}"
     );
+}
+
+/// A watched word that one large read() fills: insight makes that copy
+/// for the guest kernel (guest kernel patch 0013), and the watchpoint sees
+/// it as the kernel's write, going back and forwards.
+#[test]
+#[ignore = "needs /dev/kvm, the guest image and gdb (tools/test runs it)"]
+fn a_watchpoint_sees_a_copy_the_kernel_left_to_insight() {
+    let (_, stdout) = recording();
+    assert!(stdout.contains("debug_target: big[100] 1100"), "{stdout}");
+    let out = gdb(&[
+        "break report",
+        "continue",
+        "watch -l big[100]",
+        "reverse-continue",
+        "bt 1",
+        "continue",
+        "print big[100]",
+    ]);
+    let changes = watch_changes(&out);
+    assert_eq!(changes, vec![(1100, 0), (0, 1100)], "{out}");
+    let frames: Vec<&str> = out.lines().filter(|l| l.starts_with("#0")).collect();
+    assert_eq!(frames.len(), 1, "{out}");
+    assert!(frames[0].contains("read"), "{out}");
+    assert!(out.contains("$1 = 1100"), "{out}");
 }
 
 #[test]

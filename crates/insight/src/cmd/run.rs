@@ -58,7 +58,8 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
             err,
             "insight: /init reached at {init}; guest ran {:.3} s; exits: {} port I/O, {} MMIO, \
              {} HLT, {} kicks; {} interrupts injected; {} instructions completed for the emulator; \
-             {} reads and {} writes of unassigned ports",
+             {} reads and {} writes of unassigned ports; {} copies to or from user memory by \
+             the VMM ({:.1} MiB; {} left partly to the guest kernel)",
             outcome.elapsed.as_secs_f64(),
             outcome.exits.port_io,
             outcome.exits.mmio,
@@ -68,6 +69,9 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
             outcome.exits.emulation_completions,
             outcome.platform.unassigned_reads,
             outcome.platform.unassigned_writes,
+            outcome.exits.copies.calls,
+            outcome.exits.copies.bytes as f64 / f64::from(1 << 20),
+            outcome.exits.copies.short,
         );
     }
     Ok(ExitCode::from(outcome.exit_status.unwrap_or(0)))

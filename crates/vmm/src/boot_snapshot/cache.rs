@@ -22,8 +22,9 @@ use guest::{Start, VmSpec};
 /// changes in a way its key would not show.
 /// 2: the virtio console offers its write register (a snapshot's driver
 /// negotiated without it). 3: and its write register for a process's own
-/// memory.
-pub const SNAPSHOT_FORMAT: u32 = 3;
+/// memory. 4: the VMM makes the copies the guest kernel asks for (a guest
+/// an older VMM left unanswered stopped asking).
+pub const SNAPSHOT_FORMAT: u32 = 4;
 /// Snapshots kept; the least recently used go first.
 pub const MAX_CACHED: usize = 8;
 /// File name extension of a cached snapshot.

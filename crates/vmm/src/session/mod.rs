@@ -245,6 +245,12 @@ pub(crate) trait Mode {
         Ok(())
     }
 
+    /// The VMM wrote `len` bytes at guest physical `gpa` on the guest
+    /// kernel's behalf (a copy it asked for), as the guest's own write.
+    fn wrote_for_guest(&mut self, _m: &mut Machine, _gpa: u64, _len: u64) -> Result<(), VmError> {
+        Ok(())
+    }
+
     /// The guest kernel announced its context-switch ring.
     fn switch_ring_announced(&mut self, _m: &mut Machine) {}
 

@@ -488,6 +488,14 @@ impl Mode for Replaying {
             || self.tools.debug.as_ref().is_some_and(|d| d.claims(addr))
     }
 
+    fn wrote_for_guest(&mut self, m: &mut Machine, gpa: u64, _len: u64) -> Result<(), VmError> {
+        // A piece of a copy lies in one page.
+        match self.tools.debug.as_mut().filter(|d| d.claims(gpa)) {
+            Some(debug) => debug.written_for_guest(m),
+            None => Ok(()),
+        }
+    }
+
     fn store(&mut self, m: &mut Machine, addr: u64, data: &[u8]) -> Result<Claimed, VmError> {
         if addr == probe_gate::STORE_GPA {
             return self.gate_event(m, data);

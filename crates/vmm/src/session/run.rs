@@ -170,6 +170,11 @@ fn messages<M: Mode>(m: &mut Machine, mode: &mut M) -> Result<Option<StopReason>
                 m.vm.status.devices_attached = true;
             }
             ControlMessage::Fetch => m.fetch_archive()?,
+            ControlMessage::Copy => {
+                for (gpa, len) in m.guest_copy()? {
+                    mode.wrote_for_guest(m, gpa, len)?;
+                }
+            }
             ControlMessage::Terminal { virtio } => m.vm.status.terminal = Some(virtio),
             ControlMessage::Sync | ControlMessage::Unknown(_) => {}
         }

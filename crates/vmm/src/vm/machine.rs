@@ -4,7 +4,9 @@
 
 use std::time::Duration;
 
+use introspect::gva;
 use kvm_ioctls::VcpuExit;
+use vm_memory::{Bytes, GuestAddress};
 
 use super::dispatch::{dispatch, Bus, Next};
 use super::{kvm_err, Vcpu, Vm, VmError, BOOT_VCPU};
@@ -230,6 +232,52 @@ impl Machine {
             &archive[offset as usize..end as usize],
         )
         .map_err(|e| bad(format!("into a buffer at {gva:#x} it cannot write ({e})")))
+    }
+
+    /// The guest kernel hands a copy to or from user memory to the VMM
+    /// (`ControlMessage::Copy`, guest kernel patch 0013): RCX bytes from
+    /// virtual address RSI to RDI, both through the current page tables
+    /// as the kernel's own copy would go (accessed and dirty bits set; a
+    /// write needs every level writable, as with CR0.WP), up to the first
+    /// page either side cannot reach. The count of bytes not copied, which
+    /// the kernel copies, and faults on, itself, goes to the u64 at
+    /// virtual address R8. The same memory gives the same copy at the same
+    /// exit in every replay. Returns the guest-physical pieces written.
+    pub(crate) fn guest_copy(&mut self) -> Result<Vec<(u64, u64)>, VmError> {
+        const PAGE: u64 = gva::PAGE_SIZE;
+        let regs = self.vcpu.synced_regs();
+        let (to, from, len, answer) = (regs.rdi, regs.rsi, regs.rcx, regs.r8);
+        let cr3 = self.vcpu.sregs()?.cr3;
+        let mem = &self.vm.mem;
+        let mut buf = [0u8; PAGE as usize];
+        let mut written = Vec::new();
+        let mut done = 0;
+        while done < len {
+            let (src, dst) = (from.wrapping_add(done), to.wrapping_add(done));
+            let n = (len - done).min(PAGE - src % PAGE).min(PAGE - dst % PAGE);
+            let (Ok(src), Ok(dst)) = (
+                gva::access(mem, cr3, src, false),
+                gva::access(mem, cr3, dst, true),
+            ) else {
+                break;
+            };
+            let piece = &mut buf[..n as usize];
+            if mem.read_slice(piece, GuestAddress(src)).is_err()
+                || mem.write_slice(piece, GuestAddress(dst)).is_err()
+            {
+                break;
+            }
+            written.push((dst, n));
+            done += n;
+        }
+        let copies = &mut self.vm.exits.copies;
+        copies.calls += 1;
+        copies.bytes += done;
+        copies.short += u64::from(done < len);
+        // An answer that cannot be written leaves the kernel's "no answer"
+        // there: it copies the whole itself (the bytes copied here again).
+        let _ = gva::write_virt(mem, cr3, answer, &(len - done).to_le_bytes());
+        Ok(written)
     }
 
     /// The KVM dirty log of guest RAM (the only memory slot): the pages

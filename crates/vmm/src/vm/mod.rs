@@ -207,6 +207,19 @@ impl Default for VmClock {
     }
 }
 
+/// The copies to and from user memory the guest kernel handed to the VMM
+/// (`Machine::guest_copy`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct CopyStats {
+    /// Copies asked for.
+    pub calls: u64,
+    /// Bytes the VMM copied.
+    pub bytes: u64,
+    /// Copies the VMM stopped short of (a page either side could not
+    /// reach), whose rest the kernel copied itself.
+    pub short: u64,
+}
+
 /// Counts of VM exits by kind, and other run statistics.
 #[derive(Clone, Copy, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct ExitCounts {
@@ -217,6 +230,8 @@ pub struct ExitCounts {
     pub interrupts_injected: u64,
     pub kicks: u64,
     pub emulation_completions: u64,
+    /// Copies the guest kernel handed to the VMM.
+    pub copies: CopyStats,
 }
 
 /// The CPU the guest was given, as recordings name it.

@@ -524,6 +524,13 @@ impl DebugTool {
         self.look_at_watches(m)
     }
 
+    /// The VMM wrote into a watched page for the guest kernel (a copy it
+    /// asked for): the watches are looked at, as after the kernel's own
+    /// write.
+    pub(crate) fn written_for_guest(&mut self, m: &mut Machine) -> Result<(), VmError> {
+        self.look_at_watches(m)
+    }
+
     /// After a write to a watched page: a change of the watched bytes by
     /// the process's thread is a hit (by its user code: here; by the
     /// kernel: at its return to user mode). Other processes' writes to a
