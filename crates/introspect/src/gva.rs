@@ -64,7 +64,12 @@ pub fn peek_virt(
     gva: u64,
     buf: &mut [u8],
 ) -> Result<(), TranslateError> {
-    read_pages(mem, gva, buf, |va| translate(mem, cr3, va)).1
+    let len = buf.len();
+    let translate = |va| translate(mem, cr3, va);
+    for_each_page(gva, len, translate, |off, n, pa| {
+        mem.read_slice(&mut buf[off..off + n], GuestAddress(pa))
+    })
+    .1
 }
 
 /// Reads what a user-mode read of `buf.len()` bytes at `gva` would see,
@@ -72,32 +77,12 @@ pub fn peek_virt(
 /// mode or outside guest memory; how many bytes it read. Does not touch
 /// the accessed bits.
 pub fn peek_user(mem: &GuestMemoryMmap, cr3: u64, gva: u64, buf: &mut [u8]) -> usize {
-    read_pages(mem, gva, buf, |va| translate_user(mem, cr3, va)).0
-}
-
-/// Fills `buf` from `gva` on, each page's part from the guest-physical
-/// address `translate` gives: how many bytes it read, and why it stopped
-/// before the end.
-fn read_pages(
-    mem: &GuestMemoryMmap,
-    gva: u64,
-    buf: &mut [u8],
-    translate: impl Fn(u64) -> Result<u64, TranslateError>,
-) -> (usize, Result<(), TranslateError>) {
-    let mut done = 0;
-    while done < buf.len() {
-        let va = gva.wrapping_add(done as u64);
-        let n = ((0x1000 - (va & 0xfff)) as usize).min(buf.len() - done);
-        let read = translate(va).and_then(|pa| {
-            mem.read_slice(&mut buf[done..done + n], GuestAddress(pa))
-                .map_err(|_| TranslateError::OutsideMemory(va))
-        });
-        if let Err(e) = read {
-            return (done, Err(e));
-        }
-        done += n;
-    }
-    (done, Ok(()))
+    let len = buf.len();
+    let translate = |va| translate_user(mem, cr3, va);
+    for_each_page(gva, len, translate, |off, n, pa| {
+        mem.read_slice(&mut buf[off..off + n], GuestAddress(pa))
+    })
+    .0
 }
 
 /// The guest physical addresses of the entries a walk for `gva` reads,
@@ -256,23 +241,29 @@ pub fn access(
     Ok(pa)
 }
 
-fn for_each_page(
-    mem: &GuestMemoryMmap,
-    cr3: u64,
+/// Goes over `len` bytes from `gva` a page's piece at a time: `translate`
+/// gives each piece's guest-physical address and `f` gets its offset,
+/// length and address. Stops at the first piece either fails for (`f`'s
+/// failure is the piece's `OutsideMemory`): how many bytes were done, and
+/// why it stopped before the end.
+fn for_each_page<E>(
     gva: u64,
     len: usize,
-    write: bool,
-    mut f: impl FnMut(usize, usize, u64) -> Result<(), TranslateError>,
-) -> Result<(), TranslateError> {
+    translate: impl Fn(u64) -> Result<u64, TranslateError>,
+    mut f: impl FnMut(usize, usize, u64) -> Result<(), E>,
+) -> (usize, Result<(), TranslateError>) {
     let mut done = 0;
     while done < len {
         let va = gva.wrapping_add(done as u64);
         let n = ((0x1000 - (va & 0xfff)) as usize).min(len - done);
-        let pa = access(mem, cr3, va, write)?;
-        f(done, n, pa).map_err(|_| TranslateError::OutsideMemory(va))?;
+        let piece = translate(va)
+            .and_then(|pa| f(done, n, pa).map_err(|_| TranslateError::OutsideMemory(va)));
+        if let Err(e) = piece {
+            return (done, Err(e));
+        }
         done += n;
     }
-    Ok(())
+    (done, Ok(()))
 }
 
 /// Reads `buf.len()` bytes at `gva`, page by page.
@@ -283,10 +274,11 @@ pub fn read_virt(
     buf: &mut [u8],
 ) -> Result<(), TranslateError> {
     let len = buf.len();
-    for_each_page(mem, cr3, gva, len, false, |off, n, pa| {
+    let translate = |va| access(mem, cr3, va, false);
+    for_each_page(gva, len, translate, |off, n, pa| {
         mem.read_slice(&mut buf[off..off + n], GuestAddress(pa))
-            .map_err(|_| TranslateError::OutsideMemory(pa))
     })
+    .1
 }
 
 /// Writes `buf` at `gva`, page by page; fails on the first page that is
@@ -297,10 +289,11 @@ pub fn write_virt(
     gva: u64,
     buf: &[u8],
 ) -> Result<(), TranslateError> {
-    for_each_page(mem, cr3, gva, buf.len(), true, |off, n, pa| {
+    let translate = |va| access(mem, cr3, va, true);
+    for_each_page(gva, buf.len(), translate, |off, n, pa| {
         mem.write_slice(&buf[off..off + n], GuestAddress(pa))
-            .map_err(|_| TranslateError::OutsideMemory(pa))
     })
+    .1
 }
 
 #[cfg(test)]

@@ -245,9 +245,10 @@ pub(crate) trait Mode {
         Ok(())
     }
 
-    /// The VMM wrote `len` bytes at guest physical `gpa` on the guest
-    /// kernel's behalf (a copy it asked for), as the guest's own write.
-    fn wrote_for_guest(&mut self, _m: &mut Machine, _gpa: u64, _len: u64) -> Result<(), VmError> {
+    /// The VMM wrote guest memory on the guest kernel's behalf (a copy it
+    /// asked for), as the guest's own write: at these guest physical
+    /// addresses, each in a page of its own piece.
+    fn wrote_for_guest(&mut self, _m: &mut Machine, _written: &[u64]) -> Result<(), VmError> {
         Ok(())
     }
 

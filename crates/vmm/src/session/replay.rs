@@ -488,9 +488,10 @@ impl Mode for Replaying {
             || self.tools.debug.as_ref().is_some_and(|d| d.claims(addr))
     }
 
-    fn wrote_for_guest(&mut self, m: &mut Machine, gpa: u64, _len: u64) -> Result<(), VmError> {
-        // A piece of a copy lies in one page.
-        match self.tools.debug.as_mut().filter(|d| d.claims(gpa)) {
+    fn wrote_for_guest(&mut self, m: &mut Machine, written: &[u64]) -> Result<(), VmError> {
+        // The watches are looked at once, whichever watched pages it wrote.
+        let debug = self.tools.debug.as_mut();
+        match debug.filter(|d| written.iter().any(|&gpa| d.claims(gpa))) {
             Some(debug) => debug.written_for_guest(m),
             None => Ok(()),
         }

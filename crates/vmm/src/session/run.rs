@@ -171,9 +171,8 @@ fn messages<M: Mode>(m: &mut Machine, mode: &mut M) -> Result<Option<StopReason>
             }
             ControlMessage::Fetch => m.fetch_archive()?,
             ControlMessage::Copy => {
-                for (gpa, len) in m.guest_copy()? {
-                    mode.wrote_for_guest(m, gpa, len)?;
-                }
+                let written = m.guest_copy()?;
+                mode.wrote_for_guest(m, &written)?;
             }
             ControlMessage::Terminal { virtio } => m.vm.status.terminal = Some(virtio),
             ControlMessage::Sync | ControlMessage::Unknown(_) => {}

@@ -242,8 +242,9 @@ impl Machine {
     /// page either side cannot reach. The count of bytes not copied, which
     /// the kernel copies, and faults on, itself, goes to the u64 at
     /// virtual address R8. The same memory gives the same copy at the same
-    /// exit in every replay. Returns the guest-physical pieces written.
-    pub(crate) fn guest_copy(&mut self) -> Result<Vec<(u64, u64)>, VmError> {
+    /// exit in every replay. Returns the guest-physical addresses of the
+    /// pieces written, each within one page.
+    pub(crate) fn guest_copy(&mut self) -> Result<Vec<u64>, VmError> {
         const PAGE: u64 = gva::PAGE_SIZE;
         let regs = self.vcpu.synced_regs();
         let (to, from, len, answer) = (regs.rdi, regs.rsi, regs.rcx, regs.r8);
@@ -267,7 +268,7 @@ impl Machine {
             {
                 break;
             }
-            written.push((dst, n));
+            written.push(dst);
             done += n;
         }
         let copies = &mut self.vm.exits.copies;
