@@ -468,9 +468,13 @@ struct RecordedPoint {
     rip: u64,
     rsp: u64,
     rax: u64,
+    rcx: u64,
+    r8: u64,
     rflags: u64,
     /// Where the trampoline that searches for it at replay is put.
     stub: u64,
+    /// How long the guest ran since the exit before it, in nanoseconds.
+    run_ns: u64,
 }
 
 fn recorded_points(trace: &std::path::Path) -> Vec<RecordedPoint> {
@@ -496,8 +500,11 @@ fn recorded_points(trace: &std::path::Path) -> Vec<RecordedPoint> {
                 rip: number("rip"),
                 rsp: gprs[4],
                 rax: gprs[0],
+                rcx: gprs[1],
+                r8: gprs[8],
                 rflags: number("rflags"),
                 stub: number("stub"),
+                run_ns: number("run_ns"),
             }
         })
         .collect()
@@ -551,4 +558,99 @@ fn steps_cross_an_asynchronous_preemption_point_and_come_back() {
         );
     }
     let _ = std::fs::remove_dir_all(trace);
+}
+
+/// The register values gdb printed on the line tagged `tag` ("TAG A B ...").
+fn tagged(output: &str, tag: &str) -> Vec<u64> {
+    output
+        .lines()
+        .filter_map(|l| l.rsplit('\t').next()?.strip_prefix(tag)?.strip_prefix(' '))
+        .next()
+        .map(|rest| {
+            rest.split(' ')
+                .filter_map(|v| u64::from_str_radix(v, 16).ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+#[ignore = "needs /dev/kvm, the guest image and gdb (tools/test runs it)"]
+fn a_step_from_where_an_asynchronous_point_was_recorded_finds_it() {
+    guest_ready();
+    // A timer interrupt comes due while the kernel clears a MiB of pages
+    // for mmap: the recorder delivers it at an asynchronous point after
+    // the call returns, in a loop of slow CPUID instructions (R8 counts
+    // its rounds down from 1000) or at the return itself (RCX = RIP).
+    let (trace, out) = record("debug-long-calls", &[], &["long_calls", "4"]);
+    let stdout = expect_status(&out, 0);
+    assert!(stdout.contains("long_calls: 4 rounds"), "{stdout}");
+    let spins = 1000;
+    // The single steps from the call's return to each point taken after
+    // a long call, at most: the loop is four instructions a round.
+    let steps_to = |p: &RecordedPoint| match p.rip < 0x7000_0000_0000 {
+        true if (1..=spins).contains(&p.r8) => Some(100 + 4 * (spins - p.r8)),
+        false if p.rcx == p.rip => Some(0),
+        _ => None,
+    };
+    let (point, limit) = recorded_points(&trace)
+        .into_iter()
+        .filter(|p| p.run_ns > 50_000_000)
+        .filter_map(|p| Some((steps_to(&p)?, p)))
+        .min_by_key(|(steps, _)| *steps)
+        .map(|(steps, p)| (p, steps + 100))
+        .expect("no asynchronous point after a long system call was recorded");
+    // From the exit before the point (the thread in the kernel, in the
+    // call), steps to the point's position; the next step runs the
+    // trampoline under the trap flag, which must find the point there.
+    let print = |tag: &str| format!("printf \"{tag} %lx %lx %lx %lx\\n\", $pc, $rsp, $r8, $rax\n");
+    let script = format!(
+        "set $i = 0\n\
+         while !($pc == {rip:#x} && $rsp == {rsp:#x} && $r8 == {r8:#x}) && $i < {limit}\n  \
+         stepi\n  set $i = $i + 1\nend\n{at}\
+         stepi\n{f1}stepi\n{f2}reverse-stepi\n{b1}reverse-stepi\n{b0}stepi\n{g1}stepi\n{g2}\
+         continue\n",
+        rip = point.rip,
+        rsp = point.rsp,
+        r8 = point.r8,
+        at = print("AT"),
+        f1 = print("F1"),
+        f2 = print("F2"),
+        b1 = print("B1"),
+        b0 = print("B0"),
+        g1 = print("G1"),
+        g2 = print("G2"),
+    );
+    let file = scratch("debug-long-calls-steps").join("steps.gdb");
+    std::fs::write(&file, script).unwrap();
+    let at = point.exit.to_string();
+    let output = gdb_on(
+        &trace,
+        &["--process", "long_calls", "--at", &at],
+        &[&format!("source {}", file.display())],
+    );
+    let _ = std::fs::remove_dir_all(file.parent().unwrap());
+    let there = tagged(&output, "AT");
+    assert_eq!(
+        there[..3],
+        [point.rip, point.rsp, point.r8],
+        "the steps did not reach the point: {output}"
+    );
+    let f1 = tagged(&output, "F1");
+    assert_ne!(
+        f1[0], point.rip,
+        "the step did not run the instruction: {output}"
+    );
+    assert_eq!(f1[1], point.rsp, "{output}");
+    assert_eq!(tagged(&output, "B1"), f1, "backwards: {output}");
+    assert_eq!(tagged(&output, "B0"), there, "backwards: {output}");
+    assert_eq!(tagged(&output, "G1"), f1, "forwards again: {output}");
+    assert_eq!(
+        tagged(&output, "G2"),
+        tagged(&output, "F2"),
+        "forwards again: {output}"
+    );
+    // The replay went on past the point to the program's end.
+    assert!(output.contains("the process exited (status 0)"), "{output}");
+    let _ = std::fs::remove_dir_all(trace.parent().unwrap());
 }

@@ -411,8 +411,9 @@ impl PointSearch {
     }
 
     /// A store to the exit page: the trampoline's, or not. `ignored_flags`
-    /// are RFLAGS bits the replay's tools set that the recording never had
-    /// (a traced process's trap flag); `written` the bytes they wrote over
+    /// are RFLAGS bits the replay's tools may have set (the trap flag of
+    /// a traced process, or of a thread the debugger steps), compared as
+    /// the recording had them; `written` the bytes they wrote over
     /// in guest memory (a debugger's breakpoints), by guest physical
     /// address, as the guest had them.
     pub(crate) fn store(
@@ -453,9 +454,9 @@ impl PointSearch {
         let mut found = UserState {
             cr3: sregs.cr3 & state::CR3_ROOT,
             rip: logged.rip,
-            // A traced process runs with the trap flag, which the
-            // recording never set.
-            rflags: regs.rflags & !state::RF & !ignored_flags,
+            // The flags the replay's tools set count as the recording
+            // had them.
+            rflags: (regs.rflags & !state::RF & !ignored_flags) | (logged.rflags & ignored_flags),
             gprs: state::gprs(regs),
             fs_base: sregs.fs.base,
             gs_base: sregs.gs.base,

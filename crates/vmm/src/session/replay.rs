@@ -505,9 +505,12 @@ impl Mode for Replaying {
             debug.watched_write(m, addr, data)?;
             return Ok(Claimed::Passed);
         }
-        // A traced process runs with the trap flag, which the recording
-        // never set.
-        let ignored = if self.tools.tracing.is_some() { TF } else { 0 };
+        // The replay's tools set the trap flag where the recording did
+        // not: a traced process runs with it, and the debugger steps a
+        // thread with it (through the trampoline, when a step starts at
+        // the point's position).
+        let stepped = self.tools.tracing.is_some() || self.tools.debug.is_some();
+        let ignored = if stepped { TF } else { 0 };
         let written = self
             .tools
             .debug

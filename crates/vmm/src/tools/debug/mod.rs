@@ -225,8 +225,9 @@ pub struct Stop {
 /// A stepping in progress.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Stepping {
-    /// The thread runs one instruction under the trap flag.
-    Trap(u32),
+    /// The thread runs one instruction under the trap flag, from where it
+    /// stood (`from`) after `ordinal` exits and points.
+    Trap { from: UserPoint, ordinal: u64 },
     /// The thread is in the kernel (or about to enter it with a system
     /// call): stop at its first user instruction after the kernel.
     AtReturn(u32),
@@ -564,7 +565,7 @@ impl DebugTool {
     fn watch_hit(&mut self, m: &mut Machine, addr: u64) -> Result<(), VmError> {
         match self.resume {
             Resume::Continue | Resume::Step(_) if self.stop.is_none() => {
-                if matches!(self.stepping.take(), Some(Stepping::Trap(_))) {
+                if matches!(self.stepping.take(), Some(Stepping::Trap { .. })) {
                     // The step is over: the instruction completed.
                     let mut regs = m.vcpu.regs()?;
                     regs.rflags &= !TF;
@@ -675,9 +676,7 @@ impl DebugTool {
                     // instruction later).
                     self.stepping = Some(Stepping::AtReturn(lwpid));
                 } else {
-                    self.stepping = Some(Stepping::Trap(lwpid));
-                    regs.rflags |= TF;
-                    m.vcpu.set_regs(&regs)?;
+                    self.trap_step(m, lwpid, regs)?;
                 }
             }
             Resume::Step(lwpid) => self.stepping = Some(Stepping::ReturnThenTrap(lwpid)),
@@ -720,6 +719,22 @@ impl DebugTool {
     /// whether the trap flag must end that (not for a system call, which
     /// the trap flag would end one instruction late: the breakpoint goes
     /// back at the next return to user mode).
+    /// Thread `lwpid`, in user mode with `regs`, runs one instruction
+    /// under the trap flag.
+    fn trap_step(
+        &mut self,
+        m: &mut Machine,
+        lwpid: u32,
+        mut regs: kvm_regs,
+    ) -> Result<(), VmError> {
+        self.stepping = Some(Stepping::Trap {
+            from: UserPoint::of(lwpid, &regs),
+            ordinal: self.ordinal,
+        });
+        regs.rflags |= TF;
+        m.vcpu.set_regs(&regs)
+    }
+
     fn step_over_breakpoint(
         &mut self,
         m: &mut Machine,
@@ -1140,7 +1155,13 @@ impl DebugTool {
         }
         let mut user = frame.user_regs(&regs);
         let lwpid = self.tasks.current_thread();
-        let stepping = matches!(self.stepping, Some(Stepping::Trap(l)) if Some(l) == lwpid);
+        let step = match self.stepping {
+            Some(Stepping::Trap { from, ordinal }) if Some(from.lwpid) == lwpid => {
+                Some((from, ordinal))
+            }
+            _ => None,
+        };
+        let stepping = step.is_some();
         // Inside a trampoline that searches for an asynchronous point, the
         // step goes on until the program's next instruction (one the
         // trampoline moved, or the code it returns to).
@@ -1156,6 +1177,19 @@ impl DebugTool {
             .as_ref()
             .is_some_and(|(orig, _)| search.patch_at(cr3) == Some(*orig));
         if stepping && in_stub && (moved.is_none() || jumped) {
+            return return_by_iret(m, &frame, user);
+        }
+        // A step that started where an asynchronous point was recorded ran
+        // the trampoline, which found the point: its store left the trap
+        // pending at the position, the instruction not run yet (the
+        // interrupt the point delivers comes first). The step goes on.
+        if let Some((from, _)) = step.filter(|&(from, ordinal)| {
+            !in_stub && ordinal != self.ordinal && from == UserPoint::of(from.lwpid, &user)
+        }) {
+            self.stepping = Some(Stepping::Trap {
+                from,
+                ordinal: self.ordinal,
+            });
             return return_by_iret(m, &frame, user);
         }
         user.rflags &= !TF;
@@ -1266,11 +1300,9 @@ impl DebugTool {
                 self.stop_here(m, kind)?;
             }
             Some(Stepping::ReturnThenTrap(l)) if l == lwpid => {
-                self.stepping = Some(Stepping::Trap(l));
                 let mut regs = m.vcpu.regs()?;
                 self.step_over_breakpoint(m, &mut regs)?;
-                regs.rflags |= TF;
-                m.vcpu.set_regs(&regs)?;
+                self.trap_step(m, l, regs)?;
             }
             _ => {}
         }
