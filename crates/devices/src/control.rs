@@ -11,15 +11,24 @@
 //! returns the size of the run's archive, which `/init` then fetches with
 //! `CODE_FETCH` messages (docs/ARCHITECTURE.md, "Boot snapshots"). The
 //! guest kernel hands the VMM its larger copies to and from user memory
-//! (`CODE_COPY`).
+//! (`CODE_COPY`), and loads the PIT's channel 0 with counts wider than 16
+//! bits (`CODE_PIT_COUNT`), where a 32-bit read of port 0x0f0c
+//! (`FEATURES_PORT`) says the VMM takes them.
 
 pub const CONTROL_PORT: u16 = 0x0f00;
-/// Ports the device decodes (three 32-bit registers).
-pub const CONTROL_PORTS: u16 = 12;
+/// Ports the device decodes (four 32-bit registers).
+pub const CONTROL_PORTS: u16 = 16;
 /// The user-mode event doorbell.
 pub const EVENT_PORT: u16 = 0x0f04;
 /// Reads: the size of the run's archive in bytes.
 pub const ARCHIVE_PORT: u16 = 0x0f08;
+/// Reads: what this VMM offers the guest kernel, `FEATURE_*` bits (bit
+/// 31 always clear: a read where nothing answers gives all ones).
+pub const FEATURES_PORT: u16 = 0x0f0c;
+/// The PIT's channel 0 takes counts of up to 24 bits (`CODE_PIT_COUNT`).
+pub const FEATURE_PIT_COUNT: u32 = 1 << 0;
+/// Everything this VMM offers.
+pub const FEATURES: u32 = FEATURE_PIT_COUNT;
 /// Read value: "INSG".
 pub const CONTROL_SIGNATURE: u32 = 0x4753_4e49;
 
@@ -35,6 +44,7 @@ const CODE_READY: u8 = 0x09;
 const CODE_FETCH: u8 = 0x0a;
 const CODE_TERMINAL: u8 = 0x0b;
 const CODE_COPY: u8 = 0x0c;
+const CODE_PIT_COUNT: u8 = 0x0d;
 /// An argument flag of `CODE_INIT_REACHED`: `/init` will say which
 /// terminal the command has (`CODE_TERMINAL`). An `/init` from before that
 /// message gives its command the serial console.
@@ -96,6 +106,11 @@ pub enum ControlMessage {
     /// address RSI to RDI (to or from user memory) and to write the count
     /// of bytes it could not copy to the u64 at virtual address R8.
     Copy,
+    /// The guest kernel loads the PIT's channel 0 (in a one-shot mode)
+    /// with this count of its input clock's ticks, 1 to 2^24 - 1: one
+    /// exit instead of two byte writes, and up to 14 s where 16 bits give
+    /// 55 ms between the interrupts of a stopped tick.
+    PitCount(u32),
     /// A write this version does not understand.
     Unknown(u32),
 }
@@ -119,6 +134,7 @@ impl ControlMessage {
             CODE_FETCH => ControlMessage::Fetch,
             CODE_TERMINAL if arg <= 1 => ControlMessage::Terminal { virtio: arg == 1 },
             CODE_COPY if arg == 0 => ControlMessage::Copy,
+            CODE_PIT_COUNT if arg > 0 => ControlMessage::PitCount(arg),
             _ => ControlMessage::Unknown(value),
         }
     }
@@ -142,6 +158,8 @@ pub fn read(offset: u16, data: &mut [u8], archive_len: u32) {
     regs[..4].copy_from_slice(&CONTROL_SIGNATURE.to_le_bytes());
     let archive = usize::from(ARCHIVE_PORT - CONTROL_PORT);
     regs[archive..archive + 4].copy_from_slice(&archive_len.to_le_bytes());
+    let features = usize::from(FEATURES_PORT - CONTROL_PORT);
+    regs[features..features + 4].copy_from_slice(&FEATURES.to_le_bytes());
     for (i, b) in data.iter_mut().enumerate() {
         *b = regs.get(usize::from(offset) + i).copied().unwrap_or(0xff);
     }
@@ -211,6 +229,14 @@ mod tests {
         );
         assert_eq!(ControlMessage::decode(0x0c00_0000), ControlMessage::Copy);
         assert_eq!(
+            ControlMessage::decode(0x0dff_ffff),
+            ControlMessage::PitCount(0xff_ffff)
+        );
+        assert_eq!(
+            ControlMessage::decode(0x0d00_0000),
+            ControlMessage::Unknown(0x0d00_0000)
+        );
+        assert_eq!(
             ControlMessage::decode(0x0c00_0001),
             ControlMessage::Unknown(0x0c00_0001)
         );
@@ -247,7 +273,12 @@ mod tests {
         assert_eq!(u32::from_le_bytes(d), 0x1234_5678);
         read(4, &mut d, 7);
         assert_eq!(d, [0xff; 4]);
+        read(12, &mut d, 7);
+        assert_eq!(u32::from_le_bytes(d), FEATURES);
+        assert_eq!(FEATURES & (1 << 31), 0, "bit 31 tells no answer apart");
         read(10, &mut d, 0x1234_5678);
-        assert_eq!(d, [0x34, 0x12, 0xff, 0xff]);
+        assert_eq!(d, [0x34, 0x12, FEATURES as u8, (FEATURES >> 8) as u8]);
+        read(14, &mut d, 0x1234_5678);
+        assert_eq!(d[2..], [0xff, 0xff], "past the registers");
     }
 }

@@ -29,7 +29,8 @@ enum ByteAccess {
 struct Channel {
     mode: u8,
     access: ByteAccess,
-    /// Reload value; 0 stands for 65536.
+    /// Reload value; 0 stands for 65536. Channel 0 may take wider ones
+    /// (`Pit::load_wide_count`).
     reload: u32,
     /// VM time the current count was loaded (or the gate last rose).
     loaded_at_ns: u64,
@@ -253,6 +254,23 @@ impl Pit {
         }
     }
 
+    /// Loads channel 0 with `count` ticks at once, past the 16 bits its
+    /// data port takes (insight's control port, `CODE_PIT_COUNT`): a
+    /// one-shot mode's interrupt comes `count` ticks from now. False, and
+    /// nothing changes, in another mode or with a count of 0.
+    pub fn load_wide_count(&mut self, count: u32, now_ns: u64) -> bool {
+        let ch = &mut self.channels[0];
+        if count == 0 || !matches!(ch.mode, 0 | 4) {
+            return false;
+        }
+        ch.reload = count;
+        ch.loaded_at_ns = now_ns;
+        ch.running = true;
+        ch.write_low = None;
+        self.schedule_channel0();
+        true
+    }
+
     fn write_command(&mut self, value: u8, now_ns: u64) {
         let select = value >> 6;
         if select == 3 {
@@ -353,6 +371,33 @@ mod tests {
         assert!(pit.poll(5 * period + 7));
         assert!(!pit.poll(5 * period + 8));
         assert_eq!(pit.next_irq_ns(), Some(6 * period));
+    }
+
+    #[test]
+    fn a_wide_count_sets_a_one_shot_seconds_away_in_one_write() {
+        let mut pit = Pit::new();
+        // Linux's oneshot setup: mode 4, no count yet.
+        pit.write(0x43, 0x38, 0);
+        assert_eq!(pit.next_irq_ns(), None);
+        // 10 s of ticks, more than 16 bits hold.
+        assert!(pit.load_wide_count(11_931_820, 5 * MS));
+        let due = pit.next_irq_ns().unwrap();
+        assert!(
+            (10_005 * MS - 1000..10_005 * MS + 1000).contains(&due),
+            "{due}"
+        );
+        assert!(!pit.poll(due - 1));
+        assert!(pit.poll(due));
+        assert_eq!(pit.next_irq_ns(), None, "one interrupt, not a period");
+        // The data port's 16-bit counts still work after it.
+        program(&mut pit, 0, 4, 1193, due);
+        assert!(pit.poll(due + MS + 1000));
+        // Not in a periodic mode, and not a count of 0.
+        program(&mut pit, 0, 2, 11932, 0);
+        let periodic = pit.next_irq_ns();
+        assert!(!pit.load_wide_count(11_931_820, 0));
+        assert!(!pit.load_wide_count(0, 0));
+        assert_eq!(pit.next_irq_ns(), periodic);
     }
 
     #[test]

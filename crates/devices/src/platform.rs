@@ -162,6 +162,11 @@ impl<W: Write> LegacyPlatform<W> {
             PortOwner::Cmos => self.cmos.write(port, value),
             PortOwner::Serial(offset) => self.serial.write(offset, value),
             PortOwner::Control(offset) => match control::decode_write(offset, data) {
+                Some(ControlMessage::PitCount(count)) => {
+                    if !self.pit.load_wide_count(count, now_ns) {
+                        self.stats.unknown_control_messages += 1;
+                    }
+                }
                 Some(ControlMessage::Unknown(_)) | None => self.stats.unknown_control_messages += 1,
                 Some(message) => self.messages.push(message),
             },
@@ -246,6 +251,30 @@ mod tests {
         assert!(!p.pic.has_pending());
         p.advance_to(due);
         assert_eq!(p.pic.acknowledge(), Some(0x30));
+    }
+
+    #[test]
+    fn the_control_port_loads_the_pits_one_shot_with_a_wide_count() {
+        let mut p = platform();
+        let mut d = [0u8; 4];
+        p.port_read(0xf0c, &mut d, 0);
+        assert_ne!(u32::from_le_bytes(d) & control::FEATURE_PIT_COUNT, 0);
+        // In a periodic mode the message is refused, and counted.
+        p.port_write(0x43, &[0x34], 0);
+        p.port_write(0xf00, &0x0d12_3456u32.to_le_bytes(), 0);
+        assert_eq!(p.next_timer_ns(), None);
+        assert_eq!(p.stats().unknown_control_messages, 1);
+        // One-shot (mode 4, as Linux sets it): the interrupt comes that
+        // many ticks later, past the 55 ms of 16 bits.
+        p.port_write(0x43, &[0x38], 0);
+        p.port_write(0xf00, &0x0d12_3456u32.to_le_bytes(), 1000);
+        let due = p.next_timer_ns().unwrap();
+        let ticks = (due - 1000) * crate::pit::PIT_HZ / 1_000_000_000;
+        assert!((0x12_3455..=0x12_3456).contains(&ticks), "{ticks:#x}");
+        assert!(p.take_messages().is_empty(), "the platform's own message");
+        p.advance_to(due);
+        assert_eq!(p.pic.acknowledge(), Some(0x30));
+        assert_eq!(p.stats().unknown_control_messages, 1);
     }
 
     #[test]

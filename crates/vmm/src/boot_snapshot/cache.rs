@@ -23,8 +23,9 @@ use guest::{Start, VmSpec};
 /// 2: the virtio console offers its write register (a snapshot's driver
 /// negotiated without it). 3: and its write register for a process's own
 /// memory. 4: the VMM makes the copies the guest kernel asks for (a guest
-/// an older VMM left unanswered stopped asking).
-pub const SNAPSHOT_FORMAT: u32 = 4;
+/// an older VMM left unanswered stopped asking). 5: it offers wide PIT
+/// counts (a guest that booted without them programs the PIT as before).
+pub const SNAPSHOT_FORMAT: u32 = 5;
 /// Snapshots kept; the least recently used go first.
 pub const MAX_CACHED: usize = 8;
 /// File name extension of a cached snapshot.

@@ -175,7 +175,8 @@ fn messages<M: Mode>(m: &mut Machine, mode: &mut M) -> Result<Option<StopReason>
                 mode.wrote_for_guest(m, &written)?;
             }
             ControlMessage::Terminal { virtio } => m.vm.status.terminal = Some(virtio),
-            ControlMessage::Sync | ControlMessage::Unknown(_) => {}
+            // (The platform loads the PIT with a wide count itself.)
+            ControlMessage::Sync | ControlMessage::PitCount(_) | ControlMessage::Unknown(_) => {}
         }
     }
     Ok(None)
