@@ -714,11 +714,6 @@ impl DebugTool {
         self.update_returns(m)
     }
 
-    /// If the vCPU stands on one of the breakpoints in user mode, takes
-    /// it out for the instruction under it (`regs` are the vCPU's):
-    /// whether the trap flag must end that (not for a system call, which
-    /// the trap flag would end one instruction late: the breakpoint goes
-    /// back at the next return to user mode).
     /// Thread `lwpid`, in user mode with `regs`, runs one instruction
     /// under the trap flag.
     fn trap_step(
@@ -735,6 +730,11 @@ impl DebugTool {
         m.vcpu.set_regs(&regs)
     }
 
+    /// If the vCPU stands on one of the breakpoints in user mode, takes
+    /// it out for the instruction under it (`regs` are the vCPU's):
+    /// whether the trap flag must end that (not for a system call, which
+    /// the trap flag would end one instruction late: the breakpoint goes
+    /// back at the next return to user mode).
     fn step_over_breakpoint(
         &mut self,
         m: &mut Machine,
