@@ -372,10 +372,7 @@ fn breakpoints_go_back_hit_by_hit_and_every_thread_has_a_stack() {
 /// The states gdb printed with `printf "TAG %d %lx %lx %lx %lx\n"`, by
 /// step, for `tag`.
 fn states(output: &str, tag: &str) -> Vec<(u64, String)> {
-    // gdb may leave a line it printed for a step unfinished ("0x...\t").
-    output
-        .lines()
-        .filter_map(|l| l.rsplit('\t').next()?.strip_prefix(tag)?.strip_prefix(' '))
+    tagged_lines(output, tag)
         .filter_map(|l| {
             let (i, state) = l.split_once(' ')?;
             Some((i.parse().ok()?, state.to_owned()))
@@ -560,11 +557,17 @@ fn steps_cross_an_asynchronous_preemption_point_and_come_back() {
     let _ = std::fs::remove_dir_all(trace);
 }
 
-/// The register values gdb printed on the line tagged `tag` ("TAG A B ...").
-fn tagged(output: &str, tag: &str) -> Vec<u64> {
+/// What follows "TAG " in the lines of `output` that begin with it.
+fn tagged_lines<'a>(output: &'a str, tag: &'a str) -> impl Iterator<Item = &'a str> {
+    // gdb may leave a line it printed for a step unfinished ("0x...\t").
     output
         .lines()
-        .filter_map(|l| l.rsplit('\t').next()?.strip_prefix(tag)?.strip_prefix(' '))
+        .filter_map(move |l| l.rsplit('\t').next()?.strip_prefix(tag)?.strip_prefix(' '))
+}
+
+/// The register values gdb printed on the line tagged `tag` ("TAG A B ...").
+fn tagged(output: &str, tag: &str) -> Vec<u64> {
+    tagged_lines(output, tag)
         .next()
         .map(|rest| {
             rest.split(' ')
