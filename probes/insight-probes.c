@@ -279,6 +279,12 @@ static void *gate_in_maps(void **heap)
 
 __attribute__((constructor)) static void probes_init(void)
 {
+	/* First: a thread's header is filled at its first event, the name
+	 * with it, and the steps below could raise one once active. (The
+	 * pid is asked for at that first event: a process that raises none,
+	 * a shell's child that only executes another program, pays no
+	 * system call for it.) */
+	strncpy(comm, program_invocation_short_name, sizeof(comm) - 1);
 	resolve_all();
 	const char *env = getenv("INSIGHT_PROBES");
 	int off = env && strcmp(env, "off") == 0;
@@ -298,10 +304,6 @@ __attribute__((constructor)) static void probes_init(void)
 		notify_by = NOTIFY_PORT;
 	else
 		notify_by = NOTIFY_INT3;
-	/* The pid is asked for at the first event: a process that raises
-	 * none (a shell's child that only executes another program) pays no
-	 * system call for it. */
-	strncpy(comm, program_invocation_short_name, sizeof(comm) - 1);
 }
 
 /*
