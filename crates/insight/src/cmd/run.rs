@@ -58,8 +58,8 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
             err,
             "insight: /init reached at {init}; guest ran {:.3} s; exits: {} port I/O, {} MMIO, \
              {} HLT, {} kicks; {} interrupts injected; {} instructions completed for the emulator; \
-             {} reads and {} writes of unassigned ports; {} copies to or from user memory by \
-             the VMM ({:.1} MiB; {} left partly to the guest kernel)",
+             {} reads and {} writes of unassigned ports; {} copies by the VMM for the guest \
+             kernel ({:.1} MiB; {} left partly to it)",
             outcome.elapsed.as_secs_f64(),
             outcome.exits.port_io,
             outcome.exits.mmio,

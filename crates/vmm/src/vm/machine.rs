@@ -234,8 +234,9 @@ impl Machine {
         .map_err(|e| bad(format!("into a buffer at {gva:#x} it cannot write ({e})")))
     }
 
-    /// The guest kernel hands a copy to or from user memory to the VMM
-    /// (`ControlMessage::Copy`, guest kernel patch 0013): RCX bytes from
+    /// The guest kernel hands a copy to or from user memory (guest kernel
+    /// patch 0013), or a page it clears or copies (patch 0015), to the VMM
+    /// (`ControlMessage::Copy`): RCX bytes from
     /// virtual address RSI to RDI, both through the current page tables
     /// as the kernel's own copy would go (accessed and dirty bits set; a
     /// write needs every level writable, as with CR0.WP), up to the first
