@@ -581,7 +581,7 @@ fn tagged(output: &str, tag: &str) -> Vec<u64> {
 #[ignore = "needs /dev/kvm, the guest image and gdb (tools/test runs it)"]
 fn a_step_from_where_an_asynchronous_point_was_recorded_finds_it() {
     guest_ready();
-    // A timer interrupt comes due while the kernel clears a MiB of pages
+    // A timer interrupt comes due while the kernel maps a MiB of a file
     // for mmap: the recorder delivers it at an asynchronous point after
     // the call returns, in a loop of slow CPUID instructions (R8 counts
     // its rounds down from 1000) or at the return itself (RCX = RIP).
