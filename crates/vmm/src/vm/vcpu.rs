@@ -118,6 +118,17 @@ impl Vcpu {
         self.fd.get_sregs().map_err(kvm_err("GET_SREGS"))
     }
 
+    /// Sets the system registers in KVM at once (an exception injected
+    /// next is delivered with them); `kvm_run`'s copy, while it holds
+    /// them, says the same.
+    pub(crate) fn set_sregs(&mut self, sregs: &kvm_sregs) -> Result<(), VmError> {
+        self.fd.set_sregs(sregs).map_err(kvm_err("SET_SREGS"))?;
+        if self.in_run.sregs {
+            self.fd.sync_regs_mut().sregs = *sregs;
+        }
+        Ok(())
+    }
+
     /// Has KVM carry the system registers in `kvm_run` too, from the next
     /// exit on (tools that read and write them at every stop).
     pub(crate) fn sync_sregs_at_exits(&mut self) {
@@ -215,7 +226,7 @@ impl Vcpu {
     ) -> Result<(), VmError> {
         let mut sregs = self.sregs()?;
         sregs.cr2 = addr;
-        self.fd.set_sregs(&sregs).map_err(kvm_err("SET_SREGS"))?;
+        self.set_sregs(&sregs)?;
         self.inject_exception(14, Some(u32::from(present) | (u32::from(write) << 1)))
     }
 
