@@ -103,9 +103,9 @@ pub enum ControlMessage {
     /// its driver would drop them) or the serial console.
     Terminal { virtio: bool },
     /// The guest kernel asks the VMM to copy RCX bytes from virtual
-    /// address RSI to RDI (to or from user memory, a page it clears or
-    /// copies: patches 0013 and 0015) and to write the count
-    /// of bytes it could not copy to the u64 at virtual address R8.
+    /// address RSI to RDI (to or from user memory, or a page it clears or
+    /// copies: patches 0013 and 0015) and to write the count of bytes it
+    /// could not copy to the u64 at virtual address R8.
     Copy,
     /// The guest kernel loads the PIT's channel 0 (in a one-shot mode)
     /// with this count of its input clock's ticks, 1 to 2^24 - 1: one

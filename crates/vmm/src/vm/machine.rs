@@ -236,15 +236,15 @@ impl Machine {
 
     /// The guest kernel hands a copy to or from user memory (guest kernel
     /// patch 0013), or a page it clears or copies (patch 0015), to the VMM
-    /// (`ControlMessage::Copy`): RCX bytes from
-    /// virtual address RSI to RDI, both through the current page tables
-    /// as the kernel's own copy would go (accessed and dirty bits set; a
-    /// write needs every level writable, as with CR0.WP), up to the first
-    /// page either side cannot reach. The count of bytes not copied, which
-    /// the kernel copies, and faults on, itself, goes to the u64 at
-    /// virtual address R8. The same memory gives the same copy at the same
-    /// exit in every replay. Returns the guest-physical addresses of the
-    /// pieces written, each within one page.
+    /// (`ControlMessage::Copy`): RCX bytes from virtual address RSI to
+    /// RDI, both through the current page tables as the kernel's own copy
+    /// would go (accessed and dirty bits set; a write needs every level
+    /// writable, as with CR0.WP), up to the first page either side cannot
+    /// reach. The count of bytes not copied, which the kernel copies, and
+    /// faults on, itself, goes to the u64 at virtual address R8. The same
+    /// memory gives the same copy at the same exit in every replay.
+    /// Returns the guest-physical addresses of the pieces written, each
+    /// within one page.
     pub(crate) fn guest_copy(&mut self) -> Result<Vec<u64>, VmError> {
         const PAGE: u64 = gva::PAGE_SIZE;
         let regs = self.vcpu.synced_regs();
