@@ -299,6 +299,21 @@ fn standard_input_reaches_the_guest_console() {
     assert!(stdout.contains("piped-42\n"), "{stdout}");
 }
 
+/// Signal frames on pages never touched (images/workloads/signal_frames.c):
+/// the kernel's XSAVE into a frame that crosses into a page not mapped yet,
+/// which insight completes, raises the page fault the instruction would
+/// have (with CR2 set through KVM_SET_SREGS), the kernel maps the page and
+/// saves again; the program's registers survive each signal, and the
+/// recording replays exactly (an interrupt bit left in the registers set
+/// there would raise an interrupt the recording never logged).
+#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
+#[test]
+fn signal_frames_on_fresh_pages_record_and_replay() {
+    guest_ready();
+    let stdout = record_and_replay("signal-frames", &[], &["signal_frames", "40"], 0, |_, _| {});
+    assert!(stdout.contains("signal_frames: 40 rounds ok"), "{stdout}");
+}
+
 #[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
 #[test]
 fn vector_check_detects_state_an_fxsave_only_kernel_loses() {

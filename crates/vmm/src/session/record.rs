@@ -57,11 +57,6 @@ impl RecordSession {
 
 impl Mode for Recording {
     fn start(&mut self, m: &mut Machine) -> Result<(), VmError> {
-        // Every sampling kick, and most exits, read the system registers
-        // (where the task stands, the page tables a copy goes through):
-        // through `kvm_run`, not an ioctl each (~10 us on nested hosts,
-        // where a mark's whole cost is ~40-70 us).
-        m.vcpu.sync_sregs_at_exits();
         self.points.start(m)
     }
 

@@ -73,6 +73,20 @@ impl Vcpu {
     /// A KVM_RUN is about to load what waits in `kvm_run` and leave the
     /// registers there when it returns.
     fn mark_run(&mut self) {
+        if self.sregs_at_exits {
+            // KVM sets the bit of an interrupt still being delivered in the
+            // system registers it stores at an exit, but does not clear the
+            // others: a bit left there by an earlier exit (measured: the
+            // timer's, at nearly every exit after the first) would be an
+            // interrupt that no longer waits, and a KVM_SET_SREGS of them
+            // raises it again, unlogged. Cleared here, the exit's copy
+            // holds just what KVM sets. A copy set for this KVM_RUN to load
+            // is left as it was.
+            let run = self.fd.get_kvm_run();
+            if run.kvm_dirty_regs & u64::from(kvm_bindings::KVM_SYNC_X86_SREGS) == 0 {
+                self.fd.sync_regs_mut().sregs.interrupt_bitmap = [0; 4];
+            }
+        }
         self.in_run = RunCopies {
             regs: true,
             sregs: self.sregs_at_exits,
