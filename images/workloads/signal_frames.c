@@ -3,18 +3,16 @@
  * touched.
  *
  * Each round spins SPINS (default 20 million) rounds of a register-only
- * loop, long enough for a timer interrupt to be delivered in user code
- * (where a recording delivers it at an asynchronous point), then maps a
- * fresh alternate signal stack (64 KiB, not touched, its top at another
- * place in its last page each round),
- * raises a signal handled on it and checks, after the handler returns, an
- * SSE value held in a register across it and the handler's count. The
- * kernel saves the vector state into the frame on that stack with XSAVE,
- * which insight completes for the guest kernel on hosts that cannot
- * emulate it: the frame's page is not mapped yet, so insight raises the
- * page fault the instruction would have, and the kernel maps the page and
- * saves again. Prints "signal_frames: ROUNDS rounds ok" or what went
- * wrong, and exits 1 then.
+ * loop, maps a fresh alternate signal stack (64 KiB, not touched, its top
+ * at another place in its last page each round), raises a signal handled
+ * on it and checks, after the handler returns, an SSE value held in a
+ * register across it and the handler's count. The kernel saves the vector
+ * state into the frame on that stack with XSAVE, which insight completes
+ * for the guest kernel on hosts that cannot emulate it: where the frame
+ * crosses into a page not mapped yet, insight raises the page fault the
+ * instruction would have, and the kernel maps the page and saves again.
+ * Prints "signal_frames: ROUNDS rounds ok (H)", H a hex digit of the loop's
+ * result, or what went wrong, and exits 1 then.
  */
 #include <emmintrin.h>
 #include <signal.h>
