@@ -173,6 +173,61 @@ fn traced_instructions_and_accesses_are_exact_and_replay_unchanged() {
     assert!(plain_events.contains_key("ALLOC"), "{plain_events:?}");
     assert!(stderr.contains(" MEMACCESS"), "{stderr}");
 
+    // Most instructions were stepped in guest kernel mode, and stepping
+    // each in user mode (--trace-by-traps) writes the same traces and the
+    // same event database.
+    let count = |what: &str| -> u64 {
+        let at = stderr
+            .find(what)
+            .unwrap_or_else(|| panic!("no '{what}' in {stderr}"));
+        let before = stderr[..at].trim_end();
+        before[before.rfind(' ').map_or(0, |i| i + 1)..]
+            .parse()
+            .unwrap_or_else(|e| panic!("{e}: {stderr}"))
+    };
+    let traced_count = count(" instructions and ");
+    let kernel_steps = count(" of them stepped in guest kernel mode");
+    assert!(
+        kernel_steps * 2 > traced_count,
+        "{kernel_steps} of {traced_count} in kernel mode: {stderr}"
+    );
+    let (trap_insns, trap_accesses) = (dir.join("trap-insns.zst"), dir.join("trap-accesses.txt"));
+    let trap_db = dir.join("trap.db");
+    let out = replay_with(
+        &trace,
+        &[
+            "--events",
+            trap_db.to_str().unwrap(),
+            "--trace-process",
+            &pid,
+            "--trace-instructions",
+            trap_insns.to_str().unwrap(),
+            "--trace-registers",
+            "--trace-memory",
+            trap_accesses.to_str().unwrap(),
+            "--trace-by-traps",
+        ],
+    );
+    let (_, trap_stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{trap_stderr}");
+    assert!(
+        trap_stderr.contains(" 0 of them stepped in guest kernel mode"),
+        "{trap_stderr}"
+    );
+    let decoded = |p: &Path| zstd::decode_all(std::fs::File::open(p).unwrap()).unwrap();
+    assert!(
+        decoded(&trap_insns) == decoded(&insns),
+        "instruction traces differ"
+    );
+    assert!(
+        std::fs::read(&trap_accesses).unwrap() == std::fs::read(&accesses).unwrap(),
+        "memory traces differ"
+    );
+    assert!(
+        std::fs::read(&trap_db).unwrap() == std::fs::read(&traced_db).unwrap(),
+        "event databases differ"
+    );
+
     // The hand-written loop: exactly its 2001 instructions. The pid is
     // traced from before its execve: only what follows main's first
     // instruction is the program's (the shell it was forked from is not

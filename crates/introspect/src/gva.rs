@@ -55,6 +55,18 @@ pub fn translate_user(mem: &GuestMemoryMmap, cr3: u64, gva: u64) -> Result<u64, 
     walk(mem, cr3, gva, false, true)
 }
 
+/// Translates `gva` as a user-mode read or write would: every level
+/// present and open to user mode, and writable for a write. Does not touch
+/// the accessed bits.
+pub fn translate_user_access(
+    mem: &GuestMemoryMmap,
+    cr3: u64,
+    gva: u64,
+    write: bool,
+) -> Result<u64, TranslateError> {
+    walk(mem, cr3, gva, write, true)
+}
+
 /// Reads `buf.len()` bytes at `gva` without touching the accessed bits:
 /// the VMM looking, not the guest accessing (the guest's page tables stay
 /// exactly as they were).

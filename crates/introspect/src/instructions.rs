@@ -197,9 +197,41 @@ pub fn accesses(
     insn: &Instruction,
     regs: &UserRegs,
 ) -> Vec<Access> {
+    let mut out = Vec::new();
+    each_access(factory, insn, regs, |access| {
+        if let Some(access) = access {
+            out.push(access);
+        }
+    });
+    out
+}
+
+/// Every access an instruction makes, as [`accesses`] counts them, if the
+/// address of each is known (`None` if one is not: a vector index, or a
+/// size the decoder does not give).
+pub fn all_accesses(
+    factory: &mut InstructionInfoFactory,
+    insn: &Instruction,
+    regs: &UserRegs,
+) -> Option<Vec<Access>> {
+    let mut out = Some(Vec::new());
+    each_access(factory, insn, regs, |access| match (access, &mut out) {
+        (Some(access), Some(list)) => list.push(access),
+        _ => out = None,
+    });
+    out
+}
+
+/// Calls `f` with each memory access of `insn` (`None` for one whose
+/// address or size is unknown).
+fn each_access(
+    factory: &mut InstructionInfoFactory,
+    insn: &Instruction,
+    regs: &UserRegs,
+    mut f: impl FnMut(Option<Access>),
+) {
     let next_ip = insn.next_ip();
     let info = factory.info(insn);
-    let mut out = Vec::new();
     for used in info.used_memory() {
         let kind = match used.access() {
             OpAccess::Read | OpAccess::CondRead => MemAccess::Load,
@@ -209,15 +241,11 @@ pub fn accesses(
             _ => continue,
         };
         let size = used.memory_size().size() as u32;
-        if size == 0 {
-            continue;
-        }
         let addr = used.virtual_address(0, |reg, _, _| regs.value(reg, next_ip));
-        if let Some(addr) = addr {
-            out.push(Access { addr, size, kind });
-        }
+        f(addr
+            .filter(|_| size != 0)
+            .map(|addr| Access { addr, size, kind }));
     }
-    out
 }
 
 /// Bytes of the registers in a record of a trace with registers: the 16

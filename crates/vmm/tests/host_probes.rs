@@ -194,3 +194,14 @@ fn interrupts_injected_at_an_exit_arrive_before_the_next_instruction() {
     let r = host_check::probe_interrupt_delivery(50).unwrap();
     assert_eq!(r.exact, r.rounds, "{r:?}");
 }
+
+#[ignore = "needs /dev/kvm (tools/test runs it)"]
+#[test]
+fn user_code_stepped_in_kernel_mode_runs_as_in_user_mode() {
+    kvm_present();
+    // The replay-time tracer steps these kinds of instruction in guest
+    // kernel mode, where KVM's emulator runs them (`tools::kernel_steps`).
+    let report = host_check::probe_kernel_steps().unwrap();
+    assert!(report.differences.is_empty(), "{:#?}", report.differences);
+    assert!(report.steps > 150, "{report:?}");
+}

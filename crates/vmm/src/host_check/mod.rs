@@ -17,9 +17,11 @@ use vm_memory::{Bytes, GuestAddress};
 
 use crate::{kvm_ext, sys};
 
+mod kernel_steps;
 mod probe_vm;
 mod state_match;
 
+pub use kernel_steps::{probe_kernel_steps, KernelStepReport};
 pub use probe_vm::Privilege;
 use probe_vm::*;
 pub use state_match::{probe_state_match, StateMatchReport};

@@ -164,11 +164,11 @@ impl PointSearch {
         }
     }
 
-    /// A single step of a traced process (a search under way allows for
-    /// it, as for a gate exit).
-    pub(crate) fn traced_step(&mut self) {
+    /// `steps` single steps of a traced process (a search under way
+    /// allows for each, as for a gate exit).
+    pub(crate) fn traced_steps(&mut self, steps: u64) {
         if let Some(search) = &mut self.search {
-            search.gate_exits += 1;
+            search.gate_exits += steps;
         }
     }
 

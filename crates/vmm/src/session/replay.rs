@@ -476,9 +476,11 @@ impl Mode for Replaying {
                 guest_ns: self.log.event_ns(),
                 ..self.log.position()
             };
-            tracer.step(m, events, &self.points, at)?;
+            let steps = tracer.step(m, events, &self.points, at)?;
+            self.points.traced_steps(steps);
+            return Ok(());
         }
-        self.points.traced_step();
+        self.points.traced_steps(1);
         Ok(())
     }
 

@@ -9,6 +9,7 @@ pub mod debug;
 pub(crate) mod events;
 pub(crate) mod exec;
 pub(crate) mod frames;
+pub(crate) mod kernel_steps;
 pub mod probes;
 pub(crate) mod samples;
 pub(crate) mod tracing;

@@ -30,8 +30,13 @@ use super::exec;
 use super::frames::{
     idt_handler, return_by_iret, set_kernel_breakpoints, ExceptionFrame, DEBUG_VECTOR,
 };
+use super::kernel_steps;
 use crate::points::PointSearch;
 use crate::vm::{Machine, VmError};
+
+/// The most instructions stepped in kernel mode at one stop: the vCPU loop
+/// gets its turn (kicks, housekeeping) at least this often.
+const MAX_KERNEL_STEPS: u64 = 1000;
 
 /// The process to trace.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -51,6 +56,10 @@ pub struct ExpansionSpec {
     pub memory: Option<Box<dyn Write + Send>>,
     /// Whether the instruction trace carries each instruction's registers.
     pub registers: bool,
+    /// Whether instructions may be stepped in guest kernel mode, where
+    /// KVM steps them (`kernel_steps`); otherwise each is a debug
+    /// exception in user mode.
+    pub kernel_steps: bool,
 }
 
 /// Where the tracing of the process started.
@@ -84,6 +93,11 @@ pub struct ExpansionStats {
     /// Instructions whose bytes could not be read (on a page the process
     /// unmapped before its next step): counted, not logged.
     pub unreadable: u64,
+    /// Instructions stepped in guest kernel mode (`kernel_steps`), and
+    /// those admitted there that raised an exception or that KVM could
+    /// not emulate, run in user mode instead.
+    pub kernel_steps: u64,
+    pub kernel_steps_refused: u64,
 }
 
 /// How the process to trace is found.
@@ -126,6 +140,8 @@ pub(crate) struct ProcessTracer {
     exit: u64,
     /// The guest's #DB handler, where the breakpoint is.
     handler: Option<u64>,
+    /// `ExpansionSpec::kernel_steps`.
+    kernel_steps: bool,
     instructions: Option<InstructionTrace>,
     memory: Option<MemoryTrace>,
     factory: InstructionInfoFactory,
@@ -152,6 +168,7 @@ impl ProcessTracer {
             stacks: instructions::Stacks::default(),
             exit: 0,
             handler: None,
+            kernel_steps: spec.kernel_steps,
             instructions: spec
                 .instructions
                 .map(|out| InstructionTrace::new(out, spec.registers)),
@@ -315,16 +332,18 @@ impl ProcessTracer {
 
     /// The breakpoint on the guest's #DB handler fired. A step of the
     /// traced process is logged; any other task's trap flag (a fork's
-    /// child inherits it) is cleared. Either way the task goes back to
-    /// user mode where the exception found it. `at`: where replay stands
-    /// in the log.
+    /// child inherits it) is cleared. The instructions that follow, while
+    /// [`kernel_steps::admits`] them, are stepped in kernel mode and logged
+    /// the same way; then the task goes back to user mode where the last
+    /// step left it. `at`: where replay stands in the log. How many steps
+    /// were made.
     pub(crate) fn step(
         &mut self,
         m: &mut Machine,
         events: &mut EventTool,
         search: &PointSearch,
         at: LogPosition,
-    ) -> Result<(), VmError> {
+    ) -> Result<u64, VmError> {
         let synced = m.vcpu.fd.sync_regs();
         let (regs, sregs) = (synced.regs, synced.sregs);
         let cr3 = sregs.cr3;
@@ -337,6 +356,68 @@ impl ProcessTracer {
                 frame.cs
             )));
         }
+        let mut user = frame.user_regs(&regs);
+        let mut steps = 1;
+        let mut stepping = false;
+        loop {
+            let next = self.landed(m, events, search, at, &mut user, &sregs)?;
+            let Some(insn) = next.filter(|_| self.kernel_steps && steps <= MAX_KERNEL_STEPS) else {
+                break;
+            };
+            if kernel_steps::without_effect(&insn) {
+                user.rip = insn.next_ip();
+                steps += 1;
+                self.stats.kernel_steps += 1;
+                continue;
+            }
+            let mut at_insn = UserRegs::from_kvm(&user);
+            (at_insn.fs_base, at_insn.gs_base) = (sregs.fs.base, sregs.gs.base);
+            if !kernel_steps::admits(&m.vm.mem, cr3, &mut self.factory, &insn, &at_insn) {
+                break;
+            }
+            if !stepping {
+                set_kernel_breakpoints(m, &[self.handler.unwrap_or_default()], true)?;
+            }
+            match kernel_steps::step(m, &user, &sregs, !stepping)? {
+                kernel_steps::Stepped::Ran(after) => {
+                    user = after;
+                    steps += 1;
+                    self.stats.kernel_steps += 1;
+                    stepping = true;
+                }
+                kernel_steps::Stepped::Raised | kernel_steps::Stepped::NotEmulated => {
+                    self.stats.kernel_steps_refused += 1;
+                    stepping = true;
+                    break;
+                }
+            }
+        }
+        if stepping {
+            set_kernel_breakpoints(m, &[self.handler.unwrap_or_default()], false)?;
+            // The stop's system registers, which the return starts from.
+            m.vcpu.set_registers_in_run(user, sregs);
+        }
+        return_by_iret(m, &frame, user)?;
+        Ok(steps)
+    }
+
+    /// A step of the task on the CPU came to `user`, in user mode (the
+    /// registers of the stop `sregs`): logs what it ran and what it is
+    /// about to run. The instruction logged as about to run, if it is the
+    /// traced process's own code, whole, and not a system call: one that
+    /// may be stepped in kernel mode.
+    fn landed(
+        &mut self,
+        m: &mut Machine,
+        events: &mut EventTool,
+        search: &PointSearch,
+        at: LogPosition,
+        user: &mut kvm_bindings::kvm_regs,
+        sregs: &kvm_bindings::kvm_sregs,
+    ) -> Result<Option<iced_x86::Instruction>, VmError> {
+        let cr3 = sregs.cr3;
+        let rip = user.rip;
+        let mut next = None;
         events.drain_switches(&m.vm.mem, at.guest_ns)?;
         let current = events.capture.current();
         let in_stub = probe_gate::in_stub_pages(rip, &m.stub_mappings());
@@ -350,12 +431,11 @@ impl ProcessTracer {
         let x = self;
         let mem = &m.vm.mem;
         x.exit = at.exits;
-        let mut user = frame.user_regs(&regs);
         match current {
             Some((pid, lwpid)) if Some(pid) == x.stats.pid => {
                 x.stepping.insert(lwpid);
                 x.seen.insert(lwpid);
-                let mut at = UserRegs::from_kvm(&user);
+                let mut at = UserRegs::from_kvm(user);
                 (at.fs_base, at.gs_base) = (sregs.fs.base, sregs.gs.base);
                 // A thread still where it was, with the same registers,
                 // has not run that instruction yet.
@@ -365,7 +445,8 @@ impl ProcessTracer {
                 // is logged first, before a trampoline's jump or a moved
                 // instruction this step may log.
                 if let Some(before) = x.unread.remove(&lwpid).filter(ran) {
-                    if x.log_step(mem, cr3, lwpid, &before, false)? {
+                    let logged = x.log_step(mem, cr3, lwpid, &before, false)?;
+                    if logged.is_some_and(|i| i.mnemonic() == iced_x86::Mnemonic::Syscall) {
                         // A SYSCALL, whose R11 nobody fixed.
                         x.r11_fix.insert(lwpid);
                         x.in_syscall.insert(lwpid, before.rip + 2);
@@ -380,7 +461,7 @@ impl ProcessTracer {
                     // its log came first: a gap in the trace.)
                     if let Some(ret) = x.in_syscall.get(&lwpid).copied().filter(|&r| r != rip) {
                         x.in_syscall.remove(&lwpid);
-                        x.after_syscall(mem, cr3, lwpid, ret, &mut user, &sregs)?;
+                        x.after_syscall(mem, cr3, lwpid, ret, user, sregs)?;
                         at.gprs[11] = user.r11;
                     }
                     // The jump of a trampoline searching for a point: the
@@ -420,10 +501,11 @@ impl ProcessTracer {
                         x.log_step(mem, cr3, lwpid, &before, false)?;
                     }
                     if let Some(ret) = x.in_syscall.remove(&lwpid) {
-                        x.after_syscall(mem, cr3, lwpid, ret, &mut user, &sregs)?;
+                        x.after_syscall(mem, cr3, lwpid, ret, user, sregs)?;
                         at.gprs[11] = user.r11;
                     }
-                    if x.log_step(mem, cr3, lwpid, &at, true)? {
+                    let logged = x.log_step(mem, cr3, lwpid, &at, true)?;
+                    if logged.is_some_and(|i| i.mnemonic() == iced_x86::Mnemonic::Syscall) {
                         // SYSCALL saves RFLAGS, the trap flag with it, in
                         // R11, where the program would see it: cleared
                         // at the system call's first exit
@@ -433,6 +515,8 @@ impl ProcessTracer {
                         x.r11_fix.insert(lwpid);
                         x.in_syscall.insert(lwpid, rip + 2);
                         x.stepping.remove(&lwpid);
+                    } else {
+                        next = logged;
                     }
                 }
             }
@@ -450,7 +534,7 @@ impl ProcessTracer {
                 .capture
                 .memory_access(at.guest_ns, (pid, *lwpid), *rip, a.addr, value)?;
         }
-        return_by_iret(m, &frame, user)
+        Ok(next)
     }
 
     /// Whether the breakpoint on the #DB handler is armed (debug exits are
@@ -516,7 +600,7 @@ impl ProcessTracer {
 
     /// Logs the instruction the task `lwpid` is about to run (or, if its
     /// bytes are on a page not mapped yet and `may_wait`, keeps it for the
-    /// thread's next step); true if it is a SYSCALL.
+    /// thread's next step): the instruction, if logged whole and decoded.
     fn log_step(
         &mut self,
         mem: &vm_memory::GuestMemoryMmap,
@@ -524,7 +608,7 @@ impl ProcessTracer {
         lwpid: u32,
         regs: &UserRegs,
         may_wait: bool,
-    ) -> Result<bool, VmError> {
+    ) -> Result<Option<iced_x86::Instruction>, VmError> {
         let (bytes, len) = read_instruction(mem, cr3, regs.rip);
         let insn = instructions::decode(&bytes[..len], regs.rip);
         // Cut short by an unmapped page: a prefix may decode as another
@@ -535,13 +619,10 @@ impl ProcessTracer {
             } else {
                 self.stats.unreadable += 1;
             }
-            return Ok(false);
+            return Ok(None);
         }
-        let syscall = insn
-            .as_ref()
-            .is_some_and(|i| i.mnemonic() == iced_x86::Mnemonic::Syscall);
         self.log(lwpid, regs, &bytes[..len], insn.as_ref())?;
-        Ok(syscall)
+        Ok(insn)
     }
 
     /// Writes one instruction (`bytes` read at `regs.rip`, decoded as

@@ -169,6 +169,12 @@ pub struct ReplayArgs {
     /// file: 136 bytes more per instruction before compression.
     #[arg(long, requires = "trace_instructions")]
     pub trace_registers: bool,
+    /// Step every traced instruction in user mode, a debug exception and a
+    /// VM exit each (~106 µs on nested hosts), instead of stepping the
+    /// instructions KVM emulates in guest kernel mode (~10 µs): the traces
+    /// are the same, this is slower (docs/expansion.md).
+    #[arg(long, requires = "trace_process")]
+    pub trace_by_traps: bool,
     /// Serve a gdb (or an IDE) on [ADDR:]PORT instead of replaying to the
     /// end: one process of the recording under gdb, forwards and
     /// backwards, as `insight debug` serves the gdb it starts (loopback

@@ -175,6 +175,7 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
                 (None, Some(_)) => None,
             },
             registers: args.trace_registers,
+            kernel_steps: !args.trace_by_traps,
         }),
         None => None,
     };
@@ -475,6 +476,22 @@ fn report_expansion(stats: &vmm::ExpansionStats, args: &ReplayArgs, replay_time:
         stats.instructions as f64 / secs.max(1e-3),
         written.join(", ")
     );
+    if stats.instructions > 0 {
+        let refused = if stats.kernel_steps_refused > 0 {
+            format!(
+                " ({} more raised an exception there or could not be emulated, and were stepped in \
+                 user mode)",
+                stats.kernel_steps_refused
+            )
+        } else {
+            String::new()
+        };
+        eprintln!(
+            "insight: {} of them stepped in guest kernel mode, where KVM steps an instruction \
+             without the guest's debug exception{refused}",
+            stats.kernel_steps
+        );
+    }
     if stats.unreadable > 0 {
         eprintln!(
             "insight: {} instructions of process {pid} were executed from pages it had unmapped \
