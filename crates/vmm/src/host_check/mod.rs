@@ -309,6 +309,9 @@ pub struct HostReport {
     /// Whether user code can be preempted where it stands and the state
     /// found again at replay (asynchronous points).
     pub state_match: StateMatchReport,
+    /// Whether user code stepped in kernel mode runs as in user mode (the
+    /// replay-time tracer's fast steps).
+    pub kernel_steps: KernelStepReport,
 }
 
 impl HostReport {
@@ -327,6 +330,7 @@ impl HostReport {
             pmu: probe_pmu()?,
             delivery: probe_interrupt_delivery(20)?,
             state_match: probe_state_match()?,
+            kernel_steps: probe_kernel_steps()?,
         })
     }
 

@@ -11,7 +11,9 @@
 //! registers are still the user's), logs the instruction about to run,
 //! and returns to user mode itself. The guest kernel never sees the step,
 //! and these exits are not the exit clock's: interrupts are never
-//! delivered at them.
+//! delivered at them. From such a stop most of the instructions that
+//! follow are stepped in guest kernel mode instead, where KVM steps them
+//! itself for a fraction of a trap's cost (`kernel_steps`).
 
 use std::collections::{HashMap, HashSet};
 use std::io::Write;

@@ -178,6 +178,17 @@ pub fn host_check(args: HostCheckArgs) -> Result<ExitCode> {
             )
         }
     );
+    let k = &r.kernel_steps;
+    println!(
+        "  user code stepped in kernel mode: {}",
+        match k.differences.first() {
+            None => format!(
+                "runs as in user mode ({} steps, one instruction each)",
+                k.steps
+            ),
+            Some(first) => format!("differs from user mode: {first}"),
+        }
+    );
     println!("  host branch counter (PMU):       {pmu}");
     println!(
         "  PMU counters offered to guests:  {}",
@@ -202,6 +213,17 @@ pub fn host_check(args: HostCheckArgs) -> Result<ExitCode> {
         println!(
             "  preemption: only at deterministic exits (a busy-waiting program may not finish \
              while recording)"
+        );
+    }
+    if r.kernel_steps.differences.is_empty() {
+        println!(
+            "  tracing (replay --trace-process): most user instructions stepped in guest kernel \
+             mode, without a debug exception each"
+        );
+    } else {
+        println!(
+            "  tracing (replay --trace-process): every user instruction a debug exception (its \
+             kernel-mode steps differ here)"
         );
     }
     println!(

@@ -175,7 +175,7 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
                 (None, Some(_)) => None,
             },
             registers: args.trace_registers,
-            kernel_steps: !args.trace_by_traps,
+            kernel_steps: !args.trace_by_traps && kernel_steps_work(),
         }),
         None => None,
     };
@@ -498,6 +498,30 @@ fn report_expansion(stats: &vmm::ExpansionStats, args: &ReplayArgs, replay_time:
              before they could be read: counted, not in the traces",
             stats.unreadable
         );
+    }
+}
+
+/// Whether this host's KVM steps user code in guest kernel mode as it runs
+/// in user mode (a probe guest, ~0.1 s): if not, the tracing steps every
+/// instruction by a debug exception, and says so.
+fn kernel_steps_work() -> bool {
+    match vmm::host_check::probe_kernel_steps() {
+        Ok(report) if report.differences.is_empty() => true,
+        Ok(report) => {
+            eprintln!(
+                "insight: this host's KVM does not step user code in kernel mode as it runs in \
+                 user mode ({}): every traced instruction is a debug exception, slower",
+                report.differences.join("; ")
+            );
+            false
+        }
+        Err(e) => {
+            eprintln!(
+                "insight: cannot check how this host's KVM steps user code in kernel mode ({e}): \
+                 every traced instruction is a debug exception, slower"
+            );
+            false
+        }
     }
 }
 
