@@ -113,6 +113,14 @@ struct Finder {
     exec: Option<(u32, u64, String)>,
 }
 
+/// How the tracer steps.
+struct Stepping {
+    /// The guest's #DB handler, where the breakpoint is (once armed).
+    handler: Option<u64>,
+    /// Whether it may step in guest kernel mode (`ExpansionSpec::kernel_steps`).
+    in_kernel_mode: bool,
+}
+
 /// Single-stepping one process at replay.
 pub(crate) struct ProcessTracer {
     finder: Finder,
@@ -140,10 +148,7 @@ pub(crate) struct ProcessTracer {
     stacks: instructions::Stacks,
     /// Deterministic exits replayed before the step under way.
     exit: u64,
-    /// The guest's #DB handler, where the breakpoint is.
-    handler: Option<u64>,
-    /// `ExpansionSpec::kernel_steps`.
-    kernel_steps: bool,
+    how: Stepping,
     instructions: Option<InstructionTrace>,
     memory: Option<MemoryTrace>,
     factory: InstructionInfoFactory,
@@ -169,8 +174,10 @@ impl ProcessTracer {
             to_capture: Vec::new(),
             stacks: instructions::Stacks::default(),
             exit: 0,
-            handler: None,
-            kernel_steps: spec.kernel_steps,
+            how: Stepping {
+                handler: None,
+                in_kernel_mode: spec.kernel_steps,
+            },
             instructions: spec
                 .instructions
                 .map(|out| InstructionTrace::new(out, spec.registers)),
@@ -300,10 +307,10 @@ impl ProcessTracer {
                 return Ok(());
             }
         }
-        if x.handler.is_none() {
+        if x.how.handler.is_none() {
             let handler = idt_handler(&m.vm.mem, sregs.cr3, sregs.idt.base, DEBUG_VECTOR)?;
             set_kernel_breakpoints(m, &[handler], false)?;
-            x.handler = Some(handler);
+            x.how.handler = Some(handler);
         }
         if sregs.cs.selector & 3 == 3 {
             // The exit's instruction is completed first: its registers
@@ -363,7 +370,8 @@ impl ProcessTracer {
         let mut stepping = false;
         loop {
             let next = self.landed(m, events, search, at, &mut user, &sregs)?;
-            let Some(insn) = next.filter(|_| self.kernel_steps && steps <= MAX_KERNEL_STEPS) else {
+            let Some(insn) = next.filter(|_| self.how.in_kernel_mode && steps <= MAX_KERNEL_STEPS)
+            else {
                 break;
             };
             if kernel_steps::without_effect(&insn) {
@@ -378,7 +386,7 @@ impl ProcessTracer {
                 break;
             }
             if !stepping {
-                set_kernel_breakpoints(m, &[self.handler.unwrap_or_default()], true)?;
+                set_kernel_breakpoints(m, &[self.how.handler.unwrap_or_default()], true)?;
             }
             match kernel_steps::step(m, &user, &sregs, !stepping)? {
                 kernel_steps::Stepped::Ran(after) => {
@@ -395,7 +403,7 @@ impl ProcessTracer {
             }
         }
         if stepping {
-            set_kernel_breakpoints(m, &[self.handler.unwrap_or_default()], false)?;
+            set_kernel_breakpoints(m, &[self.how.handler.unwrap_or_default()], false)?;
             // The stop's system registers, which the return starts from.
             m.vcpu.set_registers_in_run(user, sregs);
         }
@@ -542,7 +550,7 @@ impl ProcessTracer {
     /// Whether the breakpoint on the #DB handler is armed (debug exits are
     /// then the tracer's).
     pub(crate) fn armed(&self) -> bool {
-        self.handler.is_some()
+        self.how.handler.is_some()
     }
 
     /// The run ended: the traces are flushed.
