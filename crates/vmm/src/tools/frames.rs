@@ -113,10 +113,7 @@ pub(crate) fn set_kernel_breakpoints(
         // Li: local enable; R/W and LEN 0: execution, one byte.
         debug.arch.debugreg[7] |= 1 << (2 * i);
     }
-    m.vcpu
-        .fd
-        .set_guest_debug(&debug)
-        .map_err(kvm_err("SET_GUEST_DEBUG"))?;
+    m.vcpu.set_guest_debug(&debug)?;
     // Each stop reads and writes both register sets: through `kvm_run`,
     // not four ioctls.
     m.vcpu.sync_sregs_at_exits();

@@ -37,6 +37,9 @@ pub struct Vcpu {
     in_run: RunCopies,
     /// KVM stores the system registers in `kvm_run` at every exit.
     sregs_at_exits: bool,
+    /// The debug control last set without single-stepping (control word
+    /// and debug registers): setting it again changes nothing.
+    guest_debug: Option<(u32, [u64; 8])>,
 }
 
 /// Whether `kvm_run`'s copies of the general and the system registers are
@@ -61,6 +64,7 @@ impl Vcpu {
             host_cpu: None,
             in_run: RunCopies::default(),
             sregs_at_exits: false,
+            guest_debug: None,
         }
     }
 
@@ -145,6 +149,26 @@ impl Vcpu {
 
     /// Has KVM carry the system registers in `kvm_run` too, from the next
     /// exit on (tools that read and write them at every stop).
+    /// Sets KVM's debug control (breakpoints, single-stepping). The same
+    /// breakpoints again without single-stepping are not set again (the
+    /// debugger and the tracer set them at every stop); a single step is
+    /// always set, as KVM takes it from where the vCPU stands.
+    pub(crate) fn set_guest_debug(
+        &mut self,
+        debug: &kvm_bindings::kvm_guest_debug,
+    ) -> Result<(), VmError> {
+        let key = (debug.control, debug.arch.debugreg);
+        let stepping = debug.control & kvm_bindings::KVM_GUESTDBG_SINGLESTEP != 0;
+        if !stepping && self.guest_debug == Some(key) {
+            return Ok(());
+        }
+        self.fd
+            .set_guest_debug(debug)
+            .map_err(kvm_err("SET_GUEST_DEBUG"))?;
+        self.guest_debug = (!stepping).then_some(key);
+        Ok(())
+    }
+
     pub(crate) fn sync_sregs_at_exits(&mut self) {
         self.fd
             .set_sync_valid_reg(kvm_ioctls::SyncReg::SystemRegister);
