@@ -144,6 +144,29 @@ fn gdt_segment(
     ))
 }
 
+/// The guest kernel's code and stack segments, as a system call loads
+/// them (the selectors STAR names), for a vCPU with system registers
+/// `sregs`.
+pub(crate) fn kernel_segments(
+    m: &mut Machine,
+    sregs: &kvm_sregs,
+) -> Result<(kvm_segment, kvm_segment), VmError> {
+    let mut msrs = kvm_bindings::Msrs::from_entries(&[kvm_bindings::kvm_msr_entry {
+        index: MSR_STAR,
+        ..Default::default()
+    }])
+    .map_err(|_| VmError::Debug("cannot make an MSR list".into()))?;
+    if m.vcpu.fd.get_msrs(&mut msrs).map_err(kvm_err("GET_MSRS"))? != 1 {
+        return Err(VmError::Debug("cannot read STAR".into()));
+    }
+    let kernel_cs = (msrs.as_slice()[0].data >> 32) & 0xfffc;
+    let cr3 = sregs.cr3;
+    Ok((
+        gdt_segment(&m.vm.mem, cr3, sregs, kernel_cs)?,
+        gdt_segment(&m.vm.mem, cr3, sregs, kernel_cs + 8)?,
+    ))
+}
+
 /// MSRs a fast system-call return uses.
 const MSR_STAR: u32 = 0xc000_0081;
 const MSR_KERNEL_GS_BASE: u32 = 0xc000_0102;

@@ -26,8 +26,8 @@ use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
 
 use iced_x86::{Instruction, InstructionInfoFactory, Mnemonic, OpKind};
 use introspect::guest_events::KERNEL_START;
-use introspect::gva;
 use introspect::instructions::{self, UserRegs, TF};
+use introspect::{gva, probe_gate};
 
 use crate::vm::{kvm_err, Machine, VmError};
 
@@ -173,12 +173,15 @@ pub(crate) enum Stepped {
 /// Runs the user instruction at `user` (admitted, logged) in kernel mode
 /// with the system registers of the stop `stop` (`first`: the first of
 /// the stop, which loads them). Unless it ran, the vCPU is left as at the
-/// stop, with `user`.
+/// stop, with `user`. A step into the trampoline pages `stubs` (the probe
+/// gate, a search's trampoline) is taken back too: there the user-mode
+/// step knows what to do.
 pub(crate) fn step(
     m: &mut Machine,
     user: &kvm_regs,
     stop: &kvm_sregs,
     first: bool,
+    stubs: &[u64],
 ) -> Result<Stepped, VmError> {
     let mut regs = *user;
     regs.rflags &= !KEPT;
@@ -210,8 +213,10 @@ pub(crate) fn step(
         }
     }
     let after = m.vcpu.fd.sync_regs();
-    if after.regs.rip >= KERNEL_START || after.sregs.cs.selector != stop.cs.selector {
-        // An exception, delivered on the user's stack: taken back.
+    let raised = after.regs.rip >= KERNEL_START || after.sregs.cs.selector != stop.cs.selector;
+    if raised || probe_gate::in_stub_pages(after.regs.rip, stubs) {
+        // An exception, delivered on the user's stack, or a jump or call
+        // into the trampoline pages: taken back.
         for (start, bytes) in saved {
             let at = below + start as u64;
             gva::write_virt(&m.vm.mem, stop.cr3, at, &stack[start..start + bytes]).map_err(

@@ -388,7 +388,8 @@ impl ProcessTracer {
             if !stepping {
                 set_kernel_breakpoints(m, &[self.how.handler.unwrap_or_default()], true)?;
             }
-            match kernel_steps::step(m, &user, &sregs, !stepping)? {
+            let stubs = m.stub_mappings();
+            match kernel_steps::step(m, &user, &sregs, !stepping, &stubs)? {
                 kernel_steps::Stepped::Ran(after) => {
                     user = after;
                     steps += 1;

@@ -32,13 +32,14 @@ use self::breakpoints::Breakpoints;
 use self::tasks::{auxv_at_start, Tasks};
 use super::exec::{exec_call, fork_call, is_kernel_entry};
 use super::frames::{
-    idt_handler, return_by_iret, set_kernel_breakpoints, ExceptionFrame, BREAKPOINT_VECTOR,
+    self, idt_handler, return_by_iret, set_kernel_breakpoints, ExceptionFrame, BREAKPOINT_VECTOR,
     DEBUG_VECTOR,
 };
+use super::kernel_steps;
 use crate::points::PointSearch;
 use crate::vm::{Machine, VmError};
 use introspect::gva::peek_user;
-use introspect::instructions::TF;
+use introspect::instructions::{self, TF};
 use journal::preempt::state::CR3_ROOT;
 use journal::Entry;
 
@@ -296,6 +297,9 @@ struct KernelTraps {
     /// The kernel breakpoint being stepped over (it would fire again at
     /// the same instruction).
     stepping_over_kernel: bool,
+    /// The guest kernel's code and stack segments (once read), which a
+    /// step made in kernel mode runs with.
+    kernel_segments: Option<(kvm_bindings::kvm_segment, kvm_bindings::kvm_segment)>,
 }
 
 /// When the replay pauses for a snapshot.
@@ -675,6 +679,8 @@ impl DebugTool {
                     // kernel returns to (the trap flag would end it one
                     // instruction later).
                     self.stepping = Some(Stepping::AtReturn(lwpid));
+                } else if self.lifted.is_none() && self.kernel_step(m, &regs)? {
+                    self.stop_here(m, StopKind::Step)?;
                 } else {
                     self.trap_step(m, lwpid, regs)?;
                 }
@@ -728,6 +734,63 @@ impl DebugTool {
         });
         regs.rflags |= TF;
         m.vcpu.set_regs(&regs)
+    }
+
+    /// Runs the instruction the thread stands at in user mode (`regs`) in
+    /// guest kernel mode, where KVM steps it without the guest's debug
+    /// exception (`kernel_steps`), if it qualifies: whether it ran (the
+    /// vCPU is in user mode after it). Not with watchpoints (a store to a
+    /// watched page must go through them) nor in the code a search's
+    /// trampoline patches.
+    fn kernel_step(&mut self, m: &mut Machine, regs: &kvm_regs) -> Result<bool, VmError> {
+        let sregs = m.vcpu.sregs()?;
+        let cr3 = sregs.cr3;
+        let patched = self.avoid.is_some_and(|(space, start, end)| {
+            space == cr3 & CR3_ROOT && regs.rip < end && regs.rip + 16 > start
+        });
+        if !self.watches.is_empty() || patched {
+            return Ok(false);
+        }
+        let mut bytes = [0u8; instructions::MAX_INSN];
+        let n = peek_user(&m.vm.mem, cr3, regs.rip, &mut bytes);
+        let Some(insn) = instructions::decode(&bytes[..n], regs.rip).filter(|i| i.len() <= n)
+        else {
+            return Ok(false);
+        };
+        if kernel_steps::without_effect(&insn) {
+            let mut after = *regs;
+            after.rip = insn.next_ip();
+            m.vcpu.set_regs(&after)?;
+            return Ok(true);
+        }
+        let mut at = instructions::UserRegs::from_kvm(regs);
+        (at.fs_base, at.gs_base) = (sregs.fs.base, sregs.gs.base);
+        let mut factory = iced_x86::InstructionInfoFactory::new();
+        if !kernel_steps::admits(&m.vm.mem, cr3, &mut factory, &insn, &at) {
+            return Ok(false);
+        }
+        let (cs, ss) = match self.traps.kernel_segments {
+            Some(segments) => segments,
+            None => *self
+                .traps
+                .kernel_segments
+                .insert(frames::kernel_segments(m, &sregs)?),
+        };
+        let kernel = kvm_bindings::kvm_sregs { cs, ss, ..sregs };
+        self.apply_kernel_breakpoints(m, true)?;
+        let stubs = m.stub_mappings();
+        let stepped = kernel_steps::step(m, regs, &kernel, true, &stubs)?;
+        self.apply_kernel_breakpoints(m, false)?;
+        Ok(match stepped {
+            kernel_steps::Stepped::Ran(after) => {
+                m.vcpu.set_registers_in_run(after, sregs);
+                true
+            }
+            kernel_steps::Stepped::Raised | kernel_steps::Stepped::NotEmulated => {
+                m.vcpu.set_registers_in_run(*regs, sregs);
+                false
+            }
+        })
     }
 
     /// If the vCPU stands on one of the breakpoints in user mode, takes
