@@ -3,12 +3,13 @@
 //! This host's KVM runs guest kernel code in its instruction emulator and
 //! single-steps it there for a KVM_RUN each (~9 µs), while a step in user
 //! mode is a debug exception the guest kernel receives and a breakpoint
-//! exit on its handler (~106 µs). So at a traced step's stop, where the
+//! exit on its handler (~50-106 µs). So at a traced step's stop, where the
 //! vCPU is in the guest's #DB handler with the user's registers, the
 //! tracer runs the instructions that follow there: the vCPU keeps the
 //! handler's code and stack segments and takes the user's RIP, RSP and
 //! RFLAGS, and KVM executes one instruction per KVM_RUN, on the user's
-//! page tables. The guest kernel never runs.
+//! page tables. The guest kernel never runs. The debugger's single steps
+//! are made the same way, with the kernel's segments STAR names.
 //!
 //! An instruction runs so only where it does exactly what it would in user
 //! mode: [`admits`] takes instructions the emulator executes as the CPU
@@ -37,6 +38,8 @@ use crate::vm::{kvm_err, Machine, VmError};
 const IF: u64 = 1 << 9;
 const RF: u64 = 1 << 16;
 const KEPT: u64 = TF | IF | RF;
+/// Where canonical user addresses end (4-level paging).
+const USER_END: u64 = 1 << 47;
 /// CR4.SMEP: kernel mode may not execute user pages while it is set.
 const CR4_SMEP: u64 = 1 << 20;
 /// How far below the stack pointer an exception's frame reaches (SS, RSP,
@@ -68,8 +71,7 @@ fn user_ram(mem: &GuestMemoryMmap, cr3: u64, va: u64, len: u64, write: bool) -> 
     let Some(end) = va.checked_add(len) else {
         return false;
     };
-    if len == 0 || end > KERNEL_START >> 16 {
-        // Not a canonical user address (`KERNEL_START >> 16` is 2^47).
+    if len == 0 || end > USER_END {
         return false;
     }
     let mut page = va & !(gva::PAGE_SIZE - 1);
