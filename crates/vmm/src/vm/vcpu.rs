@@ -147,8 +147,6 @@ impl Vcpu {
         Ok(())
     }
 
-    /// Has KVM carry the system registers in `kvm_run` too, from the next
-    /// exit on (tools that read and write them at every stop).
     /// Sets KVM's debug control (breakpoints, single-stepping). The same
     /// breakpoints again without single-stepping are not set again (the
     /// debugger and the tracer set them at every stop); a single step is
@@ -169,6 +167,8 @@ impl Vcpu {
         Ok(())
     }
 
+    /// Has KVM carry the system registers in `kvm_run` too, from the next
+    /// exit on (tools that read and write them at every stop).
     pub(crate) fn sync_sregs_at_exits(&mut self) {
         self.fd
             .set_sync_valid_reg(kvm_ioctls::SyncReg::SystemRegister);
