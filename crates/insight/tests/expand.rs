@@ -143,23 +143,29 @@ fn traced_instructions_and_accesses_are_exact_and_replay_unchanged() {
         })
         .unwrap_or_else(|| panic!("no mem_access thread in:\n{threads}"));
 
-    // The traced replay: faithful, with the same events.
-    let (insns, accesses) = (dir.join("insns.zst"), dir.join("accesses.txt"));
-    let traced_db = dir.join("traced.db");
-    let out = replay_with(
-        &trace,
-        &[
+    // The traced replay: faithful, with the same events. Each traced
+    // replay writes NAME-insns.zst, NAME-accesses.txt and NAME.db.
+    let traced_replay = |name: &str, extra: &[&str]| {
+        let files = (
+            dir.join(format!("{name}-insns.zst")),
+            dir.join(format!("{name}-accesses.txt")),
+            dir.join(format!("{name}.db")),
+        );
+        let mut args = vec![
             "--events",
-            traced_db.to_str().unwrap(),
+            files.2.to_str().unwrap(),
             "--trace-process",
             &pid,
             "--trace-instructions",
-            insns.to_str().unwrap(),
+            files.0.to_str().unwrap(),
             "--trace-registers",
             "--trace-memory",
-            accesses.to_str().unwrap(),
-        ],
-    );
+            files.1.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        (replay_with(&trace, &args), files)
+    };
+    let (out, (insns, accesses, traced_db)) = traced_replay("traced", &[]);
     let (stdout, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     assert!(stderr.contains("replay matched the recording"), "{stderr}");
@@ -191,23 +197,7 @@ fn traced_instructions_and_accesses_are_exact_and_replay_unchanged() {
         kernel_steps * 2 > traced_count,
         "{kernel_steps} of {traced_count} in kernel mode: {stderr}"
     );
-    let (trap_insns, trap_accesses) = (dir.join("trap-insns.zst"), dir.join("trap-accesses.txt"));
-    let trap_db = dir.join("trap.db");
-    let out = replay_with(
-        &trace,
-        &[
-            "--events",
-            trap_db.to_str().unwrap(),
-            "--trace-process",
-            &pid,
-            "--trace-instructions",
-            trap_insns.to_str().unwrap(),
-            "--trace-registers",
-            "--trace-memory",
-            trap_accesses.to_str().unwrap(),
-            "--trace-by-traps",
-        ],
-    );
+    let (out, (trap_insns, trap_accesses, trap_db)) = traced_replay("trap", &["--trace-by-traps"]);
     let (_, trap_stderr) = text(&out);
     assert_eq!(out.status.code(), Some(0), "{trap_stderr}");
     assert!(
@@ -232,7 +222,7 @@ fn traced_instructions_and_accesses_are_exact_and_replay_unchanged() {
     // traced from before its execve: only what follows main's first
     // instruction is the program's (the shell it was forked from is not
     // PIE either, and may have code at the same addresses).
-    let raw = zstd::decode_all(std::fs::File::open(&insns).unwrap()).unwrap();
+    let raw = decoded(&insns);
     let traced = introspect::instructions::read_instructions(&raw).unwrap();
     let (start, end) = (symbol(&prog, "exact_loop"), symbol(&prog, "exact_loop_end"));
     let main = symbol(&prog, "main");
