@@ -46,9 +46,41 @@ const CR4_SMEP: u64 = 1 << 20;
 /// RFLAGS, CS, RIP, an error code, 16-byte alignment), with a margin.
 const FRAME_REACH: u64 = 128;
 
+/// How a step of a user instruction is made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Plan {
+    /// By the VMM: it only moves RIP past itself ([`without_effect`]).
+    Skip,
+    /// In guest kernel mode ([`admits`] it): [`step`].
+    InKernelMode,
+    /// By the trap flag in user mode.
+    Trap,
+}
+
+/// How to step `insn`, about to run with user registers `user` and system
+/// registers `sregs` (their address space and FS and GS bases).
+pub(crate) fn plan(
+    mem: &GuestMemoryMmap,
+    sregs: &kvm_sregs,
+    factory: &mut InstructionInfoFactory,
+    insn: &Instruction,
+    user: &kvm_regs,
+) -> Plan {
+    if without_effect(insn) {
+        return Plan::Skip;
+    }
+    let mut at = UserRegs::from_kvm(user);
+    (at.fs_base, at.gs_base) = (sregs.fs.base, sregs.gs.base);
+    if admits(mem, sregs.cr3, factory, insn, &at) {
+        Plan::InKernelMode
+    } else {
+        Plan::Trap
+    }
+}
+
 /// Whether the instruction `insn`, at user registers `regs` in the address
 /// space `cr3`, runs in kernel mode exactly as in user mode.
-pub(crate) fn admits(
+fn admits(
     mem: &GuestMemoryMmap,
     cr3: u64,
     factory: &mut InstructionInfoFactory,
@@ -143,7 +175,7 @@ fn emulated_as_executed(insn: &Instruction) -> bool {
 /// prefetch): the VMM makes its step itself. KVM's emulator does not stop
 /// after ENDBR64 and the fences (measured: the step runs on through the
 /// next instruction, or several).
-pub(crate) fn without_effect(insn: &Instruction) -> bool {
+fn without_effect(insn: &Instruction) -> bool {
     use Mnemonic::*;
     insn.encoding() == iced_x86::EncodingKind::Legacy
         && !insn.has_rep_prefix()

@@ -113,6 +113,14 @@ struct Finder {
     exec: Option<(u32, u64, String)>,
 }
 
+/// A stop of the traced process at the #DB handler: the system registers
+/// there, and its trampoline pages (which stay where they are while the
+/// guest kernel does not run).
+struct Stop {
+    sregs: kvm_bindings::kvm_sregs,
+    stubs: [u64; 2],
+}
+
 /// How the tracer steps.
 struct Stepping {
     /// The guest's #DB handler, where the breakpoint is (once armed).
@@ -342,7 +350,7 @@ impl ProcessTracer {
     /// The breakpoint on the guest's #DB handler fired. A step of the
     /// traced process is logged; any other task's trap flag (a fork's
     /// child inherits it) is cleared. The instructions that follow, while
-    /// [`kernel_steps::admits`] them, are stepped in kernel mode and logged
+    /// [`kernel_steps::plan`] lets them, are stepped in kernel mode and logged
     /// the same way; then the task goes back to user mode where the last
     /// step left it. `at`: where replay stands in the log. How many steps
     /// were made.
@@ -368,28 +376,30 @@ impl ProcessTracer {
         let mut user = frame.user_regs(&regs);
         let mut steps = 1;
         let mut stepping = false;
+        let stop = Stop {
+            sregs,
+            stubs: m.stub_mappings(),
+        };
         loop {
-            let next = self.landed(m, events, search, at, &mut user, &sregs)?;
+            let next = self.landed(m, events, search, at, &mut user, &stop)?;
             let Some(insn) = next.filter(|_| self.how.in_kernel_mode && steps <= MAX_KERNEL_STEPS)
             else {
                 break;
             };
-            if kernel_steps::without_effect(&insn) {
-                user.rip = insn.next_ip();
-                steps += 1;
-                self.stats.kernel_steps += 1;
-                continue;
-            }
-            let mut at_insn = UserRegs::from_kvm(&user);
-            (at_insn.fs_base, at_insn.gs_base) = (sregs.fs.base, sregs.gs.base);
-            if !kernel_steps::admits(&m.vm.mem, cr3, &mut self.factory, &insn, &at_insn) {
-                break;
+            match kernel_steps::plan(&m.vm.mem, &sregs, &mut self.factory, &insn, &user) {
+                kernel_steps::Plan::Skip => {
+                    user.rip = insn.next_ip();
+                    steps += 1;
+                    self.stats.kernel_steps += 1;
+                    continue;
+                }
+                kernel_steps::Plan::InKernelMode => {}
+                kernel_steps::Plan::Trap => break,
             }
             if !stepping {
                 set_kernel_breakpoints(m, &[self.how.handler.unwrap_or_default()], true)?;
             }
-            let stubs = m.stub_mappings();
-            match kernel_steps::step(m, &user, &sregs, !stepping, &stubs)? {
+            match kernel_steps::step(m, &user, &sregs, !stepping, &stop.stubs)? {
                 kernel_steps::Stepped::Ran(after) => {
                     user = after;
                     steps += 1;
@@ -412,11 +422,11 @@ impl ProcessTracer {
         Ok(steps)
     }
 
-    /// A step of the task on the CPU came to `user`, in user mode (the
-    /// registers of the stop `sregs`): logs what it ran and what it is
-    /// about to run. The instruction logged as about to run, if it is the
-    /// traced process's own code, whole, and not a system call: one that
-    /// may be stepped in kernel mode.
+    /// A step of the task on the CPU came to `user`, in user mode, at the
+    /// stop `stop`: logs what it ran and what it is about to run. The
+    /// instruction logged as about to run, if it is the traced process's
+    /// own code, whole, and not a system call: one that may be stepped in
+    /// kernel mode.
     fn landed(
         &mut self,
         m: &mut Machine,
@@ -424,14 +434,15 @@ impl ProcessTracer {
         search: &PointSearch,
         at: LogPosition,
         user: &mut kvm_bindings::kvm_regs,
-        sregs: &kvm_bindings::kvm_sregs,
+        stop: &Stop,
     ) -> Result<Option<iced_x86::Instruction>, VmError> {
+        let sregs = &stop.sregs;
         let cr3 = sregs.cr3;
         let rip = user.rip;
         let mut next = None;
         events.drain_switches(&m.vm.mem, at.guest_ns)?;
         let current = events.capture.current();
-        let in_stub = probe_gate::in_stub_pages(rip, &m.stub_mappings());
+        let in_stub = probe_gate::in_stub_pages(rip, &stop.stubs);
         let moved = if in_stub {
             search.moved_instruction(cr3, rip)
         } else {

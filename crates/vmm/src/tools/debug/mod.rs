@@ -757,17 +757,16 @@ impl DebugTool {
         else {
             return Ok(false);
         };
-        if kernel_steps::without_effect(&insn) {
-            let mut after = *regs;
-            after.rip = insn.next_ip();
-            m.vcpu.set_regs(&after)?;
-            return Ok(true);
-        }
-        let mut at = instructions::UserRegs::from_kvm(regs);
-        (at.fs_base, at.gs_base) = (sregs.fs.base, sregs.gs.base);
         let mut factory = iced_x86::InstructionInfoFactory::new();
-        if !kernel_steps::admits(&m.vm.mem, cr3, &mut factory, &insn, &at) {
-            return Ok(false);
+        match kernel_steps::plan(&m.vm.mem, &sregs, &mut factory, &insn, regs) {
+            kernel_steps::Plan::Skip => {
+                let mut after = *regs;
+                after.rip = insn.next_ip();
+                m.vcpu.set_regs(&after)?;
+                return Ok(true);
+            }
+            kernel_steps::Plan::InKernelMode => {}
+            kernel_steps::Plan::Trap => return Ok(false),
         }
         let (cs, ss) = match self.traps.kernel_segments {
             Some(segments) => segments,
