@@ -148,18 +148,11 @@ fn gdt_segment(
 /// them (the selectors STAR names), for a vCPU with system registers
 /// `sregs`.
 pub(crate) fn kernel_segments(
-    m: &mut Machine,
+    m: &Machine,
     sregs: &kvm_sregs,
 ) -> Result<(kvm_segment, kvm_segment), VmError> {
-    let mut msrs = kvm_bindings::Msrs::from_entries(&[kvm_bindings::kvm_msr_entry {
-        index: MSR_STAR,
-        ..Default::default()
-    }])
-    .map_err(|_| VmError::Debug("cannot make an MSR list".into()))?;
-    if m.vcpu.fd.get_msrs(&mut msrs).map_err(kvm_err("GET_MSRS"))? != 1 {
-        return Err(VmError::Debug("cannot read STAR".into()));
-    }
-    let kernel_cs = (msrs.as_slice()[0].data >> 32) & 0xfffc;
+    let [star] = read_msrs(m, [MSR_STAR])?;
+    let kernel_cs = (star >> 32) & 0xfffc;
     let cr3 = sregs.cr3;
     Ok((
         gdt_segment(&m.vm.mem, cr3, sregs, kernel_cs)?,
@@ -173,25 +166,31 @@ const MSR_KERNEL_GS_BASE: u32 = 0xc000_0102;
 /// RFLAGS bits SYSRET clears from R11: RF and VM.
 const SYSRET_CLEARS: u64 = (1 << 16) | (1 << 17);
 
+/// The vCPU's MSRs `indices`, in their order.
+fn read_msrs<const N: usize>(m: &Machine, indices: [u32; N]) -> Result<[u64; N], VmError> {
+    let entries = indices.map(|index| kvm_bindings::kvm_msr_entry {
+        index,
+        ..Default::default()
+    });
+    let mut msrs = kvm_bindings::Msrs::from_entries(&entries)
+        .map_err(|_| VmError::Debug("cannot make an MSR list".into()))?;
+    if m.vcpu.fd.get_msrs(&mut msrs).map_err(kvm_err("GET_MSRS"))? != N {
+        return Err(VmError::Debug(format!(
+            "cannot read the MSRs {indices:#x?}"
+        )));
+    }
+    let mut values = [0; N];
+    for (value, entry) in values.iter_mut().zip(msrs.as_slice()) {
+        *value = entry.data;
+    }
+    Ok(values)
+}
+
 /// Does what the guest kernel's `swapgs` would: the GS base and
 /// `KERNEL_GS_BASE` trade places (in `sregs`, and in the MSR); the value
 /// STAR holds, which names the user segments.
 fn swapgs(m: &mut Machine, sregs: &mut kvm_sregs) -> Result<u64, VmError> {
-    let mut msrs = kvm_bindings::Msrs::from_entries(&[
-        kvm_bindings::kvm_msr_entry {
-            index: MSR_STAR,
-            ..Default::default()
-        },
-        kvm_bindings::kvm_msr_entry {
-            index: MSR_KERNEL_GS_BASE,
-            ..Default::default()
-        },
-    ])
-    .map_err(|_| VmError::Debug("cannot make an MSR list".into()))?;
-    if m.vcpu.fd.get_msrs(&mut msrs).map_err(kvm_err("GET_MSRS"))? != 2 {
-        return Err(VmError::Debug("cannot read STAR and KERNEL_GS_BASE".into()));
-    }
-    let (star, kernel_gs) = (msrs.as_slice()[0].data, msrs.as_slice()[1].data);
+    let [star, kernel_gs] = read_msrs(m, [MSR_STAR, MSR_KERNEL_GS_BASE])?;
     let swapped = kvm_bindings::Msrs::from_entries(&[kvm_bindings::kvm_msr_entry {
         index: MSR_KERNEL_GS_BASE,
         data: sregs.gs.base,
