@@ -1,10 +1,11 @@
 //! Asynchronous points (`journal::preempt`): taken at kicks while
 //! recording ([`PointTaker`]), found again by a trampoline at replay
 //! ([`PointSearch`]); both put code into the guest and take it out again
-//! (`patch.rs`).
+//! (`patch.rs`); where the recorder can put one is judged in `sites.rs`.
 
 mod patch;
 mod search;
+mod sites;
 mod taker;
 
 pub(crate) use patch::Patch;

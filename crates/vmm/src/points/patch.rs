@@ -5,7 +5,6 @@
 
 use std::time::Instant;
 
-use iced_x86::{Decoder, DecoderOptions, FlowControl};
 use vm_memory::{Bytes, GuestAddress};
 
 use crate::vm::{Machine, VmError};
@@ -13,8 +12,7 @@ use introspect::event_ring::EventRing;
 use introspect::gva;
 use introspect::probe_gate;
 use introspect::stub_area::GuestArea;
-use journal::preempt::guest_code::{self, build_stub, code_around, trampoline_entries, PageTables};
-use journal::preempt::site::{self, Site};
+use journal::preempt::guest_code::{self, trampoline_entries, PageTables};
 use journal::preempt::trampoline::Stub;
 use journal::preempt::{AsyncPoint, CodeMap};
 
@@ -32,10 +30,6 @@ pub(crate) struct Patch {
     pub(crate) saved: Vec<(u64, Vec<u8>)>,
     pub(crate) started: Instant,
 }
-
-/// How many instructions after an unpatchable position `next_patchable`
-/// looks at.
-const NEXT_TRIES: usize = 3;
 
 impl Machine {
     /// The area the guest kernel announced, read again (it is the guest's
@@ -71,60 +65,6 @@ impl Machine {
     /// (none before the guest kernel announced its area).
     pub(crate) fn stub_mappings(&self) -> [u64; 2] {
         self.stub_area().map_or([0; 2], |a| a.stub_va)
-    }
-
-    /// Whether a trampoline can be placed at `rip` in the code `map`
-    /// finds, with one of the process's trampoline mappings `stubs`: the
-    /// site and the mapping to use. Never inside those mappings: the probe
-    /// gate runs there, silently while recording, otherwise at replay, so
-    /// no position there can be found again. Never where a branch nearby
-    /// enters the patch in its middle (`Site::entered_inside`): the
-    /// recorder takes the position at another pass instead.
-    pub(crate) fn patchable(
-        &self,
-        map: &dyn CodeMap,
-        rip: u64,
-        stubs: &[u64],
-    ) -> Option<(Site, u64)> {
-        if probe_gate::in_stub_pages(rip, stubs) {
-            return None;
-        }
-        let (code, before) = code_around(&self.vm.mem, map, rip);
-        let site = site::choose(rip, &code, &before).ok()?;
-        let entries = guest_code::code_before(&self.vm.mem, map, rip, site::ENTRY_WINDOW);
-        if site.entered_inside(&code, &entries) {
-            return None;
-        }
-        let stub = stubs
-            .iter()
-            .copied()
-            .filter(|&s| s != 0)
-            .find(|&s| build_stub(&site, s, &[]).is_ok())?;
-        Some((site, stub))
-    }
-
-    /// Where a task standing at `rip`, where no patch can go, passes
-    /// next and one can: the first of the `NEXT_TRIES` instructions after
-    /// it, in straight-line code from `rip`, that is `patchable`. (A tight
-    /// loop can have an instruction the vCPU is mostly stopped after, a
-    /// load's, at an unpatchable position: the recorder takes its mark an
-    /// instruction or two later rather than none.)
-    pub(crate) fn next_patchable(&self, map: &dyn CodeMap, rip: u64, stubs: &[u64]) -> Option<u64> {
-        let (code, _) = code_around(&self.vm.mem, map, rip);
-        let mut decoder = Decoder::with_ip(64, &code, rip, DecoderOptions::NONE);
-        for _ in 0..NEXT_TRIES {
-            if !decoder.can_decode() {
-                return None;
-            }
-            let i = decoder.decode();
-            if i.is_invalid() || i.flow_control() != FlowControl::Next {
-                return None;
-            }
-            if self.patchable(map, i.next_ip(), stubs).is_some() {
-                return Some(i.next_ip());
-            }
-        }
-        None
     }
 
     /// The 8-byte word at user address `at` in the address space `cr3`,

@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use vm_memory::{Bytes, GuestAddress};
 
+use super::sites::Sites;
 use super::{Patch, PointStats, SampleStats};
 use crate::session::{Claimed, Resumed};
 use crate::tools::samples::user_position;
@@ -96,6 +97,8 @@ pub(crate) struct PointTaker {
     /// when it puts the next trampoline in place (else the task is in
     /// the kernel then, and resumes user mode at the area's `resume_ip`).
     last_mark: Option<(u64, u64)>,
+    /// Where trampolines can go, as judged at the last kicks.
+    sites: Sites,
     pub(crate) stats: PointStats,
     pub(crate) sample_stats: SampleStats,
 }
@@ -285,7 +288,7 @@ impl PointTaker {
     /// can find again, a position to take it at instead, or none (the
     /// sample is tried again soon).
     fn mark_position(
-        &self,
+        &mut self,
         m: &Machine,
         resumed: Resumed,
         now: u64,
@@ -308,10 +311,12 @@ impl PointTaker {
             return Ok(MarkVerdict::Take(MarkAt::Boundary { rip: moved.rip }));
         }
         let tables = PageTables { mem, cr3 };
-        let Some((site, stub)) = m.patchable(&tables, regs.rip, &area.stub_va) else {
+        let judged = self.sites.patchable(mem, &tables, regs.rip, &area.stub_va);
+        let Some((site, stub)) = judged else {
             // Taken where the task passes next, a few instructions on.
-            return Ok(m
-                .next_patchable(&tables, regs.rip, &area.stub_va)
+            return Ok(self
+                .sites
+                .next_patchable(mem, &tables, regs.rip, &area.stub_va)
                 .map_or(MarkVerdict::Decline, MarkVerdict::Advance));
         };
         // Replay could not stop the task here if it went on inside the
@@ -486,7 +491,7 @@ impl PointTaker {
         };
         let mem = &m.vm.mem;
         let tables = PageTables { mem, cr3 };
-        let Some((site, stub)) = m.patchable(&tables, regs.rip, &area.stub_va) else {
+        let Some((site, stub)) = self.sites.patchable(mem, &tables, regs.rip, &area.stub_va) else {
             return Ok(Verdict::Decline);
         };
         let code_pages = code_pages(&tables, regs.rip);
@@ -554,7 +559,8 @@ impl PointTaker {
             mem: &m.vm.mem,
             cr3,
         };
-        let Some((site, stub)) = m.patchable(&tables, rip, &area.stub_va) else {
+        let Some((site, stub)) = self.sites.patchable(&m.vm.mem, &tables, rip, &area.stub_va)
+        else {
             return Ok(false);
         };
         // The task, stopped here, must not run into the middle of it.
