@@ -3,8 +3,8 @@
 //!
 //! A task in a loop is stopped at the same few instructions kick after
 //! kick, and judging one (decoding the 256 bytes before it from every
-//! offset, encoding a trampoline) took about 20 us of a sample mark's
-//! ~100 us on nested hosts, where reading its bytes again to compare
+//! offset, encoding a trampoline) took about 18 us of a sample mark's
+//! ~70 us on nested hosts, where reading its bytes again to compare
 //! takes about 2. A verdict depends on nothing but the position, the
 //! process's trampoline mappings and those bytes, so a verdict found
 //! with the same three is the same verdict.
