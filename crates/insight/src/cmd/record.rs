@@ -43,8 +43,9 @@ pub struct RecordArgs {
     /// take their samples (`--diagnose profile`, `--sample-period`) at
     /// these marks, so that every replay has the same samples and a
     /// profile's shares are shares of the recorded run (docs/events.md,
-    /// "Samples"). Each mark costs the recording about 70 us on hosts
-    /// like these: 5-7 % at 1ms, 1-3 % at 4ms (docs/BENCHMARKS.md).
+    /// "Samples"). Each mark stops the guest for about 55 us on hosts
+    /// like these, most of it the exit itself: 4-7 % at 1ms, 0-3 % at
+    /// 4ms (docs/BENCHMARKS.md, "Sample marks").
     #[arg(long, value_name = "PERIOD", default_value = "1ms", value_parser = parse_mark_period)]
     sample_period: MarkPeriod,
     #[command(flatten)]
