@@ -22,31 +22,12 @@
 #include <unistd.h>
 #include <x86intrin.h>
 
+#include "cycle.h"
+
 static int by_value(const void *a, const void *b)
 {
 	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
 	return x < y ? -1 : x > y;
-}
-
-/* A table whose elements form one cycle through all of them (Sattolo). */
-static uint32_t *cycle(size_t n)
-{
-	uint32_t *a = malloc(n * sizeof *a);
-	if (!a)
-		return NULL;
-	for (size_t i = 0; i < n; i++)
-		a[i] = (uint32_t)i;
-	uint64_t x = 88172645463325252ull;
-	for (size_t i = n - 1; i > 0; i--) {
-		x ^= x << 13;
-		x ^= x >> 7;
-		x ^= x << 17;
-		size_t j = x % i;
-		uint32_t t = a[i];
-		a[i] = a[j];
-		a[j] = t;
-	}
-	return a;
 }
 
 int main(int argc, char **argv)
@@ -56,8 +37,8 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	uint64_t segments = strtoull(argv[1], NULL, 0), steps = strtoull(argv[2], NULL, 0);
-	if (segments == 0 || steps == 0) {
-		fprintf(stderr, "cold_walk: SEGMENTS and STEPS must be positive\n");
+	if (segments == 0 || steps == 0 || segments > 100000000 || steps > 100000000) {
+		fprintf(stderr, "cold_walk: SEGMENTS and STEPS must be from 1 to 100000000\n");
 		return 2;
 	}
 	int fd = -1;
@@ -74,11 +55,12 @@ int main(int argc, char **argv)
 	static char buf[4096];
 	for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
 		size_t n = sizes[s] / sizeof(uint32_t);
-		uint32_t *a = cycle(n);
+		uint32_t *a = malloc(n * sizeof *a);
 		if (!a) {
 			fprintf(stderr, "cold_walk: out of memory\n");
 			return 1;
 		}
+		one_cycle(a, n);
 		uint32_t p = 0;
 		for (size_t k = 0; k < n; k++) /* one lap: the table resident */
 			p = a[p];

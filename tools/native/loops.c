@@ -20,6 +20,7 @@
 #include <time.h>
 
 #include "../../images/workloads/self_measure.h"
+#include "cycle.h"
 
 #define FP_LEN (32 * 1024 / sizeof(double))
 #define CHASE_LEN (256 * 1024 / sizeof(uint32_t))
@@ -41,15 +42,7 @@ static double fp(uint64_t n)
 static uint64_t chase(uint64_t n)
 {
 	static uint32_t next[CHASE_LEN];
-	/* One cycle through every slot, in a shuffled order (Sattolo). */
-	for (uint32_t i = 0; i < CHASE_LEN; i++)
-		next[i] = i;
-	uint64_t x = 88172645463325252u;
-	for (uint32_t i = CHASE_LEN - 1; i > 0; i--) {
-		x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-		uint32_t j = (uint32_t)(x % i), t = next[i];
-		next[i] = next[j], next[j] = t;
-	}
+	one_cycle(next, CHASE_LEN);
 	uint32_t at = 0;
 	for (uint64_t i = 0; i < n; i++)
 		at = next[at];
