@@ -33,11 +33,14 @@
  * clean up and die); a program's own ITIMER_VIRTUAL would replace the
  * library's. A process that execs or is killed by a signal writes
  * nothing; a forked child is not sampled (interval timers are not
- * inherited) and writes only its maps.
+ * inherited) and writes its maps and no samples. Only the C library's
+ * sigaction() and signal() are interposed: bsd_signal() or sigset() could
+ * still take the signal.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -53,7 +56,7 @@ static unsigned long samples[MAX_SAMPLES];
 static unsigned long taken; /* signals handled, in any thread */
 static char out[65536];
 static size_t used;
-static int err_fd = STDERR_FILENO; /* a copy: programs close stderr at exit */
+static int err_fd = -1; /* a copy of stderr: programs close theirs at exit */
 
 static void on_tick(int sig, siginfo_t *info, void *context)
 {
@@ -86,17 +89,29 @@ int sigaction(int sig, const struct sigaction *act, struct sigaction *old)
 	return 0;
 }
 
+typedef sighandler_t signal_fn(int, sighandler_t);
+
 sighandler_t signal(int sig, sighandler_t handler)
 {
-	struct sigaction act, old;
+	static signal_fn *real_signal;
+	sighandler_t old = programs.sa_handler;
 
-	memset(&act, 0, sizeof(act));
-	act.sa_handler = handler;
-	act.sa_flags = SA_RESTART;
-	sigemptyset(&act.sa_mask);
-	if (sigaction(sig, &act, &old) != 0)
-		return SIG_ERR;
-	return old.sa_handler;
+	if (sig != SIGVTALRM) {
+		if (!real_signal)
+			real_signal = (signal_fn *)dlsym(RTLD_NEXT, "signal");
+		return real_signal ? real_signal(sig, handler) : SIG_ERR;
+	}
+	memset(&programs, 0, sizeof(programs));
+	programs.sa_handler = handler;
+	programs.sa_flags = SA_RESTART;
+	sigemptyset(&programs.sa_mask);
+	return old;
+}
+
+/* A forked child starts with none of its parent's samples. */
+static void forget_samples(void)
+{
+	__atomic_store_n(&taken, 0, __ATOMIC_RELAXED);
 }
 
 __attribute__((constructor)) static void tickprof_start(void)
@@ -108,10 +123,11 @@ __attribute__((constructor)) static void tickprof_start(void)
 	sa.sa_sigaction = on_tick;
 	sa.sa_flags = SA_SIGINFO | SA_RESTART;
 	sigemptyset(&sa.sa_mask);
+	/* No copy (stderr closed at the start): nothing is written, rather
+	 * than into whatever file the program opens as its fd 2. */
 	err_fd = fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, 100);
-	if (err_fd < 0)
-		err_fd = STDERR_FILENO;
 	programs.sa_handler = SIG_DFL;
+	pthread_atfork(NULL, NULL, forget_samples);
 	real_sigaction = (sigaction_fn *)dlsym(RTLD_NEXT, "sigaction");
 	if (!real_sigaction || real_sigaction(SIGVTALRM, &sa, NULL) != 0 ||
 	    setitimer(ITIMER_VIRTUAL, &every, NULL) != 0)
@@ -123,7 +139,7 @@ static void flush(void)
 {
 	size_t done = 0;
 
-	while (done < used) {
+	while (err_fd >= 0 && done < used) {
 		ssize_t n = write(err_fd, out + done, used - done);
 
 		if (n <= 0)
