@@ -17,7 +17,7 @@ use gdbstub::stub::state_machine::GdbStubStateMachine;
 use gdbstub::stub::GdbStub;
 use vmm::session::{DebugDriver, DebugEvent, ReplaySession};
 use vmm::tools::debug::{Resume, StopKind};
-use vmm::tools::ReplayPoint;
+use vmm::ReplayPoint;
 use vmm::VmError;
 
 mod arch;

@@ -223,7 +223,7 @@ pub fn start_machine(
     spec: &guest::VmSpec,
     console: vmm::vm::Console,
     build_console: impl FnOnce() -> vmm::vm::Console,
-) -> Result<(Machine, Option<vmm::boot_snapshot::CacheStart>)> {
+) -> Result<(Machine, Option<vmm::snapshot_cache::CacheStart>)> {
     let mut say = |text: &str| eprintln!("insight: {text}");
     let (machine, started) = vmm::builder::machine(spec, console, build_console, &mut say)?;
     if let Some(built) = started.as_ref().and_then(|s| s.built.as_ref()) {

@@ -27,8 +27,12 @@
 //! interrupts, and are not compared with the log.
 
 use crate::event_ring::{self as ring, EventRing};
+use crate::guest_events::UserMemory;
 use crate::gva::PAGE_SIZE;
 use crate::stub_area::EXIT_PAGE_GPA;
+use kvm_bindings::kvm_regs;
+use unwind::Regs;
+use vm_memory::GuestMemoryMmap;
 
 /// Where the gates' code starts in the trampoline code page (the ring
 /// form's body, then the header and the gates' entries); trampolines keep
@@ -297,6 +301,24 @@ pub fn is_gate_store(rip: u64, stubs: &[u64]) -> bool {
             && [CODE_OFFSET, HEAP_CODE_OFFSET, RING_STORE_OFFSET]
                 .iter()
                 .any(|&code| rip == stub + code || rip == stub + code + STORE_LEN)
+    })
+}
+
+/// Where the probe that called the gate stands, for a task at the gate
+/// with `regs`: its return address, and its stack pointer before the
+/// call (the probe called the gate past its 128-byte red zone).
+pub fn probe_at_gate(mem: &GuestMemoryMmap, cr3: u64, regs: &kvm_regs) -> Option<Regs> {
+    probe_at_gate_in(&mut UserMemory { mem, cr3 }, regs.rsp, regs.rbp)
+}
+
+/// [`probe_at_gate`], for a task that was at the gate with `rsp` and `rbp`,
+/// its stack in `mem`.
+pub fn probe_at_gate_in(mem: &mut impl unwind::Memory, rsp: u64, rbp: u64) -> Option<Regs> {
+    let rip = mem.read_u64(rsp)?;
+    Some(Regs {
+        rip,
+        rsp: rsp.wrapping_add(8 + 128),
+        rbp,
     })
 }
 

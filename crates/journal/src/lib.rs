@@ -31,7 +31,8 @@ mod tests;
 pub use entry::{register_digest, EndReason, Entry, Input};
 pub use recorder::Recorder;
 pub use replayer::{
-    check_host, regs_text, CpuidEntry, Divergence, HostMismatch, LogPosition, Replayer, Sought,
+    check_host, regs_text, CpuidEntry, Divergence, HostMismatch, LogPosition, ReplayPoint,
+    Replayer, Sought,
 };
 
 /// Default for how often registers are digested: at every exit whose

@@ -25,6 +25,35 @@ pub struct LogPosition {
     pub guest_ns: u64,
 }
 
+/// A position in a recording.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReplayPoint {
+    /// A deterministic exit's ordinal.
+    Exit(u64),
+    /// Recorded guest time (ns): the first exit where the guest clock
+    /// has reached it.
+    GuestNs(u64),
+}
+
+impl std::fmt::Display for ReplayPoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            ReplayPoint::Exit(e) => write!(f, "exit {e}"),
+            ReplayPoint::GuestNs(ns) => write!(f, "guest time {:.3} s", ns as f64 / 1e9),
+        }
+    }
+}
+
+impl ReplayPoint {
+    /// Whether replay at `position` has reached this point.
+    pub fn reached(&self, position: &LogPosition) -> bool {
+        match *self {
+            ReplayPoint::Exit(e) => position.exits >= e,
+            ReplayPoint::GuestNs(ns) => position.guest_ns >= ns,
+        }
+    }
+}
+
 pub struct Replayer {
     reader: TraceReader<Entry>,
     digest_interval: u64,

@@ -11,20 +11,20 @@ use events::capture::Capture;
 use events::db::EventWriter;
 use guest::VmSpec;
 use introspect::guest_events::KERNEL_START;
-use journal::{Entry, HostMismatch, Recorder, Replayer};
+use journal::{Entry, HostMismatch, Recorder, ReplayPoint, Replayer};
 use trace::{ClockKind, Header, TraceReader, TraceWriter};
 
-use crate::boot_snapshot::{self, CacheStart, SnapshotError};
 use crate::console::ConsoleInput;
 use crate::points::{PointSearch, PointTaker};
 use crate::session::{LiveRun, ProgressFn, RecordSession, ReplaySession};
+use crate::snapshot_cache::{self, CacheStart, SnapshotError};
 use crate::tools::debug::{DebugTool, KernelPoints, ProcessSelector};
 use crate::tools::events::EventTool;
 use crate::tools::probes::{self, ProbePlan, ProbeTool};
 use crate::tools::samples::Sampling;
 use crate::tools::tracing::ProcessTracer;
 use crate::tools::{
-    checkpoint_before, CheckpointEvery, CheckpointRestored, ExpansionSpec, ReplayPoint, ReplayTools,
+    checkpoint_before, CheckpointEvery, CheckpointRestored, ExpansionSpec, ReplayTools,
 };
 use crate::vm::{Console, Machine, VmError};
 use devices::virtio_net::FrameSink;
@@ -117,7 +117,7 @@ pub fn machine(
     if spec.start != guest::Start::Snapshot {
         return Ok((machine, None));
     }
-    let started = boot_snapshot::restore_cached(&mut machine, spec, build_console(), say)?;
+    let started = snapshot_cache::restore_cached(&mut machine, spec, build_console(), say)?;
     Ok((machine, Some(started)))
 }
 
@@ -224,7 +224,7 @@ pub fn record(
         }
     })?;
     if let Some(s) = options.snapshot {
-        boot_snapshot::link_into(s, &options.output.join(trace::SNAPSHOT_FILE))
+        snapshot_cache::link_into(s, &options.output.join(trace::SNAPSHOT_FILE))
             .map_err(BuildError::LinkSnapshot)?;
     }
     if let Some(input) = options.input {

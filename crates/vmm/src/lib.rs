@@ -16,11 +16,13 @@ pub mod host_cpu;
 mod kvm_ext;
 mod points;
 pub mod session;
+pub mod snapshot_cache;
 mod sys;
 pub mod tools;
 pub mod unemulated;
 pub mod vm;
 
+pub use journal::ReplayPoint;
 pub use points::{PointCounts, PointStats, SampleStats};
 pub use session::{
     LiveRun, NetReport, ProgressFn, RecordSession, ReplaySession, RunOutcome, StopReason,
@@ -28,6 +30,6 @@ pub use session::{
 pub use sys::{catch_interrupts, end_with_parent, interrupted, release_interrupts};
 pub use tools::{
     checkpoint_before, checkpoint_unfit, CheckpointEvery, CheckpointRestored, CheckpointTaken,
-    ExpansionSpec, ExpansionStats, ReplayPoint, TraceStart, TraceTarget,
+    ExpansionSpec, ExpansionStats, TraceStart, TraceTarget,
 };
 pub use vm::{Machine, VmError};

@@ -24,17 +24,17 @@ enum CacheAction {
 }
 
 pub fn cache(args: CacheArgs) -> Result<ExitCode> {
-    let dir = vmm::boot_snapshot::cache_dir();
+    let dir = vmm::snapshot_cache::cache_dir();
     match args.action.unwrap_or(CacheAction::List) {
         CacheAction::List => {
-            let cached = vmm::boot_snapshot::list(&dir)?;
+            let cached = vmm::snapshot_cache::list(&dir)?;
             println!(
                 "{}: {} boot snapshot{}, {} (at most {} kept)",
                 dir.display(),
                 cached.len(),
                 if cached.len() == 1 { "" } else { "s" },
                 human_bytes(cached.iter().map(|c| c.bytes).sum()),
-                vmm::boot_snapshot::MAX_CACHED
+                vmm::snapshot_cache::MAX_CACHED
             );
             for c in &cached {
                 let used = c
@@ -50,7 +50,7 @@ pub fn cache(args: CacheArgs) -> Result<ExitCode> {
             }
         }
         CacheAction::Clear => {
-            let removed = vmm::boot_snapshot::clear(&dir)?;
+            let removed = vmm::snapshot_cache::clear(&dir)?;
             println!(
                 "insight: removed {removed} boot snapshot{} from {}",
                 if removed == 1 { "" } else { "s" },

@@ -21,7 +21,7 @@ pub struct ConvertArgs {
     force: bool,
     /// The format of OUT.
     #[arg(long, value_enum, default_value = "rows", value_name = "FORMAT")]
-    events_format: super::replay::EventsFormat,
+    events_format: super::events::EventsFormat,
 }
 
 pub fn convert(args: &ConvertArgs) -> Result<ExitCode> {

@@ -190,7 +190,7 @@ fn accept_within(
 /// gdb started elsewhere.
 pub fn serve_replay(args: &ReplayArgs, listen: &str) -> Result<ExitCode> {
     let trace = traces::resolve(args.trace.as_deref())?;
-    serve_gdb(&trace, listen, args.process.as_deref(), args.any_cpu)
+    serve_gdb(&trace, listen, args.process.as_deref(), args.window.any_cpu)
 }
 
 /// `insight replay --gdb [ADDR:]PORT`: serves one gdb connection.

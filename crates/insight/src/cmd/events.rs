@@ -9,6 +9,22 @@ use events::db::{EventDb, EventFormat, EventWriter};
 
 use crate::outputs;
 
+/// How an event database stores its events (`--events-format`).
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum EventsFormat {
+    Packed,
+    Rows,
+}
+
+impl From<EventsFormat> for EventFormat {
+    fn from(f: EventsFormat) -> Self {
+        match f {
+            EventsFormat::Packed => EventFormat::Packed,
+            EventsFormat::Rows => EventFormat::Rows,
+        }
+    }
+}
+
 #[derive(clap::Args)]
 pub struct EventsArgs {
     #[command(subcommand)]
@@ -43,7 +59,7 @@ struct MergeArgs {
     force: bool,
     /// The format of OUT.
     #[arg(long, value_enum, default_value = "packed", value_name = "FORMAT")]
-    events_format: super::replay::EventsFormat,
+    events_format: EventsFormat,
 }
 
 pub fn events(args: EventsArgs) -> Result<ExitCode> {

@@ -13,7 +13,6 @@ use kvm_ioctls::Kvm;
 use vm_memory::{Bytes, GuestAddress};
 
 use super::probe_vm::*;
-use super::{kvm_err, open_kvm, ProbeError};
 
 /// What the comparison found.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

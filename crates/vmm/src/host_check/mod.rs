@@ -11,7 +11,6 @@ use kvm_bindings::{
     KVM_GUESTDBG_ENABLE, KVM_GUESTDBG_SINGLESTEP, KVM_GUESTDBG_USE_HW_BP, KVM_GUESTDBG_USE_SW_BP,
     KVM_MAX_CPUID_ENTRIES,
 };
-use kvm_ioctls::Kvm;
 use trace::ClockKind;
 use vm_memory::{Bytes, GuestAddress};
 
@@ -22,29 +21,9 @@ mod probe_vm;
 mod state_match;
 
 pub use kernel_steps::{probe_kernel_steps, KernelStepReport};
-pub use probe_vm::Privilege;
 use probe_vm::*;
+pub use probe_vm::{Privilege, ProbeError};
 pub use state_match::{probe_state_match, StateMatchReport};
-
-#[derive(Debug, thiserror::Error)]
-pub enum ProbeError {
-    #[error("cannot open /dev/kvm (is KVM available and accessible?)")]
-    OpenKvm(#[source] kvm_ioctls::Error),
-    #[error("KVM {op} failed in a host probe")]
-    Kvm {
-        op: &'static str,
-        #[source]
-        source: kvm_ioctls::Error,
-    },
-    #[error("host probe guest memory: {0}")]
-    Memory(String),
-    #[error("this host's KVM runs a user-mode SYSCALL in a way insight does not know ({0}); see `insight host-check`")]
-    UnknownSyscall(String),
-}
-
-fn kvm_err(op: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> ProbeError {
-    move |source| ProbeError::Kvm { op, source }
-}
 
 /// Where a user-mode SYSCALL lands.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -67,10 +46,6 @@ pub fn guest_quirks() -> Result<guest::image::GuestQuirks, ProbeError> {
         SyscallBehaviour::Unknown(what) => return Err(ProbeError::UnknownSyscall(what)),
     };
     Ok(guest::image::GuestQuirks { syscall_trap })
-}
-
-fn open_kvm() -> Result<Kvm, ProbeError> {
-    Kvm::new().map_err(ProbeError::OpenKvm)
 }
 
 /// Executes SYSCALL in user mode and reports where it lands.

@@ -7,9 +7,33 @@ use kvm_bindings::{kvm_guest_debug, kvm_msr_entry, Msrs};
 use kvm_ioctls::{Kvm, VcpuExit, VcpuFd, VmFd};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use super::{kvm_err, ProbeError};
 use crate::{cpuid, kvm_ext};
 use guest::boot::{descriptor_segment, gdt_entry};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    #[error("cannot open /dev/kvm (is KVM available and accessible?)")]
+    OpenKvm(#[source] kvm_ioctls::Error),
+    #[error("KVM {op} failed in a host probe")]
+    Kvm {
+        op: &'static str,
+        #[source]
+        source: kvm_ioctls::Error,
+    },
+    #[error("host probe guest memory: {0}")]
+    Memory(String),
+    #[error("this host's KVM runs a user-mode SYSCALL in a way insight does not know ({0}); see `insight host-check`")]
+    UnknownSyscall(String),
+}
+
+pub(super) fn kvm_err(op: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> ProbeError {
+    move |source| ProbeError::Kvm { op, source }
+}
+
+/// KVM, for a probe guest.
+pub(super) fn open_kvm() -> Result<Kvm, ProbeError> {
+    Kvm::new().map_err(ProbeError::OpenKvm)
+}
 
 pub(super) const MEM_SIZE: usize = 4 << 20;
 pub(super) const GDT: u64 = 0x500;

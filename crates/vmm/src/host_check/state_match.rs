@@ -5,7 +5,6 @@ use kvm_ioctls::{Kvm, VcpuExit};
 use vm_memory::{Bytes, GuestAddress};
 
 use super::probe_vm::*;
-use super::{kvm_err, open_kvm, ProbeError};
 use crate::kvm_ext;
 use journal::preempt;
 

@@ -1,14 +1,19 @@
 //! Asynchronous points (`journal::preempt`): taken at kicks while
 //! recording ([`PointTaker`]), found again by a trampoline at replay
 //! ([`PointSearch`]); both put code into the guest and take it out again
-//! (`patch.rs`); where the recorder can put one is judged in `sites.rs`.
+//! (`patch.rs`); where the recorder can put one is judged in `sites.rs`,
+//! and where a kicked task stands (its code or the kernel boundary) in
+//! `position.rs`.
 
 mod patch;
+mod position;
 mod search;
 mod sites;
 mod taker;
 
+pub use crate::vm::state::PointStats;
 pub(crate) use patch::Patch;
+pub(crate) use position::user_position;
 pub(crate) use search::{Found, PointSearch};
 pub(crate) use taker::PointTaker;
 
@@ -32,28 +37,4 @@ pub struct SampleStats {
     /// Replay: marks whose search was given up, for taking far longer
     /// than the recording took to get there.
     pub given_up: u64,
-}
-
-/// Counts shown with a run's outcome.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct PointStats {
-    /// Asynchronous points recorded, or reached at replay.
-    pub points: u64,
-    /// Kicks at a position replay could not find again: the next kick
-    /// tries again.
-    pub declined: u64,
-    /// Recording: points taken at the task's next pass over the position
-    /// where it resumed, because a patch at the kicked one would have
-    /// covered it.
-    pub advanced: u64,
-    /// Replay: trampoline exits whose registers matched.
-    pub candidates: u64,
-    /// Replay: candidates whose extended state or memory differed.
-    pub rejected: u64,
-    /// Replay: probe gate exits (events raised, none of them the
-    /// recording's exits).
-    pub gate_exits: u64,
-    /// Host time spent on the points: reading the state and its digests
-    /// when recording, searching when replaying.
-    pub busy_ns: u64,
 }

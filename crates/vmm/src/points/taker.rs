@@ -6,10 +6,9 @@ use std::time::Instant;
 use vm_memory::{Bytes, GuestAddress};
 
 use super::sites::Sites;
-use super::{Patch, PointStats, SampleStats};
-use crate::session::{Claimed, Resumed};
-use crate::tools::samples::user_position;
+use super::{user_position, Patch, PointStats, SampleStats};
 use crate::vm::{kvm_err, Machine, VmError};
+use crate::vm::{Claimed, Resumed};
 use events::abi::SampleMode;
 use introspect::probe_gate;
 use introspect::stub_area::EXIT_PAGE_GPA;
@@ -82,16 +81,11 @@ pub(crate) struct PointTaker {
     /// (a read resets KVM's log; a point declined after one must not lose
     /// the pages it saw).
     window_pages: Vec<u64>,
-    /// The recording's sampling clock: a sample mark about every so many
-    /// nanoseconds of VM time (0: none).
-    sample_period_ns: u64,
-    /// VM time the next sample is due, and no attempt before the second.
-    sample_due_ns: (u64, u64),
+    /// The recording's sampling clock.
+    marks: MarkClock,
     /// The guest kernel variable holding the top of the current task's
     /// kernel stack.
     kernel_stack_top: Option<u64>,
-    /// The sampling clock's pseudo-random state (`next_interval`).
-    jitter: u64,
     /// The last sample mark in user code since the last exit or point,
     /// (address space, RIP): where a replay that takes the marks stands
     /// when it puts the next trampoline in place (else the task is in
@@ -101,6 +95,35 @@ pub(crate) struct PointTaker {
     sites: Sites,
     pub(crate) stats: PointStats,
     pub(crate) sample_stats: SampleStats,
+}
+
+/// The recording's sampling clock: a sample mark about every `period_ns`
+/// of VM time (0: none).
+#[derive(Default)]
+struct MarkClock {
+    period_ns: u64,
+    /// VM time the next sample is due, and no attempt before the second.
+    due_ns: (u64, u64),
+    /// The pseudo-random state (`next_interval`).
+    jitter: u64,
+}
+
+impl MarkClock {
+    /// The time to the next sample: the period on average, drawn evenly
+    /// from half to one and a half periods. The guest's own periodic work
+    /// (its timer tick) would otherwise meet the samples at the same
+    /// phase for long stretches: a run of the 1-ms samples lands in the
+    /// 10-ms tick's handler two times in ten, another three.
+    fn next_interval(&mut self) -> u64 {
+        // xorshift64: the marks are logged, so no replay needs the seed.
+        let mut x = self.jitter | 1;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.jitter = x;
+        let period = self.period_ns;
+        period / 2 + x % period.max(1)
+    }
 }
 
 /// What the recorder makes of the position a sampling kick found.
@@ -139,14 +162,14 @@ impl PointTaker {
     /// tells user code just back from the kernel (`Sampling::every`).
     pub(crate) fn sample_every(&mut self, period_ns: u64, kernel_stack_top: Option<u64>) {
         if !self.exits_only {
-            self.sample_period_ns = period_ns;
+            self.marks.period_ns = period_ns;
             self.kernel_stack_top = kernel_stack_top;
         }
     }
 
     /// The sampling clock's period in nanoseconds (0: no samples).
     pub(crate) fn sample_period_ns(&self) -> u64 {
-        self.sample_period_ns
+        self.marks.period_ns
     }
 
     /// Before the first KVM_RUN: KVM's dirty log on (the pages a point
@@ -156,9 +179,9 @@ impl PointTaker {
             m.start_dirty_log()?;
             self.dirty_logging = true;
             self.tsc_start = crate::sys::host_tsc();
-            self.jitter = self.tsc_start;
-            let first = m.vm.clock.now_ns().saturating_add(self.sample_period_ns);
-            self.sample_due_ns = (first, first);
+            self.marks.jitter = self.tsc_start;
+            let first = m.vm.clock.now_ns().saturating_add(self.marks.period_ns);
+            self.marks.due_ns = (first, first);
         }
         Ok(())
     }
@@ -176,14 +199,14 @@ impl PointTaker {
     /// kernel's area announced, and not while a trap is set (its jump
     /// would be read as the program's code).
     fn sample_due(&self, announced: bool) -> u64 {
-        if self.sample_period_ns == 0
+        if self.marks.period_ns == 0
             || !announced
             || self.last_exit_ns.is_none()
             || self.trap.is_some()
         {
             return u64::MAX;
         }
-        self.sample_due_ns.0.max(self.sample_due_ns.1)
+        self.marks.due_ns.0.max(self.marks.due_ns.1)
     }
 
     /// At a kick: if a sample is due, a mark of where the task stands
@@ -219,7 +242,7 @@ impl PointTaker {
             MarkVerdict::Advance(to) if self.arm_trap(m, to)? => self.trap_for_mark = true,
             MarkVerdict::Advance(_) | MarkVerdict::Decline => {
                 self.sample_stats.missed += 1;
-                self.sample_due_ns.1 = now + SAMPLE_RETRY_NS;
+                self.marks.due_ns.1 = now + SAMPLE_RETRY_NS;
             }
         }
         Ok(())
@@ -234,26 +257,14 @@ impl PointTaker {
         recorder.sample(SampleMark { ns: now, at })?;
         self.sample_stats.taken += 1;
         // A late kick does not bunch the next samples up.
-        let next = self.sample_due_ns.0.saturating_add(self.next_interval());
-        let next = next.max(now + self.sample_period_ns / 2);
-        self.sample_due_ns = (next, next);
+        let next = self
+            .marks
+            .due_ns
+            .0
+            .saturating_add(self.marks.next_interval());
+        let next = next.max(now + self.marks.period_ns / 2);
+        self.marks.due_ns = (next, next);
         Ok(())
-    }
-
-    /// The time to the next sample: the period on average, drawn evenly
-    /// from half to one and a half periods. The guest's own periodic work
-    /// (its timer tick) would otherwise meet the samples at the same
-    /// phase for long stretches: a run of the 1-ms samples lands in the
-    /// 10-ms tick's handler two times in ten, another three.
-    fn next_interval(&mut self) -> u64 {
-        // xorshift64: the marks are logged, so no replay needs the seed.
-        let mut x = self.jitter | 1;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.jitter = x;
-        let period = self.sample_period_ns;
-        period / 2 + x % period.max(1)
     }
 
     /// Takes the trap out of the guest's code.
@@ -617,7 +628,7 @@ impl PointTaker {
                 MarkVerdict::Take(at) => self.take_mark(recorder, at, now)?,
                 MarkVerdict::Advance(_) | MarkVerdict::Decline => {
                     self.sample_stats.missed += 1;
-                    self.sample_due_ns.1 = now + SAMPLE_RETRY_NS;
+                    self.marks.due_ns.1 = now + SAMPLE_RETRY_NS;
                 }
             }
             return Ok(Claimed::Passed);
@@ -760,7 +771,10 @@ mod tests {
     fn samples_are_due_by_the_clock_after_the_first_exit_and_never_under_a_trap() {
         // No sampling clock.
         let mut p = PointTaker {
-            sample_due_ns: (5_000_000, 5_000_000),
+            marks: MarkClock {
+                due_ns: (5_000_000, 5_000_000),
+                ..Default::default()
+            },
             last_exit_ns: Some(0),
             ..Default::default()
         };
@@ -774,7 +788,7 @@ mod tests {
         assert_eq!(p.sample_due(true), u64::MAX);
         p.last_exit_ns = Some(0);
         // A declined kick tries again later; the due time stays.
-        p.sample_due_ns.1 = 5_050_000;
+        p.marks.due_ns.1 = 5_050_000;
         assert_eq!(p.sample_due(true), 5_050_000);
         // Never while the recorder's trap is set.
         p.trap = Some(Patch {

@@ -6,8 +6,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::outcome::StopReason;
 use super::replay::ReplaySession;
-use super::{run, KickState, Kicker, StopReason};
+use super::run;
+use super::threads::{KickState, Kicker};
 use crate::tools::checkpoints;
 use crate::tools::debug::{DebugTool, Resume, Snapshot, Stop, ThreadRegs};
 use crate::vm::{Machine, VmError};

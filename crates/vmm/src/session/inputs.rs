@@ -33,7 +33,7 @@ pub(super) fn publish_live(m: &mut Machine) {
 /// not been told it.
 fn terminal_size_to_tell(m: &Machine) -> Option<(u16, u16)> {
     let console = &m.vm.console;
-    m.vm.terminal_size.filter(|&size| {
+    m.vm.terminal.size.filter(|&size| {
         m.vm.status.terminal == Some(true) && console.driver_ok() && size != console.size()
     })
 }

@@ -4,7 +4,10 @@
 
 use journal::Entry;
 
-use super::{inputs, run_on_vcpu_thread, Mode, RunOutcome, StopReason};
+use super::inputs;
+use super::mode::Mode;
+use super::outcome::{RunOutcome, StopReason};
+use super::threads::run_on_vcpu_thread;
 use crate::boot_snapshot::{self, SnapshotTaken, SnapshotTarget};
 use crate::vm::{Machine, VmError};
 

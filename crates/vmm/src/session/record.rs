@@ -5,12 +5,12 @@
 use devices::control::EventRaiser;
 use journal::{EndReason, Entry, Progress, Recorder};
 
-use super::{
-    inputs, run_on_vcpu_thread, Claimed, Mode, ProgressFn, ProgressReport, Resumed, RunOutcome,
-    StopReason, HOUSEKEEPING_NS,
-};
+use super::inputs;
+use super::mode::{Mode, ProgressFn, ProgressReport, HOUSEKEEPING_NS};
+use super::outcome::{RunOutcome, StopReason};
+use super::threads::run_on_vcpu_thread;
 use crate::points::{PointCounts, PointTaker};
-use crate::vm::{Machine, VmError};
+use crate::vm::{Claimed, Machine, Resumed, VmError};
 
 /// A machine whose run is recorded into a trace.
 pub struct RecordSession {

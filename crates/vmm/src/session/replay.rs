@@ -12,21 +12,23 @@ use introspect::event_ring::EventRing;
 use introspect::instructions::TF;
 use introspect::probe_gate;
 use journal::preempt::MarkAt;
-use journal::{EndReason, Entry, JournalError, LogPosition, Progress, Replayer, Sought};
-
-use super::{
-    inputs, run_on_vcpu_thread, Claimed, Mode, ProgressFn, ProgressReport, Resumed, RunOutcome,
-    StopReason, HOUSEKEEPING_NS,
+use journal::{
+    EndReason, Entry, JournalError, LogPosition, Progress, ReplayPoint, Replayer, Sought,
 };
+
+use super::inputs;
+use super::mode::{Mode, ProgressFn, ProgressReport, HOUSEKEEPING_NS};
+use super::outcome::{RunOutcome, StopReason};
+use super::threads::run_on_vcpu_thread;
 use crate::boot_snapshot::{self, SnapshotRestored};
 use crate::points::{Found, PointCounts, PointSearch, SampleStats};
 use crate::tools::checkpoints::{self, CheckpointTaker, RestoredFrom};
 use crate::tools::debug::Resume;
 use crate::tools::exec;
 use crate::tools::samples::Sampling;
-use crate::tools::{CheckpointEvery, CheckpointRestored, ReplayPoint, ReplayTools};
+use crate::tools::{CheckpointEvery, CheckpointRestored, ReplayTools};
 use crate::vm::state::EventsState;
-use crate::vm::{Machine, Vm, VmError};
+use crate::vm::{Claimed, Machine, Resumed, Vm, VmError};
 
 /// A machine re-executing a recording.
 pub struct ReplaySession {
@@ -136,7 +138,7 @@ impl ReplaySession {
         let m = &mut self.machine;
         let restored = boot_snapshot::restore(m, path, &key, Some(&expected))?;
         // The probe gate as this replay needs it (it raises events).
-        super::install_gates(m, &mut self.mode);
+        super::mode::install_gates(m, &mut self.mode);
         if let (Some(events), Some(gpa)) =
             (&mut self.mode.tools.events, m.vm.status.switch_ring_gpa)
         {
@@ -178,7 +180,7 @@ impl ReplaySession {
         let shadow = checkpoints::apply(m, &chain)?;
         // The gates as this replay needs them, whichever replay took the
         // checkpoint.
-        super::install_gates(m, &mut self.mode);
+        super::mode::install_gates(m, &mut self.mode);
         let tools = &mut self.mode.tools;
         let c = &chain[0];
         self.mode.log.seek(&c.log)?;

@@ -9,9 +9,10 @@ use introspect::stub_area::GuestArea;
 use journal::{EndReason, Entry};
 use kvm_ioctls::VcpuExit;
 
-use super::{Claimed, Mode, Resumed, RunOutcome, StopReason};
+use super::mode::{install_gates, Mode};
+use super::outcome::{NetReport, RunOutcome, StopReason};
 use crate::vm::dispatch::Next;
-use crate::vm::{kvm_err, Machine, VmError};
+use crate::vm::{kvm_err, Claimed, Machine, Resumed, VmError};
 
 /// Runs the machine in `mode` until the guest stops, the mode stops it or
 /// something fails. `deadline` tells the kick thread when the vCPU must
@@ -160,7 +161,7 @@ fn messages<M: Mode>(m: &mut Machine, mode: &mut M) -> Result<Option<StopReason>
                 let gpa = m.vcpu.synced_regs().rsi;
                 if GuestArea::read(&m.vm.mem, gpa).is_ok() {
                     m.vm.status.stub_area_gpa = Some(gpa);
-                    super::install_gates(m, mode);
+                    install_gates(m, mode);
                 }
             }
             ControlMessage::Ready => {
@@ -197,7 +198,7 @@ pub(super) fn outcome<M: Mode>(m: &mut Machine, mode: &M, stop: StopReason) -> R
         journal: mode.progress(),
         trace: None,
         disk: vm.block.as_ref().map(|b| b.stats()),
-        net: vm.net.as_ref().map(|n| super::NetReport {
+        net: vm.net.as_ref().map(|n| NetReport {
             stats: n.stats(),
             failure: n.failure().map(str::to_owned),
         }),

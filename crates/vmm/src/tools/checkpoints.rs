@@ -23,10 +23,10 @@ use std::time::Instant;
 use devices::virtio_blk::VirtioBlock;
 use trace::checkpoints::{self, Digest32, StoredCheckpoint};
 
-use crate::points::PointStats;
+use crate::vm::state::PointStats;
 use crate::vm::state::{changed_pages, check_memory, Checkpoint, EventsState, VmState};
 use crate::vm::{Machine, VmError};
-use journal::LogPosition;
+use journal::{LogPosition, ReplayPoint};
 
 /// How often a replay takes a checkpoint.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,16 +35,6 @@ pub enum CheckpointEvery {
     Exits(u64),
     /// Every so much recorded guest time (the paravirtual clock's
     /// nanoseconds, as the log has them: the same in every replay).
-    GuestNs(u64),
-}
-
-/// A position in a recording.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ReplayPoint {
-    /// A deterministic exit's ordinal.
-    Exit(u64),
-    /// Recorded guest time (ns): the first exit where the guest clock
-    /// has reached it.
     GuestNs(u64),
 }
 
@@ -67,25 +57,6 @@ impl CheckpointEvery {
         match self {
             CheckpointEvery::Exits(n) => ReplayPoint::Exit(position.exits + n),
             CheckpointEvery::GuestNs(ns) => ReplayPoint::GuestNs(position.guest_ns + ns),
-        }
-    }
-}
-
-impl std::fmt::Display for ReplayPoint {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match *self {
-            ReplayPoint::Exit(e) => write!(f, "exit {e}"),
-            ReplayPoint::GuestNs(ns) => write!(f, "guest time {:.3} s", ns as f64 / 1e9),
-        }
-    }
-}
-
-impl ReplayPoint {
-    /// Whether replay at `position` has reached this point.
-    pub(crate) fn reached(&self, position: &LogPosition) -> bool {
-        match *self {
-            ReplayPoint::Exit(e) => position.exits >= e,
-            ReplayPoint::GuestNs(ns) => position.guest_ns >= ns,
         }
     }
 }

@@ -8,12 +8,15 @@ use events::capture::{Capture, CaptureSummary, Stored};
 use events::db::ProbeValue;
 use introspect::event_ring::EventRing;
 use introspect::guest_events::{self, SwitchRing, UserMemory};
+use introspect::probe_gate;
 use kvm_bindings::kvm_regs;
 use unwind::Regs;
 use vm_memory::GuestMemoryMmap;
 
-use super::MAX_STACK_FRAMES;
 use crate::vm::{Machine, VmError};
+
+/// Return addresses a SAMPLE, or a lock event, keeps.
+pub(crate) const MAX_STACK_FRAMES: usize = 32;
 
 /// Where the guest's events go at replay.
 pub(crate) struct EventTool {
@@ -158,7 +161,7 @@ impl EventTool {
                     cr3: entry.cr3,
                 },
             };
-            let at = probe_at_gate_in(&mut stack, entry.rsp, entry.rbp);
+            let at = probe_gate::probe_at_gate_in(&mut stack, entry.rsp, entry.rbp);
             self.stack_of(&mut stack, stored, at)?;
         }
         if let Some(why) = drained.damaged {
@@ -239,7 +242,7 @@ impl EventTool {
         )?;
         // Read only when unwinding: each replayed event passes here.
         let at = match self.stacks {
-            Some(_) => probe_at_gate(&m.vm.mem, cr3, &m.vcpu.synced_regs()),
+            Some(_) => probe_gate::probe_at_gate(&m.vm.mem, cr3, &m.vcpu.synced_regs()),
             None => None,
         };
         let mut mem = UserMemory {
@@ -292,24 +295,6 @@ impl EventTool {
     pub(crate) fn finish(self) -> Result<CaptureSummary, VmError> {
         Ok(self.capture.finish()?)
     }
-}
-
-/// Where the probe that called the gate stands, for a task at the gate
-/// with `regs`: its return address, and its stack pointer before the
-/// call (the probe called the gate past its 128-byte red zone).
-pub(crate) fn probe_at_gate(mem: &GuestMemoryMmap, cr3: u64, regs: &kvm_regs) -> Option<Regs> {
-    probe_at_gate_in(&mut UserMemory { mem, cr3 }, regs.rsp, regs.rbp)
-}
-
-/// `probe_at_gate`, for a task that was at the gate with `rsp` and `rbp`,
-/// its stack in `mem`.
-fn probe_at_gate_in(mem: &mut impl unwind::Memory, rsp: u64, rbp: u64) -> Option<Regs> {
-    let rip = mem.read_u64(rsp)?;
-    Some(Regs {
-        rip,
-        rsp: rsp.wrapping_add(8 + 128),
-        rbp,
-    })
 }
 
 /// A stack as the ring gate copied it when the event was raised: words

@@ -284,7 +284,7 @@ fn peek_pages(mem: &GuestMemoryMmap, cr3: u64, va: u64, buf: &mut [u8]) -> Vec<(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tools::test_memory;
+    use crate::vm::test_memory;
 
     const CODE_AT: u64 = 0x40_0000;
 

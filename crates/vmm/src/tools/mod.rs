@@ -16,17 +16,14 @@ pub(crate) mod tracing;
 
 pub use checkpoints::{
     checkpoint_before, checkpoint_unfit, CheckpointEvery, CheckpointRestored, CheckpointTaken,
-    ReplayPoint,
 };
 pub use tracing::{ExpansionSpec, ExpansionStats, TraceStart, TraceTarget};
 
 use checkpoints::{CheckpointTaker, RestoredFrom};
 use events::EventTool;
+use journal::ReplayPoint;
 use samples::Sampling;
 use tracing::ProcessTracer;
-
-/// Return addresses a SAMPLE, or a lock event, keeps.
-pub(crate) const MAX_STACK_FRAMES: usize = 32;
 
 /// What a replay session has attached.
 #[derive(Default)]
@@ -53,22 +50,4 @@ pub(crate) struct ReplayTools {
     pub(crate) debug: Option<debug::DebugTool>,
     /// Probes given at replay (with `debug`, collecting, and `events`).
     pub(crate) probes: Option<probes::ProbeTool>,
-}
-
-/// Guest memory for the tools' tests.
-#[cfg(test)]
-pub(crate) mod test_memory {
-    use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
-
-    /// User code at 0x40_0000: CR3 0x1000 -> PDPT 0x2000 -> PD 0x3000,
-    /// one 2 MiB user page at physical 0x20_0000.
-    pub(crate) fn user_code(code: &[u8]) -> GuestMemoryMmap {
-        let m = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 4 << 20)]).unwrap();
-        m.write_obj(0x2000u64 | 7, GuestAddress(0x1000)).unwrap();
-        m.write_obj(0x3000u64 | 7, GuestAddress(0x2000)).unwrap();
-        m.write_obj(0x20_0000u64 | 0x87, GuestAddress(0x3000 + 2 * 8))
-            .unwrap();
-        m.write_slice(code, GuestAddress(0x20_0000)).unwrap();
-        m
-    }
 }

@@ -49,7 +49,7 @@ impl Machine {
 
     /// Feeds host input to the guest's serial console.
     pub fn attach_input(&mut self, input: ConsoleInput) {
-        self.vm.input = Some(input);
+        self.vm.terminal.input = Some(input);
     }
 
     /// Also hands every Ethernet frame the guest transmits to `capture`.
@@ -133,7 +133,7 @@ impl Machine {
     /// the console tty is open by then, and the kernel's serial driver
     /// resets the FIFO while it starts.
     pub(crate) fn feed_input(&mut self) -> Result<(), VmError> {
-        let Some(input) = &self.vm.input else {
+        let Some(input) = &self.vm.terminal.input else {
             return Ok(());
         };
         if input.quit_requested() {
@@ -142,7 +142,7 @@ impl Machine {
         // A command given the virtio console may still get the serial one
         // (a guest kernel without its driver): input waits until `/init`
         // says which.
-        let virtio = match (self.vm.console_kind, self.vm.status.terminal) {
+        let virtio = match (self.vm.terminal.kind, self.vm.status.terminal) {
             (ConsoleKind::Serial, _) | (_, Some(false)) => false,
             (ConsoleKind::Virtio, Some(true)) => true,
             (ConsoleKind::Virtio, None) => return Ok(()),
@@ -154,7 +154,7 @@ impl Machine {
                 console.enqueue_input(&bytes);
             }
             if let Some(size) = input.window_size() {
-                self.vm.terminal_size = Some(size);
+                self.vm.terminal.size = Some(size);
             }
         } else if self.vm.status.init_reached.is_some() {
             let bytes = input.take(self.vm.platform.serial.input_room());
@@ -186,7 +186,7 @@ impl Machine {
             if self.vm.platform.pic.has_pending() {
                 return Ok(());
             }
-            let max_sleep = if self.vm.input.is_some() {
+            let max_sleep = if self.vm.terminal.input.is_some() {
                 INPUT_POLL_NS
             } else {
                 max_sleep_ns

@@ -37,6 +37,7 @@ mod vcpu;
 pub use machine::Machine;
 pub use state::VcpuState;
 pub use vcpu::Vcpu;
+pub(crate) use vcpu::{Claimed, Resumed};
 
 /// The vCPU id of the (only) vCPU.
 pub const BOOT_VCPU: u8 = 0;
@@ -274,8 +275,8 @@ pub struct Vm {
     pub(crate) platform: LegacyPlatform<ConsoleSink>,
     /// The virtio console: always there, used once `/init` attaches it.
     pub(crate) console: VirtioConsole<ConsoleSink>,
-    /// The command's terminal: where host input goes.
-    pub(crate) console_kind: ConsoleKind,
+    /// The command's terminal on the host side.
+    pub(crate) terminal: HostTerminal,
     /// The virtio disk.
     pub(crate) block: Option<VirtioBlock>,
     /// The virtio network device.
@@ -288,11 +289,19 @@ pub struct Vm {
     pub(crate) status: GuestStatus,
     /// The run's archive, for `/init` to fetch.
     pub(crate) archive: Vec<u8>,
+}
+
+/// The command's terminal as the host sees it: which guest device it is,
+/// the host input that goes there, and the host terminal's size.
+pub(crate) struct HostTerminal {
+    /// The guest device that is the command's terminal: where host input
+    /// goes.
+    pub(crate) kind: ConsoleKind,
     /// Host input for the console, if attached.
     pub(crate) input: Option<ConsoleInput>,
     /// The host terminal's size (columns, rows), once known: the virtio
     /// console's driver is told it at the next delivery point.
-    pub(crate) terminal_size: Option<(u16, u16)>,
+    pub(crate) size: Option<(u16, u16)>,
 }
 
 impl Vm {
@@ -328,5 +337,24 @@ impl Vm {
     /// The size of guest RAM in bytes.
     pub(crate) fn ram_bytes(&self) -> usize {
         self.mem.iter().map(|r| r.len() as usize).sum()
+    }
+}
+
+/// Guest memory with user code mapped, for the tests of the code that
+/// reads it (points, tools).
+#[cfg(test)]
+pub(crate) mod test_memory {
+    use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+    /// User code at 0x40_0000: CR3 0x1000 -> PDPT 0x2000 -> PD 0x3000,
+    /// one 2 MiB user page at physical 0x20_0000.
+    pub(crate) fn user_code(code: &[u8]) -> GuestMemoryMmap {
+        let m = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 4 << 20)]).unwrap();
+        m.write_obj(0x2000u64 | 7, GuestAddress(0x1000)).unwrap();
+        m.write_obj(0x3000u64 | 7, GuestAddress(0x2000)).unwrap();
+        m.write_obj(0x20_0000u64 | 0x87, GuestAddress(0x3000 + 2 * 8))
+            .unwrap();
+        m.write_slice(code, GuestAddress(0x20_0000)).unwrap();
+        m
     }
 }

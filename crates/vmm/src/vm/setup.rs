@@ -14,8 +14,8 @@ use kvm_ioctls::Kvm;
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 
 use super::{
-    kvm_err, Console, ConsoleSink, ExitCounts, GuestCpu, GuestStatus, Machine, Vcpu, Vm, VmClock,
-    VmError, BOOT_VCPU,
+    kvm_err, Console, ConsoleSink, ExitCounts, GuestCpu, GuestStatus, HostTerminal, Machine, Vcpu,
+    Vm, VmClock, VmError, BOOT_VCPU,
 };
 use crate::{cpuid, kvm_ext};
 use guest::boot;
@@ -171,7 +171,11 @@ impl Machine {
                 mem,
                 platform,
                 console,
-                console_kind: spec.console,
+                terminal: HostTerminal {
+                    kind: spec.console,
+                    input: None,
+                    size: None,
+                },
                 block,
                 net,
                 doorbell,
@@ -185,8 +189,6 @@ impl Machine {
                 },
                 status: GuestStatus::default(),
                 archive,
-                input: None,
-                terminal_size: None,
             },
         })
     }

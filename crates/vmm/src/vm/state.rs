@@ -17,11 +17,36 @@ use trace::checkpoints::Digest32;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::{kvm_err, ExitCounts, Machine, Vcpu, Vm, VmClock, VmError};
-use crate::points::PointStats;
 use journal::LogPosition;
 
 /// A page of guest memory, as checkpoints store them.
 const PAGE: usize = introspect::gva::PAGE_SIZE as usize;
+
+/// What the asynchronous points came to in a run: counts shown with its
+/// outcome, and stored with the machine so that a replay restored from a
+/// checkpoint goes on counting.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PointStats {
+    /// Asynchronous points recorded, or reached at replay.
+    pub points: u64,
+    /// Kicks at a position replay could not find again: the next kick
+    /// tries again.
+    pub declined: u64,
+    /// Recording: points taken at the task's next pass over the position
+    /// where it resumed, because a patch at the kicked one would have
+    /// covered it.
+    pub advanced: u64,
+    /// Replay: trampoline exits whose registers matched.
+    pub candidates: u64,
+    /// Replay: candidates whose extended state or memory differed.
+    pub rejected: u64,
+    /// Replay: probe gate exits (events raised, none of them the
+    /// recording's exits).
+    pub gate_exits: u64,
+    /// Host time spent on the points: reading the state and its digests
+    /// when recording, searching when replaying.
+    pub busy_ns: u64,
+}
 
 /// The vCPU as KVM describes it.
 #[derive(Serialize, Deserialize)]

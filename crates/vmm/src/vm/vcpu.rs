@@ -300,3 +300,29 @@ impl Vcpu {
         }
     }
 }
+
+/// How the KVM_RUN that a kick or window interrupted started.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Resumed {
+    /// The RIP of the VM exit right before it, if it followed one.
+    pub rip: Option<u64>,
+    /// The general registers at that exit (`state::gprs` order), where
+    /// known (not right after a checkpoint's restore): a task found at
+    /// that RIP with other registers ran on and came back to it, as in a
+    /// loop.
+    pub gprs: Option<[u64; 16]>,
+    /// The vCPU started in the guest kernel: it had stopped there, or an
+    /// interrupt or exception had just been injected.
+    pub in_kernel: bool,
+}
+
+/// What a store to the exit page was, for the mode that may own it.
+pub(crate) enum Claimed {
+    /// Not the mode's: an ordinary (deterministic) MMIO exit.
+    NotOurs,
+    /// The mode's, and the guest goes on.
+    Passed,
+    /// The mode's, and the vCPU now stands at a delivery point (an
+    /// asynchronous point).
+    Reached,
+}

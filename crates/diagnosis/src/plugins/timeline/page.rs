@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 
 use super::model::SliceKind;
-use super::View;
+use super::view::View;
 use crate::render::{json_string, xml_escape};
 
 /// A comment every timeline page carries, by which insight knows the file

@@ -25,7 +25,7 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 
 use super::model::SliceKind;
-use super::View;
+use super::view::View;
 use crate::render::json_string;
 
 /// The pid of the CPU's process (no guest process has it: pid 0 is the

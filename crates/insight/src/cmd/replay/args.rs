@@ -4,8 +4,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::cmd::events::EventsFormat;
 use anyhow::Result;
-use events::db::EventFormat;
 use vmm::CheckpointEvery;
 
 use crate::cmd::report;
@@ -23,6 +23,64 @@ pub struct ReplayArgs {
     /// they go nowhere else: no network is used.
     #[arg(long, value_name = "FILE")]
     pub tx_pcap: Option<PathBuf>,
+    /// After replay, run diagnosis tools over the events (written to
+    /// TRACE/events.db unless --events names a file): locks, deadlock,
+    /// profile (samples every 1 ms unless --sample-period says otherwise),
+    /// threads; several separated by commas.
+    #[arg(long, value_name = "TOOL,...", value_delimiter = ',', value_parser = report::parse_tool)]
+    pub diagnose: Vec<String>,
+    /// Find the positions where the recording preempted user code by
+    /// their registers alone, without the memory and extended-state
+    /// checks: shows that those checks are needed (such a replay can
+    /// deliver at the wrong pass of a loop and diverge). Never needed
+    /// otherwise.
+    #[arg(long, hide = true)]
+    pub match_registers_only: bool,
+    /// Serve a gdb (or an IDE) on [ADDR:]PORT instead of replaying to the
+    /// end: one process of the recording under gdb, forwards and
+    /// backwards, as `insight debug` serves the gdb it starts (loopback
+    /// unless an address is given).
+    #[arg(long, value_name = "[ADDR:]PORT", conflicts_with_all = ["events", "diagnose", "trace_process", "jobs", "segment", "from", "to", "checkpoint_every", "tx_pcap"])]
+    pub gdb: Option<String>,
+    /// With --gdb: the process to debug, its pid or its program's name
+    /// (default: the guest command's program).
+    #[arg(long, value_name = "PID|NAME", requires = "gdb")]
+    pub process: Option<String>,
+    /// Probe the recorded program at replay, with no change to it and
+    /// nothing paid while recording (docs/probes.md): SPEC names a
+    /// function of the program (`parse`) or of a library it loads
+    /// (`libc.so.6:fsync`), a FILE:LINE, or an address,
+    /// then optionally `return`, `in PROGRAM` or `in pid PID` (default:
+    /// every process that runs the program, or for a library's function
+    /// every process that loads it, from each one's start), `capture`
+    /// values (arg0..arg5, retval, registers, *argN:LEN, str(argN), a
+    /// global variable, ustack) and `if OPERAND OP NUMBER`. E.g.
+    /// --probe 'parse_request capture arg1 if arg1 > 4096'. Hits become
+    /// PROBE and PROBE_RET events (`insight report probes`); each costs
+    /// the replay two exits. Repeatable; the events go to TRACE/events.db
+    /// unless --events names a file.
+    #[arg(long, value_name = "SPEC", conflicts_with_all = ["gdb", "trace_process", "jobs", "segment", "from", "checkpoint_every"])]
+    pub probe: Vec<String>,
+    /// Probes from FILE, one spec per line (`#` starts a comment line).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["gdb", "trace_process", "jobs", "segment", "from", "checkpoint_every"])]
+    pub probes_file: Option<PathBuf>,
+    /// Replace an existing --events or --tx-pcap file even if it is not
+    /// one insight wrote (never a device, link, directory, or a file of a
+    /// trace).
+    #[arg(long)]
+    pub force: bool,
+    #[command(flatten)]
+    pub capture: CaptureArgs,
+    #[command(flatten)]
+    pub window: WindowArgs,
+    #[command(flatten)]
+    pub tracing: TracingArgs,
+}
+
+/// What a replay collects into its event database, and how.
+#[derive(clap::Args)]
+#[command(next_help_heading = "Events and samples")]
+pub struct CaptureArgs {
     /// Collect the events the guest raises (the probe library's, in
     /// programs recorded with `record --probes`, and the guest kernel's
     /// context switches and exits) into the event database FILE (SQLite,
@@ -48,22 +106,11 @@ pub struct ReplayArgs {
     /// hosts). For measuring what the ring saves (tools/bench-events).
     #[arg(long)]
     pub event_exits: bool,
-    /// Replace an existing --events or --tx-pcap file even if it is not
-    /// one insight wrote (never a device, link, directory, or a file of a
-    /// trace).
-    #[arg(long)]
-    pub force: bool,
     /// How the database stores events: packed (compressed blocks, a few
     /// bytes per event; read them with `insight report`) or rows (one SQL
     /// row per event, about 37 bytes, for your own queries with sqlite3).
     #[arg(long, value_enum, default_value = "packed", value_name = "FORMAT")]
     pub events_format: EventsFormat,
-    /// After replay, run diagnosis tools over the events (written to
-    /// TRACE/events.db unless --events names a file): locks, deadlock,
-    /// profile (samples every 1 ms unless --sample-period says otherwise),
-    /// threads; several separated by commas.
-    #[arg(long, value_name = "TOOL,...", value_delimiter = ',', value_parser = report::parse_tool)]
-    pub diagnose: Vec<String>,
     /// Sample the tracked task on the CPU (RIP and user stack) about every
     /// PERIOD, e.g. 1ms (the least), 5ms, 20ms; into the event database.
     /// Where the recording marked samples (`insight record
@@ -91,13 +138,12 @@ pub struct ReplayArgs {
     /// compare).
     #[arg(long, value_enum, default_value = "cfi", value_name = "HOW")]
     pub unwind: Unwind,
-    /// Find the positions where the recording preempted user code by
-    /// their registers alone, without the memory and extended-state
-    /// checks: shows that those checks are needed (such a replay can
-    /// deliver at the wrong pass of a loop and diverge). Never needed
-    /// otherwise.
-    #[arg(long, hide = true)]
-    pub match_registers_only: bool,
+}
+
+/// Where a replay starts and stops, its checkpoints, and replaying in segments.
+#[derive(clap::Args)]
+#[command(next_help_heading = "Checkpoints and windows")]
+pub struct WindowArgs {
     /// Take a checkpoint (the whole VM state, docs/trace-format.md) every
     /// INTERVAL into TRACE/checkpoints, replacing those it had (or, with
     /// --from, those after the one restored): recorded guest time such as
@@ -147,6 +193,12 @@ pub struct ReplayArgs {
     /// replay's checks then report a divergence, never a wrong result.
     #[arg(long)]
     pub any_cpu: bool,
+}
+
+/// Single-stepping one process for its instructions and memory accesses (docs/expansion.md).
+#[derive(clap::Args)]
+#[command(next_help_heading = "Tracing a process")]
+pub struct TracingArgs {
     /// Single-step the user code of one process at replay: its pid, or the
     /// name of the program it executes (the first process to execute it),
     /// and write what it executed with --trace-instructions and the memory
@@ -175,34 +227,6 @@ pub struct ReplayArgs {
     /// are the same, this is slower (docs/expansion.md).
     #[arg(long, requires = "trace_process")]
     pub trace_by_traps: bool,
-    /// Serve a gdb (or an IDE) on [ADDR:]PORT instead of replaying to the
-    /// end: one process of the recording under gdb, forwards and
-    /// backwards, as `insight debug` serves the gdb it starts (loopback
-    /// unless an address is given).
-    #[arg(long, value_name = "[ADDR:]PORT", conflicts_with_all = ["events", "diagnose", "trace_process", "jobs", "segment", "from", "to", "checkpoint_every", "tx_pcap"])]
-    pub gdb: Option<String>,
-    /// With --gdb: the process to debug, its pid or its program's name
-    /// (default: the guest command's program).
-    #[arg(long, value_name = "PID|NAME", requires = "gdb")]
-    pub process: Option<String>,
-    /// Probe the recorded program at replay, with no change to it and
-    /// nothing paid while recording (docs/probes.md): SPEC names a
-    /// function of the program (`parse`) or of a library it loads
-    /// (`libc.so.6:fsync`), a FILE:LINE, or an address,
-    /// then optionally `return`, `in PROGRAM` or `in pid PID` (default:
-    /// every process that runs the program, or for a library's function
-    /// every process that loads it, from each one's start), `capture`
-    /// values (arg0..arg5, retval, registers, *argN:LEN, str(argN), a
-    /// global variable, ustack) and `if OPERAND OP NUMBER`. E.g.
-    /// --probe 'parse_request capture arg1 if arg1 > 4096'. Hits become
-    /// PROBE and PROBE_RET events (`insight report probes`); each costs
-    /// the replay two exits. Repeatable; the events go to TRACE/events.db
-    /// unless --events names a file.
-    #[arg(long, value_name = "SPEC", conflicts_with_all = ["gdb", "trace_process", "jobs", "segment", "from", "checkpoint_every"])]
-    pub probe: Vec<String>,
-    /// Probes from FILE, one spec per line (`#` starts a comment line).
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["gdb", "trace_process", "jobs", "segment", "from", "checkpoint_every"])]
-    pub probes_file: Option<PathBuf>,
     /// Write each load and store of the traced process's user code to
     /// FILE, a line per access: kind (L, S or M for read-modify-write, as
     /// Valgrind's lackey), address, size, thread, instruction address.
@@ -234,22 +258,6 @@ impl Unwind {
         match self {
             Unwind::Cfi => "cfi",
             Unwind::FramePointers => "frame-pointers",
-        }
-    }
-}
-
-/// How an event database stores its events (`--events-format`).
-#[derive(Clone, Copy, clap::ValueEnum)]
-pub enum EventsFormat {
-    Packed,
-    Rows,
-}
-
-impl From<EventsFormat> for EventFormat {
-    fn from(f: EventsFormat) -> Self {
-        match f {
-            EventsFormat::Packed => EventFormat::Packed,
-            EventsFormat::Rows => EventFormat::Rows,
         }
     }
 }

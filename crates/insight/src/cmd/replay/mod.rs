@@ -7,7 +7,7 @@ pub(crate) mod args;
 mod probes;
 mod segments;
 
-pub use args::{parse_duration, parse_position, EventsFormat, Position, ReplayArgs, Unwind};
+pub use args::{parse_duration, parse_position, Position, ReplayArgs, Unwind};
 use segments::{list_checkpoints, report_checkpoints, segment_bounds};
 
 use std::fs::File;
@@ -38,20 +38,20 @@ use crate::status::{printable, StatusLine};
 use crate::traces;
 
 pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
-    if args.segment.is_some() {
+    if args.window.segment.is_some() {
         // First: nothing a segment does outlives the replay it works for.
         segments::end_with_parent()?;
     }
     let trace = traces::resolve(args.trace.as_deref())?;
     // Other replays may share the trace; a recorder or `rm` may not.
     let _hold = traces::hold(&trace, traces::TraceUse::Shared)?;
-    if args.list_checkpoints {
+    if args.window.list_checkpoints {
         return list_checkpoints(&trace);
     }
-    if let Some(segment) = args.segment {
+    if let Some(segment) = args.window.segment {
         let (from, to) = segment_bounds(&trace, segment)?;
-        args.from = from.map(|e| Position::At(ReplayPoint::Exit(e)));
-        args.to = to.map(|e| Position::At(ReplayPoint::Exit(e)));
+        args.window.from = from.map(|e| Position::At(ReplayPoint::Exit(e)));
+        args.window.to = to.map(|e| Position::At(ReplayPoint::Exit(e)));
     }
     let probe_specs = probes::specs(&args.probe, args.probes_file.as_deref())?;
     if !probe_specs.is_empty() && !args.diagnose.iter().any(|d| d == "probes") {
@@ -63,26 +63,29 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
         .iter()
         .filter_map(|name| plugins::by_name(name))
         .collect();
-    if !tools.is_empty() && args.events.is_none() {
-        args.events = Some(trace.join(traces::EVENTS_DB));
+    if !tools.is_empty() && args.capture.events.is_none() {
+        args.capture.events = Some(trace.join(traces::EVENTS_DB));
     }
-    if args.sample_period.is_none() {
-        args.sample_period = tools
+    if args.capture.sample_period.is_none() {
+        args.capture.sample_period = tools
             .iter()
             .filter_map(|t| t.replay_needs().sample_period)
             .min();
     }
-    if args.trace_process.is_none() && tools.iter().any(|t| t.replay_needs().traced_process) {
+    if args.tracing.trace_process.is_none() && tools.iter().any(|t| t.replay_needs().traced_process)
+    {
         let reader = open_trace(&trace)?;
         let program = traces::recorded_program(&reader.header, &trace)?;
         eprintln!(
             "insight: tracing the recorded command's process, {program}, from its execve \
              (--trace-process PID|NAME traces another)"
         );
-        args.trace_process = Some(vmm::TraceTarget::Name(program));
+        args.tracing.trace_process = Some(vmm::TraceTarget::Name(program));
     }
-    if args.trace_process.is_some() {
-        if args.trace_instructions.is_none() && args.trace_memory.is_none() && args.events.is_none()
+    if args.tracing.trace_process.is_some() {
+        if args.tracing.trace_instructions.is_none()
+            && args.tracing.trace_memory.is_none()
+            && args.capture.events.is_none()
         {
             bail!(
                 "--trace-process needs somewhere to write: --trace-instructions FILE, \
@@ -90,38 +93,40 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
                  or --diagnose memory"
             );
         }
-        if args.jobs.is_some() {
+        if args.window.jobs.is_some() {
             bail!("--trace-process traces one replay: it cannot be split with --jobs");
         }
         // The event capture says which task is on the CPU.
-        if args.events.is_none() {
-            args.events = Some(trace.join(traces::EVENTS_DB));
+        if args.capture.events.is_none() {
+            args.capture.events = Some(trace.join(traces::EVENTS_DB));
         }
         // Heap blocks are named by their allocation events.
-        args.heap_events = true;
+        args.capture.heap_events = true;
     }
-    if args.heap_events && args.events.is_none() {
+    if args.capture.heap_events && args.capture.events.is_none() {
         bail!("--heap-events needs somewhere to put the events: --events FILE or --diagnose");
     }
-    if args.sample_period.is_some() && args.events.is_none() {
+    if args.capture.sample_period.is_some() && args.capture.events.is_none() {
         bail!("--sample-period needs somewhere to put the samples: --events FILE or --diagnose");
     }
     // Outputs are checked before anything runs: a replay can be long.
-    if let Some(path) = &args.events {
+    if let Some(path) = &args.capture.events {
         outputs::check_event_db(path, args.force)?;
     }
     if let Some(path) = &args.tx_pcap {
         outputs::check(path, OutputKind::Pcap, args.force)?;
     }
-    if let Some(path) = &args.trace_instructions {
+    if let Some(path) = &args.tracing.trace_instructions {
         outputs::check(path, OutputKind::InstructionTrace, args.force)?;
     }
-    if let Some(path) = &args.trace_memory {
+    if let Some(path) = &args.tracing.trace_memory {
         outputs::check(path, OutputKind::MemoryTrace, args.force)?;
     }
-    if let (Some(Position::First { .. }), Some(_), Some(_)) =
-        (args.to, args.checkpoint_every, &args.events)
-    {
+    if let (Some(Position::First { .. }), Some(_), Some(_)) = (
+        args.window.to,
+        args.window.checkpoint_every,
+        &args.capture.events,
+    ) {
         bail!(
             "--checkpoint-every with --to at an event: the window's events end at that event, \
              and a checkpoint taken after it would lack the events before its exit; take the \
@@ -129,7 +134,7 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
         );
     }
     segments::checkpoints_for_events(&trace, &mut args)?;
-    if let Some(jobs) = args.jobs {
+    if let Some(jobs) = args.window.jobs {
         return segments::replay_in_parallel(&trace, &args, jobs, tools);
     }
     let reader = open_trace(&trace)?;
@@ -155,27 +160,28 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
     } else {
         status.console(Box::new(std::io::stdout()))
     };
-    let events = match &args.events {
+    let events = match &args.capture.events {
         Some(path) => Some(event_options(&args, path, &trace, &reader)?),
         None => None,
     };
-    let tracing = match &args.trace_process {
+    let tracing = match &args.tracing.trace_process {
         Some(target) => Some(vmm::ExpansionSpec {
             target: target.clone(),
             instructions: args
+                .tracing
                 .trace_instructions
                 .as_deref()
                 .map(instruction_trace)
                 .transpose()?,
-            memory: match (&args.trace_memory, &args.trace_instructions) {
+            memory: match (&args.tracing.trace_memory, &args.tracing.trace_instructions) {
                 (Some(p), _) => Some(Box::new(BufWriter::new(create_output(p)?))),
                 // Traced for the event database alone: the accesses go to
                 // it as MEMACCESS events, and nowhere else.
                 (None, None) => Some(Box::new(std::io::sink())),
                 (None, Some(_)) => None,
             },
-            registers: args.trace_registers,
-            kernel_steps: !args.trace_by_traps && kernel_steps_work(),
+            registers: args.tracing.trace_registers,
+            kernel_steps: !args.tracing.trace_by_traps && kernel_steps_work(),
         }),
         None => None,
     };
@@ -187,14 +193,22 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
     let options = ReplayOptions {
         trace: trace.clone(),
         console,
-        any_cpu: args.any_cpu,
+        any_cpu: args.window.any_cpu,
         user_rdtsc_traps: user_rdtsc_traps()?,
         registers_only: args.match_registers_only,
         events,
         tracing,
-        from: args.from.map(|p| p.resolve(&trace, false)).transpose()?,
-        to: args.to.map(|p| p.resolve(&trace, true)).transpose()?,
-        checkpoint_every: args.checkpoint_every,
+        from: args
+            .window
+            .from
+            .map(|p| p.resolve(&trace, false))
+            .transpose()?,
+        to: args
+            .window
+            .to
+            .map(|p| p.resolve(&trace, true))
+            .transpose()?,
+        checkpoint_every: args.window.checkpoint_every,
         debug: None,
         probes: probe_plan,
         sent_frames,
@@ -241,7 +255,7 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
             if !d.state.is_empty() {
                 eprintln!("insight: replay state at the divergence: {}", d.state);
             }
-            if let Some(path) = &args.events {
+            if let Some(path) = &args.capture.events {
                 // The database is finished at a divergence too; if that
                 // failed (the error is the divergence's), it is left
                 // under its partial name, committed up to the divergence.
@@ -264,6 +278,7 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
         Err(e) => {
             let e = anyhow::Error::from(e);
             if let Some(path) = args
+                .capture
                 .events
                 .as_deref()
                 .filter(|_| crate::exit::disk_full(&e))
@@ -287,7 +302,7 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
     if let Some(stats) = &outcome.expansion {
         report_expansion(stats, &args, replay_time);
     }
-    if let (Some(summary), Some(path)) = (&outcome.events, &args.events) {
+    if let (Some(summary), Some(path)) = (&outcome.events, &args.capture.events) {
         report_capture(summary, path);
         let s = &outcome.points.samples;
         if s.taken + s.missed + s.given_up > 0 {
@@ -392,8 +407,8 @@ fn event_options(
             "ns since the VM started, as recorded".to_owned(),
         ),
     ];
-    let db = crate::outputs::create_event_db(path, &meta, args.events_format.into())?;
-    let cfi_files = match args.unwind {
+    let db = crate::outputs::create_event_db(path, &meta, args.capture.events_format.into())?;
+    let cfi_files = match args.capture.unwind {
         Unwind::Cfi => {
             let files = traces::guest_files(&reader.header, reader.dir())?;
             Some(
@@ -403,18 +418,18 @@ fn event_options(
         }
         Unwind::FramePointers => None,
     };
-    let end_after = match args.to {
+    let end_after = match args.window.to {
         Some(Position::First { kind, lwpid }) => Some((kind, lwpid)),
         _ => None,
     };
     Ok(EventOptions {
         db,
-        heap: args.heap_events,
+        heap: args.capture.heap_events,
         cfi_files,
-        sample_period: args.sample_period,
-        replay_time_samples: args.replay_time_samples,
+        sample_period: args.capture.sample_period,
+        replay_time_samples: args.capture.replay_time_samples,
         end_after,
-        exits: args.event_exits,
+        exits: args.capture.event_exits,
     })
 }
 
@@ -459,10 +474,10 @@ fn report_expansion(stats: &vmm::ExpansionStats, args: &ReplayArgs, replay_time:
         None => {}
     }
     let mut written = Vec::new();
-    if let Some(p) = &args.trace_instructions {
+    if let Some(p) = &args.tracing.trace_instructions {
         written.push(format!("instructions to {}", p.display()));
     }
-    if let Some(p) = &args.trace_memory {
+    if let Some(p) = &args.tracing.trace_memory {
         written.push(format!("accesses to {}", p.display()));
     }
     let secs = replay_time.as_secs_f64();

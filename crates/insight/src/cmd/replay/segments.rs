@@ -57,11 +57,11 @@ fn split(exits: &[u64], (k, n): (usize, usize)) -> Option<(Option<u64>, Option<u
 /// boot, in one piece, and takes the set again with what event capture
 /// needs, so that the next replay starts from them. Says so.
 pub(super) fn checkpoints_for_events(trace: &Path, args: &mut ReplayArgs) -> Result<()> {
-    if args.events.is_none() || args.segment.is_some() {
+    if args.capture.events.is_none() || args.window.segment.is_some() {
         return Ok(());
     }
     let stored = own_checkpoints(trace)?;
-    let starts: Vec<u64> = match (args.jobs, args.from) {
+    let starts: Vec<u64> = match (args.window.jobs, args.window.from) {
         (Some(_), _) => stored.iter().map(|c| c.exit).collect(),
         (None, Some(from)) => vmm::checkpoint_before(trace, from.resolve(trace, false)?)?
             .map(|c| c.exit)
@@ -69,18 +69,21 @@ pub(super) fn checkpoints_for_events(trace: &Path, args: &mut ReplayArgs) -> Res
             .collect(),
         (None, None) => Vec::new(),
     };
-    let stacks = args.unwind == Unwind::Cfi;
+    let stacks = args.capture.unwind == Unwind::Cfi;
     let header = super::open_trace(trace)?.header;
-    let marks =
-        vmm::builder::sample_marks_period(&header, args.sample_period, args.replay_time_samples);
+    let marks = vmm::builder::sample_marks_period(
+        &header,
+        args.capture.sample_period,
+        args.capture.replay_time_samples,
+    );
     for exit in starts {
         let Some(why) = vmm::checkpoint_unfit(trace, exit, stacks, marks)? else {
             continue;
         };
-        if args.checkpoint_every.is_none() {
-            args.checkpoint_every = CheckpointEvery::like(&stored);
+        if args.window.checkpoint_every.is_none() {
+            args.window.checkpoint_every = CheckpointEvery::like(&stored);
         }
-        let every = match args.checkpoint_every {
+        let every = match args.window.checkpoint_every {
             Some(CheckpointEvery::GuestNs(ns)) => format!(" every {:.1} s", ns as f64 / 1e9),
             Some(CheckpointEvery::Exits(n)) => format!(" every {n} exits"),
             None => String::new(),
@@ -88,14 +91,14 @@ pub(super) fn checkpoints_for_events(trace: &Path, args: &mut ReplayArgs) -> Res
         eprintln!(
             "insight: {why}, which cannot start event capture: replaying from boot{}, taking \
              the checkpoints again{every} with what event capture needs",
-            if args.jobs.is_some() {
+            if args.window.jobs.is_some() {
                 " in one segment"
             } else {
                 ""
             }
         );
-        args.jobs = None;
-        args.from = None;
+        args.window.jobs = None;
+        args.window.from = None;
         return Ok(());
     }
     Ok(())
@@ -189,7 +192,7 @@ struct Running {
 }
 
 /// Replays every segment of `trace`, `jobs` at a time; prints their
-/// console output in order, merges their events into `args.events`, and
+/// console output in order, merges their events into `args.capture.events`, and
 /// runs `tools` over them.
 pub fn replay_in_parallel(
     trace: &Path,
@@ -207,7 +210,7 @@ pub fn replay_in_parallel(
              `insight replay {} --checkpoint-every 2s{}`",
             trace.display(),
             trace.display(),
-            if args.events.is_some() {
+            if args.capture.events.is_some() {
                 " --events FILE"
             } else {
                 ""
@@ -252,21 +255,21 @@ pub fn replay_in_parallel(
         if args.no_console {
             cmd.arg("--no-console");
         }
-        if args.events.is_some() {
+        if args.capture.events.is_some() {
             cmd.arg("--events")
                 .arg(work.join(format!("segment-{k}.db")))
-                .args(["--unwind", args.unwind.name()]);
-            if let Some(period) = args.sample_period {
+                .args(["--unwind", args.capture.unwind.name()]);
+            if let Some(period) = args.capture.sample_period {
                 cmd.arg("--sample-period")
                     .arg(format!("{}us", period.as_micros()));
             }
-            if args.replay_time_samples {
+            if args.capture.replay_time_samples {
                 cmd.arg("--replay-time-samples");
             }
-            if args.heap_events {
+            if args.capture.heap_events {
                 cmd.arg("--heap-events");
             }
-            if args.event_exits {
+            if args.capture.event_exits {
                 cmd.arg("--event-exits");
             }
         }
@@ -366,12 +369,12 @@ pub fn replay_in_parallel(
         Ok(None) => Ok(()),
         Err(e) => Err(e),
     };
-    let merged = outcome.and_then(|()| match &args.events {
+    let merged = outcome.and_then(|()| match &args.capture.events {
         Some(path) => {
             let dbs: Vec<PathBuf> = (1..=segments)
                 .map(|k| work.join(format!("segment-{k}.db")))
                 .collect();
-            let events = merge(path, &dbs, args.events_format.into())?;
+            let events = merge(path, &dbs, args.capture.events_format.into())?;
             eprintln!(
                 "insight: {events} events of {segments} segments written to {}",
                 path.display()
@@ -389,7 +392,7 @@ pub fn replay_in_parallel(
         "insight: {segments} segments replayed faithfully in {:.1} s",
         started.elapsed().as_secs_f64()
     );
-    if let Some(path) = &args.events {
+    if let Some(path) = &args.capture.events {
         diagnose(tools, path)?;
     }
     Ok(ExitCode::SUCCESS)

@@ -307,7 +307,7 @@ pub(crate) fn hide_saved(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tools::test_memory::user_code;
+    use crate::vm::test_memory::user_code;
 
     #[test]
     fn breakpoints_go_in_where_mapped_wait_where_not_and_never_show() {

@@ -127,7 +127,7 @@ pub enum Resume {
     Enter(u32),
     /// Until the replay has reached the point and a thread of the process
     /// is on the CPU at a deterministic exit.
-    Until(crate::tools::ReplayPoint),
+    Until(journal::ReplayPoint),
     /// To the replay's end, never stopping, for the probes given at
     /// replay: every program execution is told to the collecting tool
     /// (`DebugTool::take_process_changes`), which follows the processes it

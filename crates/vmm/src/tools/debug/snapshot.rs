@@ -17,7 +17,7 @@ use devices::virtio_net::NetState;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::tasks::Tasks;
-use crate::points::PointStats;
+use crate::vm::state::PointStats;
 use crate::vm::state::{MachineState, VcpuState, VmState};
 use crate::vm::{Machine, VmError};
 use journal::LogPosition;

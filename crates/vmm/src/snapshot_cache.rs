@@ -1,4 +1,4 @@
-//! The boot snapshot cache: one snapshot (`super`) per kernel,
+//! The boot snapshot cache: one snapshot (`crate::boot_snapshot`) per kernel,
 //! initramfs, memory size, kernel command line and guest CPU, taken on the
 //! first run that needs it and restored by every later one.
 //!
@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use sha2::{Digest, Sha256};
 use trace::checkpoints::{self, Digest32};
 
-use super::{SnapshotRestored, SnapshotTaken, SnapshotTarget};
+use crate::boot_snapshot::{self, SnapshotRestored, SnapshotTaken, SnapshotTarget};
 use crate::session::{LiveRun, StopReason};
 use crate::vm::{Console, Machine, VmError};
 use guest::{Start, VmSpec};
@@ -132,7 +132,7 @@ pub fn restore_cached(
     lock.lock().map_err(cache_err(&lock_path))?;
     let mut discarded = None;
     if path.exists() {
-        match super::restore(m, &path, &key, None) {
+        match boot_snapshot::restore(m, &path, &key, None) {
             Ok(restored) => {
                 touch(&path);
                 return Ok(CacheStart {
@@ -188,7 +188,7 @@ pub fn restore_cached(
         .boot_snapshot
         .ok_or(SnapshotError::Build(VmError::NoSnapshotPoint))?;
     evict(&dir, MAX_CACHED, &path);
-    let restored = super::restore(m, &path, &key, Some(&built.digest))?;
+    let restored = boot_snapshot::restore(m, &path, &key, Some(&built.digest))?;
     Ok(CacheStart {
         key,
         path,

@@ -1,11 +1,11 @@
 //! Boot snapshots: the machine as it stands when `/init` says it is ready
 //! for the run's archive (`ControlMessage::Ready`), in the checkpoint
-//! format, so that a run restores it instead of booting the kernel; and
-//! their cache (`cache.rs`).
+//! format, so that a run restores it instead of booting the kernel. Their
+//! cache, above the sessions that take them, is `crate::snapshot_cache`.
 //!
 //! Everything before that point is the same in every run of a kernel,
-//! initramfs, memory size and command line (`crate::snapshot` keys the
-//! cache by them); everything a run brings of its own — the command, its
+//! initramfs, memory size and command line (`crate::snapshot_cache` keys
+//! the cache by them); everything a run brings of its own — the command, its
 //! files, the devices, a random seed, the wall-clock time — reaches the
 //! guest after it, through the archive `/init` fetches. A snapshot holds
 //! no disk or network state: those devices answer only from that point.
@@ -15,17 +15,9 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use trace::checkpoints::{self, Digest32};
 
-use crate::points::PointStats;
-use crate::vm::state::{changed_pages, check_memory, Checkpoint, VmState};
+use crate::vm::state::{changed_pages, check_memory, Checkpoint, PointStats, VmState};
 use crate::vm::{Machine, VmError};
 use journal::LogPosition;
-
-mod cache;
-
-pub use cache::{
-    cache_dir, clear, key, link_into, list, restore_cached, CacheStart, Cached, SnapshotError,
-    MAX_CACHED, SNAPSHOT_FORMAT,
-};
 
 /// Where a boot snapshot is to be written when `/init` is ready, and
 /// under which key.
