@@ -4,7 +4,7 @@
 //! vector, and the list of shared libraries the dynamic linker keeps in
 //! its memory.
 
-use diagnosis::symbols::{ElfSymbols, GuestFiles};
+use guestfiles::{ElfSymbols, GuestFiles};
 
 /// An open file of the guest's, for gdb's host I/O.
 pub(crate) struct OpenFiles {

@@ -14,7 +14,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use diagnosis::symbols::GuestFiles;
+use guestfiles::GuestFiles;
 
 /// The link to the last recording started, in the store.
 pub const LATEST: &str = "latest";

@@ -9,11 +9,11 @@ use std::fmt::Write as _;
 
 use events::abi::Kind;
 use events::db::Row;
+use guestfiles::Symbolizer;
 
 use crate::event_stacks::EventStacks;
 use crate::plugin::{Attachment, Context, Output, Plugin, PluginError};
 use crate::plugins::locks::lock_names;
-use crate::symbols::Symbolizer;
 
 pub mod model;
 pub mod page;
