@@ -10,10 +10,11 @@ use std::collections::BTreeSet;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Component, Path, PathBuf};
 
+use guestfiles::ArchiveFiles;
 use object::read::elf::{Dyn, FileHeader, ProgramHeader};
 use object::{elf, LittleEndian, Object};
 
-use crate::initramfs::{ArchiveFiles, MAX_GUEST_FILE_BYTES};
+use crate::initramfs::MAX_GUEST_FILE_BYTES;
 
 /// How the command line's command is found on the host.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

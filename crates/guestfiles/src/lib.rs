@@ -10,6 +10,13 @@
 //! untrusted: a malformed archive or ELF file yields fewer files, no
 //! symbols or an error naming the cause, never a panic.
 
+pub mod archive;
+pub mod guest_files;
+pub mod newc;
+pub mod symbolizer;
 pub mod symbols;
 
-pub use symbols::{ElfSymbols, GuestFiles, Location, Symbolizer, KERNEL};
+pub use archive::ArchiveFiles;
+pub use guest_files::GuestFiles;
+pub use symbolizer::{Location, Symbolizer, KERNEL};
+pub use symbols::ElfSymbols;
