@@ -12,6 +12,7 @@
 
 pub mod archive;
 pub mod guest_files;
+pub mod kernel;
 pub mod newc;
 pub mod symbolizer;
 pub mod symbols;
