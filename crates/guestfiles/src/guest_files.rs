@@ -9,6 +9,7 @@ use std::path::Path;
 use object::Object;
 
 use crate::archive::FileTree;
+use crate::elf::build_id;
 
 /// The guest's files, each a copy of its archive's entry.
 #[derive(Default)]
@@ -95,11 +96,7 @@ impl GuestFiles {
             let Some(debug) = usable.then(|| std::fs::read(&path).ok()).flatten() else {
                 continue;
             };
-            let matches = object::File::parse(&*debug)
-                .ok()
-                .and_then(|f| f.build_id().ok().flatten().map(|d| d == id.as_slice()))
-                .unwrap_or(false);
-            if matches {
+            if build_id(&debug) == Some(id.as_slice()) {
                 self.debug.insert(key, debug);
                 found += 1;
             }

@@ -11,6 +11,7 @@
 //! symbols or an error naming the cause, never a panic.
 
 pub mod archive;
+pub mod elf;
 pub mod guest_files;
 pub mod kernel;
 pub mod newc;

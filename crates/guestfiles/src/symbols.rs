@@ -9,7 +9,9 @@ use std::cell::OnceCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 
-use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SymbolKind};
+use object::{Object, ObjectSection, ObjectSymbol, SymbolKind};
+
+use crate::elf::load_span;
 
 /// Sections are copied (and decompressed when compressed, as with `-gz`
 /// and Debian's debug files) into shared buffers.
@@ -88,14 +90,7 @@ impl<'a> ElfSymbols<'a> {
             list.sort();
             list.dedup_by(|b, a| a.0 == b.0);
         }
-        let mut span = (u64::MAX, 0);
-        for seg in file.segments() {
-            span.0 = span.0.min(seg.address());
-            span.1 = span.1.max(seg.address().saturating_add(seg.size()));
-        }
-        if span.0 > span.1 {
-            span = (0, 0);
-        }
+        let span = load_span(&file).unwrap_or((0, 0));
         Some(ElfSymbols {
             functions,
             data,
