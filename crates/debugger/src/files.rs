@@ -4,7 +4,8 @@
 //! vector, and the list of shared libraries the dynamic linker keeps in
 //! its memory.
 
-use diagnosis::symbols::{ElfSymbols, GuestFiles};
+use guestfiles::elf::LoadImage;
+use guestfiles::{ElfSymbols, GuestFiles};
 
 /// An open file of the guest's, for gdb's host I/O.
 pub(crate) struct OpenFiles {
@@ -56,105 +57,6 @@ impl OpenFiles {
     }
 }
 
-/// A loadable segment of an ELF file: where it lies in the file and in
-/// the object's address space (before the load bias).
-struct Segment {
-    offset: u64,
-    vaddr: u64,
-    filesz: u64,
-    memsz: u64,
-}
-
-/// The fields of an ELF64 file that mapping it needs.
-struct Elf<'a> {
-    data: &'a [u8],
-    entry: u64,
-    segments: Vec<Segment>,
-    interp: Option<String>,
-}
-
-const PT_LOAD: u32 = 1;
-const PT_INTERP: u32 = 3;
-
-impl<'a> Elf<'a> {
-    fn parse(data: &'a [u8]) -> Option<Self> {
-        let u16_at = |at: usize| Some(u16::from_le_bytes(data.get(at..at + 2)?.try_into().ok()?));
-        let u32_at = |at: usize| Some(u32::from_le_bytes(data.get(at..at + 4)?.try_into().ok()?));
-        let u64_at = |at: usize| Some(u64::from_le_bytes(data.get(at..at + 8)?.try_into().ok()?));
-        // ELF64, little endian.
-        if data.get(..6)? != b"\x7fELF\x02\x01" {
-            return None;
-        }
-        let entry = u64_at(0x18)?;
-        let phoff = usize::try_from(u64_at(0x20)?).ok()?;
-        let phentsize = usize::from(u16_at(0x36)?);
-        let phnum = usize::from(u16_at(0x38)?);
-        if phentsize < 56 {
-            return None;
-        }
-        let mut elf = Elf {
-            data,
-            entry,
-            segments: Vec::new(),
-            interp: None,
-        };
-        for i in 0..phnum {
-            let at = phoff.checked_add(i.checked_mul(phentsize)?)?;
-            let (offset, vaddr, filesz) = (u64_at(at + 8)?, u64_at(at + 16)?, u64_at(at + 32)?);
-            match u32_at(at)? {
-                PT_LOAD => elf.segments.push(Segment {
-                    offset,
-                    vaddr,
-                    filesz,
-                    memsz: u64_at(at + 40)?,
-                }),
-                PT_INTERP => {
-                    let start = usize::try_from(offset).ok()?;
-                    let bytes =
-                        data.get(start..start.checked_add(usize::try_from(filesz).ok()?)?)?;
-                    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
-                    elf.interp = Some(String::from_utf8_lossy(&bytes[..end]).into_owned());
-                }
-                _ => {}
-            }
-        }
-        Some(elf)
-    }
-
-    /// Copies what the object, loaded at `bias`, holds at `at` (to the end
-    /// of the segment or of `buf`); how many bytes, none if no segment
-    /// covers `at`. Past a segment's file contents lies zero-filled memory.
-    fn read(&self, bias: u64, at: u64, buf: &mut [u8]) -> usize {
-        let rel = at.wrapping_sub(bias);
-        let Some(seg) = self
-            .segments
-            .iter()
-            .find(|s| rel >= s.vaddr && rel - s.vaddr < s.memsz)
-        else {
-            return 0;
-        };
-        let into = rel - seg.vaddr;
-        let n = usize::try_from(seg.memsz - into)
-            .unwrap_or(usize::MAX)
-            .min(buf.len());
-        for (i, b) in buf[..n].iter_mut().enumerate() {
-            let k = into + i as u64;
-            *b = if k < seg.filesz {
-                let Some(v) = usize::try_from(seg.offset + k)
-                    .ok()
-                    .and_then(|o| self.data.get(o))
-                else {
-                    return i;
-                };
-                *v
-            } else {
-                0
-            };
-        }
-        n
-    }
-}
-
 /// Reads the process's memory at `at` from the files it maps, for pages
 /// the program has not touched yet (the kernel maps file pages on first
 /// touch, so a debugger stopped at the start of a program finds none of
@@ -172,7 +74,7 @@ pub(crate) fn read_from_files(
 ) -> usize {
     objects(files, exe, auxv, libraries)
         .into_iter()
-        .filter_map(|(_, data, bias)| Some((Elf::parse(data)?, bias)))
+        .filter_map(|(_, data, bias)| Some((LoadImage::parse(data).ok()?, bias)))
         .map(|(elf, bias)| elf.read(bias, at, buf))
         .find(|&n| n > 0)
         .unwrap_or(0)
@@ -195,7 +97,7 @@ impl CodeMap {
         let (path, data, bias) = objects(files, &self.exe, &self.auxv, &self.libraries)
             .into_iter()
             .find(|(_, data, bias)| {
-                Elf::parse(data).is_some_and(|e| e.read(*bias, at, &mut [0]) > 0)
+                LoadImage::parse(data).is_ok_and(|e| e.read(*bias, at, &mut [0]) > 0)
             })?;
         let symbols = ElfSymbols::parse_with_debug(data, files.files.debug_file(&path))?;
         let start = symbols.function_start(at.wrapping_sub(bias))?;
@@ -216,16 +118,16 @@ fn objects<'f>(
     let Some(program) = files.guest_file(exe) else {
         return Vec::new();
     };
-    let Some(elf) = Elf::parse(program) else {
+    let Ok(elf) = LoadImage::parse(program) else {
         return Vec::new();
     };
     let mut objects = Vec::new();
     if let Some(entry) = auxv_value(auxv, AT_ENTRY) {
-        objects.push((exe.to_owned(), program, entry.wrapping_sub(elf.entry)));
+        objects.push((exe.to_owned(), program, entry.wrapping_sub(elf.entry())));
     }
-    if let (Some(interp), Some(base)) = (&elf.interp, auxv_value(auxv, AT_BASE)) {
+    if let (Some(interp), Some(base)) = (elf.interp(), auxv_value(auxv, AT_BASE)) {
         if let Some(data) = files.guest_file(interp) {
-            objects.push((interp.clone(), data, base));
+            objects.push((interp.to_owned(), data, base));
         }
     }
     for (name, bias) in libraries {

@@ -11,10 +11,10 @@ use std::net::TcpStream;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use diagnosis::symbols::GuestFiles;
 use gdbstub::conn::Connection;
 use gdbstub::stub::state_machine::GdbStubStateMachine;
 use gdbstub::stub::GdbStub;
+use guestfiles::GuestFiles;
 use vmm::session::{DebugDriver, DebugEvent, ReplaySession};
 use vmm::tools::debug::{Resume, StopKind};
 use vmm::ReplayPoint;

@@ -15,9 +15,9 @@ use std::time::Instant;
 
 use diagnosis::plugin::{self, Context, Output, Plugin, PluginError};
 use diagnosis::plugins;
-use diagnosis::symbols::GuestFiles;
 use events::abi::{Kind, Source};
 use events::db::{EventDb, EventFormat, EventWriter, Row};
+use guestfiles::GuestFiles;
 
 const THREADS: u32 = 16;
 const PID: u32 = 100;

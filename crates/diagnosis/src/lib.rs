@@ -13,7 +13,6 @@ pub mod lock_events;
 pub mod plugin;
 pub mod plugins;
 pub mod render;
-pub mod symbols;
 #[cfg(test)]
 mod test_db;
 

@@ -12,7 +12,7 @@ use std::time::Duration;
 use events::abi::Kind;
 use events::db::{DbError, EventDb, Row};
 
-use crate::symbols::GuestFiles;
+use guestfiles::GuestFiles;
 
 /// What a plugin needs the replay to collect besides the events the guest
 /// raises.

@@ -1,9 +1,11 @@
 //! Event databases made from given rows, for unit tests.
 
-use crate::plugin::Context;
-use crate::symbols::GuestFiles;
-use events::db::{EventDb, EventWriter, Row};
 use std::path::PathBuf;
+
+use events::db::{EventDb, EventWriter, Row};
+use guestfiles::GuestFiles;
+
+use crate::plugin::Context;
 
 /// A probe's row: process 1, thread 2, lock address 0x40, no caller.
 pub fn probe_row(time: u64, kind: events::abi::Kind, value: Option<i64>) -> Row {

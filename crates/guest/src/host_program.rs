@@ -10,10 +10,10 @@ use std::collections::BTreeSet;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Component, Path, PathBuf};
 
-use object::read::elf::{Dyn, FileHeader, ProgramHeader};
-use object::{elf, LittleEndian, Object};
+use guestfiles::elf::{self, DynamicLinking, ElfError};
+use guestfiles::ArchiveFiles;
 
-use crate::initramfs::{ArchiveFiles, MAX_GUEST_FILE_BYTES};
+use crate::initramfs::MAX_GUEST_FILE_BYTES;
 
 /// How the command line's command is found on the host.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -68,8 +68,12 @@ pub enum HostProgramError {
     NotExecutable(PathBuf),
     #[error("cannot bring a host program into the guest")]
     Read(#[from] trace::files::FileError),
-    #[error("{path} is not an x86-64 ELF program or library the guest can run: {why}")]
-    BadElf { path: PathBuf, why: String },
+    #[error("{path} is not an x86-64 ELF program or library the guest can run")]
+    BadElf {
+        path: PathBuf,
+        #[source]
+        source: ElfError,
+    },
     #[error(
         "{object} needs {library}, which neither the host's dynamic loader (searching {searched}) \
          nor the guest image has"
@@ -259,73 +263,13 @@ fn glob_file_names(pattern: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// What the loader reads of an ELF file.
-#[derive(Default)]
-struct ElfInfo {
-    needed: Vec<String>,
-    rpath: String,
-    runpath: String,
-    interp: Option<String>,
-}
-
-/// The dynamic linking of `data`; `None` if it is not ELF (a script runs
-/// with its interpreter from the guest image).
-fn elf_info(path: &Path, data: &[u8]) -> Result<Option<ElfInfo>, HostProgramError> {
-    if !data.starts_with(b"\x7fELF") {
-        return Ok(None);
-    }
-    let bad = |why: String| HostProgramError::BadElf {
+/// The dynamic linking of the file at `path` (see
+/// [`elf::dynamic_linking`]).
+fn elf_info(path: &Path, data: &[u8]) -> Result<Option<DynamicLinking>, HostProgramError> {
+    elf::dynamic_linking(data).map_err(|source| HostProgramError::BadElf {
         path: path.to_owned(),
-        why,
-    };
-    let header = elf::FileHeader64::<LittleEndian>::parse(data)
-        .map_err(|e| bad(format!("{e} (not a 64-bit little-endian ELF file)")))?;
-    let endian = header.endian().map_err(|e| bad(e.to_string()))?;
-    if header.e_machine(endian) != elf::EM_X86_64 {
-        return Err(bad(format!("machine {}", header.e_machine(endian))));
-    }
-    let mut info = ElfInfo::default();
-    let text = |bytes: &[u8]| {
-        let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
-        String::from_utf8_lossy(&bytes[..end]).into_owned()
-    };
-    for ph in header
-        .program_headers(endian, data)
-        .map_err(|e| bad(e.to_string()))?
-    {
-        if ph.p_type(endian) == elf::PT_INTERP {
-            info.interp = Some(text(
-                ph.data(endian, data)
-                    .map_err(|()| bad("bad PT_INTERP".to_owned()))?,
-            ));
-        }
-    }
-    let sections = header
-        .sections(endian, data)
-        .map_err(|e| bad(e.to_string()))?;
-    if let Some((entries, link)) = sections
-        .dynamic(endian, data)
-        .map_err(|e| bad(e.to_string()))?
-    {
-        let strings = sections
-            .strings(endian, data, link)
-            .map_err(|e| bad(e.to_string()))?;
-        for entry in entries {
-            let value = || {
-                entry
-                    .string(endian, strings)
-                    .map(text)
-                    .map_err(|e| bad(e.to_string()))
-            };
-            match entry.tag32(endian) {
-                Some(elf::DT_NEEDED) => info.needed.push(value()?),
-                Some(elf::DT_RPATH) => info.rpath = value()?,
-                Some(elf::DT_RUNPATH) => info.runpath = value()?,
-                _ => {}
-            }
-        }
-    }
-    Ok(Some(info))
+        source,
+    })
 }
 
 /// Whether two builds of a file are the same version: by their GNU build
@@ -333,14 +277,7 @@ fn elf_info(path: &Path, data: &[u8]) -> Result<Option<ElfInfo>, HostProgramErro
 /// their RDTSC instructions patched out, which leaves the ID alone),
 /// otherwise by their bytes.
 fn same_version(a: &[u8], b: &[u8]) -> bool {
-    let id = |d: &[u8]| {
-        object::File::parse(d)
-            .ok()?
-            .build_id()
-            .ok()?
-            .map(<[u8]>::to_vec)
-    };
-    match (id(a), id(b)) {
+    match (elf::build_id(a), elf::build_id(b)) {
         (Some(x), Some(y)) => x == y,
         _ => a == b,
     }
@@ -403,7 +340,7 @@ impl Walk<'_, '_> {
         &mut self,
         host: &Path,
         guest: &Path,
-        elf: &ElfInfo,
+        elf: &DynamicLinking,
     ) -> Result<(), HostProgramError> {
         let own_rpath = |origin: &Path| {
             let mut dirs = Vec::new();
@@ -486,9 +423,7 @@ impl Walk<'_, '_> {
 /// of the same name and searches on).
 fn loadable(path: &Path) -> Option<Vec<u8>> {
     let data = trace::files::read_bounded(path, MAX_GUEST_FILE_BYTES, "library").ok()?;
-    let header = elf::FileHeader64::<LittleEndian>::parse(&*data).ok()?;
-    let endian = header.endian().ok()?;
-    (header.e_machine(endian) == elf::EM_X86_64).then_some(data)
+    elf::is_x86_64(&data).then_some(data)
 }
 
 #[cfg(test)]

@@ -1,13 +1,13 @@
-//! The "newc" cpio format the Linux initramfs unpacker reads: a writer,
-//! used to append the guest command and the user's files to the image at
-//! boot without touching the base image, and a reader of what an image
-//! holds (to bring into the guest only what it lacks).
+//! Archives in the "newc" cpio format the Linux initramfs unpacker reads
+//! (`guestfiles::newc`), written to append the guest command and the
+//! user's files to the image at boot without touching the base image.
 
-use std::collections::HashMap;
 use std::fs;
 use std::io;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Component, Path, PathBuf};
+
+use guestfiles::newc::{write_entry, S_IFDIR, S_IFLNK, S_IFREG};
 
 #[derive(Debug, thiserror::Error)]
 pub enum InitramfsError {
@@ -31,11 +31,6 @@ pub enum InitramfsError {
 /// carries the archive is bounded by the same amount.
 pub const MAX_GUEST_FILE_BYTES: u64 = trace::MAX_FRAME_BYTES as u64;
 
-const S_IFMT: u32 = 0o170000;
-const S_IFDIR: u32 = 0o040000;
-const S_IFREG: u32 = 0o100000;
-const S_IFLNK: u32 = 0o120000;
-
 /// An archive being built in memory.
 #[derive(Default)]
 pub struct CpioWriter {
@@ -52,35 +47,8 @@ impl CpioWriter {
     }
 
     fn entry(&mut self, name: &str, mode: u32, data: &[u8]) {
-        let ino = self.next_ino;
+        write_entry(&mut self.buf, self.next_ino, name, mode, data);
         self.next_ino += 1;
-        let nlink = if mode & S_IFDIR == S_IFDIR { 2 } else { 1 };
-        let header = format!(
-            "070701{ino:08X}{mode:08X}{uid:08X}{gid:08X}{nlink:08X}{mtime:08X}{size:08X}\
-             {dmaj:08X}{dmin:08X}{rmaj:08X}{rmin:08X}{namesize:08X}{check:08X}",
-            uid = 0,
-            gid = 0,
-            mtime = 0,
-            size = data.len(),
-            dmaj = 0,
-            dmin = 0,
-            rmaj = 0,
-            rmin = 0,
-            namesize = name.len() + 1,
-            check = 0,
-        );
-        self.buf.extend_from_slice(header.as_bytes());
-        self.buf.extend_from_slice(name.as_bytes());
-        self.buf.push(0);
-        self.pad();
-        self.buf.extend_from_slice(data);
-        self.pad();
-    }
-
-    fn pad(&mut self) {
-        while !self.buf.len().is_multiple_of(4) {
-            self.buf.push(0);
-        }
     }
 
     /// A regular file with the given contents and permission bits.
@@ -167,127 +135,6 @@ impl CpioWriter {
     }
 }
 
-/// What an archive (or several, one after another, as an initramfs
-/// holds them) leaves in the guest's file system: later entries replace
-/// earlier ones, as the unpacker does.
-#[derive(Default)]
-pub struct ArchiveFiles<'a> {
-    entries: HashMap<String, Entry<'a>>,
-}
-
-#[derive(Clone, Copy)]
-enum Entry<'a> {
-    File(&'a [u8]),
-    Link(&'a [u8]),
-    Dir,
-}
-
-/// Links followed before a lookup gives up (a loop, or a long chain).
-const MAX_LINKS: usize = 16;
-
-impl<'a> ArchiveFiles<'a> {
-    /// Adds what `data` holds. Reading stops at the first malformed
-    /// header, keeping what came before: an archive cut short still says
-    /// what its complete entries are.
-    pub fn add(&mut self, data: &'a [u8]) {
-        let field = |at: usize| -> Option<usize> {
-            let text = std::str::from_utf8(data.get(at..at + 8)?).ok()?;
-            usize::from_str_radix(text, 16).ok()
-        };
-        let mut at = 0;
-        while at + 110 <= data.len() {
-            // Archives are padded with zeros between them.
-            if data[at] == 0 {
-                at += 4;
-                continue;
-            }
-            let (true, Some(mode), Some(size), Some(namesize)) = (
-                data[at..].starts_with(b"070701"),
-                field(at + 14),
-                field(at + 54),
-                field(at + 94),
-            ) else {
-                return;
-            };
-            let name_start = at + 110;
-            let body_start = (name_start + namesize).next_multiple_of(4);
-            let body_end = body_start + size;
-            if namesize == 0 || body_end > data.len() {
-                return;
-            }
-            let name = String::from_utf8_lossy(&data[name_start..name_start + namesize - 1]);
-            let body = &data[body_start..body_end];
-            at = body_end.next_multiple_of(4);
-            let name = name.trim_start_matches("./").trim_matches('/');
-            let entry = match mode as u32 & S_IFMT {
-                S_IFREG => Entry::File(body),
-                S_IFLNK => Entry::Link(body),
-                S_IFDIR => Entry::Dir,
-                _ => continue,
-            };
-            if name != "TRAILER!!!" && !name.is_empty() && name != "." {
-                self.entries.insert(name.to_owned(), entry);
-            }
-        }
-    }
-
-    /// The contents of the regular file at the absolute `path`, following
-    /// symbolic links in every component as the guest's kernel would.
-    pub fn file(&self, path: &Path) -> Option<&'a [u8]> {
-        match self.resolve(path)? {
-            Entry::File(body) => Some(body),
-            _ => None,
-        }
-    }
-
-    /// Whether the absolute `path` names a directory (following links).
-    pub fn is_dir(&self, path: &Path) -> bool {
-        matches!(self.resolve(path), Some(Entry::Dir))
-    }
-
-    fn resolve(&self, path: &Path) -> Option<Entry<'a>> {
-        let mut pending: Vec<String> = components(path.to_str()?);
-        pending.reverse();
-        let mut done: Vec<String> = Vec::new();
-        let mut links = 0;
-        let mut entry = Entry::Dir;
-        while let Some(part) = pending.pop() {
-            if part == ".." {
-                done.pop();
-                entry = match done.is_empty() {
-                    true => Entry::Dir,
-                    false => *self.entries.get(&done.join("/"))?,
-                };
-                continue;
-            }
-            done.push(part);
-            entry = *self.entries.get(&done.join("/"))?;
-            if let Entry::Link(target) = entry {
-                links += 1;
-                if links > MAX_LINKS {
-                    return None;
-                }
-                let target = std::str::from_utf8(target).ok()?;
-                done.pop();
-                if target.starts_with('/') {
-                    done.clear();
-                }
-                pending.extend(components(target).into_iter().rev());
-                entry = Entry::Dir;
-            }
-        }
-        Some(entry)
-    }
-}
-
-/// The names between slashes in `path`, without `.` and empty ones.
-fn components(path: &str) -> Vec<String> {
-    path.split('/')
-        .filter(|p| !p.is_empty() && *p != ".")
-        .map(str::to_owned)
-        .collect()
-}
-
 /// The archive name of an absolute guest path: relative, no `..`.
 fn archive_name(guest: &Path) -> Result<String, InitramfsError> {
     let bad = |why| InitramfsError::BadGuestPath {
@@ -316,30 +163,19 @@ fn archive_name(guest: &Path) -> Result<String, InitramfsError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use guestfiles::newc::TRAILER;
 
-    /// Parses a newc archive back into (name, mode, data).
-    fn parse(mut b: &[u8]) -> Vec<(String, u32, Vec<u8>)> {
-        let mut out = Vec::new();
-        let start = b.as_ptr() as usize;
-        let hex = |s: &[u8]| u32::from_str_radix(std::str::from_utf8(s).unwrap(), 16).unwrap();
-        loop {
-            assert_eq!(&b[..6], b"070701");
-            let mode = hex(&b[14..22]);
-            let size = hex(&b[54..62]) as usize;
-            let namesize = hex(&b[94..102]) as usize;
-            let name = String::from_utf8(b[110..110 + namesize - 1].to_vec()).unwrap();
-            let mut off = 110 + namesize;
-            off += (4 - (b.as_ptr() as usize - start + off) % 4) % 4;
-            let data = b[off..off + size].to_vec();
-            off += size;
-            off += (4 - (b.as_ptr() as usize - start + off) % 4) % 4;
-            b = &b[off..];
-            if name == "TRAILER!!!" {
-                assert!(b.is_empty());
-                return out;
-            }
-            out.push((name, mode, data));
-        }
+    /// Reads a newc archive back into (name, mode, data): read to its
+    /// end, its trailer last and only there.
+    fn parse(b: &[u8]) -> Vec<(String, u32, Vec<u8>)> {
+        let mut entries = guestfiles::newc::entries(b);
+        let mut out: Vec<_> = (entries.by_ref())
+            .map(|e| (e.name.into_owned(), e.mode, e.body.to_vec()))
+            .collect();
+        assert_eq!(entries.offset(), b.len());
+        assert_eq!(out.pop().map(|e| e.0).as_deref(), Some(TRAILER));
+        assert!(out.iter().all(|e| e.0 != TRAILER));
+        out
     }
 
     #[test]

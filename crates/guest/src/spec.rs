@@ -8,11 +8,13 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use guestfiles::ArchiveFiles;
+
 use crate::boot;
 use crate::config::{ConsoleKind, VmConfig};
 use crate::host_program::{self, Brought, HostProgramError};
 use crate::image::{self, GuestQuirks};
-use crate::initramfs::{ArchiveFiles, CpioWriter, InitramfsError};
+use crate::initramfs::{CpioWriter, InitramfsError};
 
 /// Everything needed to boot a VM.
 #[derive(Debug)]
@@ -370,7 +372,7 @@ pub fn prepare(config: &VmConfig, options: &BootOptions) -> Result<VmSpec, Guest
 /// The terminal a run's archive gives the command: the virtio console if
 /// it has `/init` attach it.
 pub fn console_of_archive(archive: &[u8]) -> ConsoleKind {
-    let mut files = crate::initramfs::ArchiveFiles::default();
+    let mut files = ArchiveFiles::default();
     files.add(archive);
     let attached = files.file(DEVICES_FILE.as_ref()).is_some_and(|list| {
         list.split(|&b| b == b'\n')

@@ -14,7 +14,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use diagnosis::symbols::GuestFiles;
+use guestfiles::GuestFiles;
 
 /// The link to the last recording started, in the store.
 pub const LATEST: &str = "latest";
@@ -430,7 +430,7 @@ fn script_program(command: &[String]) -> Option<String> {
 /// (`command_program`), as the run's archive (in its header) gave it to
 /// the guest.
 pub fn recorded_program(header: &trace::Header, dir: &Path) -> Result<String> {
-    let mut archive = guest::initramfs::ArchiveFiles::default();
+    let mut archive = guestfiles::ArchiveFiles::default();
     archive.add(&header.boot.archive);
     let command = archive
         .file(Path::new(guest::spec::COMMAND_FILE))

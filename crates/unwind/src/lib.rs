@@ -21,7 +21,7 @@ use gimli::{
     BaseAddresses, CfaRule, EhFrame, EhFrameOffset, LittleEndian, RegisterRule, UnwindContext,
     UnwindSection, X86_64,
 };
-use object::{Object, ObjectSection, ObjectSegment};
+use guestfiles::elf::unwind_sections;
 
 /// Reads the unwound process's memory.
 pub trait Memory {
@@ -54,36 +54,19 @@ impl ObjectCfi {
     /// 64-bit little-endian ELF file; an object without `.eh_frame` gets
     /// an empty table (its frames are walked by frame pointer).
     pub fn parse(elf: &[u8]) -> Option<Self> {
-        let file = object::File::parse(elf).ok()?;
-        if !file.is_64() || !file.is_little_endian() {
-            return None;
-        }
-        let mut span = (u64::MAX, 0u64);
-        for seg in file.segments() {
-            span.0 = span.0.min(seg.address());
-            span.1 = span.1.max(seg.address().saturating_add(seg.size()));
-        }
-        if span.0 >= span.1 {
-            return None;
-        }
-        let section_addr = |name: &str| file.section_by_name(name).map(|s| s.address());
+        let sections = unwind_sections(elf)?;
         let mut bases = BaseAddresses::default();
-        if let Some(text) = section_addr(".text") {
+        if let Some(text) = sections.text {
             bases = bases.set_text(text);
         }
-        if let Some(got) = section_addr(".got") {
+        if let Some(got) = sections.got {
             bases = bases.set_got(got);
         }
-        let (eh_frame, addr) = match file.section_by_name(".eh_frame") {
-            Some(s) => (s.data().ok()?.to_vec(), s.address()),
-            None => (Vec::new(), 0),
-        };
-        let bases = bases.set_eh_frame(addr);
         let mut cfi = ObjectCfi {
-            eh_frame,
-            bases,
+            eh_frame: sections.eh_frame.to_vec(),
+            bases: bases.set_eh_frame(sections.eh_frame_address),
             fdes: Vec::new(),
-            span,
+            span: sections.span,
         };
         cfi.fdes = cfi.index();
         Some(cfi)

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
-use object::{Object, ObjectSymbol};
+use guestfiles::ElfSymbols;
 use unwind::{AddressSpace, Memory, ObjectCfi, Processes, Regs};
 
 struct Snapshot {
@@ -82,11 +82,8 @@ fn capture(dir: &Path) -> (Snapshot, PathBuf) {
 
 /// The function of `exe` holding `addr` (an address of the program's).
 fn function(exe: &[u8], addr: u64) -> Option<String> {
-    let file = object::File::parse(exe).unwrap();
-    file.symbols()
-        .filter(|s| s.kind() == object::SymbolKind::Text)
-        .find(|s| s.address() <= addr && addr < s.address() + s.size().max(1))
-        .map(|s| s.name().unwrap().to_owned())
+    let symbols = ElfSymbols::parse(exe).unwrap();
+    symbols.function(addr).map(str::to_owned)
 }
 
 #[test]

@@ -10,6 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use events::capture::Capture;
 use events::db::EventWriter;
 use guest::VmSpec;
+use guestfiles::kernel::{kernel_code, kernel_instruction, kernel_variable};
 use introspect::guest_events::KERNEL_START;
 use journal::{Entry, HostMismatch, Recorder, ReplayPoint, Replayer};
 use trace::{ClockKind, Header, TraceReader, TraceWriter};
@@ -189,7 +190,7 @@ pub fn record(
     };
     if let Some(period) = options.sample_period {
         let period_ns = u64::try_from(period.as_nanos()).unwrap_or(u64::MAX).max(1);
-        let top = guest::boot::kernel_variable(&options.spec.kernel_image, KERNEL_STACK_TOP)
+        let top = kernel_variable(&options.spec.kernel_image, KERNEL_STACK_TOP)
             .filter(|&a| a >= KERNEL_START);
         points.sample_every(period_ns, top);
         if points.sample_period_ns() == 0 {
@@ -370,8 +371,8 @@ pub fn replay(
         }
         machine.capture_net_tx(sink);
     }
-    let kernel_stack_top = guest::boot::kernel_variable(&spec.kernel_image, KERNEL_STACK_TOP)
-        .filter(|&a| a >= KERNEL_START);
+    let kernel_stack_top =
+        kernel_variable(&spec.kernel_image, KERNEL_STACK_TOP).filter(|&a| a >= KERNEL_START);
     let mut tools = ReplayTools {
         kernel_stack_top,
         ..Default::default()
@@ -487,7 +488,7 @@ pub fn replay(
 fn kernel_points(image: &[u8], stack_top_var: Option<u64>) -> KernelPoints {
     KernelPoints {
         stack_top_var,
-        iret: guest::boot::kernel_instruction(image, KERNEL_USER_IRET, &SWAPGS, 128),
-        sysret: guest::boot::kernel_code(image, KERNEL_SYSRET),
+        iret: kernel_instruction(image, KERNEL_USER_IRET, &SWAPGS, 128),
+        sysret: kernel_code(image, KERNEL_SYSRET),
     }
 }

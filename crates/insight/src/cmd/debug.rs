@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use debugger::{DebugOptions, Prepared};
-use diagnosis::symbols::GuestFiles;
+use guestfiles::GuestFiles;
 use vmm::builder::ReplayOptions;
 use vmm::tools::debug::ProcessSelector;
 

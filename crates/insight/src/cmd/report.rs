@@ -7,8 +7,8 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 use diagnosis::plugin::{self, Output, Plugin};
 use diagnosis::plugins::{self, deadlock, locks, memory, probes, profile, threads, timeline};
-use diagnosis::symbols::GuestFiles;
 use events::db::EventDb;
+use guestfiles::GuestFiles;
 
 use crate::outputs::{self, OutputKind};
 use crate::position::{self, Position};

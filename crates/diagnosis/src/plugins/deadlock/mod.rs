@@ -6,11 +6,11 @@ use std::fmt::Write as _;
 
 use events::abi::Kind;
 use events::db::Row;
+use guestfiles::Symbolizer;
 
 use crate::event_stacks::EventStacks;
 use crate::plugin::{Attachment, Context, Output, Plugin, PluginError};
 use crate::render::xml_escape;
-use crate::symbols::Symbolizer;
 
 pub mod input;
 pub mod lock_order;

@@ -6,11 +6,11 @@ use std::fmt::Write as _;
 
 use events::abi::Kind;
 use events::db::Row;
+use guestfiles::Symbolizer;
 
 use crate::event_stacks::EventStacks;
 use crate::from_db::{lock_event, LOCK_KINDS_AND_INIT};
 use crate::plugin::{Attachment, Context, Output, Plugin, PluginError};
-use crate::symbols::Symbolizer;
 
 pub mod contention;
 pub mod stacks;

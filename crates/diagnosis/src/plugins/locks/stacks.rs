@@ -3,9 +3,10 @@
 
 use std::collections::HashMap;
 
+use guestfiles::Symbolizer;
+
 use super::contention::Contended;
 use crate::event_stacks::EventStacks;
-use crate::symbols::Symbolizer;
 
 /// The stack of the request `seq`; without one, its call site alone (the
 /// probe's caller, `site`, where known).
@@ -64,7 +65,7 @@ pub fn top_stacks(
 mod tests {
     use super::*;
     use crate::lock_events::{LockEvent, LockEventKind, LockOp};
-    use crate::symbols::GuestFiles;
+    use guestfiles::GuestFiles;
 
     fn blocked(seq: u64, lock: u64, site: u64, wait: u64) -> Contended {
         Contended {

@@ -17,9 +17,9 @@ use std::fmt::Write as _;
 
 use events::abi::{HeapFunction, Kind, MemAccess};
 use events::db::Row;
+use guestfiles::Symbolizer;
 
 use crate::plugin::{Attachment, Context, Output, Plugin, PluginError, ReplayNeeds};
-use crate::symbols::Symbolizer;
 
 /// Rows of the report.
 const SHOWN: usize = 40;

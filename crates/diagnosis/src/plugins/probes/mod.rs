@@ -10,9 +10,9 @@ use std::fmt::Write as _;
 
 use events::abi::Kind;
 use events::db::{ProbeValue, Row};
+use guestfiles::Symbolizer;
 
 use crate::plugin::{Attachment, Context, Output, Plugin, PluginError};
-use crate::symbols::Symbolizer;
 
 /// Distinct byte values and stacks shown per probe.
 const TOP: usize = 5;

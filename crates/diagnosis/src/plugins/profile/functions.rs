@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use events::abi::SampleMode;
 use events::db::{DbError, EventDb, Row};
 
-use crate::symbols::{GuestFiles, Location, Symbolizer, KERNEL};
+use guestfiles::{GuestFiles, Location, Symbolizer, KERNEL};
 
 /// Samples of one function.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -8,7 +8,7 @@ use super::model::{self, Builder, SliceKind, Tid, Window};
 use crate::event_stacks::EventStacks;
 use crate::plugin::{Context, PluginError};
 use crate::plugins::locks::lock_names;
-use crate::symbols::Symbolizer;
+use guestfiles::Symbolizer;
 
 /// A thread's row: its track and the lanes its out-of-order slices need.
 pub struct ThreadRow {

@@ -118,7 +118,7 @@ fn native_binary(initramfs: &Path, scratch: &Scratch) -> Result<PathBuf> {
 
     let image = std::fs::read(initramfs)
         .with_context(|| format!("cannot read the guest image {}", initramfs.display()))?;
-    let mut files = guest::initramfs::ArchiveFiles::default();
+    let mut files = guestfiles::ArchiveFiles::default();
     files.add(&image);
     let Some(binary) = files.file(Path::new("/usr/bin/tick_count")) else {
         bail!(

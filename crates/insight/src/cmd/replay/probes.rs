@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
-use diagnosis::symbols::{ElfSymbols, GuestFiles};
 use events::probe_spec::{nearest, CaptureItem, Location, ProbeSpec, ProcessName, MAX_PROBES};
+use guestfiles::{ElfSymbols, GuestFiles};
 use vmm::tools::debug::ProcessSelector;
 use vmm::tools::probes::{PlannedProbe, ProbePlan};
 
