@@ -64,6 +64,28 @@ enum insight_event_kind {
 	INSIGHT_EV_HEAPCALL = 18,
 	INSIGHT_EV_ALLOC = 19,
 	INSIGHT_EV_FREE = 20,
+	INSIGHT_EV_PROBE = 21, /* the host's */
+	INSIGHT_EV_PROBE_RET = 22, /* the host's */
+	/* Synchronisation other than mutexes (struct insight_sync_payload). */
+	INSIGHT_EV_CONDWAIT = 23, /* cond_wait/timedwait/clockwait called */
+	INSIGHT_EV_CONDWAIT_RET = 24, /* ... returned: the mutex is held again */
+	INSIGHT_EV_CONDSIGNAL = 25,
+	INSIGHT_EV_CONDBROADCAST = 26,
+	INSIGHT_EV_BARRIER = 27, /* pthread_barrier_wait called */
+	INSIGHT_EV_BARRIER_RET = 28,
+	INSIGHT_EV_RWLOCK = 29, /* a read or write lock asked for (flags) */
+	INSIGHT_EV_RWLOCK_RET = 30,
+	INSIGHT_EV_RWUNLOCK = 31,
+	INSIGHT_EV_SEMWAIT = 32, /* sem_wait, sem_trywait, sem_timedwait (flags) */
+	INSIGHT_EV_SEMWAIT_RET = 33,
+	INSIGHT_EV_SEMPOST = 34,
+};
+
+/* How a sync call asks (insight_sync_payload.flags). */
+enum insight_sync_flags {
+	INSIGHT_SYNC_WRITE = 1, /* RWLOCK: a write lock (else a read lock) */
+	INSIGHT_SYNC_TRY = 2, /* never waits: trylock, trywait */
+	INSIGHT_SYNC_TIMED = 4, /* gives up at a deadline */
 };
 
 /* Which allocation function a heap event is about. */
@@ -95,6 +117,21 @@ struct insight_lock_payload {
 	uint64_t caller; /* return address into the caller */
 	int32_t result; /* the *_RET events: the call's return value */
 	uint32_t reserved;
+};
+
+/*
+ * CONDWAIT .. SEMPOST. The object is the condition variable, barrier,
+ * read-write lock or semaphore; CONDWAIT and CONDWAIT_RET also name the
+ * mutex the wait releases and takes again (pthread_cond_wait returns with
+ * it held, whatever its result). A request (CONDWAIT, BARRIER, RWLOCK,
+ * SEMWAIT) is followed in its thread by its *_RET, with the result.
+ */
+struct insight_sync_payload {
+	uint64_t object;
+	uint64_t caller; /* return address into the caller */
+	uint64_t mutex; /* CONDWAIT, CONDWAIT_RET; else 0 */
+	int32_t result; /* the *_RET events: the call's return value */
+	uint32_t flags; /* enum insight_sync_flags */
 };
 
 struct insight_threadcreate_payload {

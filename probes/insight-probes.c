@@ -2,7 +2,9 @@
  * libinsight-probes.so: explicit events for insight, loaded with
  * LD_PRELOAD.
  *
- * Wraps pthread_mutex_lock/trylock/timedlock/unlock/init, pthread_create,
+ * Wraps pthread_mutex_lock/trylock/timedlock/unlock/init, the condition
+ * variables' waits, signals and broadcasts, pthread_barrier_wait, the
+ * read-write locks, the semaphores' waits and posts, pthread_create,
  * pthread_join, fork, exit, _exit and _Exit, and the allocation functions
  * (malloc, calloc, realloc, free, posix_memalign, aligned_alloc, memalign,
  * mmap, munmap), and raises an event around each call with
@@ -43,6 +45,7 @@
 #include <fcntl.h>
 #include <link.h>
 #include <pthread.h>
+#include <semaphore.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/auxv.h>
@@ -64,6 +67,27 @@ static int (*real_unlock)(pthread_mutex_t *);
 static int (*real_init)(pthread_mutex_t *, const pthread_mutexattr_t *);
 static int (*real_create)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
 static int (*real_join)(pthread_t, void **);
+static int (*real_cond_wait)(pthread_cond_t *, pthread_mutex_t *);
+static int (*real_cond_timedwait)(pthread_cond_t *, pthread_mutex_t *, const struct timespec *);
+static int (*real_cond_clockwait)(pthread_cond_t *, pthread_mutex_t *, clockid_t,
+				  const struct timespec *);
+static int (*real_cond_signal)(pthread_cond_t *);
+static int (*real_cond_broadcast)(pthread_cond_t *);
+static int (*real_barrier_wait)(pthread_barrier_t *);
+static int (*real_rdlock)(pthread_rwlock_t *);
+static int (*real_wrlock)(pthread_rwlock_t *);
+static int (*real_tryrdlock)(pthread_rwlock_t *);
+static int (*real_trywrlock)(pthread_rwlock_t *);
+static int (*real_timedrdlock)(pthread_rwlock_t *, const struct timespec *);
+static int (*real_timedwrlock)(pthread_rwlock_t *, const struct timespec *);
+static int (*real_clockrdlock)(pthread_rwlock_t *, clockid_t, const struct timespec *);
+static int (*real_clockwrlock)(pthread_rwlock_t *, clockid_t, const struct timespec *);
+static int (*real_rwunlock)(pthread_rwlock_t *);
+static int (*real_sem_wait)(sem_t *);
+static int (*real_sem_trywait)(sem_t *);
+static int (*real_sem_timedwait)(sem_t *, const struct timespec *);
+static int (*real_sem_clockwait)(sem_t *, clockid_t, const struct timespec *);
+static int (*real_sem_post)(sem_t *);
 static pid_t (*real_fork)(void);
 static void (*real_exit)(int) __attribute__((noreturn));
 static void (*real__exit)(int) __attribute__((noreturn));
@@ -139,6 +163,17 @@ static void *resolve(const char *name)
 }
 
 /*
+ * The condition variables' functions come in two versions; a program
+ * built on this glibc calls the current one (an unversioned definition
+ * here stands for every version), whose layout the real call must match.
+ */
+static void *resolve_cond(const char *name)
+{
+	void *f = dlvsym(RTLD_NEXT, name, "GLIBC_2.3.2");
+	return f ? f : resolve(name);
+}
+
+/*
  * What dlsym allocates while the real allocation functions are being
  * looked up: a static arena, never freed (glibc's dlsym may call calloc).
  */
@@ -180,6 +215,26 @@ static void resolve_all(void)
 	real_timedlock = resolve("pthread_mutex_timedlock");
 	real_unlock = resolve("pthread_mutex_unlock");
 	real_init = resolve("pthread_mutex_init");
+	real_cond_wait = resolve_cond("pthread_cond_wait");
+	real_cond_timedwait = resolve_cond("pthread_cond_timedwait");
+	real_cond_clockwait = resolve("pthread_cond_clockwait");
+	real_cond_signal = resolve_cond("pthread_cond_signal");
+	real_cond_broadcast = resolve_cond("pthread_cond_broadcast");
+	real_barrier_wait = resolve("pthread_barrier_wait");
+	real_rdlock = resolve("pthread_rwlock_rdlock");
+	real_wrlock = resolve("pthread_rwlock_wrlock");
+	real_tryrdlock = resolve("pthread_rwlock_tryrdlock");
+	real_trywrlock = resolve("pthread_rwlock_trywrlock");
+	real_timedrdlock = resolve("pthread_rwlock_timedrdlock");
+	real_timedwrlock = resolve("pthread_rwlock_timedwrlock");
+	real_clockrdlock = resolve("pthread_rwlock_clockrdlock");
+	real_clockwrlock = resolve("pthread_rwlock_clockwrlock");
+	real_rwunlock = resolve("pthread_rwlock_unlock");
+	real_sem_wait = resolve("sem_wait");
+	real_sem_trywait = resolve("sem_trywait");
+	real_sem_timedwait = resolve("sem_timedwait");
+	real_sem_clockwait = resolve("sem_clockwait");
+	real_sem_post = resolve("sem_post");
 	real_create = resolve("pthread_create");
 	real_join = resolve("pthread_join");
 	real_fork = resolve("fork");
@@ -523,6 +578,167 @@ EXPORT int pthread_mutex_init(pthread_mutex_t *m, const pthread_mutexattr_t *a)
 		leave();
 	}
 	return r;
+}
+
+static void raise_sync_event(uint16_t kind, const void *object, const void *mutex, void *caller,
+			     int result, uint32_t flags)
+{
+	struct insight_event_header *h = begin(kind, sizeof(struct insight_sync_payload));
+	struct insight_sync_payload *p = (void *)(h + 1);
+	p->object = (uintptr_t)object;
+	p->caller = (uintptr_t)caller;
+	p->mutex = (uintptr_t)mutex;
+	p->result = result;
+	p->flags = flags;
+	notify(h);
+}
+
+/*
+ * One call that may wait: REQ before it, RET with its result after. errno
+ * is the call's own afterwards (the semaphores report through it).
+ */
+#define SYNC_PROBE(req, ret, object, mutex, flags, call)                     \
+	do {                                                                 \
+		void *caller = __builtin_return_address(0);                  \
+		if (!enter())                                                \
+			return call;                                         \
+		raise_sync_event(req, object, mutex, caller, 0, flags);      \
+		leave();                                                     \
+		int r = call;                                                \
+		if (enter()) {                                               \
+			int saved = errno;                                   \
+			raise_sync_event(ret, object, mutex, caller, r, flags); \
+			errno = saved;                                       \
+			leave();                                             \
+		}                                                            \
+		return r;                                                    \
+	} while (0)
+
+/* A call that never waits: one event before it. */
+#define SYNC_NOTE(kind, object, call)                                               \
+	do {                                                                        \
+		if (enter()) {                                                      \
+			raise_sync_event(kind, object, NULL, __builtin_return_address(0), 0, 0); \
+			leave();                                                    \
+		}                                                                   \
+		return call;                                                        \
+	} while (0)
+
+/*
+ * A condition variable's wait releases the mutex and takes it again
+ * inside glibc, where the mutex wrappers do not see it: CONDWAIT is the
+ * release (raised while the mutex is still held, as UNLOCK is), CONDWAIT_RET
+ * the thread holding it again.
+ */
+EXPORT int pthread_cond_wait(pthread_cond_t *c, pthread_mutex_t *m)
+{
+	SYNC_PROBE(INSIGHT_EV_CONDWAIT, INSIGHT_EV_CONDWAIT_RET, c, m, 0,
+		   REAL(real_cond_wait)(c, m));
+}
+
+EXPORT int pthread_cond_timedwait(pthread_cond_t *c, pthread_mutex_t *m, const struct timespec *t)
+{
+	SYNC_PROBE(INSIGHT_EV_CONDWAIT, INSIGHT_EV_CONDWAIT_RET, c, m, INSIGHT_SYNC_TIMED,
+		   REAL(real_cond_timedwait)(c, m, t));
+}
+
+EXPORT int pthread_cond_clockwait(pthread_cond_t *c, pthread_mutex_t *m, clockid_t clock,
+				  const struct timespec *t)
+{
+	SYNC_PROBE(INSIGHT_EV_CONDWAIT, INSIGHT_EV_CONDWAIT_RET, c, m, INSIGHT_SYNC_TIMED,
+		   REAL(real_cond_clockwait)(c, m, clock, t));
+}
+
+EXPORT int pthread_cond_signal(pthread_cond_t *c)
+{
+	SYNC_NOTE(INSIGHT_EV_CONDSIGNAL, c, REAL(real_cond_signal)(c));
+}
+
+EXPORT int pthread_cond_broadcast(pthread_cond_t *c)
+{
+	SYNC_NOTE(INSIGHT_EV_CONDBROADCAST, c, REAL(real_cond_broadcast)(c));
+}
+
+EXPORT int pthread_barrier_wait(pthread_barrier_t *b)
+{
+	SYNC_PROBE(INSIGHT_EV_BARRIER, INSIGHT_EV_BARRIER_RET, b, NULL, 0, REAL(real_barrier_wait)(b));
+}
+
+#define RW_PROBE(flags, call) \
+	SYNC_PROBE(INSIGHT_EV_RWLOCK, INSIGHT_EV_RWLOCK_RET, l, NULL, flags, call)
+
+EXPORT int pthread_rwlock_rdlock(pthread_rwlock_t *l)
+{
+	RW_PROBE(0, REAL(real_rdlock)(l));
+}
+
+EXPORT int pthread_rwlock_wrlock(pthread_rwlock_t *l)
+{
+	RW_PROBE(INSIGHT_SYNC_WRITE, REAL(real_wrlock)(l));
+}
+
+EXPORT int pthread_rwlock_tryrdlock(pthread_rwlock_t *l)
+{
+	RW_PROBE(INSIGHT_SYNC_TRY, REAL(real_tryrdlock)(l));
+}
+
+EXPORT int pthread_rwlock_trywrlock(pthread_rwlock_t *l)
+{
+	RW_PROBE(INSIGHT_SYNC_WRITE | INSIGHT_SYNC_TRY, REAL(real_trywrlock)(l));
+}
+
+EXPORT int pthread_rwlock_timedrdlock(pthread_rwlock_t *l, const struct timespec *t)
+{
+	RW_PROBE(INSIGHT_SYNC_TIMED, REAL(real_timedrdlock)(l, t));
+}
+
+EXPORT int pthread_rwlock_timedwrlock(pthread_rwlock_t *l, const struct timespec *t)
+{
+	RW_PROBE(INSIGHT_SYNC_WRITE | INSIGHT_SYNC_TIMED, REAL(real_timedwrlock)(l, t));
+}
+
+EXPORT int pthread_rwlock_clockrdlock(pthread_rwlock_t *l, clockid_t clock, const struct timespec *t)
+{
+	RW_PROBE(INSIGHT_SYNC_TIMED, REAL(real_clockrdlock)(l, clock, t));
+}
+
+EXPORT int pthread_rwlock_clockwrlock(pthread_rwlock_t *l, clockid_t clock, const struct timespec *t)
+{
+	RW_PROBE(INSIGHT_SYNC_WRITE | INSIGHT_SYNC_TIMED, REAL(real_clockwrlock)(l, clock, t));
+}
+
+EXPORT int pthread_rwlock_unlock(pthread_rwlock_t *l)
+{
+	/* Raised while the lock is still held, as UNLOCK is. */
+	SYNC_NOTE(INSIGHT_EV_RWUNLOCK, l, REAL(real_rwunlock)(l));
+}
+
+#define SEM_PROBE(flags, call) \
+	SYNC_PROBE(INSIGHT_EV_SEMWAIT, INSIGHT_EV_SEMWAIT_RET, s, NULL, flags, call)
+
+EXPORT int sem_wait(sem_t *s)
+{
+	SEM_PROBE(0, REAL(real_sem_wait)(s));
+}
+
+EXPORT int sem_trywait(sem_t *s)
+{
+	SEM_PROBE(INSIGHT_SYNC_TRY, REAL(real_sem_trywait)(s));
+}
+
+EXPORT int sem_timedwait(sem_t *s, const struct timespec *t)
+{
+	SEM_PROBE(INSIGHT_SYNC_TIMED, REAL(real_sem_timedwait)(s, t));
+}
+
+EXPORT int sem_clockwait(sem_t *s, clockid_t clock, const struct timespec *t)
+{
+	SEM_PROBE(INSIGHT_SYNC_TIMED, REAL(real_sem_clockwait)(s, clock, t));
+}
+
+EXPORT int sem_post(sem_t *s)
+{
+	SYNC_NOTE(INSIGHT_EV_SEMPOST, s, REAL(real_sem_post)(s));
 }
 
 /*

@@ -50,10 +50,28 @@ pub enum Kind {
     Probe = 21,
     /// The function of such a probe returned.
     ProbeReturn = 22,
+    /// pthread_cond_wait, timedwait or clockwait was called: the mutex is
+    /// released while the thread waits.
+    CondWait = 23,
+    /// The wait returned: the mutex is held again.
+    CondWaitRet = 24,
+    CondSignal = 25,
+    CondBroadcast = 26,
+    /// pthread_barrier_wait was called.
+    Barrier = 27,
+    BarrierRet = 28,
+    /// A read or write lock of a read-write lock was asked for.
+    RwLock = 29,
+    RwLockRet = 30,
+    RwUnlock = 31,
+    /// sem_wait, sem_trywait, sem_timedwait or sem_clockwait was called.
+    SemWait = 32,
+    SemWaitRet = 33,
+    SemPost = 34,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 22] = [
+    pub const ALL: [Kind; 34] = [
         Kind::Lock,
         Kind::LockRet,
         Kind::TryLock,
@@ -76,6 +94,18 @@ impl Kind {
         Kind::Free,
         Kind::Probe,
         Kind::ProbeReturn,
+        Kind::CondWait,
+        Kind::CondWaitRet,
+        Kind::CondSignal,
+        Kind::CondBroadcast,
+        Kind::Barrier,
+        Kind::BarrierRet,
+        Kind::RwLock,
+        Kind::RwLockRet,
+        Kind::RwUnlock,
+        Kind::SemWait,
+        Kind::SemWaitRet,
+        Kind::SemPost,
     ];
 
     pub fn from_u16(v: u16) -> Option<Kind> {
@@ -107,11 +137,47 @@ impl Kind {
             Kind::Free => "FREE",
             Kind::Probe => "PROBE",
             Kind::ProbeReturn => "PROBE_RET",
+            Kind::CondWait => "CONDWAIT",
+            Kind::CondWaitRet => "CONDWAIT_RET",
+            Kind::CondSignal => "CONDSIGNAL",
+            Kind::CondBroadcast => "CONDBROADCAST",
+            Kind::Barrier => "BARRIER",
+            Kind::BarrierRet => "BARRIER_RET",
+            Kind::RwLock => "RWLOCK",
+            Kind::RwLockRet => "RWLOCK_RET",
+            Kind::RwUnlock => "RWUNLOCK",
+            Kind::SemWait => "SEMWAIT",
+            Kind::SemWaitRet => "SEMWAIT_RET",
+            Kind::SemPost => "SEMPOST",
         }
     }
 
     pub fn is_lock(self) -> bool {
         (Kind::Lock as u16..=Kind::LockInit as u16).contains(&(self as u16))
+    }
+
+    /// CONDWAIT .. SEMPOST: synchronisation other than a mutex's own
+    /// calls (`Payload::Sync`).
+    pub fn is_sync(self) -> bool {
+        (Kind::CondWait as u16..=Kind::SemPost as u16).contains(&(self as u16))
+    }
+
+    /// Events that keep their caller's whole stack at replay: the calls
+    /// that ask for or give up a lock or wait (a request's return shares
+    /// its request's).
+    pub fn keeps_stack(self) -> bool {
+        matches!(
+            self,
+            Kind::Lock
+                | Kind::TryLock
+                | Kind::TimedLock
+                | Kind::Unlock
+                | Kind::CondWait
+                | Kind::Barrier
+                | Kind::RwLock
+                | Kind::RwUnlock
+                | Kind::SemWait
+        )
     }
 
     /// HEAPCALL, ALLOC and FREE: raised through the heap gate, collected
@@ -174,6 +240,18 @@ impl HeapFunction {
         let f = HeapFunction::from_u32((v >> 56) as u32)?;
         Some((f, v & ((1 << 56) - 1)))
     }
+}
+
+/// How a synchronisation call asks: the `flags` of `Payload::Sync`.
+pub struct SyncFlags;
+
+impl SyncFlags {
+    /// RWLOCK: a write lock (else a read lock).
+    pub const WRITE: u32 = 1;
+    /// The call never waits: a trylock or trywait.
+    pub const TRY: u32 = 2;
+    /// The call gives up at a deadline.
+    pub const TIMED: u32 = 4;
 }
 
 /// Where a SAMPLE found its task: the event's `value`.
@@ -309,6 +387,18 @@ pub enum Payload {
         base: u64,
         path: String,
     },
+    /// CONDWAIT .. SEMPOST (probes/insight-events.h, struct
+    /// insight_sync_payload): the condition variable, barrier, read-write
+    /// lock or semaphore; the mutex a condition variable's wait releases
+    /// and takes again (else 0); the *_RET events' result; how the call
+    /// asks (`SyncFlags`).
+    Sync {
+        object: u64,
+        caller: u64,
+        mutex: u64,
+        result: i32,
+        flags: u32,
+    },
     /// HEAPCALL, ALLOC, FREE (probes/insight-events.h,
     /// struct insight_heap_payload).
     Heap {
@@ -379,6 +469,7 @@ fn payload_len(kind: Kind) -> usize {
         Kind::Fork | Kind::Exit | Kind::ThreadJoin => 8,
         Kind::Symbol => 16,
         Kind::HeapCall | Kind::Alloc | Kind::Free => 32,
+        k if k.is_sync() => 32,
         _ => 0,
     }
 }
@@ -450,6 +541,13 @@ pub fn parse(buf: &[u8], room: usize) -> Result<RawEvent, AbiError> {
         Kind::Exit => Payload::Exit {
             status: u32_at(buf, p) as i32,
         },
+        k if k.is_sync() => Payload::Sync {
+            object: u64_at(buf, p),
+            caller: u64_at(buf, p + 8),
+            mutex: u64_at(buf, p + 16),
+            result: u32_at(buf, p + 24) as i32,
+            flags: u32_at(buf, p + 28),
+        },
         Kind::HeapCall | Kind::Alloc | Kind::Free => {
             let raw = u32_at(buf, p + 24);
             Payload::Heap {
@@ -506,6 +604,17 @@ pub fn encode(kind: u16, pid: u32, lwpid: u32, comm: &str, payload: &[u8]) -> Ve
     b.extend_from_slice(&name);
     b.extend_from_slice(payload);
     b
+}
+
+/// The payload bytes of a synchronisation event (CONDWAIT .. SEMPOST).
+pub fn sync_payload(object: u64, caller: u64, mutex: u64, result: i32, flags: u32) -> Vec<u8> {
+    let mut p = Vec::with_capacity(32);
+    p.extend_from_slice(&object.to_le_bytes());
+    p.extend_from_slice(&caller.to_le_bytes());
+    p.extend_from_slice(&mutex.to_le_bytes());
+    p.extend_from_slice(&result.to_le_bytes());
+    p.extend_from_slice(&flags.to_le_bytes());
+    p
 }
 
 /// The payload bytes of a heap event.

@@ -283,6 +283,31 @@ impl Capture {
                 caller,
                 function,
             } => (Some(*addr), Some(*caller), Some(function.value(*size))),
+            Payload::Sync {
+                object,
+                caller,
+                mutex,
+                result,
+                flags,
+            } => {
+                // A condition variable's wait is the mutex's release and
+                // its return the mutex's taking again: the mutex is the
+                // address, the condition variable (or the result) the
+                // value. Docs/events.md lists every kind's columns.
+                let value = match kind {
+                    Kind::CondWait => Some(*object as i64),
+                    Kind::RwLock | Kind::SemWait => Some(i64::from(*flags)),
+                    Kind::CondWaitRet | Kind::BarrierRet | Kind::RwLockRet | Kind::SemWaitRet => {
+                        Some(i64::from(*result))
+                    }
+                    _ => None,
+                };
+                let addr = match kind {
+                    Kind::CondWait | Kind::CondWaitRet => *mutex,
+                    _ => *object,
+                };
+                (Some(addr), Some(*caller), value)
+            }
         };
         let seq = self.db.push(&Row {
             seq: 0,

@@ -19,7 +19,9 @@ use events::abi::{self, Kind, Payload, RawEvent};
 const HARNESS: &str = r#"
 #define _GNU_SOURCE
 #include <fcntl.h>
+#include <errno.h>
 #include <pthread.h>
+#include <semaphore.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -75,8 +77,34 @@ int main(int argc, char **argv)
 	pthread_t t;
 	pthread_create(&t, NULL, worker, NULL);
 	pthread_join(t, NULL);
-	printf("%d %ld %lu %lu\n", getpid(), (long)syscall(SYS_gettid),
-	       (unsigned long)(uintptr_t)&shared, (unsigned long)(uintptr_t)worker);
+	/* A condition variable's wait that times out at once, a signal, a
+	 * read lock and a write lock refused under it, a semaphore posted,
+	 * taken and found empty, a barrier of one. */
+	static pthread_cond_t cond = PTHREAD_COND_INITIALIZER;
+	static pthread_rwlock_t rw = PTHREAD_RWLOCK_INITIALIZER;
+	static pthread_barrier_t barrier;
+	static sem_t sem;
+	struct timespec past = { 0, 0 };
+	pthread_mutex_lock(&shared);
+	if (pthread_cond_timedwait(&cond, &shared, &past) != ETIMEDOUT)
+		return 8;
+	pthread_mutex_unlock(&shared);
+	pthread_cond_signal(&cond);
+	pthread_rwlock_rdlock(&rw);
+	if (pthread_rwlock_trywrlock(&rw) == 0)
+		return 9;
+	pthread_rwlock_unlock(&rw);
+	sem_init(&sem, 0, 0);
+	sem_post(&sem);
+	sem_wait(&sem);
+	if (sem_trywait(&sem) == 0 || errno != EAGAIN)
+		return 10;
+	pthread_barrier_init(&barrier, NULL, 1);
+	pthread_barrier_wait(&barrier);
+	printf("%d %ld %lu %lu %lu %lu %lu %lu\n", getpid(), (long)syscall(SYS_gettid),
+	       (unsigned long)(uintptr_t)&shared, (unsigned long)(uintptr_t)worker,
+	       (unsigned long)(uintptr_t)&cond, (unsigned long)(uintptr_t)&rw,
+	       (unsigned long)(uintptr_t)&sem, (unsigned long)(uintptr_t)&barrier);
 	fflush(stdout);
 	exit(7);
 }
@@ -168,7 +196,7 @@ fn the_c_probe_library_writes_what_the_parser_reads() {
         .split_whitespace()
         .map(|w| w.parse().unwrap())
         .collect();
-    let [pid, lwpid, mutex, worker] = ids[..] else {
+    let [pid, lwpid, mutex, worker, cond, rw, sem, barrier] = ids[..] else {
         panic!("{stdout}")
     };
     let events = split_events(&std::fs::read(&events_file).unwrap());
@@ -201,6 +229,26 @@ fn the_c_probe_library_writes_what_the_parser_reads() {
                 assert_eq!(lock, mutex, "{e:?}");
                 (e.kind, Some(result))
             }
+            Payload::Sync {
+                object,
+                caller,
+                mutex: m,
+                result,
+                flags,
+            } => {
+                let expected = match e.kind {
+                    Kind::CondWait | Kind::CondWaitRet | Kind::CondSignal => cond,
+                    Kind::RwLock | Kind::RwLockRet | Kind::RwUnlock => rw,
+                    Kind::SemWait | Kind::SemWaitRet | Kind::SemPost => sem,
+                    _ => barrier,
+                };
+                assert_eq!(object, expected, "{e:?}");
+                assert!(caller != 0, "{e:?}");
+                // Only a condition variable's wait names its mutex.
+                let waits = matches!(e.kind, Kind::CondWait | Kind::CondWaitRet);
+                assert_eq!(m, if waits { mutex } else { 0 }, "{e:?}");
+                (e.kind, Some(result * 100 + flags as i32))
+            }
             _ => (e.kind, None),
         })
         .collect();
@@ -216,6 +264,24 @@ fn the_c_probe_library_writes_what_the_parser_reads() {
             Kind::Unlock,
             Kind::ThreadSpawn,
             Kind::ThreadJoin,
+            Kind::Lock,
+            Kind::LockRet,
+            Kind::CondWait,
+            Kind::CondWaitRet,
+            Kind::Unlock,
+            Kind::CondSignal,
+            Kind::RwLock,
+            Kind::RwLockRet,
+            Kind::RwLock,
+            Kind::RwLockRet,
+            Kind::RwUnlock,
+            Kind::SemPost,
+            Kind::SemWait,
+            Kind::SemWaitRet,
+            Kind::SemWait,
+            Kind::SemWaitRet,
+            Kind::Barrier,
+            Kind::BarrierRet,
             Kind::Exit,
         ],
         "{main:?}"
@@ -225,6 +291,31 @@ fn the_c_probe_library_writes_what_the_parser_reads() {
     assert_eq!(
         results[..6],
         [Some(0), Some(0), Some(0), Some(0), Some(16), Some(0)]
+    );
+    // The synchronisation calls' results (x100) and flags (timed 4, write
+    // 1, try 2): the wait timed out (ETIMEDOUT, 110), the write lock was
+    // refused (EBUSY, 16), the trywait failed (-1), the barrier's one
+    // thread is its serial thread (-1).
+    assert_eq!(
+        results[10..26],
+        [
+            Some(4),
+            Some(11004),
+            Some(0),
+            Some(0),
+            Some(0),
+            Some(0),
+            Some(3),
+            Some(1603),
+            Some(0),
+            Some(0),
+            Some(0),
+            Some(0),
+            Some(2),
+            Some(-98),
+            Some(0),
+            Some(-100)
+        ]
     );
     // The creator says what it starts, from where, as it calls
     // pthread_create.

@@ -1,5 +1,5 @@
 //! The event database: an SQLite file a replay writes and the diagnosis
-//! tools (or `sqlite3`) read. Schema version 3, documented in
+//! tools (or `sqlite3`) read. Schema version 5, documented in
 //! docs/events.md; a change to it bumps [`SCHEMA_VERSION`].
 //!
 //! Events are stored in one of two formats, named by the `events_format`
@@ -9,7 +9,10 @@
 //! Readers take both, and version 1 and 2 databases. Version 3 adds the
 //! checksums of [`digest`]: every block's, and every table's. Version 4
 //! adds the probes given at replay (`probes`) and the values their hits
-//! captured (`probe_values`).
+//! captured (`probe_values`). Version 5 adds the kinds of the condition
+//! variables', barriers', read-write locks' and semaphores' events
+//! (CONDWAIT .. SEMPOST) to `kinds`, whose rows an older insight cannot
+//! read.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -27,9 +30,9 @@ pub use reader::EventDb;
 pub use writer::EventWriter;
 
 /// `PRAGMA user_version` of the databases this insight writes.
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 /// Older versions this insight still reads (without checksums).
-const READABLE_VERSIONS: [i64; 4] = [1, 2, 3, 4];
+const READABLE_VERSIONS: [i64; 5] = [1, 2, 3, 4, 5];
 /// `PRAGMA application_id`: "INSG".
 pub const APPLICATION_ID: i64 = 0x494e_5347;
 

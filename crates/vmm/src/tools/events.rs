@@ -253,7 +253,7 @@ impl EventTool {
     }
 
     /// Follows what a stored event tells of the process's objects, and
-    /// gives lock, unlock, thread spawn and ALLOC events the stack of
+    /// gives lock, unlock, wait, thread spawn and ALLOC events the stack of
     /// their caller, unwound from the probe's registers `at` (when known).
     fn stack_of(
         &mut self,
@@ -269,7 +269,11 @@ impl EventTool {
                 stacks.mapped(stored.pid, *base, path);
                 return Ok(());
             }
-            Payload::Lock { caller, .. } if has_stack(stored.event.kind) => *caller,
+            Payload::Lock { caller, .. } | Payload::Sync { caller, .. }
+                if stored.event.kind.keeps_stack() =>
+            {
+                *caller
+            }
             Payload::ThreadSpawn { caller, .. } => *caller,
             Payload::Heap { caller, .. } if stored.event.kind == Kind::Alloc => *caller,
             _ => {
@@ -316,13 +320,4 @@ impl unwind::Memory for CopiedStack<'_> {
             None => self.rest.read_u64(addr),
         }
     }
-}
-
-/// Lock events that keep their caller's whole stack: requests and
-/// releases (a request's return shares its request's).
-fn has_stack(kind: Kind) -> bool {
-    matches!(
-        kind,
-        Kind::Lock | Kind::TryLock | Kind::TimedLock | Kind::Unlock
-    )
 }
