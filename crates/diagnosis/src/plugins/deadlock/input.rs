@@ -7,7 +7,7 @@ use events::abi::{Kind, Source};
 use events::db::{DbError, EventDb, Row};
 
 use super::lock_order::{self, ThreadEvent};
-use crate::from_db::{lock_event, LOCK_KINDS};
+use crate::from_db::{LockEvents, LOCK_KINDS};
 
 /// The deadlock detector's input, per process (locks are addresses in a
 /// process): lock events, thread creations and joins, in capture order.
@@ -28,6 +28,7 @@ pub struct DeadlockInput {
     /// (pid, lwpid) of a created thread -> the THREADSPAWN its creator
     /// raised for it.
     spawned_at: HashMap<(u32, u32), u64>,
+    locks: LockEvents,
 }
 
 impl DeadlockInput {
@@ -75,7 +76,7 @@ impl DeadlockInput {
                     joined,
                 })
             }),
-            k if LOCK_KINDS.contains(&k) => lock_event(r).map(lock_order::Event::Lock),
+            k if LOCK_KINDS.contains(&k) => self.locks.event(r).map(lock_order::Event::Lock),
             _ => None,
         };
         if let Some(e) = event {

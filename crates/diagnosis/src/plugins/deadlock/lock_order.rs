@@ -242,7 +242,13 @@ pub fn analyze<'a>(events: impl IntoIterator<Item = &'a Event> + Clone) -> Deadl
                 LockEventKind::Request(_) => {
                     requests.insert(le.thread, le.seq);
                 }
-                LockEventKind::Return(op, result) => {
+                LockEventKind::Return(_, _) | LockEventKind::CondWake(_) => {
+                    // A condition variable's wait takes its mutex again as
+                    // a plain lock would, whatever the wait's result.
+                    let (op, result) = match le.kind {
+                        LockEventKind::Return(op, result) => (op, result),
+                        _ => (LockOp::Lock, 0),
+                    };
                     let request = requests.remove(&le.thread).unwrap_or(le.seq);
                     if result != 0 {
                         continue; // failed trylock / timedlock: no node
@@ -250,12 +256,12 @@ pub fn analyze<'a>(events: impl IntoIterator<Item = &'a Event> + Clone) -> Deadl
                     let clock = clock_of(&mut clocks, le.thread);
                     let stack = held.entry(le.thread).or_default();
                     if stack.iter().any(|&(l, _, _)| l == le.lock) {
-                        stack.push((le.lock, op == LockOp::TryLock, request));
+                        stack.push((le.lock, op.tries(), request));
                         continue; // recursive: no new order
                     }
                     for (i, &(from, _, from_at)) in stack.iter().enumerate() {
                         let gates: BTreeSet<u64> = stack[..i].iter().map(|&(l, _, _)| l).collect();
-                        let by_try = op == LockOp::TryLock;
+                        let by_try = op.tries();
                         let mut key_clock: Vec<(u32, u64)> =
                             clock.0.iter().map(|(&t, &v)| (t, v)).collect();
                         key_clock.sort();
@@ -275,9 +281,9 @@ pub fn analyze<'a>(events: impl IntoIterator<Item = &'a Event> + Clone) -> Deadl
                             });
                         }
                     }
-                    stack.push((le.lock, op == LockOp::TryLock, request));
+                    stack.push((le.lock, op.tries(), request));
                 }
-                LockEventKind::Release => {
+                LockEventKind::Release | LockEventKind::CondWait { .. } => {
                     let stack = held.entry(le.thread).or_default();
                     match stack.iter().rposition(|&(l, _, _)| l == le.lock) {
                         Some(i) => {
@@ -500,6 +506,28 @@ mod tests {
             "{n}"
         );
         assert!(r.protected.is_empty());
+    }
+
+    #[test]
+    fn a_condition_variable_wait_takes_its_mutex_again_in_lock_order() {
+        // T1 holds L1 and waits on a condition variable with L2: the wait
+        // gives L2 up (no L2 -> ... order from before it) and takes it
+        // again while L1 is held (L1 -> L2). T2 takes L2, then L1.
+        let mut p = Prog::default();
+        p.create(0, 1).create(0, 2);
+        p.lock(1, L2).lock(1, L1);
+        p.push(1, L2, LockEventKind::CondWait { cond: 0xc });
+        p.push(1, L2, LockEventKind::CondWake(0));
+        p.unlock(1, L2).unlock(1, L1);
+        p.lock(2, L2).lock(2, L1).unlock(2, L1).unlock(2, L2);
+        let r = p.report();
+        assert_eq!(r.anomalies, 0, "{r:?}");
+        assert_eq!(r.deadlocks.len(), 1, "{r:?}");
+        let n = r.deadlocks[0].notation(name);
+        assert!(
+            same_cycle(&n, "L2(T2) -> L1(T2) -> L1(T1) -> L2(T1) -> L2(T2)"),
+            "{n}"
+        );
     }
 
     #[test]

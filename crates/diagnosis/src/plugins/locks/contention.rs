@@ -2,15 +2,25 @@
 //! the request/return/release events of every thread, in time order.
 //!
 //! Definitions (per lock):
-//! - *requests*: calls to lock, trylock or timedlock;
-//! - *acquisitions*: calls that returned 0;
+//! - *requests*: calls to lock, trylock or timedlock (a read-write lock's
+//!   read or write lock likewise), and the mutex a condition variable's
+//!   wait takes again as it returns;
+//! - *acquisitions*: those that returned 0, and every return of a
+//!   condition variable's wait (it returns holding the mutex);
 //! - *blocked*: requests made while another thread held the lock (a
 //!   failed trylock is counted as a trylock failure, not as blocked);
 //! - *contended*: acquisitions whose request was blocked;
 //! - *ownership changes*: acquisitions by a thread other than the previous
 //!   owner;
 //! - *hold time*: acquisition to release; *wait time*: request to
-//!   acquisition, in replay time units.
+//!   acquisition, in replay time units;
+//! - *condition waits*: a condition variable's waits on the mutex (from
+//!   the wait's call, which gives the mutex up, to its return, which holds
+//!   it again): time the thread neither held nor waited for the lock.
+//!
+//! A read-write lock's read locks are held by any number of threads at
+//! once: a read request blocks only behind a writer, a write request
+//! behind any other holder.
 //!
 //! Anything inconsistent (a release by a non-owner, a return without a
 //! request, time going backwards) is counted as an anomaly, not trusted.
@@ -29,7 +39,7 @@ pub struct Durations {
 }
 
 impl Durations {
-    fn add(&mut self, d: u64) {
+    pub(crate) fn add(&mut self, d: u64) {
         self.total = self.total.saturating_add(d);
         self.max = self.max.max(d);
         self.count += 1;
@@ -53,6 +63,15 @@ pub struct LockStats {
     pub timedlock_timeouts: u64,
     pub hold: Durations,
     pub wait: Durations,
+    /// A read-write lock (its calls were pthread_rwlock_*).
+    pub rwlock: bool,
+    /// Read locks of a read-write lock among the acquisitions.
+    pub shared_acquisitions: u64,
+    /// A condition variable's waits that gave this mutex up, and how long
+    /// they lasted.
+    pub cond_waits: Durations,
+    /// Those that gave up at their deadline (ETIMEDOUT).
+    pub cond_timeouts: u64,
 }
 
 impl LockStats {
@@ -86,10 +105,64 @@ struct LockState {
     owner: Option<u32>,
     depth: u32,
     acquired_at: u64,
+    /// Threads holding a read lock: how many times, since when.
+    readers: HashMap<u32, (u32, u64)>,
+    /// Threads waiting on a condition variable, the mutex given up: since
+    /// when.
+    cond_waiting: HashMap<u32, u64>,
     last_owner: Option<u32>,
     /// Pending requests: thread -> (time, op, found the lock held, the
     /// request's event).
     pending: HashMap<u32, (u64, LockOp, bool, LockEvent)>,
+}
+
+impl LockState {
+    /// Whether a thread other than `thread` holds the lock so that a
+    /// request (`shared`: for reading) must wait.
+    fn held_by_other(&self, thread: u32, shared: bool) -> bool {
+        self.owner.is_some_and(|o| o != thread)
+            || (!shared && self.readers.keys().any(|&r| r != thread))
+    }
+
+    /// `thread` takes the lock at `time` (`shared`: for reading): whether
+    /// the model allows it (nobody else holds it in a way that excludes
+    /// it).
+    fn acquire(&mut self, thread: u32, time: u64, shared: bool) -> bool {
+        if self.held_by_other(thread, shared) {
+            return false;
+        }
+        if shared {
+            self.readers.entry(thread).or_insert((0, time)).0 += 1;
+        } else if self.owner == Some(thread) {
+            self.depth += 1;
+        } else {
+            self.owner = Some(thread);
+            self.depth = 1;
+            self.acquired_at = time;
+        }
+        true
+    }
+
+    /// `thread` gives the lock up once at `time`: `None` if it held it
+    /// not, else how long it held it if that was its last hold.
+    fn release(&mut self, thread: u32, time: u64) -> Option<Option<u64>> {
+        if self.owner == Some(thread) {
+            self.depth -= 1;
+            if self.depth > 0 {
+                return Some(None);
+            }
+            self.owner = None;
+            return Some(Some(time.saturating_sub(self.acquired_at)));
+        }
+        let (count, since) = self.readers.get_mut(&thread)?;
+        *count -= 1;
+        if *count > 0 {
+            return Some(None);
+        }
+        let held = time.saturating_sub(*since);
+        self.readers.remove(&thread);
+        Some(Some(held))
+    }
 }
 
 /// An acquisition that had to wait for another thread: the request's
@@ -144,9 +217,9 @@ impl Contention {
         let state = self.states.entry(ev.lock).or_default();
         match ev.kind {
             LockEventKind::Request(op) => {
-                let held_by_other = state.owner.is_some_and(|o| o != ev.thread);
+                let held_by_other = state.held_by_other(ev.thread, op.shared());
                 // A trylock never waits: it fails instead of blocking.
-                let blocks = held_by_other && op != LockOp::TryLock;
+                let blocks = held_by_other && !op.tries();
                 if state
                     .pending
                     .insert(ev.thread, (ev.time, op, blocks, *ev))
@@ -155,9 +228,11 @@ impl Contention {
                     self.report.anomalies.return_without_request += 1;
                 }
                 let (l, t) = stats_pair(&mut self.report, ev.lock, ev.thread);
+                let rw = !matches!(op, LockOp::Lock | LockOp::TryLock | LockOp::TimedLock);
                 for s in [l, t] {
                     s.requests += 1;
                     s.blocked += u64::from(blocks);
+                    s.rwlock |= rw;
                 }
             }
             LockEventKind::Return(op, result) => {
@@ -169,30 +244,18 @@ impl Contention {
                 };
                 if result != 0 {
                     let (l, t) = stats_pair(&mut self.report, ev.lock, ev.thread);
-                    match op {
-                        LockOp::TryLock => {
-                            l.trylock_failures += 1;
-                            t.trylock_failures += 1;
+                    for s in [l, t] {
+                        if op.tries() {
+                            s.trylock_failures += 1;
+                        } else if op.timed() && result == ETIMEDOUT {
+                            s.timedlock_timeouts += 1;
                         }
-                        LockOp::TimedLock if result == ETIMEDOUT => {
-                            l.timedlock_timeouts += 1;
-                            t.timedlock_timeouts += 1;
-                        }
-                        _ => {}
                     }
                     return;
                 }
-                match state.owner {
-                    Some(o) if o == ev.thread => state.depth += 1,
-                    Some(_) => {
-                        self.report.anomalies.acquired_while_held += 1;
-                        return;
-                    }
-                    None => {
-                        state.owner = Some(ev.thread);
-                        state.depth = 1;
-                        state.acquired_at = ev.time;
-                    }
+                if !state.acquire(ev.thread, ev.time, op.shared()) {
+                    self.report.anomalies.acquired_while_held += 1;
+                    return;
                 }
                 let changed = state.last_owner.is_some_and(|o| o != ev.thread);
                 state.last_owner = Some(ev.thread);
@@ -203,6 +266,7 @@ impl Contention {
                 let (l, t) = stats_pair(&mut self.report, ev.lock, ev.thread);
                 for s in [l, t] {
                     s.acquisitions += 1;
+                    s.shared_acquisitions += u64::from(op.shared());
                     s.wait.add(wait);
                     if was_blocked {
                         s.contended += 1;
@@ -212,18 +276,51 @@ impl Contention {
                     }
                 }
             }
-            LockEventKind::Release => {
-                if state.owner != Some(ev.thread) {
-                    self.report.anomalies.release_without_hold += 1;
-                    return;
-                }
-                state.depth -= 1;
-                if state.depth == 0 {
-                    state.owner = None;
-                    let held = ev.time.saturating_sub(state.acquired_at);
+            LockEventKind::Release => match state.release(ev.thread, ev.time) {
+                Some(Some(held)) => {
                     let (l, t) = stats_pair(&mut self.report, ev.lock, ev.thread);
                     l.hold.add(held);
                     t.hold.add(held);
+                }
+                Some(None) => {}
+                None => self.report.anomalies.release_without_hold += 1,
+            },
+            LockEventKind::CondWait { .. } => {
+                // The wait gives the mutex up; it is the thread's own to
+                // give (glibc checks that for error-checking mutexes only).
+                match state.release(ev.thread, ev.time) {
+                    Some(Some(held)) => {
+                        let (l, t) = stats_pair(&mut self.report, ev.lock, ev.thread);
+                        l.hold.add(held);
+                        t.hold.add(held);
+                    }
+                    Some(None) => {}
+                    None => self.report.anomalies.release_without_hold += 1,
+                }
+                if state.cond_waiting.insert(ev.thread, ev.time).is_some() {
+                    self.report.anomalies.return_without_request += 1;
+                }
+            }
+            LockEventKind::CondWake(result) => {
+                let Some(since) = state.cond_waiting.remove(&ev.thread) else {
+                    self.report.anomalies.return_without_request += 1;
+                    return;
+                };
+                if !state.acquire(ev.thread, ev.time, false) {
+                    self.report.anomalies.acquired_while_held += 1;
+                    return;
+                }
+                let changed = state.last_owner.is_some_and(|o| o != ev.thread);
+                state.last_owner = Some(ev.thread);
+                let (l, t) = stats_pair(&mut self.report, ev.lock, ev.thread);
+                for s in [l, t] {
+                    s.requests += 1;
+                    s.acquisitions += 1;
+                    s.cond_waits.add(ev.time.saturating_sub(since));
+                    s.cond_timeouts += u64::from(result == ETIMEDOUT);
+                    if changed {
+                        s.ownership_changes += 1;
+                    }
                 }
             }
         }
@@ -476,5 +573,76 @@ mod tests {
         assert!(level2.blocked_percent() > level1.blocked_percent());
         assert!(level2.ownership_change_percent() > level1.ownership_change_percent());
         assert_eq!(r.ranked(1)[0].0 >> 12, 2, "a level-2 lock ranks first");
+    }
+
+    #[test]
+    fn a_condition_variable_wait_gives_the_mutex_up_until_it_returns() {
+        let mut s = Stream::new();
+        // Consumer 1 takes the queue's mutex and waits; producer 2 takes
+        // it, signals, unlocks; 1 holds it again when its wait returns.
+        s.at(0).req(1, 0xa).got(1, 0xa);
+        s.at(5).ev(1, 0xa, LockEventKind::CondWait { cond: 0xc });
+        s.at(10).req(2, 0xa).got(2, 0xa).at(12).rel(2, 0xa);
+        s.at(14).ev(1, 0xa, LockEventKind::CondWake(0));
+        s.at(20).rel(1, 0xa);
+        // A timed wait that gave up still returns with the mutex.
+        s.at(30).req(1, 0xa).got(1, 0xa);
+        s.at(31).ev(1, 0xa, LockEventKind::CondWait { cond: 0xc });
+        s.at(41).ev(1, 0xa, LockEventKind::CondWake(ETIMEDOUT));
+        s.at(42).rel(1, 0xa);
+        let r = analyze(&s.0);
+        assert_eq!(r.anomalies, Anomalies::default());
+        let l = &r.locks[&0xa];
+        // Three calls, two wait returns: five acquisitions, five releases.
+        assert_eq!((l.requests, l.acquisitions, l.blocked), (5, 5, 0));
+        assert_eq!(l.hold.count, 5);
+        // Holds: 0-5, 10-12, 14-20, 30-31, 41-42; the waits are no holds.
+        assert_eq!((l.hold.total, l.hold.max), (15, 6));
+        assert_eq!((l.cond_waits.count, l.cond_waits.total), (2, 19));
+        assert_eq!(l.cond_timeouts, 1);
+        // 2 takes it while 1 waits: no block, no acquisition of a held lock.
+        assert_eq!(l.contended, 0);
+    }
+
+    #[test]
+    fn read_locks_are_shared_and_a_writer_waits_for_every_reader() {
+        let mut s = Stream::new();
+        let rw = |s: &mut Stream, t, op| {
+            s.ev(t, 0xb, LockEventKind::Request(op))
+                .ev(t, 0xb, LockEventKind::Return(op, 0));
+        };
+        s.at(0);
+        rw(&mut s, 1, LockOp::Read);
+        s.at(2);
+        rw(&mut s, 2, LockOp::Read);
+        // A writer finds readers: it blocks until both are gone.
+        s.at(3).ev(3, 0xb, LockEventKind::Request(LockOp::Write));
+        s.at(4).rel(1, 0xb).at(6).rel(2, 0xb);
+        s.at(6).ev(3, 0xb, LockEventKind::Return(LockOp::Write, 0));
+        // A reader finds the writer: it blocks too; a tryrdlock fails.
+        s.at(7).ev(1, 0xb, LockEventKind::Request(LockOp::Read));
+        s.at(7)
+            .ev(2, 0xb, LockEventKind::Request(LockOp::TryRead))
+            .ev(2, 0xb, LockEventKind::Return(LockOp::TryRead, 16));
+        s.at(9).rel(3, 0xb).at(9);
+        s.ev(1, 0xb, LockEventKind::Return(LockOp::Read, 0));
+        s.at(10).rel(1, 0xb);
+        let r = analyze(&s.0);
+        assert_eq!(r.anomalies, Anomalies::default());
+        let l = &r.locks[&0xb];
+        assert!(l.rwlock);
+        assert_eq!(
+            (l.requests, l.acquisitions, l.shared_acquisitions),
+            (5, 4, 3)
+        );
+        assert_eq!((l.blocked, l.contended, l.trylock_failures), (2, 2, 1));
+        assert_eq!(l.hold.count, 4);
+        assert_eq!((l.wait.total, l.wait.max), (3 + 2, 3));
+        // A write lock taken while a reader holds it contradicts the model.
+        let mut s = Stream::new();
+        s.at(0);
+        rw(&mut s, 1, LockOp::Read);
+        rw(&mut s, 2, LockOp::Write);
+        assert_eq!(analyze(&s.0).anomalies.acquired_while_held, 1);
     }
 }

@@ -1,5 +1,6 @@
 //! `locks`: lock contention per lock (and per thread), modelled on
-//! mutrace; see [`contention`] for the definitions.
+//! mutrace; see [`contention`] for the definitions. Waits on condition
+//! variables, at barriers and on semaphores follow ([`waits`]).
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -9,14 +10,42 @@ use events::db::Row;
 use guestfiles::Symbolizer;
 
 use crate::event_stacks::EventStacks;
-use crate::from_db::{lock_event, LOCK_KINDS_AND_INIT};
+use crate::from_db::LockEvents;
 use crate::plugin::{Attachment, Context, Output, Plugin, PluginError};
+use crate::render::duration;
 
 pub mod contention;
 pub mod stacks;
+pub mod waits;
 
 use contention::{Contention, ContentionReport, Durations, LockStats};
 use stacks::StackShare;
+use waits::Waits;
+
+/// The kinds the report reads: the lock events, LOCKINIT, and the other
+/// synchronisation's.
+const KINDS: [Kind; 20] = [
+    Kind::Lock,
+    Kind::LockRet,
+    Kind::TryLock,
+    Kind::TryLockRet,
+    Kind::TimedLock,
+    Kind::TimedLockRet,
+    Kind::Unlock,
+    Kind::RwLock,
+    Kind::RwLockRet,
+    Kind::RwUnlock,
+    Kind::CondWait,
+    Kind::CondWaitRet,
+    Kind::LockInit,
+    Kind::CondSignal,
+    Kind::CondBroadcast,
+    Kind::Barrier,
+    Kind::BarrierRet,
+    Kind::SemWait,
+    Kind::SemWaitRet,
+    Kind::SemPost,
+];
 
 /// How the report is cut.
 #[derive(Clone, Copy, Debug)]
@@ -56,6 +85,8 @@ pub struct Locks {
     request_stacks: EventStacks,
     /// Whether the last event passed was a lock request.
     last_was_request: bool,
+    rows: LockEvents,
+    waits: Waits,
 }
 
 impl Locks {
@@ -68,6 +99,8 @@ impl Locks {
             init_site: HashMap::new(),
             request_stacks: EventStacks::default(),
             last_was_request: false,
+            rows: LockEvents::default(),
+            waits: Waits::default(),
         }
     }
 }
@@ -82,7 +115,7 @@ impl Plugin for Locks {
     }
 
     fn subscribes(&self) -> &'static [Kind] {
-        &LOCK_KINDS_AND_INIT
+        &KINDS
     }
 
     fn wants_stacks(&self) -> bool {
@@ -96,14 +129,26 @@ impl Plugin for Locks {
     }
 
     fn event(&mut self, row: &Row) {
-        self.last_was_request = matches!(row.kind, Kind::Lock | Kind::TryLock | Kind::TimedLock);
+        self.last_was_request = matches!(
+            row.kind,
+            Kind::Lock | Kind::TryLock | Kind::TimedLock | Kind::RwLock
+        );
         if row.kind == Kind::LockInit {
             if let (Some(lock), Some(site)) = (row.addr, row.caller) {
                 self.init_site.entry(lock).or_insert((row.pid, site));
             }
             return;
         }
-        if let Some(e) = lock_event(row) {
+        if row.kind.is_sync() {
+            self.waits.push(row);
+            if let (Some(addr), false) = (row.addr, row.kind == Kind::CondWait) {
+                self.first_user.entry(addr).or_insert(row.pid);
+            }
+            if let (Kind::CondWait, Some(cond)) = (row.kind, row.value) {
+                self.first_user.entry(cond as u64).or_insert(row.pid);
+            }
+        }
+        if let Some(e) = self.rows.event(row) {
             self.events += 1;
             self.first_user.entry(e.lock).or_insert(row.pid);
             self.analysis.push(&e);
@@ -121,12 +166,23 @@ impl Plugin for Locks {
             .collect();
         let threads = self.options.threads;
         let mut text = format!(
-            "Lock contention in {}: {} locks, {} lock events; times in µs of the recorded run\n\n",
+            "Lock contention in {}: {} locks, {} lock events; times are the recorded run's\n\n",
             cx.label,
             report.locks.len(),
             self.events
         );
         text.push_str(&table(&report, &ranked, &names, threads));
+        if report.locks.is_empty() {
+            // Objects loaded: the probe library ran, and the program took
+            // no lock; none: it did not run.
+            let probed = cx.db.counts()?.iter().any(|&(k, n)| k == Kind::Symbol && n > 0);
+            text.push_str(if probed {
+                "(no lock events: the programs took no lock through pthreads)\n"
+            } else {
+                "(no lock events: lock calls raise events in programs recorded with \
+                 `insight record --probes`)\n"
+            });
+        }
         let stacks = self.top_stacks(cx, &report, &ranked)?;
         for ((lock, s), top) in ranked.iter().zip(&stacks) {
             if top.is_empty() {
@@ -141,14 +197,21 @@ impl Plugin for Locks {
             for share in top {
                 let _ = writeln!(
                     text,
-                    "  {} acquisitions, waited {} µs:",
+                    "  {} acquisitions, waited {}:",
                     share.acquisitions,
-                    us(share.wait)
+                    duration(share.wait)
                 );
                 for (i, frame) in share.frames.iter().enumerate() {
                     let _ = writeln!(text, "    #{i} {frame}");
                 }
             }
+        }
+        text.push_str(&waits_table(&self.waits, &names));
+        if !report.locks.is_empty() {
+            text.push_str(
+                "\nThe guest has one vCPU: a thread finds a lock held only where its holder \
+                 was preempted (or waited) while holding it.\n",
+            );
         }
         let mut warnings = Vec::new();
         if let Some(why) = &cx.files_missing {
@@ -158,16 +221,18 @@ impl Plugin for Locks {
         let inconsistent = a.release_without_hold
             + a.return_without_request
             + a.acquired_while_held
-            + a.out_of_order;
+            + a.out_of_order
+            + self.waits.anomalies;
         if inconsistent > 0 {
             warnings.push(format!(
                 "{inconsistent} lock events contradict the lock model and were not counted \
                  ({} releases without a hold, {} returns without a request, {} acquisitions \
-                 of a held lock, {} out of order)",
+                 of a held lock, {} out of order, {} waits without a call or return)",
                 a.release_without_hold,
                 a.return_without_request,
                 a.acquired_while_held,
-                a.out_of_order
+                a.out_of_order,
+                self.waits.anomalies
             ));
         }
         for (what, n, example) in cx.db.anomalies()? {
@@ -177,7 +242,14 @@ impl Plugin for Locks {
         }
         Ok(Output {
             text,
-            json: Some(json(&report, &ranked, &names, threads, &stacks)),
+            json: Some(json(
+                &report,
+                &ranked,
+                &names,
+                threads,
+                &stacks,
+                &self.waits,
+            )),
             attachments: vec![Attachment {
                 format: "csv",
                 content: csv(&report, &ranked, &names, threads),
@@ -252,15 +324,19 @@ pub(crate) fn lock_names(
         .collect())
 }
 
-fn us(ns: u64) -> String {
-    format!("{:.1}", ns as f64 / 1000.0)
-}
-
 fn times(d: &Durations) -> String {
-    format!("{}/{}/{}", us(d.total), us(d.avg()), us(d.max))
+    if d.count == 0 {
+        return "-".into();
+    }
+    format!(
+        "{} / {} / {}",
+        duration(d.total),
+        duration(d.avg()),
+        duration(d.max)
+    )
 }
 
-const COLUMNS: [&str; 10] = [
+const COLUMNS: [&str; 11] = [
     "requests",
     "acquired",
     "blocked",
@@ -270,10 +346,11 @@ const COLUMNS: [&str; 10] = [
     "contended",
     "hold tot/avg/max",
     "wait tot/avg/max",
+    "cond waits n / total",
     "try-fail/timeout",
 ];
 
-fn cells(s: &LockStats) -> [String; 10] {
+fn cells(s: &LockStats) -> [String; 11] {
     [
         s.requests.to_string(),
         s.acquisitions.to_string(),
@@ -284,6 +361,10 @@ fn cells(s: &LockStats) -> [String; 10] {
         s.contended.to_string(),
         times(&s.hold),
         times(&s.wait),
+        match s.cond_waits.count {
+            0 => "-".into(),
+            n => format!("{n} / {}", duration(s.cond_waits.total)),
+        },
         format!("{}/{}", s.trylock_failures, s.timedlock_timeouts),
     ]
 }
@@ -306,11 +387,12 @@ fn table(
     names: &HashMap<u64, String>,
     threads: bool,
 ) -> String {
-    let mut rows: Vec<(String, [String; 10])> = Vec::new();
+    let mut rows: Vec<(String, [String; 11])> = Vec::new();
     for (lock, s) in ranked {
+        let kind = if s.rwlock { " (rwlock)" } else { "" };
         let label = match names.get(lock) {
-            Some(name) => format!("{lock:#x} {name}"),
-            None => format!("{lock:#x}"),
+            Some(name) => format!("{lock:#x} {name}{kind}"),
+            None => format!("{lock:#x}{kind}"),
         };
         rows.push((label, cells(s)));
         if threads {
@@ -339,8 +421,73 @@ fn table(
         }
         out.push('\n');
     }
+    out
+}
+
+/// The waits that are not for a lock, by object: "" where there are none.
+fn waits_table(waits: &Waits, names: &HashMap<u64, String>) -> String {
+    let ranked = waits.ranked();
     if ranked.is_empty() {
-        out.push_str("(no lock events)\n");
+        return String::new();
+    }
+    let rows: Vec<[String; 6]> = ranked
+        .iter()
+        .map(|(addr, s)| {
+            let label = match names.get(addr) {
+                Some(name) => format!("{addr:#x} {name}"),
+                None => format!("{addr:#x}"),
+            };
+            let wakeups = match s.object {
+                waits::WaitObject::CondVar => format!("{} ({} broadcast)", s.wakeups, s.broadcasts),
+                waits::WaitObject::Semaphore => s.wakeups.to_string(),
+                waits::WaitObject::Barrier => "-".into(),
+            };
+            [
+                label,
+                s.object.name().into(),
+                s.waits.count.to_string(),
+                times(&s.waits),
+                s.failed.to_string(),
+                wakeups,
+            ]
+        })
+        .collect();
+    let head = [
+        "object",
+        "kind",
+        "waits",
+        "wait tot/avg/max",
+        "timeout/try-fail",
+        "signals/posts",
+    ];
+    let mut widths: Vec<usize> = head.iter().map(|h| h.len()).collect();
+    for r in &rows {
+        for (w, v) in widths.iter_mut().zip(r) {
+            *w = (*w).max(v.chars().count());
+        }
+    }
+    let mut out = String::from(
+        "\nWaits that are not for a lock (a condition variable's gives its mutex up):\n\n",
+    );
+    let line = |out: &mut String, cells: &[&str]| {
+        for (i, (v, w)) in cells.iter().zip(&widths).enumerate() {
+            let pad = w.saturating_sub(v.chars().count());
+            match i {
+                0 | 1 => {
+                    let _ = write!(out, "{v}{}  ", " ".repeat(pad));
+                }
+                _ => {
+                    let _ = write!(out, "{}{v}  ", " ".repeat(pad));
+                }
+            }
+        }
+        out.truncate(out.trim_end().len());
+        out.push('\n');
+    };
+    line(&mut out, &head);
+    for r in &rows {
+        let cells: Vec<&str> = r.iter().map(String::as_str).collect();
+        line(&mut out, &cells);
     }
     out
 }
@@ -354,12 +501,13 @@ fn csv(
     let mut out = String::from(
         "lock,name,lwpid,requests,acquired,blocked,blocked_percent,ownership_changes,\
          ownership_change_percent,contended,hold_total_ns,hold_avg_ns,hold_max_ns,\
-         wait_total_ns,wait_avg_ns,wait_max_ns,trylock_failures,timedlock_timeouts\n",
+         wait_total_ns,wait_avg_ns,wait_max_ns,trylock_failures,timedlock_timeouts,\
+         shared_acquisitions,cond_waits,cond_wait_total_ns,cond_timeouts\n",
     );
     let mut line = |lock: u64, thread: Option<u32>, s: &LockStats| {
         let _ = writeln!(
             out,
-            "{lock:#x},{},{},{},{},{},{:.4},{},{:.4},{},{},{},{},{},{},{},{},{}",
+            "{lock:#x},{},{},{},{},{},{:.4},{},{:.4},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             names.get(&lock).map(String::as_str).unwrap_or(""),
             thread.map(|t| t.to_string()).unwrap_or_default(),
             s.requests,
@@ -376,7 +524,11 @@ fn csv(
             s.wait.avg(),
             s.wait.max,
             s.trylock_failures,
-            s.timedlock_timeouts
+            s.timedlock_timeouts,
+            s.shared_acquisitions,
+            s.cond_waits.count,
+            s.cond_waits.total,
+            s.cond_timeouts
         );
     };
     for (lock, s) in ranked {
@@ -391,7 +543,7 @@ fn csv(
 }
 
 fn stats_json(s: &LockStats) -> serde_json::Value {
-    let d = |d: &Durations| serde_json::json!({"total_ns": d.total, "avg_ns": d.avg(), "max_ns": d.max});
+    let d = |d: &Durations| serde_json::json!({"count": d.count, "total_ns": d.total, "avg_ns": d.avg(), "max_ns": d.max});
     serde_json::json!({
         "requests": s.requests,
         "acquisitions": s.acquisitions,
@@ -404,6 +556,10 @@ fn stats_json(s: &LockStats) -> serde_json::Value {
         "timedlock_timeouts": s.timedlock_timeouts,
         "hold": d(&s.hold),
         "wait": d(&s.wait),
+        "rwlock": s.rwlock,
+        "shared_acquisitions": s.shared_acquisitions,
+        "cond_waits": {"count": s.cond_waits.count, "total_ns": s.cond_waits.total,
+                       "max_ns": s.cond_waits.max, "timeouts": s.cond_timeouts},
     })
 }
 
@@ -413,6 +569,7 @@ fn json(
     names: &HashMap<u64, String>,
     threads: bool,
     stacks: &[Vec<StackShare>],
+    waits: &Waits,
 ) -> serde_json::Value {
     let locks: Vec<serde_json::Value> = ranked
         .iter()
@@ -446,14 +603,32 @@ fn json(
             v
         })
         .collect();
+    let objects: Vec<serde_json::Value> = waits
+        .ranked()
+        .into_iter()
+        .map(|(addr, s)| {
+            serde_json::json!({
+                "object": format!("{addr:#x}"),
+                "name": names.get(&addr),
+                "kind": s.object.name(),
+                "waits": s.waits.count,
+                "wait": {"total_ns": s.waits.total, "avg_ns": s.waits.avg(), "max_ns": s.waits.max},
+                "failed": s.failed,
+                "wakeups": s.wakeups,
+                "broadcasts": s.broadcasts,
+            })
+        })
+        .collect();
     let a = report.anomalies;
     serde_json::json!({
         "locks": locks,
+        "waits": objects,
         "anomalies": {
             "release_without_hold": a.release_without_hold,
             "return_without_request": a.return_without_request,
             "acquired_while_held": a.acquired_while_held,
             "out_of_order": a.out_of_order,
+            "waits": waits.anomalies,
         },
     })
 }

@@ -21,7 +21,7 @@ use model::{Builder, SliceKind, Window};
 pub use view::{ThreadRow, View};
 
 /// The kinds the timeline reads.
-const KINDS: [Kind; 15] = [
+const KINDS: [Kind; 24] = [
     Kind::Lock,
     Kind::LockRet,
     Kind::TryLock,
@@ -30,6 +30,15 @@ const KINDS: [Kind; 15] = [
     Kind::TimedLockRet,
     Kind::Unlock,
     Kind::LockInit,
+    Kind::RwLock,
+    Kind::RwLockRet,
+    Kind::RwUnlock,
+    Kind::CondWait,
+    Kind::CondWaitRet,
+    Kind::Barrier,
+    Kind::BarrierRet,
+    Kind::SemWait,
+    Kind::SemWaitRet,
     Kind::ThreadCreate,
     Kind::ThreadSpawn,
     Kind::ThreadJoin,
@@ -67,8 +76,8 @@ impl Plugin for Timeline {
     }
 
     fn about(&self) -> &'static str {
-        "threads, lock waits and holds, context switches and samples over time, for Perfetto \
-         (JSON) and as a page"
+        "threads, lock waits and holds, condition variable, barrier and semaphore waits, \
+         context switches and samples over time, for Perfetto (JSON) and as a page"
     }
 
     fn subscribes(&self) -> &'static [Kind] {
@@ -76,10 +85,9 @@ impl Plugin for Timeline {
     }
 
     fn event(&mut self, row: &Row) {
-        self.last_has_stack = matches!(
-            row.kind,
-            Kind::Lock | Kind::TryLock | Kind::TimedLock | Kind::Sample
-        );
+        // The requests' stacks, which their slices show.
+        self.last_has_stack = row.kind == Kind::Sample
+            || (row.kind.keeps_stack() && !matches!(row.kind, Kind::Unlock | Kind::RwUnlock));
         self.builder.push(row);
     }
 

@@ -1,6 +1,7 @@
 //! The timeline's content, built from the events in capture order: what
 //! each thread did over the recording's time (waited for a lock, held
-//! one), which task the CPU ran, where threads started and ended, and the
+//! one, waited on a condition variable, at a barrier or on a semaphore),
+//! which task the CPU ran, where threads started and ended, and the
 //! samples.
 //!
 //! Slices on one thread's track must nest to be drawn as a stack (the
@@ -11,11 +12,11 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use events::abi::Kind;
+use events::abi::{Kind, SyncFlags};
 use events::db::Row;
 
-use crate::from_db::lock_event;
-use crate::lock_events::{LockEventKind, LockOp};
+use crate::from_db::LockEvents;
+use crate::lock_events::LockEventKind;
 
 /// A thread: (pid, lwpid). An lwpid another process had before is
 /// another thread.
@@ -32,6 +33,13 @@ pub enum SliceKind {
     /// A call that returned without the lock (a trylock that found it
     /// held, a timedlock that timed out): request to return.
     Failed,
+    /// A condition variable's wait, its mutex given up: from the call to
+    /// its return (`Slice::lock` is the condition variable).
+    CondWait,
+    /// pthread_barrier_wait, from the call to its return.
+    Barrier,
+    /// A semaphore's wait (not a trywait), from the call to its return.
+    Semaphore,
 }
 
 impl SliceKind {
@@ -41,6 +49,9 @@ impl SliceKind {
             SliceKind::Wait => "wait",
             SliceKind::Hold => "hold",
             SliceKind::Failed => "failed",
+            SliceKind::CondWait => "condwait",
+            SliceKind::Barrier => "barrier",
+            SliceKind::Semaphore => "semwait",
         }
     }
 }
@@ -116,8 +127,16 @@ struct LockState {
     pending: HashMap<Tid, Request>,
     /// Open holds per thread, innermost last: slice indices.
     held: HashMap<Tid, Vec<usize>>,
-    /// Lock -> its owner and how deep it holds it.
-    owner: HashMap<u64, (Tid, u32)>,
+    /// (Lock, thread) -> how deep the thread holds it.
+    depth: HashMap<(u64, Tid), u32>,
+    /// Lock -> the thread that holds it exclusively (a mutex, a write
+    /// lock); the others are held for reading.
+    exclusive: HashMap<u64, Tid>,
+    /// Open waits per thread that are not for a lock (a condition
+    /// variable's, a barrier's, a semaphore's): slice index.
+    waiting: HashMap<Tid, usize>,
+    /// Threads in a semaphore's trywait, which waits for nothing.
+    trying: BTreeSet<Tid>,
     /// Lock -> the hold slice of its last release.
     last_release: HashMap<u64, usize>,
 }
@@ -141,6 +160,7 @@ pub struct Builder {
     /// [`Builder::finish`]).
     pub lanes: HashMap<Tid, Vec<u32>>,
     locks: LockState,
+    rows: LockEvents,
     /// The task on the CPU since, from the last context switch.
     on_cpu: Option<(Tid, u64)>,
     /// The first and last event times.
@@ -181,8 +201,16 @@ impl Builder {
                     value: row.value,
                 });
             }
+            Kind::Barrier => self.wait_starts(tid, SliceKind::Barrier, row),
+            Kind::SemWait if row.value.is_some_and(|f| f as u32 & SyncFlags::TRY != 0) => {
+                self.threads.insert(tid);
+                self.locks.trying.insert(tid);
+            }
+            Kind::SemWait => self.wait_starts(tid, SliceKind::Semaphore, row),
+            Kind::SemWaitRet if self.locks.trying.remove(&tid) => {}
+            Kind::BarrierRet | Kind::SemWaitRet => self.wait_ends(tid, row.time),
             _ => {
-                if let Some(e) = lock_event(row) {
+                if let Some(e) = self.rows.event(row) {
                     self.threads.insert(tid);
                     self.first_user.entry(e.lock).or_insert(row.pid);
                     self.lock(tid, e.lock, e.kind, row);
@@ -212,57 +240,145 @@ impl Builder {
         }
     }
 
+    /// A wait that is not for a lock starts (`row`: its call).
+    fn wait_starts(&mut self, tid: Tid, kind: SliceKind, row: &Row) {
+        self.threads.insert(tid);
+        let Some(object) = row.addr else {
+            return;
+        };
+        self.first_user.entry(object).or_insert(tid.0);
+        let slice = Slice {
+            tid,
+            kind,
+            lock: object,
+            start: row.time,
+            end: u64::MAX,
+            request: row.seq,
+            site: row.caller.unwrap_or(0),
+            unfinished: false,
+            wakes: None,
+            woken_by: None,
+            lane: 0,
+            depth: 0,
+        };
+        if self.locks.waiting.insert(tid, self.slices.len()).is_some() {
+            self.anomalies += 1;
+        }
+        self.slices.push(slice);
+    }
+
+    /// The thread's wait that is not for a lock ended at `time`.
+    fn wait_ends(&mut self, tid: Tid, time: u64) {
+        match self.locks.waiting.remove(&tid) {
+            Some(i) => self.slices[i].end = time,
+            None => self.anomalies += 1,
+        }
+    }
+
+    /// Whether `tid` may take `lock` now (`shared`: for reading).
+    fn may_take(&self, tid: Tid, lock: u64, shared: bool) -> bool {
+        let locks = &self.locks;
+        let excluded = locks.exclusive.get(&lock).is_some_and(|&o| o != tid);
+        let read_by_other = || locks.depth.keys().any(|&(l, t)| l == lock && t != tid);
+        !excluded && (shared || !read_by_other())
+    }
+
+    /// `tid` holds `lock` from `row` on: its hold slice opens.
+    fn take(&mut self, tid: Tid, lock: u64, shared: bool, slice: Slice) {
+        *self.locks.depth.entry((lock, tid)).or_insert(0) += 1;
+        if !shared {
+            self.locks.exclusive.insert(lock, tid);
+        }
+        self.locks
+            .held
+            .entry(tid)
+            .or_default()
+            .push(self.slices.len());
+        self.slices.push(slice);
+    }
+
+    /// `tid` gives `lock` up at `time`: whether it held it.
+    fn give_up(&mut self, tid: Tid, lock: u64, time: u64) -> bool {
+        let Some(depth) = self.locks.depth.get_mut(&(lock, tid)) else {
+            return false;
+        };
+        *depth -= 1;
+        if *depth == 0 {
+            self.locks.depth.remove(&(lock, tid));
+            if self.locks.exclusive.get(&lock) == Some(&tid) {
+                self.locks.exclusive.remove(&lock);
+            }
+        }
+        let held = self.locks.held.entry(tid).or_default();
+        let slices = &self.slices;
+        let Some(at) = held.iter().rposition(|&i| slices[i].lock == lock) else {
+            return false;
+        };
+        let i = held.remove(at);
+        self.slices[i].end = time;
+        let free = !self.locks.depth.keys().any(|&(l, _)| l == lock);
+        if free {
+            self.locks.last_release.insert(lock, i);
+        }
+        true
+    }
+
     fn lock(&mut self, tid: Tid, lock: u64, kind: LockEventKind, row: &Row) {
+        let slice = |kind, start, end, request: u64, site: u64| Slice {
+            tid,
+            kind,
+            lock,
+            start,
+            end,
+            request,
+            site,
+            unfinished: false,
+            wakes: None,
+            woken_by: None,
+            lane: 0,
+            depth: 0,
+        };
         match kind {
             LockEventKind::Request(op) => {
-                let held_by_other = self.locks.owner.get(&lock).is_some_and(|(o, _)| *o != tid);
                 let request = Request {
                     time: row.time,
                     lock,
                     seq: row.seq,
                     site: row.caller.unwrap_or(0),
-                    blocked: held_by_other && op != LockOp::TryLock,
+                    blocked: !self.may_take(tid, lock, op.shared()) && !op.tries(),
                 };
                 if self.locks.pending.insert(tid, request).is_some() {
                     self.anomalies += 1;
                 }
             }
-            LockEventKind::Return(_, result) => {
+            LockEventKind::Return(op, result) => {
                 let Some(request) = self.locks.pending.remove(&tid).filter(|r| r.lock == lock)
                 else {
                     self.anomalies += 1;
                     return;
                 };
-                let slice = |kind, start, end| Slice {
-                    tid,
-                    kind,
-                    lock,
-                    start,
-                    end,
-                    request: request.seq,
-                    site: request.site,
-                    unfinished: false,
-                    wakes: None,
-                    woken_by: None,
-                    lane: 0,
-                    depth: 0,
-                };
                 if result != 0 {
-                    self.slices
-                        .push(slice(SliceKind::Failed, request.time, row.time));
+                    let failed = slice(
+                        SliceKind::Failed,
+                        request.time,
+                        row.time,
+                        request.seq,
+                        request.site,
+                    );
+                    self.slices.push(failed);
                     return;
                 }
-                match self.locks.owner.get_mut(&lock) {
-                    Some((o, depth)) if *o == tid => *depth += 1,
-                    Some(_) => {
-                        self.anomalies += 1;
-                        return;
-                    }
-                    None => {
-                        self.locks.owner.insert(lock, (tid, 1));
-                    }
+                if !self.may_take(tid, lock, op.shared()) {
+                    self.anomalies += 1;
+                    return;
                 }
-                let mut wait = slice(SliceKind::Wait, request.time, row.time);
+                let mut wait = slice(
+                    SliceKind::Wait,
+                    request.time,
+                    row.time,
+                    request.seq,
+                    request.site,
+                );
                 if request.blocked {
                     // Woken by the release that came last before it.
                     if let Some(&i) = self.locks.last_release.get(&lock) {
@@ -278,38 +394,54 @@ impl Builder {
                 if wait.end > wait.start || wait.woken_by.is_some() {
                     self.slices.push(wait);
                 }
-                let hold = slice(SliceKind::Hold, row.time, u64::MAX);
-                self.locks
-                    .held
-                    .entry(tid)
-                    .or_default()
-                    .push(self.slices.len());
-                self.slices.push(hold);
+                let hold = slice(
+                    SliceKind::Hold,
+                    row.time,
+                    u64::MAX,
+                    request.seq,
+                    request.site,
+                );
+                self.take(tid, lock, op.shared(), hold);
             }
             LockEventKind::Release => {
-                let Some((owner, depth)) = self.locks.owner.get_mut(&lock) else {
+                if !self.give_up(tid, lock, row.time) {
                     self.anomalies += 1;
-                    return;
-                };
-                if *owner != tid {
+                }
+            }
+            LockEventKind::CondWait { cond } => {
+                // The mutex is given up while the thread waits on the
+                // condition variable, which the wait's slice shows.
+                if !self.give_up(tid, lock, row.time) {
+                    self.anomalies += 1;
+                }
+                let mut wait = slice(
+                    SliceKind::CondWait,
+                    row.time,
+                    u64::MAX,
+                    row.seq,
+                    row.caller.unwrap_or(0),
+                );
+                wait.lock = cond;
+                self.first_user.entry(cond).or_insert(tid.0);
+                if self.locks.waiting.insert(tid, self.slices.len()).is_some() {
+                    self.anomalies += 1;
+                }
+                self.slices.push(wait);
+            }
+            LockEventKind::CondWake(_) => {
+                self.wait_ends(tid, row.time);
+                if !self.may_take(tid, lock, false) {
                     self.anomalies += 1;
                     return;
                 }
-                *depth -= 1;
-                if *depth == 0 {
-                    self.locks.owner.remove(&lock);
-                }
-                let held = self.locks.held.entry(tid).or_default();
-                let slices = &self.slices;
-                let Some(at) = held.iter().rposition(|&i| slices[i].lock == lock) else {
-                    self.anomalies += 1;
-                    return;
-                };
-                let i = held.remove(at);
-                self.slices[i].end = row.time;
-                if !self.locks.owner.contains_key(&lock) {
-                    self.locks.last_release.insert(lock, i);
-                }
+                let hold = slice(
+                    SliceKind::Hold,
+                    row.time,
+                    u64::MAX,
+                    row.seq,
+                    row.caller.unwrap_or(0),
+                );
+                self.take(tid, lock, false, hold);
             }
         }
     }
@@ -457,6 +589,48 @@ mod tests {
             .filter(|s| s.tid.1 == lwpid)
             .map(|s| (s.kind, s.start, s.end, s.lane, s.depth))
             .collect()
+    }
+
+    #[test]
+    fn a_condition_variable_wait_is_a_state_of_its_own_and_no_hold() {
+        let b = build(&[
+            row(0, 1, Kind::Lock, 0xa, None),
+            row(0, 1, Kind::LockRet, 0xa, Some(0)),
+            // 1 waits on the condition variable 0xc, giving 0xa up.
+            row(5, 1, Kind::CondWait, 0xa, Some(0xc)),
+            row(10, 2, Kind::Lock, 0xa, None),
+            row(10, 2, Kind::LockRet, 0xa, Some(0)),
+            row(12, 2, Kind::CondSignal, 0xc, None),
+            row(12, 2, Kind::Unlock, 0xa, None),
+            row(14, 1, Kind::CondWaitRet, 0xa, Some(0)),
+            row(20, 1, Kind::Unlock, 0xa, None),
+            row(21, 2, Kind::Barrier, 0xd, None),
+            row(25, 2, Kind::BarrierRet, 0xd, Some(0)),
+            row(26, 2, Kind::SemWait, 0xe, Some(0)),
+            row(28, 2, Kind::SemWaitRet, 0xe, Some(0)),
+            // A trywait waits for nothing: no slice.
+            row(29, 2, Kind::SemWait, 0xe, Some(i64::from(SyncFlags::TRY))),
+            row(29, 2, Kind::SemWaitRet, 0xe, Some(-1)),
+        ]);
+        assert_eq!(b.anomalies, 0);
+        assert_eq!(
+            spans(&b, 1),
+            [
+                (SliceKind::Hold, 0, 5, 0, 0),
+                (SliceKind::CondWait, 5, 14, 0, 0),
+                (SliceKind::Hold, 14, 20, 0, 0)
+            ]
+        );
+        let wait = b.slices.iter().find(|s| s.kind == SliceKind::CondWait);
+        assert_eq!(wait.map(|s| s.lock), Some(0xc));
+        assert_eq!(
+            spans(&b, 2),
+            [
+                (SliceKind::Hold, 10, 12, 0, 0),
+                (SliceKind::Barrier, 21, 25, 0, 0),
+                (SliceKind::Semaphore, 26, 28, 0, 0)
+            ]
+        );
     }
 
     #[test]

@@ -6,8 +6,11 @@
 // visible pixels, not the events.
 (function () {
   const D = JSON.parse(document.getElementById("data").textContent);
-  const KIND = ["wait", "hold", "failed"];
-  const COLOR = { wait: "#e55", hold: "#47c", failed: "#e9a23b", run: "#6a6", sample: "#222" };
+  const KIND = ["wait", "hold", "failed", "condwait", "barrier", "semwait"];
+  const COLOR = {
+    wait: "#e55", hold: "#47c", failed: "#e9a23b", condwait: "#a77bca", barrier: "#8d6e63",
+    semwait: "#26a69a", run: "#6a6", sample: "#222",
+  };
   const LEVEL = 11, RUN = 5, SAMPLE = 4, MAX_LEVELS = 6;
   const rows = D.threads.map((t) => ({ thread: t, slices: [], runs: [], samples: [], instants: [], levels: 1 }));
   const cpu = { runs: [] };
@@ -203,7 +206,11 @@
       if (s[4] >= t - slop && Math.min(MAX_LEVELS - 1, s[6]) === level) best = s;
     }
     if (!best) return null;
-    const what = { wait: "waiting for", hold: "holding", failed: "failed to take" }[KIND[best[1]]];
+    const what = {
+      wait: "waiting for", hold: "holding", failed: "failed to take",
+      condwait: "waiting on condition variable", barrier: "waiting at barrier",
+      semwait: "waiting on semaphore",
+    }[KIND[best[1]]];
     let text = `${what} ${D.locks[best[2]]}\n${at(best[3])} for ${ms(best[4] - best[3])}`;
     if (best[8]) text += " (still open when the events end)";
     if (best[7] >= 0) text += `\nwoken by ${D.threads[best[7]].name}'s release`;

@@ -33,7 +33,9 @@ pub fn write(view: &View, label: &str) -> String {
          details</span></p>\n\
          <p class=\"legend\"><span class=\"run\"></span>running <span class=\"wait\"></span>\
          waiting for a lock <span class=\"hold\"></span>holding a lock <span class=\"failed\">\
-         </span>failed trylock/timedlock <span class=\"sample\"></span>sample</p></header>\n\
+         </span>failed trylock/timedlock <span class=\"condwait\"></span>waiting on a condition \
+         variable <span class=\"barrier\"></span>at a barrier <span class=\"semwait\"></span>on \
+         a semaphore <span class=\"sample\"></span>sample</p></header>\n\
          <div id=\"axis\"><canvas></canvas></div>\n<div id=\"rows\"></div>\n\
          <div id=\"tip\" hidden></div>\n\
          <script id=\"data\" type=\"application/json\">{data}</script>\n\
@@ -44,7 +46,8 @@ pub fn write(view: &View, label: &str) -> String {
 
 /// The document page.js reads. Times are nanoseconds after `origin` (the
 /// window's start, or the first event), rows index `threads`, -1 is none:
-/// - `slices`: [row, kind (0 wait, 1 hold, 2 failed), lock (into `locks`),
+/// - `slices`: [row, kind (0 wait, 1 hold, 2 failed, 3 condition variable
+///   wait, 4 barrier, 5 semaphore), lock or object (into `locks`),
 ///   start, end, stack (into `stacks`), level in the row, the row whose
 ///   release woke it, unfinished (0/1)];
 /// - `runs`: [row, start, end, task name]; `instants`: [row, kind, time];
@@ -94,6 +97,9 @@ fn data(view: &View, label: &str) -> String {
             SliceKind::Wait => 0,
             SliceKind::Hold => 1,
             SliceKind::Failed => 2,
+            SliceKind::CondWait => 3,
+            SliceKind::Barrier => 4,
+            SliceKind::Semaphore => 5,
         };
         let (start, end) = view.window.clip(s.start, s.end);
         let stack = view.slice_stack[i].map_or(-1, |s| s as i64);
