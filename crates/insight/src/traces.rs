@@ -392,6 +392,12 @@ pub fn events_db(arg: Option<&Path>, tool: &str) -> Result<PathBuf> {
 /// The file name of the program a guest command runs, past `env` and its
 /// settings.
 pub fn command_program(command: &[String]) -> Option<String> {
+    program_word(command).map(|w| file_name_of(&w))
+}
+
+/// The word naming the program a guest command runs (a name or a path),
+/// past `env` and its settings.
+fn program_word(command: &[String]) -> Option<String> {
     let mut words = command.iter().map(String::as_str).peekable();
     while let Some(&w) = words.peek() {
         if w == "env" || w.contains('=') || w.starts_with('-') {
@@ -400,20 +406,27 @@ pub fn command_program(command: &[String]) -> Option<String> {
             break;
         }
     }
-    words
-        .next()
-        .map(|w| w.rsplit('/').next().unwrap_or(w).to_owned())
+    words.next().map(str::to_owned)
+}
+
+fn file_name_of(word: &str) -> String {
+    word.rsplit('/').next().unwrap_or(word).to_owned()
 }
 
 /// The program a shell's `-c` script starts with (`sh -c "VAR=1 exec
 /// prog args"`), the process it runs in.
 fn script_program(command: &[String]) -> Option<String> {
+    script_program_word(command).map(|w| file_name_of(&w))
+}
+
+/// The word naming that program.
+fn script_program_word(command: &[String]) -> Option<String> {
     let (shell, rest) = command.split_first()?;
-    let shell = shell.rsplit('/').next().unwrap_or(shell);
+    let shell = file_name_of(shell);
     let [flag, script, ..] = rest else {
         return None;
     };
-    if flag != "-c" || !["sh", "bash", "dash", "ash"].contains(&shell) {
+    if flag != "-c" || !["sh", "bash", "dash", "ash"].contains(&shell.as_str()) {
         return None;
     }
     let words: Vec<String> = script
@@ -423,17 +436,14 @@ fn script_program(command: &[String]) -> Option<String> {
         .filter(|w| *w != "exec")
         .map(str::to_owned)
         .collect();
-    command_program(&words)
+    program_word(&words)
 }
 
-/// The program of the command the trace in `dir` recorded
-/// (`command_program`), as the run's archive (in its header) gave it to
-/// the guest.
-pub fn recorded_program(header: &trace::Header, dir: &Path) -> Result<String> {
-    let mut archive = guestfiles::ArchiveFiles::default();
-    archive.add(&header.boot.archive);
-    let command = archive
-        .file(Path::new(guest::spec::COMMAND_FILE))
+/// The words of a file of the run's archive `/init` reads (the command,
+/// its environment): NUL-separated.
+fn archive_words(archive: &guestfiles::ArchiveFiles, file: &str) -> Vec<String> {
+    archive
+        .file(Path::new(file))
         .map(|bytes| {
             bytes
                 .split(|&b| b == 0)
@@ -441,7 +451,21 @@ pub fn recorded_program(header: &trace::Header, dir: &Path) -> Result<String> {
                 .map(|w| String::from_utf8_lossy(w).into_owned())
                 .collect::<Vec<_>>()
         })
-        .unwrap_or_default();
+        .unwrap_or_default()
+}
+
+/// The run's archive of a trace's header.
+fn run_archive(header: &trace::Header) -> guestfiles::ArchiveFiles<'_> {
+    let mut archive = guestfiles::ArchiveFiles::default();
+    archive.add(&header.boot.archive);
+    archive
+}
+
+/// The program of the command the trace in `dir` recorded
+/// (`command_program`), as the run's archive (in its header) gave it to
+/// the guest.
+pub fn recorded_program(header: &trace::Header, dir: &Path) -> Result<String> {
+    let command = archive_words(&run_archive(header), guest::spec::COMMAND_FILE);
     script_program(&command)
         .or_else(|| command_program(&command))
         .with_context(|| {
@@ -451,6 +475,61 @@ pub fn recorded_program(header: &trace::Header, dir: &Path) -> Result<String> {
                 dir.display()
             )
         })
+}
+
+/// The PATH insight-init gives the command, unless its environment sets
+/// one.
+const INIT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Where the recorded command's program is among the guest's `files`, as
+/// the guest found it: the path the command names (a relative one from
+/// the command's working directory), or its name looked up in the
+/// command's PATH (its environment's, else insight-init's). `None` where
+/// no such file is there (a shell builtin, a program the command never
+/// ran).
+pub fn recorded_program_path(header: &trace::Header, files: &GuestFiles) -> Option<String> {
+    let archive = run_archive(header);
+    let command = archive_words(&archive, guest::spec::COMMAND_FILE);
+    let word = script_program_word(&command).or_else(|| program_word(&command))?;
+    if word.contains('/') {
+        let workdir = archive
+            .file(Path::new(guest::spec::WORKDIR_FILE))
+            .map(|b| String::from_utf8_lossy(b).trim_end_matches('\n').to_owned())
+            .unwrap_or_else(|| "/root".to_owned());
+        let path = normalize(&workdir, &word);
+        return files.get(&path).map(|_| path);
+    }
+    let env = archive_words(&archive, guest::spec::ENV_FILE);
+    let path_var = env
+        .iter()
+        .rev()
+        .find_map(|kv| kv.strip_prefix("PATH="))
+        .unwrap_or(INIT_PATH);
+    path_var
+        .split(':')
+        .filter(|d| d.starts_with('/'))
+        .map(|dir| normalize(dir, &word))
+        .find(|p| files.get(p).is_some())
+}
+
+/// `path` from the directory `dir` (unless it is absolute), with `.`,
+/// `..` and repeated slashes resolved.
+fn normalize(dir: &str, path: &str) -> String {
+    let joined = match path.starts_with('/') {
+        true => path.to_owned(),
+        false => format!("{dir}/{path}"),
+    };
+    let mut parts: Vec<&str> = Vec::new();
+    for part in joined.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            p => parts.push(p),
+        }
+    }
+    format!("/{}", parts.join("/"))
 }
 
 /// The guest's files as a trace's run had them (`header` read from
@@ -653,5 +732,26 @@ mod tests {
         assert_eq!(resolve_in(&store, None).unwrap(), a);
         std::fs::remove_dir_all(&store).unwrap();
         std::fs::remove_dir_all(&elsewhere).unwrap();
+    }
+
+    #[test]
+    fn a_program_word_resolves_from_the_working_directory_or_the_path() {
+        assert_eq!(normalize("/tmp/pr", "./calls"), "/tmp/pr/calls");
+        assert_eq!(normalize("/tmp/pr/", "../x/./y"), "/tmp/x/y");
+        assert_eq!(normalize("/root", "/usr//bin/sh"), "/usr/bin/sh");
+        let words = |ws: &[&str]| ws.iter().map(|w| w.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            program_word(&words(&["env", "A=1", "./prog", "x"])).as_deref(),
+            Some("./prog")
+        );
+        assert_eq!(
+            script_program_word(&words(&["/bin/sh", "-c", "X=1 exec ../bin/prog -v; true"]))
+                .as_deref(),
+            Some("../bin/prog")
+        );
+        assert_eq!(
+            command_program(&words(&["/opt/app/prog"])).as_deref(),
+            Some("prog")
+        );
     }
 }

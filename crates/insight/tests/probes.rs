@@ -420,3 +420,73 @@ fn a_child_is_probed_after_its_parent_ended() {
     assert!(parent_exit < child_first, "{parent_exit} {child_first}");
     let _ = std::fs::remove_dir_all(trace.parent().unwrap());
 }
+
+/// The calls of probe 1 and 2 (`parse`, `fib` of probe_calls) a replay of
+/// `trace` with `probes` counts.
+fn host_program_calls(trace: &Path, probes: &[&str]) -> (u64, u64) {
+    let db = trace.with_extension("db");
+    let mut extra = vec!["--no-console"];
+    for p in probes {
+        extra.extend(["--probe", p]);
+    }
+    expect_status(&replay_into(trace, &db, &extra), 0);
+    let report = report_json("probes", &db, &[]);
+    let calls = |id| probe(&report, id)["calls"].as_u64().unwrap();
+    (calls(1), calls(2))
+}
+
+/// "probe_calls: parse=P fib=F" -> (P, F).
+fn own_calls(stdout: &str) -> (u64, u64) {
+    let line = (stdout.lines())
+        .find_map(|l| l.strip_prefix("probe_calls: "))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    let count = |key: &str| -> u64 {
+        (line.split_whitespace())
+            .find_map(|w| w.strip_prefix(key)?.parse().ok())
+            .unwrap_or_else(|| panic!("no {key} in {line}"))
+    };
+    (count("parse="), count("fib="))
+}
+
+#[test]
+#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
+fn a_program_from_the_host_is_probed_by_name_and_by_path() {
+    guest_ready();
+    let dir = scratch("probes-host");
+    let prog = compile_test_program(&dir, "probe_calls", &["-O1", "-g", "-pthread"]);
+    let path = prog.to_str().unwrap();
+
+    // Recorded by its path from its directory, as users do.
+    let trace = dir.join("by-path");
+    let mut cmd = insight();
+    cmd.current_dir(&dir)
+        .args(["record", "--no-stdin", "-o"])
+        .arg(&trace)
+        .args(["--", "./probe_calls"]);
+    let own = own_calls(&expect_status(&cmd.output().unwrap(), 0));
+    assert_eq!(host_program_calls(&trace, &["parse", "fib"]), own);
+    let by_path = [format!("{path}:parse"), format!("{path}:fib")];
+    let by_path: Vec<&str> = by_path.iter().map(String::as_str).collect();
+    assert_eq!(host_program_calls(&trace, &by_path), own);
+
+    // From a config that puts it on the command's PATH.
+    let config = dir.join("vm.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "command = [\"probe_calls\"]\n[env]\nPATH = \"/opt/app/bin:/usr/bin:/bin\"\n\
+             [[files]]\nhost = \"{path}\"\nguest = \"/opt/app/bin/probe_calls\"\n"
+        ),
+    )
+    .unwrap();
+    let trace = dir.join("by-config");
+    let out = insight()
+        .args(["record", "--no-stdin", "-o"])
+        .arg(&trace)
+        .arg(&config)
+        .output()
+        .unwrap();
+    let own = own_calls(&expect_status(&out, 0));
+    assert_eq!(host_program_calls(&trace, &["parse", "fib"]), own);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

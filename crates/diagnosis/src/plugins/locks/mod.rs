@@ -175,7 +175,11 @@ impl Plugin for Locks {
         if report.locks.is_empty() {
             // Objects loaded: the probe library ran, and the program took
             // no lock; none: it did not run.
-            let probed = cx.db.counts()?.iter().any(|&(k, n)| k == Kind::Symbol && n > 0);
+            let probed = cx
+                .db
+                .counts()?
+                .iter()
+                .any(|&(k, n)| k == Kind::Symbol && n > 0);
             text.push_str(if probed {
                 "(no lock events: the programs took no lock through pthreads)\n"
             } else {

@@ -143,7 +143,12 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
         true => None,
         false => {
             let mut files = traces::guest_files(&reader.header, &trace)?;
-            let program = traces::recorded_program(&reader.header, &trace).unwrap_or_default();
+            // Where the guest found the command's program (a host program
+            // brought to its path, or one on the command's PATH), else its
+            // name.
+            let program = traces::recorded_program_path(&reader.header, &files)
+                .or_else(|| traces::recorded_program(&reader.header, &trace).ok())
+                .unwrap_or_default();
             let plan = probes::plan(probe_specs, &mut files, &program)?;
             eprintln!(
                 "insight: {} probe{} armed in {} and the children they fork (docs/probes.md)",

@@ -75,9 +75,10 @@ pub(crate) fn plan(
     let files = &*files;
     // The executable: the program `in NAME` names, or the recorded
     // command's.
-    let exe_name = match program_named(&specs)? {
-        Some(name) => name,
-        None => program.to_owned(),
+    let exe_name = match (program_named(&specs)?, object_program(&specs)?) {
+        (Some(name), _) => name,
+        (None, Some(path)) => path,
+        (None, None) => program.to_owned(),
     };
     let in_executable = specs.iter().any(|s| s.location.object().is_none());
     if exe_name.is_empty() && in_executable {
@@ -247,6 +248,30 @@ fn program_named(specs: &[ProbeSpec]) -> Result<Option<String>> {
         }
     }
     Ok(named.map(|(_, name)| name.clone()))
+}
+
+/// The program whose own functions probes name by its path
+/// (`/path/prog:func`, an object that is no shared library): they are
+/// probes in that program, as `func in /path/prog` would be. They must
+/// agree, as `in PROGRAM` must.
+fn object_program(specs: &[ProbeSpec]) -> Result<Option<String>> {
+    let mut named: Option<(&ProbeSpec, &str)> = None;
+    let programs = specs.iter().filter_map(|s| {
+        let object = s.location.object()?;
+        (object.starts_with('/') && !file_name(object).contains(".so")).then_some((s, object))
+    });
+    for (spec, path) in programs {
+        match named {
+            Some((first, other)) if other != path => bail!(
+                "probes '{}' and '{}' name functions of different programs: one replay probes \
+                 one program's own functions (replay once per program)",
+                first.text,
+                spec.text
+            ),
+            _ => named = Some((spec, path)),
+        }
+    }
+    Ok(named.map(|(_, path)| path.to_owned()))
 }
 
 /// The guest file of the program `name` (a path, or a name looked up in
