@@ -184,7 +184,7 @@ pub fn record(args: RecordArgs) -> Result<ExitCode> {
             digest_every: args.digest_every,
             user_rdtsc_traps: user_rdtsc_traps()?,
             input,
-            progress: progress_report(&status, "record"),
+            progress: progress_report(&status, "record", None),
             sample_period: args.sample_period.0,
         },
     )

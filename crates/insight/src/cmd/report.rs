@@ -179,6 +179,12 @@ pub struct ProfileArgs {
     /// Also a profile per thread.
     #[arg(long)]
     threads: bool,
+    /// User code only: the samples taken in the guest kernel (or entering
+    /// or leaving it) left out, as a profile of a program alone is
+    /// compared with perf's of it (`perf report --comm PROG` with kernel
+    /// samples excluded).
+    #[arg(long)]
+    user: bool,
     /// Write folded stacks ("thread;caller;...;function COUNT" lines, the
     /// input of flame-graph tools) to FILE.
     #[arg(long, value_name = "FILE")]
@@ -292,6 +298,7 @@ pub fn report(args: ReportArgs) -> Result<ExitCode> {
             let options = profile::ProfileOptions {
                 limit: a.limit,
                 threads: a.threads,
+                user_only: a.user,
             };
             let out = run_one(Box::new(profile::Profile::new(options)), &a.input)?;
             print_output(&out, a.json);

@@ -316,7 +316,7 @@ pub(crate) fn lock_names(
     for pid in pids {
         sym.add_process(pid, cx.db.objects(pid)?);
     }
-    Ok(first_user
+    let mut named: Vec<(u64, String)> = first_user
         .iter()
         .filter_map(|(&lock, &pid)| {
             let name = sym.variable(pid, lock).or_else(|| {
@@ -324,6 +324,26 @@ pub(crate) fn lock_names(
                 Some(format!("init at {}", sym.describe_return(init_pid, site)))
             })?;
             Some((lock, name))
+        })
+        .collect();
+    // Locks a helper initialises (a stripped program's `new_lock`, say)
+    // share its call site: numbered by address, so that no two share a
+    // name.
+    named.sort();
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for (_, name) in &named {
+        *seen.entry(name.clone()).or_insert(0) += 1;
+    }
+    let mut nth: HashMap<String, usize> = HashMap::new();
+    Ok(named
+        .into_iter()
+        .map(|(lock, name)| match seen[&name] {
+            1 => (lock, name),
+            _ => {
+                let n = nth.entry(name.clone()).or_insert(0);
+                *n += 1;
+                (lock, format!("{name} #{n}"))
+            }
         })
         .collect())
 }
@@ -665,6 +685,11 @@ mod tests {
                 row(Kind::LockRet, 0x9000, Some(0x40_2000), Some(0)),
                 row(Kind::Unlock, 0x9000, Some(0x40_2010), None),
                 row(Kind::Lock, 0xa000, Some(0x40_2000), None),
+                // Two locks a helper initialises: one call site.
+                row(Kind::LockInit, 0xb000, Some(0x40_3000), Some(0)),
+                row(Kind::LockInit, 0xc000, Some(0x40_3000), Some(0)),
+                row(Kind::Lock, 0xc000, Some(0x40_2000), None),
+                row(Kind::Lock, 0xb000, Some(0x40_2000), None),
             ],
         );
         let mut plugins: Vec<Box<dyn Plugin>> = vec![Box::new(Locks::new(LocksOptions::default()))];
@@ -682,5 +707,14 @@ mod tests {
         assert_eq!(name("0x9000"), Some(serde_json::json!("init at 0x401233")));
         assert_eq!(name("0xa000"), Some(serde_json::Value::Null));
         assert_eq!(json["locks"][0]["requests"], 1);
+        // Never one name for two locks: numbered by address.
+        assert_eq!(
+            name("0xb000"),
+            Some(serde_json::json!("init at 0x402fff #1"))
+        );
+        assert_eq!(
+            name("0xc000"),
+            Some(serde_json::json!("init at 0x402fff #2"))
+        );
     }
 }

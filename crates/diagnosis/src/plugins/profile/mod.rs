@@ -22,6 +22,9 @@ pub struct ProfileOptions {
     pub limit: usize,
     /// Also a profile per thread.
     pub threads: bool,
+    /// User code only: samples in the guest kernel (or entering or
+    /// leaving it) left out.
+    pub user_only: bool,
 }
 
 impl Default for ProfileOptions {
@@ -29,12 +32,15 @@ impl Default for ProfileOptions {
         ProfileOptions {
             limit: 20,
             threads: false,
+            user_only: false,
         }
     }
 }
 
 pub struct Profile {
     options: ProfileOptions,
+    /// Every SAMPLE event passed, `samples` those profiled.
+    all: u64,
     samples: Vec<Row>,
     stacks: HashMap<u64, Vec<u64>>,
 }
@@ -43,6 +49,7 @@ impl Profile {
     pub fn new(options: ProfileOptions) -> Self {
         Profile {
             options,
+            all: 0,
             samples: Vec::new(),
             stacks: HashMap::new(),
         }
@@ -70,7 +77,11 @@ impl Plugin for Profile {
     }
 
     fn event(&mut self, row: &Row) {
-        self.samples.push(row.clone());
+        self.all += 1;
+        // SAMPLE's value: 0 in user code, else the kernel's time.
+        if !self.options.user_only || row.value == Some(0) {
+            self.samples.push(row.clone());
+        }
     }
 
     fn wants_stacks(&self) -> bool {
@@ -84,12 +95,21 @@ impl Plugin for Profile {
     fn finish(&mut self, cx: &Context) -> Result<Output, PluginError> {
         let p = functions::profile(&self.samples, &self.stacks, cx.db, cx.files)?;
         if p.samples == 0 {
-            return Ok(Output {
-                text: format!(
-                    "No SAMPLE events in {}: replay with --sample-period (threads are sampled \
-                     once their process raised a probe event).\n",
+            let why = if self.all > 0 {
+                format!(
+                    "No samples in user code in {} ({} in the guest kernel)",
+                    cx.label, self.all
+                )
+            } else {
+                format!(
+                    "No SAMPLE events in {}: threads are sampled once their process raised a \
+                     probe event, so record the program with `insight record --probes`, then \
+                     replay with --diagnose profile (or --sample-period)",
                     cx.label
-                ),
+                )
+            };
+            return Ok(Output {
+                text: format!("{why}.\n"),
                 json: Some(serde_json::json!({"samples": 0, "functions": [], "threads": []})),
                 ..Output::default()
             });
@@ -100,10 +120,24 @@ impl Plugin for Profile {
         } else {
             String::new()
         };
-        let mut text = format!(
-            "Profile of {}: {} samples ({} in the guest kernel{boundary})\n\n",
-            cx.label, p.samples, p.kernel
-        );
+        let mut text = match self.options.user_only {
+            true => format!(
+                "Profile of {}, user code only: {} samples ({} more in the guest kernel, {:.1} % \
+                 of all)\n\n",
+                cx.label,
+                p.samples,
+                self.all - p.samples,
+                percent(self.all - p.samples, self.all)
+            ),
+            false => format!(
+                "Profile of {}: {} samples ({} in the guest kernel{boundary}: {:.1} %; \
+                 --user shows user code alone)\n\n",
+                cx.label,
+                p.samples,
+                p.kernel,
+                percent(p.kernel, p.samples)
+            ),
+        };
         text.push_str(&table(&p.rows, p.samples, limit));
         if self.options.threads {
             for t in &p.threads {
@@ -230,9 +264,24 @@ mod tests {
         assert_eq!(json["functions"][0]["samples"], 3);
         assert!(
             out.text
-                .contains("(3 in the guest kernel, 2 of them entering or leaving it)"),
+                .contains("(3 in the guest kernel, 2 of them entering or leaving it: 60.0 %;"),
             "{}",
             out.text
+        );
+        // User code alone: the two user samples, the kernel's share said.
+        let user = ProfileOptions {
+            user_only: true,
+            ..ProfileOptions::default()
+        };
+        let mut plugins: Vec<Box<dyn Plugin>> = vec![Box::new(Profile::new(user))];
+        let out_user = run(&mut plugins, &db.context()).unwrap().remove(0);
+        assert_eq!(out_user.json.as_ref().unwrap()["samples"], 2);
+        assert!(
+            out_user
+                .text
+                .contains("user code only: 2 samples (3 more in the guest kernel, 60.0 % of all)"),
+            "{}",
+            out_user.text
         );
         // No guest files here, so every user frame is [unknown]: the
         // caller, then the function at RIP, then the kernel's time.

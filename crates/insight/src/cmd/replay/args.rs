@@ -24,9 +24,12 @@ pub struct ReplayArgs {
     #[arg(long, value_name = "FILE")]
     pub tx_pcap: Option<PathBuf>,
     /// After replay, run diagnosis tools over the events (written to
-    /// TRACE/events.db unless --events names a file): locks, deadlock,
-    /// profile (samples every 1 ms unless --sample-period says otherwise),
-    /// threads; several separated by commas.
+    /// TRACE/events.db unless --events names a file), several separated by
+    /// commas: locks, deadlock, profile (samples every 1 ms unless
+    /// --sample-period says otherwise), threads, memory (traces the
+    /// command's process), probes (with --probe), timeline (writes its
+    /// page beside the database). `insight report --help` says what each
+    /// tells.
     #[arg(long, value_name = "TOOL,...", value_delimiter = ',', value_parser = report::parse_tool)]
     pub diagnose: Vec<String>,
     /// Find the positions where the recording preempted user code by
@@ -375,6 +378,30 @@ mod tests {
         assert_eq!(parse_segment("2/4"), Ok((2, 4)));
         for bad in ["0/4", "5/4", "2", "a/b", "2/"] {
             assert!(parse_segment(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_diagnose_help_names_every_plugin() {
+        use clap::CommandFactory;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            replay: ReplayArgs,
+        }
+        let cmd = Cli::command();
+        let arg = (cmd.get_arguments())
+            .find(|a| a.get_id() == "diagnose")
+            .expect("--diagnose");
+        let help = (arg.get_long_help().or(arg.get_help()))
+            .map(|h| h.to_string())
+            .unwrap_or_default();
+        for plugin in diagnosis::plugins::registry() {
+            assert!(
+                help.contains(plugin.name()),
+                "--diagnose's help does not name {}",
+                plugin.name()
+            );
         }
     }
 }

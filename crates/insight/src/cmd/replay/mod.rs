@@ -139,6 +139,10 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
     }
     let reader = open_trace(&trace)?;
     let complete = reader.complete.is_some();
+    // A window's end is not the log's: its share is not known.
+    let total = (reader.complete.as_ref())
+        .filter(|_| args.window.to.is_none())
+        .map(super::ProgressTotal::from);
     let probe_plan = match probe_specs.is_empty() {
         true => None,
         false => {
@@ -217,7 +221,7 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
         debug: None,
         probes: probe_plan,
         sent_frames,
-        progress: progress_report(&status, "replay"),
+        progress: progress_report(&status, "replay", total),
     };
     let (session, start) = vmm::builder::replay(reader, options)?;
     for note in &start.notes {
