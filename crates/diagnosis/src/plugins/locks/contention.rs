@@ -12,8 +12,9 @@
 //! - *contended*: acquisitions whose request was blocked;
 //! - *ownership changes*: acquisitions by a thread other than the previous
 //!   owner;
-//! - *hold time*: acquisition to release; *wait time*: request to
-//!   acquisition, in replay time units;
+//! - *hold time*: acquisition to release, and how much of it the holder
+//!   spent off the CPU (switched out, from the context switches); *wait
+//!   time*: request to acquisition, in replay time units;
 //! - *condition waits*: a condition variable's waits on the mutex (from
 //!   the wait's call, which gives the mutex up, to its return, which holds
 //!   it again): time the thread neither held nor waited for the lock.
@@ -62,6 +63,9 @@ pub struct LockStats {
     pub trylock_failures: u64,
     pub timedlock_timeouts: u64,
     pub hold: Durations,
+    /// Of the hold time, how much the holders spent off the CPU (where the
+    /// context switches are known).
+    pub hold_off_cpu: u64,
     pub wait: Durations,
     /// A read-write lock (its calls were pthread_rwlock_*).
     pub rwlock: bool,
@@ -100,13 +104,38 @@ pub struct Anomalies {
     pub out_of_order: u64,
 }
 
+/// A moment of a thread: the time, and how long the thread had been off
+/// the CPU by then (`Contention::switch`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct At {
+    time: u64,
+    off_cpu: u64,
+}
+
+/// A hold that ended: how long, and how much of it the holder spent off
+/// the CPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Held {
+    time: u64,
+    off_cpu: u64,
+}
+
+impl At {
+    fn until(self, end: At) -> Held {
+        Held {
+            time: end.time.saturating_sub(self.time),
+            off_cpu: end.off_cpu.saturating_sub(self.off_cpu),
+        }
+    }
+}
+
 #[derive(Default)]
 struct LockState {
     owner: Option<u32>,
     depth: u32,
-    acquired_at: u64,
+    acquired_at: At,
     /// Threads holding a read lock: how many times, since when.
-    readers: HashMap<u32, (u32, u64)>,
+    readers: HashMap<u32, (u32, At)>,
     /// Threads waiting on a condition variable, the mutex given up: since
     /// when.
     cond_waiting: HashMap<u32, u64>,
@@ -127,7 +156,7 @@ impl LockState {
     /// `thread` takes the lock at `time` (`shared`: for reading): whether
     /// the model allows it (nobody else holds it in a way that excludes
     /// it).
-    fn acquire(&mut self, thread: u32, time: u64, shared: bool) -> bool {
+    fn acquire(&mut self, thread: u32, time: At, shared: bool) -> bool {
         if self.held_by_other(thread, shared) {
             return false;
         }
@@ -145,21 +174,21 @@ impl LockState {
 
     /// `thread` gives the lock up once at `time`: `None` if it held it
     /// not, else how long it held it if that was its last hold.
-    fn release(&mut self, thread: u32, time: u64) -> Option<Option<u64>> {
+    fn release(&mut self, thread: u32, time: At) -> Option<Option<Held>> {
         if self.owner == Some(thread) {
             self.depth -= 1;
             if self.depth > 0 {
                 return Some(None);
             }
             self.owner = None;
-            return Some(Some(time.saturating_sub(self.acquired_at)));
+            return Some(Some(self.acquired_at.until(time)));
         }
         let (count, since) = self.readers.get_mut(&thread)?;
         *count -= 1;
         if *count > 0 {
             return Some(None);
         }
-        let held = time.saturating_sub(*since);
+        let held = since.until(time);
         self.readers.remove(&thread);
         Some(Some(held))
     }
@@ -202,6 +231,9 @@ pub struct Contention {
     report: ContentionReport,
     states: HashMap<u64, LockState>,
     last_time: u64,
+    /// Per thread: how long it was off the CPU so far, and since when it
+    /// is now (from the context switches, where they are given).
+    off_cpu: HashMap<u32, (u64, Option<u64>)>,
 }
 
 impl Contention {
@@ -209,11 +241,34 @@ impl Contention {
         Self::default()
     }
 
+    /// The CPU switched from thread `from` to `to` at `time`: what a
+    /// holder spends off the CPU is counted apart (on the guest's one
+    /// vCPU a holder is preempted by threads that would run elsewhere).
+    pub fn switch(&mut self, from: u32, to: u32, time: u64) {
+        if from != 0 {
+            self.off_cpu.entry(from).or_default().1 = Some(time);
+        }
+        if let Some((total, since)) = self.off_cpu.get_mut(&to) {
+            if let Some(since) = since.take() {
+                *total += time.saturating_sub(since);
+            }
+        }
+    }
+
+    /// `thread`'s moment `time`.
+    fn at(&self, thread: u32, time: u64) -> At {
+        let off_cpu = self.off_cpu.get(&thread).map_or(0, |&(total, since)| {
+            total + since.map_or(0, |s| time.saturating_sub(s))
+        });
+        At { time, off_cpu }
+    }
+
     pub fn push(&mut self, ev: &LockEvent) {
         if ev.time < self.last_time {
             self.report.anomalies.out_of_order += 1;
         }
         self.last_time = self.last_time.max(ev.time);
+        let at = self.at(ev.thread, ev.time);
         let state = self.states.entry(ev.lock).or_default();
         match ev.kind {
             LockEventKind::Request(op) => {
@@ -253,7 +308,7 @@ impl Contention {
                     }
                     return;
                 }
-                if !state.acquire(ev.thread, ev.time, op.shared()) {
+                if !state.acquire(ev.thread, at, op.shared()) {
                     self.report.anomalies.acquired_while_held += 1;
                     return;
                 }
@@ -276,24 +331,16 @@ impl Contention {
                     }
                 }
             }
-            LockEventKind::Release => match state.release(ev.thread, ev.time) {
-                Some(Some(held)) => {
-                    let (l, t) = stats_pair(&mut self.report, ev.lock, ev.thread);
-                    l.hold.add(held);
-                    t.hold.add(held);
-                }
+            LockEventKind::Release => match state.release(ev.thread, at) {
+                Some(Some(held)) => add_hold(&mut self.report, ev, held),
                 Some(None) => {}
                 None => self.report.anomalies.release_without_hold += 1,
             },
             LockEventKind::CondWait { .. } => {
                 // The wait gives the mutex up; it is the thread's own to
                 // give (glibc checks that for error-checking mutexes only).
-                match state.release(ev.thread, ev.time) {
-                    Some(Some(held)) => {
-                        let (l, t) = stats_pair(&mut self.report, ev.lock, ev.thread);
-                        l.hold.add(held);
-                        t.hold.add(held);
-                    }
+                match state.release(ev.thread, at) {
+                    Some(Some(held)) => add_hold(&mut self.report, ev, held),
                     Some(None) => {}
                     None => self.report.anomalies.release_without_hold += 1,
                 }
@@ -306,7 +353,7 @@ impl Contention {
                     self.report.anomalies.return_without_request += 1;
                     return;
                 };
-                if !state.acquire(ev.thread, ev.time, false) {
+                if !state.acquire(ev.thread, at, false) {
                     self.report.anomalies.acquired_while_held += 1;
                     return;
                 }
@@ -338,6 +385,15 @@ pub fn analyze<'a>(events: impl IntoIterator<Item = &'a LockEvent>) -> Contentio
         c.push(ev);
     }
     c.finish()
+}
+
+/// A hold of `ev`'s lock by its thread ended.
+fn add_hold(report: &mut ContentionReport, ev: &LockEvent, held: Held) {
+    let (l, t) = stats_pair(report, ev.lock, ev.thread);
+    for s in [l, t] {
+        s.hold.add(held.time);
+        s.hold_off_cpu = s.hold_off_cpu.saturating_add(held.off_cpu);
+    }
 }
 
 fn stats_pair(
@@ -644,5 +700,35 @@ mod tests {
         rw(&mut s, 1, LockOp::Read);
         rw(&mut s, 2, LockOp::Write);
         assert_eq!(analyze(&s.0).anomalies.acquired_while_held, 1);
+    }
+
+    #[test]
+    fn the_time_a_holder_spends_off_the_cpu_is_counted_apart() {
+        let mut c = Contention::new();
+        let ev = |time, thread, kind| LockEvent {
+            time,
+            thread,
+            lock: 0xa,
+            kind,
+            site: 0,
+            seq: 0,
+        };
+        c.push(&ev(0, 1, LockEventKind::Request(LockOp::Lock)));
+        c.push(&ev(0, 1, LockEventKind::Return(LockOp::Lock, 0)));
+        // 1 is preempted by 2 for 6 of its 10 units of hold; 2's time
+        // off the CPU before is none of the lock's.
+        c.switch(2, 1, 0);
+        c.switch(1, 2, 3);
+        c.switch(2, 1, 9);
+        c.push(&ev(10, 1, LockEventKind::Release));
+        // The idle task is no thread.
+        c.switch(1, 0, 11);
+        c.switch(0, 1, 15);
+        c.push(&ev(16, 1, LockEventKind::Request(LockOp::Lock)));
+        c.push(&ev(16, 1, LockEventKind::Return(LockOp::Lock, 0)));
+        c.push(&ev(18, 1, LockEventKind::Release));
+        let r = c.finish();
+        let l = &r.locks[&0xa];
+        assert_eq!((l.hold.total, l.hold_off_cpu), (12, 6));
     }
 }

@@ -12,7 +12,7 @@ use guestfiles::Symbolizer;
 use crate::event_stacks::EventStacks;
 use crate::from_db::LockEvents;
 use crate::plugin::{Attachment, Context, Output, Plugin, PluginError};
-use crate::render::duration;
+use crate::render::{duration, percent};
 
 pub mod contention;
 pub mod stacks;
@@ -24,7 +24,7 @@ use waits::Waits;
 
 /// The kinds the report reads: the lock events, LOCKINIT, and the other
 /// synchronisation's.
-const KINDS: [Kind; 20] = [
+const KINDS: [Kind; 21] = [
     Kind::Lock,
     Kind::LockRet,
     Kind::TryLock,
@@ -45,6 +45,7 @@ const KINDS: [Kind; 20] = [
     Kind::SemWait,
     Kind::SemWaitRet,
     Kind::SemPost,
+    Kind::ContextSwitch,
 ];
 
 /// How the report is cut.
@@ -129,6 +130,13 @@ impl Plugin for Locks {
     }
 
     fn event(&mut self, row: &Row) {
+        if row.kind == Kind::ContextSwitch {
+            // pid/lwpid switched out; value = lwpid switched in.
+            if let Some(to) = row.value.and_then(|v| u32::try_from(v).ok()) {
+                self.analysis.switch(row.lwpid, to, row.time);
+            }
+            return;
+        }
         self.last_was_request = matches!(
             row.kind,
             Kind::Lock | Kind::TryLock | Kind::TimedLock | Kind::RwLock
@@ -360,7 +368,7 @@ fn times(d: &Durations) -> String {
     )
 }
 
-const COLUMNS: [&str; 11] = [
+const COLUMNS: [&str; 12] = [
     "requests",
     "acquired",
     "blocked",
@@ -369,12 +377,13 @@ const COLUMNS: [&str; 11] = [
     "%",
     "contended",
     "hold tot/avg/max",
+    "of it off-CPU",
     "wait tot/avg/max",
     "cond waits n / total",
     "try-fail/timeout",
 ];
 
-fn cells(s: &LockStats) -> [String; 11] {
+fn cells(s: &LockStats) -> [String; 12] {
     [
         s.requests.to_string(),
         s.acquisitions.to_string(),
@@ -384,6 +393,14 @@ fn cells(s: &LockStats) -> [String; 11] {
         format!("{:.2}", s.ownership_change_percent()),
         s.contended.to_string(),
         times(&s.hold),
+        match s.hold.total {
+            0 => "-".into(),
+            total => format!(
+                "{} ({:.0} %)",
+                duration(s.hold_off_cpu),
+                percent(s.hold_off_cpu, total)
+            ),
+        },
         times(&s.wait),
         match s.cond_waits.count {
             0 => "-".into(),
@@ -411,7 +428,7 @@ fn table(
     names: &HashMap<u64, String>,
     threads: bool,
 ) -> String {
-    let mut rows: Vec<(String, [String; 11])> = Vec::new();
+    let mut rows: Vec<(String, [String; 12])> = Vec::new();
     for (lock, s) in ranked {
         let kind = if s.rwlock { " (rwlock)" } else { "" };
         let label = match names.get(lock) {
@@ -526,12 +543,12 @@ fn csv(
         "lock,name,lwpid,requests,acquired,blocked,blocked_percent,ownership_changes,\
          ownership_change_percent,contended,hold_total_ns,hold_avg_ns,hold_max_ns,\
          wait_total_ns,wait_avg_ns,wait_max_ns,trylock_failures,timedlock_timeouts,\
-         shared_acquisitions,cond_waits,cond_wait_total_ns,cond_timeouts\n",
+         shared_acquisitions,cond_waits,cond_wait_total_ns,cond_timeouts,hold_off_cpu_ns\n",
     );
     let mut line = |lock: u64, thread: Option<u32>, s: &LockStats| {
         let _ = writeln!(
             out,
-            "{lock:#x},{},{},{},{},{},{:.4},{},{:.4},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            "{lock:#x},{},{},{},{},{},{:.4},{},{:.4},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             names.get(&lock).map(String::as_str).unwrap_or(""),
             thread.map(|t| t.to_string()).unwrap_or_default(),
             s.requests,
@@ -552,7 +569,8 @@ fn csv(
             s.shared_acquisitions,
             s.cond_waits.count,
             s.cond_waits.total,
-            s.cond_timeouts
+            s.cond_timeouts,
+            s.hold_off_cpu
         );
     };
     for (lock, s) in ranked {
@@ -580,6 +598,7 @@ fn stats_json(s: &LockStats) -> serde_json::Value {
         "timedlock_timeouts": s.timedlock_timeouts,
         "hold": d(&s.hold),
         "wait": d(&s.wait),
+        "hold_off_cpu_ns": s.hold_off_cpu,
         "rwlock": s.rwlock,
         "shared_acquisitions": s.shared_acquisitions,
         "cond_waits": {"count": s.cond_waits.count, "total_ns": s.cond_waits.total,
