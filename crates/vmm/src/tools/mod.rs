@@ -5,6 +5,7 @@
 //! ([`ReplayTools`]); the vCPU loop never sees them.
 
 pub(crate) mod checkpoints;
+pub mod control;
 pub mod debug;
 pub(crate) mod events;
 pub(crate) mod exec;

@@ -21,10 +21,9 @@ use events::probe_spec::{
 };
 use kvm_bindings::kvm_regs;
 
-use super::debug::{
-    auxv_value, DebugTool, ProbeHit, ProcessChange, ProcessInfo, ProcessSelector, AT_ENTRY,
-    AT_PHDR, AT_PHNUM,
-};
+use super::control::tasks::{auxv_value, AT_ENTRY, AT_PHDR, AT_PHNUM};
+use super::control::{ProcessInfo, ProcessSelector};
+use super::debug::{DebugTool, ProbeHit, ProcessChange};
 use super::events::EventTool;
 use crate::vm::{Machine, VmError};
 

@@ -28,8 +28,10 @@ use std::sync::Arc;
 use kvm_bindings::kvm_regs;
 use vm_memory::GuestMemoryMmap;
 
-use self::breakpoints::Breakpoints;
-use self::tasks::{auxv_at_start, Tasks};
+use super::control::breakpoints::{self, Breakpoints};
+use super::control::tasks::{self, auxv_at_start, Tasks};
+use super::control::watch;
+use super::control::{ProcessInfo, ProcessSelector};
 use super::exec::{exec_call, fork_call, is_kernel_entry};
 use super::frames::{
     self, idt_handler, return_by_iret, set_kernel_breakpoints, ExceptionFrame, BREAKPOINT_VECTOR,
@@ -43,14 +45,9 @@ use introspect::instructions::{self, TF};
 use journal::preempt::state::CR3_ROOT;
 use journal::Entry;
 
-mod breakpoints;
 pub(crate) mod snapshot;
-mod tasks;
-mod watch;
 
 pub use snapshot::Snapshot;
-pub(crate) use tasks::{auxv_value, AT_ENTRY, AT_PHDR, AT_PHNUM};
-pub use tasks::{ProcessInfo, ProcessSelector};
 
 /// RFLAGS.RF, which the CPU sets and clears on its own around faults.
 const RF: u64 = 1 << 16;

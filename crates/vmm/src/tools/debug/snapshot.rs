@@ -16,7 +16,7 @@ use devices::virtio_console::ConsoleState;
 use devices::virtio_net::NetState;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use super::tasks::Tasks;
+use crate::tools::control::tasks::Tasks;
 use crate::vm::state::PointStats;
 use crate::vm::state::{MachineState, VcpuState, VmState};
 use crate::vm::{Machine, VmError};
