@@ -18,8 +18,8 @@ use crate::console::ConsoleInput;
 use crate::points::{PointSearch, PointTaker};
 use crate::session::{LiveRun, ProgressFn, RecordSession, ReplaySession};
 use crate::snapshot_cache::{self, CacheStart, SnapshotError};
-use crate::tools::control::ProcessSelector;
-use crate::tools::debug::{DebugTool, KernelPoints};
+use crate::tools::control::{KernelPoints, ProcessSelector};
+use crate::tools::debug::DebugTool;
 use crate::tools::events::EventTool;
 use crate::tools::probes::{self, ProbePlan, ProbeTool};
 use crate::tools::samples::Sampling;
@@ -427,12 +427,8 @@ pub fn replay(
             return Err(BuildError::ProbesAndTools);
         }
         (events.capture.probes(&probes::probe_rows(plan))).map_err(VmError::from)?;
-        let probe_tool = ProbeTool::new(plan);
-        tools.debug = Some(DebugTool::collecting(kernel_points(
-            &spec.kernel_image,
-            kernel_stack_top,
-        )));
-        tools.probes = Some(probe_tool);
+        let kernel = kernel_points(&spec.kernel_image, kernel_stack_top);
+        tools.probes = Some(ProbeTool::new(plan, kernel));
     }
     if let Some(selector) = options.debug {
         if tools.events.is_some() || tools.tracing.is_some() {

@@ -198,12 +198,10 @@ impl DebugDriver {
         let s = &mut self.session;
         let tool = s.mode.tools.debug.as_mut().expect("debug tool");
         tool.lift_breakpoints(&s.machine.vm.mem);
-        let taken = Snapshot::take(
+        let taken = tool.take_snapshot(
             &mut s.machine,
-            ordinal,
             s.mode.log.position(),
             s.mode.points.stats,
-            &tool.tasks,
             self.snapshots.last(),
         );
         tool.sync_breakpoints(&s.machine);

@@ -23,7 +23,7 @@ use super::threads::run_on_vcpu_thread;
 use crate::boot_snapshot::{self, SnapshotRestored};
 use crate::points::{Found, PointCounts, PointSearch, SampleStats};
 use crate::tools::checkpoints::{self, CheckpointTaker, RestoredFrom};
-use crate::tools::debug::Resume;
+use crate::tools::control::Advance;
 use crate::tools::exec;
 use crate::tools::samples::Sampling;
 use crate::tools::{CheckpointEvery, CheckpointRestored, ReplayTools};
@@ -146,7 +146,12 @@ impl ReplaySession {
         }
         if let (Some(debug), Some(gpa)) = (&mut self.mode.tools.debug, m.vm.status.switch_ring_gpa)
         {
-            debug.tasks.ring_announced(&m.vm.mem, gpa);
+            debug.ring_announced(&m.vm.mem, gpa);
+        }
+        if let (Some(probes), Some(gpa)) =
+            (&mut self.mode.tools.probes, m.vm.status.switch_ring_gpa)
+        {
+            probes.ring_announced(&m.vm.mem, gpa);
         }
         Ok(Some(restored))
     }
@@ -221,11 +226,11 @@ impl ReplaySession {
 }
 
 impl ReplaySession {
-    /// Arms the probes given at replay: the debugger's engine collects
-    /// their hits to the replay's end.
+    /// Arms the probes given at replay: their engine collects their hits
+    /// to the replay's end.
     pub(crate) fn collect_probes(&mut self) -> Result<(), VmError> {
-        if let Some(debug) = &mut self.mode.tools.debug {
-            debug.resume(&mut self.machine, Resume::Collect)?;
+        if let Some(probes) = &mut self.mode.tools.probes {
+            probes.start(&mut self.machine)?;
         }
         Ok(())
     }
@@ -244,10 +249,11 @@ impl Replaying {
         if let Some(debug) = &mut self.tools.debug {
             debug.lift_breakpoints(&m.vm.mem);
         }
-        let armed = arm(&mut self.points, m, &mut self.log);
-        if let Some(debug) = &mut self.tools.debug {
-            debug.patched(m, self.points.patched_code());
+        if let Some(probes) = &mut self.tools.probes {
+            probes.lift_breakpoints(&m.vm.mem);
         }
+        let armed = arm(&mut self.points, m, &mut self.log);
+        self.patched(m, self.points.patched_code());
         armed
     }
 
@@ -255,8 +261,18 @@ impl Replaying {
     /// search ended): the debugger's breakpoints go back where it was.
     fn patch_changed(&mut self, m: &Machine, before: Option<(u64, u64, u64)>) {
         let now = self.points.patched_code();
-        if let (Some(debug), true) = (&mut self.tools.debug, now != before) {
+        if now != before {
+            self.patched(m, now);
+        }
+    }
+
+    /// The code a trampoline patches is `now`: the breakpoints stay out.
+    fn patched(&mut self, m: &Machine, now: Option<(u64, u64, u64)>) {
+        if let Some(debug) = &mut self.tools.debug {
             debug.patched(m, now);
+        }
+        if let Some(probes) = &mut self.tools.probes {
+            probes.patched(m, now);
         }
     }
 
@@ -460,16 +476,18 @@ impl Mode for Replaying {
     }
 
     fn debug_armed(&self) -> bool {
-        self.tools.debug.is_some() || self.tools.tracing.as_ref().is_some_and(|t| t.armed())
+        self.tools.debug.is_some()
+            || self.tools.probes.is_some()
+            || self.tools.tracing.as_ref().is_some_and(|t| t.armed())
     }
 
     fn debug_exit(&mut self, m: &mut Machine) -> Result<(), VmError> {
         if let Some(debug) = &mut self.tools.debug {
-            debug.debug_exit(m, &self.points)?;
-            if let (Some(probes), Some(events)) = (&mut self.tools.probes, &mut self.tools.events) {
-                probes.collect(m, debug, events, self.log.event_ns())?;
-            }
-            return Ok(());
+            return debug.debug_exit(m, &self.points);
+        }
+        if let Some(probes) = &mut self.tools.probes {
+            let ns = self.log.event_ns();
+            return probes.debug_exit(m, &self.points, self.tools.events.as_mut(), ns);
         }
         if let (Some(tracer), Some(events)) = (&mut self.tools.tracing, &mut self.tools.events) {
             // Its accesses happened at the time events raised now would
@@ -513,21 +531,29 @@ impl Mode for Replaying {
         // not: a traced process runs with it, and the debugger steps a
         // thread with it (through the trampoline, when a step starts at
         // the point's position).
-        let stepped = self.tools.tracing.is_some() || self.tools.debug.is_some();
+        let stepped = self.tools.tracing.is_some()
+            || self.tools.debug.is_some()
+            || self.tools.probes.is_some();
         let ignored = if stepped { TF } else { 0 };
-        let written = self
-            .tools
-            .debug
-            .as_ref()
-            .map(|d| d.breakpoints.originals())
+        let mut written = (self.tools.debug.as_ref())
+            .map(|d| d.originals())
             .unwrap_or_default();
+        written.extend(
+            (self.tools.probes.as_ref())
+                .map(|p| p.originals())
+                .unwrap_or_default(),
+        );
         match self.points.store(m, &mut self.log, ignored, &written)? {
             Found::NotOurs => Ok(Claimed::NotOurs),
             Found::Passed => Ok(Claimed::Passed),
             Found::Point => {
                 if let Some(debug) = &mut self.tools.debug {
                     debug.patched(m, None);
-                    debug.advanced(m, None, &self.log.position())?;
+                    debug.advanced(m, Advance::Point, &self.log.position())?;
+                }
+                if let Some(probes) = &mut self.tools.probes {
+                    probes.patched(m, None);
+                    probes.advanced(m, Advance::Point, None)?;
                 }
                 Ok(Claimed::Reached)
             }
@@ -539,9 +565,7 @@ impl Mode for Replaying {
                 }
                 self.search_next(m, true)?;
                 // The mark's patch is out: breakpoints may go back there.
-                if let Some(debug) = &mut self.tools.debug {
-                    debug.patched(m, self.points.patched_code());
-                }
+                self.patched(m, self.points.patched_code());
                 Ok(Claimed::Passed)
             }
         }
@@ -569,7 +593,6 @@ impl Mode for Replaying {
         let patched = self.points.patched_code();
         self.points.abandon_mark(m);
         self.patch_changed(m, patched);
-        let debug_entry = self.tools.debug.as_ref().map(|_| entry.clone());
         let kernel_entry = exec::is_kernel_entry(&entry);
         self.log.exit(entry, regs)?;
         // The virtio console writes at its transmit notification: the
@@ -582,11 +605,12 @@ impl Mode for Replaying {
                 tracer.kernel_entry(m, events, self.tools.kernel_stack_top)?;
             }
         }
+        let advance = Advance::Exit { kernel_entry };
         if let Some(debug) = &mut self.tools.debug {
-            debug.advanced(m, debug_entry.as_ref(), &self.log.position())?;
-            if let (Some(probes), Some(events)) = (&mut self.tools.probes, &mut self.tools.events) {
-                probes.advanced(m, debug, events)?;
-            }
+            debug.advanced(m, advance, &self.log.position())?;
+        }
+        if let Some(probes) = &mut self.tools.probes {
+            probes.advanced(m, advance, self.tools.events.as_mut())?;
         }
         Ok(())
     }
@@ -613,6 +637,9 @@ impl Mode for Replaying {
         if let (Some(debug), EventRaiser::Kernel) = (&mut self.tools.debug, raiser) {
             debug.kernel_event(m)?;
         }
+        if let (Some(probes), EventRaiser::Kernel) = (&mut self.tools.probes, raiser) {
+            probes.kernel_event(m)?;
+        }
         match &mut self.tools.events {
             Some(events) => events.raised(m, raiser, ns),
             None => Ok(()),
@@ -627,7 +654,10 @@ impl Mode for Replaying {
             events.attach_switch_ring(&m.vm.mem, gpa);
         }
         if let Some(debug) = &mut self.tools.debug {
-            debug.tasks.ring_announced(&m.vm.mem, gpa);
+            debug.ring_announced(&m.vm.mem, gpa);
+        }
+        if let Some(probes) = &mut self.tools.probes {
+            probes.ring_announced(&m.vm.mem, gpa);
         }
     }
 
@@ -638,7 +668,11 @@ impl Mode for Replaying {
     /// no events empties the ring unread.
     fn gate_modes(&self) -> (probe_gate::GateMode, probe_gate::GateMode) {
         let t = &self.tools;
-        let gate = if t.debug.is_none() && t.tracing.is_none() && !self.event_exits {
+        let gate = if t.debug.is_none()
+            && t.probes.is_none()
+            && t.tracing.is_none()
+            && !self.event_exits
+        {
             probe_gate::GateMode::Ring
         } else {
             probe_gate::GateMode::Exit

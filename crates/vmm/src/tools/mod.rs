@@ -49,6 +49,6 @@ pub(crate) struct ReplayTools {
     pub(crate) kernel_stack_top: Option<u64>,
     /// A debugger's hold on one process.
     pub(crate) debug: Option<debug::DebugTool>,
-    /// Probes given at replay (with `debug`, collecting, and `events`).
+    /// Probes given at replay (with `events`).
     pub(crate) probes: Option<probes::ProbeTool>,
 }

@@ -1,7 +1,7 @@
 //! Probes given at replay (`insight replay --probe`, docs/probes.md):
-//! breakpoints the debugger's engine puts in one process's code
-//! (`DebugTool::collecting`), whose hits become PROBE and PROBE_RET
-//! events with the values each probe captures. Nothing of this exists
+//! breakpoints a process-control engine of their own (`tools::control`)
+//! puts in the code of the processes they go into, whose hits become
+//! PROBE and PROBE_RET events with the values each probe captures. Nothing of this exists
 //! while recording: the replay alone pays, two exits a hit (the `int3`,
 //! and the step over the instruction under it).
 //!
@@ -22,9 +22,12 @@ use events::probe_spec::{
 use kvm_bindings::kvm_regs;
 
 use super::control::tasks::{auxv_value, AT_ENTRY, AT_PHDR, AT_PHNUM};
-use super::control::{ProcessInfo, ProcessSelector};
-use super::debug::{DebugTool, ProbeHit, ProcessChange};
+use super::control::{
+    Advance, Arming, BreakpointHit, Control, KernelPoints, ProcessInfo, ProcessSelector, Scope,
+    Supervisor, Verdict,
+};
 use super::events::EventTool;
+use crate::points::PointSearch;
 use crate::vm::{Machine, VmError};
 
 /// The probes a replay arms, resolved against the recording's files.
@@ -119,8 +122,172 @@ struct Followed {
     return_sites: HashMap<u64, usize>,
 }
 
-/// The probes' state in a replay.
+/// A breakpoint hit of a followed process: the thread and its user
+/// registers at the breakpoint's address, the instruction not run yet.
+#[derive(Clone, Copy, Debug)]
+struct ProbeHit {
+    pid: u32,
+    lwpid: u32,
+    /// The address space of its process.
+    cr3: u64,
+    /// The address space of the followed process whose breakpoint it is:
+    /// `cr3`, or its parent's for a child it forked.
+    space: u64,
+    regs: kvm_regs,
+}
+
+/// What the engine tells of the guest's processes.
+#[derive(Clone, Debug)]
+enum ProcessChange {
+    /// A process started a program (at its first instruction, nothing of
+    /// it run yet).
+    Started(ProcessInfo),
+    /// A followed process ended, or executed another program (whose start
+    /// comes next).
+    Ended { cr3: u64 },
+    /// A followed process (its address space `parent`) forked a child,
+    /// followed from its first return to user mode: its memory is a copy
+    /// of its parent's.
+    Forked { pid: u32, cr3: u64, parent: u64 },
+}
+
+/// The engine's supervisor for the probes: every thread passes its
+/// breakpoints, each hit of a followed process kept with its registers,
+/// and the process changes with them, until the tool looks.
+#[derive(Default)]
+struct Collected {
+    hits: Vec<ProbeHit>,
+    changes: Vec<ProcessChange>,
+}
+
+impl Supervisor for Collected {
+    fn breakpoint(&mut self, _control: &Control, hit: &BreakpointHit) -> Verdict {
+        if let (Some(space), Some((pid, lwpid))) = (hit.space, hit.task) {
+            self.hits.push(ProbeHit {
+                pid,
+                lwpid,
+                cr3: hit.cr3,
+                space,
+                regs: hit.regs,
+            });
+        }
+        Verdict::Pass
+    }
+
+    fn started(
+        &mut self,
+        _control: &Control,
+        _m: &Machine,
+        process: &ProcessInfo,
+    ) -> Result<(), VmError> {
+        self.changes.push(ProcessChange::Started(process.clone()));
+        Ok(())
+    }
+
+    fn ended(&mut self, cr3: u64) {
+        self.changes.push(ProcessChange::Ended { cr3 });
+    }
+
+    fn forked(&mut self, pid: u32, cr3: u64, parent: u64) {
+        self.changes
+            .push(ProcessChange::Forked { pid, cr3, parent });
+    }
+}
+
+/// The probes' tool on a replay: an engine of its own, which tells every
+/// program a process starts and follows the processes the probes go
+/// into, and the probes' state, which makes the hits events.
 pub(crate) struct ProbeTool {
+    control: Control,
+    collected: Collected,
+    state: ProbeState,
+}
+
+impl ProbeTool {
+    pub(crate) fn new(plan: &ProbePlan, kernel: KernelPoints) -> Self {
+        ProbeTool {
+            control: Control::new(Scope::Every, kernel),
+            collected: Collected::default(),
+            state: ProbeState::new(plan),
+        }
+    }
+
+    /// The replay is ready to run: the engine follows programs and
+    /// collects hits from here to the replay's end, never stopping.
+    pub(crate) fn start(&mut self, m: &mut Machine) -> Result<(), VmError> {
+        self.control.prepare(m, Arming::OWN, None)?;
+        self.control.update_returns(m)
+    }
+
+    /// After every deterministic exit and asynchronous point (`advance`):
+    /// the engine moves on; after an exit, the processes followed are
+    /// looked at (`ProbeState::advanced`).
+    pub(crate) fn advanced(
+        &mut self,
+        m: &mut Machine,
+        advance: Advance,
+        events: Option<&mut EventTool>,
+    ) -> Result<(), VmError> {
+        let c = &mut self.control;
+        c.advanced(m, advance, &mut self.collected)?;
+        c.settle(m, Arming::OWN)?;
+        match (advance, events) {
+            (Advance::Exit { .. }, Some(events)) => {
+                let changes = std::mem::take(&mut self.collected.changes);
+                self.state.advanced(m, c, changes, events)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// A debug exit: one of the engine's kernel breakpoints; the hits it
+    /// collected become events at the replay's event time `ns`.
+    pub(crate) fn debug_exit(
+        &mut self,
+        m: &mut Machine,
+        search: &PointSearch,
+        events: Option<&mut EventTool>,
+        ns: u64,
+    ) -> Result<(), VmError> {
+        let c = &mut self.control;
+        c.debug_exit(m, search, &mut self.collected)?;
+        let Some(events) = events else {
+            return Ok(());
+        };
+        let changes = std::mem::take(&mut self.collected.changes);
+        let hits = std::mem::take(&mut self.collected.hits);
+        self.state.collect(m, c, changes, hits, events, ns)
+    }
+
+    /// The guest kernel raised an event: a followed process may have
+    /// ended.
+    pub(crate) fn kernel_event(&mut self, m: &mut Machine) -> Result<(), VmError> {
+        self.control.kernel_event(m, &mut self.collected)
+    }
+
+    /// A trampoline's patch covers `patched` now (`None`: no more).
+    pub(crate) fn patched(&mut self, m: &Machine, patched: Option<(u64, u64, u64)>) {
+        self.control.patched(m, patched);
+    }
+
+    /// Takes every breakpoint out of guest memory.
+    pub(crate) fn lift_breakpoints(&mut self, mem: &vm_memory::GuestMemoryMmap) {
+        self.control.lift_breakpoints(mem);
+    }
+
+    /// The original bytes of the breakpoints in guest memory.
+    pub(crate) fn originals(&self) -> Vec<(u64, Vec<u8>)> {
+        self.control.originals()
+    }
+
+    /// The guest kernel announced its context-switch ring at `gpa`.
+    pub(crate) fn ring_announced(&mut self, mem: &vm_memory::GuestMemoryMmap, gpa: u64) {
+        self.control.ring_announced(mem, gpa);
+    }
+}
+
+/// The probes' state in a replay.
+struct ProbeState {
     probes: Vec<PlannedProbe>,
     exe_path: String,
     exe_entry: u64,
@@ -132,9 +299,9 @@ pub(crate) struct ProbeTool {
     announced: Vec<u32>,
 }
 
-impl ProbeTool {
-    pub(crate) fn new(plan: &ProbePlan) -> Self {
-        ProbeTool {
+impl ProbeState {
+    fn new(plan: &ProbePlan) -> Self {
+        ProbeState {
             probes: plan.probes.clone(),
             exe_path: plan.exe_path.clone(),
             exe_entry: plan.exe_entry,
@@ -144,27 +311,28 @@ impl ProbeTool {
         }
     }
 
-    /// Turns the hits the debugger's engine collected into events, at
-    /// the replay's event time `ns`. The hit thread still stands where it
-    /// hit (nothing ran since).
-    pub(crate) fn collect(
+    /// Turns the hits the engine collected into events, at the replay's
+    /// event time `ns`, after the process changes told with them. The hit
+    /// thread still stands where it hit (nothing ran since).
+    fn collect(
         &mut self,
         m: &mut Machine,
-        debug: &mut DebugTool,
+        control: &mut Control,
+        changes: Vec<ProcessChange>,
+        hits: Vec<ProbeHit>,
         events: &mut EventTool,
         ns: u64,
     ) -> Result<(), VmError> {
-        let mut changed = self.processes_changed(debug);
-        let hits = debug.take_probe_hits();
+        let mut changed = self.processes_changed(control, changes);
         for hit in &hits {
-            self.announce(m, debug, events, hit)?;
+            self.announce(m, control, events, hit)?;
         }
         for hit in hits {
-            changed |= self.returned(m, debug, events, ns, &hit)?;
-            changed |= self.entered(m, debug, events, ns, &hit)?;
+            changed |= self.returned(m, control, events, ns, &hit)?;
+            changed |= self.entered(m, control, events, ns, &hit)?;
         }
         if changed {
-            debug.breakpoints_changed(m)?;
+            control.breakpoints_changed(m)?;
         }
         Ok(())
     }
@@ -173,13 +341,13 @@ impl ProbeTool {
     /// a process that executes a program some probes go into is
     /// followed, with the breakpoints of its executable's probes in
     /// place before its first instruction. Whether breakpoints changed.
-    fn processes_changed(&mut self, debug: &mut DebugTool) -> bool {
+    fn processes_changed(&mut self, control: &mut Control, changes: Vec<ProcessChange>) -> bool {
         let mut changed = false;
-        for change in debug.take_process_changes() {
+        for change in changes {
             match change {
-                ProcessChange::Started(info) => changed |= self.started(debug, &info),
+                ProcessChange::Started(info) => changed |= self.started(control, &info),
                 ProcessChange::Forked { pid, cr3, parent } => {
-                    changed |= self.forked(debug, pid, cr3, parent)
+                    changed |= self.forked(control, pid, cr3, parent)
                 }
                 ProcessChange::Ended { cr3 } => {
                     self.followed.remove(&cr3);
@@ -193,7 +361,7 @@ impl ProbeTool {
         changed
     }
 
-    fn started(&mut self, debug: &mut DebugTool, info: &ProcessInfo) -> bool {
+    fn started(&mut self, control: &mut Control, info: &ProcessInfo) -> bool {
         let exe_file = self.exe_path.rsplit('/').next().unwrap_or(&self.exe_path);
         let runs_program = crate::tools::exec::program_named(&info.exe, exe_file);
         let probes: Vec<bool> = (self.probes.iter())
@@ -205,13 +373,13 @@ impl ProbeTool {
         let bias = auxv_value(&info.auxv, AT_ENTRY)
             .map(|e| e.wrapping_sub(self.exe_entry))
             .filter(|_| runs_program);
-        debug.follow(info.pid, info.cr3);
+        control.follow(info.pid, info.cr3);
         let mut changed = false;
         if let Some(bias) = bias.filter(|_| runs_program) {
             for (_, p) in
                 (self.probes.iter().enumerate()).filter(|&(i, p)| probes[i] && p.object.is_none())
             {
-                debug.add_breakpoint_in(info.cr3, p.site.wrapping_add(bias));
+                control.add_breakpoint_in(info.cr3, p.site.wrapping_add(bias));
                 changed = true;
             }
         }
@@ -240,9 +408,9 @@ impl ProbeTool {
     /// A followed process forked a child, now on its own: the same probes
     /// go into it, at the same addresses, while it runs (also after its
     /// parent ended).
-    fn forked(&mut self, debug: &mut DebugTool, pid: u32, cr3: u64, parent: u64) -> bool {
+    fn forked(&mut self, control: &mut Control, pid: u32, cr3: u64, parent: u64) -> bool {
         let Some(p) = self.followed.get(&parent) else {
-            debug.unfollow(pid);
+            control.unfollow(pid);
             return false;
         };
         let child = Followed {
@@ -260,7 +428,7 @@ impl ProbeTool {
         let bases = bases(&self.probes, &child);
         for (probe, base) in self.probes.iter().zip(&bases) {
             if let Some(base) = base {
-                debug.add_breakpoint_in(cr3, probe.site.wrapping_add(*base));
+                control.add_breakpoint_in(cr3, probe.site.wrapping_add(*base));
             }
         }
         self.followed.insert(cr3, child);
@@ -273,7 +441,7 @@ impl ProbeTool {
     fn announce(
         &mut self,
         m: &Machine,
-        debug: &DebugTool,
+        control: &Control,
         events: &mut EventTool,
         hit: &ProbeHit,
     ) -> Result<(), VmError> {
@@ -289,7 +457,7 @@ impl ProbeTool {
         };
         events.executable_seen(hit.pid, bias, &f.exe)?;
         if let Some(dynamic) = f.dynamic {
-            let read = |va, buf: &mut [u8]| debug.read_in(m, hit.cr3, va, buf);
+            let read = |va, buf: &mut [u8]| control.read_in(m, hit.cr3, va, buf);
             for (path, base) in loaded_libraries(&read, dynamic) {
                 if !path.is_empty() {
                     events.executable_seen(hit.pid, base, &path)?;
@@ -305,22 +473,23 @@ impl ProbeTool {
     /// executable's `DT_DEBUG`) is read, and the probes of the libraries
     /// found in it go in, with the libraries' objects for stacks and
     /// symbols.
-    pub(crate) fn advanced(
+    fn advanced(
         &mut self,
         m: &mut Machine,
-        debug: &mut DebugTool,
+        control: &mut Control,
+        changes: Vec<ProcessChange>,
         events: &mut EventTool,
     ) -> Result<(), VmError> {
-        let mut added = self.processes_changed(debug);
+        let mut added = self.processes_changed(control, changes);
         let mut unfollowed = Vec::new();
         // Only a process's own tasks change its memory's headers and list.
-        let current = debug.current_pid();
+        let current = control.current_pid();
         for (&cr3, f) in &mut self.followed {
             if current != Some(f.pid) {
                 continue;
             }
             if !f.headers_read {
-                let read = |va, buf: &mut [u8]| debug.read_in(m, cr3, va, buf);
+                let read = |va, buf: &mut [u8]| control.read_in(m, cr3, va, buf);
                 let Some((bias, dynamic)) = loaded_program(&read, &f.auxv) else {
                     continue;
                 };
@@ -345,7 +514,7 @@ impl ProbeTool {
             if !waiting {
                 continue;
             }
-            let found = loaded_libraries(&|va, buf| debug.read_in(m, cr3, va, buf), dynamic);
+            let found = loaded_libraries(&|va, buf| control.read_in(m, cr3, va, buf), dynamic);
             for (path, base) in found {
                 if path.is_empty() || f.libraries.iter().any(|l| l.0 == path) {
                     continue;
@@ -356,7 +525,7 @@ impl ProbeTool {
                 for (_, probe) in (self.probes.iter().enumerate()).filter(|&(i, p)| {
                     f.probes[i] && p.object.as_deref().is_some_and(|o| same_object(&path, o))
                 }) {
-                    debug.add_breakpoint_in(cr3, base.wrapping_add(probe.site));
+                    control.add_breakpoint_in(cr3, base.wrapping_add(probe.site));
                     added = true;
                 }
                 f.libraries.push((path, base));
@@ -364,10 +533,10 @@ impl ProbeTool {
         }
         for (cr3, pid) in unfollowed {
             self.followed.remove(&cr3);
-            debug.unfollow(pid);
+            control.unfollow(pid);
         }
         if added {
-            debug.breakpoints_changed(m)?;
+            control.breakpoints_changed(m)?;
         }
         Ok(())
     }
@@ -377,7 +546,7 @@ impl ProbeTool {
     fn entered(
         &mut self,
         m: &Machine,
-        debug: &mut DebugTool,
+        control: &mut Control,
         events: &mut EventTool,
         ns: u64,
         hit: &ProbeHit,
@@ -394,7 +563,7 @@ impl ProbeTool {
             };
             let reader = Reader {
                 m,
-                debug,
+                control,
                 cr3: hit.cr3,
                 bias,
             };
@@ -438,7 +607,7 @@ impl ProbeTool {
                     let f = self.followed.get_mut(&hit.space).expect("followed");
                     let waiting = f.return_sites.entry(returns_to).or_insert(0);
                     if *waiting == 0 {
-                        debug.add_breakpoint_in(hit.space, returns_to);
+                        control.add_breakpoint_in(hit.space, returns_to);
                         added = true;
                     }
                     *waiting += 1;
@@ -453,7 +622,7 @@ impl ProbeTool {
     fn returned(
         &mut self,
         m: &Machine,
-        debug: &mut DebugTool,
+        control: &mut Control,
         events: &mut EventTool,
         ns: u64,
         hit: &ProbeHit,
@@ -489,7 +658,7 @@ impl ProbeTool {
             if *waiting == 0 {
                 f.return_sites.remove(&call.returns_to);
                 if !is_site(call.returns_to) {
-                    debug.remove_breakpoint_in(hit.space, call.returns_to);
+                    control.remove_breakpoint_in(hit.space, call.returns_to);
                 }
                 removed = true;
             }
@@ -502,7 +671,7 @@ impl ProbeTool {
             let bias = bases[call.probe].unwrap_or(0);
             let reader = Reader {
                 m,
-                debug,
+                control,
                 cr3: hit.cr3,
                 bias,
             };
@@ -552,14 +721,14 @@ fn taken_at(item: &CaptureItem, at: ProbeAt) -> Phase {
 /// the load bias of the probe's object.
 struct Reader<'a> {
     m: &'a Machine,
-    debug: &'a DebugTool,
+    control: &'a Control,
     cr3: u64,
     bias: u64,
 }
 
 impl Reader<'_> {
     fn read(&self, va: u64, buf: &mut [u8]) -> usize {
-        self.debug.read_in(self.m, self.cr3, va, buf)
+        self.control.read_in(self.m, self.cr3, va, buf)
     }
 
     fn read_u64(&self, va: u64) -> Option<u64> {
