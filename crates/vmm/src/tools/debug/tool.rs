@@ -14,7 +14,9 @@ use crate::points::PointSearch;
 use crate::tools::control::{
     Advance, Control, KernelPoints, ProcessInfo, ProcessSelector, Scope, ThreadRegs,
 };
-use crate::vm::{Machine, VmError};
+use crate::tools::tool::{Context, ReplayTool};
+use crate::vm::{Claimed, Machine, VmError};
+use devices::control::EventRaiser;
 
 /// The debugger's tool on a replay session.
 pub struct DebugTool {
@@ -298,5 +300,111 @@ impl DebugTool {
         self.at_exit = true;
         self.snapshot_taken();
         Ok(())
+    }
+}
+
+/// The debugger on the replay: it pauses the run at its stops and
+/// snapshots, moves its engine on at every exit and point, takes the
+/// debug exits, the writes to watched pages and the kernel's events, and
+/// keeps its breakpoints out of a trampoline's code.
+impl ReplayTool for DebugTool {
+    fn pause(&mut self, after_exit: bool) -> bool {
+        DebugTool::pause(self, after_exit)
+    }
+
+    fn exit(
+        &mut self,
+        cx: &mut Context,
+        m: &mut Machine,
+        kernel_entry: bool,
+    ) -> Result<(), VmError> {
+        self.advanced(m, Advance::Exit { kernel_entry }, &cx.log.position())
+    }
+
+    fn point_reached(&mut self, cx: &mut Context, m: &mut Machine) -> Result<(), VmError> {
+        self.advanced(m, Advance::Point, &cx.log.position())
+    }
+
+    fn event_raised(
+        &mut self,
+        _cx: &mut Context,
+        m: &mut Machine,
+        raiser: EventRaiser,
+    ) -> Result<(), VmError> {
+        match raiser {
+            EventRaiser::Kernel => self.kernel_event(m),
+            _ => Ok(()),
+        }
+    }
+
+    fn debug_armed(&self) -> bool {
+        true
+    }
+
+    fn debug_exit(&mut self, cx: &mut Context, m: &mut Machine) -> Result<Option<u64>, VmError> {
+        DebugTool::debug_exit(self, m, cx.points)?;
+        Ok(Some(0))
+    }
+
+    fn claims(&self, gpa: u64) -> bool {
+        DebugTool::claims(self, gpa)
+    }
+
+    fn store(
+        &mut self,
+        _cx: &mut Context,
+        m: &mut Machine,
+        gpa: u64,
+        data: &[u8],
+    ) -> Result<Option<Claimed>, VmError> {
+        if !DebugTool::claims(self, gpa) {
+            return Ok(None);
+        }
+        self.watched_write(m, gpa, data)?;
+        Ok(Some(Claimed::Passed))
+    }
+
+    /// The watches are looked at once, whichever watched pages it wrote.
+    fn wrote_for_guest(
+        &mut self,
+        _cx: &mut Context,
+        m: &mut Machine,
+        written: &[u64],
+    ) -> Result<(), VmError> {
+        if !written.iter().any(|&gpa| DebugTool::claims(self, gpa)) {
+            return Ok(());
+        }
+        self.written_for_guest(m)
+    }
+
+    fn unemulated(&mut self, _cx: &mut Context, m: &mut Machine) -> Result<bool, VmError> {
+        DebugTool::unemulated(self, m)
+    }
+
+    fn switch_ring_announced(&mut self, m: &Machine, gpa: u64) {
+        self.ring_announced(&m.vm.mem, gpa);
+    }
+
+    fn stops_at_events(&self) -> bool {
+        true
+    }
+
+    /// It steps a thread with the trap flag (through the trampoline, when
+    /// a step starts at the point's position).
+    fn sets_trap_flag(&self) -> bool {
+        true
+    }
+
+    fn written_over(&self) -> Vec<(u64, Vec<u8>)> {
+        self.originals()
+    }
+
+    /// The trampoline copies the code it covers: without `int3`s.
+    fn patching(&mut self, m: &Machine) {
+        self.lift_breakpoints(&m.vm.mem);
+    }
+
+    fn patched(&mut self, m: &Machine, code: Option<(u64, u64, u64)>) {
+        DebugTool::patched(self, m, code);
     }
 }

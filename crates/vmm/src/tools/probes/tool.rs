@@ -10,7 +10,9 @@ use crate::tools::control::{
     Advance, Arming, BreakpointHit, Control, KernelPoints, ProcessInfo, Scope, Supervisor, Verdict,
 };
 use crate::tools::events::EventTool;
+use crate::tools::tool::{Context, ReplayTool};
 use crate::vm::{Machine, VmError};
+use devices::control::EventRaiser;
 
 /// The engine's supervisor for the probes: every thread passes its
 /// breakpoints, each hit of a followed process kept with its registers,
@@ -144,5 +146,73 @@ impl ProbeTool {
     /// The guest kernel announced its context-switch ring at `gpa`.
     pub(crate) fn ring_announced(&mut self, mem: &vm_memory::GuestMemoryMmap, gpa: u64) {
         self.control.ring_announced(mem, gpa);
+    }
+}
+
+/// The probes on the replay: their engine moves on at every exit and
+/// point and takes the debug exits and the kernel's events, its
+/// breakpoints kept out of a trampoline's code; the hits become events.
+impl ReplayTool for ProbeTool {
+    fn ready(&mut self, m: &mut Machine) -> Result<(), VmError> {
+        self.start(m)
+    }
+
+    fn exit(
+        &mut self,
+        cx: &mut Context,
+        m: &mut Machine,
+        kernel_entry: bool,
+    ) -> Result<(), VmError> {
+        self.advanced(m, Advance::Exit { kernel_entry }, cx.events.as_deref_mut())
+    }
+
+    fn point_reached(&mut self, _cx: &mut Context, m: &mut Machine) -> Result<(), VmError> {
+        self.advanced(m, Advance::Point, None)
+    }
+
+    fn event_raised(
+        &mut self,
+        _cx: &mut Context,
+        m: &mut Machine,
+        raiser: EventRaiser,
+    ) -> Result<(), VmError> {
+        match raiser {
+            EventRaiser::Kernel => self.kernel_event(m),
+            _ => Ok(()),
+        }
+    }
+
+    fn debug_armed(&self) -> bool {
+        true
+    }
+
+    fn debug_exit(&mut self, cx: &mut Context, m: &mut Machine) -> Result<Option<u64>, VmError> {
+        let ns = cx.event_ns();
+        ProbeTool::debug_exit(self, m, cx.points, cx.events.as_deref_mut(), ns)?;
+        Ok(Some(0))
+    }
+
+    fn switch_ring_announced(&mut self, m: &Machine, gpa: u64) {
+        self.ring_announced(&m.vm.mem, gpa);
+    }
+
+    fn stops_at_events(&self) -> bool {
+        true
+    }
+
+    fn sets_trap_flag(&self) -> bool {
+        true
+    }
+
+    fn written_over(&self) -> Vec<(u64, Vec<u8>)> {
+        self.originals()
+    }
+
+    fn patching(&mut self, m: &Machine) {
+        self.lift_breakpoints(&m.vm.mem);
+    }
+
+    fn patched(&mut self, m: &Machine, code: Option<(u64, u64, u64)>) {
+        ProbeTool::patched(self, m, code);
     }
 }
