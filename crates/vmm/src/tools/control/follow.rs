@@ -4,6 +4,7 @@
 //! thread exiting (the guest kernel's event), and the processes the
 //! supervisor follows or lets go.
 
+use devices::control::EventRaiser;
 use kvm_bindings::kvm_regs;
 
 use super::engine::{Control, Scope, Supervisor};
@@ -34,13 +35,23 @@ impl Control {
         Some(followed.cr3)
     }
 
-    /// The guest kernel raised an event (the exit's registers name its
-    /// buffer): a thread's exit ends its process when it is its last.
-    pub(crate) fn kernel_event(
+    /// The guest raised an event at the last exit: the guest kernel's
+    /// tell of a thread's exit (`kernel_event`); a probe's, nothing.
+    pub(crate) fn event_raised(
         &mut self,
         m: &mut Machine,
+        raiser: EventRaiser,
         sup: &mut dyn Supervisor,
     ) -> Result<(), VmError> {
+        match raiser {
+            EventRaiser::Kernel => self.kernel_event(m, sup),
+            EventRaiser::ProbeTrap | EventRaiser::ProbePort => Ok(()),
+        }
+    }
+
+    /// The guest kernel raised an event (the exit's registers name its
+    /// buffer): a thread's exit ends its process when it is its last.
+    fn kernel_event(&mut self, m: &mut Machine, sup: &mut dyn Supervisor) -> Result<(), VmError> {
         let regs = m.vcpu.synced_regs();
         let cr3 = m.vcpu.sregs()?.cr3;
         let Ok(buffer) = introspect::guest_events::read_buffer(&m.vm.mem, cr3, regs.rsi, false)

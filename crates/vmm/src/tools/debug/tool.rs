@@ -50,22 +50,6 @@ impl DebugTool {
         self.snapshots.taken();
     }
 
-    /// Before each KVM_RUN (`after_exit`: right after a checked exit):
-    /// whether the replay pauses here, for a stop or a snapshot.
-    pub(crate) fn pause(&mut self, after_exit: bool) -> bool {
-        self.at_exit = after_exit;
-        if self.finder.stop.is_some() {
-            return true;
-        }
-        self.snapshots.due(after_exit)
-    }
-
-    /// The guest kernel raised an event (the exit's registers name its
-    /// buffer): a thread's exit ends the process when it is its last.
-    pub(crate) fn kernel_event(&mut self, m: &mut Machine) -> Result<(), VmError> {
-        self.control.kernel_event(m, &mut self.finder)
-    }
-
     /// What interrupts a run (set it, and kick the vCPU).
     pub fn interrupt_flag(&self) -> Arc<AtomicBool> {
         Arc::clone(&self.interrupt)
@@ -129,36 +113,6 @@ impl DebugTool {
         self.control.remove_watch(addr, len)
     }
 
-    /// Whether a write to guest physical `gpa` is the debugger's to
-    /// perform (a watched page).
-    pub(crate) fn claims(&self, gpa: u64) -> bool {
-        self.control.claims(gpa)
-    }
-
-    /// The guest wrote `data` at `gpa`, in a watched page: the write is
-    /// performed, and the watches looked at.
-    pub(crate) fn watched_write(
-        &mut self,
-        m: &mut Machine,
-        gpa: u64,
-        data: &[u8],
-    ) -> Result<(), VmError> {
-        self.control.watched_write(m, gpa, data, &mut self.finder)
-    }
-
-    /// The VMM wrote into a watched page for the guest kernel (a copy it
-    /// asked for): the watches are looked at, as after the kernel's own
-    /// write.
-    pub(crate) fn written_for_guest(&mut self, m: &mut Machine) -> Result<(), VmError> {
-        self.control.written_for_guest(m, &mut self.finder)
-    }
-
-    /// The vCPU stopped at an instruction KVM could not emulate: whether
-    /// the debugger took it (a store to a watched page).
-    pub(crate) fn unemulated(&mut self, m: &mut Machine) -> Result<bool, VmError> {
-        self.control.unemulated(m)
-    }
-
     /// Sets how the next run goes (before resuming).
     pub(crate) fn resume(&mut self, m: &mut Machine, how: Resume) -> Result<(), VmError> {
         let (c, f) = (&mut self.control, &mut self.finder);
@@ -213,31 +167,6 @@ impl DebugTool {
         c.advanced(m, advance, f)?;
         f.advanced(c, m, advance, log, &self.interrupt)?;
         c.settle(m, f.arming(c.ordinal()))
-    }
-
-    /// A debug exit: one of the engine's kernel breakpoints.
-    pub(crate) fn debug_exit(
-        &mut self,
-        m: &mut Machine,
-        search: &PointSearch,
-    ) -> Result<(), VmError> {
-        self.control.debug_exit(m, search, &mut self.finder)
-    }
-
-    /// A trampoline's patch covers `patched` now (`None`: no more): the
-    /// breakpoints stay out of it, and go back in where it was.
-    pub(crate) fn patched(&mut self, m: &Machine, patched: Option<(u64, u64, u64)>) {
-        self.control.patched(m, patched);
-    }
-
-    /// The original bytes of the breakpoints in guest memory.
-    pub(crate) fn originals(&self) -> Vec<(u64, Vec<u8>)> {
-        self.control.originals()
-    }
-
-    /// The guest kernel announced its context-switch ring at `gpa`.
-    pub(crate) fn ring_announced(&mut self, mem: &GuestMemoryMmap, gpa: u64) {
-        self.control.ring_announced(mem, gpa);
     }
 
     /// Reads the process's memory at `va` into `buf` as the program would
@@ -308,8 +237,14 @@ impl DebugTool {
 /// debug exits, the writes to watched pages and the kernel's events, and
 /// keeps its breakpoints out of a trampoline's code.
 impl ReplayTool for DebugTool {
+    /// Before each KVM_RUN: whether the replay pauses here, for a stop or
+    /// a snapshot.
     fn pause(&mut self, after_exit: bool) -> bool {
-        DebugTool::pause(self, after_exit)
+        self.at_exit = after_exit;
+        if self.finder.stop.is_some() {
+            return true;
+        }
+        self.snapshots.due(after_exit)
     }
 
     fn exit(
@@ -325,16 +260,14 @@ impl ReplayTool for DebugTool {
         self.advanced(m, Advance::Point, &cx.log.position())
     }
 
+    /// A thread's exit ends the process when it is its last.
     fn event_raised(
         &mut self,
         _cx: &mut Context,
         m: &mut Machine,
         raiser: EventRaiser,
     ) -> Result<(), VmError> {
-        match raiser {
-            EventRaiser::Kernel => self.kernel_event(m),
-            _ => Ok(()),
-        }
+        self.control.event_raised(m, raiser, &mut self.finder)
     }
 
     fn debug_armed(&self) -> bool {
@@ -342,14 +275,17 @@ impl ReplayTool for DebugTool {
     }
 
     fn debug_exit(&mut self, cx: &mut Context, m: &mut Machine) -> Result<Option<u64>, VmError> {
-        DebugTool::debug_exit(self, m, cx.points)?;
+        self.control.debug_exit(m, cx.points, &mut self.finder)?;
         Ok(Some(0))
     }
 
+    /// A write to a watched page.
     fn claims(&self, gpa: u64) -> bool {
-        DebugTool::claims(self, gpa)
+        self.control.claims(gpa)
     }
 
+    /// The guest's write to a watched page: performed, and the watches
+    /// looked at.
     fn store(
         &mut self,
         _cx: &mut Context,
@@ -357,32 +293,34 @@ impl ReplayTool for DebugTool {
         gpa: u64,
         data: &[u8],
     ) -> Result<Option<Claimed>, VmError> {
-        if !DebugTool::claims(self, gpa) {
+        if !self.control.claims(gpa) {
             return Ok(None);
         }
-        self.watched_write(m, gpa, data)?;
+        (self.control).watched_write(m, gpa, data, &mut self.finder)?;
         Ok(Some(Claimed::Passed))
     }
 
-    /// The watches are looked at once, whichever watched pages it wrote.
+    /// The watches are looked at once, whichever watched pages it wrote,
+    /// as after the kernel's own write.
     fn wrote_for_guest(
         &mut self,
         _cx: &mut Context,
         m: &mut Machine,
         written: &[u64],
     ) -> Result<(), VmError> {
-        if !written.iter().any(|&gpa| DebugTool::claims(self, gpa)) {
+        if !written.iter().any(|&gpa| self.control.claims(gpa)) {
             return Ok(());
         }
-        self.written_for_guest(m)
+        self.control.written_for_guest(m, &mut self.finder)
     }
 
+    /// A store to a watched page KVM could not emulate (a vector store).
     fn unemulated(&mut self, _cx: &mut Context, m: &mut Machine) -> Result<bool, VmError> {
-        DebugTool::unemulated(self, m)
+        self.control.unemulated(m)
     }
 
     fn switch_ring_announced(&mut self, m: &Machine, gpa: u64) {
-        self.ring_announced(&m.vm.mem, gpa);
+        self.control.ring_announced(&m.vm.mem, gpa);
     }
 
     fn stops_at_events(&self) -> bool {
@@ -396,15 +334,17 @@ impl ReplayTool for DebugTool {
     }
 
     fn written_over(&self) -> Vec<(u64, Vec<u8>)> {
-        self.originals()
+        self.control.originals()
     }
 
     /// The trampoline copies the code it covers: without `int3`s.
     fn patching(&mut self, m: &Machine) {
-        self.lift_breakpoints(&m.vm.mem);
+        self.control.lift_breakpoints(&m.vm.mem);
     }
 
+    /// The breakpoints stay out of the patch, and go back in where it
+    /// was.
     fn patched(&mut self, m: &Machine, code: Option<(u64, u64, u64)>) {
-        DebugTool::patched(self, m, code);
+        self.control.patched(m, code);
     }
 }

@@ -121,32 +121,6 @@ impl ProbeTool {
         let hits = std::mem::take(&mut self.collected.hits);
         self.state.collect(m, c, changes, hits, events, ns)
     }
-
-    /// The guest kernel raised an event: a followed process may have
-    /// ended.
-    pub(crate) fn kernel_event(&mut self, m: &mut Machine) -> Result<(), VmError> {
-        self.control.kernel_event(m, &mut self.collected)
-    }
-
-    /// A trampoline's patch covers `patched` now (`None`: no more).
-    pub(crate) fn patched(&mut self, m: &Machine, patched: Option<(u64, u64, u64)>) {
-        self.control.patched(m, patched);
-    }
-
-    /// Takes every breakpoint out of guest memory.
-    pub(crate) fn lift_breakpoints(&mut self, mem: &vm_memory::GuestMemoryMmap) {
-        self.control.lift_breakpoints(mem);
-    }
-
-    /// The original bytes of the breakpoints in guest memory.
-    pub(crate) fn originals(&self) -> Vec<(u64, Vec<u8>)> {
-        self.control.originals()
-    }
-
-    /// The guest kernel announced its context-switch ring at `gpa`.
-    pub(crate) fn ring_announced(&mut self, mem: &vm_memory::GuestMemoryMmap, gpa: u64) {
-        self.control.ring_announced(mem, gpa);
-    }
 }
 
 /// The probes on the replay: their engine moves on at every exit and
@@ -170,16 +144,14 @@ impl ReplayTool for ProbeTool {
         self.advanced(m, Advance::Point, None)
     }
 
+    /// A followed process may have ended.
     fn event_raised(
         &mut self,
         _cx: &mut Context,
         m: &mut Machine,
         raiser: EventRaiser,
     ) -> Result<(), VmError> {
-        match raiser {
-            EventRaiser::Kernel => self.kernel_event(m),
-            _ => Ok(()),
-        }
+        self.control.event_raised(m, raiser, &mut self.collected)
     }
 
     fn debug_armed(&self) -> bool {
@@ -193,7 +165,7 @@ impl ReplayTool for ProbeTool {
     }
 
     fn switch_ring_announced(&mut self, m: &Machine, gpa: u64) {
-        self.ring_announced(&m.vm.mem, gpa);
+        self.control.ring_announced(&m.vm.mem, gpa);
     }
 
     fn stops_at_events(&self) -> bool {
@@ -205,14 +177,14 @@ impl ReplayTool for ProbeTool {
     }
 
     fn written_over(&self) -> Vec<(u64, Vec<u8>)> {
-        self.originals()
+        self.control.originals()
     }
 
     fn patching(&mut self, m: &Machine) {
-        self.lift_breakpoints(&m.vm.mem);
+        self.control.lift_breakpoints(&m.vm.mem);
     }
 
     fn patched(&mut self, m: &Machine, code: Option<(u64, u64, u64)>) {
-        ProbeTool::patched(self, m, code);
+        self.control.patched(m, code);
     }
 }
