@@ -19,7 +19,8 @@ use crate::console::ConsoleInput;
 use crate::points::{PointSearch, PointTaker};
 use crate::session::{LiveRun, ProgressFn, RecordSession, ReplaySession};
 use crate::snapshot_cache::{self, CacheStart, SnapshotError};
-use crate::tools::debug::{DebugTool, KernelPoints, ProcessSelector};
+use crate::tools::control::{KernelPoints, ProcessSelector};
+use crate::tools::debug::DebugTool;
 use crate::tools::events::EventTool;
 use crate::tools::probes::{self, ProbePlan, ProbeTool};
 use crate::tools::samples::Sampling;
@@ -373,10 +374,7 @@ pub fn replay(
     }
     let kernel_stack_top =
         kernel_variable(&spec.kernel_image, KERNEL_STACK_TOP).filter(|&a| a >= KERNEL_START);
-    let mut tools = ReplayTools {
-        kernel_stack_top,
-        ..Default::default()
-    };
+    let mut tools = ReplayTools::new(kernel_stack_top);
     let mut heap_events = false;
     let mut event_exits = false;
     // Marks found in user code also time the events raised after them
@@ -391,7 +389,6 @@ pub fn replay(
         if let Some((kind, lwpid)) = events.end_after {
             capture.end_after(kind, lwpid);
         }
-        tools.events = Some(EventTool::new(capture, stacks));
         let recorded_ns = reader.header.sample_period_ns;
         let at_marks = sample_marks_period(
             &reader.header,
@@ -399,13 +396,18 @@ pub fn replay(
             events.replay_time_samples,
         )
         .is_some();
-        tools.sampling = events.sample_period.map(|period| {
+        let sampling = events.sample_period.map(|period| {
             let sampling = Sampling::every(period, kernel_stack_top);
             match at_marks {
                 true => sampling.at_marks(recorded_ns),
                 false => sampling,
             }
         });
+        let sample_marks = sampling.as_ref().and_then(Sampling::marks_period);
+        tools.capture(EventTool::new(capture, stacks), sample_marks);
+        if let Some(sampling) = sampling {
+            tools.attach(sampling);
+        }
         if at_marks && events.sample_period < Some(Duration::from_nanos(recorded_ns)) {
             notes.push(format!(
                 "sampling at each of the recording's sample marks, about every {:.1} ms: a \
@@ -418,28 +420,27 @@ pub fn replay(
         event_exits = events.exits || events.end_after.is_some();
         take_marks = reader.header.sample_period_ns > 0 && !events.replay_time_samples;
     }
-    tools.tracing = options.tracing.map(ProcessTracer::new);
+    let traced = options.tracing.is_some();
+    if let Some(spec) = options.tracing {
+        tools.attach(ProcessTracer::new(spec));
+    }
     if let Some(plan) = &options.probes {
-        let Some(events) = &mut tools.events else {
+        let Some(events) = tools.events_mut() else {
             return Err(BuildError::ProbesWithoutEvents);
         };
-        if options.debug.is_some() || tools.tracing.is_some() {
+        if options.debug.is_some() || traced {
             return Err(BuildError::ProbesAndTools);
         }
         (events.capture.probes(&probes::probe_rows(plan))).map_err(VmError::from)?;
-        let probe_tool = ProbeTool::new(plan);
-        tools.debug = Some(DebugTool::collecting(kernel_points(
-            &spec.kernel_image,
-            kernel_stack_top,
-        )));
-        tools.probes = Some(probe_tool);
+        let kernel = kernel_points(&spec.kernel_image, kernel_stack_top);
+        tools.attach(ProbeTool::new(plan, kernel));
     }
     if let Some(selector) = options.debug {
-        if tools.events.is_some() || tools.tracing.is_some() {
+        if tools.events_mut().is_some() || traced {
             return Err(BuildError::DebugAndTools);
         }
         let kernel = kernel_points(&spec.kernel_image, kernel_stack_top);
-        tools.debug = Some(DebugTool::new(selector, kernel));
+        tools.attach(DebugTool::new(selector, kernel));
     }
     let points = if options.registers_only {
         PointSearch::registers_only()
@@ -478,9 +479,7 @@ pub fn replay(
     if let Some(progress) = options.progress {
         session.on_progress(progress);
     }
-    if options.probes.is_some() {
-        session.collect_probes()?;
-    }
+    session.ready()?;
     Ok((session, ReplayStart { restored, notes }))
 }
 

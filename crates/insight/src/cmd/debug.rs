@@ -11,7 +11,7 @@ use anyhow::{bail, Context, Result};
 use debugger::{DebugOptions, Prepared};
 use guestfiles::GuestFiles;
 use vmm::builder::ReplayOptions;
-use vmm::tools::debug::ProcessSelector;
+use vmm::tools::control::ProcessSelector;
 
 use super::replay::{parse_duration, parse_position, Position, ReplayArgs};
 use super::{open_trace, user_rdtsc_traps};

@@ -66,10 +66,8 @@ impl DebugDriver {
         mut session: ReplaySession,
         snapshot_every: Option<Duration>,
     ) -> Result<Self, VmError> {
-        let tool =
-            session.mode.tools.debug.as_mut().ok_or_else(|| {
-                VmError::Debug("the replay session has no debugger attached".into())
-            })?;
+        let tool = (session.mode.tools.find_mut::<DebugTool>())
+            .ok_or_else(|| VmError::Debug("the replay session has no debugger attached".into()))?;
         tool.snapshot_every(snapshot_every);
         let kicker = Kicker::for_this_thread(session.machine.vm.clock)?;
         Ok(DebugDriver {
@@ -83,21 +81,13 @@ impl DebugDriver {
     }
 
     fn tool(&self) -> &DebugTool {
-        self.session
-            .mode
-            .tools
-            .debug
-            .as_ref()
+        (self.session.mode.tools.find::<DebugTool>())
             .expect("a DebugDriver's session has a debug tool")
     }
 
     fn parts(&mut self) -> (&mut Machine, &mut DebugTool) {
         let s = &mut self.session;
-        let tool = s
-            .mode
-            .tools
-            .debug
-            .as_mut()
+        let tool = (s.mode.tools.find_mut::<DebugTool>())
             .expect("a DebugDriver's session has a debug tool");
         (&mut s.machine, tool)
     }
@@ -196,14 +186,12 @@ impl DebugDriver {
             return Ok(());
         }
         let s = &mut self.session;
-        let tool = s.mode.tools.debug.as_mut().expect("debug tool");
+        let tool = (s.mode.tools.find_mut::<DebugTool>()).expect("debug tool");
         tool.lift_breakpoints(&s.machine.vm.mem);
-        let taken = Snapshot::take(
+        let taken = tool.take_snapshot(
             &mut s.machine,
-            ordinal,
             s.mode.log.position(),
             s.mode.points.stats,
-            &tool.tasks,
             self.snapshots.last(),
         );
         tool.sync_breakpoints(&s.machine);
@@ -223,7 +211,7 @@ impl DebugDriver {
             return Err(VmError::Debug(format!("there is no snapshot {index}")));
         };
         let s = &mut self.session;
-        let tool = s.mode.tools.debug.as_mut().expect("debug tool");
+        let tool = (s.mode.tools.find_mut::<DebugTool>()).expect("debug tool");
         tool.lift_breakpoints(&s.machine.vm.mem);
         s.mode.points.forget();
         snapshot.restore(&mut s.machine)?;

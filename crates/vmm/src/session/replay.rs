@@ -1,7 +1,8 @@
 //! A replay: the guest re-executes from the recording's start (or a
 //! checkpoint), every exit checked against the log, interrupts and inputs
-//! delivered where the log says, asynchronous points found again; the
-//! replay-time tools (`crate::tools`) look on.
+//! delivered where the log says, asynchronous points and sample marks
+//! found again; the replay-time tools (`crate::tools`) look on, each hook
+//! of the vCPU loop handed to them in order.
 
 use std::path::Path;
 use std::time::Instant;
@@ -12,9 +13,7 @@ use introspect::event_ring::EventRing;
 use introspect::instructions::TF;
 use introspect::probe_gate;
 use journal::preempt::MarkAt;
-use journal::{
-    EndReason, Entry, JournalError, LogPosition, Progress, ReplayPoint, Replayer, Sought,
-};
+use journal::{EndReason, Entry, JournalError, Progress, ReplayPoint, Replayer, Sought};
 
 use super::inputs;
 use super::mode::{Mode, ProgressFn, ProgressReport, HOUSEKEEPING_NS};
@@ -22,12 +21,9 @@ use super::outcome::{RunOutcome, StopReason};
 use super::threads::run_on_vcpu_thread;
 use crate::boot_snapshot::{self, SnapshotRestored};
 use crate::points::{Found, PointCounts, PointSearch, SampleStats};
-use crate::tools::checkpoints::{self, CheckpointTaker, RestoredFrom};
-use crate::tools::debug::Resume;
+use crate::tools::checkpoints;
 use crate::tools::exec;
-use crate::tools::samples::Sampling;
 use crate::tools::{CheckpointEvery, CheckpointRestored, ReplayTools};
-use crate::vm::state::EventsState;
 use crate::vm::{Claimed, Machine, Resumed, Vm, VmError};
 
 /// A machine re-executing a recording.
@@ -40,11 +36,10 @@ pub(super) struct Replaying {
     pub(super) log: Replayer,
     pub(super) points: PointSearch,
     pub(super) tools: ReplayTools,
+    /// Where the window ends.
+    stop_at: Option<ReplayPoint>,
     /// The heap gate leaves the guest (its events are collected).
     heap_events: bool,
-    /// The event ring the gates append to, read at every exit (None:
-    /// they leave the guest for each event).
-    ring: Option<EventRing>,
     /// Every event leaves the guest, ring or not.
     event_exits: bool,
     /// Samples taken at the recording's marks, and marks whose search was
@@ -73,8 +68,8 @@ impl ReplaySession {
                 log,
                 points,
                 tools,
+                stop_at: None,
                 heap_events,
-                ring: None,
                 event_exits: false,
                 samples_taken: 0,
                 samples_given_up: 0,
@@ -103,7 +98,7 @@ impl ReplaySession {
     /// Stops at the first exit at or after `point` (a window's end)
     /// instead of at the recording's end.
     pub fn stop_at(&mut self, point: ReplayPoint) {
-        self.mode.tools.stop_at = Some(point);
+        self.mode.stop_at = Some(point);
     }
 
     /// Takes a checkpoint of the machine in `trace` every `every`,
@@ -114,16 +109,8 @@ impl ReplaySession {
         trace: &Path,
         every: CheckpointEvery,
     ) -> Result<(), VmError> {
-        let tools = &mut self.mode.tools;
-        let taker = CheckpointTaker::new(
-            trace,
-            every,
-            &self.mode.log.position(),
-            self.machine.vm.ram_bytes(),
-            tools.restored.take(),
-        )?;
-        tools.checkpoints = Some(taker);
-        Ok(())
+        let ram = self.machine.vm.ram_bytes();
+        (self.mode.tools).take_checkpoints(trace, every, &self.mode.log.position(), ram)
     }
 
     /// Restores the boot snapshot the trace was recorded from, if `start`
@@ -139,15 +126,7 @@ impl ReplaySession {
         let restored = boot_snapshot::restore(m, path, &key, Some(&expected))?;
         // The probe gate as this replay needs it (it raises events).
         super::mode::install_gates(m, &mut self.mode);
-        if let (Some(events), Some(gpa)) =
-            (&mut self.mode.tools.events, m.vm.status.switch_ring_gpa)
-        {
-            events.ring_from_head(&m.vm.mem, gpa);
-        }
-        if let (Some(debug), Some(gpa)) = (&mut self.mode.tools.debug, m.vm.status.switch_ring_gpa)
-        {
-            debug.tasks.ring_announced(&m.vm.mem, gpa);
-        }
+        self.mode.tools.snapshot_restored(m);
         Ok(Some(restored))
     }
 
@@ -165,46 +144,19 @@ impl ReplaySession {
         for c in &chain {
             checkpoints::check_shape(c, m)?;
         }
-        let tools = &mut self.mode.tools;
-        if let Some(events) = &tools.events {
-            let marks = tools.sampling.as_ref().and_then(Sampling::marks_period);
-            if let Some(why) =
-                checkpoints::unfit_for_events(&chain[0], events.stacks.is_some(), marks)
-            {
-                return Err(VmError::Restore(format!(
-                    "{why}: take the checkpoints again with --events or --diagnose (and the \
-                     same --unwind and --sample-period)"
-                )));
-            }
-        }
+        self.mode.tools.check_checkpoint(&chain[0])?;
         let shadow = checkpoints::apply(m, &chain)?;
         // The gates as this replay needs them, whichever replay took the
         // checkpoint.
         super::mode::install_gates(m, &mut self.mode);
-        let tools = &mut self.mode.tools;
         let c = &chain[0];
-        self.mode.log.seek(&c.log)?;
-        self.mode.points.resume(c.vm.point_stats);
-        if let (Some(events), Some(state)) = (&mut tools.events, &c.events) {
-            events.capture.resume(&state.capture)?;
-            events.switch_ring = match state.switch_ring {
-                Some((gpa, seen)) => Some(
-                    introspect::guest_events::SwitchRing::resume(&m.vm.mem, gpa, seen)
-                        .map_err(|why| VmError::Restore(format!("context-switch ring: {why}")))?,
-                ),
-                None => None,
-            };
-            if let (Some(stacks), Some(processes)) = (&mut events.stacks, &state.processes) {
-                stacks.restore(processes);
-            }
-        }
+        let mode = &mut self.mode;
+        mode.log.seek(&c.log)?;
+        mode.points.resume(c.vm.point_stats);
+        (mode.tools).checkpoint_restored(m, (c, digest, shadow), &mode.log, &mode.points)?;
         // The exit was checked when the checkpoint was taken: what follows
         // it is delivered now.
         m.vcpu.at_delivery_point = true;
-        tools.restored = Some(RestoredFrom {
-            checkpoint: (c.exit, digest),
-            shadow,
-        });
         Ok(CheckpointRestored {
             exit: c.exit,
             guest_ns: c.log.guest_ns,
@@ -221,78 +173,41 @@ impl ReplaySession {
 }
 
 impl ReplaySession {
-    /// Arms the probes given at replay: the debugger's engine collects
-    /// their hits to the replay's end.
-    pub(crate) fn collect_probes(&mut self) -> Result<(), VmError> {
-        if let Some(debug) = &mut self.mode.tools.debug {
-            debug.resume(&mut self.machine, Resume::Collect)?;
-        }
-        Ok(())
+    /// The session is built and its start restored: the tools arm what
+    /// they need before the first run.
+    pub(crate) fn ready(&mut self) -> Result<(), VmError> {
+        self.mode.tools.ready(&mut self.machine)
     }
 }
 
 impl Replaying {
-    /// Puts a search's trampoline in place with `arm`: the debugger's
-    /// breakpoints are out of guest memory meanwhile (the trampoline
-    /// copies the code it covers: without `int3`s), and stay out of the
-    /// patch.
+    /// Puts a search's trampoline in place with `arm`: the tools' bytes
+    /// are out of guest memory meanwhile (the trampoline copies the code
+    /// it covers: without `int3`s), and stay out of the patch.
     fn arm_search<T>(
         &mut self,
         m: &mut Machine,
         arm: impl FnOnce(&mut PointSearch, &mut Machine, &mut Replayer) -> Result<T, VmError>,
     ) -> Result<T, VmError> {
-        if let Some(debug) = &mut self.tools.debug {
-            debug.lift_breakpoints(&m.vm.mem);
-        }
+        self.tools.patching(m);
         let armed = arm(&mut self.points, m, &mut self.log);
-        if let Some(debug) = &mut self.tools.debug {
-            debug.patched(m, self.points.patched_code());
-        }
+        self.tools.patched(m, self.points.patched_code());
         armed
     }
 
     /// The code a trampoline patches changed from `before` (a mark's
-    /// search ended): the debugger's breakpoints go back where it was.
+    /// search ended): the tools' breakpoints go back where it was.
     fn patch_changed(&mut self, m: &Machine, before: Option<(u64, u64, u64)>) {
         let now = self.points.patched_code();
-        if let (Some(debug), true) = (&mut self.tools.debug, now != before) {
-            debug.patched(m, now);
+        if now != before {
+            self.tools.patched(m, now);
         }
-    }
-
-    /// Right after a checked deterministic exit: takes a checkpoint if one
-    /// is due and the machine is at rest.
-    fn checkpoint_if_due(&mut self, m: &mut Machine) -> Result<(), VmError> {
-        let Some(taker) = &mut self.tools.checkpoints else {
-            return Ok(());
-        };
-        let position = self.log.position();
-        // Not while a mark keeps the events' time ahead of the last clock
-        // read: a replay from the checkpoint would not know it.
-        if !taker.due(&position)
-            || self.points.patched()
-            || self.log.mark_time_pending()
-            || !checkpoints::at_rest(m)
-        {
-            return Ok(());
-        }
-        let events = self.tools.events.as_ref().map(|e| EventsState {
-            capture: e.capture.state(),
-            switch_ring: e.switch_ring.as_ref().map(|r| r.position()),
-            processes: e.stacks.as_ref().map(|p| p.state()),
-            sample_marks: self
-                .tools
-                .sampling
-                .as_ref()
-                .and_then(Sampling::marks_period),
-        });
-        taker.take(m, position, self.points.stats, events)
     }
 
     /// A store to the probe gate's address: when the gate made it, a probe
     /// raised an event whose buffer is at the address stored; it is
-    /// captured at the recording's latest time known (`event_ns`), and
-    /// the guest goes on as if nothing happened.
+    /// captured at the recording's latest time known (`event_ns`), the
+    /// tools look, and the guest goes on as if nothing happened.
     fn gate_event(&mut self, m: &mut Machine, data: &[u8]) -> Result<Claimed, VmError> {
         let rip = m.vcpu.synced_regs().rip;
         let Ok(address) = <[u8; 8]>::try_from(data).map(u64::from_le_bytes) else {
@@ -302,12 +217,7 @@ impl Replaying {
             return Ok(Claimed::NotOurs);
         }
         self.points.gate_exit();
-        let Some(events) = &mut self.tools.events else {
-            return Ok(Claimed::Passed);
-        };
-        events.raised_at_gate(m, address, self.log.event_ns())?;
-        // A probe event: its task may be one to trace.
-        self.arm_tracing(m)?;
+        (self.tools).gate_event(m, address, &self.log, &self.points)?;
         Ok(Claimed::Passed)
     }
 
@@ -328,8 +238,7 @@ impl Replaying {
                     // Every mark in user code is found, sampled or not: the
                     // recorder chose each position for where the task
                     // stands at the mark before it.
-                    let wanted =
-                        (self.tools.sampling.as_mut()).is_some_and(|s| s.wants_mark(mark.ns));
+                    let wanted = self.tools.wants_mark(mark.ns);
                     let (mode, rip) = match mark.at {
                         MarkAt::User(at) => {
                             let at = *at;
@@ -364,22 +273,7 @@ impl Replaying {
     ) -> Result<(), VmError> {
         self.log.sample_mark_done(true);
         self.samples_taken += 1;
-        if let (Some(sampling), Some(events)) = (&mut self.tools.sampling, &mut self.tools.events) {
-            let guest_ns = self.log.event_ns();
-            sampling.take_mark(m, events, &self.points, guest_ns, mode, rip)?;
-        }
-        Ok(())
-    }
-
-    /// Sets the trap flag of the traced process's task on the CPU.
-    fn arm_tracing(&mut self, m: &mut Machine) -> Result<(), VmError> {
-        match (&mut self.tools.tracing, &self.tools.events) {
-            (Some(tracer), Some(events)) => {
-                let exit = self.log.position().exits;
-                tracer.arm(m, events, self.tools.kernel_stack_top, exit)
-            }
-            _ => Ok(()),
-        }
+        (self.tools).mark_sample(m, (mode, rip), &self.log, &self.points)
     }
 
     /// Adds the vCPU's registers to a divergence report, and what the
@@ -414,16 +308,14 @@ impl Mode for Replaying {
     fn before_run(&mut self, m: &mut Machine) -> Result<Option<StopReason>, VmError> {
         let after_exit = std::mem::take(&mut m.vcpu.after_exit);
         if after_exit {
-            self.checkpoint_if_due(m)?;
+            self.tools.after_exit(m, &self.log, &self.points)?;
             let position = self.log.position();
-            if self.tools.stop_at.is_some_and(|p| p.reached(&position)) {
+            if self.stop_at.is_some_and(|p| p.reached(&position)) {
                 return Ok(Some(StopReason::WindowEnded));
             }
         }
-        if let Some(debug) = &mut self.tools.debug {
-            if debug.pause(after_exit) {
-                return Ok(Some(StopReason::Debug));
-            }
+        if self.tools.pause(after_exit) {
+            return Ok(Some(StopReason::Debug));
         }
         if let Some(reason) = self.log.end_reached()? {
             return Ok(Some(StopReason::RecordingEnded(reason)));
@@ -451,84 +343,48 @@ impl Mode for Replaying {
     }
 
     fn kick_deadline(&self, _m: &Machine, now: u64) -> u64 {
-        let sample = self
-            .tools
-            .sampling
-            .as_ref()
-            .map_or(u64::MAX, |s| s.next_ns());
-        (now + HOUSEKEEPING_NS).min(sample)
+        (now + HOUSEKEEPING_NS).min(self.tools.deadline())
     }
 
     fn debug_armed(&self) -> bool {
-        self.tools.debug.is_some() || self.tools.tracing.as_ref().is_some_and(|t| t.armed())
+        self.tools.debug_armed()
     }
 
+    /// A debug exit a tool took (a search under way allows for the steps
+    /// of a traced process it was), or one step.
     fn debug_exit(&mut self, m: &mut Machine) -> Result<(), VmError> {
-        if let Some(debug) = &mut self.tools.debug {
-            debug.debug_exit(m, &self.points)?;
-            if let (Some(probes), Some(events)) = (&mut self.tools.probes, &mut self.tools.events) {
-                probes.collect(m, debug, events, self.log.event_ns())?;
-            }
-            return Ok(());
-        }
-        if let (Some(tracer), Some(events)) = (&mut self.tools.tracing, &mut self.tools.events) {
-            // Its accesses happened at the time events raised now would
-            // have.
-            let at = LogPosition {
-                guest_ns: self.log.event_ns(),
-                ..self.log.position()
-            };
-            let steps = tracer.step(m, events, &self.points, at)?;
-            self.points.traced_steps(steps);
-            return Ok(());
-        }
-        self.points.traced_steps(1);
+        let steps = (self.tools).debug_exit(m, &self.log, &self.points)?;
+        self.points.traced_steps(steps.unwrap_or(1));
         Ok(())
     }
 
     fn claims(&self, addr: u64) -> bool {
-        self.points.claims(addr)
-            || addr == probe_gate::STORE_GPA
-            || self.tools.debug.as_ref().is_some_and(|d| d.claims(addr))
+        self.points.claims(addr) || addr == probe_gate::STORE_GPA || self.tools.claims(addr)
     }
 
     fn wrote_for_guest(&mut self, m: &mut Machine, written: &[u64]) -> Result<(), VmError> {
-        // The watches are looked at once, whichever watched pages it wrote.
-        let debug = self.tools.debug.as_mut();
-        match debug.filter(|d| written.iter().any(|&gpa| d.claims(gpa))) {
-            Some(debug) => debug.written_for_guest(m),
-            None => Ok(()),
-        }
+        (self.tools).wrote_for_guest(m, written, &self.log, &self.points)
     }
 
     fn store(&mut self, m: &mut Machine, addr: u64, data: &[u8]) -> Result<Claimed, VmError> {
         if addr == probe_gate::STORE_GPA {
             return self.gate_event(m, data);
         }
-        if let Some(debug) = self.tools.debug.as_mut().filter(|d| d.claims(addr)) {
-            debug.watched_write(m, addr, data)?;
-            return Ok(Claimed::Passed);
+        if let Some(claimed) = (self.tools).store(m, (addr, data), &self.log, &self.points)? {
+            return Ok(claimed);
         }
         // The replay's tools set the trap flag where the recording did
         // not: a traced process runs with it, and the debugger steps a
         // thread with it (through the trampoline, when a step starts at
         // the point's position).
-        let stepped = self.tools.tracing.is_some() || self.tools.debug.is_some();
-        let ignored = if stepped { TF } else { 0 };
-        let written = self
-            .tools
-            .debug
-            .as_ref()
-            .map(|d| d.breakpoints.originals())
-            .unwrap_or_default();
+        let ignored = if self.tools.sets_trap_flag() { TF } else { 0 };
+        let written = self.tools.written_over();
         match self.points.store(m, &mut self.log, ignored, &written)? {
             Found::NotOurs => Ok(Claimed::NotOurs),
             Found::Passed => Ok(Claimed::Passed),
             Found::Point => {
-                if let Some(debug) = &mut self.tools.debug {
-                    debug.patched(m, None);
-                    debug.advanced(m, None, &self.log.position())?;
-                }
+                self.tools.patched(m, None);
+                (self.tools).point_reached(m, &self.log, &self.points)?;
                 Ok(Claimed::Reached)
             }
             Found::Mark => {
@@ -539,9 +395,7 @@ impl Mode for Replaying {
                 }
                 self.search_next(m, true)?;
                 // The mark's patch is out: breakpoints may go back there.
-                if let Some(debug) = &mut self.tools.debug {
-                    debug.patched(m, self.points.patched_code());
-                }
+                self.tools.patched(m, self.points.patched_code());
                 Ok(Claimed::Passed)
             }
         }
@@ -552,10 +406,7 @@ impl Mode for Replaying {
     }
 
     fn unemulated(&mut self, m: &mut Machine) -> Result<bool, VmError> {
-        match &mut self.tools.debug {
-            Some(debug) => debug.unemulated(m),
-            None => Ok(false),
-        }
+        (self.tools).unemulated(m, &self.log, &self.points)
     }
 
     fn exit(
@@ -569,26 +420,12 @@ impl Mode for Replaying {
         let patched = self.points.patched_code();
         self.points.abandon_mark(m);
         self.patch_changed(m, patched);
-        let debug_entry = self.tools.debug.as_ref().map(|_| entry.clone());
         let kernel_entry = exec::is_kernel_entry(&entry);
         self.log.exit(entry, regs)?;
         // The virtio console writes at its transmit notification: the
         // same bytes as the recording's, or the replay stops here.
         self.log.console_out(m.vm.console.take_transmitted())?;
-        // Switches before this exit come before what it raises.
-        if let Some(events) = &mut self.tools.events {
-            events.drain_switches(&m.vm.mem, self.log.event_ns())?;
-            if let (Some(tracer), true) = (&mut self.tools.tracing, kernel_entry) {
-                tracer.kernel_entry(m, events, self.tools.kernel_stack_top)?;
-            }
-        }
-        if let Some(debug) = &mut self.tools.debug {
-            debug.advanced(m, debug_entry.as_ref(), &self.log.position())?;
-            if let (Some(probes), Some(events)) = (&mut self.tools.probes, &mut self.tools.events) {
-                probes.advanced(m, debug, events)?;
-            }
-        }
-        Ok(())
+        (self.tools).exit(m, kernel_entry, &self.log, &self.points)
     }
 
     fn kicked(&mut self, m: &mut Machine, resumed: Resumed) -> Result<bool, VmError> {
@@ -599,46 +436,26 @@ impl Mode for Replaying {
             self.search_next(m, true)?;
         }
         self.patch_changed(m, patched);
-        // A kick: the guest stopped wherever it was, which is what a
-        // sample wants (exits would bias it).
-        if let (Some(sampling), Some(events)) = (&mut self.tools.sampling, &mut self.tools.events) {
-            let guest_ns = self.log.event_ns();
-            sampling.take(m, events, &self.points, resumed, guest_ns)?;
-        }
+        (self.tools).kicked(m, resumed, &self.log, &self.points)?;
         Ok(false)
     }
 
     fn event_raised(&mut self, m: &mut Machine, raiser: EventRaiser) -> Result<(), VmError> {
         let ns = self.log.event_raised()?;
-        if let (Some(debug), EventRaiser::Kernel) = (&mut self.tools.debug, raiser) {
-            debug.kernel_event(m)?;
-        }
-        match &mut self.tools.events {
-            Some(events) => events.raised(m, raiser, ns),
-            None => Ok(()),
-        }
+        (self.tools).event_raised(m, raiser, ns, &self.log, &self.points)
     }
 
     fn switch_ring_announced(&mut self, m: &mut Machine) {
-        let Some(gpa) = m.vm.status.switch_ring_gpa else {
-            return;
-        };
-        if let Some(events) = &mut self.tools.events {
-            events.attach_switch_ring(&m.vm.mem, gpa);
-        }
-        if let Some(debug) = &mut self.tools.debug {
-            debug.tasks.ring_announced(&m.vm.mem, gpa);
-        }
+        self.tools.switch_ring_announced(m);
     }
 
-    /// The gates append to the event ring unless something needs to stop
-    /// at each event (the debugger, probes given at replay and
+    /// The gates append to the event ring unless a tool needs to stop at
+    /// each event (the debugger, probes given at replay and
     /// `--trace-process` act when one is raised) or `--event-exits` asks
     /// for an exit each; then they leave the guest. A replay that collects
     /// no events empties the ring unread.
     fn gate_modes(&self) -> (probe_gate::GateMode, probe_gate::GateMode) {
-        let t = &self.tools;
-        let gate = if t.debug.is_none() && t.tracing.is_none() && !self.event_exits {
+        let gate = if !self.tools.stops_at_events() && !self.event_exits {
             probe_gate::GateMode::Ring
         } else {
             probe_gate::GateMode::Exit
@@ -652,7 +469,7 @@ impl Mode for Replaying {
     }
 
     fn gate_installed(&mut self, ring: Option<EventRing>) {
-        self.ring = ring;
+        self.tools.gate_installed(ring);
     }
 
     /// Events the gates put in the ring since the last exit are captured
@@ -660,14 +477,7 @@ impl Mode for Replaying {
     /// moves the capture on: at the time and in the order the exit gate
     /// would have captured them.
     fn left_guest(&mut self, vm: &Vm) -> Result<(), VmError> {
-        match (self.ring, &mut self.tools.events) {
-            (Some(ring), Some(events)) => events.drain_ring(&vm.mem, ring, self.log.event_ns()),
-            (Some(ring), None) => {
-                ring.discard(&vm.mem);
-                Ok(())
-            }
-            (None, _) => Ok(()),
-        }
+        self.tools.left_guest(&vm.mem, self.log.event_ns())
     }
 
     fn ended(&mut self, reason: &EndReason) -> Result<(), VmError> {
@@ -675,7 +485,7 @@ impl Mode for Replaying {
     }
 
     fn exit_handled(&mut self, m: &mut Machine) -> Result<(), VmError> {
-        self.arm_tracing(m)
+        (self.tools).exit_handled(m, &self.log, &self.points)
     }
 
     fn halted(&mut self, m: &mut Machine) -> Result<Option<StopReason>, VmError> {
@@ -709,10 +519,9 @@ impl Mode for Replaying {
                 given_up: self.samples_given_up,
             },
         };
-        if let Some(taker) = &self.tools.checkpoints {
-            outcome.checkpoints = taker.taken().to_vec();
-        }
-        outcome.expansion = self.tools.tracing.as_ref().map(|t| t.stats());
+        let report = self.tools.report();
+        outcome.checkpoints = report.checkpoints;
+        outcome.expansion = report.expansion;
     }
 
     fn finish(
@@ -722,22 +531,11 @@ impl Mode for Replaying {
     ) -> Result<RunOutcome, VmError> {
         let result = self.describe_divergence(m, result);
         self.points.end(m);
-        let result = match (result, self.tools.tracing.as_mut().map(|t| t.finish())) {
-            (Ok(_), Some(Err(e))) => Err(e),
-            (result, _) => result,
-        };
-        let Some(mut events) = self.tools.events.take() else {
-            return result;
-        };
         let ns = self.log.event_ns();
-        let drained = match self.ring {
-            Some(ring) => events.drain_ring(&m.vm.mem, ring, ns),
-            None => Ok(()),
+        let (mut outcome, events) = self.tools.finish(&m.vm.mem, ns, result)?;
+        if events.is_some() {
+            outcome.events = events;
         }
-        .and_then(|()| events.drain_switches(&m.vm.mem, ns));
-        let finished = events.finish();
-        let mut outcome = result.and_then(|o| drained.map(|()| o))?;
-        outcome.events = Some(finished?);
         Ok(outcome)
     }
 }

@@ -23,6 +23,8 @@ use std::time::Instant;
 use devices::virtio_blk::VirtioBlock;
 use trace::checkpoints::{self, Digest32, StoredCheckpoint};
 
+use super::report::{CheckpointTaken, ToolReport};
+use super::tool::{Context, ReplayTool};
 use crate::vm::state::PointStats;
 use crate::vm::state::{changed_pages, check_memory, Checkpoint, EventsState, VmState};
 use crate::vm::{Machine, VmError};
@@ -59,19 +61,6 @@ impl CheckpointEvery {
             CheckpointEvery::GuestNs(ns) => ReplayPoint::GuestNs(position.guest_ns + ns),
         }
     }
-}
-
-/// A checkpoint taken: where, and what it cost.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CheckpointTaken {
-    pub exit: u64,
-    pub guest_ns: u64,
-    /// Pages stored (changed since the previous checkpoint).
-    pub pages: u64,
-    /// Size of the file.
-    pub bytes: u64,
-    /// Host time to take and store it.
-    pub took_ns: u64,
 }
 
 /// A checkpoint restored.
@@ -216,6 +205,26 @@ impl CheckpointTaker {
             took_ns: started.elapsed().as_nanos() as u64,
         });
         Ok(())
+    }
+}
+
+/// Checkpoints taken right after the checked exits where one is due.
+impl ReplayTool for CheckpointTaker {
+    /// Takes a checkpoint if one is due and the machine is at rest. Not
+    /// while a mark keeps the events' time ahead of the last clock read:
+    /// a replay from the checkpoint would not know it.
+    fn after_exit(&mut self, cx: &mut Context, m: &mut Machine) -> Result<(), VmError> {
+        let position = cx.log.position();
+        if !self.due(&position) || cx.points.patched() || cx.log.mark_time_pending() || !at_rest(m)
+        {
+            return Ok(());
+        }
+        let events = cx.events.as_deref().map(|e| e.state(cx.sample_marks));
+        self.take(m, position, cx.points.stats, events)
+    }
+
+    fn report(&self, report: &mut ToolReport) {
+        report.checkpoints = self.taken().to_vec();
     }
 }
 

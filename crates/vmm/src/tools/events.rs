@@ -13,6 +13,7 @@ use kvm_bindings::kvm_regs;
 use unwind::Regs;
 use vm_memory::GuestMemoryMmap;
 
+use crate::vm::state::EventsState;
 use crate::vm::{Machine, VmError};
 
 /// Return addresses a SAMPLE, or a lock event, keeps.
@@ -291,6 +292,37 @@ impl EventTool {
         if let Some(first) = frames.iter().position(|&ra| ra == caller) {
             let end = frames.len().min(first + MAX_STACK_FRAMES);
             self.capture.stack(stored.seq, &frames[first..end])?;
+        }
+        Ok(())
+    }
+
+    /// Where the capture stands, for a checkpoint; `sample_marks`: the
+    /// period of the samples taken at the recording's marks.
+    pub(crate) fn state(&self, sample_marks: Option<u64>) -> EventsState {
+        EventsState {
+            capture: self.capture.state(),
+            switch_ring: self.switch_ring.as_ref().map(|r| r.position()),
+            processes: self.stacks.as_ref().map(|p| p.state()),
+            sample_marks,
+        }
+    }
+
+    /// Goes on from where a checkpoint's capture stood (`state`).
+    pub(crate) fn resume_from(
+        &mut self,
+        mem: &GuestMemoryMmap,
+        state: &EventsState,
+    ) -> Result<(), VmError> {
+        self.capture.resume(&state.capture)?;
+        self.switch_ring = match state.switch_ring {
+            Some((gpa, seen)) => Some(
+                SwitchRing::resume(mem, gpa, seen)
+                    .map_err(|why| VmError::Restore(format!("context-switch ring: {why}")))?,
+            ),
+            None => None,
+        };
+        if let (Some(stacks), Some(processes)) = (&mut self.stacks, &state.processes) {
+            stacks.restore(processes);
         }
         Ok(())
     }

@@ -10,6 +10,7 @@ use introspect::guest_events::{self, UserMemory};
 use unwind::Regs;
 
 use super::events::{EventTool, MAX_STACK_FRAMES};
+use super::tool::{Context, ReplayTool};
 use crate::points::{user_position, PointSearch};
 use crate::vm::{Machine, Resumed, VmError};
 
@@ -198,6 +199,47 @@ impl Sampling {
             .capture
             .sample(guest_ns, pid, lwpid, rip, mode, &stack)?;
         Ok(())
+    }
+}
+
+/// Samples at kicks (host time) and at the recording's marks, into the
+/// event capture.
+impl ReplayTool for Sampling {
+    fn deadline(&self) -> u64 {
+        self.next_ns()
+    }
+
+    /// A kick: the guest stopped wherever it was, which is what a sample
+    /// wants (exits would bias it).
+    fn kicked(
+        &mut self,
+        cx: &mut Context,
+        m: &mut Machine,
+        resumed: Resumed,
+    ) -> Result<(), VmError> {
+        let guest_ns = cx.event_ns();
+        match cx.events.as_deref_mut() {
+            Some(events) => self.take(m, events, cx.points, resumed, guest_ns),
+            None => Ok(()),
+        }
+    }
+
+    fn wants_mark(&mut self, ns: u64) -> bool {
+        Sampling::wants_mark(self, ns)
+    }
+
+    fn mark_sample(
+        &mut self,
+        cx: &mut Context,
+        m: &mut Machine,
+        mode: SampleMode,
+        rip: Option<u64>,
+    ) -> Result<(), VmError> {
+        let guest_ns = cx.event_ns();
+        match cx.events.as_deref_mut() {
+            Some(events) => self.take_mark(m, events, cx.points, guest_ns, mode, rip),
+            None => Ok(()),
+        }
     }
 }
 

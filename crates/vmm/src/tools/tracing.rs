@@ -33,6 +33,8 @@ use super::frames::{
     idt_handler, return_by_iret, set_kernel_breakpoints, ExceptionFrame, DEBUG_VECTOR,
 };
 use super::kernel_steps;
+use super::report::{ExpansionStats, ToolReport, TraceStart};
+use super::tool::{Context, ReplayTool};
 use crate::points::PointSearch;
 use crate::vm::{Machine, VmError};
 
@@ -62,44 +64,6 @@ pub struct ExpansionSpec {
     /// KVM steps them (`kernel_steps`); otherwise each is a debug
     /// exception in user mode.
     pub kernel_steps: bool,
-}
-
-/// Where the tracing of the process started.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum TraceStart {
-    /// At the first exit after the process executed this program: its
-    /// first page fault, or its first system call (what ran before it, the
-    /// first instructions of the program or its dynamic loader, is
-    /// untraced).
-    Exec { exit: u64, path: String },
-    /// At the first exit the process was on the CPU for in this replay
-    /// (right after its fork, or where the replay started).
-    OnCpu { exit: u64 },
-    /// At the first exit after an event of the process named it (it
-    /// executed the program before the replay started: what it ran
-    /// before that exit is untraced).
-    Named { exit: u64 },
-}
-
-/// What an expansion did.
-#[derive(Clone, Debug, Default)]
-pub struct ExpansionStats {
-    /// The process traced, once found.
-    pub pid: Option<u32>,
-    /// Where its tracing started.
-    pub start: Option<TraceStart>,
-    /// Its threads that were stepped.
-    pub threads: usize,
-    pub instructions: u64,
-    pub accesses: u64,
-    /// Instructions whose bytes could not be read (on a page the process
-    /// unmapped before its next step): counted, not logged.
-    pub unreadable: u64,
-    /// Instructions stepped in guest kernel mode (`kernel_steps`), and
-    /// those admitted there that raised an exception or that KVM could
-    /// not emulate, run in user mode instead.
-    pub kernel_steps: u64,
-    pub kernel_steps_refused: u64,
 }
 
 /// How the process to trace is found.
@@ -576,6 +540,71 @@ impl ProcessTracer {
             t.finish().map_err(write)?;
         }
         Ok(())
+    }
+}
+
+/// The tracing of a process (with an event capture, which says which
+/// task is on the CPU): armed at exits and probe events, stepped at debug
+/// exits.
+impl ReplayTool for ProcessTracer {
+    fn exit(
+        &mut self,
+        cx: &mut Context,
+        m: &mut Machine,
+        kernel_entry: bool,
+    ) -> Result<(), VmError> {
+        match cx.events.as_deref() {
+            Some(events) if kernel_entry => self.kernel_entry(m, events, cx.kernel_stack_top),
+            _ => Ok(()),
+        }
+    }
+
+    /// Sets the trap flag of the traced process's task on the CPU.
+    fn exit_handled(&mut self, cx: &mut Context, m: &mut Machine) -> Result<(), VmError> {
+        match cx.events.as_deref() {
+            Some(events) => {
+                let exit = cx.log.position().exits;
+                self.arm(m, events, cx.kernel_stack_top, exit)
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// A probe event: its task may be one to trace.
+    fn gate_event(&mut self, cx: &mut Context, m: &mut Machine) -> Result<(), VmError> {
+        self.exit_handled(cx, m)
+    }
+
+    fn debug_armed(&self) -> bool {
+        self.armed()
+    }
+
+    fn debug_exit(&mut self, cx: &mut Context, m: &mut Machine) -> Result<Option<u64>, VmError> {
+        // Its accesses happened at the time events raised now would have.
+        let at = LogPosition {
+            guest_ns: cx.event_ns(),
+            ..cx.log.position()
+        };
+        match cx.events.as_deref_mut() {
+            Some(events) => Ok(Some(self.step(m, events, cx.points, at)?)),
+            None => Ok(None),
+        }
+    }
+
+    fn stops_at_events(&self) -> bool {
+        true
+    }
+
+    fn sets_trap_flag(&self) -> bool {
+        true
+    }
+
+    fn report(&self, report: &mut ToolReport) {
+        report.expansion = Some(self.stats());
+    }
+
+    fn finish(&mut self) -> Result<(), VmError> {
+        ProcessTracer::finish(self)
     }
 }
 

@@ -9,7 +9,7 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use events::probe_spec::{nearest, CaptureItem, Location, ProbeSpec, ProcessName, MAX_PROBES};
 use guestfiles::{ElfSymbols, GuestFiles};
-use vmm::tools::debug::ProcessSelector;
+use vmm::tools::control::ProcessSelector;
 use vmm::tools::probes::{PlannedProbe, ProbePlan};
 
 /// Where a program named without a path is looked for in the guest, as

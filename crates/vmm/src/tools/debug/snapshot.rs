@@ -1,8 +1,8 @@
 //! Snapshots of a replay kept in memory, for going back: the whole
 //! machine (vCPU, memory, devices, the VMM's own state), where the log
-//! is, and what the debugger knew of the tasks, taken right after a
-//! deterministic exit where nothing is half done, and put back into the
-//! same machine.
+//! is, and what the debugger's engine knew of the tasks, taken right
+//! after a deterministic exit where nothing is half done, and put back
+//! into the same machine; and the clock that says when one is due.
 //!
 //! Memory is kept as pages shared between snapshots: a snapshot holds the
 //! pages that changed since the one before (found by comparing with it)
@@ -10,17 +10,47 @@
 //! between. Putting one back writes only the pages that differ.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use devices::platform::PlatformState;
 use devices::virtio_console::ConsoleState;
 use devices::virtio_net::NetState;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use super::tasks::Tasks;
+use crate::tools::control::tasks::Tasks;
 use crate::vm::state::PointStats;
 use crate::vm::state::{MachineState, VcpuState, VmState};
 use crate::vm::{Machine, VmError};
 use journal::LogPosition;
+
+/// When the replay pauses for a snapshot.
+#[derive(Default)]
+pub(crate) struct SnapshotClock {
+    /// How often the driver wants one (host time).
+    pub(crate) every: Option<Duration>,
+    /// When it took the last.
+    last: Option<Instant>,
+    /// The replay paused for one.
+    pub(crate) due: bool,
+}
+
+impl SnapshotClock {
+    /// A snapshot was taken (or restored) now.
+    pub(crate) fn taken(&mut self) {
+        self.last = Some(Instant::now());
+        self.due = false;
+    }
+
+    /// Before a run (`after_exit`: right after a checked exit): whether
+    /// one is due here.
+    pub(crate) fn due(&mut self, after_exit: bool) -> bool {
+        self.due = after_exit
+            && self
+                .every
+                .is_some_and(|every| self.last.is_none_or(|t| t.elapsed() >= every));
+        self.due
+    }
+}
 
 const PAGE: usize = introspect::gva::PAGE_SIZE as usize;
 

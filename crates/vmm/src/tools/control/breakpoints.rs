@@ -1,4 +1,4 @@
-//! Software breakpoints in the debugged process: an `int3` written over
+//! Software breakpoints in the processes held: an `int3` written over
 //! the first byte of the instruction, in the guest physical page the
 //! process maps there.
 //!
@@ -31,10 +31,11 @@ struct Inserted {
     original: u8,
 }
 
-/// The breakpoints of the debugged process.
+/// The breakpoints of the process held and of the processes followed.
 #[derive(Clone, Default)]
 pub(crate) struct Breakpoints {
-    /// Where the debugger wants one, by the process's virtual address.
+    /// Where the supervisor wants one in the process held, by its
+    /// virtual address.
     wanted: BTreeSet<u64>,
     /// Where a collecting tool wants them in the processes it follows,
     /// by address space (page-table root) and virtual address.
@@ -43,7 +44,7 @@ pub(crate) struct Breakpoints {
     internal: Option<u64>,
     /// The `int3`s in guest memory, by guest physical address.
     inserted: BTreeMap<u64, Inserted>,
-    /// The debugger's breakpoints are out of memory for now (a replay to
+    /// The supervisor's breakpoints are out of memory for now (a replay to
     /// a position that records no hits on this stretch).
     dormant: bool,
     /// The VMM's own breakpoint is in memory (only the exits before the
@@ -104,7 +105,8 @@ impl Breakpoints {
             .map(|(&c, _)| c)
     }
 
-    /// The debugger's breakpoints, all taken away (until `sync`).
+    /// The supervisor's breakpoints in the process held, all taken away
+    /// (until `sync`).
     pub(crate) fn take(&mut self) -> BTreeSet<u64> {
         std::mem::take(&mut self.wanted)
     }
@@ -121,7 +123,7 @@ impl Breakpoints {
     }
 
     /// Which of the breakpoints go into memory at the next `sync`: the
-    /// debugger's (`user`), the VMM's own (`internal`).
+    /// supervisor's (`user`), the VMM's own (`internal`).
     pub(crate) fn set_armed(&mut self, user: bool, internal: bool) {
         self.dormant = !user;
         self.internal_armed = internal;
@@ -132,14 +134,14 @@ impl Breakpoints {
         (!self.dormant, self.internal_armed)
     }
 
-    /// Whether the debugger wants a breakpoint at `va` (the VMM's own
+    /// Whether the supervisor wants a breakpoint at `va` (the VMM's own
     /// does not count).
     pub(crate) fn is_wanted(&self, va: u64) -> bool {
         self.wanted.contains(&va)
     }
 
     /// Every breakpoint that belongs in memory now, as (address space,
-    /// virtual address): the debugger's and the VMM's own in the process
+    /// virtual address): the supervisor's and the VMM's own in the process
     /// `cr3`, a collecting tool's in each process it follows.
     fn all_wanted(&self, cr3: Option<u64>) -> Vec<(u64, u64)> {
         let mut all = Vec::new();
@@ -174,7 +176,7 @@ impl Breakpoints {
     }
 
     /// Puts every wanted breakpoint in place where its process maps it
-    /// (`cr3`: the debugged process, if it runs) and takes out those no
+    /// (`cr3`: the process held, if it runs) and takes out those no
     /// longer wanted (or whose page moved). None goes into `[start, end)`
     /// of `avoid` (an address space and a range of it): code a
     /// trampoline's patch covers.

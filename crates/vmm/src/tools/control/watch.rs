@@ -21,7 +21,7 @@ struct Watch {
     value: Vec<u8>,
 }
 
-/// The write watchpoints of the debugged process and the memory layout
+/// The write watchpoints of the process held and the memory layout
 /// that traps writes to them.
 #[derive(Default)]
 pub(crate) struct Watches {
@@ -33,7 +33,7 @@ pub(crate) struct Watches {
     slots: u32,
     /// A watched page was not mapped at the last `sync`.
     pub(crate) missing: bool,
-    /// The debugger wants the watched pages protected (not while a replay
+    /// The supervisor wants the watched pages protected (not while a replay
     /// that records no hits passes); set before each `sync`.
     pub(crate) armed: bool,
 }

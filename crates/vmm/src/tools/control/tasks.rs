@@ -1,16 +1,23 @@
-//! The guest's tasks as the debugger follows them: which task is on the
-//! CPU (the guest kernel's context-switch ring), the process being
-//! debugged once it has started, and what is known of each of its
-//! threads between their runs (where their kernel stacks are, their
-//! segment bases).
+//! The guest's tasks as the engine follows them: which task is on the
+//! CPU (the guest kernel's context-switch ring), the process held once it
+//! has started (a debugger's) and the processes followed (the probes'),
+//! what is known of each of the held process's threads between their
+//! runs (where their kernel stacks are, their segment bases), and a
+//! thread's user state.
 
 use std::collections::BTreeMap;
 
 use introspect::guest_events::{self, SavedUserRegs, SwitchRing};
 use introspect::gva;
+use introspect::instructions::TF;
+use kvm_bindings::kvm_regs;
 use vm_memory::GuestMemoryMmap;
 
-/// Which process the debugger follows.
+/// RFLAGS.RF, which the CPU sets and clears on its own around faults.
+pub(crate) const RF: u64 = 1 << 16;
+
+/// Which processes the engine holds: a debugger's, or those probes go
+/// into.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ProcessSelector {
     /// The process with this pid, from the first program it executes
@@ -37,7 +44,7 @@ impl ProcessSelector {
     }
 }
 
-/// The process being debugged.
+/// A process that started a program.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProcessInfo {
     /// Its pid (the guest's thread group id).
@@ -51,7 +58,7 @@ pub struct ProcessInfo {
     pub auxv: Vec<u8>,
 }
 
-/// What is known of a thread of the process.
+/// What is known of a thread of the process held.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct ThreadInfo {
     /// The top of its kernel stack, where its user registers are saved
@@ -205,6 +212,44 @@ impl Tasks {
         let top = self.threads.get(&lwpid)?.stack_top?;
         guest_events::saved_user_regs(mem, cr3, top)
     }
+}
+
+/// A thread's user-mode state that names a position in its run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct UserPoint {
+    pub lwpid: u32,
+    pub rip: u64,
+    /// RAX, RCX, RDX, RBX, RSP, RBP, RSI, RDI, R8..R15.
+    pub gprs: [u64; 16],
+    /// RFLAGS without the trap and resume flags.
+    pub rflags: u64,
+}
+
+impl UserPoint {
+    pub(crate) fn of(lwpid: u32, r: &kvm_regs) -> Self {
+        UserPoint {
+            lwpid,
+            rip: r.rip,
+            gprs: [
+                r.rax, r.rcx, r.rdx, r.rbx, r.rsp, r.rbp, r.rsi, r.rdi, r.r8, r.r9, r.r10, r.r11,
+                r.r12, r.r13, r.r14, r.r15,
+            ],
+            rflags: r.rflags & !(TF | RF),
+        }
+    }
+}
+
+/// A thread's user registers as its program sees them.
+#[derive(Clone, Copy, Debug)]
+pub struct ThreadRegs {
+    pub regs: kvm_regs,
+    /// The system call it is in (-1: none).
+    pub orig_rax: u64,
+    pub fs_base: u64,
+    pub gs_base: u64,
+    /// Whether it is on the vCPU in user mode (its extended state is the
+    /// vCPU's).
+    pub running: bool,
 }
 
 /// The auxiliary vector's keys of where the program headers are, how
