@@ -1,0 +1,10 @@
+"""insight's benchmarks, one module each, run by tools/bench.
+
+harness.py runs one and records it, stats.py holds the repeats, the
+alternation and the result row they all report through, doc.py rewrites
+docs/BENCHMARKS.md's sections, compare.py sets two revisions side by
+side, common.py is what the benchmarks share, cli.py the command line.
+"""
+
+# In the order `tools/bench --list` gives them.
+BENCHMARKS = []
