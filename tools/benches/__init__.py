@@ -7,4 +7,6 @@ side, common.py is what the benchmarks share, cli.py the command line.
 """
 
 # In the order `tools/bench --list` gives them.
-BENCHMARKS = []
+BENCHMARKS = [
+    "console", "net", "expand", "debug", "profile", "qemu", "locktools", "papers",
+]

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """insight's lock diagnosis against Valgrind's DRD and Helgrind, side by side.
 
 The same programs (images/workloads, built here with the guest image's
@@ -17,7 +16,7 @@ threads, 2 level-2 locks each shared by 8):
     holds, whether or not anyone waited;
   * Helgrind: the errors it reports (count and kind). It has no measure of
     contention at all;
-  * insight: record overhead as tools/bench-events measures it (guest time
+  * insight: record overhead as tools/bench events measures it (guest time
     of `timeit syn_cont 1000 2000` under `insight record`, with the probe
     library preloaded and without); then one probed recording replayed
     with `--events` and `insight report locks --json`: per lock level
@@ -50,29 +49,33 @@ mutrace, the other lock profiler one would compare with, is not packaged
 in Debian bookworm; the script says whether one is installed, and does not
 fetch it.
 
-Usage: tools/bench-locktools [--runs N] [--iterations N] [--work N]
-                             [--drd-threshold MS] [--json FILE] [--keep]
+Usage: tools/bench locktools [--runs N] [--iterations N] [--work N]
+                             [--drd-threshold MS] [--keep]
 Needs a built guest (tools/build-guest), gcc and valgrind (installed with
-apt-get when run as root, else named); builds insight in release mode.
-Takes about 3 minutes with --runs 1 (each further run adds about 1 minute:
-two recordings of syn_cont). Progress goes to stderr; the tables,
-in Markdown for docs/locktools-comparison.md, to stdout; --json FILE writes
-every figure for an aggregator.
+apt-get when run as root, else named). Takes about 3 minutes with --runs 1
+(each further run adds about 1 minute: two recordings of syn_cont). The
+tables, in Markdown for docs/locktools-comparison.md, are its detail; the
+results file holds every figure.
 """
-import argparse
 import json
 import os
 import platform
 import re
 import shutil
 import sqlite3
-import statistics
 import subprocess
 import tempfile
 import time
 import xml.etree.ElementTree as ET
 
-from benchlib import BUILD_INSIGHT, INSIGHT, PRELOAD, REPO, die, log, timeit_ns, warm_boot_snapshot
+from . import stats
+from .common import PRELOAD, REPO, binary, die, guest_ns, log, need, run as command
+from .harness import Report
+from .stats import Row
+
+TITLE = "Lock analysis: Valgrind DRD and Helgrind"
+DURATION = "3 min"
+RUNS = 1
 
 WORKLOADS = os.path.join(REPO, "images", "workloads")
 PROBES = os.path.join(REPO, "probes")
@@ -87,41 +90,9 @@ DEADLOCKS = [
 ]
 
 
-def run(argv, what=None, ok=(0,), **kw):
-    """Runs argv; returns (process, wall seconds). On an exit status not in
-    ok, exits naming the command and the tail of its stderr."""
-    kw.setdefault("stdin", subprocess.DEVNULL)
-    start = time.monotonic()
-    p = subprocess.run(argv, capture_output=True, text=True, **kw)
-    wall = time.monotonic() - start
-    if p.returncode not in ok:
-        tail = "\n".join((p.stderr or p.stdout).splitlines()[-40:])
-        die(f"{what or argv[0]} failed (exit {p.returncode}):\n"
-             f"  command: {' '.join(argv)}\n{tail}")
-    return p, wall
-
-
-def duration(s):
-    m, s = divmod(round(s), 60)
-    return f"{m} min {s} s" if m else f"{s} s"
-
-
-# ---- setup ----------------------------------------------------------------
-
-def ensure_valgrind():
-    if shutil.which("valgrind"):
-        return
-    if os.geteuid() != 0:
-        die("valgrind not found; install it (Debian: apt-get install valgrind) and rerun")
-    log("valgrind not found: installing it (apt-get install valgrind)")
-    run(["apt-get", "update", "-q"], "apt-get update")
-    run(["apt-get", "install", "-y", "-q", "valgrind"], "apt-get install valgrind",
-        env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
-
-
 def versions():
-    v = {"valgrind": run(["valgrind", "--version"])[0].stdout.strip(),
-         "gcc": run(["gcc", "-dumpfullversion"])[0].stdout.strip(),
+    v = {"valgrind": command(["valgrind", "--version"])[0].stdout.strip(),
+         "gcc": command(["gcc", "-dumpfullversion"])[0].stdout.strip(),
          "kernel": platform.release()}
     g = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"],
                        capture_output=True, text=True)
@@ -133,8 +104,8 @@ def build_programs(work):
     bins = {}
     for name in ["syn_cont"] + [d[0] for d in DEADLOCKS]:
         out = os.path.join(work, name)
-        run(["gcc"] + CFLAGS + ["-I", PROBES, "-o", out, os.path.join(WORKLOADS, name + ".c")],
-            f"compiling {name}")
+        command(["gcc"] + CFLAGS + ["-I", PROBES, "-o", out, os.path.join(WORKLOADS, name + ".c")],
+                f"compiling {name}")
         bins[name] = out
     return bins
 
@@ -161,7 +132,7 @@ def valgrind(tool, opts, argv, work, tag):
     cmd = ["valgrind", f"--tool={tool}"] + opts
     if xml:
         cmd += ["--xml=yes", f"--xml-file={xml}"]
-    p, wall = run(cmd + argv, f"valgrind --tool={tool} {os.path.basename(argv[0])}")
+    p, wall = command(cmd + argv, f"valgrind --tool={tool} {os.path.basename(argv[0])}")
     return p.stdout, p.stderr, xml, wall
 
 
@@ -231,14 +202,7 @@ def helgrind_report(stderr):
 # ---- insight --------------------------------------------------------------
 
 def insight(args, what):
-    return run([INSIGHT] + args, f"insight {what}")
-
-
-def guest_ns(stdout):
-    ns = timeit_ns(stdout)
-    if ns is None:
-        die(f"no timing in the guest's output:\n{stdout[-2000:]}")
-    return ns
+    return command([binary()] + args, f"insight {what}")
 
 
 def long_holds(db, threshold_ns):
@@ -311,11 +275,11 @@ def syn_cont(args, bins, work):
     for i in range(args.runs):
         walls = []
         for _ in range(NATIVE_REPEAT):
-            p, w = run(argv, "syn_cont (native)")
+            p, w = command(argv, "syn_cont (native)")
             if "counts correct" not in p.stdout:
                 die(f"syn_cont counted wrong natively:\n{p.stdout}")
             walls.append(w)
-        native.append(statistics.median(walls))
+        native.append(stats.median(walls))
         _, _, _, w = valgrind("none", [], argv, work, "none")
         none.append(w)
         out, err, xml, w = valgrind("drd", [f"--exclusive-threshold={thr}"], argv, work, f"drd-{i}")
@@ -328,10 +292,10 @@ def syn_cont(args, bins, work):
         hg_res = helgrind_report(err) if hg_res is None else hg_res
         log(f"syn_cont run {i + 1}: native {native[-1]:.3f} s, valgrind none {none[-1]:.2f} s, "
             f"DRD {drd[-1]:.2f} s, Helgrind {hg[-1]:.2f} s")
-    n = statistics.median(native)
+    n = stats.median(native)
     r["native_s"] = n
     for key, walls in (("valgrind_none", none), ("drd", drd), ("helgrind", hg)):
-        m = statistics.median(walls)
+        m = stats.median(walls)
         r[key] = {"wall_s": m, "slowdown": m / n}
     # Per level: the median over the runs, and each run's count.
     per_run = {name: [h[level] for h, _ in drd_runs]
@@ -340,9 +304,9 @@ def syn_cont(args, bins, work):
     for _, o in drd_runs:
         for k, c in o.items():
             other.setdefault(k, []).append(c)
-    r["drd"].update({"long_holds": {k: statistics.median(v) for k, v in per_run.items()},
+    r["drd"].update({"long_holds": {k: stats.median(v) for k, v in per_run.items()},
                      "long_holds_per_run": per_run,
-                     "other_errors": {k: statistics.median(v + [0] * (args.runs - len(v)))
+                     "other_errors": {k: stats.median(v + [0] * (args.runs - len(v)))
                                       for k, v in other.items()}})
     r["helgrind"].update(hg_res)
 
@@ -359,9 +323,9 @@ def syn_cont(args, bins, work):
         rec_wall.append(w)
         log(f"syn_cont record {i + 1}: guest time without probes {plain[-1] / 1e9:.2f} s, "
             f"with {probed[-1] / 1e9:.2f} s")
-    pm, qm = statistics.median(plain) / 1e9, statistics.median(probed) / 1e9
+    pm, qm = stats.median(plain) / 1e9, stats.median(probed) / 1e9
     ins = {"guest_plain_s": pm, "guest_probed_s": qm, "record_overhead": qm / pm,
-           "record_wall_s": statistics.median(rec_wall)}
+           "record_wall_s": stats.median(rec_wall)}
     db = os.path.join(work, "syn_cont.db")
     log("syn_cont: replaying the first probed recording with --events")
     p, w = insight(["replay", "--no-console", os.path.join(work, "probed-0"), "--events", db,
@@ -459,7 +423,7 @@ def deadlocks(args, bins, work):
     rows = []
     for name, expected, _ in DEADLOCKS:
         argv = [bins[name]]
-        p, w = run(argv, f"{name} (native)")
+        p, w = command(argv, f"{name} (native)")
         out, err, _, hw = valgrind("helgrind", [], argv, work, f"hg-{name}")
         hg = helgrind_report(err)
         out, err, xml, dw = valgrind("drd", [], argv, work, f"drd-{name}")
@@ -600,12 +564,7 @@ def print_deadlocks(r):
           f"\"{r['insight_summary']}\".\n")
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--runs", type=int, default=1,
-                    help="runs of each syn_cont measurement, for medians (default 1; each "
-                         "further run adds two recordings, about 1 minute)")
+def options(ap):
     ap.add_argument("--iterations", type=int, default=1000,
                     help="syn_cont ITER (default 1000: level-1 locks get 2*ITER requests, "
                          "level-2 ones 8*ITER)")
@@ -619,27 +578,32 @@ def main():
     ap.add_argument("--paper-work", type=int, default=500000,
                     help="syn_cont WORK and INSIDE at the paper's proportions (default 500000, "
                          "about a millisecond of CPU on these hosts)")
-    ap.add_argument("--json", metavar="FILE", help="also write every figure to FILE as JSON")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
-    args = ap.parse_args()
-    if args.runs < 1 or args.iterations < 1 or args.work < 0 or args.drd_threshold < 1:
-        ap.error("--runs, --iterations and --drd-threshold must be at least 1, --work at least 0")
-    start = time.monotonic()
-    ensure_valgrind()
-    log("building insight (cargo build --release -p insight)")
-    run(BUILD_INSIGHT, "cargo build", cwd=REPO)
-    warm_boot_snapshot()
-    work = tempfile.mkdtemp(prefix="insight-bench-locktools-")
-    bins = build_programs(work)
-    result = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "versions": versions(),
-              "host_cpus": os.cpu_count(), "runs": args.runs}
-    mutrace = shutil.which("mutrace")
-    result["mutrace"] = (f"installed at {mutrace}, not compared" if mutrace else
-                         "not available (not packaged in Debian bookworm)")
 
-    result["syn_cont"] = syn_cont(args, bins, work)
-    result["paper_proportions"] = paper_proportions(args, work)
-    result["deadlocks"] = deadlocks(args, bins, work)
+
+def run(ctx):
+    args = ctx.args
+    args.runs = ctx.runs
+    if args.iterations < 1 or args.work < 0 or args.drd_threshold < 1:
+        die("--iterations and --drd-threshold must be at least 1, --work at least 0")
+    start = time.monotonic()
+    need({"valgrind": "valgrind"})
+    work = tempfile.mkdtemp(prefix="insight-bench-locktools-")
+    try:
+        bins = build_programs(work)
+        result = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "versions": versions(),
+                  "host_cpus": os.cpu_count(), "runs": args.runs}
+        mutrace = shutil.which("mutrace")
+        result["mutrace"] = (f"installed at {mutrace}, not compared" if mutrace else
+                             "not available (not packaged in Debian bookworm)")
+        result["syn_cont"] = syn_cont(args, bins, work)
+        result["paper_proportions"] = paper_proportions(args, work)
+        result["deadlocks"] = deadlocks(args, bins, work)
+    finally:
+        if args.keep:
+            log(f"work directory kept: {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
     result["total_s"] = time.monotonic() - start
 
     v = result["versions"]
@@ -649,18 +613,26 @@ def main():
     print_syn(result["syn_cont"])
     print_paper(result["paper_proportions"])
     print_deadlocks(result["deadlocks"])
-    print(f"mutrace: {result['mutrace']}.\n")
-    print(f"Total time: {duration(result['total_s'])}.")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
-        log(f"figures written to {args.json}")
-    if args.keep:
-        log(f"work directory kept: {work}")
-    else:
-        shutil.rmtree(work, ignore_errors=True)
-    log(f"done in {duration(result['total_s'])}")
+    print(f"mutrace: {result['mutrace']}.")
+    return Report(rows(result), result)
 
 
-if __name__ == "__main__":
-    main()
+def rows(result):
+    """The result's rows (figures that are medians of the runs): syn_cont's
+    costs and the deadlock programs' findings."""
+    r = result["syn_cont"]
+    ins, native, n = r["insight"], r["native_s"], result["runs"]
+    out = [Row.computed(f"{r['command']}: natively, under Valgrind {tool}", r[key]["wall_s"], native,
+                        n=n)
+           for key, tool in (("valgrind_none", "--tool=none"), ("drd", "DRD"), ("helgrind", "Helgrind"))]
+    out.append(Row.computed(f"{r['command']} recorded (guest time): without probes, with",
+                            ins["guest_probed_s"], ins["guest_plain_s"], n=n))
+    out.append(Row.computed(f"{r['command']}: slowdown over native: DRD, insight record with probes",
+                            ins["guest_probed_s"] / native, r["drd"]["slowdown"], unit="x", n=n))
+    out.append(Row.computed(f"{r['command']}: replay --events and report locks (wall)",
+                            ins["replay_wall_s"] + ins["report_wall_s"]))
+    for row in result["deadlocks"]["programs"]:
+        out.append(Row.computed(f"{row['program']} (expected {row['expected']}): potential "
+                                "deadlocks found by Helgrind, by insight", row["insight"]["deadlocks"],
+                                row["helgrind"]["lock_order"], unit="cycles"))
+    return out

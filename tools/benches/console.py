@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Console output against writing the same bytes to /dev/null, side by side.
 
 A guest command prints through the command's terminal: the virtio console
@@ -9,12 +8,12 @@ round, into /dev/null:
 
   blocks  `head -c N /dev/zero`: stdio's 4 KiB buffer at a time (a
           terminal's output is line-buffered, and zeros end no line);
-  lines   `yes | head -c N`: 2-byte writes ("y\n"), one system call
+  lines   `yes | head -c N`: 2-byte writes ("y\\n"), one system call
           each, as a program that prints a line at a time.
 
 under `insight run` and `insight record` with the virtio console, `insight
 run --console serial`, and the anchors: QEMU 7.2 TCG with its serial port
-(the same kernel, initramfs and command, booted as tools/bench-qemu boots
+(the same kernel, initramfs and command, booted as tools/bench qemu boots
 it) and with a virtio console (QEMU's `microvm` machine, the only one with
 virtio-mmio: the guest kernel has no PCI; its CPU without a local APIC, so
 that the 8259's interrupts reach it with no firmware to set the APIC's
@@ -24,23 +23,31 @@ best of N.
 Throughput is bytes over the guest-timed seconds; "/ null" is the time
 against the same command writing into /dev/null in the same setup.
 
-Usage: tools/bench-console [--runs N] [--quick]
+Usage: tools/bench console [--runs N] [--quick]
   --runs N   rounds (default 3)
   --quick    smaller sizes (1 MB blocks, 4000 bytes of lines), one round
-Needs a built guest (tools/build-guest); builds insight in release mode;
-QEMU (qemu-system-x86) is skipped with a note where it is missing.
+Needs a built guest (tools/build-guest); QEMU (qemu-system-x86) is
+skipped with a note where it is missing.
 """
-import argparse
 import os
 import shutil
 import subprocess
 import tempfile
 import time
 
-from benchlib import (INSIGHT, build_insight, die, guest_dir, initrd_with_command,
-                      load_tool, log, timeit_ns)
+from . import qemu_guest
+from .common import binary, die, guest_dir, initrd_with_command, log, timeit_ns
+from .stats import BEST, Row
 
-QEMU = "qemu-system-x86_64"
+TITLE = "Console output"
+DURATION = "14 min"
+RUNS = 3
+QEMU = qemu_guest.QEMU
+
+
+def options(ap):
+    ap.add_argument("--quick", action="store_true",
+                    help="smaller sizes (1 MB blocks, 4000 bytes of lines), one round")
 
 
 def writer(kind, n, null):
@@ -89,25 +96,26 @@ def measure(argv, kind, expect, what, timeout=1800, console_file=None):
     return ns / 1e9
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--quick", action="store_true")
-    args = ap.parse_args()
-    runs = 1 if args.quick else args.runs
+def run(ctx):
+    tmp = tempfile.mkdtemp(prefix="insight-bench-console-")
+    try:
+        return measure_all(ctx, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def measure_all(ctx, tmp):
+    quick = ctx.args.quick
+    runs = 1 if quick else ctx.runs
     # Sizes: about ten seconds each where the setup is slow (the UART's
     # bytes, every setup's lines), the figure for 10 MB elsewhere.
-    blocks = 1_000_000 if args.quick else 10_000_000
-    lines = 4000 if args.quick else 20000
+    blocks = 1_000_000 if quick else 10_000_000
+    lines = 4000 if quick else 20000
     sizes = {
         "blocks": {"virtio": blocks, "serial": 200_000, "qemu": blocks, "qemu-virtio": blocks},
         "lines": {"virtio": lines, "serial": lines, "qemu": lines, "qemu-virtio": lines},
     }
-    build_insight()
     guest = guest_dir()
-    tmp = tempfile.mkdtemp(prefix="insight-bench-console-")
-
     traces = []
 
     def fresh_trace():
@@ -116,22 +124,18 @@ def main():
 
     setups = [
         ("insight run, virtio console", "virtio",
-         lambda cmd: [INSIGHT, "run", "--no-stdin", "--"] + cmd),
+         lambda cmd: [binary(), "run", "--no-stdin", "--"] + cmd),
         ("insight record, virtio console", "virtio",
-         lambda cmd: [INSIGHT, "record", "--no-stdin", "-o", fresh_trace(), "--"] + cmd),
+         lambda cmd: [binary(), "record", "--no-stdin", "-o", fresh_trace(), "--"] + cmd),
         ("insight run, serial console", "serial",
-         lambda cmd: [INSIGHT, "run", "--no-stdin", "--console", "serial", "--"] + cmd),
+         lambda cmd: [binary(), "run", "--no-stdin", "--console", "serial", "--"] + cmd),
     ]
-    qemu_note = None
     # QEMU's virtio console drops what its character device cannot take at
     # once (a pipe that is full): its output goes to a file.
     qemu_console = os.path.join(tmp, "qemu-console")
     if shutil.which(QEMU):
-        bench_qemu = load_tool("bench-qemu")
-        cmdline = bench_qemu.CMDLINE + bench_qemu.QEMU_CMDLINE
-        kernel = bench_qemu.direct_boot_kernel(
-            os.path.join(guest, "vmlinux"), os.path.join(guest, "bzImage"), cmdline,
-            os.path.join(tmp, "vmlinux-qemu"))
+        cmdline = qemu_guest.CMDLINE + qemu_guest.QEMU_CMDLINE
+        kernel = qemu_guest.guest_kernel(guest, cmdline, os.path.join(tmp, "vmlinux-qemu"))
         initrds = {}
 
         def initrd(cmd):
@@ -143,12 +147,12 @@ def main():
             return initrds[key]
 
         def qemu(cmd):
-            return bench_qemu.qemu_argv(kernel, initrd(cmd), cmdline, "tcg")
+            return qemu_guest.qemu_argv(kernel, initrd(cmd), cmdline, "tcg")
 
         def qemu_virtio(cmd):
             open(qemu_console, "wb").close()
             return [QEMU, "-M", "microvm,pic=on,pit=on,rtc=on,isa-serial=on,acpi=off",
-                    "-accel", "tcg", "-cpu", "max,-apic", "-m", str(bench_qemu.MEMORY_MIB),
+                    "-accel", "tcg", "-cpu", "max,-apic", "-m", str(qemu_guest.MEMORY_MIB),
                     "-display", "none", "-monitor", "none", "-serial", "null", "-net", "none",
                     "-no-reboot", "-kernel", os.path.join(guest, "bzImage"),
                     "-initrd", initrd(cmd), "-append", cmdline,
@@ -163,7 +167,7 @@ def main():
     else:
         qemu_note = f"{QEMU} not found: QEMU's anchor skipped (apt-get install qemu-system-x86)"
 
-    best = {}
+    times = {}
     for i in range(runs):
         for kind in ("blocks", "lines"):
             for name, size_key, argv in setups:
@@ -172,27 +176,23 @@ def main():
                     what = f"{name}, {kind}{' to /dev/null' if null else ''}"
                     s = measure(argv(writer(kind, n, null)), kind, 0 if null else n, what,
                                 console_file=qemu_console if size_key == "qemu-virtio" else None)
-                    key = (name, kind, null)
-                    best[key] = min(best.get(key, s), s)
+                    times.setdefault((name, kind, null), []).append(s)
                     log(f"round {i + 1}: {what}: {n} bytes in {s:.2f} s")
                 for t in traces:
                     shutil.rmtree(t, ignore_errors=True)
-    shutil.rmtree(tmp, ignore_errors=True)
 
-    print()
-    print(f"Best of {runs}, alternating; guest-timed (`timeit`). {qemu_note}")
-    print()
+    rows = []
+    print(f"Best of {runs}, alternating; guest-timed (`timeit`). {qemu_note}\n")
     print("| writer | setup | bytes | to the console | throughput | to /dev/null | console / null |")
     print("|---|---|---|---|---|---|---|")
     for kind in ("blocks", "lines"):
         for name, size_key, _ in setups:
             n = sizes[kind][size_key]
-            console, null = best[(name, kind, False)], best[(name, kind, True)]
-            rate = n / console
+            console, null = times[(name, kind, False)], times[(name, kind, True)]
+            rows.append(Row(f"{kind}, {name}, {n:,} bytes: to /dev/null, to the console", console,
+                            null, statistic=BEST))
+            rate = n / min(console)
             rate_text = f"{rate / 1e6:.2f} MB/s" if rate >= 1e5 else f"{rate / 1e3:.1f} KB/s"
-            print(f"| {kind} | {name} | {n:,} | {console:.2f} s | {rate_text} | {null:.2f} s "
-                  f"| {console / null:.2f}x |")
-
-
-if __name__ == "__main__":
-    main()
+            print(f"| {kind} | {name} | {n:,} | {min(console):.2f} s | {rate_text} | {min(null):.2f} s "
+                  f"| {min(console) / min(null):.2f}x |")
+    return rows

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Network costs of recording, measured side by side in one run.
 
   * TCP throughput host -> guest: a 20 MiB stream from the host side of a
@@ -21,22 +20,25 @@ packet leaves it. The namespace's TCP congestion control is Reno: BBR, a
 common host default, paces the sender to the ACK clock of a guest whose
 kernel is interpreted, and would measure the pacing instead.
 
-Usage: tools/bench-net [--runs N] [--mib M] [--udp-rates R,R,...] [--udp-seconds S]
+Usage: tools/bench net [--runs N] [--mib M] [--udp-rates R,R,...] [--udp-seconds S]
                        [--only tcp|udp]
-Needs root, iproute2 and a built guest (tools/build-guest); builds insight
-in release mode. Prints a table; copy the figures into docs/BENCHMARKS.md.
+Needs root, iproute2 and a built guest (tools/build-guest).
 """
-import argparse
 import contextlib
 import os
 import re
-import statistics
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 
-from benchlib import INSIGHT, build_insight, trace_bytes
+from .common import binary, die, log, trace_bytes
+from .stats import Row
+
+TITLE = "Network"
+DURATION = "15 min"
+RUNS = 3
 
 GUEST = "10.0.2.15"
 
@@ -69,7 +71,7 @@ def start_listening(ns, mode, command, tmp, trace):
         f.write(f'command = "{command}"\n[net]\ntap = "insight0"\n'
                 f'guest_address = "{GUEST}/24"\nhost_address = "10.0.2.2/24"\n')
     args = ["run"] if mode == "run" else ["record", "-o", trace]
-    p = subprocess.Popen(["ip", "netns", "exec", ns, INSIGHT] + args + ["--no-stdin", cfg],
+    p = subprocess.Popen(["ip", "netns", "exec", ns, binary()] + args + ["--no-stdin", cfg],
                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
     out = ""
@@ -78,7 +80,7 @@ def start_listening(ns, mode, command, tmp, trace):
         line = p.stdout.readline()
         if not line or time.monotonic() > deadline:
             p.kill()
-            sys.exit(f"bench-net: the guest never listened:\n{out}{p.stderr.read()}")
+            die(f"the guest never listened:\n{out}{p.stderr.read()}")
         out += line
     return p, out
 
@@ -92,14 +94,14 @@ def transfer(mode, data, tmp, i):
         rest, err = p.communicate(timeout=900)
         out += rest
         if p.returncode != 0:
-            sys.exit(f"bench-net: insight {mode} failed ({p.returncode}):\n{out}{err}")
+            die(f"insight {mode} failed ({p.returncode}):\n{out}{err}")
         m = re.search(r"tcp_sink: received in (\d+) ns", out)
         if not m:
-            sys.exit(f"bench-net: no timing in guest output:\n{out}")
+            die(f"no timing in guest output:\n{out}")
         size = None
         if mode == "record":
             size = trace_bytes(trace)
-            subprocess.run(["rm", "-rf", trace])
+            shutil.rmtree(trace, ignore_errors=True)
         return int(m.group(1)), size
 
 
@@ -111,21 +113,15 @@ def tcp_rows(mib, runs, tmp):
     live, rec, sizes = [], [], []
     for i in range(runs):
         ns, _ = transfer("run", data, tmp, i)
-        live.append(ns)
+        live.append(ns / 1e9)
         ns, size = transfer("record", data, tmp, i)
-        rec.append(ns)
-        sizes.append(size)
-        print(f"TCP run {i + 1}: run {nbytes / live[-1] * 1e3:.2f} MB/s, "
-              f"record {nbytes / rec[-1] * 1e3:.2f} MB/s", flush=True)
-    lm, rm = statistics.median(live), statistics.median(rec)
-    size = statistics.median(sizes)
+        rec.append(ns / 1e9)
+        sizes.append(size / nbytes)
+        log(f"TCP run {i + 1}: run {nbytes / live[-1] / 1e6:.2f} MB/s, "
+            f"record {nbytes / rec[-1] / 1e6:.2f} MB/s")
     return [
-        (f"TCP host -> guest, {mib} MiB",
-         f"run {nbytes / lm * 1e3:.2f} MB/s, record {nbytes / rm * 1e3:.2f} MB/s (medians of {runs})",
-         f"{(lm / rm - 1) * 100:+.1f} % throughput"),
-        ("trace bytes per received byte",
-         f"{int(size)} B of trace for {nbytes} B of stream",
-         f"{size / nbytes:.3f}"),
+        Row(f"TCP host -> guest, {mib} MiB, time in the guest: run, record", rec, live),
+        Row("trace bytes per received byte", sizes, unit="B/B"),
     ]
 
 
@@ -160,15 +156,15 @@ def udp_receive(mode, rate, seconds, tmp, i):
         for s in senders:
             if s.wait(timeout=seconds + 60) != 0:
                 p.kill()
-                sys.exit("bench-net: a UDP sender failed")
+                die("a UDP sender failed")
         rest, err = p.communicate(timeout=900)
         out += rest
         m = re.search(r"udp_sink: (\d+) datagrams", out)
         if not m:
-            sys.exit(f"bench-net: udp_sink printed no count ({mode}, exit status "
+            die(f"udp_sink printed no count ({mode}, exit status "
                      f"{p.returncode}):\n{out}{err}")
         d = re.search(r"(\d+) received frames were dropped", err)
-        subprocess.run(["rm", "-rf", trace])
+        shutil.rmtree(trace, ignore_errors=True)
         return 2 * per_sender + 2, int(m.group(1)), int(d.group(1)) if d else 0
 
 
@@ -181,45 +177,36 @@ def udp_rows(rates, seconds, runs, tmp):
             live.append(got)
             sent, got, dropped_rec = udp_receive("record", rate, seconds, tmp, i)
             rec.append(got)
-            print(f"UDP {rate}/s run {i + 1}: {sent} sent; received: run {live[-1]}, "
-                  f"record {rec[-1]}; dropped by insight: run {dropped_run}, "
-                  f"record {dropped_rec}", flush=True)
-        lm, rm = statistics.median(live), statistics.median(rec)
-        rows.append((f"UDP host -> guest, {rate} datagrams/s, {sent} sent",
-                     f"received: run {lm:.0f}, record {rm:.0f} (medians of {runs})",
-                     f"record {rm / lm * 100:.1f} % of run" if lm else "run received none"))
+            log(f"UDP {rate}/s run {i + 1}: {sent} sent; received: run {live[-1]}, "
+                f"record {rec[-1]}; dropped by insight: run {dropped_run}, record {dropped_rec}")
+        rows.append(Row(f"UDP host -> guest, {rate} datagrams/s, {sent} sent: received, run, record",
+                        rec, live, unit="datagrams"))
     return rows
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--mib", type=int, default=20)
+def options(ap):
+    ap.add_argument("--mib", type=int, default=20, help="MiB of the TCP stream (default 20)")
     ap.add_argument("--udp-rates", default="100,500,2000",
                     help="total datagrams per second of the UDP rows, comma-separated")
     ap.add_argument("--udp-seconds", type=int, default=2,
                     help="how long each UDP row's senders send")
     ap.add_argument("--only", choices=["tcp", "udp"], help="run only the TCP or the UDP rows")
-    args = ap.parse_args()
+
+
+def run(ctx):
+    args = ctx.args
     rates = [int(r) for r in args.udp_rates.split(",") if r]
     if any(r < 2 for r in rates) or args.udp_seconds < 1:
-        sys.exit("bench-net: UDP rates must be at least 2 per second, and --udp-seconds at least 1")
+        die("UDP rates must be at least 2 per second, and --udp-seconds at least 1")
     if os.geteuid() != 0:
-        sys.exit("bench-net: needs root (network namespaces, TAP devices)")
-    build_insight()
+        die("needs root (network namespaces, TAP devices)")
     tmp = tempfile.mkdtemp(prefix="insight-bench-net-")
     rows = []
-    if args.only != "udp":
-        rows += tcp_rows(args.mib, args.runs, tmp)
-    if args.only != "tcp":
-        rows += udp_rows(rates, args.udp_seconds, args.runs, tmp)
-    subprocess.run(["rm", "-rf", tmp])
-    print()
-    print("| measurement | figures | result |")
-    print("|---|---|---|")
-    for r in rows:
-        print(f"| {r[0]} | {r[1]} | **{r[2]}** |")
-
-
-if __name__ == "__main__":
-    main()
+    try:
+        if args.only != "udp":
+            rows += tcp_rows(args.mib, ctx.runs, tmp)
+        if args.only != "tcp":
+            rows += udp_rows(rates, args.udp_seconds, ctx.runs, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return rows

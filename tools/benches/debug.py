@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Costs of `insight debug`, measured side by side in one run.
 
   * the first prompt: `insight debug` until gdb stands at the program's
@@ -20,7 +19,7 @@
     instruction counting, `-icount shift=auto,rr=record|replay`, its one
     snapshot at the start kept in a scratch qcow2 image), debugged
     through QEMU's gdb stub: the same guest kernel and initramfs, booted
-    as tools/bench-qemu boots them, with `norandmaps` so that ticker's
+    as tools/bench qemu boots them, with `norandmaps` so that ticker's
     symbols can be placed at the kernel's fixed PIE base. QEMU's stub
     shows the whole machine, not a process: its first prompt is at the
     machine's first instruction, so the figure beside insight's is the
@@ -36,25 +35,28 @@
 Each gdb command is timed by gdb's own Python (`time.monotonic()` around
 it), so gdb's start and symbol reading are outside those figures.
 
-Usage: tools/bench-debug [--runs N] [--steps N] [--no-qemu] [--qemu-calls N]
+Usage: tools/bench debug [--runs N] [--steps N] [--no-qemu] [--qemu-calls N]
                          [--qemu-limit S]
 Needs a built guest (tools/build-guest) and gdb, for QEMU
 qemu-system-x86 and qemu-utils (installed with apt-get when running as
-root); builds insight in release mode. About 30 minutes with QEMU.
-Prints a table; copy the figures into docs/BENCHMARKS.md.
+root). About 30 minutes with QEMU.
 """
-import argparse
 import os
 import re
 import shutil
 import socket
-import statistics
 import subprocess
 import tempfile
 import time
 
-from benchlib import (build_insight, die, file_from_initramfs, guest_dir, initrd_with_command,
-                      insight, load_tool, log)
+from . import qemu_guest, stats
+from .common import (die, file_from_initramfs, guest_dir, initrd_with_command, insight, log,
+                     need)
+from .stats import Row
+
+TITLE = "Debugging a recording"
+DURATION = "20-30 min"
+RUNS = 3
 
 
 # insight debug's default --snapshot-every: the stretch a reverse command
@@ -119,19 +121,13 @@ def qemu_ticker(work, calls, steps, limit):
     and gdb stub, the gdb session stopped after `limit` seconds: a dict of
     the record's wall time and the figures gdb printed by label (those of
     the commands done in time)."""
-    qemu = load_tool("bench-qemu")
-    qemu.ensure_qemu()
-    if not shutil.which("qemu-img"):
-        subprocess.run(["apt-get", "install", "-y", "-q", "qemu-utils"], stdin=subprocess.DEVNULL,
-                       capture_output=True, env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
-        if not shutil.which("qemu-img"):
-            die("qemu-img is not installed (apt-get install qemu-utils)")
+    qemu = qemu_guest
+    need({qemu.QEMU: "qemu-system-x86", "qemu-img": "qemu-utils"})
     guest = guest_dir()
     d = os.path.join(work, "qemu")
     os.makedirs(d)
     cmdline = qemu.CMDLINE + qemu.QEMU_CMDLINE + " norandmaps"
-    kernel = qemu.direct_boot_kernel(os.path.join(guest, "vmlinux"), os.path.join(guest, "bzImage"),
-                                     cmdline, os.path.join(d, "vmlinux"))
+    kernel = qemu.guest_kernel(guest, cmdline, os.path.join(d, "vmlinux"))
     initrd = initrd_with_command(guest, ["ticker", str(calls), TICKER[2]], os.path.join(d, "initrd"))
     exe = file_from_initramfs(guest, "usr/bin/ticker", os.path.join(d, "ticker"))
     # QEMU keeps the snapshot a replay starts from (and reverse commands
@@ -196,20 +192,25 @@ def has_pmu():
     return any(os.path.isdir(os.path.join(devices, d)) for d in ("cpu", "cpu_core", "cpu_atom"))
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=20)
+def options(ap):
+    ap.add_argument("--steps", type=int, default=20, help="reverse-stepi per session (default 20)")
     ap.add_argument("--no-qemu", action="store_true", help="skip QEMU's record/replay gdb stub")
     ap.add_argument("--qemu-calls", type=int, default=100,
                     help="ticker's calls under QEMU (default 100: its replay under gdb is slow)")
     ap.add_argument("--qemu-limit", type=int, default=1200,
                     help="seconds QEMU's gdb session may take (default 1200)")
-    args = ap.parse_args()
-    if not shutil.which("gdb"):
-        die("gdb is not installed (apt-get install gdb)")
-    build_insight()
-    work = tempfile.mkdtemp(prefix="bench-debug-")
+
+
+def run(ctx):
+    need({"gdb": "gdb"})
+    work = tempfile.mkdtemp(prefix="insight-bench-debug-")
+    try:
+        return measure(ctx.runs, ctx.args, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def measure(runs, args, work):
     trace = os.path.join(work, "overwriter")
     rec, rec_wall = insight(["record", "--no-stdin", "-o", trace, "--",
                              "overwriter", "4", "2000000"])
@@ -217,7 +218,7 @@ def main():
         die(f"overwriter printed no report:\n{rec.stdout}")
 
     replay_walls, first_prompt, back, back_hits, steps = [], [], [], [], []
-    for run in range(args.runs):
+    for _ in range(runs):
         _, wall = insight(["replay", trace])
         replay_walls.append(wall)
         _, wall, _ = gdb_session(trace, ["info registers rip"], "overwriter")
@@ -242,7 +243,7 @@ def main():
     if "ticker: 10000 calls" not in rec.stdout:
         die(f"ticker printed no report:\n{rec.stdout}")
     ticker_replays, last_hit, hit_before = [], [], []
-    for run in range(args.runs):
+    for _ in range(runs):
         _, wall = insight(["replay", ticker])
         ticker_replays.append(wall)
         commands = ["break done", "continue", "break tick"]
@@ -256,24 +257,24 @@ def main():
 
     qemu_result = None if args.no_qemu else qemu_ticker(work, args.qemu_calls, 2, args.qemu_limit)
 
-    replay = statistics.median(replay_walls)
-    print(f"overwriter 4 2000000 recorded in {rec_wall:.1f} s; {args.runs} runs, medians")
+    replay = stats.median(replay_walls)
+    print(f"overwriter 4 2000000 recorded in {rec_wall:.1f} s; {runs} runs, medians")
     print(f"{'measure':48} {'value':>10} {'against':>24}")
     print(f"{'forward replay to the end (wall)':48} {replay:9.2f}s")
-    fp = statistics.median(first_prompt)
+    fp = stats.median(first_prompt)
     print(f"{'first prompt: insight debug, gdb started, quit':48} {fp:9.2f}s "
           f"{fp / replay:16.2f}x replay")
-    rc = statistics.median(back)
+    rc = stats.median(back)
     print(f"{'reverse-continue to the write (in gdb)':48} {rc:9.2f}s "
           f"{rc / replay:16.2f}x replay")
-    print(f"{'reverse-stepi, median (in gdb)':48} {statistics.median(steps):9.3f}s")
+    print(f"{'reverse-stepi, median (in gdb)':48} {stats.median(steps):9.3f}s")
     print(f"{'reverse-stepi, worst (in gdb)':48} {max(steps):9.3f}s")
-    tr = statistics.median(ticker_replays)
+    tr = stats.median(ticker_replays)
     print(f"ticker 10000 2000000 (tick() every ~3 ms) recorded in {ticker_rec_wall:.1f} s; "
           f"forward replay {tr:.1f} s")
     for label, values in (("reverse-continue to the last of 10,000 hits", last_hit),
                           ("reverse-continue to the hit before it", hit_before)):
-        v = statistics.median(values)
+        v = stats.median(values)
         print(f"{label + ' (in gdb)':48} {v:9.3f}s {v / SNAPSHOT_INTERVAL:13.2f}x interval")
     if qemu_result:
         got = qemu_result["figures"]
@@ -282,12 +283,12 @@ def main():
               f"(in gdb); against insight's figures above for {TICKER[1]} calls")
         print(f"{'QEMU: first prompt at main() (QEMU start to gdb)':48} {got['first-prompt'][0]:9.2f}s "
               f"{got['first-prompt'][0] / fp:16.2f}x insight")
-        rows = (("reverse-continue to the last hit", "last-hit", statistics.median(last_hit)),
-                ("reverse-continue to the hit before it", "hit-before", statistics.median(hit_before)),
-                ("reverse-stepi, median", "reverse-stepi", statistics.median(steps)))
+        rows = (("reverse-continue to the last hit", "last-hit", stats.median(last_hit)),
+                ("reverse-continue to the hit before it", "hit-before", stats.median(hit_before)),
+                ("reverse-stepi, median", "reverse-stepi", stats.median(steps)))
         for label, key, ours in rows:
             if key in got:
-                v = statistics.median(got[key])
+                v = stats.median(got[key])
                 print(f"{'QEMU: ' + label + ' (in gdb)':48} {v:9.2f}s {v / ours:16.0f}x insight")
             else:
                 print(f"{'QEMU: ' + label + ' (in gdb)':48} not done in the session's "
@@ -295,8 +296,28 @@ def main():
     print("rr: " + ("this host has a hardware PMU; rr is not measured by this tool" if has_pmu()
                     else "cannot run here: the host has no hardware PMU "
                          "(no /sys/bus/event_source/devices/cpu)"))
-    shutil.rmtree(work, ignore_errors=True)
-
-
-if __name__ == "__main__":
-    main()
+    rows = [
+        Row("overwriter: forward replay to the end (wall)", replay_walls),
+        Row("first prompt (`insight debug`, gdb started, quit): forward replay, first prompt",
+            first_prompt, replay_walls),
+        Row("reverse-continue to the write (in gdb): forward replay, reverse-continue", back,
+            replay_walls),
+        Row("reverse-stepi (in gdb)", steps),
+        Row.computed("reverse-stepi, worst (in gdb)", max(steps), n=len(steps)),
+        Row("ticker: forward replay to the end (wall)", ticker_replays),
+        Row(f"reverse-continue to the last of 10,000 hits (in gdb): the {SNAPSHOT_INTERVAL * 1000:.0f}-ms "
+            "snapshot interval, reverse-continue", last_hit, [SNAPSHOT_INTERVAL]),
+        Row("reverse-continue to the hit before it (in gdb): the snapshot interval, reverse-continue",
+            hit_before, [SNAPSHOT_INTERVAL]),
+    ]
+    if qemu_result:
+        got = qemu_result["figures"]
+        rows.append(Row(f"first prompt at main(): QEMU (ticker {args.qemu_calls}), insight",
+                        first_prompt, got["first-prompt"]))
+        for label, key, ours in (("reverse-continue to the last hit", "last-hit", last_hit),
+                                 ("reverse-continue to the hit before it", "hit-before", hit_before),
+                                 ("reverse-stepi", "reverse-stepi", steps)):
+            if key in got:
+                rows.append(Row(f"{label} (in gdb): QEMU ({args.qemu_calls} calls), insight "
+                                f"({TICKER[1]} calls)", ours, got[key]))
+    return rows

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """The seed papers' evaluations, reproduced side by side: docs/PAPERS.md.
 
 For every experiment of the InSight paper's evaluation (correctness, Tables
@@ -14,16 +13,16 @@ What runs (all through insight's release build and the built guest):
     output compared;
   * InSight Table 1: W1, the host's `bc` computing an arctangent, timed in
     the guest, `insight run` against `insight record`; W3, a TCP stream
-    host -> guest (tools/bench-net's), run against record;
+    host -> guest (tools/bench net's), run against record;
   * InSight Table 2: `sort` of a generated file and syn_cont: run, record,
     and replay collecting events with sampling off and at three periods
     (wall time, event database size);
-  * InSight Table 3 and 5.4.3: tools/bench-locktools (syn_cont's per-level
+  * InSight Table 3 and 5.4.3: tools/bench locktools (syn_cont's per-level
     lock figures; the Trylock, Transitive and Gatelock programs);
-  * InSight Table 4: tools/bench-profile (GNU sort, gawk and GNU sed
+  * InSight Table 4: tools/bench profile (GNU sort, gawk and GNU sed
     profiled by insight, by `perf record -e cpu-clock` natively and by
     the guest's own timer ticks in an unrecorded run);
-  * ReTrace's expansion: tools/bench-expand (a traced replay against a
+  * ReTrace's expansion: tools/bench expand (a traced replay against a
     plain one, and Valgrind lackey natively);
   * ReTrace: busybox httpd in the guest under `ab` from the host side of
     its TAP device (requests per second, run against record); log growth
@@ -31,34 +30,41 @@ What runs (all through insight's release build and the built guest):
     QEMU TCG with `-icount shift=0` (one nanosecond of virtual time per
     instruction); replay of an idle guest against its recorded time.
 
-Network experiments run in network namespaces the tool creates (tools/
-bench-net's), with bounded request counts; no packet leaves them.
+Network experiments run in network namespaces the benchmark creates
+(tools/bench net's), with bounded request counts; no packet leaves them.
 
-Usage: tools/bench-papers [--no-write] [--runs N]
+Usage: tools/bench papers [--no-write] [--runs N]
   --runs N     repetitions of each timed comparison (default 2; medians)
   --no-write   print the document; leave docs/PAPERS.md alone
 Needs root (network namespaces, apt-get for apache2-utils, valgrind, perf
-and QEMU when missing), /dev/kvm and a built guest (tools/build-guest);
-builds insight in release mode.
+and QEMU when missing), /dev/kvm and a built guest (tools/build-guest).
 """
-import argparse
 import json
 import os
+import random
 import re
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
-from benchlib import INSIGHT, REPO, build_insight, die, guest_dir, load_tool, log, timeit_ns, trace_bytes
+from . import harness, net, qemu_guest, stats
+from .common import (REPO, binary, die, guest_dir, initramfs_entries, initrd_with_archive,
+                     insight as run_insight, log, matched as check_matched, need, timeit_ns,
+                     trace_bytes)
+from .harness import Report
+from .stats import Row
+
+TITLE = "The seed papers' evaluations"
+DURATION = "36 min"
+RUNS = 2
 
 DOC = os.path.join(REPO, "docs", "PAPERS.md")
 PACKAGES = {"ab": "apache2-utils", "qemu-system-x86_64": "qemu-system-x86", "valgrind": "valgrind",
             "perf": "linux-perf", "bc": "bc"}
 GUEST_LIBS = "/lib/x86_64-linux-gnu"
-# tools/bench-profile's sections for Table 4: the paper's program, the
+# tools/bench profile's sections for Table 4: the paper's program, the
 # start of the section's title.
 PROFILE_SECTIONS = (("sort", "GNU sort"), ("awk", "gawk"), ("sed", "GNU sed"))
 # W1: an arctangent by the bc at `{bc}`, twice.
@@ -68,50 +74,18 @@ W1_LOOP = "for i in 1 2; do echo 'scale=2000; a(1)*4' | {bc} -l >/dev/null; done
 GUEST_BC = "/usr/local/bin/bc"
 
 
-def install_packages():
-    missing = sorted({pkg for cmd, pkg in PACKAGES.items() if not shutil.which(cmd)})
-    if not missing:
-        return
-    if os.geteuid() != 0:
-        die(f"missing {', '.join(missing)}: install them (apt-get install {' '.join(missing)})")
-    log(f"installing {', '.join(missing)}")
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    for argv in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q"] + missing):
-        p = subprocess.run(argv, capture_output=True, text=True, env=env)
-        if p.returncode != 0:
-            die(f"{' '.join(argv)} failed:\n{p.stderr[-2000:]}")
-
-
 def insight(args, what):
-    """Runs insight; returns (process, wall seconds); stops the tool if it fails."""
-    start = time.monotonic()
-    p = subprocess.run([INSIGHT] + args, stdin=subprocess.DEVNULL, capture_output=True, text=True)
-    wall = time.monotonic() - start
-    if p.returncode != 0:
-        die(f"{what}: insight {' '.join(args)} failed ({p.returncode}):\n{p.stderr[-3000:]}")
-    return p, wall
+    """Runs insight; returns (process, wall seconds); stops the benchmark if it fails."""
+    return run_insight(args)
 
 
 def matched(p, what):
-    if "replay matched the recording" not in p.stderr:
-        die(f"{what}: the replay did not match:\n{p.stderr[-2000:]}")
+    check_matched(p.stderr, what)
 
 
 def guest_libraries():
     """File names of the shared libraries the guest image has."""
-    names = set()
-    with open(os.path.join(guest_dir(), "initramfs.cpio"), "rb") as f:
-        data = f.read()
-    at = 0
-    while at + 110 <= len(data) and data[at:at + 6] == b"070701":
-        size, namesize = int(data[at + 54:at + 62], 16), int(data[at + 94:at + 102], 16)
-        name = data[at + 110:at + 110 + namesize - 1].decode(errors="replace")
-        if name == "TRAILER!!!":
-            break
-        names.add(os.path.basename(name))
-        at = (at + 110 + namesize + 3) & ~3
-        at = (at + size + 3) & ~3
-    return names
+    return {os.path.basename(name) for name, _ in initramfs_entries(guest_dir())}
 
 
 def host_program_files(program, have):
@@ -140,7 +114,7 @@ def config(path, command, files=(), memory=None, extra=""):
 
 
 def med(xs):
-    return statistics.median(xs)
+    return stats.median(xs)
 
 
 def pct(a, b):
@@ -240,8 +214,10 @@ def table1(tmp, net, runs, have):
         rec.append(net.transfer("record", data, tmp, f"p{i}")[0])
     mbps = lambda ns: (mib << 20) * 8 / (ns / 1e9) / 1e6
     w3 = (mbps(med(live)), mbps(med(rec)))
-    return {"w1": w1, "w1_native": med(native_ns) / 1e9, "w1_log_bytes": log_bytes, "w1_replay_wall": replay_wall, "w3": w3,
-            "w3_mib": mib, "bc_files": bc_files, "bc_cfg": cfg}
+    return {"w1": w1, "w1_native": med(native_ns) / 1e9, "w1_log_bytes": log_bytes,
+            "w1_replay_wall": replay_wall, "w3": w3, "w3_mib": mib, "bc_files": bc_files,
+            "bc_cfg": cfg, "samples": {"w1_native": native_ns, "w1_run": run_ns, "w1_record": rec_ns,
+                                       "w3_run": live, "w3_record": rec}}
 
 
 # ---- InSight Table 2 ------------------------------------------------------
@@ -251,7 +227,6 @@ PERIODS = [None, "10ms", "4ms", "1ms"]
 
 def table2(tmp, runs, have):
     words = os.path.join(tmp, "words.txt")
-    import random
     rng = random.Random(1)
     letters = "abcdefghijklmnopqrstuvwxyz"
     with open(words, "w") as f:
@@ -294,7 +269,9 @@ def table2(tmp, runs, have):
             log(f"Table 2, {name}, round {i + 1}: run {runs_w[-1]:.1f} s, record {recs_w[-1]:.1f} s, "
                 f"replays {', '.join(f'{reps[p][-1]:.1f}' for p in PERIODS)} s")
         out[name] = {"run": med(runs_w), "record": med(recs_w),
-                     "replay": {p: med(reps[p]) for p in PERIODS}, "db": dbs}
+                     "replay": {p: med(reps[p]) for p in PERIODS}, "db": dbs,
+                     "samples": {"run": runs_w, "record": recs_w, "replay": reps[None],
+                                 "replay 1ms": reps["1ms"]}}
     return out
 
 
@@ -339,11 +316,12 @@ def httpd(tmp, net, runs):
                 shutil.rmtree(cfg_dir)
         log(f"httpd round {i + 1}: run {results['run'][-1]:.0f} req/s, "
             f"record {results['record'][-1]:.0f} req/s")
-    return {"run": med(results["run"]), "record": med(results["record"]), "log_bytes": int(med(sizes))}
+    return {"run": med(results["run"]), "record": med(results["record"]), "log_bytes": int(med(sizes)),
+            "samples": results}
 
 
 def start_with_files(net, ns, mode, command, tmp, trace, files):
-    """tools/bench-net's start_listening, with `files` in the config."""
+    """tools/bench net's start_listening, with `files` in the config."""
     cfg = os.path.join(tmp, "vm.toml")
     with open(cfg, "w") as f:
         f.write(f'command = "{command}"\n')
@@ -352,7 +330,7 @@ def start_with_files(net, ns, mode, command, tmp, trace, files):
         f.write(f'[net]\ntap = "insight0"\nguest_address = "{net.GUEST}/24"\n'
                 f'host_address = "10.0.2.2/24"\n')
     args = ["run"] if mode == "run" else ["record", "-o", trace]
-    p = subprocess.Popen(["ip", "netns", "exec", ns, INSIGHT] + args + ["--no-stdin", cfg],
+    p = subprocess.Popen(["ip", "netns", "exec", ns, binary()] + args + ["--no-stdin", cfg],
                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
     out = ""
@@ -369,7 +347,7 @@ def start_with_files(net, ns, mode, command, tmp, trace, files):
 def instructions_under_qemu(tmp, t1):
     """W1's instructions, counted as QEMU TCG's virtual nanoseconds with
     -icount shift=0 (one per instruction) over the guest's `timeit` window."""
-    qemu = load_tool("bench-qemu")
+    qemu = qemu_guest
     guest = guest_dir()
     work = os.path.join(tmp, "qemu")
     os.makedirs(work)
@@ -386,18 +364,9 @@ def instructions_under_qemu(tmp, t1):
         f.write(f"file /etc/insight/command {cmdfile} 0644 0 0\n")
         for host, g in t1["bc_files"]:
             f.write(f"file {g} {host} 0755 0 0\n")
-    kernel_dir = os.path.dirname(os.path.realpath(os.path.join(guest, "vmlinux")))
-    gen = subprocess.run([os.path.join(kernel_dir, "gen_init_cpio"), lst], capture_output=True)
-    if gen.returncode != 0:
-        die(f"gen_init_cpio failed:\n{gen.stderr.decode(errors='replace')}")
-    with open(os.path.join(guest, "initramfs.cpio"), "rb") as f:
-        base = f.read()
-    initrd = os.path.join(work, "initrd")
-    with open(initrd, "wb") as f:
-        f.write(base + b"\0" * (-len(base) % 4) + gen.stdout)
+    initrd = initrd_with_archive(guest, lst, os.path.join(work, "initrd"))
     cmdline = qemu.CMDLINE + qemu.QEMU_CMDLINE
-    kernel = qemu.direct_boot_kernel(os.path.join(guest, "vmlinux"), os.path.join(guest, "bzImage"),
-                                     cmdline, os.path.join(work, "vmlinux"))
+    kernel = qemu.guest_kernel(guest, cmdline, os.path.join(work, "vmlinux"))
     argv = qemu.qemu_argv(kernel, initrd, cmdline, "shift=0,sleep=off")
     p = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=1800)
     ns = timeit_ns(p.stdout)
@@ -420,36 +389,20 @@ def idle_replay(tmp):
     return {"guest_s": guest, "record_wall": rec_wall, "replay_wall": rep_wall}
 
 
-# ---- the tools this one builds on -------------------------------------------
+# ---- the benchmarks this one builds on ----------------------------------------
 
-def run_tool(name, args):
-    log(f"tools/{name} {' '.join(args)}")
-    p = subprocess.run([os.path.join(REPO, "tools", name)] + args, cwd=REPO, stdin=subprocess.DEVNULL,
-                       capture_output=True, text=True)
-    return p
-
-
-def expansion(p):
-    """ReTrace's expansion against insight's: the figures tools/bench-expand
-    printed (None if it failed)."""
-    # Rows: | what | insight | insight by traps | lackey |
-    rows = {}
-    for line in p.stdout.splitlines():
-        cells = [c.strip().strip("*") for c in line.strip().strip("|").split("|")]
-        if line.startswith("| ") and len(cells) == 4:
-            rows[cells[0]] = cells[1:]
-    try:
-        return {"plain": rows["without tracing"][0], "traced": rows["with tracing"][0],
-                "slowdown": rows["slowdown"][0].rstrip("x"),
-                "trapped_slowdown": rows["slowdown"][1].rstrip("x"),
-                "lackey": rows["slowdown"][2].rstrip("x"),
-                "insns": rows["instructions traced"][0],
-                "accesses": rows["accesses traced"][0],
-                "per_insn": rows["host time per traced instruction"][0].removesuffix(" us"),
-                "per_insn_trapped": rows["host time per traced instruction"][1].removesuffix(" us")}
-    except KeyError:
-        log(f"tools/bench-expand: exit status {p.returncode}, no table:\n{p.stderr[-1500:]}")
+def expansion(runs):
+    """ReTrace's expansion against insight's: tools/bench expand's figures
+    as the document prints them (None if it could not be measured)."""
+    report, _ = harness.nested("expand", runs)
+    if report is None:
         return None
+    x = report.data
+    return {"plain": f"{x['plain_s']:.2f} s", "traced": f"{x['traced_s']:.2f} s",
+            "slowdown": f"{x['slowdown']:.1f}", "trapped_slowdown": f"{x['trapped_slowdown']:.1f}",
+            "lackey": f"{x['lackey_slowdown']:.0f}", "insns": f"{x['instructions']:.0f}",
+            "accesses": f"{x['accesses']:.0f}", "per_insn": f"{x['us_per_instruction']:.1f}",
+            "per_insn_trapped": f"{x['us_per_instruction_trapped']:.1f}"}
 
 
 # ---- the document -------------------------------------------------------------
@@ -463,7 +416,7 @@ def document(r, started, runs):
     L = []
     a = L.append
     a("# The seed papers' evaluations, side by side\n")
-    a(f"Written by `tools/bench-papers --runs {runs}` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} "
+    a(f"Written by `tools/bench papers --runs {runs}` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} "
       f"({took:.0f} minutes): insight {commit}, {os.cpu_count()} CPUs ({host}), nested KVM that "
       "interprets the guest kernel and has no PMU (docs/BENCHMARKS.md). Every insight figure below "
       "comes from that one run; the papers' figures are as published (InSight: Core i5 2.8 GHz, "
@@ -504,7 +457,7 @@ def document(r, started, runs):
       "clock in both modes). W2 cannot run here: these hosts' KVM ignores CR4.TSD in user mode, "
       "so user-mode RDTSC never traps (`insight host-check`); insight instead has the guest "
       "kernel emulate RDTSC where the host does trap it, and its guest image's own binaries do "
-      "not execute it (docs/ARCHITECTURE.md). W3 is tools/bench-net's TCP stream, timed in the "
+      "not execute it (docs/ARCHITECTURE.md). W3 is tools/bench net's TCP stream, timed in the "
       "guest from the first byte to the last; the guest kernel is interpreted here, which "
       "bounds both modes far below the paper's bandwidth.\n")
 
@@ -547,7 +500,7 @@ def document(r, started, runs):
         a(f"Syn_cont at the paper's proportions (16 threads; level-1 locks shared by 2 threads, "
           f"level-2 by 8; comp() of about a millisecond before and inside each lock, as the "
           f"paper's `comp(); lock(); comp(); unlock();`), `{pp['command']}`, one probed "
-          f"recording in a 1-vCPU guest, from tools/bench-locktools. Beside insight's blocked "
+          f"recording in a 1-vCPU guest, from tools/bench locktools. Beside insight's blocked "
           f"requests, the program's own count for the same recording: the requests that found "
           f"their lock held (its lock word read right before each `pthread_mutex_lock`).\n")
         a("| level | paper: requests | paper: blocked | paper: ownership changes | insight: requests per lock | insight: blocked | program: found held | insight: ownership changes |")
@@ -580,7 +533,7 @@ def document(r, started, runs):
               f"{v['blocked_percent']:.2f} % | {v['ownership_change_percent']:.2f} % |")
         a("")
     else:
-        a("tools/bench-locktools failed in this run: not measured.\n")
+        a("tools/bench locktools failed in this run: not measured.\n")
 
     a("### Table 4: function profiles against perf\n")
     prof = r["profile"]
@@ -588,7 +541,7 @@ def document(r, started, runs):
         a("The paper profiled awk, sed and sort on a 750 MB file, InSight against perf on the "
           "host (top functions: sort `strcoll_l` 85.26 % / perf 77.16 %, `memcmp_sse2` 4.81 / "
           "6.67 %; awk `r_interpret` 22.56 / 24.9 %; sed `re_search_internal` 28.81 / "
-          "28.90 %). Here tools/bench-profile profiles GNU sort, gawk and GNU sed, built with "
+          "28.90 %). Here tools/bench profile profiles GNU sort, gawk and GNU sed, built with "
           "symbols from Debian's sources (Debian's binaries are stripped), in the guest "
           "(insight's samples at the recording's 1-ms marks, collected at replay) and natively "
           "(`perf record -e cpu-clock`), "
@@ -614,10 +567,10 @@ def document(r, started, runs):
                 a(prof[key])
                 a("")
             else:
-                a(f"{key} ({title}): not measured, tools/bench-profile failed for it in this "
+                a(f"{key} ({title}): not measured, tools/bench profile failed for it in this "
                   "run.\n")
     else:
-        a("tools/bench-profile failed in this run: not measured.\n")
+        a("tools/bench profile failed in this run: not measured.\n")
 
     a("### 5.4.3 Potential deadlocks: Trylock, Transitive, Gatelock\n")
     if lk:
@@ -633,7 +586,7 @@ def document(r, started, runs):
               f"report(s) | {row['drd']['errors']} error(s) |")
         a("")
     else:
-        a("tools/bench-locktools failed in this run: not measured.\n")
+        a("tools/bench locktools failed in this run: not measured.\n")
 
     a("## ReTrace\n")
     h = r["httpd"]
@@ -683,25 +636,18 @@ def document(r, started, runs):
           f"stepped in guest kernel mode ({x['per_insn_trapped']} µs, {x['trapped_slowdown']}x, "
           f"with every step a trap: `--trace-by-traps`; Valgrind lackey, natively: {x['lackey']}x) |")
     else:
-        a("| replay with instruction-trace expansion | > 2 hours (> 60x) | tools/bench-expand failed in "
+        a("| replay with instruction-trace expansion | > 2 hours (> 60x) | tools/bench expand failed in "
           "this run: not measured |")
     a("")
     return "\n".join(L) + "\n"
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--runs", type=int, default=2)
-    ap.add_argument("--no-write", action="store_true")
-    args = ap.parse_args()
-    if args.runs < 1:
-        die("--runs must be at least 1")
+def run(ctx):
     if os.geteuid() != 0:
         die("needs root: the network experiments create network namespaces")
+    runs = ctx.runs
     started = time.monotonic()
-    install_packages()
-    build_insight()
-    net = load_tool("bench-net")
+    need(PACKAGES)
     have = guest_libraries()
     tmp = tempfile.mkdtemp(prefix="insight-bench-papers-")
     r = {}
@@ -709,41 +655,64 @@ def main():
         log("InSight 5.1: correctness")
         r["correctness"] = correctness(tmp, net)
         log("InSight Table 1")
-        r["table1"] = table1(tmp, net, args.runs, have)
+        r["table1"] = table1(tmp, net, runs, have)
         log("InSight Table 2")
-        r["table2"] = table2(tmp, args.runs, have)
+        r["table2"] = table2(tmp, runs, have)
         log("ReTrace: httpd under ab")
-        r["httpd"] = httpd(tmp, net, args.runs)
+        r["httpd"] = httpd(tmp, net, runs)
         log("ReTrace: instructions of W1 under QEMU -icount")
         r["qemu_insn"] = instructions_under_qemu(tmp, r["table1"])
         log("ReTrace: idle replay")
         r["idle"] = idle_replay(tmp)
-        lk_json = os.path.join(tmp, "locktools.json")
-        p = run_tool("bench-locktools", ["--runs", "1", "--json", lk_json])
-        r["locktools"] = json.load(open(lk_json)) if p.returncode == 0 and os.path.exists(lk_json) else None
+        report, _ = harness.nested("locktools", 1)
+        r["locktools"] = report.data if report else None
         # sort spends nearly all its guest time in the guest kernel: 12
         # runs give it several hundred user-mode samples.
-        p = run_tool("bench-profile", ["--sort-runs", "12"])
+        report, printed = harness.nested("profile", sort_runs=12)
         # Its sections are "### TITLE", each printed once its workload was
-        # measured (one that could not be is left out, exit status 2); the
-        # sort, awk and sed ones, as bold titles here.
+        # measured (one that could not be is left out); the sort, awk and
+        # sed ones, as bold titles here.
         r["profile"] = {}
         for key, title in PROFILE_SECTIONS:
-            m = re.search(rf"^### ({title}[^\n]*)\n(.*?)(?=^### |\Z)", p.stdout, re.S | re.M)
+            m = re.search(rf"^### ({title}[^\n]*)\n(.*?)(?=^### |\Z)", printed or "", re.S | re.M)
             r["profile"][key] = f"**{m.group(1)}**\n\n{m.group(2).strip()}" if m else None
             if not m:
-                log(f"tools/bench-profile: exit status {p.returncode}, no {key} section:\n"
-                    f"{p.stderr[-1500:]}")
-        r["expand"] = expansion(run_tool("bench-expand", ["--runs", str(args.runs)]))
+                log(f"tools/bench profile: no {key} section")
+        r["expand"] = expansion(runs)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    doc = document(r, started, args.runs)
-    print(doc)
-    if not args.no_write:
+    doc = document(r, started, runs)
+    if ctx.write:
         with open(DOC, "w") as f:
             f.write(doc)
-        log(f"written to {os.path.relpath(DOC, REPO)}")
+        print("The figures beside the papers' are in docs/PAPERS.md, written by this run.")
+    else:
+        print(doc)
+    return Report(rows(r, runs), {k: v for k, v in r.items() if k in ("correctness", "idle", "httpd")})
 
 
-if __name__ == "__main__":
-    main()
+def rows(r, runs):
+    """The run's own figures as rows: the recordings' costs, the replays'
+    speed and whether replays matched."""
+    t1, h, i = r["table1"]["samples"], r["httpd"], r["idle"]
+    same = sum(1 for _, _, ok in r["correctness"] if ok)
+    out = [
+        Row.computed("InSight 5.1: programs whose two replays printed what the recording did",
+                     same, len(r["correctness"]), unit="programs"),
+        Row("Table 1, W1 (bc), guest time: insight run, insight record",
+            [ns / 1e9 for ns in t1["w1_record"]], [ns / 1e9 for ns in t1["w1_run"]]),
+        Row("Table 1, W1 (bc): natively (pinned to one CPU), insight run",
+            [ns / 1e9 for ns in t1["w1_run"]], [ns / 1e9 for ns in t1["w1_native"]]),
+        Row(f"Table 1, W3 ({r['table1']['w3_mib']} MiB over TCP), time in the guest: run, record",
+            [ns / 1e9 for ns in t1["w3_record"]], [ns / 1e9 for ns in t1["w3_run"]]),
+    ]
+    for name, m in r["table2"].items():
+        t = m["samples"]
+        out.append(Row(f"Table 2, {name} (wall): run, record", t["record"], t["run"]))
+        out.append(Row(f"Table 2, {name} (wall): replay without sampling, with sampling every 1 ms",
+                       t["replay 1ms"], t["replay"]))
+    out.append(Row("ReTrace, httpd under ab: run, record", h["samples"]["record"], h["samples"]["run"],
+                   unit="requests/s"))
+    out.append(Row.computed("ReTrace, idle guest (sleep 10), wall: record, replay", i["replay_wall"],
+                            i["record_wall"]))
+    return out
