@@ -8,5 +8,6 @@ side, common.py is what the benchmarks share, cli.py the command line.
 
 # In the order `tools/bench --list` gives them.
 BENCHMARKS = [
-    "console", "net", "expand", "debug", "profile", "qemu", "locktools", "papers",
+    "native", "boot", "snapshot", "replay", "checkpoints", "console", "net", "events", "heap",
+    "probes", "samples", "expand", "debug", "analysis", "profile", "qemu", "locktools", "papers",
 ]

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Sample marks: what they cost a recording, and how true a profile is.
 
 Cost: the built-in guest's `profile_split 40` (two threads, CPU-bound, no
@@ -29,13 +28,11 @@ sampled before) once. Printed: each function's share of the three
 functions' user-mode samples against its phase's share of the phases'
 time, and whether the two replays at the marks stored the same samples.
 
-Usage: tools/bench-samples [--runs N] [--keep]
+Usage: tools/bench samples [--runs N] [--keep]
   --runs N   rounds of the cost measurement (default 3)
   --keep     keep the work directory (traces, databases)
-Needs a built guest (tools/build-guest) and gcc; builds insight in release
-mode.
+Needs a built guest (tools/build-guest) and gcc.
 """
-import argparse
 import os
 import re
 import shutil
@@ -43,7 +40,12 @@ import sqlite3
 import subprocess
 import tempfile
 
-from benchlib import REPO, build_insight, die, guest_ns, insight, log
+from .common import REPO, die, guest_ns, insight, log
+from .stats import BEST, Row
+
+TITLE = "Sample marks"
+DURATION = "8 min"
+RUNS = 3
 
 SETUPS = [("off", "off"), ("1ms", "1ms"), ("4ms", "4ms")]
 FUNCS = ["arith", "chase", "hash"]
@@ -69,8 +71,9 @@ def record(work, name, period, command, files=()):
 
 
 def cost(work, runs):
-    """Best program times per setup and workload, and the marks taken."""
-    best = {}
+    """Program times (ns) per workload and setup, each round's, and the
+    marks taken."""
+    times = {}
     marks = {}
     for r in range(runs):
         for label, period in SETUPS:
@@ -78,22 +81,20 @@ def cost(work, runs):
             m = ALL_ROUNDS.search(out)
             if not m:
                 die(f"no profile_split time in:\n{out[-2000:]}")
-            ns = int(m.group(1))
-            best[("split", label)] = min(best.get(("split", label), ns), ns)
+            times.setdefault(("split", label), []).append(int(m.group(1)))
             if (mk := MARKS.search(out)):
                 marks[("split", label)] = int(mk.group(1))
             _, out = record(work, "cost", period, ["timeit", "syn_cont", "1000", "2000"])
-            ns = guest_ns(out, "syn_cont's recording")
-            best[("syn_cont", label)] = min(best.get(("syn_cont", label), ns), ns)
+            times.setdefault(("syn_cont", label), []).append(guest_ns(out, "syn_cont's recording"))
             if (mk := MARKS.search(out)):
                 marks[("syn_cont", label)] = int(mk.group(1))
             log(f"round {r + 1}/{runs}: {label} done")
-    return best, marks
+    return times, marks
 
 
 def stalls(work, runs):
-    """Per setting (and natively): the fewest stalled milliseconds of
-    tools/native/stalls.c's run over the rounds, with that run's gaps."""
+    """Per setting (and natively): tools/native/stalls.c's stalled
+    milliseconds and gaps, each round's."""
     prog = os.path.join(work, "stalls")
     src = os.path.join(REPO, "tools", "native", "stalls.c")
     p = subprocess.run(["gcc", "-O2", "-static", "-o", prog, src], capture_output=True, text=True)
@@ -107,7 +108,7 @@ def stalls(work, runs):
             die(f"no stalls line from {what}:\n{out[-2000:]}")
         return float(m.group(2)), int(m.group(1))
 
-    best = {}
+    got_all = {}
     for r in range(runs):
         p = subprocess.run(pin + [prog, str(STALL_SECONDS)], capture_output=True, text=True,
                            check=True)
@@ -117,9 +118,9 @@ def stalls(work, runs):
                             files=[prog])
             got.append((label, parse(out, f"the recording with marks {label}")))
         for label, v in got:
-            best[label] = min(best.get(label, v), v)
+            got_all.setdefault(label, []).append(v)
         log(f"stalls round {r + 1}/{runs} done")
-    return best
+    return got_all
 
 
 def build(work, opt):
@@ -187,66 +188,82 @@ def truth(work):
     return rows
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--keep", action="store_true")
-    args = ap.parse_args()
+def options(ap):
+    ap.add_argument("--keep", action="store_true", help="keep the work directory (traces, databases)")
+
+
+def run(ctx):
     if shutil.which("gcc") is None:
         die("gcc is needed to build profile_split")
-    build_insight()
     work = tempfile.mkdtemp(prefix="insight-bench-samples-")
     try:
-        best, marks = cost(work, args.runs)
-        print(f"## Recording cost, best of {args.runs}\n")
-        print("| workload | marks off | 1ms | ratio | 4ms | ratio |")
-        print("|---|---:|---:|---:|---:|---:|")
-        for w in ["split", "syn_cont"]:
-            off = best[(w, "off")]
-            cells = [f"{off / 1e6:.0f} ms"]
-            for label in ["1ms", "4ms"]:
-                ns = best[(w, label)]
-                n = marks.get((w, label))
-                cells += [f"{ns / 1e6:.0f} ms ({n} marks)" if n else f"{ns / 1e6:.0f} ms",
-                          f"**{ns / off:.3f}x**"]
-            name = "profile_split 40" if w == "split" else "syn_cont 1000 2000"
-            print(f"| {name} | " + " | ".join(cells) + " |")
-        best = stalls(work, args.runs)
-        print(f"\n## Stalls of a {STALL_SECONDS}-s CPU-bound loop, least of {args.runs}\n")
-        print("| run | gaps over 5 us | stalled | share of the run | a mark |")
-        print("|---|---:|---:|---:|---:|")
-        off_ms, off_gaps = best["off"]
-        for label in ["native", "off", "1ms", "4ms"]:
-            ms, gaps = best[label]
-            per = ""
-            if label in ("1ms", "4ms") and gaps > off_gaps:
-                per = f"{(ms - off_ms) * 1000 / (gaps - off_gaps):.0f} us"
-            name = "natively, one CPU" if label == "native" else f"recorded, marks {label}"
-            print(f"| {name} | {gaps} | {ms:.1f} ms | {ms / (STALL_SECONDS * 10):.2f} % | {per} |")
-        print("\n## Profile shares of profile_split 40 phased (user-mode samples)\n")
-        print("| build | samples | arith | chase | hash | largest error | samples | replay |")
-        print("|---|---|---:|---:|---:|---:|---:|---:|")
-        rows = truth(work)
-        split = None
-        for opt, what, got, n, wall in rows:
-            if got is None:
-                print(f"| {opt} | {what} | | | | | | |")
-                continue
-            if n is None:
-                split = got
-                err = ""
-            else:
-                err = f"{max(abs(got[f] - split[f]) for f in FUNCS):.1f} pp"
-            cells = " | ".join(f"{got[f]:.1f} %" for f in FUNCS)
-            print(f"| {opt} | {what} | {cells} | {err} | {n or ''} | "
-                  f"{f'{wall:.1f} s' if wall else ''} |")
+        return measure(ctx.runs, work)
     finally:
-        if args.keep:
+        if ctx.args.keep:
             log(f"kept {work}")
         else:
             shutil.rmtree(work, ignore_errors=True)
 
 
-if __name__ == "__main__":
-    main()
+def measure(runs, work):
+    times, marks = cost(work, runs)
+    rows = []
+    print(f"## Recording cost, best of {runs}\n")
+    print("| workload | marks off | 1ms | ratio | 4ms | ratio |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for w in ["split", "syn_cont"]:
+        off = min(times[(w, "off")])
+        cells = [f"{off / 1e6:.0f} ms"]
+        name = "profile_split 40" if w == "split" else "syn_cont 1000 2000"
+        for label in ["1ms", "4ms"]:
+            ns = min(times[(w, label)])
+            n = marks.get((w, label))
+            cells += [f"{ns / 1e6:.0f} ms ({n} marks)" if n else f"{ns / 1e6:.0f} ms",
+                      f"**{ns / off:.3f}x**"]
+            rows.append(Row(f"{name} (the program's time): marks off, every {label}",
+                            [t / 1e6 for t in times[(w, label)]],
+                            [t / 1e6 for t in times[(w, "off")]], unit="ms", statistic=BEST))
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    got = stalls(work, runs)
+    best = {label: min(v) for label, v in got.items()}
+    print(f"\n## Stalls of a {STALL_SECONDS}-s CPU-bound loop, least of {runs}\n")
+    print("| run | gaps over 5 us | stalled | share of the run | a mark |")
+    print("|---|---:|---:|---:|---:|")
+    off_ms, off_gaps = best["off"]
+    for label in ["native", "off", "1ms", "4ms"]:
+        ms, gaps = best[label]
+        per = ""
+        if label in ("1ms", "4ms") and gaps > off_gaps:
+            per = f"{(ms - off_ms) * 1000 / (gaps - off_gaps):.0f} us"
+        name = "natively, one CPU" if label == "native" else f"recorded, marks {label}"
+        print(f"| {name} | {gaps} | {ms:.1f} ms | {ms / (STALL_SECONDS * 10):.2f} % | {per} |")
+    for base, label in (("native", "off"), ("off", "1ms"), ("off", "4ms")):
+        rows.append(Row(f"stalls {STALL_SECONDS} (stalled time): {base}, {label}",
+                        [v[0] for v in got[label]], [v[0] for v in got[base]], unit="ms",
+                        statistic=BEST))
+    for label in ("1ms", "4ms"):
+        ms, gaps = best[label]
+        if gaps > off_gaps:
+            rows.append(Row.computed(f"what a mark stops a CPU-bound loop for, marks every {label}",
+                                     (ms - off_ms) * 1000 / (gaps - off_gaps), unit="µs", n=runs))
+    print("\n## Profile shares of profile_split 40 phased (user-mode samples)\n")
+    print("| build | samples | arith | chase | hash | largest error | samples | replay |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    split = None
+    for opt, what, shares, n, wall in truth(work):
+        if shares is None:
+            print(f"| {opt} | {what} | | | | | | |")
+            continue
+        if n is None:
+            split = shares
+            err = ""
+        else:
+            error = max(abs(shares[f] - split[f]) for f in FUNCS)
+            err = f"{error:.1f} pp"
+            rows.append(Row.computed(f"profile_split 40 phased {opt}: the largest error of the "
+                                     f"profile {what} against the program's own split", error,
+                                     unit="pp"))
+        cells = " | ".join(f"{shares[f]:.1f} %" for f in FUNCS)
+        print(f"| {opt} | {what} | {cells} | {err} | {n or ''} | "
+              f"{f'{wall:.1f} s' if wall else ''} |")
+    return rows

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Costs of probes given at replay (`insight replay --probe`), side by side
 in one run.
 
@@ -14,20 +13,23 @@ in one run.
     alternately, each also with no calls (perf's own start cancels out);
     the time per hit. The uprobe is deleted at the end.
 
-Usage: tools/bench-probes [--runs N] [--calls N] [--native-calls N]
-Needs a built guest (tools/build-guest); builds insight in release mode.
-Prints a table; copy the figures into docs/BENCHMARKS.md.
+Usage: tools/bench probes [--runs N] [--calls N] [--native-calls N]
+Needs a built guest (tools/build-guest).
 """
-import argparse
 import os
 import re
 import shutil
-import statistics
 import subprocess
 import tempfile
 import time
 
-from benchlib import REPO, build_insight, die, insight, log
+from . import stats
+from .common import REPO, die, insight, log
+from .stats import BEST, Row
+
+TITLE = "Probes given at replay"
+DURATION = "2 min"
+RUNS = 3
 
 ONE = ["parse_request"]
 TEN = [
@@ -81,10 +83,9 @@ def native_anchor(tmp, calls, runs):
         return time.monotonic() - start
 
     try:
-        best = {}
-        for _ in range(runs):
-            for key in [(calls, False), (0, False), (calls, True), (0, True)]:
-                best[key] = min(best.get(key, float("inf")), timed(*key))
+        keys = [(calls, False), (0, False), (calls, True), (0, True)]
+        times = stats.alternate(keys, runs, lambda key, _: timed(*key))
+        best = {key: min(v) for key, v in times.items()}
         timed(calls, True)
         script = subprocess.run(["perf", "script", "-i", data, "-F", "event"],
                                 capture_output=True, text=True).stdout
@@ -96,69 +97,61 @@ def native_anchor(tmp, calls, runs):
     return (alone, probed, hits), None
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--runs", type=int, default=3)
+def options(ap):
     ap.add_argument("--calls", type=int, default=20000,
                     help="parse_request calls of each of probe_target's two threads "
                          "(default 20000)")
     ap.add_argument("--native-calls", type=int, default=200000,
                     help="the same natively, where a hit costs far less than perf's own "
                          "start (default 200000)")
-    args = ap.parse_args()
-    build_insight()
+
+
+def run(ctx):
     tmp = tempfile.mkdtemp(prefix="insight-bench-probes-")
+    try:
+        return measure(ctx, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def measure(ctx, tmp):
+    args = ctx.args
     trace = os.path.join(tmp, "trace")
     log(f"recording probe_target {args.calls}")
     insight(["record", "--no-stdin", "-o", trace, "--", "probe_target", str(args.calls)])
-    modes = [("plain", []), ("1 probe", ONE), ("10 probes", TEN)]
-    walls = {m: [] for m, _ in modes}
+    modes = {"plain": [], "1 probe": ONE, "10 probes": TEN}
     events = {}
-    for i in range(args.runs):
-        for mode, specs in modes:
-            db = os.path.join(tmp, f"{i}.db")
-            argv = ["replay", "--no-console", trace, "--events", db, "--force"]
-            for s in specs:
-                argv += ["--probe", s]
-            p, wall = insight(argv)
-            walls[mode].append(wall)
-            events[mode] = probe_events(p.stderr)
-        print(f"round {i + 1}: " + ", ".join(f"{m} {walls[m][-1]:.1f} s" for m, _ in modes),
-              flush=True)
+
+    def replay(mode, i):
+        db = os.path.join(tmp, f"{i}.db")
+        argv = ["replay", "--no-console", trace, "--events", db, "--force"]
+        for s in modes[mode]:
+            argv += ["--probe", s]
+        p, wall = insight(argv)
+        events[mode] = probe_events(p.stderr)
+        return wall
+    walls = stats.alternate(list(modes), ctx.runs, replay)
     best = {m: min(w) for m, w in walls.items()}
     one_hits = events["1 probe"][0]
     if one_hits != 2 * args.calls:
         die(f"1 probe: {one_hits} hits, the program made {2 * args.calls} calls")
-    rows = [
-        ("replay with 1 probe (parse_request) vs plain",
-         f"{best['1 probe']:.1f} s vs {best['plain']:.1f} s (best of {args.runs}); "
-         f"{one_hits} hits", f"{best['1 probe'] / best['plain']:.2f}x"),
-        ("host time per hit at replay (1 probe)",
-         f"({best['1 probe']:.1f} s - {best['plain']:.1f} s) / {one_hits}",
-         f"{(best['1 probe'] - best['plain']) / one_hits * 1e6:.0f} µs"),
-    ]
     entries, returns = events["10 probes"]
-    rows.append(("replay with 10 probes vs plain",
-                 f"{best['10 probes']:.1f} s vs {best['plain']:.1f} s; {entries} PROBE, "
-                 f"{returns} PROBE_RET events",
-                 f"{best['10 probes'] / best['plain']:.2f}x"))
-    anchor, why = native_anchor(tmp, args.native_calls, args.runs)
+    rows = [
+        Row(f"replay: plain, with 1 probe (parse_request; {one_hits} hits)", walls["1 probe"],
+            walls["plain"], statistic=BEST),
+        Row.computed("host time per hit at replay (1 probe)",
+                     (best["1 probe"] - best["plain"]) / one_hits * 1e6, unit="µs", n=ctx.runs),
+        Row(f"replay: plain, with 10 probes ({entries} PROBE, {returns} PROBE_RET events)",
+            walls["10 probes"], walls["plain"], statistic=BEST),
+    ]
+    anchor, why = native_anchor(tmp, args.native_calls, ctx.runs)
     if anchor:
         alone, probed, hits = anchor
-        rows.append(("natively: perf record of a uprobe on parse_request vs the program alone",
-                     f"the calls' time {probed:.2f} s vs {alone:.2f} s (best of {args.runs}, "
-                     f"less a run without calls each); {hits} hits",
-                     f"{(probed - alone) / max(hits, 1) * 1e6:.1f} µs per hit"))
+        rows.append(Row.computed(f"natively: the calls' time alone, under perf record of a uprobe "
+                                 f"on parse_request ({hits} hits; best, less a run without calls)",
+                                 probed, alone, n=ctx.runs))
+        rows.append(Row.computed("natively: perf's time per uprobe hit",
+                                 (probed - alone) / max(hits, 1) * 1e6, unit="µs", n=ctx.runs))
     else:
-        rows.append(("natively: perf uprobe", why, "not measured"))
-    subprocess.run(["rm", "-rf", tmp])
-    print()
-    print("| measurement | figures | result |")
-    print("|---|---|---|")
-    for r in rows:
-        print(f"| {r[0]} | {r[1]} | **{r[2]}** |")
-
-
-if __name__ == "__main__":
-    main()
+        print(f"natively: perf uprobe not measured: {why}")
+    return rows

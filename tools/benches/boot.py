@@ -1,8 +1,7 @@
-#!/usr/bin/env python3
 """Guest boot time: insight vs QEMU (TCG) on the same kernel and initramfs.
 
 insight boots from power-on here (--cold-boot), as QEMU does: its boot
-snapshot, which runs restore instead, is measured by tools/bench-snapshot.
+snapshot, which runs restore instead, is measured by tools/bench snapshot.
 
 Measures, side by side in one run:
   * insight: VM time at which user-space /init started (reported by /init
@@ -13,21 +12,21 @@ Measures, side by side in one run:
   * a breakdown of insight's boot by phase, from the arrival time of the
     kernel's console lines in a verbose boot.
 
-Usage: tools/bench-boot [--runs N] [--no-qemu]
-Needs a built guest (tools/build-guest) and a release build of insight
-(built here if missing).
+Usage: tools/bench boot [--runs N] [--no-qemu]
+Needs a built guest (tools/build-guest).
 """
-import argparse
 import os
 import re
-import statistics
 import subprocess
-import sys
 import tempfile
 import time
 
-from benchlib import GUEST_CMDLINE, INSIGHT, build_insight, guest_dir, initrd_with_command
+from .common import GUEST_CMDLINE, binary, die, guest_dir, initrd_with_command, log
+from .stats import Row
 
+TITLE = "Boot time"
+DURATION = "about 2 min"
+RUNS = 3
 MARK = "bench-ready"
 
 # Console lines that open a boot phase, in order. Messages printed before
@@ -42,6 +41,10 @@ PHASES = [
     ("freeing init memory, read-only data", re.compile(r"Freeing unused kernel image \(initmem\)")),
     ("/init", re.compile(r"Run /init as init process")),
 ]
+
+
+def options(ap):
+    ap.add_argument("--no-qemu", action="store_true", help="leave QEMU's boot out")
 
 
 def timed_lines(cmd, until=None, timeout=600):
@@ -65,17 +68,18 @@ def timed_lines(cmd, until=None, timeout=600):
     return lines, err
 
 
-def insight_boot(binary):
-    lines, err = timed_lines([binary, "run", "--cold-boot", "--timings", "--", "sh", "-c", f"echo {MARK}"])
+def insight_boot():
+    lines, err = timed_lines([binary(), "run", "--cold-boot", "--timings", "--", "sh", "-c", f"echo {MARK}"])
     wall = next((t for t, l in lines if MARK in l), None)
     m = re.search(r"/init reached at ([0-9.]+) s", err)
     if wall is None or not m:
-        sys.exit(f"bench-boot: insight did not boot:\n{err}")
+        die(f"insight did not boot:\n{err}")
     return float(m.group(1)), wall
 
 
-def insight_phases(binary):
-    lines, err = timed_lines([binary, "run", "--cold-boot", "--verbose-boot", "--", "sh", "-c", f"echo {MARK}"])
+def insight_phases():
+    lines, err = timed_lines([binary(), "run", "--cold-boot", "--verbose-boot", "--", "sh", "-c",
+                              f"echo {MARK}"])
     marks = [0.0]
     for _, pattern in PHASES[1:]:
         t = next((t for t, l in lines if pattern.search(l)), None)
@@ -96,42 +100,25 @@ def qemu_boot(guest):
         return next((t for t, l in lines if MARK in l), None)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--no-qemu", action="store_true")
-    args = ap.parse_args()
-
+def run(ctx):
     guest = guest_dir()
-    build_insight()
-    binary = INSIGHT
-
     init_t, wall_t, qemu_t = [], [], []
-    for i in range(args.runs):
-        vm_init, wall = insight_boot(binary)
+    for i in range(ctx.runs):
+        vm_init, wall = insight_boot()
         init_t.append(vm_init)
         wall_t.append(wall)
-        q = None if args.no_qemu else qemu_boot(guest)
+        q = None if ctx.args.no_qemu else qemu_boot(guest)
         if q is not None:
             qemu_t.append(q)
-        print(f"run {i + 1}: insight /init at {vm_init:.2f} s VM time, first output at {wall:.2f} s"
-              + (f"; qemu-tcg first output at {q:.2f} s" if q is not None else ""))
+        log(f"run {i + 1}: insight /init at {vm_init:.2f} s VM time, first output at {wall:.2f} s"
+            + (f"; qemu-tcg first output at {q:.2f} s" if q is not None else ""))
+    rows = [Row("insight: boot to /init (VM time)", init_t),
+            Row("start to first guest output (wall): QEMU TCG, insight", wall_t, qemu_t or None)]
 
-    med = statistics.median
-    print()
-    print(f"insight boot to /init (median of {args.runs}): {med(init_t):.2f} s "
-          f"(min {min(init_t):.2f}, max {max(init_t):.2f})")
-    print(f"insight start to first guest output: {med(wall_t):.2f} s")
-    if qemu_t:
-        print(f"qemu-tcg start to first guest output: {med(qemu_t):.2f} s")
-        print(f"ratio insight / qemu-tcg: {med(wall_t) / med(qemu_t):.1f}x")
-
-    spans, total = insight_phases(binary)
-    print()
-    print(f"breakdown of a verbose boot (console line arrival times; total {total:.2f} s):")
+    spans, total = insight_phases()
+    print(f"Breakdown of a verbose boot (console line arrival times; total {total:.2f} s):\n")
+    print("| phase | time | share |")
+    print("|---|---:|---:|")
     for name, secs in spans:
-        print(f"  {name:56s} {secs:7.2f} s  {100 * secs / total:5.1f} %")
-
-
-if __name__ == "__main__":
-    main()
+        print(f"| {name} | {secs:.2f} s | {100 * secs / total:.1f} % |")
+    return rows
