@@ -1,4 +1,4 @@
-/* CPU-bound loops without system calls, for tools/bench-native: the same
+/* CPU-bound loops without system calls, for tools/bench native: the same
  * binary runs natively and in the guest, and times itself.
  *
  *   loops fp|chase|hash N

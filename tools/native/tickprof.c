@@ -26,7 +26,7 @@
  *   tickprof PID COMM pc ADDRESS COUNT            (samples at each address)
  *   tickprof PID COMM end SAMPLES LOST            (LOST: over the buffer)
  *
- * tools/bench-profile turns these into a profile beside insight's. Static
+ * tools/bench profile turns these into a profile beside insight's. Static
  * binaries (busybox) ignore LD_PRELOAD and are not sampled. The library
  * keeps SIGVTALRM for itself: a program's sigaction() or signal() for it
  * is noted and answered as if made, not made (GNU sort catches it to
