@@ -61,21 +61,25 @@ def namespace(tag):
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
-def start_listening(ns, mode, command, tmp, trace):
+def start_listening(ns, mode, command, tmp, trace, files=(), wait=180):
     """Starts `insight run` (mode "run") or `insight record -o trace` in
-    namespace `ns`, its guest running `command` with a TAP device, and
-    waits for the guest to print "listening"; returns the process and the
-    output so far."""
+    namespace `ns`, its guest running `command` with a TAP device and
+    `files` ((host path, guest path) each), and waits up to `wait` seconds
+    for the guest to print "listening"; returns the process and the output
+    so far."""
     cfg = os.path.join(tmp, "vm.toml")
     with open(cfg, "w") as f:
-        f.write(f'command = "{command}"\n[net]\ntap = "insight0"\n'
-                f'guest_address = "{GUEST}/24"\nhost_address = "10.0.2.2/24"\n')
+        f.write(f'command = "{command}"\n')
+        for host, guest in files:
+            f.write(f'[[files]]\nhost = "{host}"\nguest = "{guest}"\n')
+        f.write(f'[net]\ntap = "insight0"\nguest_address = "{GUEST}/24"\n'
+                f'host_address = "10.0.2.2/24"\n')
     args = ["run"] if mode == "run" else ["record", "-o", trace]
     p = subprocess.Popen(["ip", "netns", "exec", ns, binary()] + args + ["--no-stdin", cfg],
                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
     out = ""
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + wait
     while "listening" not in out:
         line = p.stdout.readline()
         if not line or time.monotonic() > deadline:

@@ -50,7 +50,7 @@ import tempfile
 import time
 
 from . import harness, net, qemu_guest, stats
-from .common import (REPO, binary, die, guest_dir, initramfs_entries, initrd_with_archive,
+from .common import (REPO, die, guest_dir, initramfs_entries, initrd_with_archive,
                      insight as run_insight, log, matched as check_matched, need, timeit_ns,
                      trace_bytes)
 from .harness import Report
@@ -292,9 +292,7 @@ def httpd(tmp, net, runs):
                 cfg_dir = os.path.join(tmp, f"ab-{mode}-{i}")
                 os.makedirs(cfg_dir)
                 trace = os.path.join(cfg_dir, "trace")
-                # start_listening writes vm.toml itself; the page goes in through
-                # a config file of the same name with [[files]] added.
-                p, out = start_with_files(net, ns, mode, command, cfg_dir, trace, files)
+                p, out = net.start_listening(ns, mode, command, cfg_dir, trace, files, wait=300)
                 ab = subprocess.run(["ip", "netns", "exec", ns, "ab", "-q", "-n", "300", "-c", "4",
                                      f"http://{net.GUEST}/index.html"],
                                     capture_output=True, text=True, timeout=600)
@@ -318,30 +316,6 @@ def httpd(tmp, net, runs):
             f"record {results['record'][-1]:.0f} req/s")
     return {"run": med(results["run"]), "record": med(results["record"]), "log_bytes": int(med(sizes)),
             "samples": results}
-
-
-def start_with_files(net, ns, mode, command, tmp, trace, files):
-    """tools/bench net's start_listening, with `files` in the config."""
-    cfg = os.path.join(tmp, "vm.toml")
-    with open(cfg, "w") as f:
-        f.write(f'command = "{command}"\n')
-        for host, guest in files:
-            f.write(f'[[files]]\nhost = "{host}"\nguest = "{guest}"\n')
-        f.write(f'[net]\ntap = "insight0"\nguest_address = "{net.GUEST}/24"\n'
-                f'host_address = "10.0.2.2/24"\n')
-    args = ["run"] if mode == "run" else ["record", "-o", trace]
-    p = subprocess.Popen(["ip", "netns", "exec", ns, binary()] + args + ["--no-stdin", cfg],
-                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True)
-    out = ""
-    deadline = time.monotonic() + 300
-    while "listening" not in out:
-        line = p.stdout.readline()
-        if not line or time.monotonic() > deadline:
-            p.kill()
-            die(f"the guest never listened:\n{out}{p.stderr.read()}")
-        out += line
-    return p, out
 
 
 def instructions_under_qemu(tmp, t1):
