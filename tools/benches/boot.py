@@ -21,7 +21,7 @@ import subprocess
 import tempfile
 import time
 
-from .common import GUEST_CMDLINE, binary, die, guest_dir, initrd_with_command, log
+from .common import GUEST_CMDLINE, binary, die, guest_dir, initrd_with_command, log, need
 from .stats import Row
 
 TITLE = "Boot time"
@@ -102,6 +102,8 @@ def qemu_boot(guest):
 
 def run(ctx):
     guest = guest_dir()
+    if not ctx.args.no_qemu:
+        need({"qemu-system-x86_64": "qemu-system-x86"})
     init_t, wall_t, qemu_t = [], [], []
     for i in range(ctx.runs):
         vm_init, wall = insight_boot()

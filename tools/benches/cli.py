@@ -24,6 +24,7 @@ benchmark, or part of one, could not be measured.
 import argparse
 import sys
 import time
+import traceback
 
 from . import BENCHMARKS, common, harness, stats
 
@@ -113,6 +114,10 @@ def run_selection(sel):
             report, printed, seconds = harness.run(ctx)
         except common.BenchError as e:
             common.log(f"{name}: could not be measured: {e}")
+            status = max(status, 2)
+            continue
+        except Exception:  # a benchmark's own fault: the others' results are still kept
+            common.log(f"{name} failed:\n{traceback.format_exc()}")
             status = max(status, 2)
             continue
         entry = {"title": mod.TITLE, "runs": runs, "options": vars(args),

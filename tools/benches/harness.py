@@ -132,10 +132,10 @@ def command_line(name, runs, argv):
 
 def section(entry):
     """The body of a benchmark's docs/BENCHMARKS.md section."""
-    stat = "medians unless marked best (the least)"
     head = (f"`{entry['command']}` on {entry['date']} ({entry['seconds'] / 60:.1f} min), insight "
-            f"{entry['insight']}; host: {entry['host']}. Each figure: {stat} of n samples; "
-            f"spread: their range; ratio: insight / baseline.")
+            f"{entry['insight']}; host: {entry['host']}. Each figure is the median of its n "
+            f"samples (the least where n says best), the spread their range, the ratio insight "
+            f"/ baseline.")
     if entry.get("status"):
         head += {1: " A check it makes failed.", 2: " Part of it could not be measured."}.get(
             entry["status"], "")
