@@ -55,7 +55,7 @@ def run(ctx):
         log(f"run {i + 1} of {ctx.runs}: {ctx.args.events} events")
         p, _ = run_command([example, str(ctx.args.events)], "bench_analysis")
         if i == 0:
-            print(p.stdout.strip())
+            print("\n".join(line for line in p.stdout.splitlines() if DATABASE.match(line)))
         for fmt, figures in parse(p.stdout).items():
             for key, v in figures.items():
                 samples.setdefault((fmt, key), []).append(v)

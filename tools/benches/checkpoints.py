@@ -19,7 +19,6 @@ Usage: tools/bench checkpoints [--seconds S] [--every INTERVAL] [--runs N]
 Needs a built guest (tools/build-guest).
 """
 import re
-import shutil
 import tempfile
 
 from . import stats
@@ -38,11 +37,8 @@ def options(ap):
 
 
 def run(ctx):
-    tmp = tempfile.mkdtemp(prefix="insight-bench-ckpt-")
-    try:
+    with tempfile.TemporaryDirectory(prefix="insight-bench-ckpt-", ignore_cleanup_errors=True) as tmp:
         return measure(ctx, f"{tmp}/trace")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def measure(ctx, trace):
@@ -95,17 +91,17 @@ def measure(ctx, trace):
     segments = stats.alternate(["1", "2"], ctx.runs, jobs)
 
     print(f"One recording: compute_pair {args.seconds}, {guest_s:.1f} s of guest time, recorded in "
-          f"{rec_wall:.1f} s; {len(points)} checkpoints every {args.every}, guest memory "
-          f"{MEMORY_MIB} MiB.")
+          f"{rec_wall:.1f} s; {count} checkpoints every {args.every}, guest memory "
+          f"{MEMORY_MIB} MiB; the last 10 % replayed from the checkpoint at {start[1]:.1f} s.")
     return [
         Row("replay taking checkpoints (one), wall: plain replay, taking them", [ckpt_wall], last["boot"]),
         Row.computed("time to take one checkpoint (mean)", take_ms, unit="ms", n=count),
         Row.computed("first checkpoint's size", sizes[0], unit="MiB"),
         Row("the other checkpoints' sizes", sizes[1:], unit="MiB"),
-        Row.computed(f"all {count} checkpoints: guest memory, their size", total_mib, MEMORY_MIB,
+        Row.computed("all the checkpoints: guest memory, their size", total_mib, MEMORY_MIB,
                      unit="MiB"),
         Row("restore (read the chain, set the VM)", restore_s),
-        Row(f"last 10 %: from boot, from the checkpoint at {start[1]:.1f} s", last["checkpoint"],
+        Row("last 10 %: from boot, from the latest checkpoint before it", last["checkpoint"],
             last["boot"]),
         Row("whole replay: --jobs 1, --jobs 2", segments["2"], segments["1"]),
         Row("whole replay: plain from boot, --jobs 1", segments["1"], last["boot"]),

@@ -97,11 +97,8 @@ def measure(argv, kind, expect, what, timeout=1800, console_file=None):
 
 
 def run(ctx):
-    tmp = tempfile.mkdtemp(prefix="insight-bench-console-")
-    try:
+    with tempfile.TemporaryDirectory(prefix="insight-bench-console-", ignore_cleanup_errors=True) as tmp:
         return measure_all(ctx, tmp)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def measure_all(ctx, tmp):

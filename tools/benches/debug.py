@@ -43,13 +43,12 @@ root). About 30 minutes with QEMU.
 """
 import os
 import re
-import shutil
 import socket
 import subprocess
 import tempfile
 import time
 
-from . import qemu_guest, stats
+from . import qemu_guest
 from .common import (die, file_from_initramfs, guest_dir, initrd_with_command, insight, log,
                      need)
 from .stats import Row
@@ -203,11 +202,8 @@ def options(ap):
 
 def run(ctx):
     need({"gdb": "gdb"})
-    work = tempfile.mkdtemp(prefix="insight-bench-debug-")
-    try:
+    with tempfile.TemporaryDirectory(prefix="insight-bench-debug-", ignore_cleanup_errors=True) as work:
         return measure(ctx.runs, ctx.args, work)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def measure(runs, args, work):
@@ -257,45 +253,22 @@ def measure(runs, args, work):
 
     qemu_result = None if args.no_qemu else qemu_ticker(work, args.qemu_calls, 2, args.qemu_limit)
 
-    replay = stats.median(replay_walls)
-    print(f"overwriter 4 2000000 recorded in {rec_wall:.1f} s; {runs} runs, medians")
-    print(f"{'measure':48} {'value':>10} {'against':>24}")
-    print(f"{'forward replay to the end (wall)':48} {replay:9.2f}s")
-    fp = stats.median(first_prompt)
-    print(f"{'first prompt: insight debug, gdb started, quit':48} {fp:9.2f}s "
-          f"{fp / replay:16.2f}x replay")
-    rc = stats.median(back)
-    print(f"{'reverse-continue to the write (in gdb)':48} {rc:9.2f}s "
-          f"{rc / replay:16.2f}x replay")
-    print(f"{'reverse-stepi, median (in gdb)':48} {stats.median(steps):9.3f}s")
-    print(f"{'reverse-stepi, worst (in gdb)':48} {max(steps):9.3f}s")
-    tr = stats.median(ticker_replays)
-    print(f"ticker 10000 2000000 (tick() every ~3 ms) recorded in {ticker_rec_wall:.1f} s; "
-          f"forward replay {tr:.1f} s")
-    for label, values in (("reverse-continue to the last of 10,000 hits", last_hit),
-                          ("reverse-continue to the hit before it", hit_before)):
-        v = stats.median(values)
-        print(f"{label + ' (in gdb)':48} {v:9.3f}s {v / SNAPSHOT_INTERVAL:13.2f}x interval")
+    print(f"overwriter 4 2000000 recorded in {rec_wall:.1f} s; ticker {' '.join(TICKER[1:])} "
+          f"(tick() every ~3 ms) recorded in {ticker_rec_wall:.1f} s.")
     if qemu_result:
         got = qemu_result["figures"]
         print(f"ticker {args.qemu_calls} {TICKER[2]} under QEMU TCG record/replay: recorded in "
-              f"{qemu_result['record']:.1f} s; forward replay main() to done() {got['forward'][0]:.1f} s "
-              f"(in gdb); against insight's figures above for {TICKER[1]} calls")
-        print(f"{'QEMU: first prompt at main() (QEMU start to gdb)':48} {got['first-prompt'][0]:9.2f}s "
-              f"{got['first-prompt'][0] / fp:16.2f}x insight")
-        rows = (("reverse-continue to the last hit", "last-hit", stats.median(last_hit)),
-                ("reverse-continue to the hit before it", "hit-before", stats.median(hit_before)),
-                ("reverse-stepi, median", "reverse-stepi", stats.median(steps)))
-        for label, key, ours in rows:
-            if key in got:
-                v = stats.median(got[key])
-                print(f"{'QEMU: ' + label + ' (in gdb)':48} {v:9.2f}s {v / ours:16.0f}x insight")
-            else:
-                print(f"{'QEMU: ' + label + ' (in gdb)':48} not done in the session's "
-                      f"{args.qemu_limit} s")
-    print("rr: " + ("this host has a hardware PMU; rr is not measured by this tool" if has_pmu()
-                    else "cannot run here: the host has no hardware PMU "
-                         "(no /sys/bus/event_source/devices/cpu)"))
+              f"{qemu_result['record']:.1f} s; forward replay main() to done() "
+              f"{got['forward'][0]:.1f} s (in gdb); set against insight's figures for {TICKER[1]} "
+              "calls.")
+        for label, key in (("reverse-continue to the last hit", "last-hit"),
+                           ("reverse-continue to the hit before it", "hit-before"),
+                           ("reverse-stepi", "reverse-stepi")):
+            if key not in got:
+                print(f"QEMU: {label} not done in the session's {args.qemu_limit} s.")
+    print("rr: " + ("this host has a hardware PMU; rr is not measured by this benchmark."
+                    if has_pmu() else "cannot run here: the host has no hardware PMU "
+                    "(no /sys/bus/event_source/devices/cpu)."))
     rows = [
         Row("overwriter: forward replay to the end (wall)", replay_walls),
         Row("first prompt (`insight debug`, gdb started, quit): forward replay, first prompt",

@@ -27,7 +27,6 @@ Needs a built guest (tools/build-guest).
 """
 import os
 import re
-import shutil
 import sqlite3
 import tempfile
 
@@ -62,11 +61,8 @@ def block_bytes(db):
 
 
 def run(ctx):
-    tmp = tempfile.mkdtemp(prefix="insight-bench-events-")
-    try:
+    with tempfile.TemporaryDirectory(prefix="insight-bench-events-", ignore_cleanup_errors=True) as tmp:
         return measure(ctx.runs, tmp)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def measure(runs, tmp):
@@ -128,24 +124,23 @@ def measure(runs, tmp):
         return wall
     walls = stats.alternate(list(extras), runs, replay)
     for mode, _ in modes[1:6]:
-        name = f"replay with {mode}: plain replay, with"
+        rows.append(Row(f"replay with {mode}: plain replay, with", walls[mode], walls["plain"]))
         if mode.startswith("sampling"):
-            name += f" ({summaries[mode][1]} samples)"
-        rows.append(Row(name, walls[mode], walls["plain"]))
+            print(f"replay with {mode}: {summaries[mode][1]} samples")
 
     for label, events, sampled in [("packed", "events", "sampling 1ms"),
                                    ("rows", "rows", "rows sampling 1ms")]:
         ev_total, _ = summaries[events]
         ev_size = os.path.getsize(dbs[events])
-        rows.append(Row.computed(f"event database ({label}), explicit events ({ev_size} B for "
-                                 f"{ev_total} events; lock events dominate)", ev_size / ev_total,
-                                 unit="B/event"))
+        rows.append(Row.computed(f"event database ({label}), explicit events (lock events "
+                                 "dominate)", ev_size / ev_total, unit="B/event"))
+        print(f"event database ({label}): {ev_size} B for {ev_total} explicit events")
         s_total, samples = summaries[sampled]
         s_size = os.path.getsize(dbs[sampled])
         if samples > 0:
-            rows.append(Row.computed(f"event database ({label}), SAMPLE events ({s_size - ev_size} B "
-                                     f"more for {samples} samples, with their stacks)",
+            rows.append(Row.computed(f"event database ({label}), SAMPLE events (with their stacks)",
                                      (s_size - ev_size) / samples, unit="B/sample"))
+            print(f"event database ({label}): {s_size - ev_size} B more for {samples} samples")
 
     rows.append(Row("replay with sampling every 1 ms: stacks by frame pointers, by call-frame "
                     "information", walls["sampling 1ms"], walls["sampling 1ms fp"]))
@@ -155,10 +150,12 @@ def measure(runs, tmp):
         ev_blocks = block_bytes(dbs[events])
         _, samples = summaries[sampled]
         s_blocks = block_bytes(dbs[sampled])
-        rows.append(Row.computed(f"packed blocks, explicit events, stacks by {label} ({ev_blocks} B "
-                                 f"for {ev_total} events)", ev_blocks / ev_total, unit="B/event"))
+        rows.append(Row.computed(f"packed blocks, explicit events, stacks by {label}",
+                                 ev_blocks / ev_total, unit="B/event"))
+        print(f"packed blocks, stacks by {label}: {ev_blocks} B for {ev_total} events")
         if samples > 0:
-            rows.append(Row.computed(f"packed blocks, SAMPLE events, stacks by {label} "
-                                     f"({s_blocks - ev_blocks} B more for {samples} samples)",
+            rows.append(Row.computed(f"packed blocks, SAMPLE events, stacks by {label}",
                                      (s_blocks - ev_blocks) / samples, unit="B/sample"))
+            print(f"packed blocks, stacks by {label}: {s_blocks - ev_blocks} B more for {samples} "
+                  "samples")
     return rows

@@ -21,7 +21,6 @@ Debian's packages if it is missing.
 """
 import os
 import re
-import shutil
 import tempfile
 
 from . import stats
@@ -39,11 +38,8 @@ SUMMARY = re.compile(
 
 def run(ctx):
     need({"valgrind": "valgrind"})
-    tmp = tempfile.mkdtemp(prefix="insight-bench-expand-")
-    try:
+    with tempfile.TemporaryDirectory(prefix="insight-bench-expand-", ignore_cleanup_errors=True) as tmp:
         return measure(ctx.runs, tmp)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def measure(runs, tmp):

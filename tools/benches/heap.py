@@ -17,7 +17,6 @@ Needs a built guest (tools/build-guest).
 """
 import os
 import re
-import shutil
 import tempfile
 
 from . import stats
@@ -45,11 +44,8 @@ def heap_events(stderr):
 
 
 def run(ctx):
-    tmp = tempfile.mkdtemp(prefix="insight-bench-heap-")
-    try:
+    with tempfile.TemporaryDirectory(prefix="insight-bench-heap-", ignore_cleanup_errors=True) as tmp:
         return measure(ctx, tmp)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def measure(ctx, tmp):
@@ -84,10 +80,11 @@ def measure(ctx, tmp):
         return wall
     walls = stats.alternate(list(modes), ctx.runs, replay)
     count = counted[-1]
+    print(f"The replays with --heap-events wrote {count} heap events.")
     base = stats.median(walls["events"])
     for mode, how in [("heap", "through the event ring"), ("heap exits", "an exit each (--event-exits)")]:
-        rows.append(Row(f"replay of {work} ({count} heap events), {how}: without --heap-events, "
-                        "with", walls[mode], walls["events"]))
+        rows.append(Row(f"replay of {work}, {how}: without --heap-events, with", walls[mode],
+                        walls["events"]))
         if count:
             with_heap = stats.median(walls[mode])
             rows.append(Row.computed(f"host time per heap event at replay, {how}",

@@ -67,11 +67,8 @@ def parse(text, what):
 def run(ctx):
     if not shutil.which("taskset"):
         die("taskset (util-linux) is needed to pin the native runs")
-    tmp = tempfile.mkdtemp(prefix="insight-bench-native-")
-    try:
+    with tempfile.TemporaryDirectory(prefix="insight-bench-native-", ignore_cleanup_errors=True) as tmp:
         return measure(ctx, tmp)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def measure(ctx, tmp):

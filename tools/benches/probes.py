@@ -107,11 +107,8 @@ def options(ap):
 
 
 def run(ctx):
-    tmp = tempfile.mkdtemp(prefix="insight-bench-probes-")
-    try:
+    with tempfile.TemporaryDirectory(prefix="insight-bench-probes-", ignore_cleanup_errors=True) as tmp:
         return measure(ctx, tmp)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def measure(ctx, tmp):

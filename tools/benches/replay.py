@@ -69,11 +69,8 @@ def async_points(stderr):
 
 
 def run(ctx):
-    tmp = tempfile.mkdtemp(prefix="insight-bench-")
-    try:
+    with tempfile.TemporaryDirectory(prefix="insight-bench-", ignore_cleanup_errors=True) as tmp:
         return measure(ctx, tmp)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def measure(ctx, tmp):
