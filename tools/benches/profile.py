@@ -105,7 +105,7 @@ import tempfile
 import urllib.request
 
 from . import profiles
-from .common import REPO, BenchError, cache_dir, die, log, need, run as command
+from .common import REPO, BenchError, cache_dir, die, log, need, run as run_command
 from .harness import Report
 from .profiles import (PROBES_GUEST, TICKPROF_GUEST, TOP, build_tickprof, compare, insight_profile,
                        own_profile, perf_profile, probe_library)
@@ -123,7 +123,7 @@ GUEST_TEXT = "/root/words.txt"
 
 def build_hotspot(work):
     out = os.path.join(work, "hotspot")
-    command(["gcc"] + CFLAGS.split() + ["-pthread", "-I", os.path.join(REPO, "probes"),
+    run_command(["gcc"] + CFLAGS.split() + ["-pthread", "-I", os.path.join(REPO, "probes"),
             os.path.join(REPO, "images", "workloads", "hotspot.c"), "-o", out], "compiling hotspot")
     return out
 
@@ -188,7 +188,7 @@ def build(src):
     """src's program with symbols and frame pointers, cached in BENCH by
     version, flags, gcc and how it is configured and made
     (NAME-VERSION-KEY)."""
-    gcc = command(["gcc", "-dumpfullversion"])[0].stdout.strip()
+    gcc = run_command(["gcc", "-dumpfullversion"])[0].stdout.strip()
     how = f"{src.version} {CFLAGS} gcc {gcc} {src.configure} {src.makes} {sorted(src.env.items())}"
     key = hashlib.sha256(how.encode()).hexdigest()[:12]
     out = os.path.join(BENCH, f"{src.cached}-{src.version}-{key}")
@@ -203,25 +203,25 @@ def build(src):
     try:
         log(f"building {src.program} of {src.package} {src.version} with {CFLAGS} "
             "(once; a few minutes)")
-        command(["tar", "-C", work, "-xf", tarball], f"unpacking {src.package}")
+        run_command(["tar", "-C", work, "-xf", tarball], f"unpacking {src.package}")
         tree = os.path.join(work, f"{src.package}-{src.version}")
         env = dict(os.environ, LC_ALL="C", **src.env)
-        command(["./configure", "--quiet"] + src.configure + [f"CFLAGS={CFLAGS}"],
+        run_command(["./configure", "--quiet"] + src.configure + [f"CFLAGS={CFLAGS}"],
                 f"{src.package} configure", cwd=tree, env=env)
         # Only the program and what it needs: first the generated headers
         # (BUILT_SOURCES, which `make all` would make first), then the
         # program, so that no documentation is rebuilt.
         jobs = f"-j{os.cpu_count() or 1}"
-        built, _ = command(["make", "-s", "--no-print-directory", "-f", "Makefile", "-f", "-",
+        built, _ = run_command(["make", "-s", "--no-print-directory", "-f", "Makefile", "-f", "-",
                            "print-built-sources"], f"listing {src.package}'s BUILT_SOURCES",
                           cwd=tree, env=env, input="print-built-sources:\n\t@echo $(BUILT_SOURCES)\n")
         if built.stdout.split():
-            command(["make", jobs] + built.stdout.split(), f"make BUILT_SOURCES ({src.package})",
+            run_command(["make", jobs] + built.stdout.split(), f"make BUILT_SOURCES ({src.package})",
                     cwd=tree, env=env)
         for argv in src.makes:
-            command(["make", jobs] + argv, f"make {' '.join(argv)} ({src.package})", cwd=tree, env=env)
+            run_command(["make", jobs] + argv, f"make {' '.join(argv)} ({src.package})", cwd=tree, env=env)
         program = os.path.join(tree, src.program)
-        dynamic, _ = command(["readelf", "-d", program], f"readelf -d {src.program}")
+        dynamic, _ = run_command(["readelf", "-d", program], f"readelf -d {src.program}")
         needed = set(re.findall(r"\(NEEDED\)\s+Shared library: \[(.*?)\]", dynamic.stdout))
         if needed - GUEST_LIBS:
             die(f"{src.program} of {src.package} needs "

@@ -12,7 +12,7 @@ import sqlite3
 import subprocess
 
 from .common import (PRELOAD, REPO, binary, die, file_from_initramfs, guest_dir, guest_seconds, log,
-                     run as command)
+                     run as run_command)
 from .stats import Row
 
 PERIOD = "1ms"
@@ -165,10 +165,10 @@ def insight_profile(name, work, command, sampled_at, config=None, memory=None, w
         bare[bare.index("--sample-period") + 1] = "off"
         bare[bare.index("-o") + 1] = trace + ".bare"
         log(f"{name}: recording without sample marks first, for their cost")
-        plain, _ = command([binary()] + bare, f"insight record --sample-period off ({name})")
+        plain, _ = run_command([binary()] + bare, f"insight record --sample-period off ({name})")
         cost = guest_seconds(plain.stderr, trace + ".bare")
         shutil.rmtree(trace + ".bare", ignore_errors=True)
-    rec, wall = command([binary()] + argv, f"insight record ({name})")
+    rec, wall = run_command([binary()] + argv, f"insight record ({name})")
     if cost is not None:
         marked = guest_seconds(rec.stderr, trace)
         marks = re.search(r"(\d+) sample marks", rec.stderr)
@@ -181,7 +181,7 @@ def insight_profile(name, work, command, sampled_at, config=None, memory=None, w
             "--events-format", "rows", "--sample-period", PERIOD]
     if sampled_at == "replay":
         argv.append("--replay-time-samples")
-    _, wall = command(argv, f"insight replay ({name})")
+    _, wall = run_command(argv, f"insight replay ({name})")
     log(f"{name}: replayed in {wall:.0f} s")
     profile = read_insight_profile(name, db, workers, comm)
     profile.cost = cost
@@ -192,7 +192,7 @@ def read_insight_profile(name, db, workers=False, comm=None):
     """What `insight report profile` says about the database db: all
     sampled threads, or (workers) those that are not their process's main
     thread, or (comm) those of processes running the program comm."""
-    rep, _ = command([binary(), "report", "profile", db, "--limit", "100000", "--threads"],
+    rep, _ = run_command([binary(), "report", "profile", db, "--limit", "100000", "--threads"],
                      f"insight report profile ({name})")
     p = Profile()
     header = re.search(r"(\d+) samples \((\d+) in the guest kernel"
@@ -271,8 +271,8 @@ def perf_profile(name, work, command, workers=False, comm=None):
     argv = ["perf", "record", "-q", "-e", "cpu-clock", "-c", str(PERF_PERIOD_NS),
             "-o", data, "--", "env", "LC_ALL=C"] + command
     log(f"{name}: {' '.join(argv)}")
-    rec, _ = command(argv, f"perf record ({name})")
-    script, _ = command(["perf", "script", "-i", data, "-F", "comm,pid,tid,time,ip,sym,dso"],
+    rec, _ = run_command(argv, f"perf record ({name})")
+    script, _ = run_command(["perf", "script", "-i", data, "-F", "comm,pid,tid,time,ip,sym,dso"],
                         f"perf script ({name})")
     samples = []
     for line in script.stdout.splitlines():
@@ -337,7 +337,7 @@ def probe_library(work):
 def build_tickprof(work):
     """tools/native/tickprof.c as a shared library: the host path."""
     out = os.path.join(work, "tickprof.so")
-    command(["gcc", "-O2", "-Wall", "-shared", "-fPIC", "-o", out,
+    run_command(["gcc", "-O2", "-Wall", "-shared", "-fPIC", "-o", out,
             os.path.join(REPO, "tools", "native", "tickprof.c")], "building tools/native/tickprof.c")
     return out
 
@@ -401,7 +401,7 @@ def own_profile(name, config, command, memory, comm, files):
     argv = [binary(), "run", config, "--no-stdin", "--memory", str(memory), "--",
             "env", f"{PRELOAD}:{TICKPROF_GUEST}", "LC_ALL=C"] + command
     log(f"{name}: the guest's own samples: {' '.join(argv[1:])}")
-    p, wall = command(argv, f"insight run ({name}, the guest's own samples)")
+    p, wall = run_command(argv, f"insight run ({name}, the guest's own samples)")
     if f"{name}-done" not in p.stdout:
         die(f"{name} did not finish in the guest's own run:\n{p.stdout[-3000:]}")
     log(f"{name}: ran in {wall:.0f} s")

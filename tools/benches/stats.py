@@ -22,6 +22,8 @@ BEST = "best"
 # The largest chance of two ranges not overlapping by luck alone that
 # still counts as a difference: with three samples a side it is 0.1.
 SEPARATION_P = 0.1
+# Units of things counted, whole numbers shown as such.
+COUNTS = {"cycles", "datagrams", "programs"}
 
 
 def rounds(sides, runs):
@@ -132,7 +134,13 @@ def number(x):
 
 
 def quantity(x, unit):
-    return "—" if x is None else f"{number(x)} {unit}".rstrip()
+    if x is None:
+        return "—"
+    if unit == "x":
+        return f"{number(x)}x"
+    if unit in COUNTS and float(x).is_integer():
+        return f"{int(x):,} {unit}"
+    return f"{number(x)} {unit}".rstrip()
 
 
 def span(s):

@@ -62,8 +62,10 @@ class Statistics(unittest.TestCase):
         self.assertIn("| size | — | 5.00 MiB | — | 1, best | — |", lines[3])
 
     def test_number_keeps_about_three_digits(self):
-        self.assertEqual([stats.number(x) for x in (1234.5, 123.4, 12.34, 1.234, 0.01234, 0)],
-                         ["1,234", "123", "12.3", "1.23", "0.0123", "0"])
+        self.assertEqual([stats.number(x) for x in (1234.5, 123.4, 12.34, 1.234, 0.01234, 0, 3.0)],
+                         ["1,234", "123", "12.3", "1.23", "0.0123", "0", "3.00"])
+        self.assertEqual([stats.quantity(2.5, "x"), stats.quantity(3.0, "cycles")],
+                         ["2.50x", "3 cycles"])
 
 
 class Separation(unittest.TestCase):
