@@ -126,7 +126,7 @@ def measure(runs, tmp):
     for mode, _ in modes[1:6]:
         rows.append(Row(f"replay with {mode}: plain replay, with", walls[mode], walls["plain"]))
         if mode.startswith("sampling"):
-            print(f"replay with {mode}: {summaries[mode][1]} samples")
+            print(f"- replay with {mode}: {summaries[mode][1]} samples")
 
     for label, events, sampled in [("packed", "events", "sampling 1ms"),
                                    ("rows", "rows", "rows sampling 1ms")]:
@@ -134,13 +134,13 @@ def measure(runs, tmp):
         ev_size = os.path.getsize(dbs[events])
         rows.append(Row.computed(f"event database ({label}), explicit events (lock events "
                                  "dominate)", ev_size / ev_total, unit="B/event"))
-        print(f"event database ({label}): {ev_size} B for {ev_total} explicit events")
+        print(f"- event database ({label}): {ev_size} B for {ev_total} explicit events")
         s_total, samples = summaries[sampled]
         s_size = os.path.getsize(dbs[sampled])
         if samples > 0:
             rows.append(Row.computed(f"event database ({label}), SAMPLE events (with their stacks)",
                                      (s_size - ev_size) / samples, unit="B/sample"))
-            print(f"event database ({label}): {s_size - ev_size} B more for {samples} samples")
+            print(f"- event database ({label}): {s_size - ev_size} B more for {samples} samples")
 
     rows.append(Row("replay with sampling every 1 ms: stacks by frame pointers, by call-frame "
                     "information", walls["sampling 1ms"], walls["sampling 1ms fp"]))
@@ -152,10 +152,10 @@ def measure(runs, tmp):
         s_blocks = block_bytes(dbs[sampled])
         rows.append(Row.computed(f"packed blocks, explicit events, stacks by {label}",
                                  ev_blocks / ev_total, unit="B/event"))
-        print(f"packed blocks, stacks by {label}: {ev_blocks} B for {ev_total} events")
+        print(f"- packed blocks, stacks by {label}: {ev_blocks} B for {ev_total} events")
         if samples > 0:
             rows.append(Row.computed(f"packed blocks, SAMPLE events, stacks by {label}",
                                      (s_blocks - ev_blocks) / samples, unit="B/sample"))
-            print(f"packed blocks, stacks by {label}: {s_blocks - ev_blocks} B more for {samples} "
+            print(f"- packed blocks, stacks by {label}: {s_blocks - ev_blocks} B more for {samples} "
                   "samples")
     return rows

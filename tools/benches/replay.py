@@ -105,7 +105,7 @@ def measure(ctx, tmp):
     if m:
         rows.append(Row.computed("an AsyncPoint log entry, before compression / compressed",
                                  int(m.group(4)) / int(m.group(1)), float(m.group(3)), unit="B"))
-    print(f"asynchronous points: {stats.median([p for p, _ in points]):.0f} in "
+    print(f"- asynchronous points: {stats.median([p for p, _ in points]):.0f} in "
           f"{stats.median([s for _, s in points]):.1f} s of guest time (medians of {ctx.runs}); "
           + (f"an entry: {float(m.group(3)):.0f} B before compression, "
              f"~{int(m.group(4)) / int(m.group(1)):.0f} B compressed" if m else "none logged"))
@@ -130,6 +130,6 @@ def measure(ctx, tmp):
         rows.append(Row(f"trace size per second of guest time, {name}", [size / secs / 1024],
                         unit="KiB/s"))
         rows.append(Row(f"trace size per deterministic exit, {name}", [size / exits], unit="B"))
-        print(f"trace size, {name}: {size} B for {secs:.1f} s of guest time, {exits} exits")
+        print(f"- trace size, {name}: {size} B for {secs:.1f} s of guest time, {exits} exits")
         shutil.rmtree(trace, ignore_errors=True)
     return rows
