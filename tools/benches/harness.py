@@ -1,8 +1,8 @@
 """Running one benchmark: its context in, its report out, and the record
 of a run: the results file (JSON) and docs/BENCHMARKS.md's section.
 
-A benchmark module has a docstring (its first line is what `tools/bench
---list` says of it, the rest its --help), DURATION (how long it usually
+A benchmark module has a docstring (its first paragraph is what
+`tools/bench --list` says of it, the whole its --help), DURATION (how long it usually
 takes), RUNS (its default repeats), optionally NEEDS_INSIGHT = False and
 options(parser), and run(ctx), which returns a Report or a list of rows.
 What it prints to standard output is its detail: shown after its rows,
@@ -35,9 +35,6 @@ class Context:
     args: argparse.Namespace
     repo: str = common.REPO
     write: bool = True
-
-    def log(self, msg):
-        common.log(msg)
 
 
 @dataclass
@@ -120,7 +117,7 @@ def nested(name, runs=None, **options):
     try:
         report, printed, _ = run(ctx)
         return report, printed
-    except common.BenchError as e:
+    except Exception as e:  # its fault or its host's: the outer benchmark goes on without it
         common.log(f"{name}: not measured: {e}")
         return None, str(e)
 
