@@ -7,7 +7,7 @@
 //!   cargo run --release -p diagnosis --example bench_analysis -- [EVENTS] [DIR]
 //!
 //! EVENTS defaults to 10 000 000; the database goes to DIR (default: a
-//! temporary directory) and is removed afterwards. tools/bench-analysis
+//! temporary directory) and is removed afterwards. `tools/bench analysis`
 //! runs this and prints the table docs/BENCHMARKS.md keeps.
 
 use std::collections::VecDeque;

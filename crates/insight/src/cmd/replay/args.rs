@@ -106,7 +106,7 @@ pub struct CaptureArgs {
     /// Capture every probe event at a VM exit of its own, as insight did
     /// before the event ring: the events, their order and stacks are the
     /// same, the replay slower (one exit per event, ~75 us on nested
-    /// hosts). For measuring what the ring saves (tools/bench-events).
+    /// hosts). For measuring what the ring saves (`tools/bench events`).
     #[arg(long)]
     pub event_exits: bool,
     /// How the database stores events: packed (compressed blocks, a few
