@@ -55,6 +55,38 @@ impl OpenFiles {
     pub(crate) fn guest_file(&self, path: &str) -> Option<&[u8]> {
         self.files.get(path)
     }
+
+    /// Where the program a process executed as `exe` is among the guest's
+    /// files: `exe` itself, or, for a path relative to the directory it
+    /// ran in (`./prog`, a program from the host recorded by its path),
+    /// that path from the command's working directory (the run's
+    /// `/etc/insight/workdir`, else `/root`, where insight-init starts
+    /// it).
+    pub(crate) fn program_path(&self, exe: &str) -> String {
+        if exe.starts_with('/') || self.files.get(exe).is_some() {
+            return exe.to_owned();
+        }
+        let workdir = self
+            .files
+            .get(guest::spec::WORKDIR_FILE)
+            .map(|b| String::from_utf8_lossy(b).trim_end_matches('\n').to_owned())
+            .unwrap_or_else(|| "/root".to_owned());
+        let mut parts: Vec<&str> = Vec::new();
+        for part in workdir.split('/').chain(exe.split('/')) {
+            match part {
+                "" | "." => {}
+                ".." => {
+                    parts.pop();
+                }
+                p => parts.push(p),
+            }
+        }
+        let joined = format!("/{}", parts.join("/"));
+        match self.files.get(&joined) {
+            Some(_) => joined,
+            None => exe.to_owned(),
+        }
+    }
 }
 
 /// Reads the process's memory at `at` from the files it maps, for pages
@@ -115,6 +147,8 @@ fn objects<'f>(
     auxv: &[u8],
     libraries: &[(String, u64)],
 ) -> Vec<(String, &'f [u8], u64)> {
+    let exe = files.program_path(exe);
+    let exe = exe.as_str();
     let Some(program) = files.guest_file(exe) else {
         return Vec::new();
     };

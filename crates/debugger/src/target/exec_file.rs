@@ -16,6 +16,8 @@ impl ExecFile for ReplayTarget {
         buf: &mut [u8],
     ) -> TargetResult<usize, Self> {
         let exe = self.driver.debug().process().map_or("", |p| p.exe.as_str());
+        // The path gdb opens with host I/O: where the guest's file is.
+        let exe = self.files.program_path(exe);
         Ok(copy_out(exe.as_bytes(), offset, length, buf))
     }
 }

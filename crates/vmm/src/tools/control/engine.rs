@@ -94,7 +94,7 @@ pub(crate) enum Verdict {
 /// A thread at one of the breakpoints, the instruction under it not run
 /// yet.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct BreakpointHit {
+pub(crate) struct BreakpointHit<'m> {
     /// The task on the CPU: (pid, lwpid).
     pub(crate) task: Option<(u32, u32)>,
     /// The task as a thread of the process held, if the breakpoint is
@@ -110,6 +110,15 @@ pub(crate) struct BreakpointHit {
     pub(crate) wanted: bool,
     /// Its user registers, RIP at the breakpoint's address.
     pub(crate) regs: kvm_regs,
+    /// Guest memory, where its position's stack is read.
+    pub(crate) mem: &'m GuestMemoryMmap,
+}
+
+impl BreakpointHit<'_> {
+    /// Where the thread `lwpid` stands: its position.
+    pub(crate) fn point(&self, lwpid: u32) -> UserPoint {
+        UserPoint::at(self.mem, self.cr3, lwpid, &self.regs)
+    }
 }
 
 /// The engine's user, which decides what happened means: told as it

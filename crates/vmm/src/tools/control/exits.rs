@@ -61,6 +61,7 @@ impl Control {
             space: (self.breakpoints).space_of_hit(&m.vm.mem, cr3, addr, gpa),
             wanted: self.breakpoints.is_wanted(addr),
             regs: user,
+            mem: &m.vm.mem,
         };
         let stop = sup.breakpoint(self, &hit) == Verdict::Stop;
         if !stop && self.lift_for_one(m, cr3, addr, gpa) {
@@ -118,7 +119,7 @@ impl Control {
         // pending at the position, the instruction not run yet (the
         // interrupt the point delivers comes first). The step goes on.
         if let Some((from, _)) = step.filter(|&(from, ordinal)| {
-            !in_stub && ordinal != self.ordinal && from == UserPoint::of(from.lwpid, &user)
+            !in_stub && ordinal != self.ordinal && from == UserPoint::registers(from.lwpid, &user)
         }) {
             self.stepping = Some(Stepping::Trap {
                 from,

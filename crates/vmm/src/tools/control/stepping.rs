@@ -84,7 +84,7 @@ impl Control {
         mut regs: kvm_regs,
     ) -> Result<(), VmError> {
         self.stepping = Some(Stepping::Trap {
-            from: UserPoint::of(lwpid, &regs),
+            from: UserPoint::registers(lwpid, &regs),
             ordinal: self.ordinal,
         });
         regs.rflags |= TF;

@@ -223,10 +223,34 @@ pub struct UserPoint {
     pub gprs: [u64; 16],
     /// RFLAGS without the trap and resume flags.
     pub rflags: u64,
+    /// A digest of the top of its stack and of the return addresses
+    /// found by its frame pointers (`stack_digest`): what tells apart two
+    /// passes through the same registers between two exits, such as two
+    /// calls of one function with the same arguments from different
+    /// places.
+    pub stack: u64,
 }
 
+/// Bytes of the stack above RSP a position's digest covers.
+const STACK_DIGEST_BYTES: usize = 256;
+/// Frame-pointer links followed for return addresses, at most.
+const STACK_DIGEST_FRAMES: usize = 8;
+/// The farthest a frame pointer is followed above the stack pointer.
+const STACK_DIGEST_SPAN: u64 = 1 << 20;
+
 impl UserPoint {
-    pub(crate) fn of(lwpid: u32, r: &kvm_regs) -> Self {
+    /// Thread `lwpid`'s position at the user registers `r`, its stack
+    /// read in the address space `cr3` of `mem`.
+    pub(crate) fn at(mem: &GuestMemoryMmap, cr3: u64, lwpid: u32, r: &kvm_regs) -> Self {
+        UserPoint {
+            stack: stack_digest(|at, buf| gva::peek_user(mem, cr3, at, buf), r.rsp, r.rbp),
+            ..Self::registers(lwpid, r)
+        }
+    }
+
+    /// The registers alone (`stack` 0): for telling whether the thread
+    /// moved since, where its memory cannot have changed.
+    pub(crate) fn registers(lwpid: u32, r: &kvm_regs) -> Self {
         UserPoint {
             lwpid,
             rip: r.rip,
@@ -235,8 +259,45 @@ impl UserPoint {
                 r.r12, r.r13, r.r14, r.r15,
             ],
             rflags: r.rflags & !(TF | RF),
+            stack: 0,
         }
     }
+}
+
+/// FNV-1a over the `STACK_DIGEST_BYTES` above `rsp` (the return address
+/// of a function's first instructions, its caller's locals) and the
+/// return addresses a chain of frame pointers from `rbp` leads to (a
+/// deeper frame's callers), read with `read` (how many bytes it could
+/// read). The same memory gives the same digest, whatever the code: a
+/// program without frame pointers just has another chain.
+fn stack_digest(read: impl Fn(u64, &mut [u8]) -> usize, rsp: u64, rbp: u64) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| {
+        for &b in bytes {
+            hash = (hash ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    };
+    let mut top = [0u8; STACK_DIGEST_BYTES];
+    let n = read(rsp, &mut top);
+    eat(&top[..n]);
+    eat(&(n as u64).to_le_bytes());
+    let mut frame = rbp;
+    for _ in 0..STACK_DIGEST_FRAMES {
+        if frame < rsp || frame - rsp > STACK_DIGEST_SPAN || !frame.is_multiple_of(8) {
+            break;
+        }
+        let mut link = [0u8; 16];
+        if read(frame, &mut link) < 16 {
+            break;
+        }
+        eat(&link[8..]);
+        let next = u64::from_le_bytes(link[..8].try_into().unwrap_or_default());
+        if next <= frame {
+            break;
+        }
+        frame = next;
+    }
+    hash
 }
 
 /// A thread's user registers as its program sees them.
@@ -299,4 +360,42 @@ pub(crate) fn auxv_at_start(mem: &GuestMemoryMmap, cr3: u64, rsp: u64) -> Option
         at += 16;
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_stack_tells_apart_two_calls_with_the_same_registers() {
+        // A stack at 0x1000: a return address at RSP, a frame at 0x1040
+        // whose saved RBP leads to 0x1180, beyond the bytes above RSP the
+        // digest reads, and its return address.
+        let stack = |ret: u64, outer: u64| {
+            let mut m = vec![0u8; 0x200];
+            m[0..8].copy_from_slice(&ret.to_le_bytes());
+            m[0x40..0x48].copy_from_slice(&0x1180u64.to_le_bytes());
+            m[0x48..0x50].copy_from_slice(&0x4011u64.to_le_bytes());
+            m[0x188..0x190].copy_from_slice(&outer.to_le_bytes());
+            m
+        };
+        let digest = |m: &[u8]| {
+            stack_digest(
+                |at, buf| {
+                    let from = (at - 0x1000) as usize;
+                    let n = buf.len().min(m.len().saturating_sub(from));
+                    buf[..n].copy_from_slice(&m[from..from + n]);
+                    n
+                },
+                0x1000,
+                0x1040,
+            )
+        };
+        let first = digest(&stack(0x4001, 0x5001));
+        assert_eq!(first, digest(&stack(0x4001, 0x5001)));
+        // Called from elsewhere: another return address at RSP.
+        assert_ne!(first, digest(&stack(0x4002, 0x5001)));
+        // Deeper than the words above RSP: the frame chain's return address.
+        assert_ne!(first, digest(&stack(0x4001, 0x5002)));
+    }
 }

@@ -115,7 +115,7 @@ impl StopFinder {
         let position = Position {
             ordinal: c.ordinal(),
             user: match (lwpid, user) {
-                (Some(l), true) => Some(UserPoint::of(l, &m.vcpu.regs()?)),
+                (Some(l), true) => Some(point(m, l, &m.vcpu.regs()?)?),
                 _ => None,
             },
         };
@@ -144,7 +144,7 @@ impl StopFinder {
             let user = m.vcpu.sregs()?.cs.selector & 3 == 3;
             if target.ordinal == ordinal && user && c.current_thread() == Some(u.lwpid) {
                 let regs = m.vcpu.regs()?;
-                if UserPoint::of(u.lwpid, &regs) == u {
+                if point(m, u.lwpid, &regs)? == u {
                     self.stop_here(c, m, StopKind::Reached)?;
                 }
             }
@@ -177,7 +177,7 @@ impl StopFinder {
         }
         if let Resume::To(target) = self.resume {
             let here = match (c.current_thread(), user) {
-                (Some(l), true) => Some(UserPoint::of(l, &m.vcpu.regs()?)),
+                (Some(l), true) => Some(point(m, l, &m.vcpu.regs()?)?),
                 _ => None,
             };
             if target.ordinal == c.ordinal()
@@ -206,7 +206,7 @@ impl Supervisor for StopFinder {
         // The thread stays there if it stops: its position.
         let position = Position {
             ordinal: c.ordinal(),
-            user: Some(UserPoint::of(lwpid, &hit.regs)),
+            user: Some(hit.point(lwpid)),
         };
         let addr = hit.regs.rip;
         let kind = match self.resume {
@@ -243,7 +243,7 @@ impl Supervisor for StopFinder {
                         kind: HitKind::Watch { addr },
                         position: Position {
                             ordinal: c.ordinal(),
-                            user: Some(UserPoint::of(l, &m.vcpu.regs()?)),
+                            user: Some(point(m, l, &m.vcpu.regs()?)?),
                         },
                     });
                 }
@@ -278,7 +278,7 @@ impl Supervisor for StopFinder {
     ) -> Result<(), VmError> {
         if let Resume::To(target) = self.resume {
             if target.ordinal == c.ordinal()
-                && target.user == Some(UserPoint::of(lwpid, user))
+                && target.user == Some(point(m, lwpid, user)?)
                 && self.stop.is_none()
             {
                 self.stop_here(c, m, StopKind::Reached)?;
@@ -308,4 +308,11 @@ impl Supervisor for StopFinder {
         }
         Ok(())
     }
+}
+
+/// Thread `lwpid`'s position at `regs`, its stack read in the address
+/// space the vCPU runs in.
+fn point(m: &Machine, lwpid: u32, regs: &kvm_bindings::kvm_regs) -> Result<UserPoint, VmError> {
+    let cr3 = m.vcpu.sregs()?.cr3;
+    Ok(UserPoint::at(&m.vm.mem, cr3, lwpid, regs))
 }
