@@ -4,10 +4,13 @@
  *
  * Two threads each run ROUNDS rounds (default 40); in "mixed" mode (the
  * default) a round calls, in turn, arith() (a floating-point multiply-add
- * over a 32 KiB array), chase() (a pointer chase through a 256 KiB index
+ * over a 16 KiB array), chase() (a pointer chase through a 16 KiB index
  * table) and hash() (FNV-1a over a counter, in registers). Their amounts
  * of work are read at run time, as a real program's are, so the loops
- * compare against registers.
+ * compare against registers. The arrays fit the first-level cache
+ * together: with profile_split's 256 KiB table, the chase took 5 pp more
+ * of the time interleaved than alone, natively, each call fetching the
+ * table again.
  *
  * "arith", "chase" or "hash" runs only that function, for the same
  * rounds; "none" starts and ends the threads with no work. A function's
@@ -15,20 +18,25 @@
  * guest, whose kernel is slow, starting and ending the two threads in a
  * fresh process took 0.2-0.5 s), over the sum of the three: timing a call
  * inside the mixed run would count the other thread's time while it is
- * preempted.
+ * preempted. On a host others use, runs minutes apart differ by several
+ * per cent (a busy host's caches slow the pointer chase most).
  *
- * "alone" times each function alone in one run, without those costs:
- * both threads run their rounds of arith(), then (after a barrier) of
- * chase(), then of hash(), then nothing, in PASSES passes with the rounds
- * spread over them (so that a host busy for a second slows all three
- * alike). It prints "profile_mix: alone arith A ns chase C ns hash H ns
- * none E ns", each phase's time summed over the passes; E, the empty
- * phase's, is what a barrier costs each of the others (in the guest a few
- * milliseconds a phase) and is subtracted from them.
+ * "alone" times each function alone in the very run it profiles. In each
+ * of PASSES passes (the rounds spread over them) both threads run their
+ * rounds of arith_alone(), then (after a barrier) of chase_alone(), then
+ * of hash_alone(), then nothing, each phase timed; then the same rounds
+ * as in "mixed". The *_alone functions are the same code under other
+ * names: a profile's rows arith, chase and hash are the mixed rounds'.
+ * It prints each pass's phases, "profile_mix: pass K arith A ns chase C
+ * ns hash H ns none E ns"; E, the empty phase's, is what a barrier costs
+ * each of the others (in the guest a few milliseconds a phase). On a
+ * host others use, a phase now and then takes far longer than its
+ * neighbours' (the host ran something else meanwhile, on the whole
+ * phase): a split of the passes' medians leaves those out, where a
+ * profile of the interleaved rounds spreads them over all three.
  *
- * Every mode but "alone" prints "profile_mix: MODE ROUNDS rounds NS ns
- * (result R)", NS the CLOCK_MONOTONIC time from the threads' start to
- * their end.
+ * Every mode prints "profile_mix: MODE ROUNDS rounds NS ns (result R)",
+ * NS the CLOCK_MONOTONIC time from the threads' start to their end.
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -37,22 +45,22 @@
 #include <string.h>
 #include <time.h>
 
-#define FP_LEN (32 * 1024 / sizeof(double))
-#define CHASE_LEN (256 * 1024 / sizeof(uint32_t))
+#define FP_LEN (16 * 1024 / sizeof(double))
+#define CHASE_LEN (16 * 1024 / sizeof(uint32_t))
 
 /* Work per call, read at run time: about 40 / 35 / 25 % of the time natively. */
-static volatile long arith_passes = 1870;
-static volatile long chase_steps = 1300000;
+static volatile long arith_passes = 3740;
+static volatile long chase_steps = 3000000;
 static volatile uint64_t hash_rounds = 2600000;
 
-#define PASSES 5
+#define PASSES 10
 
 static int rounds = 40;
 static int run_arith, run_chase, run_hash, alone;
 static pthread_barrier_t phase_barrier;
-/* When each phase ended (alone): [0] the start, then arith, chase, hash
- * and the empty phase of each pass. */
-static uint64_t phase_end[1 + 4 * PASSES];
+/* When each phase ended (alone): [0] the start, then arith, chase, hash,
+ * the empty phase and the mixed rounds of each pass. */
+static uint64_t phase_end[1 + 5 * PASSES];
 static uint32_t next_slot[CHASE_LEN];
 
 struct worker {
@@ -67,7 +75,9 @@ static uint64_t now_ns(void)
 	return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
 }
 
-__attribute__((noinline)) static double arith(double *a, long passes)
+/* Each function's code, compiled into two functions of their own (noipa:
+ * neither inlined into its caller nor merged with its twin). */
+static inline __attribute__((always_inline)) double arith_loop(double *a, long passes)
 {
 	double s = 0;
 	for (long r = 0; r < passes; r++)
@@ -78,7 +88,7 @@ __attribute__((noinline)) static double arith(double *a, long passes)
 	return s;
 }
 
-__attribute__((noinline)) static uint32_t chase(uint32_t at, long steps)
+static inline __attribute__((always_inline)) uint32_t chase_loop(uint32_t at, long steps)
 {
 	while (steps-- > 0)
 		at = next_slot[at];
@@ -86,13 +96,43 @@ __attribute__((noinline)) static uint32_t chase(uint32_t at, long steps)
 }
 
 /* FNV-1a over the round's counter. */
-__attribute__((noinline)) static uint64_t hash(uint64_t h, uint64_t n)
+static inline __attribute__((always_inline)) uint64_t hash_loop(uint64_t h, uint64_t n)
 {
 	for (uint64_t i = 0; i < n; i++) {
 		h ^= i;
 		h *= 1099511628211u;
 	}
 	return h;
+}
+
+__attribute__((noipa)) static double arith(double *a, long passes)
+{
+	return arith_loop(a, passes);
+}
+
+__attribute__((noipa)) static uint32_t chase(uint32_t at, long steps)
+{
+	return chase_loop(at, steps);
+}
+
+__attribute__((noipa)) static uint64_t hash(uint64_t h, uint64_t n)
+{
+	return hash_loop(h, n);
+}
+
+__attribute__((noipa)) static double arith_alone(double *a, long passes)
+{
+	return arith_loop(a, passes);
+}
+
+__attribute__((noipa)) static uint32_t chase_alone(uint32_t at, long steps)
+{
+	return chase_loop(at, steps);
+}
+
+__attribute__((noipa)) static uint64_t hash_alone(uint64_t h, uint64_t n)
+{
+	return hash_loop(h, n);
 }
 
 /* Both threads at the end of phase `p` (alone): the time it ended. */
@@ -111,21 +151,27 @@ static void *work(void *arg)
 	double s = 0;
 	for (size_t i = 0; i < FP_LEN; i++)
 		w->a[i] = (double)i * 0.5;
-	if (alone) {
+	if (alone)
 		next_phase(0);
-		for (int pass = 0; pass < PASSES; pass++) {
-			int n = rounds / PASSES + (pass < rounds % PASSES);
-			for (int r = 0; r < n; r++)
-				s += arith(w->a, arith_passes);
-			next_phase(1 + 4 * pass);
-			for (int r = 0; r < n; r++)
-				at = chase(at, chase_steps);
-			next_phase(2 + 4 * pass);
-			for (int r = 0; r < n; r++)
-				h = hash(h, hash_rounds);
-			next_phase(3 + 4 * pass);
-			next_phase(4 + 4 * pass);
+	for (int pass = 0; alone && pass < PASSES; pass++) {
+		int n = rounds / PASSES + (pass < rounds % PASSES);
+		for (int r = 0; r < n; r++)
+			s += arith_alone(w->a, arith_passes);
+		next_phase(1 + 5 * pass);
+		for (int r = 0; r < n; r++)
+			at = chase_alone(at, chase_steps);
+		next_phase(2 + 5 * pass);
+		for (int r = 0; r < n; r++)
+			h = hash_alone(h, hash_rounds);
+		next_phase(3 + 5 * pass);
+		next_phase(4 + 5 * pass);
+		for (int r = 0; r < n; r++) {
+			s += arith(w->a, arith_passes);
+			at = chase(at, chase_steps);
+			h = hash(h, hash_rounds);
 		}
+		/* The next pass's phases start together. */
+		next_phase(5 + 5 * pass);
 	}
 	for (int r = 0; r < rounds && !alone; r++) {
 		if (run_arith)
@@ -178,14 +224,11 @@ int main(int argc, char **argv)
 	for (int i = 0; i < 2; i++)
 		pthread_join(tid[i], NULL);
 	uint64_t ns = now_ns() - start;
-	if (alone) {
-		unsigned long long sum[4] = {0, 0, 0, 0};
-		for (int pass = 0; pass < PASSES; pass++)
-			for (int f = 0; f < 4; f++)
-				sum[f] += phase_end[1 + 4 * pass + f] - phase_end[4 * pass + f];
-		printf("profile_mix: alone arith %llu ns chase %llu ns hash %llu ns none %llu ns\n",
-		       sum[0], sum[1], sum[2], sum[3]);
-		return 0;
+	for (int pass = 0; alone && pass < PASSES; pass++) {
+		const uint64_t *e = phase_end + 5 * pass;
+		printf("profile_mix: pass %d arith %llu ns chase %llu ns hash %llu ns none %llu ns\n",
+		       pass + 1, (unsigned long long)(e[1] - e[0]), (unsigned long long)(e[2] - e[1]),
+		       (unsigned long long)(e[3] - e[2]), (unsigned long long)(e[4] - e[3]));
 	}
 	printf("profile_mix: %s %d rounds %llu ns (result %llx)\n", mode, rounds,
 	       (unsigned long long)ns, (unsigned long long)(workers[0].result ^ workers[1].result));
