@@ -8,9 +8,10 @@
  * table) and hash() (FNV-1a over a counter, in registers). Their amounts
  * of work are read at run time, as a real program's are, so the loops
  * compare against registers. The arrays fit the first-level cache
- * together: with profile_split's 256 KiB table, the chase took 5 pp more
- * of the time interleaved than alone, natively, each call fetching the
- * table again.
+ * together: with profile_split's 256 KiB table, the chase took 5-6 pp
+ * more of the time interleaved than alone, natively, each call fetching
+ * the table again, so that no profile of the interleaved rounds could
+ * match the functions' times alone.
  *
  * "arith", "chase" or "hash" runs only that function, for the same
  * rounds; "none" starts and ends the threads with no work. A function's
@@ -19,7 +20,7 @@
  * fresh process took 0.2-0.5 s), over the sum of the three: timing a call
  * inside the mixed run would count the other thread's time while it is
  * preempted. On a host others use, runs minutes apart differ by several
- * per cent (a busy host's caches slow the pointer chase most).
+ * per cent.
  *
  * "alone" times each function alone in the very run it profiles. In each
  * of PASSES passes (the rounds spread over them) both threads run their
