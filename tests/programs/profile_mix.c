@@ -46,6 +46,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "../../tools/native/cycle.h"
+
 #define FP_LEN (16 * 1024 / sizeof(double))
 #define CHASE_LEN (16 * 1024 / sizeof(uint32_t))
 
@@ -201,15 +203,7 @@ int main(int argc, char **argv)
 		fprintf(stderr, "usage: profile_mix [ROUNDS [mixed|arith|chase|hash|none|alone]]\n");
 		return 2;
 	}
-	/* One cycle through every slot, in a shuffled order (Sattolo). */
-	for (uint32_t i = 0; i < CHASE_LEN; i++)
-		next_slot[i] = i;
-	uint64_t x = 88172645463325252u;
-	for (uint32_t i = CHASE_LEN - 1; i > 0; i--) {
-		x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-		uint32_t j = (uint32_t)(x % i), t = next_slot[i];
-		next_slot[i] = next_slot[j], next_slot[j] = t;
-	}
+	one_cycle(next_slot, CHASE_LEN);
 	static struct worker workers[2];
 	pthread_t tid[2];
 	if (pthread_barrier_init(&phase_barrier, NULL, 2)) {
