@@ -1,7 +1,8 @@
 /* A table of n indices that form one cycle through every slot, in a
  * shuffled order (Sattolo's algorithm, xorshift64 with a fixed seed: the
  * same table every run): a chase from any slot visits all n before it
- * comes back. Shared by loops.c and cold_walk.c.
+ * comes back. Shared by loops.c, cold_walk.c and the test program
+ * tests/programs/profile_mix.c.
  */
 #ifndef CYCLE_H
 #define CYCLE_H

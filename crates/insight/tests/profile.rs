@@ -1,10 +1,11 @@
 //! Times insight reports against the program's own clock: the function
 //! profiler's shares (a program that times its own phases, its profile
-//! taken at the recording's sample marks) and the lock tool's hold times
-//! (a lock held in user code, with no exit in between). In a binary of
-//! their own, one test at a time: the truth is the guest's clock, which a
-//! second VM on the same CPUs would stretch in one stretch and not
-//! another.
+//! taken at the recording's sample marks; a host program whose functions
+//! interleave, against its functions timed alone) and the lock tool's
+//! hold times (a lock held in user code, with no exit in between). In a
+//! binary of their own, one test at a time: the truth is the guest's
+//! clock, which a second VM on the same CPUs would stretch in one stretch
+//! and not another.
 //!
 //! They need /dev/kvm and the guest image (the test command builds it).
 
@@ -19,6 +20,37 @@ use events::db::EventDb;
 
 /// Held by each test: one VM at a time.
 static ALONE: Mutex<()> = Mutex::new(());
+
+/// The functions of profile_split and profile_mix, in the order they
+/// print their times.
+const FUNCTIONS: [&str; 3] = ["arith", "chase", "hash"];
+
+/// The middle of `values` (the mean of the middle two of an even number).
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    match n {
+        0 => f64::NAN,
+        _ if n % 2 == 1 => values[n / 2],
+        _ => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
+}
+
+/// The samples `insight report profile`'s table gives `function`, from
+/// a row like "  24.60%       292  profile_split    arith".
+fn samples(report: &str, function: &str) -> f64 {
+    report
+        .lines()
+        .filter(|l| {
+            l.split_whitespace()
+                .next()
+                .is_some_and(|w| w.ends_with('%'))
+        })
+        .find(|l| l.split_whitespace().nth(3) == Some(function))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no {function} in:\n{report}"))
+}
 
 #[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
 #[test]
@@ -61,21 +93,7 @@ fn profiles_are_shares_of_the_recorded_run_and_every_replay_has_the_same_samples
         let (report, stderr) = text(&out);
         assert_eq!(out.status.code(), Some(0), "{stderr}");
         assert!(stderr.contains("sampled at "), "{stderr}");
-        // "  24.60%       292  profile_split    arith": samples per function.
-        let samples = |function: &str| -> f64 {
-            report
-                .lines()
-                .filter(|l| {
-                    l.split_whitespace()
-                        .next()
-                        .is_some_and(|w| w.ends_with('%'))
-                })
-                .find(|l| l.split_whitespace().nth(3) == Some(function))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|n| n.parse().ok())
-                .unwrap_or_else(|| panic!("no {function} in:\n{report}"))
-        };
-        let counts = [samples("arith"), samples("chase"), samples("hash")];
+        let counts = FUNCTIONS.map(|f| samples(&report, f));
         let user: f64 = counts.iter().sum();
         assert!(user >= 400.0, "{user} user samples:\n{report}");
         // The program's own split against the share of user samples:
@@ -85,7 +103,7 @@ fn profiles_are_shares_of_the_recorded_run_and_every_replay_has_the_same_samples
         // its marks 7 pp, unpatchable positions after a load 3.2 pp, and
         // the hash loop's samples at a trampoline's position taken for
         // the kernel's time 3.2 pp.
-        for (i, name) in ["arith", "chase", "hash"].iter().enumerate() {
+        for (i, name) in FUNCTIONS.iter().enumerate() {
             let (truth, share) = (100.0 * phases[i] / total, 100.0 * counts[i] / user);
             eprintln!("{opt} {name}: {share:.1} % of the user samples, {truth:.1} % of the time");
             assert!(
@@ -128,6 +146,99 @@ fn profiles_are_shares_of_the_recorded_run_and_every_replay_has_the_same_samples
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
+#[test]
+fn a_host_program_whose_functions_interleave_is_profiled_as_its_guest_times_them() {
+    let _alone = ALONE.lock().unwrap_or_else(|e| e.into_inner());
+    guest_ready();
+    let scratch = scratch("ev-mix");
+    for opt in ["-O1", "-O2"] {
+        // As a user does: built on the host, recorded by its path from
+        // its directory. The functions' rows are the interleaved rounds'
+        // (the phases run twins of them, arith_alone and so on).
+        let dir = scratch.join(opt);
+        std::fs::create_dir_all(&dir).unwrap();
+        let flags = [opt, "-fomit-frame-pointer", "-g", "-pthread"];
+        compile_test_program(&dir, "profile_mix", &flags);
+        let mut record = insight();
+        record.current_dir(&dir).args([
+            "record",
+            "--no-stdin",
+            "--probes",
+            "-o",
+            "trace",
+            "--",
+            "./profile_mix",
+            "30",
+            "alone",
+        ]);
+        let out = output_within(record, std::time::Duration::from_secs(600));
+        let stdout = expect_status(&out, 0);
+        // The truth: each function alone, timed by the guest in the very
+        // run profiled, phase by phase ("profile_mix: pass K arith A ns
+        // chase C ns hash H ns none E ns"), less an empty phase (the
+        // barrier between phases, a few milliseconds of the guest's
+        // kernel); each function's median share of the passes.
+        let passes: Vec<Vec<f64>> = stdout
+            .lines()
+            .filter_map(|l| l.strip_prefix("profile_mix: pass "))
+            .map(|l| {
+                l.split_whitespace()
+                    .skip(1)
+                    .filter_map(|w| w.parse().ok())
+                    .collect::<Vec<f64>>()
+            })
+            .filter(|times| times.len() == 4)
+            .collect();
+        // PASSES in profile_mix.c.
+        assert!(passes.len() == 10, "{stdout}");
+        let barrier = median(passes.iter().map(|p| p[3]).collect());
+        let split: Vec<f64> = (0..3)
+            .map(|i| {
+                median(
+                    passes
+                        .iter()
+                        .map(|p| (p[i] - barrier) / (p[0] + p[1] + p[2] - 3.0 * barrier))
+                        .collect(),
+                )
+            })
+            .collect();
+        let total: f64 = split.iter().sum();
+        assert!(split.iter().all(|&s| s > 0.0), "{stdout}");
+
+        let out = replay_into(
+            &dir.join("trace"),
+            &dir.join("events.db"),
+            &["--diagnose", "profile"],
+        );
+        let (report, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(0), "{stderr}");
+        let counts = FUNCTIONS.map(|f| samples(&report, f));
+        let user: f64 = counts.iter().sum();
+        assert!(user >= 400.0, "{user} user samples:\n{report}");
+        let shares: Vec<(f64, f64)> = (0..3)
+            .map(|i| (100.0 * counts[i] / user, 100.0 * split[i] / total))
+            .collect();
+        for (name, (share, truth)) in FUNCTIONS.iter().zip(&shares) {
+            eprintln!("{opt} {name}: {share:.1} % of the user samples, {truth:.1} % of the time");
+        }
+        // The program's own split against the share of user samples,
+        // the same bound as for profile_split's phases. Measured on a
+        // host loaded by others: largest errors 0.6-1.9 pp in three runs
+        // of each build (docs/profiler-comparison.md, 2026-12-06). Marks
+        // that declines or given-up traps moved into the next function
+        // would show here: 0-1 in 1200 did.
+        for (name, (share, truth)) in FUNCTIONS.iter().zip(&shares) {
+            assert!(
+                (share - truth).abs() <= 3.0,
+                "{opt} {name}: {share:.1} % of the user samples, {truth:.1} % of the time \
+                 (passes {passes:?} ns):\n{report}"
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&scratch);
 }
 
 #[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
