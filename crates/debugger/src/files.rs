@@ -137,6 +137,65 @@ impl CodeMap {
     }
 }
 
+/// An instruction of the process's code whose result cannot be recorded
+/// on this host (`introspect::instructions::unrecordable`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Unrecordable {
+    pub(crate) addr: u64,
+    pub(crate) name: &'static str,
+    /// Where it is: "main+0x1c in prog", or the object alone.
+    pub(crate) place: String,
+}
+
+impl CodeMap {
+    /// The instructions of the process's objects (the program, its
+    /// dynamic linker and the libraries loaded) whose results this host
+    /// cannot record, at their addresses in the process.
+    pub(crate) fn unrecordable(&self, files: &OpenFiles) -> Vec<Unrecordable> {
+        let mut found = Vec::new();
+        for (path, data, bias) in objects(files, &self.exe, &self.auxv, &self.libraries) {
+            let Ok(elf) = LoadImage::parse(data) else {
+                continue;
+            };
+            let symbols = ElfSymbols::parse_with_debug(data, files.files.debug_file(&path));
+            let file = path.rsplit('/').next().unwrap_or(&path).to_owned();
+            for (vaddr, code) in elf.code() {
+                for (at, name) in introspect::instructions::unrecordable(code, vaddr) {
+                    let function = symbols.as_ref().and_then(|s| {
+                        let name = s.function(at)?;
+                        let start = s.function_start(at)?;
+                        Some(format!("{name}+{:#x}", at - start))
+                    });
+                    found.push(Unrecordable {
+                        addr: at.wrapping_add(bias),
+                        name,
+                        place: match function {
+                            Some(f) => format!("{f} in {file}"),
+                            None => file.clone(),
+                        },
+                    });
+                }
+            }
+        }
+        found
+    }
+}
+
+/// What the process's code holds that insight cannot record, in words:
+/// "RDRAND at 0x… (main+0x1c in prog)" for the first few; empty if none.
+pub(crate) fn unrecordable_text(found: &[Unrecordable]) -> String {
+    const SHOWN: usize = 3;
+    let mut parts: Vec<String> = found
+        .iter()
+        .take(SHOWN)
+        .map(|u| format!("{} at {:#x} ({})", u.name, u.addr, u.place))
+        .collect();
+    if found.len() > SHOWN {
+        parts.push(format!("{} more", found.len() - SHOWN));
+    }
+    parts.join(", ")
+}
+
 /// The objects the process maps, as (path, contents, load bias): the
 /// program (its bias from `AT_ENTRY`), its dynamic linker (`AT_BASE`) and
 /// the libraries the dynamic linker has loaded (`libraries`, name and

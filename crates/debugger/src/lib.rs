@@ -100,9 +100,17 @@ pub fn prepare(
             }
         }
     }
-    Ok(Prepared {
-        target: ReplayTarget::new(driver, timeline, OpenFiles::new(files)),
-    })
+    let target = ReplayTarget::new(driver, timeline, OpenFiles::new(files));
+    let found = target.code_map().unrecordable(&target.files);
+    if !found.is_empty() {
+        eprintln!(
+            "insight: the program executes {}: this host cannot record what such an instruction \
+             gives it (its user code runs natively), so this replay's values are its own, and \
+             going back over one may not find the position again (docs/debugging.md)",
+            files::unrecordable_text(&found)
+        );
+    }
+    Ok(Prepared { target })
 }
 
 /// gdb's connection: replies are gathered and sent at each flush (gdbstub

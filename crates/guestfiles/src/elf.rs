@@ -67,6 +67,8 @@ struct Segment {
     vaddr: u64,
     filesz: u64,
     memsz: u64,
+    /// Mapped executable (PF_X).
+    code: bool,
 }
 
 /// A 64-bit little-endian ELF file as the loader maps it: its entry
@@ -115,6 +117,16 @@ impl<'a> LoadImage<'a> {
         self.interp.as_deref()
     }
 
+    /// The executable segments' file contents, each with its address
+    /// before the load bias.
+    pub fn code(&self) -> impl Iterator<Item = (u64, &'a [u8])> + '_ {
+        self.segments.iter().filter(|s| s.code).filter_map(|s| {
+            let start = usize::try_from(s.offset).ok()?;
+            let end = start.checked_add(usize::try_from(s.filesz).ok()?)?;
+            Some((s.vaddr, self.data.get(start..end)?))
+        })
+    }
+
     /// Copies what the object, loaded at `bias`, holds at `at` (to the end
     /// of the segment or of `buf`); how many bytes, none if no segment
     /// covers `at`. Past a segment's file contents lies zero-filled memory.
@@ -156,6 +168,7 @@ fn segment(ph: &ProgramHeader64<LittleEndian>) -> Segment {
         vaddr: ph.p_vaddr(endian),
         filesz: ph.p_filesz(endian),
         memsz: ph.p_memsz(endian),
+        code: ph.p_flags(endian) & elf::PF_X != 0,
     }
 }
 

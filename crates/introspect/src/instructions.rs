@@ -96,6 +96,28 @@ pub fn decode(bytes: &[u8], rip: u64) -> Option<Instruction> {
     (!insn.is_invalid()).then_some(insn)
 }
 
+/// The instructions in `code` (at `base`), decoded from its start, whose
+/// result the VMM cannot record on a host that runs guest user code
+/// natively and cannot trap them there: RDRAND and RDSEED (their
+/// addresses and names). User-mode CPUID and RDTSC are left out: the
+/// replay runs on the recording's host CPU, and RDTSC's trap is a host
+/// check of its own.
+pub fn unrecordable(code: &[u8], base: u64) -> Vec<(u64, &'static str)> {
+    let mut decoder = Decoder::with_ip(64, code, base, DecoderOptions::NONE);
+    let mut found = Vec::new();
+    let mut insn = Instruction::default();
+    while decoder.can_decode() {
+        decoder.decode_out(&mut insn);
+        let name = match insn.mnemonic() {
+            iced_x86::Mnemonic::Rdrand => "RDRAND",
+            iced_x86::Mnemonic::Rdseed => "RDSEED",
+            _ => continue,
+        };
+        found.push((insn.ip(), name));
+    }
+    found
+}
+
 /// Whether the next instruction a thread executes after `insn` is the
 /// one that follows it in memory (no branch, call, return, system call or
 /// interrupt; a REP string instruction is stepped once per iteration, so
@@ -607,5 +629,20 @@ mod tests {
                 .contains("cut short"));
         }
         assert!(read_instructions(b"nothing").unwrap_err().contains("magic"));
+    }
+
+    #[test]
+    fn finds_the_instructions_whose_results_cannot_be_recorded() {
+        // mov eax,1; rdrand rax; nop; rdseed ecx; a constant holding
+        // rdrand's bytes inside a mov's immediate is no rdrand.
+        let code = [
+            0xb8, 1, 0, 0, 0, 0x48, 0x0f, 0xc7, 0xf0, 0x90, 0x0f, 0xc7, 0xf9, 0xb8, 0x0f, 0xc7,
+            0xf0, 0x90,
+        ];
+        assert_eq!(
+            unrecordable(&code, 0x1000),
+            [(0x1005, "RDRAND"), (0x100a, "RDSEED")]
+        );
+        assert!(unrecordable(&[0x90, 0xc3], 0).is_empty());
     }
 }

@@ -39,7 +39,7 @@ use vmm::tools::debug::{Resume, Stop, StopKind};
 use vmm::VmError;
 
 use crate::arch::X86_64Linux;
-use crate::files::{link_map, read_from_files, CodeMap, OpenFiles};
+use crate::files::{link_map, read_from_files, unrecordable_text, CodeMap, OpenFiles};
 use crate::timeline::{Back, Timeline};
 
 pub(crate) type Reason = MultiThreadStopReason<u64>;
@@ -196,7 +196,7 @@ impl ReplayTarget {
 
     /// Where the functions of the process's code start, for going back
     /// an instruction (the objects as they are mapped now).
-    fn code_map(&self) -> CodeMap {
+    pub(crate) fn code_map(&self) -> CodeMap {
         let process = self.driver.debug().process();
         CodeMap {
             exe: process.map(|p| p.exe.clone()).unwrap_or_default(),
@@ -247,8 +247,13 @@ impl ReplayTarget {
     }
 
     /// A reverse command failed: the replay goes back to where it was,
-    /// and gdb hears of an interruption there. A replay that diverged
-    /// from the recording shows nothing true any more: the session ends.
+    /// and gdb hears of an interruption there. Where the program runs an
+    /// instruction whose result this host cannot record (RDRAND), the
+    /// replay going forward again gave it another result, and positions
+    /// after it cannot be found again: that is said, and the replay stays
+    /// at the latest snapshot at or before where it was, which it can
+    /// reach. A replay that diverged from the recording shows nothing true
+    /// any more: the session ends.
     fn back_failed(
         &mut self,
         e: VmError,
@@ -257,11 +262,40 @@ impl ReplayTarget {
         if matches!(e, VmError::Journal(_)) {
             return Err(e);
         }
-        eprintln!("insight: {e}");
-        self.timeline.seek(&mut self.driver, from)?;
-        let lwpid = from
-            .user
-            .map_or_else(|| self.some_thread(), |u| tid(u.lwpid));
+        let found = self.code_map().unrecordable(&self.files);
+        if found.is_empty() {
+            eprintln!("insight: {e}");
+        } else {
+            eprintln!(
+                "insight: diverged: the program's registers differ from the recorded run's after \
+                 {}: an instruction whose result insight cannot record on this host (its user \
+                 code runs natively, unseen), so positions after it cannot be reached again \
+                 ({e})",
+                unrecordable_text(&found)
+            );
+        }
+        let at = match self.timeline.seek(&mut self.driver, from) {
+            Ok(()) => from,
+            Err(VmError::Debug(_)) => {
+                let snapshot = (self.driver.snapshots().iter())
+                    .rposition(|s| s.ordinal() <= from.ordinal)
+                    .unwrap_or(0);
+                let ordinal =
+                    (self.driver.snapshots().get(snapshot)).map_or(from.ordinal, |s| s.ordinal());
+                let at = vmm::tools::debug::Position {
+                    ordinal,
+                    user: None,
+                };
+                self.timeline.seek(&mut self.driver, at)?;
+                eprintln!(
+                    "insight: the replay stands at the last snapshot it can reach, at exit \
+                     {ordinal}"
+                );
+                at
+            }
+            Err(e) => return Err(e),
+        };
+        let lwpid = at.user.map_or_else(|| self.some_thread(), |u| tid(u.lwpid));
         Ok(Reason::SignalWithThread {
             tid: lwpid,
             signal: Signal::SIGINT,

@@ -79,6 +79,9 @@ enum Expect {
     Lacks(String),
     /// This text, any run of blanks in it matching any other run.
     Spaced(String),
+    /// This text, under this debugger only (where the two must differ:
+    /// what this host cannot record, insight must name instead).
+    Under(Debugger, String),
 }
 
 /// A scenario: its files and its session.
@@ -172,6 +175,8 @@ impl Scenario {
                 ("|", Some(Expect::AnyOf(any))) => any.push(text),
                 ("!", _) => step.expect.push(Expect::Lacks(text)),
                 ("~", _) => step.expect.push(Expect::Spaced(blanks_folded(&text))),
+                ("insight", _) => step.expect.push(Expect::Under(Debugger::Insight, text)),
+                ("full", _) => step.expect.push(Expect::Under(Debugger::RecordFull, text)),
                 _ => return Err(format!("bad expectation {line}")),
             }
             return Ok(());
@@ -367,7 +372,7 @@ impl Scenario {
         cmd.current_dir(&dir);
         let status = run_logged(cmd, &log, SESSION_LIMIT);
         let output = std::fs::read_to_string(&log).unwrap_or_default();
-        if let Err(failure) = self.verify(&output) {
+        if let Err(failure) = self.verify(&output, debugger) {
             panic!(
                 "{} under {debugger:?} ({status}): {failure}\n(whole session in {})",
                 self.name,
@@ -379,7 +384,7 @@ impl Scenario {
     }
 
     /// Checks each step's output; the first that fails, said.
-    fn verify(&self, output: &str) -> Result<(), String> {
+    fn verify(&self, output: &str, debugger: Debugger) -> Result<(), String> {
         let mut outputs = vec!["\n".to_owned(); self.steps.len()];
         let mut current = None;
         let mut ended = false;
@@ -436,6 +441,9 @@ impl Scenario {
                     }
                     Expect::Lacks(t) if out.contains(t.as_str()) => {
                         return failed(format!("unexpected {t:?}"));
+                    }
+                    Expect::Under(under, t) if *under == debugger && !out.contains(t.as_str()) => {
+                        return failed(format!("expected {t:?} under {under:?}"));
                     }
                     Expect::Spaced(t) if !blanks_folded(out).contains(t.as_str()) => {
                         return failed(format!("expected {t:?} (blanks folded)"));
