@@ -14,6 +14,9 @@ use crate::tools::checkpoints;
 use crate::tools::debug::{DebugTool, Resume, Snapshot, Stop, ThreadRegs};
 use crate::vm::{Machine, VmError};
 
+/// MXCSR's 32-bit word in the XSAVE area (the legacy region's byte 24).
+const MXCSR_WORD: usize = 6;
+
 /// How a resumed replay ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum DebugEvent {
@@ -241,8 +244,15 @@ impl DebugDriver {
     }
 
     /// The vCPU's x87 and SSE state (the thread running user code's).
+    /// MXCSR comes from the XSAVE area's legacy region (bytes 24..28):
+    /// KVM_GET_FPU leaves it 0 on hosts that run the guest under kvm_pvm.
     pub fn fpu(&self) -> Option<kvm_bindings::kvm_fpu> {
-        self.session.machine.vcpu.fd.get_fpu().ok()
+        let vcpu = &self.session.machine.vcpu.fd;
+        let mut fpu = vcpu.get_fpu().ok()?;
+        if let Ok(xsave) = vcpu.get_xsave() {
+            fpu.mxcsr = xsave.region[MXCSR_WORD];
+        }
+        Some(fpu)
     }
 
     /// Ends the session: guest memory without breakpoints.
