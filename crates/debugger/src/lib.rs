@@ -43,13 +43,25 @@ pub enum DebugError {
 
 /// How a debugging session begins.
 pub struct DebugOptions {
-    /// Stop first at the first exit at or after this point where a thread
-    /// of the process runs, instead of at the program's first
+    /// Where the session opens instead of the program's first
     /// instruction.
-    pub at: Option<ReplayPoint>,
+    pub at: Option<At>,
     /// Take a snapshot about this often (host time of replay): how far a
     /// reverse command replays at most.
     pub snapshot_every: Duration,
+}
+
+/// Where a session opens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum At {
+    /// The first exit at or after this point where a thread of the
+    /// process runs.
+    Point(ReplayPoint),
+    /// The process's end: the last time one of its threads entered the
+    /// kernel from its code (its `exit_group`, or the `tgkill` of an
+    /// `abort`), where its memory and stack are still whole and a failure
+    /// can be stepped back from.
+    End,
 }
 
 /// A replay stopped where a debugging session begins, ready for gdb.
@@ -90,15 +102,38 @@ pub fn prepare(
         }
     };
     let mut timeline = Timeline::new(start);
-    if let Some(at) = options.at {
-        match driver.resume(Resume::Until(at))? {
+    match options.at {
+        Some(At::Point(at)) => match driver.resume(Resume::Until(at))? {
             DebugEvent::Stopped(stop) => timeline.now = stop.position,
             DebugEvent::Ended { stop, .. } => {
                 return Err(DebugError::NeverStarted(format!(
                     "the replay ended ({stop:?}) before {at}"
                 )))
             }
+        },
+        Some(At::End) => {
+            // To the process's end, nothing stopping on the way; then back
+            // to its last entry into the kernel.
+            loop {
+                match driver.resume(Resume::Continue)? {
+                    DebugEvent::Stopped(stop)
+                        if !matches!(stop.kind, StopKind::ProcessExited { .. }) =>
+                    {
+                        continue
+                    }
+                    _ => break,
+                }
+            }
+            let last = driver.debug().last_kernel_entry().ok_or_else(|| {
+                DebugError::NeverStarted("the process never entered the kernel".into())
+            })?;
+            let end = vmm::tools::debug::Position {
+                ordinal: last,
+                user: None,
+            };
+            timeline.seek(&mut driver, end)?;
         }
+        None => {}
     }
     let target = ReplayTarget::new(driver, timeline, OpenFiles::new(files));
     let found = target.code_map().unrecordable(&target.files);

@@ -657,3 +657,55 @@ fn a_step_from_where_an_asynchronous_point_was_recorded_finds_it() {
     assert!(output.contains("the process exited (status 0)"), "{output}");
     let _ = std::fs::remove_dir_all(trace.parent().unwrap());
 }
+
+#[test]
+#[ignore = "needs /dev/kvm, the guest image and gdb (tools/test runs it)"]
+fn a_session_opens_where_the_program_failed_and_steps_back_from_it() {
+    guest_ready();
+    let dir = scratch("debug-at-end");
+    compile_test_program(&dir, "aborts", &["-g", "-O0"]);
+    // Recorded by its path, as users do; it dies of SIGABRT.
+    let trace = dir.join("trace");
+    let mut record = insight();
+    record
+        .current_dir(&dir)
+        .args(["record", "--no-stdin", "-o"])
+        .arg(&trace)
+        .args(["--", "./aborts"]);
+    let out = output_within(record, SESSION_LIMIT);
+    assert!(
+        text(&out).0.contains("aborts: bad value 41"),
+        "{:?}",
+        text(&out)
+    );
+    let out = gdb_on(
+        &trace,
+        &["--at", "end"],
+        &["bt", "echo @@BACK\\n", "reverse-finish", "bt"],
+    );
+    let (before, after) = out
+        .split_once("@@BACK")
+        .unwrap_or_else(|| panic!("no reverse-finish:\n{out}"));
+    // At the end: the signal abort raised, its callers whole.
+    assert!(before.contains("abort ()"), "{out}");
+    assert!(before.contains("check (v=41) at"), "{out}");
+    // Back to where the frame it stood in was called: its caller is the
+    // innermost frame now.
+    let functions = |bt: &str| -> Vec<String> {
+        bt.lines()
+            .filter(|l| l.starts_with('#'))
+            .filter_map(|l| {
+                let call = l.split_once(" in ").map_or(l, |(_, f)| f);
+                let call = call.trim_start_matches(|c: char| c == '#' || c.is_ascii_digit());
+                Some(call.trim().split(' ').next()?.to_owned())
+            })
+            .collect()
+    };
+    let (was, now) = (functions(before), functions(after));
+    assert!(
+        was.len() > 2 && now.first() == was.get(1),
+        "{was:?} then {now:?}:\n{out}"
+    );
+    assert!(after.contains("check (v=41) at"), "{out}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

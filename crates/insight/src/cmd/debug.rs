@@ -8,7 +8,7 @@ use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use debugger::{DebugOptions, Prepared};
+use debugger::{At, DebugOptions, Prepared};
 use guestfiles::GuestFiles;
 use vmm::builder::ReplayOptions;
 use vmm::tools::control::ProcessSelector;
@@ -29,10 +29,13 @@ pub struct DebugArgs {
     process: Option<String>,
     /// Stop first at POS instead (anything `replay --from` takes: an exit
     /// ordinal, guest time such as 12s, first:lock:LWPID): the first exit
-    /// after it where a thread of the process runs. History still starts
-    /// at the program's first instruction.
-    #[arg(long, value_name = "POS", value_parser = parse_position)]
-    at: Option<Position>,
+    /// after it where a thread of the process runs. `end`: the process's
+    /// end (its last entry into the kernel from its own code: its exit,
+    /// or the signal an `abort` or a failed assertion raises), to step
+    /// back from a failure; `exit:PID`: process PID's end. History still
+    /// starts at the program's first instruction.
+    #[arg(long, value_name = "POS|end|exit:PID", value_parser = parse_at)]
+    at: Option<DebugAt>,
     /// How often (host time of replay) the replay keeps a snapshot in
     /// memory: a reverse command replays at most about this long.
     #[arg(long, value_name = "PERIOD", default_value = "250ms", value_parser = parse_duration)]
@@ -44,6 +47,27 @@ pub struct DebugArgs {
     /// Arguments for gdb (after --), e.g. -batch -ex 'bt'.
     #[arg(last = true, value_name = "GDB-ARGS")]
     gdb_args: Vec<String>,
+}
+
+/// Where `insight debug --at` opens the session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DebugAt {
+    Position(Position),
+    /// The process's end (`end`), or process PID's (`exit:PID`).
+    End(Option<u32>),
+}
+
+fn parse_at(text: &str) -> Result<DebugAt, String> {
+    if text == "end" {
+        return Ok(DebugAt::End(None));
+    }
+    if let Some(pid) = text.strip_prefix("exit:") {
+        return match pid.parse::<u32>() {
+            Ok(pid) if pid > 0 => Ok(DebugAt::End(Some(pid))),
+            _ => Err(format!("'{pid}' in '{text}' is not a process id")),
+        };
+    }
+    parse_position(text).map(DebugAt::Position)
 }
 
 /// The selector of `--process`, or the guest command's program.
@@ -71,14 +95,24 @@ fn selector(process: Option<&str>, files: &GuestFiles) -> Result<ProcessSelector
 fn prepare(
     trace: &Path,
     process: Option<&str>,
-    at: Option<Position>,
+    at: Option<DebugAt>,
     snapshot_every: Duration,
     any_cpu: bool,
 ) -> Result<Prepared> {
     let reader = open_trace(trace)?;
     let files = traces::guest_files(&reader.header, trace)?;
-    let selector = selector(process, &files)?;
-    let at = at.map(|p| p.resolve(trace, false)).transpose()?;
+    let selector = match (at, process) {
+        (Some(DebugAt::End(Some(pid))), None) => ProcessSelector::Pid(pid),
+        (Some(DebugAt::End(Some(_))), Some(_)) => {
+            bail!("--at exit:PID names the process already: leave --process out")
+        }
+        _ => selector(process, &files)?,
+    };
+    let at = match at {
+        Some(DebugAt::Position(p)) => Some(At::Point(p.resolve(trace, false)?)),
+        Some(DebugAt::End(_)) => Some(At::End),
+        None => None,
+    };
     let options = ReplayOptions {
         trace: trace.to_owned(),
         console: Box::new(std::io::sink()),
@@ -105,10 +139,10 @@ fn prepare(
     if let Some((pid, exe)) = prepared.process() {
         eprintln!(
             "insight: process {pid} ({exe}) stopped at its first instruction{} after {:.1} s",
-            if at.is_some() {
-                " and replayed to --at"
-            } else {
-                ""
+            match at {
+                Some(At::End) => " and replayed to its end",
+                Some(At::Point(_)) => " and replayed to --at",
+                None => "",
             },
             started.elapsed().as_secs_f64()
         );

@@ -78,6 +78,10 @@ pub(crate) struct StopFinder {
     /// breakpoints and watchpoints stay out of the guest (their passes
     /// cost nothing); `u64::MAX`, none at all.
     pub(crate) hits_from: u64,
+    /// The last exit at which a thread of the process entered the guest
+    /// kernel from user mode (a system call's): where the process last
+    /// stood in its own code, with its memory, before it ended.
+    pub(crate) last_entry: Option<u64>,
 }
 
 impl StopFinder {
@@ -87,6 +91,7 @@ impl StopFinder {
             stop: None,
             hits: Vec::new(),
             hits_from: 0,
+            last_entry: None,
         }
     }
 
@@ -165,6 +170,9 @@ impl StopFinder {
         interrupt: &AtomicBool,
     ) -> Result<(), VmError> {
         let user = m.vcpu.sregs()?.cs.selector & 3 == 3;
+        if let (Advance::Exit { kernel_entry: true }, Some(_)) = (advance, c.current_thread()) {
+            self.last_entry = Some(c.ordinal());
+        }
         if interrupt.swap(false, Ordering::AcqRel) && self.stop.is_none() {
             self.stop_here(c, m, StopKind::Interrupted)?;
         }

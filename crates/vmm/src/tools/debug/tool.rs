@@ -148,6 +148,13 @@ impl DebugTool {
         c.update_returns(m)
     }
 
+    /// The last exit at which a thread of the process entered the guest
+    /// kernel from user mode, as far as the replay went (a session opened
+    /// at the process's end goes back there).
+    pub fn last_kernel_entry(&self) -> Option<u64> {
+        self.finder.last_entry
+    }
+
     /// The stop found, if the run is to pause now.
     pub(crate) fn take_stop(&mut self) -> Option<Stop> {
         self.finder.stop.take()
