@@ -273,6 +273,7 @@ pub fn serve(prepared: Prepared, stream: TcpStream) -> Result<(), DebugError> {
                     g.incoming_data(&mut target, byte)
                         .map_err(|e| protocol(&e))?
                 } else if let Some(reason) = stop.take() {
+                    target.selection.stopped(&reason);
                     g.report_stop(&mut target, reason)
                         .map_err(|e| protocol(&e))?
                 } else {

@@ -709,3 +709,65 @@ fn a_session_opens_where_the_program_failed_and_steps_back_from_it() {
     assert!(after.contains("check (v=41) at"), "{out}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+#[ignore = "needs /dev/kvm, the guest image, gdb and pigz (tools/test runs it)"]
+fn reverse_steps_in_a_stock_threaded_program_stay_on_their_thread() {
+    guest_ready();
+    let pigz = std::path::Path::new("/usr/bin/pigz");
+    assert!(
+        pigz.exists(),
+        "/usr/bin/pigz is missing: tools/test installs it"
+    );
+    let dir = scratch("debug-pigz");
+    let data: String = (0..30_000)
+        .map(|i| format!("line {i} {}\n", i * 7919 % 104_729))
+        .collect();
+    let input = dir.join("data.txt");
+    std::fs::write(&input, data).unwrap();
+    let input = input.to_str().unwrap();
+    let trace = dir.join("trace");
+    let mut record = insight();
+    record
+        .args(["record", "--no-stdin", "-o"])
+        .arg(&trace)
+        .args([
+            "--file",
+            input,
+            "--",
+            "/usr/bin/pigz",
+            "-p",
+            "4",
+            "-k",
+            "-f",
+            input,
+        ]);
+    expect_status(&output_within(record, SESSION_LIMIT), 0);
+    // A compressing thread stopped in deflate, three steps on, twenty
+    // back (past the breakpoint, into pigz's call of it) and twenty on
+    // again: QEMU's reverse-debugging test, on a stock program's thread.
+    let out = gdb_on(
+        &trace,
+        &[],
+        &[
+            "break deflate",
+            "continue",
+            "python t0 = gdb.selected_thread().num; fwd = [int(gdb.parse_and_eval('$pc'))]",
+            "python exec(\"for i in range(3):\\n    gdb.execute('stepi', to_string=True)\\n    \
+             fwd.append(int(gdb.parse_and_eval('$pc')))\")",
+            "python back = []",
+            "python exec(\"for i in range(20):\\n    gdb.execute('reverse-stepi', to_string=True)\\n    \
+             back.append((gdb.selected_thread().num, int(gdb.parse_and_eval('$pc'))))\")",
+            "python again = [int(gdb.parse_and_eval('$pc'))]",
+            "python exec(\"for i in range(20):\\n    gdb.execute('stepi', to_string=True)\\n    \
+             again.append(int(gdb.parse_and_eval('$pc')))\")",
+            "python print('same thread: %s' % all(t == t0 for t, _ in back))",
+            "python print('back over the steps: %s' % ([pc for _, pc in back[:3]] == fwd[-2::-1]))",
+            "python print('forward again: %s' % (again == [pc for _, pc in back][::-1] + [fwd[-1]]))",
+        ],
+    );
+    for check in ["same thread", "back over the steps", "forward again"] {
+        assert!(out.contains(&format!("{check}: True")), "{check}:\n{out}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

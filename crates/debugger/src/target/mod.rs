@@ -67,6 +67,21 @@ pub(crate) struct Selection {
 }
 
 impl Selection {
+    /// A stop is reported: gdb takes its thread for the stub's general
+    /// thread from then on (remote.c's `record_currthread`), without an
+    /// `Hg`: the next "any thread" step or reverse step is that thread's.
+    pub(crate) fn stopped(&mut self, reason: &Reason) {
+        let thread = match reason {
+            Reason::SwBreak(t) | Reason::HwBreak(t) => Some(*t),
+            Reason::SignalWithThread { tid, .. } | Reason::Watch { tid, .. } => Some(*tid),
+            Reason::ReplayLog { tid, .. } => *tid,
+            _ => None,
+        };
+        if let Some(t) = thread {
+            self.general = Some(lwpid(t));
+        }
+    }
+
     pub(crate) fn feed(&mut self, b: u8) {
         match b {
             b'$' => {
