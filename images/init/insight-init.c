@@ -432,7 +432,16 @@ static int session_leader(char **argv)
 	if (cmd < 0)
 		return 125;
 	if (cmd == 0) {
-		execvp(argv[0], argv);
+		/* A program named by a relative path (a host program recorded
+		 * as ./prog) runs by its absolute one, argv[0] as given: the
+		 * path the hypervisor sees it execute names its file whatever
+		 * directory the process goes to (the debugger, probes and the
+		 * tracer read the program from there). */
+		static char path[PATH_MAX];
+		const char *file = argv[0];
+		if (strchr(file, '/') && file[0] != '/' && realpath(file, path))
+			file = path;
+		execvp(file, argv);
 		fprintf(stderr, "insight-init: cannot run %s: %s\n", argv[0],
 			strerror(errno));
 		_exit(errno == ENOENT ? 127 : 126);

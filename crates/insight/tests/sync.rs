@@ -258,3 +258,49 @@ fn hold_times_cover_the_programs_own_and_say_what_the_holder_spent_off_the_cpu()
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
+#[test]
+fn programs_recorded_by_their_path_get_deadlock_timeline_and_memory_reports() {
+    guest_ready();
+    let dir = scratch("sync-diagnose");
+    // The paper's transitive deadlock program, built on the host.
+    let prog = build_workload(&dir, "deadlock_transitive", &["-O1"]);
+    let name = prog.file_name().unwrap().to_str().unwrap().to_owned();
+    let trace = dir.join("trace");
+    let mut cmd = insight();
+    cmd.current_dir(&dir)
+        .args(["record", "--no-stdin", "--probes", "-o"])
+        .arg(&trace)
+        .args(["--", &format!("./{name}")]);
+    expect_status(&output_within(cmd, std::time::Duration::from_secs(900)), 0);
+    let out = replay_with(&trace, &["--diagnose", "deadlock,timeline"]);
+    let report = expect_status(&out, 0);
+    assert!(report.contains("Potential deadlock"), "{report}");
+    assert!(report.contains("deadlock_transitive.c:"), "{report}");
+    let page = std::fs::read_to_string(trace.join("events.timeline.html")).unwrap();
+    assert!(
+        page.contains("L1") && page.contains("hold"),
+        "the page names the locks"
+    );
+
+    // Memory accesses of a program recorded by its path, by variable (the
+    // probe library names its objects).
+    compile_test_program(&dir, "mem_access", &["-O1", "-no-pie"]);
+    let trace = dir.join("memory");
+    let mut cmd = insight();
+    cmd.current_dir(&dir)
+        .args(["record", "--no-stdin", "--probes", "-o"])
+        .arg(&trace)
+        .args(["--", "./mem_access"]);
+    expect_status(&output_within(cmd, std::time::Duration::from_secs(900)), 0);
+    let out = replay_with(&trace, &["--diagnose", "memory"]);
+    let report = expect_status(&out, 0);
+    let row = report
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|w| w.len() > 3 && w[1] == "a")
+        .unwrap_or_else(|| panic!("no row for a in:\n{report}"));
+    assert_eq!((row[2], row[3]), ("2000", "1000"), "{report}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
