@@ -164,11 +164,12 @@ impl Kind {
 
     /// Events that keep their caller's whole stack at replay: the calls
     /// that ask for or give up a lock or wait (a request's return shares
-    /// its request's).
+    /// its request's), and a lock's init (whose callers name the lock).
     pub fn keeps_stack(self) -> bool {
         matches!(
             self,
             Kind::Lock
+                | Kind::LockInit
                 | Kind::TryLock
                 | Kind::TimedLock
                 | Kind::Unlock

@@ -80,6 +80,15 @@ impl<'a> Symbolizer<'a> {
         })
     }
 
+    /// An address of process `pid` inside one of its objects that no
+    /// symbol names (a stripped program's static), by the object and its
+    /// offset there: "pigz+0x133e0", the same in every run.
+    pub fn object_offset(&mut self, pid: u32, addr: u64) -> Option<String> {
+        let (path, _, rel) = self.object_at(pid, addr)?;
+        let object = path.rsplit('/').next().unwrap_or(path);
+        Some(format!("{object}+{rel:#x}"))
+    }
+
     /// The caller a return address of process `pid` names, short:
     /// "function+0x1f" (the offset of the return address), or the bare
     /// address when no symbol covers its call.

@@ -179,6 +179,25 @@ fn pigz_and_sysbench_keep_every_lock_consistent() {
         waited > 0,
         "pigz's threads wait on condition variables: {report:#}"
     );
+    // Stripped, pigz initialises every lock in one helper: each is named
+    // (its static by pigz's offset, the others by the helper's callers),
+    // and no two alike.
+    let names: Vec<&str> = report["locks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| {
+            l["name"]
+                .as_str()
+                .unwrap_or_else(|| panic!("unnamed: {l:#}"))
+        })
+        .collect();
+    let distinct: std::collections::HashSet<&&str> = names.iter().collect();
+    assert_eq!(distinct.len(), names.len(), "{names:#?}");
+    assert!(
+        names.iter().filter(|n| n.contains(" ← pigz+0x")).count() >= 2,
+        "{names:#?}"
+    );
 
     // sysbench threads: its threads meet at a barrier of its own (a mutex
     // and a condition variable) before they lock and yield.

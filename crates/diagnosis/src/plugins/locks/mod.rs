@@ -15,10 +15,12 @@ use crate::plugin::{Attachment, Context, Output, Plugin, PluginError};
 use crate::render::{duration, percent};
 
 pub mod contention;
+pub mod names;
 pub mod stacks;
 pub mod waits;
 
 use contention::{Contention, ContentionReport, Durations, LockStats};
+use names::LockNames;
 use stacks::StackShare;
 use waits::Waits;
 
@@ -77,11 +79,8 @@ pub struct Locks {
     options: LocksOptions,
     analysis: Contention,
     events: u64,
-    /// Lock -> the process that used it first (whose symbols name it).
-    first_user: HashMap<u64, u32>,
-    /// Lock -> (pid, return address) of its first pthread_mutex_init: what
-    /// names a lock that is no global variable (on the heap, say).
-    init_site: HashMap<u64, (u32, u64)>,
+    /// What names each lock: its first user, its first init.
+    names: LockNames,
     /// The stacks of lock requests (with `options.stacks`).
     request_stacks: EventStacks,
     /// Whether the last event passed was a lock request.
@@ -96,8 +95,7 @@ impl Locks {
             options,
             analysis: Contention::new(),
             events: 0,
-            first_user: HashMap::new(),
-            init_site: HashMap::new(),
+            names: LockNames::default(),
             request_stacks: EventStacks::default(),
             last_was_request: false,
             rows: LockEvents::default(),
@@ -120,13 +118,15 @@ impl Plugin for Locks {
     }
 
     fn wants_stacks(&self) -> bool {
-        self.options.stacks > 0
+        // The inits' stacks name the locks a helper initialises.
+        true
     }
 
     fn stack(&mut self, seq: u64, frames: &[u64]) {
-        if self.last_was_request {
+        if self.last_was_request && self.options.stacks > 0 {
             self.request_stacks.add(seq, frames);
         }
+        self.names.stack(frames);
     }
 
     fn event(&mut self, row: &Row) {
@@ -141,31 +141,29 @@ impl Plugin for Locks {
             row.kind,
             Kind::Lock | Kind::TryLock | Kind::TimedLock | Kind::RwLock
         );
+        self.names.event(row);
         if row.kind == Kind::LockInit {
-            if let (Some(lock), Some(site)) = (row.addr, row.caller) {
-                self.init_site.entry(lock).or_insert((row.pid, site));
-            }
             return;
         }
         if row.kind.is_sync() {
             self.waits.push(row);
             if let (Some(addr), false) = (row.addr, row.kind == Kind::CondWait) {
-                self.first_user.entry(addr).or_insert(row.pid);
+                self.names.used(addr, row.pid);
             }
             if let (Kind::CondWait, Some(cond)) = (row.kind, row.value) {
-                self.first_user.entry(cond as u64).or_insert(row.pid);
+                self.names.used(cond as u64, row.pid);
             }
         }
         if let Some(e) = self.rows.event(row) {
             self.events += 1;
-            self.first_user.entry(e.lock).or_insert(row.pid);
+            self.names.used(e.lock, row.pid);
             self.analysis.push(&e);
         }
     }
 
     fn finish(&mut self, cx: &Context) -> Result<Output, PluginError> {
         let report = std::mem::take(&mut self.analysis).finish();
-        let names = lock_names(cx, &self.first_user, &self.init_site)?;
+        let names = self.names.names(cx)?;
         let ranked: Vec<(u64, &LockStats)> = report
             .ranked(usize::MAX)
             .into_iter()
@@ -286,7 +284,7 @@ impl Locks {
         let mut added = Vec::new();
         let mut out = Vec::new();
         for (lock, _) in ranked {
-            let Some(&pid) = self.first_user.get(lock).filter(|_| n > 0) else {
+            let Some(pid) = self.names.first_user(*lock).filter(|_| n > 0) else {
                 out.push(Vec::new());
                 continue;
             };
@@ -305,55 +303,6 @@ impl Locks {
         }
         Ok(out)
     }
-}
-
-/// Lock address -> its global variable ("level2+0x28"), where the symbol
-/// tables of the process that first used it tell; otherwise where it was
-/// initialized ("init at make_queue+0x1c in prog (prog.c:40)"), if a
-/// LOCKINIT says.
-pub(crate) fn lock_names(
-    cx: &Context,
-    first_user: &HashMap<u64, u32>,
-    init_site: &HashMap<u64, (u32, u64)>,
-) -> Result<HashMap<u64, String>, PluginError> {
-    let mut sym = Symbolizer::new(cx.files);
-    let mut pids: Vec<u32> = first_user.values().copied().collect();
-    pids.extend(init_site.values().map(|&(pid, _)| pid));
-    pids.sort_unstable();
-    pids.dedup();
-    for pid in pids {
-        sym.add_process(pid, cx.db.objects(pid)?);
-    }
-    let mut named: Vec<(u64, String)> = first_user
-        .iter()
-        .filter_map(|(&lock, &pid)| {
-            let name = sym.variable(pid, lock).or_else(|| {
-                let &(init_pid, site) = init_site.get(&lock)?;
-                Some(format!("init at {}", sym.describe_return(init_pid, site)))
-            })?;
-            Some((lock, name))
-        })
-        .collect();
-    // Locks a helper initialises (a stripped program's `new_lock`, say)
-    // share its call site: numbered by address, so that no two share a
-    // name.
-    named.sort();
-    let mut seen: HashMap<String, usize> = HashMap::new();
-    for (_, name) in &named {
-        *seen.entry(name.clone()).or_insert(0) += 1;
-    }
-    let mut nth: HashMap<String, usize> = HashMap::new();
-    Ok(named
-        .into_iter()
-        .map(|(lock, name)| match seen[&name] {
-            1 => (lock, name),
-            _ => {
-                let n = nth.entry(name.clone()).or_insert(0);
-                *n += 1;
-                (lock, format!("{name} #{n}"))
-            }
-        })
-        .collect())
 }
 
 fn times(d: &Durations) -> String {
@@ -735,5 +684,60 @@ mod tests {
             name("0xc000"),
             Some(serde_json::json!("init at 0x402fff #2"))
         );
+    }
+
+    #[test]
+    fn locks_a_helper_initialises_are_named_by_its_callers() {
+        let row = |kind, addr, caller| Row {
+            seq: 0,
+            time: 1,
+            kind,
+            source: Source::Probe,
+            pid: 3,
+            lwpid: 4,
+            addr: Some(addr),
+            caller: Some(caller),
+            value: Some(0),
+        };
+        let mut rows = Vec::new();
+        let mut stacks: Vec<(u64, Vec<u64>)> = Vec::new();
+        // One helper (its init at 0x403000) called from three places, the
+        // third in a loop; stacks start at the wrapper.
+        for (lock, from) in [
+            (0xb000, 0x41_0010),
+            (0xc000, 0x41_0020),
+            (0xd000, 0x41_0030),
+            (0xe000, 0x41_0030),
+        ] {
+            stacks.push((
+                rows.len() as u64 + 1,
+                vec![0x7f00_0000, 0x40_3000, from, 0x42_0000],
+            ));
+            rows.push(row(Kind::LockInit, lock, 0x40_3000));
+            rows.push(row(Kind::Lock, lock, 0x40_2000));
+        }
+        let stacks: Vec<(u64, &[u64])> = stacks.iter().map(|(s, f)| (*s, &f[..])).collect();
+        let db = TestDb::with_stacks("lock-callers", &rows, &stacks);
+        let mut plugins: Vec<Box<dyn Plugin>> = vec![Box::new(Locks::new(LocksOptions::default()))];
+        let json = run(&mut plugins, &db.context())
+            .unwrap()
+            .remove(0)
+            .json
+            .unwrap();
+        let name = |lock: &str| {
+            json["locks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|l| l["lock"] == lock)
+                .map(|l| l["name"].as_str().unwrap().to_string())
+                .unwrap()
+        };
+        // One caller tells the first two apart; more would not tell the
+        // loop's two apart: numbered.
+        assert_eq!(name("0xb000"), "init at 0x402fff ← 0x410010");
+        assert_eq!(name("0xc000"), "init at 0x402fff ← 0x410020");
+        assert_eq!(name("0xd000"), "init at 0x402fff ← 0x410030 #1");
+        assert_eq!(name("0xe000"), "init at 0x402fff ← 0x410030 #2");
     }
 }

@@ -87,7 +87,8 @@ impl Plugin for Timeline {
     fn event(&mut self, row: &Row) {
         // The requests' stacks, which their slices show.
         self.last_has_stack = row.kind == Kind::Sample
-            || (row.kind.keeps_stack() && !matches!(row.kind, Kind::Unlock | Kind::RwUnlock));
+            || (row.kind.keeps_stack()
+                && !matches!(row.kind, Kind::Unlock | Kind::RwUnlock | Kind::LockInit));
         self.builder.push(row);
     }
 
@@ -96,6 +97,7 @@ impl Plugin for Timeline {
     }
 
     fn stack(&mut self, seq: u64, frames: &[u64]) {
+        self.builder.names.stack(frames);
         if self.last_has_stack {
             self.stacks
                 .add(seq, &frames[..frames.len().min(MAX_FRAMES)]);

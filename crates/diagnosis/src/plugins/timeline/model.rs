@@ -17,6 +17,7 @@ use events::db::Row;
 
 use crate::from_db::LockEvents;
 use crate::lock_events::LockEventKind;
+use crate::plugins::locks::names::LockNames;
 
 /// A thread: (pid, lwpid). An lwpid another process had before is
 /// another thread.
@@ -150,10 +151,8 @@ pub struct Builder {
     pub samples: Vec<Sample>,
     /// Threads that raised probe events or were sampled: the rows.
     pub threads: BTreeSet<Tid>,
-    /// Each lock's first user (whose symbols name it) and its first
-    /// initialisation (pid, return address): what names it.
-    pub first_user: HashMap<u64, u32>,
-    pub init_site: HashMap<u64, (u32, u64)>,
+    /// What names each lock: its first user, its first init.
+    pub names: LockNames,
     /// Events that contradict the lock model (not drawn).
     pub anomalies: u64,
     /// Per thread with slices, the levels of each of its lanes (after
@@ -171,6 +170,7 @@ pub struct Builder {
 impl Builder {
     pub fn push(&mut self, row: &Row) {
         self.first.get_or_insert(row.time);
+        self.names.event(row);
         self.last = self.last.max(row.time);
         let tid = (row.pid, row.lwpid);
         match row.kind {
@@ -187,11 +187,7 @@ impl Builder {
                     });
                 }
             }
-            Kind::LockInit => {
-                if let (Some(lock), Some(site)) = (row.addr, row.caller) {
-                    self.init_site.entry(lock).or_insert((row.pid, site));
-                }
-            }
+            Kind::LockInit => {}
             Kind::ThreadCreate | Kind::ThreadSpawn | Kind::ThreadJoin | Kind::Exit | Kind::Fork => {
                 self.threads.insert(tid);
                 self.instants.push(Instant {
@@ -212,7 +208,7 @@ impl Builder {
             _ => {
                 if let Some(e) = self.rows.event(row) {
                     self.threads.insert(tid);
-                    self.first_user.entry(e.lock).or_insert(row.pid);
+                    self.names.used(e.lock, row.pid);
                     self.lock(tid, e.lock, e.kind, row);
                 }
             }
@@ -246,7 +242,7 @@ impl Builder {
         let Some(object) = row.addr else {
             return;
         };
-        self.first_user.entry(object).or_insert(tid.0);
+        self.names.used(object, tid.0);
         let slice = Slice {
             tid,
             kind,
@@ -422,7 +418,7 @@ impl Builder {
                     row.caller.unwrap_or(0),
                 );
                 wait.lock = cond;
-                self.first_user.entry(cond).or_insert(tid.0);
+                self.names.used(cond, tid.0);
                 if self.locks.waiting.insert(tid, self.slices.len()).is_some() {
                     self.anomalies += 1;
                 }

@@ -111,10 +111,15 @@
     }
   }
 
-  function taskColor(name) {
+  // A run on the CPU row: a shade of the running colour for a thread with
+  // a row of its own, of grey for another task (/init, a shell, a kernel
+  // thread), never a hue of the waits and holds.
+  function taskColor(run) {
+    const name = run[3] || "task";
     let h = 0;
     for (let i = 0; i < name.length; i++) h = (h * 31 + name.charCodeAt(i)) >>> 0;
-    return `hsl(${h % 360},55%,55%)`;
+    return run[0] >= 0 ? `hsl(${100 + (h % 40)},40%,${38 + ((h >>> 8) % 22)}%)`
+      : `hsl(0,0%,${52 + ((h >>> 8) % 28)}%)`;
   }
 
   function drawRow(r) {
@@ -145,7 +150,7 @@
   function drawCpu() {
     const c = cpu.canvas, w = size(c), ctx = c.getContext("2d");
     ctx.clearRect(0, 0, w, c.height);
-    intervals(ctx, w, cpu.runs, 1, 2, 1, c.height - 2, (r) => taskColor(r[3]));
+    intervals(ctx, w, cpu.runs, 1, 2, 1, c.height - 2, taskColor);
   }
 
   function drawAxis() {

@@ -35,7 +35,8 @@ pub fn write(view: &View, label: &str) -> String {
          waiting for a lock <span class=\"hold\"></span>holding a lock <span class=\"failed\">\
          </span>failed trylock/timedlock <span class=\"condwait\"></span>waiting on a condition \
          variable <span class=\"barrier\"></span>at a barrier <span class=\"semwait\"></span>on \
-         a semaphore <span class=\"sample\"></span>sample</p></header>\n\
+         a semaphore <span class=\"sample\"></span>sample <span class=\"other\"></span>\
+         another task on the CPU</p></header>\n\
          <div id=\"axis\"><canvas></canvas></div>\n<div id=\"rows\"></div>\n\
          <div id=\"tip\" hidden></div>\n\
          <script id=\"data\" type=\"application/json\">{data}</script>\n\

@@ -7,7 +7,6 @@ use std::collections::HashMap;
 use super::model::{self, Builder, SliceKind, Tid, Window};
 use crate::event_stacks::EventStacks;
 use crate::plugin::{Context, PluginError};
-use crate::plugins::locks::lock_names;
 use guestfiles::Symbolizer;
 
 /// A thread's row: its track and the lanes its out-of-order slices need.
@@ -72,7 +71,7 @@ impl<'a> View<'a> {
             .enumerate()
             .map(|(i, t)| (t.tid, i))
             .collect();
-        let lock_names = lock_names(cx, &b.first_user, &b.init_site)?;
+        let lock_names = b.names.names(cx)?;
 
         let mut sym = Symbolizer::new(cx.files);
         let mut pids: Vec<u32> = b.threads.iter().map(|t| t.0).collect();
