@@ -43,6 +43,9 @@ pub const DEFAULT_DIGEST_INTERVAL: u64 = 64;
 pub const MSR_INSIGHT_CLOCK: u32 = 0x4953_4e00;
 /// IA32_TSC, which the VMM filters so that it never returns host time.
 pub const MSR_IA32_TSC: u32 = 0x10;
+/// The clock page (asm/insight.h): no RAM; an 8-byte load at its start
+/// reads the paravirtual clock, as the guest's vDSO does in user mode.
+pub const CLOCK_PAGE_GPA: u64 = 0xd010_1000;
 
 #[derive(Debug, thiserror::Error)]
 pub enum JournalError {
@@ -83,6 +86,12 @@ fn clock_read(observed: &Entry) -> Option<u64> {
             index: MSR_INSIGHT_CLOCK,
             value,
             fault: false,
+            ..
+        } => Some(*value),
+        Entry::MmioRead {
+            addr: CLOCK_PAGE_GPA,
+            size: 8,
+            value,
             ..
         } => Some(*value),
         _ => None,

@@ -87,6 +87,8 @@ pub(crate) fn dispatch<W: Write>(
             };
             let value = match logged(&mut log, &observed)? {
                 Some(Entry::MmioRead { value, .. }) => value,
+                // The clock page: the vDSO's clock, read in user mode.
+                _ if addr == journal::CLOCK_PAGE_GPA && size == 8 => clock.now_ns(),
                 _ => {
                     bus.mmio_read(addr, data);
                     le_value(data)
