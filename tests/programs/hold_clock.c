@@ -4,7 +4,8 @@
  * (reading CLOCK_MONOTONIC every 2000 iterations), then sleep 1 ms; the
  * time each hold measured from the first clock read after the lock to the
  * last before the unlock is what the program calls its hold. Prints
- * "hold_clock: holds N avg_ns A max_ns M".
+ * "hold_clock: holds N avg_ns A max_ns M", then each hold's first and last
+ * reading, "hold START END", in the order they were taken.
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -15,6 +16,7 @@
 static pthread_mutex_t held = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t total_ns, max_ns;
 static long holds, rounds = 40;
+static uint64_t hold_start[200000], hold_end[200000];
 
 static uint64_t now_ns(void)
 {
@@ -38,6 +40,8 @@ static void *worker(void *arg)
 		total_ns += end - start;
 		if (end - start > max_ns)
 			max_ns = end - start;
+		hold_start[holds] = start;
+		hold_end[holds] = end;
 		holds++;
 		pthread_mutex_unlock(&held);
 		struct timespec pause = { 0, 1000000 };
@@ -59,5 +63,8 @@ int main(int argc, char **argv)
 		pthread_join(t[i], NULL);
 	printf("hold_clock: holds %ld avg_ns %llu max_ns %llu\n", holds,
 	       (unsigned long long)(total_ns / (uint64_t)holds), (unsigned long long)max_ns);
+	for (long i = 0; i < holds; i++)
+		printf("hold %llu %llu\n", (unsigned long long)hold_start[i],
+		       (unsigned long long)hold_end[i]);
 	return 0;
 }

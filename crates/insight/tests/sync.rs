@@ -64,6 +64,35 @@ fn named<'a>(report: &'a serde_json::Value, list: &str, name: &str) -> &'a serde
         .unwrap_or_else(|| panic!("no {name} in {list}: {report:#}"))
 }
 
+/// The hold slices of the timeline of `dir/events.db`, as (start, end)
+/// in nanoseconds of the VM's time, in order.
+fn hold_slices(dir: &Path) -> Vec<(i64, i64)> {
+    let json = dir.join("timeline.json");
+    let mut cmd = insight();
+    cmd.args(["report", "timeline"])
+        .arg(dir.join("events.db"))
+        .arg("-o")
+        .arg(&json);
+    expect_status(&output_within(cmd, std::time::Duration::from_secs(300)), 0);
+    let page: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let mut holds: Vec<(i64, i64)> = page["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["name"].as_str().is_some_and(|n| n.starts_with("hold ")))
+        .map(|e| {
+            let (ts, dur) = (e["ts"].as_f64().unwrap(), e["dur"].as_f64().unwrap());
+            (
+                (ts * 1000.0).round() as i64,
+                ((ts + dur) * 1000.0).round() as i64,
+            )
+        })
+        .collect();
+    holds.sort_unstable();
+    holds
+}
+
 /// "key N" of the program's line.
 fn count(line: &str, key: &str) -> u64 {
     let words: Vec<&str> = line.split_whitespace().collect();
@@ -255,10 +284,11 @@ fn hold_times_cover_the_programs_own_and_say_what_the_holder_spent_off_the_cpu()
     );
     // The program measures from its first clock read after the lock to
     // its last before the unlock, inside the hold: never more than the
-    // hold. Its reads are system calls (the guest has no vDSO clock),
-    // each ~1 ms of interpreted kernel, and on the guest's one vCPU a
-    // holder is preempted at their returns: what the report says of the
-    // time off the CPU.
+    // hold. On the guest's one vCPU a holder may also be preempted
+    // between the acquisition and its first read (the first hold, while
+    // the main thread creates the second thread, is the longest): time
+    // the report counts, and says was spent off the CPU, and the program
+    // cannot see.
     let (own_avg, own_max) = (count(line, "avg_ns"), count(line, "max_ns"));
     let (avg, max) = (
         hold["avg_ns"].as_u64().unwrap(),
@@ -270,10 +300,51 @@ fn hold_times_cover_the_programs_own_and_say_what_the_holder_spent_off_the_cpu()
         off > 0 && off < hold["total_ns"].as_u64().unwrap(),
         "{held:#}"
     );
+    // Hold by hold, against the timeline's slices (one lock: its holds
+    // follow one another). The program's clock is the guest's
+    // CLOCK_MONOTONIC, the report's the VM's: they differ by a constant,
+    // which the releases give (timed by the exit of the program's last
+    // reading, exactly).
+    let own: Vec<(i64, i64)> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("hold "))
+        .map(|l| {
+            let mut w = l.split_whitespace().map(|v| v.parse::<i64>().unwrap());
+            (w.next().unwrap(), w.next().unwrap())
+        })
+        .collect();
+    let reported = hold_slices(&dir);
+    assert_eq!(reported.len(), own.len(), "{reported:?}\n{stdout}");
+    let mut offsets: Vec<i64> = reported.iter().zip(&own).map(|(r, o)| r.1 - o.1).collect();
+    offsets.sort_unstable();
+    let offset = offsets[offsets.len() / 2];
+    let exact = offsets
+        .iter()
+        .filter(|&&d| (d - offset).abs() < 20_000)
+        .count();
+    assert!(4 * exact >= 3 * own.len(), "releases: {offsets:?}");
+    let mut excess = Vec::new();
+    for (r, o) in reported.iter().zip(&own) {
+        // Every hold covers the program's own.
+        assert!(
+            r.0 - offset <= o.0 + 20_000 && r.1 - offset >= o.1 - 20_000,
+            "hold {r:?} (less {offset}) does not cover the program's {o:?}"
+        );
+        excess.push((r.1 - r.0) - (o.1 - o.0));
+    }
+    // What the measure adds to a hold, typically: the interpreted
+    // kernel's way back to user mode after its last exit (0.12 to 0.35
+    // ms here; timed by the last clock reading instead, as before exits
+    // logged their time, 1.0 to 1.1 ms), microseconds natively.
+    excess.sort_unstable();
+    let median_excess = excess[excess.len() / 2];
+    assert!(median_excess < 750_000, "excess per hold (ns): {excess:?}");
     eprintln!(
         "hold_clock: the program's own average {own_avg} ns, max {own_max} ns; the report's \
-         {avg} ns, max {max} ns, {} % of the hold time off the CPU",
-        100 * off / hold["total_ns"].as_u64().unwrap()
+         {avg} ns, max {max} ns, {} % of the hold time off the CPU; median hold {} us longer \
+         than the program's own",
+        100 * off / hold["total_ns"].as_u64().unwrap(),
+        median_excess / 1000
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -97,6 +97,11 @@ pub enum Entry {
     /// preceding exit (and before the next entry's position): replay
     /// takes a SAMPLE there. Not an exit; nothing is delivered there.
     Sample(Box<SampleMark>),
+    /// The VM's time at the preceding exit, in nanoseconds since it
+    /// started, logged where it had moved on by `TIME_GRAIN_NS` from the
+    /// latest time the log gave: replay times the events raised after
+    /// that exit by it. Not an exit.
+    Time { ns: u64 },
     /// The recording ended here.
     End(EndReason),
 }
@@ -153,6 +158,7 @@ impl Entry {
                 | Entry::ConsoleSize { .. }
                 | Entry::AsyncPoint(_)
                 | Entry::Sample(_)
+                | Entry::Time { .. }
                 | Entry::End(_)
         )
     }
@@ -178,6 +184,7 @@ impl Entry {
             Entry::ConsoleSize { .. } => "ConsoleSize",
             Entry::AsyncPoint(_) => "AsyncPoint",
             Entry::Sample(_) => "Sample",
+            Entry::Time { .. } => "Time",
             Entry::End(_) => "End",
         }
     }
@@ -203,6 +210,7 @@ impl Entry {
             | Entry::ConsoleSize { .. }
             | Entry::AsyncPoint(_)
             | Entry::Sample(_)
+            | Entry::Time { .. }
             | Entry::End(_) => {}
         }
         self
@@ -363,6 +371,7 @@ impl fmt::Display for Entry {
                     p.state.rip, p.state.gprs[4], p.state.cr3, mark.ns
                 ),
             },
+            Entry::Time { ns } => write!(f, "  time {ns} ns"),
             Entry::End(reason) => write!(f, "end: {reason}"),
         }
     }

@@ -43,6 +43,11 @@ pub const DEFAULT_DIGEST_INTERVAL: u64 = 64;
 pub const MSR_INSIGHT_CLOCK: u32 = 0x4953_4e00;
 /// IA32_TSC, which the VMM filters so that it never returns host time.
 pub const MSR_IA32_TSC: u32 = 0x10;
+/// How far the VM's time moves on past the latest time the log gives
+/// before an exit logs it (`Entry::Time`): what replay times an event
+/// between two exits by is at most this much older than the exit before
+/// it, at a few bytes a logged time.
+pub const TIME_GRAIN_NS: u64 = 10_000;
 /// The clock page (asm/insight.h): no RAM; an 8-byte load at its start
 /// reads the paravirtual clock, as the guest's vDSO does in user mode.
 pub const CLOCK_PAGE_GPA: u64 = 0xd010_1000;

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use trace::{Summary, TraceWriter};
 
 use super::entry::register_digest;
-use super::{clock_read, EndReason, Entry, JournalError, Progress};
+use super::{clock_read, EndReason, Entry, JournalError, Progress, TIME_GRAIN_NS};
 use crate::preempt::{AsyncPoint, SampleMark};
 
 /// The recorder hands complete frames to the OS at least this often, so a
@@ -53,14 +53,16 @@ impl Recorder {
     }
 
     /// Logs deterministic exit `observed` (RIP set; for reads, with the
-    /// value the guest got), and the digest of the registers `regs` at it
-    /// when one is due.
+    /// value the guest got), the digest of the registers `regs` at it
+    /// when one is due, and the VM's time `now_ns` at it where that has
+    /// moved on by `TIME_GRAIN_NS` from the latest time the log gives.
     pub fn exit(
         &mut self,
         observed: Entry,
         regs: &kvm_bindings::kvm_regs,
+        now_ns: u64,
     ) -> Result<(), JournalError> {
-        self.guest_ns = clock_read(&observed).unwrap_or(self.guest_ns);
+        let read = clock_read(&observed);
         self.exits += 1;
         let digest = self.exits.is_multiple_of(self.digest_interval);
         self.push(observed)?;
@@ -68,6 +70,14 @@ impl Recorder {
             self.push(Entry::Registers {
                 digest: register_digest(regs),
             })?;
+        }
+        match read {
+            Some(ns) => self.guest_ns = ns,
+            None if now_ns >= self.guest_ns.saturating_add(TIME_GRAIN_NS) => {
+                self.push(Entry::Time { ns: now_ns })?;
+                self.guest_ns = now_ns;
+            }
+            None => {}
         }
         Ok(())
     }

@@ -158,6 +158,11 @@ impl Replayer {
             match self.reader.next_event()? {
                 Some(Entry::Sample(mark)) if self.take_marks => self.marks.push_back(*mark),
                 Some(Entry::Sample(_)) => self.entries += 1,
+                // The time at the exit before it: taken on the way.
+                Some(Entry::Time { ns }) => {
+                    self.entries += 1;
+                    self.time_reached(ns);
+                }
                 Some(e) => self.peeked = Some(e),
                 None => self.exhausted = true,
             }
@@ -257,10 +262,7 @@ impl Replayer {
         regs: &kvm_bindings::kvm_regs,
     ) -> Result<(), JournalError> {
         if let Some(ns) = clock_read(&observed) {
-            self.guest_ns = ns;
-            // A clock read after a mark reads a later time (in a trace
-            // that says otherwise, the times still never decrease).
-            self.mark_ns = self.mark_ns.filter(|&m| m > ns);
+            self.time_reached(ns);
         }
         self.exits += 1;
         let logged = match self.current.take() {
@@ -285,7 +287,17 @@ impl Replayer {
                 }
             }
         }
+        // The exit's time, if logged, times what the guest raises next.
+        self.peek()?;
         Ok(())
+    }
+
+    /// The recorded run had reached `ns` here.
+    fn time_reached(&mut self, ns: u64) {
+        self.guest_ns = ns;
+        // A time after a mark is a later one (in a trace that says
+        // otherwise, the times still never decrease).
+        self.mark_ns = self.mark_ns.filter(|&m| m > ns);
     }
 
     /// Checks the console output the last exit wrote (`written`: its

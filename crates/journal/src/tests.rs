@@ -27,11 +27,12 @@ fn port_in(port: u16, rip: u64, value: u32) -> Entry {
 fn record(dir: &std::path::Path, complete: bool) {
     let writer = TraceWriter::create(dir, &header(2)).unwrap();
     let mut r = Recorder::new(writer, 2);
-    r.exit(port_in(0x40, 0x100, 7), &regs(0x100, 1)).unwrap();
-    r.exit(port_in(0x40, 0x104, 9), &regs(0x104, 2)).unwrap();
+    r.exit(port_in(0x40, 0x100, 7), &regs(0x100, 1), 0).unwrap();
+    r.exit(port_in(0x40, 0x104, 9), &regs(0x104, 2), 0).unwrap();
     r.interrupt(0x30).unwrap();
-    r.exit(serial_out(b'A'), &regs(0x200, 3)).unwrap();
-    r.exit(Entry::Halt { rip: 0x300 }, &regs(0x300, 4)).unwrap();
+    r.exit(serial_out(b'A'), &regs(0x200, 3), 0).unwrap();
+    r.exit(Entry::Halt { rip: 0x300 }, &regs(0x300, 4), 0)
+        .unwrap();
     r.interrupt(0x30).unwrap();
     if complete {
         r.finish(EndReason::CommandExited(3), 0).unwrap();
@@ -113,7 +114,8 @@ fn inputs_replay_in_their_recorded_order_with_their_payloads() {
     {
         let writer = TraceWriter::create(&dir, &header(64)).unwrap();
         let mut r = Recorder::new(writer, 64);
-        r.exit(Entry::Halt { rip: 0x300 }, &regs(0x300, 4)).unwrap();
+        r.exit(Entry::Halt { rip: 0x300 }, &regs(0x300, 4), 0)
+            .unwrap();
         r.net_rx(&frames).unwrap();
         r.disk_done(1).unwrap();
         r.net_rx(&frames[1..]).unwrap();
@@ -172,14 +174,14 @@ fn console_output_input_and_size_replay_and_output_is_checked() {
     {
         let writer = TraceWriter::create(&dir, &header(64)).unwrap();
         let mut r = Recorder::new(writer, 64);
-        r.exit(notify(0x100), &regs(0x100, 1)).unwrap();
+        r.exit(notify(0x100), &regs(0x100, 1), 0).unwrap();
         r.console_out(6, 0xfeed).unwrap();
         r.console_size((132, 43)).unwrap();
         r.console_rx(b"ls\n".to_vec()).unwrap();
         r.interrupt(0x27).unwrap();
-        r.exit(notify(0x104), &regs(0x104, 2)).unwrap();
+        r.exit(notify(0x104), &regs(0x104, 2), 0).unwrap();
         r.console_out(2, 0xbeef).unwrap();
-        r.exit(notify(0x108), &regs(0x108, 3)).unwrap();
+        r.exit(notify(0x108), &regs(0x108, 3), 0).unwrap();
         r.finish(EndReason::PowerOff, 0).unwrap();
     }
     let mut j = replayer(&dir);
@@ -367,7 +369,7 @@ fn mark(ns: u64, rip: Option<u64>) -> crate::preempt::SampleMark {
 fn record_with_marks(dir: &std::path::Path) -> Box<crate::preempt::AsyncPoint> {
     let writer = TraceWriter::create(dir, &header(1000)).unwrap();
     let mut r = Recorder::new(writer, 1000);
-    r.exit(port_in(0x40, 0x100, 7), &regs(0x100, 1)).unwrap();
+    r.exit(port_in(0x40, 0x100, 7), &regs(0x100, 1), 0).unwrap();
     r.sample(mark(10, Some(0x40_1000))).unwrap();
     r.sample(mark(20, None)).unwrap();
     let crate::preempt::MarkAt::User(point) = mark(25, Some(0x40_1010)).at else {
@@ -375,9 +377,9 @@ fn record_with_marks(dir: &std::path::Path) -> Box<crate::preempt::AsyncPoint> {
     };
     r.async_point(*point.clone()).unwrap();
     r.interrupt(0x30).unwrap();
-    r.exit(port_in(0x40, 0x104, 9), &regs(0x104, 2)).unwrap();
+    r.exit(port_in(0x40, 0x104, 9), &regs(0x104, 2), 0).unwrap();
     r.sample(mark(30, Some(0x40_1020))).unwrap();
-    r.exit(port_in(0x40, 0x108, 5), &regs(0x108, 3)).unwrap();
+    r.exit(port_in(0x40, 0x108, 5), &regs(0x108, 3), 0).unwrap();
     r.sample(mark(40, None)).unwrap();
     r.finish(EndReason::CommandExited(0), 0).unwrap();
     point
@@ -474,15 +476,18 @@ fn events_are_timed_by_the_last_clock_read_or_user_mark_and_never_go_back() {
     let dir = temp_trace("event-times");
     let writer = TraceWriter::create(&dir, &header(1000)).unwrap();
     let mut r = Recorder::new(writer, 1000);
-    r.exit(clock_read(0x100, 100), &regs(0x100, 100)).unwrap();
+    r.exit(clock_read(0x100, 100), &regs(0x100, 100), 0)
+        .unwrap();
     r.sample(mark(150, Some(0x40_1000))).unwrap();
     r.sample(mark(180, None)).unwrap();
     r.sample(mark(200, Some(0x40_1010))).unwrap();
-    r.exit(port_in(0x40, 0x104, 9), &regs(0x104, 2)).unwrap();
+    r.exit(port_in(0x40, 0x104, 9), &regs(0x104, 2), 0).unwrap();
     r.sample(mark(250, Some(0x40_1020))).unwrap();
     // A clock read earlier than the mark before it (a damaged trace).
-    r.exit(clock_read(0x108, 240), &regs(0x108, 240)).unwrap();
-    r.exit(clock_read(0x10c, 300), &regs(0x10c, 300)).unwrap();
+    r.exit(clock_read(0x108, 240), &regs(0x108, 240), 0)
+        .unwrap();
+    r.exit(clock_read(0x10c, 300), &regs(0x10c, 300), 0)
+        .unwrap();
     r.finish(EndReason::CommandExited(0), 0).unwrap();
 
     let mut j = replayer(&dir);
@@ -516,5 +521,63 @@ fn events_are_timed_by_the_last_clock_read_or_user_mark_and_never_go_back() {
     assert_eq!((j.event_ns(), j.mark_time_pending()), (250, true));
     assert_eq!(replay_clock(&mut j, 0x10c), 300);
     assert_eq!((j.event_ns(), j.mark_time_pending()), (300, false));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn exits_log_the_time_when_it_has_moved_on_and_replay_times_events_by_it() {
+    let dir = temp_trace("exit-times");
+    let writer = TraceWriter::create(&dir, &header(2)).unwrap();
+    let mut r = Recorder::new(writer, 2);
+    let grain = TIME_GRAIN_NS;
+    r.exit(port_in(0x40, 0x100, 7), &regs(0x100, 1), grain - 1)
+        .unwrap();
+    // Past the grain, after the exit's registers digest.
+    r.exit(port_in(0x40, 0x104, 8), &regs(0x104, 2), 3 * grain)
+        .unwrap();
+    r.exit(port_in(0x40, 0x108, 9), &regs(0x108, 3), 3 * grain + 1)
+        .unwrap();
+    // A clock read is a time of its own: no `Time` after it.
+    r.exit(
+        clock_read(0x10c, 5 * grain),
+        &regs(0x10c, 5 * grain),
+        5 * grain,
+    )
+    .unwrap();
+    r.exit(port_in(0x40, 0x110, 10), &regs(0x110, 5), 6 * grain - 1)
+        .unwrap();
+    r.finish(EndReason::CommandExited(0), 0).unwrap();
+
+    let mut reader: TraceReader<Entry> = TraceReader::open(&dir).unwrap();
+    let mut kinds = Vec::new();
+    while let Some(e) = reader.next_event().unwrap() {
+        kinds.push(e.kind());
+    }
+    assert_eq!(
+        kinds,
+        [
+            "In",
+            "In",
+            "Registers",
+            "Time",
+            "In",
+            "RdMsr",
+            "Registers",
+            "In",
+            "End"
+        ]
+    );
+
+    let mut j = replayer(&dir);
+    replay_read(&mut j, 0x40, 0x100, 1).unwrap();
+    assert_eq!(j.event_ns(), 0);
+    replay_read(&mut j, 0x40, 0x104, 2).unwrap();
+    assert_eq!(j.event_ns(), 3 * grain);
+    replay_read(&mut j, 0x40, 0x108, 3).unwrap();
+    assert_eq!(j.event_ns(), 3 * grain);
+    assert_eq!(replay_clock(&mut j, 0x10c), 5 * grain);
+    replay_read(&mut j, 0x40, 0x110, 5).unwrap();
+    assert_eq!(j.event_ns(), 5 * grain);
+    assert!(j.end_reached().unwrap().is_some());
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -101,7 +101,7 @@ impl Mode for Recording {
         regs: &kvm_bindings::kvm_regs,
     ) -> Result<(), VmError> {
         self.points.after_exit(m, m.vm.clock.now_ns());
-        self.recorder.exit(entry, regs)?;
+        self.recorder.exit(entry, regs, m.vm.clock.now_ns())?;
         if let Some((bytes, digest)) = m.vm.console.take_transmitted() {
             self.recorder.console_out(bytes, digest)?;
         }

@@ -316,7 +316,7 @@ mod tests {
         ) -> Result<(), JournalError> {
             match self {
                 Journal::Live => Ok(()),
-                Journal::Record(r) => r.exit(observed, regs),
+                Journal::Record(r) => r.exit(observed, regs, 0),
                 Journal::Replay(r) => r.exit(observed, regs),
             }
         }
