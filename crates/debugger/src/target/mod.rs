@@ -39,8 +39,8 @@ use vmm::tools::debug::{Resume, Stop, StopKind};
 use vmm::VmError;
 
 use crate::arch::X86_64Linux;
-use crate::files::{link_map, read_from_files, unrecordable_text, CodeMap, OpenFiles};
-use crate::timeline::{Back, Timeline};
+use crate::files::{link_map, read_from_files, unrecordable_text, MappedObjects, OpenFiles};
+use crate::history::{Back, History};
 
 pub(crate) type Reason = MultiThreadStopReason<u64>;
 
@@ -116,7 +116,7 @@ impl Selection {
 /// The replay served to gdb.
 pub(crate) struct ReplayTarget {
     pub(crate) driver: DebugDriver,
-    pub(crate) timeline: Timeline,
+    pub(crate) history: History,
     pub(crate) files: OpenFiles,
     pub(crate) selection: Selection,
     action: Option<Action>,
@@ -130,10 +130,10 @@ pub(crate) struct ReplayTarget {
 pub(crate) type Error = VmError;
 
 impl ReplayTarget {
-    pub(crate) fn new(driver: DebugDriver, timeline: Timeline, files: OpenFiles) -> Self {
+    pub(crate) fn new(driver: DebugDriver, history: History, files: OpenFiles) -> Self {
         ReplayTarget {
             driver,
-            timeline,
+            history,
             files,
             selection: Selection::default(),
             action: None,
@@ -211,9 +211,9 @@ impl ReplayTarget {
 
     /// Where the functions of the process's code start, for going back
     /// an instruction (the objects as they are mapped now).
-    pub(crate) fn code_map(&self) -> CodeMap {
+    pub(crate) fn mapped_objects(&self) -> MappedObjects {
         let process = self.driver.debug().process();
-        CodeMap {
+        MappedObjects {
             exe: process.map(|p| p.exe.clone()).unwrap_or_default(),
             auxv: process.map(|p| p.auxv.clone()).unwrap_or_default(),
             libraries: self.libraries(),
@@ -233,7 +233,7 @@ impl ReplayTarget {
     /// stop to report.
     pub(crate) fn perform(&mut self) -> Result<Reason, Error> {
         let action = self.action.take().unwrap_or(Action::Continue);
-        let from = self.timeline.now;
+        let from = self.history.now;
         match action {
             Action::Continue => {
                 let event = self.driver.resume(Resume::Continue)?;
@@ -244,14 +244,14 @@ impl ReplayTarget {
                 Ok(self.forward_stop(event, Some(lwpid), from))
             }
             Action::ReverseContinue | Action::ReverseStep(_) => {
-                let map = self.code_map();
+                let map = self.mapped_objects();
                 let files = &self.files;
                 let starts = |at: u64| map.function_start(files, at);
                 let back = match action {
                     Action::ReverseStep(lwpid) => {
-                        self.timeline.reverse_step(&mut self.driver, lwpid, &starts)
+                        self.history.reverse_step(&mut self.driver, lwpid, &starts)
                     }
-                    _ => self.timeline.reverse_continue(&mut self.driver, &starts),
+                    _ => self.history.reverse_continue(&mut self.driver, &starts),
                 };
                 match back {
                     Ok(back) => Ok(self.back_stop(back)),
@@ -277,7 +277,7 @@ impl ReplayTarget {
         if matches!(e, VmError::Journal(_)) {
             return Err(e);
         }
-        let found = self.code_map().unrecordable(&self.files);
+        let found = self.mapped_objects().unrecordable(&self.files);
         if found.is_empty() {
             eprintln!("insight: {e}");
         } else {
@@ -289,7 +289,7 @@ impl ReplayTarget {
                 unrecordable_text(&found)
             );
         }
-        let at = match self.timeline.seek(&mut self.driver, from) {
+        let at = match self.history.seek(&mut self.driver, from) {
             Ok(()) => from,
             Err(VmError::Debug(_)) => {
                 let snapshot = (self.driver.snapshots().iter())
@@ -301,7 +301,7 @@ impl ReplayTarget {
                     ordinal,
                     user: None,
                 };
-                self.timeline.seek(&mut self.driver, at)?;
+                self.history.seek(&mut self.driver, at)?;
                 eprintln!(
                     "insight: the replay stands at the last snapshot it can reach, at exit \
                      {ordinal}"
@@ -325,10 +325,10 @@ impl ReplayTarget {
     ) -> Reason {
         match event {
             DebugEvent::Stopped(stop) => {
-                self.timeline.now = stop.position;
+                self.history.now = stop.position;
                 let step_ended = matches!(stop.kind, StopKind::Step | StopKind::Watch { .. });
                 if step_ended && stepping.is_some() && stop.lwpid == stepping {
-                    self.timeline.stepped(from, stop.position);
+                    self.history.stepped(from, stop.position);
                 }
                 self.reason(&stop)
             }
@@ -351,7 +351,7 @@ impl ReplayTarget {
             Back::Stopped(stop) => self.reason(&stop),
             Back::Start => Reason::ReplayLog {
                 tid: Some(
-                    self.timeline
+                    self.history
                         .start
                         .user
                         .map_or_else(|| self.some_thread(), |u| tid(u.lwpid)),

@@ -519,7 +519,7 @@ pub fn run_plugins(
         }
         Err(e) => (GuestFiles::default(), Some(crate::exit::error_chain(&e))),
     };
-    let cx = plugin::Context {
+    let cx = plugin::PluginContext {
         db: &events,
         files: &files,
         files_missing,

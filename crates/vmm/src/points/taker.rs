@@ -15,7 +15,7 @@ use introspect::stub_area::EXIT_PAGE_GPA;
 use journal::preempt::guest_code::{trampoline_entries, PageTables};
 use journal::preempt::state::{self, PageSet, UserState};
 use journal::preempt::trampoline::{self, StubError};
-use journal::preempt::{AsyncPoint, CodeMap, MarkAt, SampleMark};
+use journal::preempt::{AsyncPoint, CodePages, MarkAt, SampleMark};
 use journal::Recorder;
 
 /// How long user code must have run without an exit of its own before a

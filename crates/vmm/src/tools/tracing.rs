@@ -34,7 +34,7 @@ use super::frames::{
 };
 use super::kernel_steps;
 use super::report::{ExpansionStats, ToolReport, TraceStart};
-use super::tool::{Context, ReplayTool};
+use super::tool::{ReplayTool, ToolContext};
 use crate::points::PointSearch;
 use crate::vm::{Machine, VmError};
 
@@ -549,7 +549,7 @@ impl ProcessTracer {
 impl ReplayTool for ProcessTracer {
     fn exit(
         &mut self,
-        cx: &mut Context,
+        cx: &mut ToolContext,
         m: &mut Machine,
         kernel_entry: bool,
     ) -> Result<(), VmError> {
@@ -560,7 +560,7 @@ impl ReplayTool for ProcessTracer {
     }
 
     /// Sets the trap flag of the traced process's task on the CPU.
-    fn exit_handled(&mut self, cx: &mut Context, m: &mut Machine) -> Result<(), VmError> {
+    fn exit_handled(&mut self, cx: &mut ToolContext, m: &mut Machine) -> Result<(), VmError> {
         match cx.events.as_deref() {
             Some(events) => {
                 let exit = cx.log.position().exits;
@@ -571,7 +571,7 @@ impl ReplayTool for ProcessTracer {
     }
 
     /// A probe event: its task may be one to trace.
-    fn gate_event(&mut self, cx: &mut Context, m: &mut Machine) -> Result<(), VmError> {
+    fn gate_event(&mut self, cx: &mut ToolContext, m: &mut Machine) -> Result<(), VmError> {
         self.exit_handled(cx, m)
     }
 
@@ -579,7 +579,11 @@ impl ReplayTool for ProcessTracer {
         self.armed()
     }
 
-    fn debug_exit(&mut self, cx: &mut Context, m: &mut Machine) -> Result<Option<u64>, VmError> {
+    fn debug_exit(
+        &mut self,
+        cx: &mut ToolContext,
+        m: &mut Machine,
+    ) -> Result<Option<u64>, VmError> {
         // Its accesses happened at the time events raised now would have.
         let at = LogPosition {
             guest_ns: cx.event_ns(),

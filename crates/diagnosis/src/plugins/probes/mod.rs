@@ -12,7 +12,7 @@ use events::abi::Kind;
 use events::db::{ProbeValue, Row};
 use guestfiles::Symbolizer;
 
-use crate::plugin::{Attachment, Context, Output, Plugin, PluginError};
+use crate::plugin::{Attachment, Output, Plugin, PluginContext, PluginError};
 
 /// Distinct byte values and stacks shown per probe.
 const TOP: usize = 5;
@@ -211,7 +211,7 @@ impl Plugin for Probes {
         self.stacks.insert(seq, frames.to_vec());
     }
 
-    fn finish(&mut self, cx: &Context) -> Result<Output, PluginError> {
+    fn finish(&mut self, cx: &PluginContext) -> Result<Output, PluginError> {
         let probes = cx.db.probes()?;
         let values = cx.db.probe_values()?;
         let names: HashMap<(u32, u32), String> = cx
