@@ -27,7 +27,7 @@ mod target;
 
 use files::OpenFiles;
 use history::History;
-use target::{Reason, ReplayTarget};
+use target::{ReplayTarget, StopReason};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DebugError {
@@ -248,7 +248,7 @@ pub fn serve(prepared: Prepared, stream: TcpStream) -> Result<(), DebugError> {
         gdb = match gdb {
             GdbStubStateMachine::Disconnected(_) => break Ok(()),
             GdbStubStateMachine::CtrlCInterrupt(g) => g
-                .interrupt_handled(&mut target, None::<Reason>)
+                .interrupt_handled(&mut target, None::<StopReason>)
                 .map_err(|e| protocol(&e))?,
             GdbStubStateMachine::Idle(g) => {
                 let byte = loop {

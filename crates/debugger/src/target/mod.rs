@@ -42,7 +42,7 @@ use crate::arch::X86_64Linux;
 use crate::files::{link_map, read_from_files, unrecordable_text, MappedObjects, OpenFiles};
 use crate::history::{Back, History};
 
-pub(crate) type Reason = MultiThreadStopReason<u64>;
+pub(crate) type StopReason = MultiThreadStopReason<u64>;
 
 const PAGE_SIZE: u64 = 4096;
 
@@ -70,11 +70,11 @@ impl Selection {
     /// A stop is reported: gdb takes its thread for the stub's general
     /// thread from then on (remote.c's `record_currthread`), without an
     /// `Hg`: the next "any thread" step or reverse step is that thread's.
-    pub(crate) fn stopped(&mut self, reason: &Reason) {
+    pub(crate) fn stopped(&mut self, reason: &StopReason) {
         let thread = match reason {
-            Reason::SwBreak(t) | Reason::HwBreak(t) => Some(*t),
-            Reason::SignalWithThread { tid, .. } | Reason::Watch { tid, .. } => Some(*tid),
-            Reason::ReplayLog { tid, .. } => *tid,
+            StopReason::SwBreak(t) | StopReason::HwBreak(t) => Some(*t),
+            StopReason::SignalWithThread { tid, .. } | StopReason::Watch { tid, .. } => Some(*tid),
+            StopReason::ReplayLog { tid, .. } => *tid,
             _ => None,
         };
         if let Some(t) = thread {
@@ -231,7 +231,7 @@ impl ReplayTarget {
 
     /// Does what gdb asked (the vCPU runs on this thread meanwhile); the
     /// stop to report.
-    pub(crate) fn perform(&mut self) -> Result<Reason, Error> {
+    pub(crate) fn perform(&mut self) -> Result<StopReason, Error> {
         let action = self.action.take().unwrap_or(Action::Continue);
         let from = self.history.now;
         match action {
@@ -273,7 +273,7 @@ impl ReplayTarget {
         &mut self,
         e: VmError,
         from: vmm::tools::debug::Position,
-    ) -> Result<Reason, Error> {
+    ) -> Result<StopReason, Error> {
         if matches!(e, VmError::Journal(_)) {
             return Err(e);
         }
@@ -311,7 +311,7 @@ impl ReplayTarget {
             Err(e) => return Err(e),
         };
         let lwpid = at.user.map_or_else(|| self.some_thread(), |u| tid(u.lwpid));
-        Ok(Reason::SignalWithThread {
+        Ok(StopReason::SignalWithThread {
             tid: lwpid,
             signal: Signal::SIGINT,
         })
@@ -322,7 +322,7 @@ impl ReplayTarget {
         event: DebugEvent,
         stepping: Option<u32>,
         from: vmm::tools::debug::Position,
-    ) -> Reason {
+    ) -> StopReason {
         match event {
             DebugEvent::Stopped(stop) => {
                 self.history.now = stop.position;
@@ -338,7 +338,7 @@ impl ReplayTarget {
                      reverse-continue or reverse-stepi",
                     exit_status.map_or(String::new(), |s| format!(", status {s}"))
                 );
-                Reason::ReplayLog {
+                StopReason::ReplayLog {
                     tid: Some(self.some_thread()),
                     pos: ReplayLogPosition::End,
                 }
@@ -346,10 +346,10 @@ impl ReplayTarget {
         }
     }
 
-    fn back_stop(&mut self, back: Back) -> Reason {
+    fn back_stop(&mut self, back: Back) -> StopReason {
         match back {
             Back::Stopped(stop) => self.reason(&stop),
-            Back::Start => Reason::ReplayLog {
+            Back::Start => StopReason::ReplayLog {
                 tid: Some(
                     self.history
                         .start
@@ -361,16 +361,16 @@ impl ReplayTarget {
         }
     }
 
-    fn reason(&self, stop: &Stop) -> Reason {
+    fn reason(&self, stop: &Stop) -> StopReason {
         let thread = stop.lwpid.map_or_else(|| self.some_thread(), tid);
         match stop.kind {
-            StopKind::Breakpoint { .. } => Reason::SwBreak(thread),
-            StopKind::Watch { addr } => Reason::Watch {
+            StopKind::Breakpoint { .. } => StopReason::SwBreak(thread),
+            StopKind::Watch { addr } => StopReason::Watch {
                 tid: thread,
                 kind: WatchKind::Write,
                 addr,
             },
-            StopKind::Interrupted => Reason::SignalWithThread {
+            StopKind::Interrupted => StopReason::SignalWithThread {
                 tid: thread,
                 signal: Signal::SIGINT,
             },
@@ -379,15 +379,17 @@ impl ReplayTarget {
                     "insight: the process exited (status {status}); the replay stops here: go back \
                      with reverse-continue or reverse-stepi"
                 );
-                Reason::ReplayLog {
+                StopReason::ReplayLog {
                     tid: Some(thread),
                     pos: ReplayLogPosition::End,
                 }
             }
-            StopKind::Started | StopKind::Step | StopKind::Reached => Reason::SignalWithThread {
-                tid: thread,
-                signal: Signal::SIGTRAP,
-            },
+            StopKind::Started | StopKind::Step | StopKind::Reached => {
+                StopReason::SignalWithThread {
+                    tid: thread,
+                    signal: Signal::SIGTRAP,
+                }
+            }
         }
     }
 }

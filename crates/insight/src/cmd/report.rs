@@ -11,7 +11,7 @@ use events::db::EventDb;
 use guestfiles::GuestFiles;
 
 use crate::outputs::{self, OutputKind};
-use crate::position::{self, Position};
+use crate::position::{self, PositionArg};
 use crate::status::printable;
 use crate::traces;
 use vmm::ReplayPoint;
@@ -233,10 +233,10 @@ pub struct TimelineArgs {
     outputs: Vec<PathBuf>,
     /// Start of the window shown: guest time (1500ms) or first:KIND[:LWPID].
     #[arg(long, value_name = "POS", value_parser = position::parse_position)]
-    from: Option<Position>,
+    from: Option<PositionArg>,
     /// End of the window shown, as for --from.
     #[arg(long, value_name = "POS", value_parser = position::parse_position)]
-    to: Option<Position>,
+    to: Option<PositionArg>,
     /// JSON instead of text (the summary; the timeline itself goes to -o).
     #[arg(long)]
     json: bool,
@@ -464,18 +464,18 @@ fn timeline_kind(path: &Path) -> Result<(OutputKind, &'static str)> {
 /// `None` for the whole.
 fn timeline_window(
     db: &Path,
-    from: Option<Position>,
-    to: Option<Position>,
+    from: Option<PositionArg>,
+    to: Option<PositionArg>,
 ) -> Result<Option<timeline::model::Window>> {
-    let ns = |p: Option<Position>, flag: &str| -> Result<Option<u64>> {
+    let ns = |p: Option<PositionArg>, flag: &str| -> Result<Option<u64>> {
         Ok(match p {
             None => None,
-            Some(Position::At(ReplayPoint::GuestNs(ns))) => Some(ns),
-            Some(Position::At(_)) => bail!(
+            Some(PositionArg::At(ReplayPoint::GuestNs(ns))) => Some(ns),
+            Some(PositionArg::At(_)) => bail!(
                 "{flag}: an event database does not know exits; give guest time (1500ms) or \
                  an event (first:lock)"
             ),
-            Some(Position::First { kind, lwpid }) => {
+            Some(PositionArg::First { kind, lwpid }) => {
                 Some(position::first_event_time(db, kind, lwpid)?)
             }
         })

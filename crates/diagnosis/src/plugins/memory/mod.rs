@@ -440,7 +440,7 @@ impl Plugin for Memory {
         pages.sort_by_key(|p| *p.0);
         let page_rows = pages
             .into_iter()
-            .map(|(&(pid, page), buckets)| heatmap::Row {
+            .map(|(&(pid, page), buckets)| heatmap::PageRow {
                 label: format!(
                     "{pid} {page:#x} {}",
                     page_label.get(&(pid, page)).copied().unwrap_or_default()
