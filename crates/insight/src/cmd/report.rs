@@ -132,7 +132,7 @@ insight report timeline t1 -o t1.html --from first:lock --to 28500ms"
 
 /// What every tool reads.
 #[derive(clap::Args)]
-struct Input {
+struct ReportInput {
     /// Event database written by `insight replay --events`, or a trace (a
     /// directory or a recording's name) whose events.db `replay
     /// --diagnose` wrote; default: the latest recording's.
@@ -160,7 +160,7 @@ pub const DEFAULT_DEBUG_DIR: &str = "/usr/lib/debug";
 #[derive(clap::Args)]
 pub struct DeadlockArgs {
     #[command(flatten)]
-    input: Input,
+    input: ReportInput,
     /// Also write the report as a self-contained HTML page to FILE.
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     html: Option<PathBuf>,
@@ -172,7 +172,7 @@ pub struct DeadlockArgs {
 #[derive(clap::Args)]
 pub struct ProfileArgs {
     #[command(flatten)]
-    input: Input,
+    input: ReportInput,
     /// Show at most this many functions (per thread with --threads).
     #[arg(long, default_value_t = 20, value_name = "N")]
     limit: usize,
@@ -200,7 +200,7 @@ pub struct ProfileArgs {
 #[derive(clap::Args)]
 pub struct LocksArgs {
     #[command(flatten)]
-    input: Input,
+    input: ReportInput,
     /// Show at most this many locks.
     #[arg(long, default_value_t = 20, value_name = "N")]
     limit: usize,
@@ -226,7 +226,7 @@ pub struct LocksArgs {
 #[derive(clap::Args)]
 pub struct TimelineArgs {
     #[command(flatten)]
-    input: Input,
+    input: ReportInput,
     /// Write the timeline to FILE: the Trace Event Format if it ends in
     /// .json (Perfetto, chrome://tracing), a page if in .html. Repeatable.
     #[arg(short = 'o', long = "output", value_name = "FILE")]
@@ -245,7 +245,7 @@ pub struct TimelineArgs {
 #[derive(clap::Args)]
 pub struct MemoryArgs {
     #[command(flatten)]
-    input: Input,
+    input: ReportInput,
     /// Write a heat map of the accesses per page over the trace (SVG,
     /// opens in a browser) to FILE.
     #[arg(long, value_name = "FILE")]
@@ -258,7 +258,7 @@ pub struct MemoryArgs {
 #[derive(clap::Args)]
 pub struct ProbesArgs {
     #[command(flatten)]
-    input: Input,
+    input: ReportInput,
     /// JSON instead of text.
     #[arg(long)]
     json: bool,
@@ -272,7 +272,7 @@ pub struct ProbesArgs {
 #[derive(clap::Parser)]
 struct PluginArgs {
     #[command(flatten)]
-    input: Input,
+    input: ReportInput,
     /// JSON instead of text.
     #[arg(long)]
     json: bool,
@@ -494,7 +494,7 @@ fn timeline_window(
     Ok(Some(window))
 }
 
-fn run_one(plugin: Box<dyn Plugin>, input: &Input) -> Result<Output> {
+fn run_one(plugin: Box<dyn Plugin>, input: &ReportInput) -> Result<Output> {
     let db = traces::events_db(input.db.as_deref(), plugin.name())?;
     let mut outs = run_plugins(vec![plugin], &db, input.trace.as_deref(), &input.debug_dir)?;
     Ok(outs.remove(0))

@@ -80,13 +80,13 @@ struct Finder {
 /// A stop of the traced process at the #DB handler: the system registers
 /// there, and its trampoline pages (which stay where they are while the
 /// guest kernel does not run).
-struct Stop {
+struct HandlerStop {
     sregs: kvm_bindings::kvm_sregs,
     stubs: [u64; 2],
 }
 
 /// How the tracer steps.
-struct Stepping {
+struct StepMethod {
     /// The guest's #DB handler, where the breakpoint is (once armed).
     handler: Option<u64>,
     /// Whether it may step in guest kernel mode (`ExpansionSpec::kernel_steps`).
@@ -120,7 +120,7 @@ pub(crate) struct ProcessTracer {
     stacks: instructions::Stacks,
     /// Deterministic exits replayed before the step under way.
     exit: u64,
-    how: Stepping,
+    how: StepMethod,
     instructions: Option<InstructionTrace>,
     memory: Option<MemoryTrace>,
     factory: InstructionInfoFactory,
@@ -146,7 +146,7 @@ impl ProcessTracer {
             to_capture: Vec::new(),
             stacks: instructions::Stacks::default(),
             exit: 0,
-            how: Stepping {
+            how: StepMethod {
                 handler: None,
                 in_kernel_mode: spec.kernel_steps,
             },
@@ -340,7 +340,7 @@ impl ProcessTracer {
         let mut user = frame.user_regs(&regs);
         let mut steps = 1;
         let mut stepping = false;
-        let stop = Stop {
+        let stop = HandlerStop {
             sregs,
             stubs: m.stub_mappings(),
         };
@@ -398,7 +398,7 @@ impl ProcessTracer {
         search: &PointSearch,
         at: LogPosition,
         user: &mut kvm_bindings::kvm_regs,
-        stop: &Stop,
+        stop: &HandlerStop,
     ) -> Result<Option<iced_x86::Instruction>, VmError> {
         let sregs = &stop.sregs;
         let cr3 = sregs.cr3;

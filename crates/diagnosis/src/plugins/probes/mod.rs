@@ -20,7 +20,7 @@ const TOP: usize = 5;
 const BAR: u64 = 40;
 
 /// One hit, as stored.
-struct Hit {
+struct ProbeHit {
     seq: u64,
     time: u64,
     kind: Kind,
@@ -31,7 +31,7 @@ struct Hit {
 #[derive(Default)]
 pub struct Probes {
     /// Hits by probe number, in event order.
-    hits: BTreeMap<u32, Vec<Hit>>,
+    hits: BTreeMap<u32, Vec<ProbeHit>>,
     /// Stacks of hits (`ustack`), by event.
     stacks: HashMap<u64, Vec<u64>>,
 }
@@ -194,7 +194,7 @@ impl Plugin for Probes {
         let Some(id) = row.value.and_then(|v| u32::try_from(v).ok()) else {
             return;
         };
-        self.hits.entry(id).or_default().push(Hit {
+        self.hits.entry(id).or_default().push(ProbeHit {
             seq: row.seq,
             time: row.time,
             kind: row.kind,
