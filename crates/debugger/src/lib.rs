@@ -27,7 +27,7 @@ mod target;
 
 use files::OpenFiles;
 use history::History;
-use target::{ReplayTarget, StopReason};
+use target::{GdbStopReason, ReplayTarget};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DebugError {
@@ -248,7 +248,7 @@ pub fn serve(prepared: Prepared, stream: TcpStream) -> Result<(), DebugError> {
         gdb = match gdb {
             GdbStubStateMachine::Disconnected(_) => break Ok(()),
             GdbStubStateMachine::CtrlCInterrupt(g) => g
-                .interrupt_handled(&mut target, None::<StopReason>)
+                .interrupt_handled(&mut target, None::<GdbStopReason>)
                 .map_err(|e| protocol(&e))?,
             GdbStubStateMachine::Idle(g) => {
                 let byte = loop {

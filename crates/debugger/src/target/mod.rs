@@ -42,7 +42,7 @@ use crate::arch::X86_64Linux;
 use crate::files::{link_map, read_from_files, unrecordable_text, MappedObjects, OpenFiles};
 use crate::history::{Back, History};
 
-pub(crate) type StopReason = MultiThreadStopReason<u64>;
+pub(crate) type GdbStopReason = MultiThreadStopReason<u64>;
 
 const PAGE_SIZE: u64 = 4096;
 
@@ -70,11 +70,13 @@ impl Selection {
     /// A stop is reported: gdb takes its thread for the stub's general
     /// thread from then on (remote.c's `record_currthread`), without an
     /// `Hg`: the next "any thread" step or reverse step is that thread's.
-    pub(crate) fn stopped(&mut self, reason: &StopReason) {
+    pub(crate) fn stopped(&mut self, reason: &GdbStopReason) {
         let thread = match reason {
-            StopReason::SwBreak(t) | StopReason::HwBreak(t) => Some(*t),
-            StopReason::SignalWithThread { tid, .. } | StopReason::Watch { tid, .. } => Some(*tid),
-            StopReason::ReplayLog { tid, .. } => *tid,
+            GdbStopReason::SwBreak(t) | GdbStopReason::HwBreak(t) => Some(*t),
+            GdbStopReason::SignalWithThread { tid, .. } | GdbStopReason::Watch { tid, .. } => {
+                Some(*tid)
+            }
+            GdbStopReason::ReplayLog { tid, .. } => *tid,
             _ => None,
         };
         if let Some(t) = thread {
@@ -231,7 +233,7 @@ impl ReplayTarget {
 
     /// Does what gdb asked (the vCPU runs on this thread meanwhile); the
     /// stop to report.
-    pub(crate) fn perform(&mut self) -> Result<StopReason, Error> {
+    pub(crate) fn perform(&mut self) -> Result<GdbStopReason, Error> {
         let action = self.action.take().unwrap_or(Action::Continue);
         let from = self.history.now;
         match action {
@@ -273,7 +275,7 @@ impl ReplayTarget {
         &mut self,
         e: VmError,
         from: vmm::tools::debug::Position,
-    ) -> Result<StopReason, Error> {
+    ) -> Result<GdbStopReason, Error> {
         if matches!(e, VmError::Journal(_)) {
             return Err(e);
         }
@@ -311,7 +313,7 @@ impl ReplayTarget {
             Err(e) => return Err(e),
         };
         let lwpid = at.user.map_or_else(|| self.some_thread(), |u| tid(u.lwpid));
-        Ok(StopReason::SignalWithThread {
+        Ok(GdbStopReason::SignalWithThread {
             tid: lwpid,
             signal: Signal::SIGINT,
         })
@@ -322,7 +324,7 @@ impl ReplayTarget {
         event: DebugEvent,
         stepping: Option<u32>,
         from: vmm::tools::debug::Position,
-    ) -> StopReason {
+    ) -> GdbStopReason {
         match event {
             DebugEvent::Stopped(stop) => {
                 self.history.now = stop.position;
@@ -338,7 +340,7 @@ impl ReplayTarget {
                      reverse-continue or reverse-stepi",
                     exit_status.map_or(String::new(), |s| format!(", status {s}"))
                 );
-                StopReason::ReplayLog {
+                GdbStopReason::ReplayLog {
                     tid: Some(self.some_thread()),
                     pos: ReplayLogPosition::End,
                 }
@@ -346,10 +348,10 @@ impl ReplayTarget {
         }
     }
 
-    fn back_stop(&mut self, back: Back) -> StopReason {
+    fn back_stop(&mut self, back: Back) -> GdbStopReason {
         match back {
             Back::Stopped(stop) => self.reason(&stop),
-            Back::Start => StopReason::ReplayLog {
+            Back::Start => GdbStopReason::ReplayLog {
                 tid: Some(
                     self.history
                         .start
@@ -361,16 +363,16 @@ impl ReplayTarget {
         }
     }
 
-    fn reason(&self, stop: &Stop) -> StopReason {
+    fn reason(&self, stop: &Stop) -> GdbStopReason {
         let thread = stop.lwpid.map_or_else(|| self.some_thread(), tid);
         match stop.kind {
-            StopKind::Breakpoint { .. } => StopReason::SwBreak(thread),
-            StopKind::Watch { addr } => StopReason::Watch {
+            StopKind::Breakpoint { .. } => GdbStopReason::SwBreak(thread),
+            StopKind::Watch { addr } => GdbStopReason::Watch {
                 tid: thread,
                 kind: WatchKind::Write,
                 addr,
             },
-            StopKind::Interrupted => StopReason::SignalWithThread {
+            StopKind::Interrupted => GdbStopReason::SignalWithThread {
                 tid: thread,
                 signal: Signal::SIGINT,
             },
@@ -379,13 +381,13 @@ impl ReplayTarget {
                     "insight: the process exited (status {status}); the replay stops here: go back \
                      with reverse-continue or reverse-stepi"
                 );
-                StopReason::ReplayLog {
+                GdbStopReason::ReplayLog {
                     tid: Some(thread),
                     pos: ReplayLogPosition::End,
                 }
             }
             StopKind::Started | StopKind::Step | StopKind::Reached => {
-                StopReason::SignalWithThread {
+                GdbStopReason::SignalWithThread {
                     tid: thread,
                     signal: Signal::SIGTRAP,
                 }

@@ -20,7 +20,7 @@ const TOP: usize = 5;
 const BAR: u64 = 40;
 
 /// One hit, as stored.
-struct ProbeHit {
+struct StoredHit {
     seq: u64,
     time: u64,
     kind: Kind,
@@ -31,7 +31,7 @@ struct ProbeHit {
 #[derive(Default)]
 pub struct Probes {
     /// Hits by probe number, in event order.
-    hits: BTreeMap<u32, Vec<ProbeHit>>,
+    hits: BTreeMap<u32, Vec<StoredHit>>,
     /// Stacks of hits (`ustack`), by event.
     stacks: HashMap<u64, Vec<u64>>,
 }
@@ -194,7 +194,7 @@ impl Plugin for Probes {
         let Some(id) = row.value.and_then(|v| u32::try_from(v).ok()) else {
             return;
         };
-        self.hits.entry(id).or_default().push(ProbeHit {
+        self.hits.entry(id).or_default().push(StoredHit {
             seq: row.seq,
             time: row.time,
             kind: row.kind,
