@@ -147,7 +147,7 @@ enum PointVerdict {
 
 impl PointTaker {
     /// Recording on a host where user code cannot be preempted where it
-    /// stands (`host_check::probe_state_match`): deliver at deterministic
+    /// stands (`host_check::check_state_match`): deliver at deterministic
     /// exits only.
     pub(crate) fn at_exits_only() -> Self {
         PointTaker {

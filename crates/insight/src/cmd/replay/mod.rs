@@ -529,7 +529,7 @@ fn report_expansion(stats: &vmm::ExpansionStats, args: &ReplayArgs, replay_time:
 /// in user mode (a probe guest, ~0.1 s): if not, the tracing steps every
 /// instruction by a debug exception, and says so.
 fn kernel_steps_work() -> bool {
-    match vmm::host_check::probe_kernel_steps() {
+    match vmm::host_check::check_kernel_steps() {
         Ok(report) if report.differences.is_empty() => true,
         Ok(report) => {
             eprintln!(
