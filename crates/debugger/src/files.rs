@@ -114,14 +114,14 @@ pub(crate) fn read_from_files(
 
 /// The objects the debugged process maps: enough to find where its
 /// functions start.
-pub(crate) struct CodeMap {
+pub(crate) struct MappedObjects {
     pub(crate) exe: String,
     pub(crate) auxv: Vec<u8>,
     /// The shared libraries, as (path, load bias).
     pub(crate) libraries: Vec<(String, u64)>,
 }
 
-impl CodeMap {
+impl MappedObjects {
     /// Where the function that holds the code at `at` starts, from the
     /// symbol tables of the object mapped there (and of its debug file,
     /// if the recording has one); `None` where no symbol covers it.
@@ -147,7 +147,7 @@ pub(crate) struct Unrecordable {
     pub(crate) place: String,
 }
 
-impl CodeMap {
+impl MappedObjects {
     /// The instructions of the process's objects (the program, its
     /// dynamic linker and the libraries loaded) whose results this host
     /// cannot record, at their addresses in the process.

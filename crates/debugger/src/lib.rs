@@ -4,7 +4,7 @@
 //! The replay runs on the thread that serves gdb: gdb's packets are read
 //! by a thread of their own, which also interrupts a running replay when
 //! gdb sends Ctrl-C. Going back is replaying again from snapshots the
-//! replay keeps in memory (`timeline.rs`).
+//! replay keeps in memory (`history.rs`).
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -22,12 +22,12 @@ use vmm::VmError;
 
 mod arch;
 mod files;
+mod history;
 mod target;
-mod timeline;
 
 use files::OpenFiles;
-use target::{Reason, ReplayTarget};
-use timeline::Timeline;
+use history::History;
+use target::{GdbStopReason, ReplayTarget};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DebugError {
@@ -101,10 +101,10 @@ pub fn prepare(
             return Err(DebugError::NeverStarted(format!("{stop:?}")))
         }
     };
-    let mut timeline = Timeline::new(start);
+    let mut history = History::new(start);
     match options.at {
         Some(At::Point(at)) => match driver.resume(Resume::Until(at))? {
-            DebugEvent::Stopped(stop) => timeline.now = stop.position,
+            DebugEvent::Stopped(stop) => history.now = stop.position,
             DebugEvent::Ended { stop, .. } => {
                 return Err(DebugError::NeverStarted(format!(
                     "the replay ended ({stop:?}) before {at}"
@@ -131,12 +131,12 @@ pub fn prepare(
                 ordinal: last,
                 user: None,
             };
-            timeline.seek(&mut driver, end)?;
+            history.seek(&mut driver, end)?;
         }
         None => {}
     }
-    let target = ReplayTarget::new(driver, timeline, OpenFiles::new(files));
-    let found = target.code_map().unrecordable(&target.files);
+    let target = ReplayTarget::new(driver, history, OpenFiles::new(files));
+    let found = target.mapped_objects().unrecordable(&target.files);
     if !found.is_empty() {
         eprintln!(
             "insight: the program executes {}: this host cannot record what such an instruction \
@@ -248,7 +248,7 @@ pub fn serve(prepared: Prepared, stream: TcpStream) -> Result<(), DebugError> {
         gdb = match gdb {
             GdbStubStateMachine::Disconnected(_) => break Ok(()),
             GdbStubStateMachine::CtrlCInterrupt(g) => g
-                .interrupt_handled(&mut target, None::<Reason>)
+                .interrupt_handled(&mut target, None::<GdbStopReason>)
                 .map_err(|e| protocol(&e))?,
             GdbStubStateMachine::Idle(g) => {
                 let byte = loop {

@@ -13,7 +13,7 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use diagnosis::plugin::{self, Context, Output, Plugin, PluginError};
+use diagnosis::plugin::{self, Output, Plugin, PluginContext, PluginError};
 use diagnosis::plugins;
 use events::abi::{Kind, Source};
 use events::db::{EventDb, EventFormat, EventWriter, Row};
@@ -245,7 +245,7 @@ impl Plugin for Scan {
     fn event(&mut self, _: &Row) {
         self.0 += 1;
     }
-    fn finish(&mut self, _: &Context) -> Result<Output, PluginError> {
+    fn finish(&mut self, _: &PluginContext) -> Result<Output, PluginError> {
         Ok(Output::default())
     }
 }
@@ -271,7 +271,7 @@ fn bench(dir: &std::path::Path, events: u64, format: EventFormat) {
     );
     let db = EventDb::open(&path).unwrap_or_else(|e| panic!("{e}"));
     let files = GuestFiles::default();
-    let cx = Context {
+    let cx = PluginContext {
         db: &db,
         files: &files,
         files_missing: None,

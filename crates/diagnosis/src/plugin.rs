@@ -26,7 +26,7 @@ pub struct ReplayNeeds {
 }
 
 /// What a plugin's analysis can see besides its events.
-pub struct Context<'a> {
+pub struct PluginContext<'a> {
     /// The database the events came from (threads, objects, stacks, the
     /// capture's anomalies).
     pub db: &'a EventDb,
@@ -116,12 +116,15 @@ pub trait Plugin {
     }
 
     /// After the last event: the analysis and its output.
-    fn finish(&mut self, cx: &Context) -> Result<Output, PluginError>;
+    fn finish(&mut self, cx: &PluginContext) -> Result<Output, PluginError>;
 }
 
 /// Feeds the events of `cx.db` to every plugin (one pass over the
 /// database for all of them), then collects their outputs in order.
-pub fn run(plugins: &mut [Box<dyn Plugin>], cx: &Context) -> Result<Vec<Output>, PluginError> {
+pub fn run(
+    plugins: &mut [Box<dyn Plugin>],
+    cx: &PluginContext,
+) -> Result<Vec<Output>, PluginError> {
     let all = plugins.iter().any(|p| p.subscribes().is_empty());
     let mut kinds: Vec<Kind> = Vec::new();
     if !all {
@@ -183,7 +186,7 @@ mod tests {
         fn event(&mut self, row: &Row) {
             self.seen.push((row.seq, row.kind));
         }
-        fn finish(&mut self, _: &Context) -> Result<Output, PluginError> {
+        fn finish(&mut self, _: &PluginContext) -> Result<Output, PluginError> {
             Ok(Output {
                 text: format!("{:?}", self.seen),
                 ..Output::default()
@@ -249,7 +252,7 @@ mod tests {
         fn stack(&mut self, seq: u64, frames: &[u64]) {
             self.0.push((seq, frames.to_vec()));
         }
-        fn finish(&mut self, _: &Context) -> Result<Output, PluginError> {
+        fn finish(&mut self, _: &PluginContext) -> Result<Output, PluginError> {
             Ok(Output {
                 text: format!("{:?}", self.0),
                 ..Output::default()

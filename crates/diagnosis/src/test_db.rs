@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use events::db::{EventDb, EventWriter, Row};
 use guestfiles::GuestFiles;
 
-use crate::plugin::Context;
+use crate::plugin::PluginContext;
 
 /// A probe's row: process 1, thread 2, lock address 0x40, no caller.
 pub fn probe_row(time: u64, kind: events::abi::Kind, value: Option<i64>) -> Row {
@@ -59,8 +59,8 @@ impl TestDb {
     }
 
     /// A plugin context over the database, with no guest files.
-    pub fn context(&self) -> Context<'_> {
-        Context {
+    pub fn context(&self) -> PluginContext<'_> {
+        PluginContext {
             db: &self.db,
             files: &self.files,
             files_missing: None,

@@ -37,7 +37,7 @@ pub const ARG_REGISTERS: [usize; 6] = [7, 6, 2, 1, 8, 9];
 pub struct ProbeSpec {
     /// The spec as given (whitespace collapsed): how reports name it.
     pub text: String,
-    pub location: Location,
+    pub location: ProbeLocation,
     pub at: ProbeAt,
     /// Which process (default: the recorded command's).
     pub process: Option<ProcessName>,
@@ -47,7 +47,7 @@ pub struct ProbeSpec {
 
 /// Where a probe goes.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Location {
+pub enum ProbeLocation {
     /// A function, in the executable or in `object` (a shared library's
     /// file name, or a path).
     Function {
@@ -61,14 +61,14 @@ pub enum Location {
     Line { file: String, line: u32 },
 }
 
-impl Location {
+impl ProbeLocation {
     /// The object it names, if not the executable.
     pub fn object(&self) -> Option<&str> {
         match self {
-            Location::Function { object, .. } | Location::Address { object, .. } => {
+            ProbeLocation::Function { object, .. } | ProbeLocation::Address { object, .. } => {
                 object.as_deref()
             }
-            Location::Line { .. } => None,
+            ProbeLocation::Line { .. } => None,
         }
     }
 }
@@ -257,7 +257,7 @@ impl ProbeSpec {
                 "retval exists only at a function's return: add 'return'".into(),
             ));
         }
-        if at == ProbeAt::Return && !matches!(location, Location::Function { .. }) {
+        if at == ProbeAt::Return && !matches!(location, ProbeLocation::Function { .. }) {
             return Err(err(
                 "'return' needs a function (an address or a line has no return)".into(),
             ));
@@ -324,9 +324,9 @@ fn is_identifier(s: &str) -> bool {
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.' || c == '@')
 }
 
-fn parse_location(s: &str) -> Result<Location, String> {
+fn parse_location(s: &str) -> Result<ProbeLocation, String> {
     if let Some(addr) = parse_address(s) {
-        return Ok(Location::Address { object: None, addr });
+        return Ok(ProbeLocation::Address { object: None, addr });
     }
     if let Some((left, right)) = s.rsplit_once(':') {
         if left.is_empty() || right.is_empty() {
@@ -338,19 +338,19 @@ fn parse_location(s: &str) -> Result<Location, String> {
                 .ok()
                 .filter(|&l| l > 0)
                 .ok_or_else(|| format!("'{right}' is not a line number"))?;
-            return Ok(Location::Line {
+            return Ok(ProbeLocation::Line {
                 file: left.to_owned(),
                 line,
             });
         }
         let object = Some(left.to_owned());
         if let Some(addr) = parse_address(right) {
-            return Ok(Location::Address { object, addr });
+            return Ok(ProbeLocation::Address { object, addr });
         }
         if !is_identifier(right) {
             return Err(format!("'{right}' is not a function name"));
         }
-        return Ok(Location::Function {
+        return Ok(ProbeLocation::Function {
             object,
             name: right.to_owned(),
         });
@@ -360,7 +360,7 @@ fn parse_location(s: &str) -> Result<Location, String> {
             "'{s}' is not a function name, an address (0x...), OBJECT:FUNCTION or FILE:LINE"
         ));
     }
-    Ok(Location::Function {
+    Ok(ProbeLocation::Function {
         object: None,
         name: s.to_owned(),
     })
@@ -517,7 +517,7 @@ mod tests {
         let p = ProbeSpec::parse("parse").unwrap();
         assert_eq!(
             p.location,
-            Location::Function {
+            ProbeLocation::Function {
                 object: None,
                 name: "parse".into()
             }
@@ -568,21 +568,21 @@ mod tests {
         let at = |s: &str| ProbeSpec::parse(s).unwrap().location;
         assert_eq!(
             at("0x401000"),
-            Location::Address {
+            ProbeLocation::Address {
                 object: None,
                 addr: 0x401000
             }
         );
         assert_eq!(
             at("libfoo.so:0x1234"),
-            Location::Address {
+            ProbeLocation::Address {
                 object: Some("libfoo.so".into()),
                 addr: 0x1234
             }
         );
         assert_eq!(
             at("main.c:42"),
-            Location::Line {
+            ProbeLocation::Line {
                 file: "main.c".into(),
                 line: 42
             }

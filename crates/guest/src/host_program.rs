@@ -28,7 +28,7 @@ pub struct HostCommand {
 
 /// Why a host file was placed in the guest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Reason {
+pub enum PlacementReason {
     /// The program the command runs.
     Program,
     /// A library (or the dynamic loader) the image does not have.
@@ -43,7 +43,7 @@ pub enum Reason {
 pub struct Brought {
     pub host: PathBuf,
     pub guest: PathBuf,
-    pub reason: Reason,
+    pub reason: PlacementReason,
 }
 
 /// What the guest needs to run a host program.
@@ -145,7 +145,7 @@ pub fn find(
             ..Default::default()
         },
     };
-    walk.bring(&path, &path, Reason::Program, data);
+    walk.bring(&path, &path, PlacementReason::Program, data);
     if let Some(elf) = elf {
         if let Some(interp) = &elf.interp {
             walk.interpreter(Path::new(interp))?;
@@ -298,7 +298,7 @@ struct Walk<'w, 'a> {
 }
 
 impl Walk<'_, '_> {
-    fn bring(&mut self, host: &Path, guest: &Path, reason: Reason, data: Vec<u8>) {
+    fn bring(&mut self, host: &Path, guest: &Path, reason: PlacementReason, data: Vec<u8>) {
         let brought = Brought {
             host: host.to_owned(),
             guest: guest.to_owned(),
@@ -327,8 +327,8 @@ impl Walk<'_, '_> {
         let host = trace::files::read_bounded(interp, MAX_GUEST_FILE_BYTES, "dynamic loader")?;
         let reason = match self.in_guest(interp) {
             Some(guest) if same_version(guest, &host) => return Ok(()),
-            Some(_) => Reason::OtherVersion,
-            None => Reason::Missing,
+            Some(_) => PlacementReason::OtherVersion,
+            None => PlacementReason::Missing,
         };
         self.bring(interp, interp, reason, host);
         Ok(())
@@ -401,13 +401,13 @@ impl Walk<'_, '_> {
             };
             let (target, reason) = match in_guest {
                 Some(at) if self.in_guest(&at).is_some_and(|g| same_version(g, &data)) => continue,
-                Some(at) => (at, Reason::OtherVersion),
+                Some(at) => (at, PlacementReason::OtherVersion),
                 None => {
                     let dir = parent(&found).to_owned();
                     if !guest_dirs.contains(&dir) && !self.out.library_dirs.contains(&dir) {
                         self.out.library_dirs.push(dir);
                     }
-                    (found.clone(), Reason::Missing)
+                    (found.clone(), PlacementReason::Missing)
                 }
             };
             let info = elf_info(&found, &data)?.unwrap_or_default();
@@ -510,7 +510,7 @@ mod tests {
         let empty = ArchiveFiles::default();
         let all = find(&word, &how, &empty, None).unwrap().unwrap();
         assert_eq!(all.path, exe);
-        assert_eq!(all.files[0].0.reason, Reason::Program);
+        assert_eq!(all.files[0].0.reason, PlacementReason::Program);
         let names: Vec<String> = all
             .files
             .iter()
@@ -520,7 +520,7 @@ mod tests {
         assert!(names.contains(&elf.interp.clone().unwrap()), "{names:?}");
         assert!(all.files[1..]
             .iter()
-            .all(|(b, _)| b.reason == Reason::Missing));
+            .all(|(b, _)| b.reason == PlacementReason::Missing));
 
         // An image with all of them: only the program comes.
         let mut w = CpioWriter::new();
@@ -584,8 +584,8 @@ mod tests {
         assert_eq!(
             kinds,
             [
-                (exe.clone(), Reason::Program),
-                (libc.guest.clone(), Reason::OtherVersion)
+                (exe.clone(), PlacementReason::Program),
+                (libc.guest.clone(), PlacementReason::OtherVersion)
             ]
         );
     }

@@ -20,5 +20,5 @@ pub mod symbols;
 
 pub use archive::ArchiveFiles;
 pub use guest_files::GuestFiles;
-pub use symbolizer::{Location, Symbolizer, KERNEL};
+pub use symbolizer::{CodeLocation, Symbolizer, KERNEL};
 pub use symbols::ElfSymbols;

@@ -58,7 +58,7 @@ fn pad(out: &mut Vec<u8>) {
 }
 
 /// One entry of an archive, as stored.
-pub struct Entry<'a> {
+pub struct ArchiveMember<'a> {
     /// Its name, as the archive spells it (UTF-8 or not).
     pub name: Cow<'a, str>,
     pub mode: u32,
@@ -90,7 +90,7 @@ impl<'a> Entries<'a> {
         u32::from_str_radix(text, 16).ok().map(|v| v as usize)
     }
 
-    fn read(&self, at: usize) -> Option<(Entry<'a>, usize)> {
+    fn read(&self, at: usize) -> Option<(ArchiveMember<'a>, usize)> {
         if !self.data[at..].starts_with(MAGIC) {
             return None;
         }
@@ -104,7 +104,7 @@ impl<'a> Entries<'a> {
         if namesize == 0 || body_end > self.data.len() {
             return None;
         }
-        let entry = Entry {
+        let entry = ArchiveMember {
             name: String::from_utf8_lossy(&self.data[name_start..name_end - 1]),
             mode: mode as u32,
             body: &self.data[body_start..body_end],
@@ -114,9 +114,9 @@ impl<'a> Entries<'a> {
 }
 
 impl<'a> Iterator for Entries<'a> {
-    type Item = Entry<'a>;
+    type Item = ArchiveMember<'a>;
 
-    fn next(&mut self) -> Option<Entry<'a>> {
+    fn next(&mut self) -> Option<ArchiveMember<'a>> {
         while self.at + HEADER_LEN <= self.data.len() {
             // Archives are padded with zeros between them.
             if self.data[self.at] == 0 {

@@ -13,7 +13,7 @@ pub const KERNEL: &str = "[kernel]";
 
 /// Where an address of a process lies.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Location {
+pub struct CodeLocation {
     /// The object's path, or "[kernel]" / "[unknown]".
     pub object: String,
     /// The function, or "[unknown]" / the address when no symbol covers it.
@@ -142,7 +142,7 @@ impl<'a> Symbolizer<'a> {
     /// Where the guest kernel address `addr` lies: object `[kernel]`, the
     /// function of the kernel's symbol table that covers it, else
     /// `[kernel]` again (no kernel image, or none that names it).
-    pub fn locate_kernel(&self, addr: u64) -> Location {
+    pub fn locate_kernel(&self, addr: u64) -> CodeLocation {
         let elf = self.kernel.get_or_init(|| {
             let image = self.files.kernel()?;
             ElfSymbols::parse(image).filter(|elf| !elf.functions.is_empty())
@@ -154,22 +154,22 @@ impl<'a> Symbolizer<'a> {
             let (start, end, name) = elf.functions.get(i.checked_sub(1)?)?;
             (addr < *end || *end == start + 1).then_some(name.as_str())
         });
-        Location {
+        CodeLocation {
             object: KERNEL.to_owned(),
             function: function.unwrap_or(KERNEL).to_owned(),
         }
     }
 
     /// Where `addr` of process `pid` lies.
-    pub fn locate(&mut self, pid: u32, addr: u64) -> Location {
+    pub fn locate(&mut self, pid: u32, addr: u64) -> CodeLocation {
         match self.object_at(pid, addr) {
-            Some((path, elf, rel)) => Location {
+            Some((path, elf, rel)) => CodeLocation {
                 function: elf
                     .function(rel)
                     .map_or_else(|| format!("{rel:#x}"), str::to_owned),
                 object: path.to_owned(),
             },
-            None => Location {
+            None => CodeLocation {
                 object: "[unknown]".to_owned(),
                 function: "[unknown]".to_owned(),
             },

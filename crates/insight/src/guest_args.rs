@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
 use guest::config::FileSpec;
-use guest::host_program::{absolute, HostCommand, Reason};
+use guest::host_program::{absolute, HostCommand, PlacementReason};
 use guest::BootOptions;
 use guest::VmConfig;
 use vmm::console::ConsoleInput;
@@ -181,9 +181,9 @@ fn brought(files: &[guest::host_program::Brought]) -> Vec<String> {
         .iter()
         .map(|b| {
             let why = match b.reason {
-                Reason::Program => "the program",
-                Reason::Missing => "not in the guest image",
-                Reason::OtherVersion => "replaces another version in the guest image",
+                PlacementReason::Program => "the program",
+                PlacementReason::Missing => "not in the guest image",
+                PlacementReason::OtherVersion => "replaces another version in the guest image",
             };
             match b.host == b.guest {
                 true => format!("{} ({why})", b.host.display()),

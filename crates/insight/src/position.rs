@@ -36,7 +36,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 
 /// A position in a recording as `--from` and `--to` take it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Position {
+pub enum PositionArg {
     At(ReplayPoint),
     /// The first event of a kind (of one thread), found in the trace's
     /// event database (`TRACE/events.db`, what `--diagnose` writes).
@@ -46,9 +46,9 @@ pub enum Position {
     },
 }
 
-pub fn parse_position(text: &str) -> Result<Position, String> {
+pub fn parse_position(text: &str) -> Result<PositionArg, String> {
     if let Ok(exit) = text.parse::<u64>() {
-        return Ok(Position::At(ReplayPoint::Exit(exit)));
+        return Ok(PositionArg::At(ReplayPoint::Exit(exit)));
     }
     if let Some(event) = text.strip_prefix("first:") {
         let (name, lwpid) = match event.split_once(':') {
@@ -67,10 +67,10 @@ pub fn parse_position(text: &str) -> Result<Position, String> {
                     Kind::ALL.map(|k| k.name().to_ascii_lowercase()).join(", ")
                 )
             })?;
-        return Ok(Position::First { kind, lwpid });
+        return Ok(PositionArg::First { kind, lwpid });
     }
     parse_duration(text)
-        .map(|d| Position::At(ReplayPoint::GuestNs(d.as_nanos() as u64)))
+        .map(|d| PositionArg::At(ReplayPoint::GuestNs(d.as_nanos() as u64)))
         .map_err(|_| {
             format!(
                 "'{text}' is not a position: an exit ordinal (123456), guest time (12s, \
@@ -79,14 +79,14 @@ pub fn parse_position(text: &str) -> Result<Position, String> {
         })
 }
 
-impl Position {
+impl PositionArg {
     /// The point in the recording: an event's is its recorded time, from
     /// the trace's event database; as a window's end (`end`), the first
     /// exit after it, so that the event is in the window.
     pub fn resolve(self, trace: &Path, end: bool) -> Result<ReplayPoint> {
         let (kind, lwpid) = match self {
-            Position::At(p) => return Ok(p),
-            Position::First { kind, lwpid } => (kind, lwpid),
+            PositionArg::At(p) => return Ok(p),
+            PositionArg::First { kind, lwpid } => (kind, lwpid),
         };
         let path = trace.join(crate::traces::EVENTS_DB);
         if !path.exists() {

@@ -322,7 +322,7 @@ fn vector_check_detects_state_an_fxsave_only_kernel_loses() {
     // whatever the guest sets: there, a guest kernel booted with `noxsave`
     // saves only FXSAVE state while user code uses AVX. This shows that the
     // check in concurrent_processes_and_threads_are_correct can fail.
-    let user_xcr0 = vmm::host_check::probe_user_xcr0().unwrap();
+    let user_xcr0 = vmm::host_check::check_user_xcr0().unwrap();
     if user_xcr0 & 0x4 == 0 {
         eprintln!(
             "not run: guest user code cannot use AVX state on this host ({user_xcr0:#x}), \

@@ -62,7 +62,7 @@ pub const STACK_TOP_AT: u64 = PAGE_SIZE - 8;
 
 /// One event read from the ring.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Entry {
+pub struct RingEvent {
     /// Switch records written before it was raised.
     pub switches: u64,
     /// The raiser's page-table root.
@@ -79,7 +79,7 @@ pub struct Entry {
 /// What reading the ring found.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Drained {
-    pub entries: Vec<Entry>,
+    pub entries: Vec<RingEvent>,
     /// Why the rest of the ring could not be read (the guest wrote over
     /// it), if it could not.
     pub damaged: Option<String>,
@@ -200,7 +200,7 @@ pub fn parse(bytes: &[u8], out: &mut Drained) {
         }
         let event_at = ENTRY_HEADER as usize;
         let stack_at = event_at + padded as usize;
-        out.entries.push(Entry {
+        out.entries.push(RingEvent {
             switches: u64_at(rest, 8),
             cr3: u64_at(rest, 16),
             rsp: u64_at(rest, 24),
@@ -217,7 +217,7 @@ mod tests {
     use super::*;
 
     /// An entry as the gate writes it.
-    pub(crate) fn entry_bytes(e: &Entry) -> Vec<u8> {
+    pub(crate) fn entry_bytes(e: &RingEvent) -> Vec<u8> {
         let padded = e.event.len().div_ceil(8) * 8;
         let len = ENTRY_HEADER as usize + padded + e.stack.len();
         let mut b = Vec::with_capacity(len);
@@ -250,8 +250,8 @@ mod tests {
         (mem, ring)
     }
 
-    fn sample(n: u8, event: usize, stack: usize) -> Entry {
-        Entry {
+    fn sample(n: u8, event: usize, stack: usize) -> RingEvent {
+        RingEvent {
             switches: 100 + u64::from(n),
             cr3: 0x5000,
             rsp: 0x7ffc_0000_0f00,

@@ -99,7 +99,7 @@ pub struct UserMemory<'a> {
     pub cr3: u64,
 }
 
-impl unwind::Memory for UserMemory<'_> {
+impl unwind::ProcessMemory for UserMemory<'_> {
     fn read_u64(&mut self, addr: u64) -> Option<u64> {
         if addr >= USER_END - 8 {
             return None;

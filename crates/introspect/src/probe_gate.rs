@@ -313,7 +313,7 @@ pub fn probe_at_gate(mem: &GuestMemoryMmap, cr3: u64, regs: &kvm_regs) -> Option
 
 /// [`probe_at_gate`], for a task that was at the gate with `rsp` and `rbp`,
 /// its stack in `mem`.
-pub fn probe_at_gate_in(mem: &mut impl unwind::Memory, rsp: u64, rbp: u64) -> Option<Regs> {
+pub fn probe_at_gate_in(mem: &mut impl unwind::ProcessMemory, rsp: u64, rbp: u64) -> Option<Regs> {
     let rip = mem.read_u64(rsp)?;
     Some(Regs {
         rip,

@@ -1,5 +1,5 @@
-//! The entries of the event log: what a recording writes and a replay
-//! reads back, in order.
+//! The entries of the journal, the trace's log: what a recording writes
+//! and a replay reads back, in order.
 
 use std::fmt;
 
@@ -8,9 +8,9 @@ use trace::PayloadRef;
 
 use crate::preempt::{AsyncPoint, MarkAt, SampleMark};
 
-/// An entry of the event log. The exit entries (`In` to `Completed`) are
-/// the deterministic exits in order: the n-th of them is exit n. The
-/// others tell what happened after the exit before them.
+/// A journal entry: one record of the trace's log. The exit entries (`In`
+/// to `Completed`) are the deterministic exits in order: the n-th of them
+/// is exit n. The others tell what happened after the exit before them.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Entry {
     /// Port read, and the value the guest got.

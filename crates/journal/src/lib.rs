@@ -18,7 +18,6 @@
 
 use trace::TraceError;
 
-pub mod branch_clock;
 mod entry;
 pub mod preempt;
 mod recorder;

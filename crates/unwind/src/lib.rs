@@ -6,7 +6,7 @@
 //! range of instructions saying how to find the canonical frame address
 //! (CFA) and where the return address and saved registers are. This crate
 //! reads those tables with `gimli` and walks a stack from a thread's
-//! registers through any [`Memory`] (guest memory through the guest's page
+//! registers through any [`ProcessMemory`] (guest memory through the guest's page
 //! tables, or a snapshot), object by object as the process mapped them.
 //!
 //! Where an address has no call-frame information (code without it, a
@@ -24,7 +24,7 @@ use gimli::{
 use guestfiles::elf::unwind_sections;
 
 /// Reads the unwound process's memory.
-pub trait Memory {
+pub trait ProcessMemory {
     /// The 8 bytes at `addr`, little-endian; `None` if unmapped.
     fn read_u64(&mut self, addr: u64) -> Option<u64>;
 }
@@ -194,7 +194,7 @@ impl AddressSpace {
     /// information, or by the frame pointer where there is none; the walk
     /// stops at the outermost frame, at unreadable memory, or at a frame
     /// not above the one before it.
-    pub fn unwind(&self, mem: &mut impl Memory, regs: Regs, max: usize) -> Vec<u64> {
+    pub fn unwind(&self, mem: &mut impl ProcessMemory, regs: Regs, max: usize) -> Vec<u64> {
         let mut ctx = UnwindContext::new();
         let mut frames = Vec::new();
         let Regs {
@@ -360,7 +360,13 @@ impl Processes {
 
     /// The stack of a thread of `pid` (see [`AddressSpace::unwind`]); a
     /// process that announced nothing is walked by frame pointer.
-    pub fn unwind(&self, pid: u32, mem: &mut impl Memory, regs: Regs, max: usize) -> Vec<u64> {
+    pub fn unwind(
+        &self,
+        pid: u32,
+        mem: &mut impl ProcessMemory,
+        regs: Regs,
+        max: usize,
+    ) -> Vec<u64> {
         match self.spaces.get(&pid) {
             Some(space) => space.unwind(mem, regs, max),
             None => AddressSpace::default().unwind(mem, regs, max),

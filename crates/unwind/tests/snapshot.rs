@@ -8,7 +8,7 @@ use std::process::Command;
 use std::sync::Arc;
 
 use guestfiles::ElfSymbols;
-use unwind::{AddressSpace, Memory, ObjectCfi, Processes, Regs};
+use unwind::{AddressSpace, ObjectCfi, ProcessMemory, Processes, Regs};
 
 struct Snapshot {
     regs: Regs,
@@ -16,7 +16,7 @@ struct Snapshot {
     stack: Vec<u8>,
 }
 
-impl Memory for Snapshot {
+impl ProcessMemory for Snapshot {
     fn read_u64(&mut self, addr: u64) -> Option<u64> {
         let at = usize::try_from(addr.checked_sub(self.regs.rsp)?).ok()?;
         let bytes = self.stack.get(at..at.checked_add(8)?)?;

@@ -62,7 +62,7 @@ pub enum BuildError {
     #[error("cannot choose a host CPU for the vCPU")]
     HostCpu(#[source] std::io::Error),
     #[error("cannot probe whether this host can preempt guest user code")]
-    ProbeHost(#[source] crate::host_check::ProbeError),
+    ProbeHost(#[source] crate::host_check::HostCheckError),
     #[error(transparent)]
     Guest(#[from] guest::GuestError),
     #[error(
@@ -174,7 +174,7 @@ pub fn record(
     });
     let host_cpu = crate::host_cpu::for_recording().map_err(BuildError::HostCpu)?;
     machine.run_on_host_cpu(host_cpu.cpu);
-    let preemption = crate::host_check::probe_state_match().map_err(BuildError::ProbeHost)?;
+    let preemption = crate::host_check::check_state_match().map_err(BuildError::ProbeHost)?;
     let mut points = if preemption.works() {
         PointTaker::default()
     } else {

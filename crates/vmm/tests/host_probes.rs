@@ -19,7 +19,7 @@ fn kvm_present() {
 #[test]
 fn syscall_lands_at_lstar_in_a_known_mode() {
     kvm_present();
-    let b = host_check::probe_syscall().unwrap();
+    let b = host_check::check_syscall().unwrap();
     assert!(
         matches!(
             b,
@@ -34,8 +34,8 @@ fn syscall_lands_at_lstar_in_a_known_mode() {
 fn kernel_mode_single_step_and_hardware_breakpoints_exit() {
     kvm_present();
     // Architectural on VT-x/AMD-V and measured on interpreting hosts.
-    assert!(host_check::probe_single_step(Privilege::Kernel).unwrap());
-    assert!(host_check::probe_hw_breakpoint(Privilege::Kernel).unwrap());
+    assert!(host_check::check_single_step(Privilege::Kernel).unwrap());
+    assert!(host_check::check_hw_breakpoint(Privilege::Kernel).unwrap());
 }
 
 #[ignore = "needs /dev/kvm (tools/test runs it)"]
@@ -43,13 +43,13 @@ fn kernel_mode_single_step_and_hardware_breakpoints_exit() {
 fn int3_is_handled_somewhere_known() {
     kvm_present();
     for mode in [Privilege::Kernel, Privilege::User] {
-        let b = host_check::probe_sw_breakpoint(mode).unwrap();
+        let b = host_check::check_sw_breakpoint(mode).unwrap();
         assert!(!matches!(b, Int3Behaviour::Unknown(_)), "{mode:?}: {b:?}");
     }
     // In user mode the instruction always executes natively or is
     // intercepted; it is never an emulation failure.
     assert_ne!(
-        host_check::probe_sw_breakpoint(Privilege::User).unwrap(),
+        host_check::check_sw_breakpoint(Privilege::User).unwrap(),
         Int3Behaviour::NotEmulated
     );
 }
@@ -58,7 +58,7 @@ fn int3_is_handled_somewhere_known() {
 #[test]
 fn user_port_io_reaches_the_vmm() {
     kvm_present();
-    assert!(host_check::probe_user_port_io().unwrap());
+    assert!(host_check::check_user_port_io().unwrap());
 }
 
 #[ignore = "needs /dev/kvm (tools/test runs it)"]
@@ -181,7 +181,7 @@ fn user_mode_xcr0_is_measured() {
     kvm_present();
     // x87 and SSE are always enabled; whether the rest follows the
     // guest's XCR0 (3) or the host's is what the probe tells.
-    let xcr0 = host_check::probe_user_xcr0().unwrap();
+    let xcr0 = host_check::check_user_xcr0().unwrap();
     assert_eq!(xcr0 & 3, 3, "{xcr0:#x}");
 }
 
@@ -191,7 +191,7 @@ fn interrupts_injected_at_an_exit_arrive_before_the_next_instruction() {
     kvm_present();
     // The exit clock depends on this: an interrupt injected at a
     // deterministic exit must reach the guest at exactly that point.
-    let r = host_check::probe_interrupt_delivery(50).unwrap();
+    let r = host_check::check_interrupt_delivery(50).unwrap();
     assert_eq!(r.exact, r.rounds, "{r:?}");
 }
 
@@ -201,7 +201,7 @@ fn user_code_stepped_in_kernel_mode_runs_as_in_user_mode() {
     kvm_present();
     // The replay-time tracer steps these kinds of instruction in guest
     // kernel mode, where KVM's emulator runs them (`tools::kernel_steps`).
-    let report = host_check::probe_kernel_steps().unwrap();
+    let report = host_check::check_kernel_steps().unwrap();
     assert!(report.differences.is_empty(), "{:#?}", report.differences);
     assert!(report.steps > 150, "{report:?}");
 }

@@ -39,10 +39,10 @@ use vmm::tools::debug::{Resume, Stop, StopKind};
 use vmm::VmError;
 
 use crate::arch::X86_64Linux;
-use crate::files::{link_map, read_from_files, unrecordable_text, CodeMap, OpenFiles};
-use crate::timeline::{Back, Timeline};
+use crate::files::{link_map, read_from_files, unrecordable_text, MappedObjects, OpenFiles};
+use crate::history::{Back, History};
 
-pub(crate) type Reason = MultiThreadStopReason<u64>;
+pub(crate) type GdbStopReason = MultiThreadStopReason<u64>;
 
 const PAGE_SIZE: u64 = 4096;
 
@@ -70,11 +70,13 @@ impl Selection {
     /// A stop is reported: gdb takes its thread for the stub's general
     /// thread from then on (remote.c's `record_currthread`), without an
     /// `Hg`: the next "any thread" step or reverse step is that thread's.
-    pub(crate) fn stopped(&mut self, reason: &Reason) {
+    pub(crate) fn stopped(&mut self, reason: &GdbStopReason) {
         let thread = match reason {
-            Reason::SwBreak(t) | Reason::HwBreak(t) => Some(*t),
-            Reason::SignalWithThread { tid, .. } | Reason::Watch { tid, .. } => Some(*tid),
-            Reason::ReplayLog { tid, .. } => *tid,
+            GdbStopReason::SwBreak(t) | GdbStopReason::HwBreak(t) => Some(*t),
+            GdbStopReason::SignalWithThread { tid, .. } | GdbStopReason::Watch { tid, .. } => {
+                Some(*tid)
+            }
+            GdbStopReason::ReplayLog { tid, .. } => *tid,
             _ => None,
         };
         if let Some(t) = thread {
@@ -116,7 +118,7 @@ impl Selection {
 /// The replay served to gdb.
 pub(crate) struct ReplayTarget {
     pub(crate) driver: DebugDriver,
-    pub(crate) timeline: Timeline,
+    pub(crate) history: History,
     pub(crate) files: OpenFiles,
     pub(crate) selection: Selection,
     action: Option<Action>,
@@ -130,10 +132,10 @@ pub(crate) struct ReplayTarget {
 pub(crate) type Error = VmError;
 
 impl ReplayTarget {
-    pub(crate) fn new(driver: DebugDriver, timeline: Timeline, files: OpenFiles) -> Self {
+    pub(crate) fn new(driver: DebugDriver, history: History, files: OpenFiles) -> Self {
         ReplayTarget {
             driver,
-            timeline,
+            history,
             files,
             selection: Selection::default(),
             action: None,
@@ -211,9 +213,9 @@ impl ReplayTarget {
 
     /// Where the functions of the process's code start, for going back
     /// an instruction (the objects as they are mapped now).
-    pub(crate) fn code_map(&self) -> CodeMap {
+    pub(crate) fn mapped_objects(&self) -> MappedObjects {
         let process = self.driver.debug().process();
-        CodeMap {
+        MappedObjects {
             exe: process.map(|p| p.exe.clone()).unwrap_or_default(),
             auxv: process.map(|p| p.auxv.clone()).unwrap_or_default(),
             libraries: self.libraries(),
@@ -231,9 +233,9 @@ impl ReplayTarget {
 
     /// Does what gdb asked (the vCPU runs on this thread meanwhile); the
     /// stop to report.
-    pub(crate) fn perform(&mut self) -> Result<Reason, Error> {
+    pub(crate) fn perform(&mut self) -> Result<GdbStopReason, Error> {
         let action = self.action.take().unwrap_or(Action::Continue);
-        let from = self.timeline.now;
+        let from = self.history.now;
         match action {
             Action::Continue => {
                 let event = self.driver.resume(Resume::Continue)?;
@@ -244,14 +246,14 @@ impl ReplayTarget {
                 Ok(self.forward_stop(event, Some(lwpid), from))
             }
             Action::ReverseContinue | Action::ReverseStep(_) => {
-                let map = self.code_map();
+                let map = self.mapped_objects();
                 let files = &self.files;
                 let starts = |at: u64| map.function_start(files, at);
                 let back = match action {
                     Action::ReverseStep(lwpid) => {
-                        self.timeline.reverse_step(&mut self.driver, lwpid, &starts)
+                        self.history.reverse_step(&mut self.driver, lwpid, &starts)
                     }
-                    _ => self.timeline.reverse_continue(&mut self.driver, &starts),
+                    _ => self.history.reverse_continue(&mut self.driver, &starts),
                 };
                 match back {
                     Ok(back) => Ok(self.back_stop(back)),
@@ -273,11 +275,11 @@ impl ReplayTarget {
         &mut self,
         e: VmError,
         from: vmm::tools::debug::Position,
-    ) -> Result<Reason, Error> {
+    ) -> Result<GdbStopReason, Error> {
         if matches!(e, VmError::Journal(_)) {
             return Err(e);
         }
-        let found = self.code_map().unrecordable(&self.files);
+        let found = self.mapped_objects().unrecordable(&self.files);
         if found.is_empty() {
             eprintln!("insight: {e}");
         } else {
@@ -289,7 +291,7 @@ impl ReplayTarget {
                 unrecordable_text(&found)
             );
         }
-        let at = match self.timeline.seek(&mut self.driver, from) {
+        let at = match self.history.seek(&mut self.driver, from) {
             Ok(()) => from,
             Err(VmError::Debug(_)) => {
                 let snapshot = (self.driver.snapshots().iter())
@@ -301,7 +303,7 @@ impl ReplayTarget {
                     ordinal,
                     user: None,
                 };
-                self.timeline.seek(&mut self.driver, at)?;
+                self.history.seek(&mut self.driver, at)?;
                 eprintln!(
                     "insight: the replay stands at the last snapshot it can reach, at exit \
                      {ordinal}"
@@ -311,7 +313,7 @@ impl ReplayTarget {
             Err(e) => return Err(e),
         };
         let lwpid = at.user.map_or_else(|| self.some_thread(), |u| tid(u.lwpid));
-        Ok(Reason::SignalWithThread {
+        Ok(GdbStopReason::SignalWithThread {
             tid: lwpid,
             signal: Signal::SIGINT,
         })
@@ -322,13 +324,13 @@ impl ReplayTarget {
         event: DebugEvent,
         stepping: Option<u32>,
         from: vmm::tools::debug::Position,
-    ) -> Reason {
+    ) -> GdbStopReason {
         match event {
             DebugEvent::Stopped(stop) => {
-                self.timeline.now = stop.position;
+                self.history.now = stop.position;
                 let step_ended = matches!(stop.kind, StopKind::Step | StopKind::Watch { .. });
                 if step_ended && stepping.is_some() && stop.lwpid == stepping {
-                    self.timeline.stepped(from, stop.position);
+                    self.history.stepped(from, stop.position);
                 }
                 self.reason(&stop)
             }
@@ -338,7 +340,7 @@ impl ReplayTarget {
                      reverse-continue or reverse-stepi",
                     exit_status.map_or(String::new(), |s| format!(", status {s}"))
                 );
-                Reason::ReplayLog {
+                GdbStopReason::ReplayLog {
                     tid: Some(self.some_thread()),
                     pos: ReplayLogPosition::End,
                 }
@@ -346,12 +348,12 @@ impl ReplayTarget {
         }
     }
 
-    fn back_stop(&mut self, back: Back) -> Reason {
+    fn back_stop(&mut self, back: Back) -> GdbStopReason {
         match back {
             Back::Stopped(stop) => self.reason(&stop),
-            Back::Start => Reason::ReplayLog {
+            Back::Start => GdbStopReason::ReplayLog {
                 tid: Some(
-                    self.timeline
+                    self.history
                         .start
                         .user
                         .map_or_else(|| self.some_thread(), |u| tid(u.lwpid)),
@@ -361,16 +363,16 @@ impl ReplayTarget {
         }
     }
 
-    fn reason(&self, stop: &Stop) -> Reason {
+    fn reason(&self, stop: &Stop) -> GdbStopReason {
         let thread = stop.lwpid.map_or_else(|| self.some_thread(), tid);
         match stop.kind {
-            StopKind::Breakpoint { .. } => Reason::SwBreak(thread),
-            StopKind::Watch { addr } => Reason::Watch {
+            StopKind::Breakpoint { .. } => GdbStopReason::SwBreak(thread),
+            StopKind::Watch { addr } => GdbStopReason::Watch {
                 tid: thread,
                 kind: WatchKind::Write,
                 addr,
             },
-            StopKind::Interrupted => Reason::SignalWithThread {
+            StopKind::Interrupted => GdbStopReason::SignalWithThread {
                 tid: thread,
                 signal: Signal::SIGINT,
             },
@@ -379,15 +381,17 @@ impl ReplayTarget {
                     "insight: the process exited (status {status}); the replay stops here: go back \
                      with reverse-continue or reverse-stepi"
                 );
-                Reason::ReplayLog {
+                GdbStopReason::ReplayLog {
                     tid: Some(thread),
                     pos: ReplayLogPosition::End,
                 }
             }
-            StopKind::Started | StopKind::Step | StopKind::Reached => Reason::SignalWithThread {
-                tid: thread,
-                signal: Signal::SIGTRAP,
-            },
+            StopKind::Started | StopKind::Step | StopKind::Reached => {
+                GdbStopReason::SignalWithThread {
+                    tid: thread,
+                    signal: Signal::SIGTRAP,
+                }
+            }
         }
     }
 }

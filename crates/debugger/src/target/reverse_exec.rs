@@ -1,5 +1,5 @@
 //! Reverse execution: `reverse-continue` and `reverse-stepi`, performed
-//! by the timeline (`crate::timeline`).
+//! by the history (`crate::history`).
 
 use gdbstub::common::Tid;
 use gdbstub::target::ext::base::reverse_exec::{ReverseCont, ReverseStep};

@@ -13,7 +13,7 @@ use guestfiles::GuestFiles;
 use vmm::builder::ReplayOptions;
 use vmm::tools::control::ProcessSelector;
 
-use super::replay::{parse_duration, parse_position, Position, ReplayArgs};
+use super::replay::{parse_duration, parse_position, PositionArg, ReplayArgs};
 use super::{open_trace, user_rdtsc_traps};
 use crate::traces;
 
@@ -52,7 +52,7 @@ pub struct DebugArgs {
 /// Where `insight debug --at` opens the session.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DebugAt {
-    Position(Position),
+    Position(PositionArg),
     /// The process's end (`end`), or process PID's (`exit:PID`).
     End(Option<u32>),
 }

@@ -30,7 +30,7 @@ pub(crate) fn open_trace(dir: &std::path::Path) -> Result<TraceReader<Entry>> {
 /// Whether user-mode RDTSC faults on this host (`insight host-check`),
 /// which decides whether the guest kernel emulates it.
 pub(crate) fn user_rdtsc_traps() -> Result<bool> {
-    vmm::host_check::probe_user_tsd()
+    vmm::host_check::check_user_tsd()
         .context("cannot probe whether this host's KVM traps user-mode RDTSC")
 }
 

@@ -80,7 +80,7 @@ fn choose_clock(choice: ClockChoice) -> Result<ClockKind> {
     match choice {
         ClockChoice::Exit => Ok(ClockKind::Exit),
         ClockChoice::Branch => {
-            let pmu = vmm::host_check::probe_pmu().context("cannot probe the host's PMU")?;
+            let pmu = vmm::host_check::check_pmu().context("cannot probe the host's PMU")?;
             let mut missing = Vec::new();
             if let Err(e) = &pmu.host_branch_counter {
                 missing.push(format!(

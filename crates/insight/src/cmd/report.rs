@@ -11,7 +11,7 @@ use events::db::EventDb;
 use guestfiles::GuestFiles;
 
 use crate::outputs::{self, OutputKind};
-use crate::position::{self, Position};
+use crate::position::{self, PositionArg};
 use crate::status::printable;
 use crate::traces;
 use vmm::ReplayPoint;
@@ -132,7 +132,7 @@ insight report timeline t1 -o t1.html --from first:lock --to 28500ms"
 
 /// What every tool reads.
 #[derive(clap::Args)]
-struct Input {
+struct ReportInput {
     /// Event database written by `insight replay --events`, or a trace (a
     /// directory or a recording's name) whose events.db `replay
     /// --diagnose` wrote; default: the latest recording's.
@@ -160,7 +160,7 @@ pub const DEFAULT_DEBUG_DIR: &str = "/usr/lib/debug";
 #[derive(clap::Args)]
 pub struct DeadlockArgs {
     #[command(flatten)]
-    input: Input,
+    input: ReportInput,
     /// Also write the report as a self-contained HTML page to FILE.
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     html: Option<PathBuf>,
@@ -172,7 +172,7 @@ pub struct DeadlockArgs {
 #[derive(clap::Args)]
 pub struct ProfileArgs {
     #[command(flatten)]
-    input: Input,
+    input: ReportInput,
     /// Show at most this many functions (per thread with --threads).
     #[arg(long, default_value_t = 20, value_name = "N")]
     limit: usize,
@@ -200,7 +200,7 @@ pub struct ProfileArgs {
 #[derive(clap::Args)]
 pub struct LocksArgs {
     #[command(flatten)]
-    input: Input,
+    input: ReportInput,
     /// Show at most this many locks.
     #[arg(long, default_value_t = 20, value_name = "N")]
     limit: usize,
@@ -226,17 +226,17 @@ pub struct LocksArgs {
 #[derive(clap::Args)]
 pub struct TimelineArgs {
     #[command(flatten)]
-    input: Input,
+    input: ReportInput,
     /// Write the timeline to FILE: the Trace Event Format if it ends in
     /// .json (Perfetto, chrome://tracing), a page if in .html. Repeatable.
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     outputs: Vec<PathBuf>,
     /// Start of the window shown: guest time (1500ms) or first:KIND[:LWPID].
     #[arg(long, value_name = "POS", value_parser = position::parse_position)]
-    from: Option<Position>,
+    from: Option<PositionArg>,
     /// End of the window shown, as for --from.
     #[arg(long, value_name = "POS", value_parser = position::parse_position)]
-    to: Option<Position>,
+    to: Option<PositionArg>,
     /// JSON instead of text (the summary; the timeline itself goes to -o).
     #[arg(long)]
     json: bool,
@@ -245,7 +245,7 @@ pub struct TimelineArgs {
 #[derive(clap::Args)]
 pub struct MemoryArgs {
     #[command(flatten)]
-    input: Input,
+    input: ReportInput,
     /// Write a heat map of the accesses per page over the trace (SVG,
     /// opens in a browser) to FILE.
     #[arg(long, value_name = "FILE")]
@@ -258,7 +258,7 @@ pub struct MemoryArgs {
 #[derive(clap::Args)]
 pub struct ProbesArgs {
     #[command(flatten)]
-    input: Input,
+    input: ReportInput,
     /// JSON instead of text.
     #[arg(long)]
     json: bool,
@@ -272,7 +272,7 @@ pub struct ProbesArgs {
 #[derive(clap::Parser)]
 struct PluginArgs {
     #[command(flatten)]
-    input: Input,
+    input: ReportInput,
     /// JSON instead of text.
     #[arg(long)]
     json: bool,
@@ -464,18 +464,18 @@ fn timeline_kind(path: &Path) -> Result<(OutputKind, &'static str)> {
 /// `None` for the whole.
 fn timeline_window(
     db: &Path,
-    from: Option<Position>,
-    to: Option<Position>,
+    from: Option<PositionArg>,
+    to: Option<PositionArg>,
 ) -> Result<Option<timeline::model::Window>> {
-    let ns = |p: Option<Position>, flag: &str| -> Result<Option<u64>> {
+    let ns = |p: Option<PositionArg>, flag: &str| -> Result<Option<u64>> {
         Ok(match p {
             None => None,
-            Some(Position::At(ReplayPoint::GuestNs(ns))) => Some(ns),
-            Some(Position::At(_)) => bail!(
+            Some(PositionArg::At(ReplayPoint::GuestNs(ns))) => Some(ns),
+            Some(PositionArg::At(_)) => bail!(
                 "{flag}: an event database does not know exits; give guest time (1500ms) or \
                  an event (first:lock)"
             ),
-            Some(Position::First { kind, lwpid }) => {
+            Some(PositionArg::First { kind, lwpid }) => {
                 Some(position::first_event_time(db, kind, lwpid)?)
             }
         })
@@ -494,7 +494,7 @@ fn timeline_window(
     Ok(Some(window))
 }
 
-fn run_one(plugin: Box<dyn Plugin>, input: &Input) -> Result<Output> {
+fn run_one(plugin: Box<dyn Plugin>, input: &ReportInput) -> Result<Output> {
     let db = traces::events_db(input.db.as_deref(), plugin.name())?;
     let mut outs = run_plugins(vec![plugin], &db, input.trace.as_deref(), &input.debug_dir)?;
     Ok(outs.remove(0))
@@ -519,7 +519,7 @@ pub fn run_plugins(
         }
         Err(e) => (GuestFiles::default(), Some(crate::exit::error_chain(&e))),
     };
-    let cx = plugin::Context {
+    let cx = plugin::PluginContext {
         db: &events,
         files: &files,
         files_missing,

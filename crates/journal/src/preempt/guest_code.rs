@@ -5,16 +5,16 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::site::{Site, CODE_WINDOW, LOOP_WINDOW};
 use super::trampoline::{self, Stub, StubError};
-use super::{AsyncPoint, CodeMap};
+use super::{AsyncPoint, CodePages};
 use introspect::gva;
 
-/// A process's page tables as a code map.
+/// A process's page tables as the code pages it maps.
 pub struct PageTables<'a> {
     pub mem: &'a GuestMemoryMmap,
     pub cr3: u64,
 }
 
-impl CodeMap for PageTables<'_> {
+impl CodePages for PageTables<'_> {
     fn page_gpa(&self, page: u64) -> Option<u64> {
         gva::translate(self.mem, self.cr3, page).ok()
     }
@@ -59,7 +59,7 @@ pub fn trampoline_entries(
 /// in `saved`.
 pub fn write_saving(
     mem: &GuestMemoryMmap,
-    map: &dyn CodeMap,
+    map: &dyn CodePages,
     va: u64,
     bytes: &[u8],
     saved: &mut Vec<(u64, Vec<u8>)>,
@@ -92,7 +92,7 @@ pub fn restore(mem: &GuestMemoryMmap, saved: &[(u64, Vec<u8>)]) {
 
 /// Reads `buf.len()` bytes at `va` through `map`; false where a page is
 /// not there.
-pub fn read_code(mem: &GuestMemoryMmap, map: &dyn CodeMap, va: u64, buf: &mut [u8]) -> bool {
+pub fn read_code(mem: &GuestMemoryMmap, map: &dyn CodePages, va: u64, buf: &mut [u8]) -> bool {
     let mut at = 0usize;
     while at < buf.len() {
         let addr = va + at as u64;
@@ -112,7 +112,7 @@ pub fn read_code(mem: &GuestMemoryMmap, map: &dyn CodeMap, va: u64, buf: &mut [u
 /// The code at `rip` (up to CODE_WINDOW bytes, as far as it is readable)
 /// and the LOOP_WINDOW bytes before it (`code_before`), from the pages
 /// `map` finds (read without touching the page tables' accessed bits).
-pub fn code_around(mem: &GuestMemoryMmap, map: &dyn CodeMap, rip: u64) -> (Vec<u8>, Vec<u8>) {
+pub fn code_around(mem: &GuestMemoryMmap, map: &dyn CodePages, rip: u64) -> (Vec<u8>, Vec<u8>) {
     let mut code = Vec::with_capacity(CODE_WINDOW);
     let mut at = rip;
     while code.len() < CODE_WINDOW {
@@ -129,7 +129,7 @@ pub fn code_around(mem: &GuestMemoryMmap, map: &dyn CodeMap, rip: u64) -> (Vec<u
 
 /// The `len` bytes of code before `rip`; where the page before is not
 /// mapped, those of `rip`'s own page (fewer at the start of a mapping).
-pub fn code_before(mem: &GuestMemoryMmap, map: &dyn CodeMap, rip: u64, len: u64) -> Vec<u8> {
+pub fn code_before(mem: &GuestMemoryMmap, map: &dyn CodePages, rip: u64, len: u64) -> Vec<u8> {
     let mut before = vec![0u8; len as usize];
     let start = rip.wrapping_sub(len);
     if start > rip || !read_code(mem, map, start, &mut before) {

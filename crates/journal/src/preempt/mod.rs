@@ -74,7 +74,7 @@ pub enum MarkAt {
 
 /// Guest physical addresses of code pages by their virtual page address:
 /// a process's page tables, or what a point recorded of them.
-pub trait CodeMap {
+pub trait CodePages {
     fn page_gpa(&self, page: u64) -> Option<u64>;
 
     /// The guest physical address of virtual address `va`.
@@ -84,7 +84,7 @@ pub trait CodeMap {
     }
 }
 
-impl CodeMap for Vec<(u64, u64)> {
+impl CodePages for Vec<(u64, u64)> {
     fn page_gpa(&self, page: u64) -> Option<u64> {
         self.iter().find(|p| p.0 == page).map(|p| p.1)
     }

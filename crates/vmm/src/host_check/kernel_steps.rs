@@ -1,6 +1,6 @@
 //! Whether user code runs the same when KVM single-steps it in guest
 //! kernel mode (how the replay-time tracer steps most instructions,
-//! `tools::kernel_steps`), with the probe guest: one block of user code
+//! `tools::kernel_steps`), with the check guest: one block of user code
 //! (the instruction kinds the tracer steps so, with the arithmetic flags of
 //! each group folded into R14) runs once natively in user mode and once a
 //! step at a time at CPL 0, from the same registers; the registers, the
@@ -12,7 +12,7 @@ use kvm_bindings::{KVM_GUESTDBG_ENABLE, KVM_GUESTDBG_SINGLESTEP};
 use kvm_ioctls::Kvm;
 use vm_memory::{Bytes, GuestAddress};
 
-use super::probe_vm::*;
+use super::check_vm::*;
 
 /// What the comparison found.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -263,7 +263,7 @@ fn block() -> Vec<Insn> {
 }
 
 /// Where the block keeps its data (and the bytes compared), and the stack
-/// bytes below the probe's user stack compared.
+/// bytes below the check's user stack compared.
 const DATA: u64 = 0x10_0000;
 const DATA_LEN: usize = 0x200;
 const STACK_LEN: usize = 0x100;
@@ -281,7 +281,7 @@ struct Outcome {
     memory: Vec<u8>,
 }
 
-fn outcome(vm: &ProbeVm) -> Result<Outcome, ProbeError> {
+fn outcome(vm: &CheckVm) -> Result<Outcome, HostCheckError> {
     let r = vm.vcpu.get_regs().map_err(kvm_err("GET_REGS"))?;
     let fpu = vm.vcpu.get_fpu().map_err(kvm_err("GET_FPU"))?;
     let mut memory = vec![0u8; DATA_LEN + STACK_LEN];
@@ -289,7 +289,7 @@ fn outcome(vm: &ProbeVm) -> Result<Outcome, ProbeError> {
     let read = |buf: &mut [u8], at: u64| {
         vm._mem
             .read_slice(buf, GuestAddress(at))
-            .map_err(|e| ProbeError::Memory(e.to_string()))
+            .map_err(|e| HostCheckError::Memory(e.to_string()))
     };
     read(data, DATA)?;
     read(stack, USER_STACK - STACK_LEN as u64)?;
@@ -304,10 +304,10 @@ fn outcome(vm: &ProbeVm) -> Result<Outcome, ProbeError> {
     })
 }
 
-/// A probe guest whose user code is the block, with SSE enabled
+/// A check guest whose user code is the block, with SSE enabled
 /// (CR4.OSFXSR and OSXMMEXCPT).
-fn block_vm(kvm: &Kvm, code: &[u8]) -> Result<ProbeVm, ProbeError> {
-    let vm = ProbeVm::new(kvm, &enter_user_code(), code, &marker_code(M_LSTAR), false)?;
+fn block_vm(kvm: &Kvm, code: &[u8]) -> Result<CheckVm, HostCheckError> {
+    let vm = CheckVm::new(kvm, &enter_user_code(), code, &marker_code(M_LSTAR), false)?;
     let mut sregs = vm.vcpu.get_sregs().map_err(kvm_err("GET_SREGS"))?;
     sregs.cr4 |= (1 << 9) | (1 << 10);
     vm.vcpu.set_sregs(&sregs).map_err(kvm_err("SET_SREGS"))?;
@@ -328,7 +328,7 @@ fn text_at(block: &[Insn], offset: u64) -> String {
 
 /// Runs the block in user mode, then a step at a time in kernel mode, and
 /// compares.
-pub fn probe_kernel_steps() -> Result<KernelStepReport, ProbeError> {
+pub fn check_kernel_steps() -> Result<KernelStepReport, HostCheckError> {
     let block = block();
     let code: Vec<u8> = block
         .iter()
@@ -340,7 +340,7 @@ pub fn probe_kernel_steps() -> Result<KernelStepReport, ProbeError> {
     let mut native = block_vm(&kvm, &code)?;
     let ended = native.next_event()?;
     if ended
-        != (ProbeEvent::Marker {
+        != (CheckVmExit::Marker {
             marker: DONE,
             cpl: 3,
         })
@@ -366,7 +366,7 @@ pub fn probe_kernel_steps() -> Result<KernelStepReport, ProbeError> {
     let mut pc = USER_CODE;
     loop {
         match stepped.next_event()? {
-            ProbeEvent::Debug { pc: next, .. } => {
+            CheckVmExit::Debug { pc: next, .. } => {
                 report.steps += 1;
                 let offset = (pc - USER_CODE) as usize;
                 let mut decoder = Decoder::with_ip(64, &code[offset..], pc, DecoderOptions::NONE);
@@ -387,7 +387,7 @@ pub fn probe_kernel_steps() -> Result<KernelStepReport, ProbeError> {
                 }
                 pc = next;
             }
-            ProbeEvent::Marker { marker: DONE, .. } => break,
+            CheckVmExit::Marker { marker: DONE, .. } => break,
             other => {
                 report.differences.push(format!(
                     "in kernel mode the block ended with {other:?} at {}",

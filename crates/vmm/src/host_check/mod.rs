@@ -1,10 +1,10 @@
 //! What this host's KVM can do, measured with tiny hand-assembled guests,
 //! and the strategy insight chooses from it.
 //!
-//! Each probe boots a 4 MiB guest straight into 64-bit mode with a GDT
+//! Each check boots a 4 MiB guest straight into 64-bit mode with a GDT
 //! (kernel and user segments), a TSS, an IDT whose handlers report their
 //! vector, and identity page tables open to user mode. Guest code signals
-//! progress by writing a marker byte to port 0xf1; the probe reads the
+//! progress by writing a marker byte to port 0xf1; the check reads the
 //! marker and the privilege level it was written at.
 
 use kvm_bindings::{
@@ -16,14 +16,14 @@ use vm_memory::{Bytes, GuestAddress};
 
 use crate::{kvm_ext, sys};
 
+mod check_vm;
 mod kernel_steps;
-mod probe_vm;
 mod state_match;
 
-pub use kernel_steps::{probe_kernel_steps, KernelStepReport};
-use probe_vm::*;
-pub use probe_vm::{Privilege, ProbeError};
-pub use state_match::{probe_state_match, StateMatchReport};
+use check_vm::*;
+pub use check_vm::{HostCheckError, Privilege};
+pub use kernel_steps::{check_kernel_steps, KernelStepReport};
+pub use state_match::{check_state_match, StateMatchReport};
 
 /// Where a user-mode SYSCALL lands.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -38,28 +38,28 @@ pub enum SyscallBehaviour {
 }
 
 /// How this host's KVM makes the guest kernel behave, measured by tiny
-/// probe guests.
-pub fn guest_quirks() -> Result<guest::image::GuestQuirks, ProbeError> {
-    let syscall_trap = match probe_syscall()? {
+/// check guests.
+pub fn guest_quirks() -> Result<guest::image::GuestQuirks, HostCheckError> {
+    let syscall_trap = match check_syscall()? {
         SyscallBehaviour::EntersKernel => false,
         SyscallBehaviour::StaysInUserMode => true,
-        SyscallBehaviour::Unknown(what) => return Err(ProbeError::UnknownSyscall(what)),
+        SyscallBehaviour::Unknown(what) => return Err(HostCheckError::UnknownSyscall(what)),
     };
     Ok(guest::image::GuestQuirks { syscall_trap })
 }
 
 /// Executes SYSCALL in user mode and reports where it lands.
-pub fn probe_syscall() -> Result<SyscallBehaviour, ProbeError> {
+pub fn check_syscall() -> Result<SyscallBehaviour, HostCheckError> {
     let kvm = open_kvm()?;
     let mut user = vec![0x0f, 0x05]; // syscall
     user.extend(marker_code(M_AFTER));
-    let mut vm = ProbeVm::user(&kvm, &user, false)?;
+    let mut vm = CheckVm::user(&kvm, &user, false)?;
     Ok(match vm.next_event()? {
-        ProbeEvent::Marker {
+        CheckVmExit::Marker {
             marker: M_LSTAR,
             cpl: 0,
         } => SyscallBehaviour::EntersKernel,
-        ProbeEvent::Marker {
+        CheckVmExit::Marker {
             marker: M_LSTAR,
             cpl: 3,
         } => SyscallBehaviour::StaysInUserMode,
@@ -81,45 +81,45 @@ pub enum Int3Behaviour {
     Unknown(String),
 }
 
-pub fn probe_sw_breakpoint(mode: Privilege) -> Result<Int3Behaviour, ProbeError> {
+pub fn check_sw_breakpoint(mode: Privilege) -> Result<Int3Behaviour, HostCheckError> {
     let kvm = open_kvm()?;
-    let mut vm = ProbeVm::running(&kvm, mode, &[0xcc], false)?;
+    let mut vm = CheckVm::running(&kvm, mode, &[0xcc], false)?;
     vm.debug(KVM_GUESTDBG_ENABLE | KVM_GUESTDBG_USE_SW_BP, None)?;
     Ok(match vm.next_event()? {
-        ProbeEvent::Debug { exception: 3, .. } => Int3Behaviour::Intercepted,
-        ProbeEvent::Marker { marker, .. } if marker == M_VECTOR | 3 => Int3Behaviour::GuestHandler,
-        ProbeEvent::EmulationFailure => Int3Behaviour::NotEmulated,
+        CheckVmExit::Debug { exception: 3, .. } => Int3Behaviour::Intercepted,
+        CheckVmExit::Marker { marker, .. } if marker == M_VECTOR | 3 => Int3Behaviour::GuestHandler,
+        CheckVmExit::EmulationFailure => Int3Behaviour::NotEmulated,
         other => Int3Behaviour::Unknown(format!("{other:?}")),
     })
 }
 
 /// Whether a hardware execution breakpoint on a guest instruction exits.
-pub fn probe_hw_breakpoint(mode: Privilege) -> Result<bool, ProbeError> {
+pub fn check_hw_breakpoint(mode: Privilege) -> Result<bool, HostCheckError> {
     let kvm = open_kvm()?;
-    let mut vm = ProbeVm::running(&kvm, mode, &[0x90, 0x90, 0x90], false)?;
+    let mut vm = CheckVm::running(&kvm, mode, &[0x90, 0x90, 0x90], false)?;
     let target = body_addr(mode) + 1;
     vm.debug(KVM_GUESTDBG_ENABLE | KVM_GUESTDBG_USE_HW_BP, Some(target))?;
     loop {
         match vm.next_event()? {
-            ProbeEvent::Debug { pc, .. } if pc == target => return Ok(true),
-            ProbeEvent::Debug { .. } => continue,
+            CheckVmExit::Debug { pc, .. } if pc == target => return Ok(true),
+            CheckVmExit::Debug { .. } => continue,
             _ => return Ok(false),
         }
     }
 }
 
 /// Whether single-stepping reports steps inside code running in `mode`.
-pub fn probe_single_step(mode: Privilege) -> Result<bool, ProbeError> {
+pub fn check_single_step(mode: Privilege) -> Result<bool, HostCheckError> {
     let kvm = open_kvm()?;
-    let mut vm = ProbeVm::running(&kvm, mode, &[0x90, 0x90, 0x90], false)?;
+    let mut vm = CheckVm::running(&kvm, mode, &[0x90, 0x90, 0x90], false)?;
     vm.debug(KVM_GUESTDBG_ENABLE | KVM_GUESTDBG_SINGLESTEP, None)?;
     let body = body_addr(mode);
     for _ in 0..64 {
         match vm.next_event()? {
-            ProbeEvent::Debug { pc, .. } if (body..body + 3).contains(&pc) && pc != body => {
+            CheckVmExit::Debug { pc, .. } if (body..body + 3).contains(&pc) && pc != body => {
                 return Ok(true)
             }
-            ProbeEvent::Debug { .. } => continue,
+            CheckVmExit::Debug { .. } => continue,
             _ => return Ok(false),
         }
     }
@@ -139,7 +139,7 @@ pub struct DeliveryReport {
     pub max_late: u64,
 }
 
-pub fn probe_interrupt_delivery(rounds: u32) -> Result<DeliveryReport, ProbeError> {
+pub fn check_interrupt_delivery(rounds: u32) -> Result<DeliveryReport, HostCheckError> {
     const LOOP: u32 = 4000;
     let kvm = open_kvm()?;
     let mut report = DeliveryReport {
@@ -154,7 +154,7 @@ pub fn probe_interrupt_delivery(rounds: u32) -> Result<DeliveryReport, ProbeErro
         body.extend([0x48, 0xff, 0xc0]);
     }
     for _ in 0..rounds {
-        let mut vm = ProbeVm::new(
+        let mut vm = CheckVm::new(
             &kvm,
             &body,
             &marker_code(0x7f),
@@ -162,17 +162,17 @@ pub fn probe_interrupt_delivery(rounds: u32) -> Result<DeliveryReport, ProbeErro
             false,
         )?;
         match vm.next_event()? {
-            ProbeEvent::Marker {
+            CheckVmExit::Marker {
                 marker: M_AFTER, ..
             } => {}
             _ => return Ok(report),
         }
-        kvm_ext::inject_interrupt(&vm.vcpu, 31).map_err(|e| ProbeError::Kvm {
+        kvm_ext::inject_interrupt(&vm.vcpu, 31).map_err(|e| HostCheckError::Kvm {
             op: "INTERRUPT",
             source: kvm_ioctls::Error::new(e.raw_os_error().unwrap_or(libc::EINVAL)),
         })?;
         if vm.next_event()?
-            != (ProbeEvent::Marker {
+            != (CheckVmExit::Marker {
                 marker: M_VECTOR | 31,
                 cpl: 0,
             })
@@ -183,7 +183,7 @@ pub fn probe_interrupt_delivery(rounds: u32) -> Result<DeliveryReport, ProbeErro
         let mut rip = [0u8; 8];
         vm._mem
             .read_slice(&mut rip, GuestAddress(KERNEL_STACK - 40))
-            .map_err(|e| ProbeError::Memory(e.to_string()))?;
+            .map_err(|e| HostCheckError::Memory(e.to_string()))?;
         let rip = u64::from_le_bytes(rip);
         if rip == after_out {
             report.exact += 1;
@@ -195,20 +195,20 @@ pub fn probe_interrupt_delivery(rounds: u32) -> Result<DeliveryReport, ProbeErro
 }
 
 /// Whether user-mode RDTSC faults when the guest sets CR4.TSD.
-pub fn probe_user_tsd() -> Result<bool, ProbeError> {
+pub fn check_user_tsd() -> Result<bool, HostCheckError> {
     let kvm = open_kvm()?;
-    let mut vm = ProbeVm::running(&kvm, Privilege::User, &[0x0f, 0x31], true)?;
-    Ok(matches!(vm.next_event()?, ProbeEvent::Marker { marker, .. } if marker == M_VECTOR | 13))
+    let mut vm = CheckVm::running(&kvm, Privilege::User, &[0x0f, 0x31], true)?;
+    Ok(matches!(vm.next_event()?, CheckVmExit::Marker { marker, .. } if marker == M_VECTOR | 13))
 }
 
 /// Whether user-mode port I/O exits to the VMM (the marker arrives from
 /// ring 3).
-pub fn probe_user_port_io() -> Result<bool, ProbeError> {
+pub fn check_user_port_io() -> Result<bool, HostCheckError> {
     let kvm = open_kvm()?;
-    let mut vm = ProbeVm::running(&kvm, Privilege::User, &[], false)?;
+    let mut vm = CheckVm::running(&kvm, Privilege::User, &[], false)?;
     Ok(matches!(
         vm.next_event()?,
-        ProbeEvent::Marker {
+        CheckVmExit::Marker {
             marker: M_AFTER,
             cpl: 3
         }
@@ -219,11 +219,11 @@ pub fn probe_user_port_io() -> Result<bool, ProbeError> {
 /// guest enabled CR4.OSXSAVE with XCR0 = x87|SSE. 3 where the host honours
 /// the guest's XCR0; the host's own value where it does not (guest user
 /// code can then use AVX state whatever the guest kernel enabled).
-pub fn probe_user_xcr0() -> Result<u8, ProbeError> {
+pub fn check_user_xcr0() -> Result<u8, HostCheckError> {
     let kvm = open_kvm()?;
     // xor ecx, ecx; xgetbv; out 0xf1, al; hlt
     let user = [0x31, 0xc9, 0x0f, 0x01, 0xd0, 0xe6, MARKER_PORT as u8, 0xf4];
-    let mut vm = ProbeVm::user(&kvm, &user, false)?;
+    let mut vm = CheckVm::user(&kvm, &user, false)?;
     let mut sregs = vm.vcpu.get_sregs().map_err(kvm_err("GET_SREGS"))?;
     sregs.cr4 |= 1 << 18; // OSXSAVE
     vm.vcpu.set_sregs(&sregs).map_err(kvm_err("SET_SREGS"))?;
@@ -233,7 +233,7 @@ pub fn probe_user_xcr0() -> Result<u8, ProbeError> {
     xcrs.xcrs[0].value = 3;
     vm.vcpu.set_xcrs(&xcrs).map_err(kvm_err("SET_XCRS"))?;
     match vm.next_event()? {
-        ProbeEvent::Marker { marker, .. } => Ok(marker),
+        CheckVmExit::Marker { marker, .. } => Ok(marker),
         _ => Ok(0),
     }
 }
@@ -247,7 +247,7 @@ pub struct PmuSupport {
     pub guest_counters: u32,
 }
 
-pub fn probe_pmu() -> Result<PmuSupport, ProbeError> {
+pub fn check_pmu() -> Result<PmuSupport, HostCheckError> {
     let kvm = open_kvm()?;
     let cpuid = kvm
         .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
@@ -276,7 +276,7 @@ pub struct HostReport {
     pub single_step_kernel: bool,
     pub single_step_user: bool,
     pub user_tsd: bool,
-    /// Low byte of XCR0 as guest user code sees it (see probe_user_xcr0).
+    /// Low byte of XCR0 as guest user code sees it (see check_user_xcr0).
     pub user_xcr0: u8,
     pub pmu: PmuSupport,
     /// Where interrupts injected at an exit arrive (exit clock premise).
@@ -290,22 +290,22 @@ pub struct HostReport {
 }
 
 impl HostReport {
-    pub fn measure() -> Result<Self, ProbeError> {
+    pub fn measure() -> Result<Self, HostCheckError> {
         Ok(HostReport {
-            syscall: probe_syscall()?,
-            user_port_io: probe_user_port_io()?,
-            int3_kernel: probe_sw_breakpoint(Privilege::Kernel)?,
-            int3_user: probe_sw_breakpoint(Privilege::User)?,
-            hw_breakpoint_kernel: probe_hw_breakpoint(Privilege::Kernel)?,
-            hw_breakpoint_user: probe_hw_breakpoint(Privilege::User)?,
-            single_step_kernel: probe_single_step(Privilege::Kernel)?,
-            single_step_user: probe_single_step(Privilege::User)?,
-            user_tsd: probe_user_tsd()?,
-            user_xcr0: probe_user_xcr0()?,
-            pmu: probe_pmu()?,
-            delivery: probe_interrupt_delivery(20)?,
-            state_match: probe_state_match()?,
-            kernel_steps: probe_kernel_steps()?,
+            syscall: check_syscall()?,
+            user_port_io: check_user_port_io()?,
+            int3_kernel: check_sw_breakpoint(Privilege::Kernel)?,
+            int3_user: check_sw_breakpoint(Privilege::User)?,
+            hw_breakpoint_kernel: check_hw_breakpoint(Privilege::Kernel)?,
+            hw_breakpoint_user: check_hw_breakpoint(Privilege::User)?,
+            single_step_kernel: check_single_step(Privilege::Kernel)?,
+            single_step_user: check_single_step(Privilege::User)?,
+            user_tsd: check_user_tsd()?,
+            user_xcr0: check_user_xcr0()?,
+            pmu: check_pmu()?,
+            delivery: check_interrupt_delivery(20)?,
+            state_match: check_state_match()?,
+            kernel_steps: check_kernel_steps()?,
         })
     }
 

@@ -1,15 +1,15 @@
 //! Whether user code can be preempted where it stands and the state found
-//! again at replay (asynchronous points), with the probe guest.
+//! again at replay (asynchronous points), with the check guest.
 
 use kvm_ioctls::{Kvm, VcpuExit};
 use vm_memory::{Bytes, GuestAddress};
 
-use super::probe_vm::*;
+use super::check_vm::*;
 use crate::kvm_ext;
 use journal::preempt;
 
 /// What the state-matched preemption of user code rests on, measured with
-/// a probe guest whose user code loops without ever exiting
+/// a check guest whose user code loops without ever exiting
 /// (`add rax, imm32; inc rbx; jmp`):
 /// - recording: a kick out of KVM_RUN stops the vCPU in user mode, and an
 ///   interrupt injected there reaches the guest at exactly that RIP;
@@ -33,7 +33,7 @@ pub struct StateMatchReport {
     pub search_ns: u64,
     /// Whether the host reports the exit's RIP past the store (else at it).
     pub exit_rip_after_store: bool,
-    /// Why the probe stopped short, if it did.
+    /// Why the check stopped short, if it did.
     pub failure: Option<String>,
 }
 
@@ -44,13 +44,13 @@ impl StateMatchReport {
     }
 }
 
-/// Where the probe's stub lives, and the MMIO page it exits through.
+/// Where the check's stub lives, and the MMIO page it exits through.
 const STUB_PAGES: preempt::trampoline::StubPages = preempt::trampoline::StubPages {
     code: 0xc000,
     data: 0xd000,
     exit: 0x40_0000,
 };
-/// The probe loop: add rax, 0x01234567; inc rbx; jmp back.
+/// The check loop: add rax, 0x01234567; inc rbx; jmp back.
 const LOOP_CODE: [u8; 11] = [
     0x48, 0x05, 0x67, 0x45, 0x23, 0x01, 0x48, 0xff, 0xc3, 0xeb, 0xf5,
 ];
@@ -65,9 +65,9 @@ fn enter_user_code_interruptible() -> Vec<u8> {
     c
 }
 
-impl ProbeVm {
-    fn looping(kvm: &Kvm) -> Result<Self, ProbeError> {
-        let vm = ProbeVm::new(
+impl CheckVm {
+    fn looping(kvm: &Kvm) -> Result<Self, HostCheckError> {
+        let vm = CheckVm::new(
             kvm,
             &enter_user_code_interruptible(),
             &LOOP_CODE,
@@ -77,12 +77,12 @@ impl ProbeVm {
         // A 2 MiB page past the end of RAM: stores there are MMIO exits.
         vm._mem
             .write_obj(STUB_PAGES.exit | 0x87, GuestAddress(PD + 16))
-            .map_err(|e| ProbeError::Memory(e.to_string()))?;
+            .map_err(|e| HostCheckError::Memory(e.to_string()))?;
         Ok(vm)
     }
 
-    fn inject(&self, vector: u8) -> Result<(), ProbeError> {
-        kvm_ext::inject_interrupt(&self.vcpu, vector).map_err(|e| ProbeError::Kvm {
+    fn inject(&self, vector: u8) -> Result<(), HostCheckError> {
+        kvm_ext::inject_interrupt(&self.vcpu, vector).map_err(|e| HostCheckError::Kvm {
             op: "INTERRUPT",
             source: kvm_ioctls::Error::new(e.raw_os_error().unwrap_or(libc::EINVAL)),
         })
@@ -90,9 +90,9 @@ impl ProbeVm {
 
     /// After an injection: the RIP and RBX the interrupt found, from the
     /// handler's frame and registers.
-    fn delivered(&mut self) -> Result<Option<(u64, u64)>, ProbeError> {
+    fn delivered(&mut self) -> Result<Option<(u64, u64)>, HostCheckError> {
         if self.next_event()?
-            != (ProbeEvent::Marker {
+            != (CheckVmExit::Marker {
                 marker: M_VECTOR | VECTOR,
                 cpl: 0,
             })
@@ -102,19 +102,19 @@ impl ProbeVm {
         let rip: u64 = self
             ._mem
             .read_obj(GuestAddress(KERNEL_STACK - 40))
-            .map_err(|e| ProbeError::Memory(e.to_string()))?;
+            .map_err(|e| HostCheckError::Memory(e.to_string()))?;
         let rbx = self.vcpu.get_regs().map_err(kvm_err("GET_REGS"))?.rbx;
         Ok(Some((rip, rbx)))
     }
 }
 
-/// Runs `f` with the probe VM on a thread of its own, kicking it out of
+/// Runs `f` with the check VM on a thread of its own, kicking it out of
 /// KVM_RUN every `period` until `f` returns.
 fn kicked<R: Send + 'static>(
-    vm: ProbeVm,
+    vm: CheckVm,
     period: std::time::Duration,
-    f: impl FnOnce(ProbeVm) -> Result<R, ProbeError> + Send + 'static,
-) -> Result<R, ProbeError> {
+    f: impl FnOnce(CheckVm) -> Result<R, HostCheckError> + Send + 'static,
+) -> Result<R, HostCheckError> {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
     use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
@@ -129,17 +129,17 @@ fn kicked<R: Send + 'static>(
             flag.store(true, Ordering::Release);
             r
         })
-        .map_err(|e| ProbeError::Memory(format!("cannot start a probe thread: {e}")))?;
+        .map_err(|e| HostCheckError::Memory(format!("cannot start a probe thread: {e}")))?;
     while !done.load(Ordering::Acquire) {
         std::thread::sleep(period);
         let _ = handle.kill(SIGRTMIN());
     }
     handle
         .join()
-        .unwrap_or_else(|_| Err(ProbeError::Memory("the probe thread panicked".into())))
+        .unwrap_or_else(|_| Err(HostCheckError::Memory("the probe thread panicked".into())))
 }
 
-pub fn probe_state_match() -> Result<StateMatchReport, ProbeError> {
+pub fn check_state_match() -> Result<StateMatchReport, HostCheckError> {
     let kvm = open_kvm()?;
     let mut report = StateMatchReport {
         kick_delivers_in_place: false,
@@ -153,7 +153,7 @@ pub fn probe_state_match() -> Result<StateMatchReport, ProbeError> {
     // Recording: kick until the vCPU stops in the user-mode loop, and
     // inject there.
     let recorded = kicked(
-        ProbeVm::looping(&kvm)?,
+        CheckVm::looping(&kvm)?,
         std::time::Duration::from_millis(3),
         |mut vm| {
             for _ in 0..500 {
@@ -182,10 +182,10 @@ pub fn probe_state_match() -> Result<StateMatchReport, ProbeError> {
     report.kick_delivers_in_place = delivered == Some((target.rip, target.rbx));
 
     // Replay: a fresh run, the target patched to the trampoline.
-    let mut vm = ProbeVm::looping(&kvm)?;
+    let mut vm = CheckVm::looping(&kvm)?;
     let at = (target.rip - USER_CODE) as usize;
     let site = preempt::site::choose(target.rip, &LOOP_CODE[at..], &LOOP_CODE[..at])
-        .map_err(|e| ProbeError::Memory(format!("the loop cannot be patched: {e}")))?;
+        .map_err(|e| HostCheckError::Memory(format!("the loop cannot be patched: {e}")))?;
     let stub = preempt::trampoline::build(
         STUB_PAGES,
         &[],
@@ -195,13 +195,13 @@ pub fn probe_state_match() -> Result<StateMatchReport, ProbeError> {
         },
         site.resume(),
     )
-    .map_err(|e| ProbeError::Memory(e.to_string()))?;
+    .map_err(|e| HostCheckError::Memory(e.to_string()))?;
     let patch = preempt::trampoline::patch(target.rip, STUB_PAGES.code, site.len)
-        .map_err(|e| ProbeError::Memory(e.to_string()))?;
-    let w = |vm: &ProbeVm, addr: u64, bytes: &[u8]| {
+        .map_err(|e| HostCheckError::Memory(e.to_string()))?;
+    let w = |vm: &CheckVm, addr: u64, bytes: &[u8]| {
         vm._mem
             .write_slice(bytes, GuestAddress(addr))
-            .map_err(|e| ProbeError::Memory(e.to_string()))
+            .map_err(|e| HostCheckError::Memory(e.to_string()))
     };
     w(&vm, STUB_PAGES.code, &stub.code)?;
     w(
@@ -214,7 +214,7 @@ pub fn probe_state_match() -> Result<StateMatchReport, ProbeError> {
     let mut covered = vec![0u8; patch.len()];
     vm._mem
         .read_slice(&mut covered, GuestAddress(target.rip))
-        .map_err(|e| ProbeError::Memory(e.to_string()))?;
+        .map_err(|e| HostCheckError::Memory(e.to_string()))?;
     w(&vm, target.rip, &patch)?;
     let started = std::time::Instant::now();
     let exited = loop {

@@ -14,7 +14,7 @@ use introspect::probe_gate;
 use introspect::stub_area::GuestArea;
 use journal::preempt::guest_code::{self, trampoline_entries, PageTables};
 use journal::preempt::trampoline::Stub;
-use journal::preempt::{AsyncPoint, CodeMap};
+use journal::preempt::{AsyncPoint, CodePages};
 
 /// A trampoline in place in the guest.
 pub(crate) struct Patch {
@@ -86,7 +86,7 @@ impl Machine {
     pub(crate) fn install(
         &mut self,
         cr3: u64,
-        code_pages: &dyn CodeMap,
+        code_pages: &dyn CodePages,
         rip: u64,
         stub: u64,
         code: &Stub,
@@ -103,9 +103,9 @@ impl Machine {
             saved.push((entry, old));
         }
         let tables = PageTables { mem, cr3 };
-        let mut writes: Vec<(&dyn CodeMap, u64, Vec<u8>)> =
+        let mut writes: Vec<(&dyn CodePages, u64, Vec<u8>)> =
             vec![(&tables, pages.code, code.code.clone())];
-        writes.extend(data.map(|d| (&tables as &dyn CodeMap, pages.data, d)));
+        writes.extend(data.map(|d| (&tables as &dyn CodePages, pages.data, d)));
         writes.push((code_pages, rip, jump));
         for (map, va, bytes) in writes {
             if let Err(why) = guest_code::write_saving(mem, map, va, &bytes, &mut saved) {

@@ -15,7 +15,7 @@ use vm_memory::GuestMemoryMmap;
 use introspect::probe_gate;
 use journal::preempt::guest_code::{self, build_stub, code_around};
 use journal::preempt::site::{self, Site};
-use journal::preempt::CodeMap;
+use journal::preempt::CodePages;
 
 /// How many instructions after an unpatchable position `next_patchable`
 /// looks at.
@@ -40,7 +40,7 @@ struct Code {
 }
 
 impl Code {
-    fn read(mem: &GuestMemoryMmap, map: &dyn CodeMap, rip: u64, stubs: &[u64]) -> Self {
+    fn read(mem: &GuestMemoryMmap, map: &dyn CodePages, rip: u64, stubs: &[u64]) -> Self {
         let (after, before) = code_around(mem, map, rip);
         let entries = guest_code::code_before(mem, map, rip, site::ENTRY_WINDOW);
         Code {
@@ -90,7 +90,7 @@ impl Sites {
     pub(crate) fn patchable(
         &mut self,
         mem: &GuestMemoryMmap,
-        map: &dyn CodeMap,
+        map: &dyn CodePages,
         rip: u64,
         stubs: &[u64],
     ) -> Option<(Site, u64)> {
@@ -118,7 +118,7 @@ impl Sites {
     pub(crate) fn next_patchable(
         &mut self,
         mem: &GuestMemoryMmap,
-        map: &dyn CodeMap,
+        map: &dyn CodePages,
         rip: u64,
         stubs: &[u64],
     ) -> Option<u64> {

@@ -15,7 +15,7 @@ use introspect::stub_area::EXIT_PAGE_GPA;
 use journal::preempt::guest_code::{trampoline_entries, PageTables};
 use journal::preempt::state::{self, PageSet, UserState};
 use journal::preempt::trampoline::{self, StubError};
-use journal::preempt::{AsyncPoint, CodeMap, MarkAt, SampleMark};
+use journal::preempt::{AsyncPoint, CodePages, MarkAt, SampleMark};
 use journal::Recorder;
 
 /// How long user code must have run without an exit of its own before a
@@ -135,7 +135,7 @@ enum MarkVerdict {
 }
 
 /// What the recorder makes of the position a kick found.
-enum Verdict {
+enum PointVerdict {
     Take(Box<AsyncPoint>),
     /// Wait until the task gets back to this position.
     Advance(u64),
@@ -147,7 +147,7 @@ enum Verdict {
 
 impl PointTaker {
     /// Recording on a host where user code cannot be preempted where it
-    /// stands (`host_check::probe_state_match`): deliver at deterministic
+    /// stands (`host_check::check_state_match`): deliver at deterministic
     /// exits only.
     pub(crate) fn at_exits_only() -> Self {
         PointTaker {
@@ -440,20 +440,20 @@ impl PointTaker {
         let position = self.examine(m, now);
         self.stats.busy_ns += started.elapsed().as_nanos() as u64;
         match position? {
-            Verdict::Take(point) => {
+            PointVerdict::Take(point) => {
                 self.last_mark = None;
                 recorder.async_point(*point)?;
                 self.stats.points += 1;
                 return Ok(true);
             }
-            Verdict::Advance(to) => {
+            PointVerdict::Advance(to) => {
                 if self.arm_trap(m, to)? {
                     return Ok(false);
                 }
                 self.stats.declined += 1;
             }
-            Verdict::Decline => self.stats.declined += 1,
-            Verdict::NotNow => {}
+            PointVerdict::Decline => self.stats.declined += 1,
+            PointVerdict::NotNow => {}
         }
         self.retry_ns = now + RETRY_NS;
         Ok(false)
@@ -486,24 +486,24 @@ impl PointTaker {
     }
 
     /// What the recorder can make of the position the vCPU is stopped at.
-    fn examine(&mut self, m: &mut Machine, now: u64) -> Result<Verdict, VmError> {
+    fn examine(&mut self, m: &mut Machine, now: u64) -> Result<PointVerdict, VmError> {
         if !m.vcpu.interruptible() {
-            return Ok(Verdict::NotNow);
+            return Ok(PointVerdict::NotNow);
         }
         let sregs = m.vcpu.sregs()?;
         if sregs.cs.selector & 3 != 3 {
-            return Ok(Verdict::NotNow);
+            return Ok(PointVerdict::NotNow);
         }
         let regs = m.vcpu.regs()?;
         let cr3 = sregs.cr3 & state::CR3_ROOT;
         let area = match m.stub_area() {
             Some(a) if a.cr3 == cr3 => a,
-            _ => return Ok(Verdict::Decline),
+            _ => return Ok(PointVerdict::Decline),
         };
         let mem = &m.vm.mem;
         let tables = PageTables { mem, cr3 };
         let Some((site, stub)) = self.sites.patchable(mem, &tables, regs.rip, &area.stub_va) else {
-            return Ok(Verdict::Decline);
+            return Ok(PointVerdict::Decline);
         };
         let code_pages = code_pages(&tables, regs.rip);
         // At replay the task resumes user mode where it did here, before
@@ -511,14 +511,14 @@ impl PointTaker {
         // bytes. It passes there again (it got here from there), so the
         // point is taken there, at its next pass.
         if (regs.rip + 1..site.resume()).contains(&area.resume_ip) {
-            return Ok(Verdict::Advance(area.resume_ip));
+            return Ok(PointVerdict::Advance(area.resume_ip));
         }
         // A replay that takes the sample marks stands at the last one
         // (in user mode, nothing delivered) when it puts this point's
         // trampoline in place; one that does not, where the task resumes.
         let after_mark = self.last_mark.filter(|&(c, _)| c == cr3);
         if after_mark.is_some_and(|(_, at)| (regs.rip + 1..site.resume()).contains(&at)) {
-            return Ok(Verdict::Decline);
+            return Ok(PointVerdict::Decline);
         }
         let gprs = state::gprs(&regs);
         let words: Vec<(u64, u64)> = site
@@ -535,7 +535,7 @@ impl PointTaker {
         // memory compared.
         let tsc = self.tsc_start..=crate::sys::host_tsc();
         if gprs.iter().any(|v| tsc.contains(v)) {
-            return Ok(Verdict::Decline);
+            return Ok(PointVerdict::Decline);
         }
         let xsave = m.vcpu.fd.get_xsave().map_err(kvm_err("GET_XSAVE"))?;
         let cpu: Vec<u8> = xsave.region.iter().flat_map(|w| w.to_le_bytes()).collect();
@@ -543,7 +543,7 @@ impl PointTaker {
         let pages = without_timestamps(mem, &user_pages(mem, cr3, &written, area.ring), &tsc);
         let entries = trampoline_entries(mem, cr3, stub, &words);
         let memory = state::memory_digest(mem, &pages, &[], &entries);
-        Ok(Verdict::Take(Box::new(AsyncPoint {
+        Ok(PointVerdict::Take(Box::new(AsyncPoint {
             state: UserState {
                 xstate: state::xstate_digest(&cpu, &m.vm.cpu.xsave_layout),
                 words,
@@ -634,14 +634,14 @@ impl PointTaker {
             return Ok(Claimed::Passed);
         }
         match self.examine(m, now)? {
-            Verdict::Take(point) => {
+            PointVerdict::Take(point) => {
                 self.last_mark = None;
                 recorder.async_point(*point)?;
                 self.stats.points += 1;
                 self.stats.advanced += 1;
                 Ok(Claimed::Reached)
             }
-            Verdict::Advance(_) | Verdict::Decline | Verdict::NotNow => {
+            PointVerdict::Advance(_) | PointVerdict::Decline | PointVerdict::NotNow => {
                 self.stats.declined += 1;
                 self.retry_ns = now + RETRY_NS;
                 Ok(Claimed::Passed)

@@ -24,7 +24,7 @@ use devices::virtio_blk::VirtioBlock;
 use trace::checkpoints::{self, Digest32, StoredCheckpoint};
 
 use super::report::{CheckpointTaken, ToolReport};
-use super::tool::{Context, ReplayTool};
+use super::tool::{ReplayTool, ToolContext};
 use crate::vm::state::PointStats;
 use crate::vm::state::{changed_pages, check_memory, Checkpoint, EventsState, VmState};
 use crate::vm::{Machine, VmError};
@@ -213,7 +213,7 @@ impl ReplayTool for CheckpointTaker {
     /// Takes a checkpoint if one is due and the machine is at rest. Not
     /// while a mark keeps the events' time ahead of the last clock read:
     /// a replay from the checkpoint would not know it.
-    fn after_exit(&mut self, cx: &mut Context, m: &mut Machine) -> Result<(), VmError> {
+    fn after_exit(&mut self, cx: &mut ToolContext, m: &mut Machine) -> Result<(), VmError> {
         let position = cx.log.position();
         if !self.due(&position) || cx.points.patched() || cx.log.mark_time_pending() || !at_rest(m)
         {

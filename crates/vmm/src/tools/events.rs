@@ -258,7 +258,7 @@ impl EventTool {
     /// their caller, unwound from the probe's registers `at` (when known).
     fn stack_of(
         &mut self,
-        mem: &mut impl unwind::Memory,
+        mem: &mut impl unwind::ProcessMemory,
         stored: Option<Stored>,
         at: Option<Regs>,
     ) -> Result<(), VmError> {
@@ -341,7 +341,7 @@ struct CopiedStack<'a> {
     rest: UserMemory<'a>,
 }
 
-impl unwind::Memory for CopiedStack<'_> {
+impl unwind::ProcessMemory for CopiedStack<'_> {
     fn read_u64(&mut self, addr: u64) -> Option<u64> {
         let copied = addr
             .checked_sub(self.at)

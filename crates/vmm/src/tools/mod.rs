@@ -4,7 +4,7 @@
 //! (`checkpoints.rs`), a debugger's hold on one process (`debug/`) and
 //! probes given at replay (`probes/`), the last two over the
 //! process-control engine (`control/`). The event capture (`events.rs`)
-//! is what they share, with the rest of a [`tool::Context`]. The replay
+//! is what they share, with the rest of a [`tool::ToolContext`]. The replay
 //! session owns them ([`ReplayTools`]) and hands each of its hooks to
 //! them in the order they were attached; the vCPU loop never sees them.
 
@@ -39,7 +39,7 @@ use vm_memory::GuestMemoryMmap;
 use checkpoints::{CheckpointTaker, RestoredFrom};
 use events::EventTool;
 use report::ToolReport;
-use tool::{Context, ReplayTool};
+use tool::{ReplayTool, ToolContext};
 
 use crate::points::PointSearch;
 use crate::vm::state::Checkpoint;
@@ -104,9 +104,9 @@ impl ReplayTools {
         &mut self,
         log: &Replayer,
         points: &PointSearch,
-        mut hook: impl FnMut(&mut dyn ReplayTool, &mut Context) -> Result<(), VmError>,
+        mut hook: impl FnMut(&mut dyn ReplayTool, &mut ToolContext) -> Result<(), VmError>,
     ) -> Result<(), VmError> {
-        let mut cx = Context {
+        let mut cx = ToolContext {
             events: self.events.as_mut(),
             log,
             points,
@@ -124,7 +124,7 @@ impl ReplayTools {
         &mut self,
         log: &Replayer,
         points: &PointSearch,
-        mut hook: impl FnMut(&mut dyn ReplayTool, &mut Context) -> Result<Option<T>, VmError>,
+        mut hook: impl FnMut(&mut dyn ReplayTool, &mut ToolContext) -> Result<Option<T>, VmError>,
     ) -> Result<Option<T>, VmError> {
         let mut answer = None;
         self.each(log, points, |tool, cx| {

@@ -10,7 +10,7 @@ use introspect::guest_events::{self, UserMemory};
 use unwind::Regs;
 
 use super::events::{EventTool, MAX_STACK_FRAMES};
-use super::tool::{Context, ReplayTool};
+use super::tool::{ReplayTool, ToolContext};
 use crate::points::{user_position, PointSearch};
 use crate::vm::{Machine, Resumed, VmError};
 
@@ -213,7 +213,7 @@ impl ReplayTool for Sampling {
     /// wants (exits would bias it).
     fn kicked(
         &mut self,
-        cx: &mut Context,
+        cx: &mut ToolContext,
         m: &mut Machine,
         resumed: Resumed,
     ) -> Result<(), VmError> {
@@ -230,7 +230,7 @@ impl ReplayTool for Sampling {
 
     fn mark_sample(
         &mut self,
-        cx: &mut Context,
+        cx: &mut ToolContext,
         m: &mut Machine,
         mode: SampleMode,
         rip: Option<u64>,

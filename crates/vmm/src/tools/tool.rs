@@ -1,7 +1,7 @@
 //! What a tool looking into a replay is: a [`ReplayTool`], told at each of
 //! the replay's hooks that it cares about (the rest are no-ops), in the
 //! order the tools were attached, with what the tools share in a
-//! [`Context`]. A tool is one file or folder under `tools/` and one line
+//! [`ToolContext`]. A tool is one file or folder under `tools/` and one line
 //! where `vmm::builder` attaches it.
 
 use std::any::Any;
@@ -20,7 +20,7 @@ use crate::vm::{Claimed, Machine, Resumed, VmError};
 /// log (where replay stands, the time events raised now are captured
 /// at), the search for an asynchronous point (reads through its
 /// trampoline), and facts of the guest kernel and the recording.
-pub(crate) struct Context<'a> {
+pub(crate) struct ToolContext<'a> {
     /// Where the guest's events go, when the replay collects them.
     pub(crate) events: Option<&'a mut EventTool>,
     pub(crate) log: &'a Replayer,
@@ -34,7 +34,7 @@ pub(crate) struct Context<'a> {
     pub(crate) sample_marks: Option<u64>,
 }
 
-impl Context<'_> {
+impl ToolContext<'_> {
     /// The guest time events raised now are captured at.
     pub(crate) fn event_ns(&self) -> u64 {
         self.log.event_ns()
@@ -58,7 +58,7 @@ pub(crate) trait ReplayTool: Any + Send {
 
     /// Right after a checked deterministic exit, before the next run,
     /// where the machine may be at rest (a checkpoint).
-    fn after_exit(&mut self, _cx: &mut Context, _m: &mut Machine) -> Result<(), VmError> {
+    fn after_exit(&mut self, _cx: &mut ToolContext, _m: &mut Machine) -> Result<(), VmError> {
         Ok(())
     }
 
@@ -73,7 +73,7 @@ pub(crate) trait ReplayTool: Any + Send {
     /// point at an entry from user mode (a system call's).
     fn exit(
         &mut self,
-        _cx: &mut Context,
+        _cx: &mut ToolContext,
         _m: &mut Machine,
         _kernel_entry: bool,
     ) -> Result<(), VmError> {
@@ -81,12 +81,12 @@ pub(crate) trait ReplayTool: Any + Send {
     }
 
     /// After a deterministic exit and the messages it carried.
-    fn exit_handled(&mut self, _cx: &mut Context, _m: &mut Machine) -> Result<(), VmError> {
+    fn exit_handled(&mut self, _cx: &mut ToolContext, _m: &mut Machine) -> Result<(), VmError> {
         Ok(())
     }
 
     /// An asynchronous point was reached (its trampoline is out).
-    fn point_reached(&mut self, _cx: &mut Context, _m: &mut Machine) -> Result<(), VmError> {
+    fn point_reached(&mut self, _cx: &mut ToolContext, _m: &mut Machine) -> Result<(), VmError> {
         Ok(())
     }
 
@@ -94,7 +94,7 @@ pub(crate) trait ReplayTool: Any + Send {
     /// says how it started.
     fn kicked(
         &mut self,
-        _cx: &mut Context,
+        _cx: &mut ToolContext,
         _m: &mut Machine,
         _resumed: Resumed,
     ) -> Result<(), VmError> {
@@ -111,7 +111,7 @@ pub(crate) trait ReplayTool: Any + Send {
     /// recording found it, at `rip` if not where the vCPU stands).
     fn mark_sample(
         &mut self,
-        _cx: &mut Context,
+        _cx: &mut ToolContext,
         _m: &mut Machine,
         _mode: SampleMode,
         _rip: Option<u64>,
@@ -123,7 +123,7 @@ pub(crate) trait ReplayTool: Any + Send {
     /// tools looked).
     fn event_raised(
         &mut self,
-        _cx: &mut Context,
+        _cx: &mut ToolContext,
         _m: &mut Machine,
         _raiser: EventRaiser,
     ) -> Result<(), VmError> {
@@ -131,7 +131,7 @@ pub(crate) trait ReplayTool: Any + Send {
     }
 
     /// A probe raised an event through the probe gate (captured).
-    fn gate_event(&mut self, _cx: &mut Context, _m: &mut Machine) -> Result<(), VmError> {
+    fn gate_event(&mut self, _cx: &mut ToolContext, _m: &mut Machine) -> Result<(), VmError> {
         Ok(())
     }
 
@@ -142,7 +142,11 @@ pub(crate) trait ReplayTool: Any + Send {
 
     /// A debug exit: `None` if not the tool's, else how many single steps
     /// of a traced process it was (a search under way allows for each).
-    fn debug_exit(&mut self, _cx: &mut Context, _m: &mut Machine) -> Result<Option<u64>, VmError> {
+    fn debug_exit(
+        &mut self,
+        _cx: &mut ToolContext,
+        _m: &mut Machine,
+    ) -> Result<Option<u64>, VmError> {
         Ok(None)
     }
 
@@ -155,7 +159,7 @@ pub(crate) trait ReplayTool: Any + Send {
     /// A store the tools may claim: what it was, if the tool's.
     fn store(
         &mut self,
-        _cx: &mut Context,
+        _cx: &mut ToolContext,
         _m: &mut Machine,
         _gpa: u64,
         _data: &[u8],
@@ -167,7 +171,7 @@ pub(crate) trait ReplayTool: Any + Send {
     /// physical addresses, as the guest's own write.
     fn wrote_for_guest(
         &mut self,
-        _cx: &mut Context,
+        _cx: &mut ToolContext,
         _m: &mut Machine,
         _written: &[u64],
     ) -> Result<(), VmError> {
@@ -176,7 +180,7 @@ pub(crate) trait ReplayTool: Any + Send {
 
     /// KVM could not emulate the instruction the vCPU stands at: whether
     /// the tool took care of it.
-    fn unemulated(&mut self, _cx: &mut Context, _m: &mut Machine) -> Result<bool, VmError> {
+    fn unemulated(&mut self, _cx: &mut ToolContext, _m: &mut Machine) -> Result<bool, VmError> {
         Ok(false)
     }
 
@@ -212,7 +216,7 @@ pub(crate) trait ReplayTool: Any + Send {
     /// The replay was restored from checkpoint `c`.
     fn checkpoint_restored(
         &mut self,
-        _cx: &mut Context,
+        _cx: &mut ToolContext,
         _m: &mut Machine,
         _c: &Checkpoint,
     ) -> Result<(), VmError> {

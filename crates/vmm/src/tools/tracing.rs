@@ -34,7 +34,7 @@ use super::frames::{
 };
 use super::kernel_steps;
 use super::report::{ExpansionStats, ToolReport, TraceStart};
-use super::tool::{Context, ReplayTool};
+use super::tool::{ReplayTool, ToolContext};
 use crate::points::PointSearch;
 use crate::vm::{Machine, VmError};
 
@@ -80,13 +80,13 @@ struct Finder {
 /// A stop of the traced process at the #DB handler: the system registers
 /// there, and its trampoline pages (which stay where they are while the
 /// guest kernel does not run).
-struct Stop {
+struct HandlerStop {
     sregs: kvm_bindings::kvm_sregs,
     stubs: [u64; 2],
 }
 
 /// How the tracer steps.
-struct Stepping {
+struct StepMethod {
     /// The guest's #DB handler, where the breakpoint is (once armed).
     handler: Option<u64>,
     /// Whether it may step in guest kernel mode (`ExpansionSpec::kernel_steps`).
@@ -120,7 +120,7 @@ pub(crate) struct ProcessTracer {
     stacks: instructions::Stacks,
     /// Deterministic exits replayed before the step under way.
     exit: u64,
-    how: Stepping,
+    how: StepMethod,
     instructions: Option<InstructionTrace>,
     memory: Option<MemoryTrace>,
     factory: InstructionInfoFactory,
@@ -146,7 +146,7 @@ impl ProcessTracer {
             to_capture: Vec::new(),
             stacks: instructions::Stacks::default(),
             exit: 0,
-            how: Stepping {
+            how: StepMethod {
                 handler: None,
                 in_kernel_mode: spec.kernel_steps,
             },
@@ -340,7 +340,7 @@ impl ProcessTracer {
         let mut user = frame.user_regs(&regs);
         let mut steps = 1;
         let mut stepping = false;
-        let stop = Stop {
+        let stop = HandlerStop {
             sregs,
             stubs: m.stub_mappings(),
         };
@@ -398,7 +398,7 @@ impl ProcessTracer {
         search: &PointSearch,
         at: LogPosition,
         user: &mut kvm_bindings::kvm_regs,
-        stop: &Stop,
+        stop: &HandlerStop,
     ) -> Result<Option<iced_x86::Instruction>, VmError> {
         let sregs = &stop.sregs;
         let cr3 = sregs.cr3;
@@ -549,7 +549,7 @@ impl ProcessTracer {
 impl ReplayTool for ProcessTracer {
     fn exit(
         &mut self,
-        cx: &mut Context,
+        cx: &mut ToolContext,
         m: &mut Machine,
         kernel_entry: bool,
     ) -> Result<(), VmError> {
@@ -560,7 +560,7 @@ impl ReplayTool for ProcessTracer {
     }
 
     /// Sets the trap flag of the traced process's task on the CPU.
-    fn exit_handled(&mut self, cx: &mut Context, m: &mut Machine) -> Result<(), VmError> {
+    fn exit_handled(&mut self, cx: &mut ToolContext, m: &mut Machine) -> Result<(), VmError> {
         match cx.events.as_deref() {
             Some(events) => {
                 let exit = cx.log.position().exits;
@@ -571,7 +571,7 @@ impl ReplayTool for ProcessTracer {
     }
 
     /// A probe event: its task may be one to trace.
-    fn gate_event(&mut self, cx: &mut Context, m: &mut Machine) -> Result<(), VmError> {
+    fn gate_event(&mut self, cx: &mut ToolContext, m: &mut Machine) -> Result<(), VmError> {
         self.exit_handled(cx, m)
     }
 
@@ -579,7 +579,11 @@ impl ReplayTool for ProcessTracer {
         self.armed()
     }
 
-    fn debug_exit(&mut self, cx: &mut Context, m: &mut Machine) -> Result<Option<u64>, VmError> {
+    fn debug_exit(
+        &mut self,
+        cx: &mut ToolContext,
+        m: &mut Machine,
+    ) -> Result<Option<u64>, VmError> {
         // Its accesses happened at the time events raised now would have.
         let at = LogPosition {
             guest_ns: cx.event_ns(),

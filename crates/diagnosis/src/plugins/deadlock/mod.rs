@@ -9,7 +9,7 @@ use events::db::Row;
 use guestfiles::Symbolizer;
 
 use crate::event_stacks::EventStacks;
-use crate::plugin::{Attachment, Context, Output, Plugin, PluginError};
+use crate::plugin::{Attachment, Output, Plugin, PluginContext, PluginError};
 use crate::render::xml_escape;
 
 pub mod input;
@@ -65,7 +65,7 @@ impl Plugin for Deadlock {
         }
     }
 
-    fn finish(&mut self, cx: &Context) -> Result<Output, PluginError> {
+    fn finish(&mut self, cx: &PluginContext) -> Result<Output, PluginError> {
         let db = cx.db;
         // Threads by (pid, lwpid): an lwpid can come back in another process.
         let names: HashMap<(u32, u32), String> = db

@@ -107,7 +107,7 @@ pub struct Anomalies {
 /// A moment of a thread: the time, and how long the thread had been off
 /// the CPU by then (`Contention::switch`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-struct At {
+struct ThreadMoment {
     time: u64,
     off_cpu: u64,
 }
@@ -120,8 +120,8 @@ struct Held {
     off_cpu: u64,
 }
 
-impl At {
-    fn until(self, end: At) -> Held {
+impl ThreadMoment {
+    fn until(self, end: ThreadMoment) -> Held {
         Held {
             time: end.time.saturating_sub(self.time),
             off_cpu: end.off_cpu.saturating_sub(self.off_cpu),
@@ -133,9 +133,9 @@ impl At {
 struct LockState {
     owner: Option<u32>,
     depth: u32,
-    acquired_at: At,
+    acquired_at: ThreadMoment,
     /// Threads holding a read lock: how many times, since when.
-    readers: HashMap<u32, (u32, At)>,
+    readers: HashMap<u32, (u32, ThreadMoment)>,
     /// Threads waiting on a condition variable, the mutex given up: since
     /// when.
     cond_waiting: HashMap<u32, u64>,
@@ -156,7 +156,7 @@ impl LockState {
     /// `thread` takes the lock at `time` (`shared`: for reading): whether
     /// the model allows it (nobody else holds it in a way that excludes
     /// it).
-    fn acquire(&mut self, thread: u32, time: At, shared: bool) -> bool {
+    fn acquire(&mut self, thread: u32, time: ThreadMoment, shared: bool) -> bool {
         if self.held_by_other(thread, shared) {
             return false;
         }
@@ -174,7 +174,7 @@ impl LockState {
 
     /// `thread` gives the lock up once at `time`: `None` if it held it
     /// not, else how long it held it if that was its last hold.
-    fn release(&mut self, thread: u32, time: At) -> Option<Option<Held>> {
+    fn release(&mut self, thread: u32, time: ThreadMoment) -> Option<Option<Held>> {
         if self.owner == Some(thread) {
             self.depth -= 1;
             if self.depth > 0 {
@@ -256,11 +256,11 @@ impl Contention {
     }
 
     /// `thread`'s moment `time`.
-    fn at(&self, thread: u32, time: u64) -> At {
+    fn at(&self, thread: u32, time: u64) -> ThreadMoment {
         let off_cpu = self.off_cpu.get(&thread).map_or(0, |&(total, since)| {
             total + since.map_or(0, |s| time.saturating_sub(s))
         });
-        At { time, off_cpu }
+        ThreadMoment { time, off_cpu }
     }
 
     pub fn push(&mut self, ev: &LockEvent) {

@@ -11,7 +11,7 @@ use guestfiles::Symbolizer;
 
 use crate::event_stacks::EventStacks;
 use crate::from_db::LockEvents;
-use crate::plugin::{Attachment, Context, Output, Plugin, PluginError};
+use crate::plugin::{Attachment, Output, Plugin, PluginContext, PluginError};
 use crate::render::{duration, percent};
 
 pub mod contention;
@@ -161,7 +161,7 @@ impl Plugin for Locks {
         }
     }
 
-    fn finish(&mut self, cx: &Context) -> Result<Output, PluginError> {
+    fn finish(&mut self, cx: &PluginContext) -> Result<Output, PluginError> {
         let report = std::mem::take(&mut self.analysis).finish();
         let names = self.names.names(cx)?;
         let ranked: Vec<(u64, &LockStats)> = report
@@ -275,7 +275,7 @@ impl Locks {
     /// used the lock.
     fn top_stacks(
         &self,
-        cx: &Context,
+        cx: &PluginContext,
         report: &ContentionReport,
         ranked: &[(u64, &LockStats)],
     ) -> Result<Vec<Vec<StackShare>>, PluginError> {

@@ -13,7 +13,7 @@ use events::abi::Kind;
 use events::db::Row;
 use guestfiles::Symbolizer;
 
-use crate::plugin::{Context, PluginError};
+use crate::plugin::{PluginContext, PluginError};
 
 /// At most this many of an init's callers go into a name.
 const MAX_CALLERS: usize = 4;
@@ -72,7 +72,7 @@ impl LockNames {
     }
 
     /// Every used object's name, where something names it.
-    pub fn names(&self, cx: &Context) -> Result<HashMap<u64, String>, PluginError> {
+    pub fn names(&self, cx: &PluginContext) -> Result<HashMap<u64, String>, PluginError> {
         let mut sym = Symbolizer::new(cx.files);
         let mut pids: Vec<u32> = self.first_user.values().copied().collect();
         pids.extend(self.init_site.values().map(|&(pid, _)| pid));

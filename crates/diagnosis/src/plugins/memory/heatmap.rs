@@ -20,12 +20,12 @@ const BOTTOM: f64 = 28.0;
 
 /// One page's row: its label and its accesses per bucket of [`BUCKET`]
 /// accesses of the whole trace.
-pub struct Row<'a> {
+pub struct PageRow<'a> {
     pub label: String,
     pub buckets: &'a BTreeMap<u64, u32>,
 }
 
-impl Row<'_> {
+impl PageRow<'_> {
     fn total(&self) -> u64 {
         self.buckets.values().map(|&n| u64::from(n)).sum()
     }
@@ -33,7 +33,7 @@ impl Row<'_> {
 
 /// Draws `rows` (in the order given) over `accesses` accesses in all,
 /// titled `title`; the most accessed [`MAX_ROWS`] only.
-pub fn svg(title: &str, mut rows: Vec<Row<'_>>, accesses: u64) -> String {
+pub fn svg(title: &str, mut rows: Vec<PageRow<'_>>, accesses: u64) -> String {
     let left_out = rows.len().saturating_sub(MAX_ROWS);
     if left_out > 0 {
         let mut by_total: Vec<(u64, usize)> = rows
@@ -132,11 +132,11 @@ mod tests {
         let svg = svg(
             "t <1>",
             vec![
-                Row {
+                PageRow {
                     label: "0x404000 a".into(),
                     buckets: &hot,
                 },
-                Row {
+                PageRow {
                     label: "0x7ffd0000 [page]".into(),
                     buckets: &cold,
                 },
@@ -161,7 +161,7 @@ mod tests {
         let rows = lists
             .iter()
             .enumerate()
-            .map(|(i, b)| Row {
+            .map(|(i, b)| PageRow {
                 label: format!("page{i}"),
                 buckets: b,
             })

@@ -19,7 +19,7 @@ use events::abi::{HeapFunction, Kind, MemAccess};
 use events::db::Row;
 use guestfiles::Symbolizer;
 
-use crate::plugin::{Attachment, Context, Output, Plugin, PluginError, ReplayNeeds};
+use crate::plugin::{Attachment, Output, Plugin, PluginContext, PluginError, ReplayNeeds};
 
 /// Rows of the report.
 const SHOWN: usize = 40;
@@ -274,7 +274,7 @@ impl Plugin for Memory {
         }
     }
 
-    fn finish(&mut self, cx: &Context) -> Result<Output, PluginError> {
+    fn finish(&mut self, cx: &PluginContext) -> Result<Output, PluginError> {
         let mut sym = Symbolizer::new(cx.files);
         let mut pids: Vec<u32> = self.by_address.keys().map(|k| k.0).collect();
         pids.extend(self.blocks.iter().map(|b| b.pid));
@@ -440,7 +440,7 @@ impl Plugin for Memory {
         pages.sort_by_key(|p| *p.0);
         let page_rows = pages
             .into_iter()
-            .map(|(&(pid, page), buckets)| heatmap::Row {
+            .map(|(&(pid, page), buckets)| heatmap::PageRow {
                 label: format!(
                     "{pid} {page:#x} {}",
                     page_label.get(&(pid, page)).copied().unwrap_or_default()

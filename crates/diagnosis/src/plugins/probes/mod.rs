@@ -12,7 +12,7 @@ use events::abi::Kind;
 use events::db::{ProbeValue, Row};
 use guestfiles::Symbolizer;
 
-use crate::plugin::{Attachment, Context, Output, Plugin, PluginError};
+use crate::plugin::{Attachment, Output, Plugin, PluginContext, PluginError};
 
 /// Distinct byte values and stacks shown per probe.
 const TOP: usize = 5;
@@ -20,7 +20,7 @@ const TOP: usize = 5;
 const BAR: u64 = 40;
 
 /// One hit, as stored.
-struct Hit {
+struct StoredHit {
     seq: u64,
     time: u64,
     kind: Kind,
@@ -31,7 +31,7 @@ struct Hit {
 #[derive(Default)]
 pub struct Probes {
     /// Hits by probe number, in event order.
-    hits: BTreeMap<u32, Vec<Hit>>,
+    hits: BTreeMap<u32, Vec<StoredHit>>,
     /// Stacks of hits (`ustack`), by event.
     stacks: HashMap<u64, Vec<u64>>,
 }
@@ -194,7 +194,7 @@ impl Plugin for Probes {
         let Some(id) = row.value.and_then(|v| u32::try_from(v).ok()) else {
             return;
         };
-        self.hits.entry(id).or_default().push(Hit {
+        self.hits.entry(id).or_default().push(StoredHit {
             seq: row.seq,
             time: row.time,
             kind: row.kind,
@@ -211,7 +211,7 @@ impl Plugin for Probes {
         self.stacks.insert(seq, frames.to_vec());
     }
 
-    fn finish(&mut self, cx: &Context) -> Result<Output, PluginError> {
+    fn finish(&mut self, cx: &PluginContext) -> Result<Output, PluginError> {
         let probes = cx.db.probes()?;
         let values = cx.db.probe_values()?;
         let names: HashMap<(u32, u32), String> = cx

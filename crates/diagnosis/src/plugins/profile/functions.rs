@@ -6,12 +6,12 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use events::abi::SampleMode;
 use events::db::{DbError, EventDb, Row};
 
-use guestfiles::{GuestFiles, Location, Symbolizer, KERNEL};
+use guestfiles::{CodeLocation, GuestFiles, Symbolizer, KERNEL};
 
 /// Samples of one function.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProfileRow {
-    pub location: Location,
+    pub location: CodeLocation,
     pub samples: u64,
 }
 
@@ -40,14 +40,14 @@ pub struct FunctionProfile {
     pub folded: BTreeMap<String, u64>,
 }
 
-fn kernel() -> Location {
-    Location {
+fn kernel() -> CodeLocation {
+    CodeLocation {
         object: KERNEL.into(),
         function: KERNEL.into(),
     }
 }
 
-fn ranked(counts: HashMap<Location, u64>) -> Vec<ProfileRow> {
+fn ranked(counts: HashMap<CodeLocation, u64>) -> Vec<ProfileRow> {
     let mut rows: Vec<ProfileRow> = counts
         .into_iter()
         .map(|(location, samples)| ProfileRow { location, samples })
@@ -77,8 +77,8 @@ pub fn profile(
     }
 
     let mut out = FunctionProfile::default();
-    let mut all: HashMap<Location, u64> = HashMap::new();
-    let mut per_thread: HashMap<(u32, u32), HashMap<Location, u64>> = HashMap::new();
+    let mut all: HashMap<CodeLocation, u64> = HashMap::new();
+    let mut per_thread: HashMap<(u32, u32), HashMap<CodeLocation, u64>> = HashMap::new();
     for r in samples {
         let Some(rip) = r.addr else { continue };
         // Any value but 0 (user) is kernel time, values unknown here too.

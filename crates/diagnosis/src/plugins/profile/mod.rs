@@ -8,7 +8,7 @@ use std::time::Duration;
 use events::abi::Kind;
 use events::db::Row;
 
-use crate::plugin::{Attachment, Context, Output, Plugin, PluginError, ReplayNeeds};
+use crate::plugin::{Attachment, Output, Plugin, PluginContext, PluginError, ReplayNeeds};
 use crate::render::percent;
 
 pub mod flamegraph;
@@ -92,7 +92,7 @@ impl Plugin for Profile {
         self.stacks.insert(seq, frames.to_vec());
     }
 
-    fn finish(&mut self, cx: &Context) -> Result<Output, PluginError> {
+    fn finish(&mut self, cx: &PluginContext) -> Result<Output, PluginError> {
         let p = functions::profile(&self.samples, &self.stacks, cx.db, cx.files)?;
         if p.samples == 0 {
             let why = if self.all > 0 {

@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 use events::abi::{Kind, Source};
 use events::db::Row;
 
-use crate::plugin::{Context, Output, Plugin, PluginError};
+use crate::plugin::{Output, Plugin, PluginContext, PluginError};
 
 #[derive(Default)]
 struct Thread {
@@ -116,7 +116,7 @@ impl Plugin for Threads {
         }
     }
 
-    fn finish(&mut self, cx: &Context) -> Result<Output, PluginError> {
+    fn finish(&mut self, cx: &PluginContext) -> Result<Output, PluginError> {
         // A call still waiting when the events end (a thread blocked for
         // good, say) has waited until then.
         for (tid, since) in std::mem::take(&mut self.waiting) {

@@ -10,7 +10,7 @@ use events::abi::Kind;
 use events::db::Row;
 
 use crate::event_stacks::EventStacks;
-use crate::plugin::{Attachment, Context, Output, Plugin, PluginError};
+use crate::plugin::{Attachment, Output, Plugin, PluginContext, PluginError};
 
 pub mod model;
 pub mod page;
@@ -108,7 +108,7 @@ impl Plugin for Timeline {
         &["json", "html"]
     }
 
-    fn finish(&mut self, cx: &Context) -> Result<Output, PluginError> {
+    fn finish(&mut self, cx: &PluginContext) -> Result<Output, PluginError> {
         let mut b = std::mem::take(&mut self.builder);
         b.finish();
         let window = self.window.unwrap_or(Window::ALL);

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use super::model::{self, Builder, SliceKind, Tid, Window};
 use crate::event_stacks::EventStacks;
-use crate::plugin::{Context, PluginError};
+use crate::plugin::{PluginContext, PluginError};
 use guestfiles::Symbolizer;
 
 /// A thread's row: its track and the lanes its out-of-order slices need.
@@ -41,7 +41,7 @@ impl<'a> View<'a> {
         b: &'a Builder,
         window: Window,
         event_stacks: &EventStacks,
-        cx: &Context,
+        cx: &PluginContext,
     ) -> Result<Self, PluginError> {
         let mut task_names: HashMap<Tid, String> = cx
             .db

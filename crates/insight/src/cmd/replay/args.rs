@@ -9,7 +9,7 @@ use anyhow::Result;
 use vmm::CheckpointEvery;
 
 use crate::cmd::report;
-pub use crate::position::{parse_duration, parse_position, Position};
+pub use crate::position::{parse_duration, parse_position, PositionArg};
 
 #[derive(clap::Args)]
 pub struct ReplayArgs {
@@ -162,12 +162,12 @@ pub struct WindowArgs {
     /// database TRACE/events.db has it. Every exit from there on is
     /// checked as usual.
     #[arg(long, value_name = "POS", value_parser = parse_position)]
-    pub from: Option<Position>,
+    pub from: Option<PositionArg>,
     /// Stop after POS (as for --from) instead of at the recording's end.
     /// A window ending at an event holds that event and nothing after it
     /// (the replay runs on to the next exit, storing no more events).
     #[arg(long, value_name = "POS", value_parser = parse_position)]
-    pub to: Option<Position>,
+    pub to: Option<PositionArg>,
     /// List the trace's checkpoints (exit, guest time, size) and exit.
     #[arg(long)]
     pub list_checkpoints: bool,
@@ -336,7 +336,7 @@ mod tests {
 
     #[test]
     fn positions_intervals_and_segments_parse_or_say_why_not() {
-        let at = |p| Ok(Position::At(p));
+        let at = |p| Ok(PositionArg::At(p));
         assert_eq!(parse_position("1234"), at(ReplayPoint::Exit(1234)));
         assert_eq!(
             parse_position("12s"),
@@ -347,14 +347,14 @@ mod tests {
             .contains("not a position"));
         assert_eq!(
             parse_position("first:lock:77"),
-            Ok(Position::First {
+            Ok(PositionArg::First {
                 kind: Kind::Lock,
                 lwpid: Some(77)
             })
         );
         assert_eq!(
             parse_position("first:THREADCREATE"),
-            Ok(Position::First {
+            Ok(PositionArg::First {
                 kind: Kind::ThreadCreate,
                 lwpid: None
             })

@@ -7,7 +7,7 @@ pub(crate) mod args;
 mod probes;
 mod segments;
 
-pub use args::{parse_duration, parse_position, Position, ReplayArgs, Unwind};
+pub use args::{parse_duration, parse_position, PositionArg, ReplayArgs, Unwind};
 use segments::{list_checkpoints, report_checkpoints, segment_bounds};
 
 use std::fs::File;
@@ -50,8 +50,8 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
     }
     if let Some(segment) = args.window.segment {
         let (from, to) = segment_bounds(&trace, segment)?;
-        args.window.from = from.map(|e| Position::At(ReplayPoint::Exit(e)));
-        args.window.to = to.map(|e| Position::At(ReplayPoint::Exit(e)));
+        args.window.from = from.map(|e| PositionArg::At(ReplayPoint::Exit(e)));
+        args.window.to = to.map(|e| PositionArg::At(ReplayPoint::Exit(e)));
     }
     let probe_specs = probes::specs(&args.probe, args.probes_file.as_deref())?;
     if !probe_specs.is_empty() && !args.diagnose.iter().any(|d| d == "probes") {
@@ -122,7 +122,7 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
     if let Some(path) = &args.tracing.trace_memory {
         outputs::check(path, OutputKind::MemoryTrace, args.force)?;
     }
-    if let (Some(Position::First { .. }), Some(_), Some(_)) = (
+    if let (Some(PositionArg::First { .. }), Some(_), Some(_)) = (
         args.window.to,
         args.window.checkpoint_every,
         &args.capture.events,
@@ -428,7 +428,7 @@ fn event_options(
         Unwind::FramePointers => None,
     };
     let end_after = match args.window.to {
-        Some(Position::First { kind, lwpid }) => Some((kind, lwpid)),
+        Some(PositionArg::First { kind, lwpid }) => Some((kind, lwpid)),
         _ => None,
     };
     Ok(EventOptions {
@@ -529,7 +529,7 @@ fn report_expansion(stats: &vmm::ExpansionStats, args: &ReplayArgs, replay_time:
 /// in user mode (a probe guest, ~0.1 s): if not, the tracing steps every
 /// instruction by a debug exception, and says so.
 fn kernel_steps_work() -> bool {
-    match vmm::host_check::probe_kernel_steps() {
+    match vmm::host_check::check_kernel_steps() {
         Ok(report) if report.differences.is_empty() => true,
         Ok(report) => {
             eprintln!(

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
-use events::probe_spec::{nearest, CaptureItem, Location, ProbeSpec, ProcessName, MAX_PROBES};
+use events::probe_spec::{nearest, CaptureItem, ProbeLocation, ProbeSpec, ProcessName, MAX_PROBES};
 use guestfiles::{ElfSymbols, GuestFiles};
 use vmm::tools::control::ProcessSelector;
 use vmm::tools::probes::{PlannedProbe, ProbePlan};
@@ -323,7 +323,7 @@ fn library_names(files: &GuestFiles) -> Vec<String> {
 /// load bias.
 fn site(spec: &ProbeSpec, symbols: &ElfSymbols, exe_path: &str) -> Result<u64> {
     match &spec.location {
-        Location::Function { name, .. } if symbols.is_indirect(name) => {
+        ProbeLocation::Function { name, .. } if symbols.is_indirect(name) => {
             // glibc names them `__NAME_VARIANT` (`__strlen_evex`,
             // `__cos_fma`; `__cos_ifunc` is the resolver); else any
             // internal name containing NAME.
@@ -353,14 +353,14 @@ fn site(spec: &ProbeSpec, symbols: &ElfSymbols, exe_path: &str) -> Result<u64> {
                 }
             )
         }
-        Location::Function { name, .. } => symbols.function_address(name).with_context(|| {
+        ProbeLocation::Function { name, .. } => symbols.function_address(name).with_context(|| {
             format!(
                 "probe '{}': {exe_path} has no function '{name}'{}",
                 spec.text,
                 suggest(&nearest(name, symbols.function_names(), 3))
             )
         }),
-        Location::Address { addr, .. } => {
+        ProbeLocation::Address { addr, .. } => {
             if symbols.function(*addr).is_none() && !symbols.covers(*addr) {
                 bail!(
                     "probe '{}': {addr:#x} is not in {exe_path}'s code (an address as its \
@@ -370,7 +370,7 @@ fn site(spec: &ProbeSpec, symbols: &ElfSymbols, exe_path: &str) -> Result<u64> {
             }
             Ok(*addr)
         }
-        Location::Line { file, line } => match symbols.line_address(file, *line) {
+        ProbeLocation::Line { file, line } => match symbols.line_address(file, *line) {
             Ok(addr) => Ok(addr),
             Err(Some(near)) => bail!(
                 "probe '{}': {file}:{line} has no code in {exe_path}; nearest lines with code: {}",

@@ -14,7 +14,7 @@ use crate::points::PointSearch;
 use crate::tools::control::{
     Advance, Control, KernelPoints, ProcessInfo, ProcessSelector, Scope, ThreadRegs,
 };
-use crate::tools::tool::{Context, ReplayTool};
+use crate::tools::tool::{ReplayTool, ToolContext};
 use crate::vm::{Claimed, Machine, VmError};
 use devices::control::EventRaiser;
 
@@ -256,21 +256,21 @@ impl ReplayTool for DebugTool {
 
     fn exit(
         &mut self,
-        cx: &mut Context,
+        cx: &mut ToolContext,
         m: &mut Machine,
         kernel_entry: bool,
     ) -> Result<(), VmError> {
         self.advanced(m, Advance::Exit { kernel_entry }, &cx.log.position())
     }
 
-    fn point_reached(&mut self, cx: &mut Context, m: &mut Machine) -> Result<(), VmError> {
+    fn point_reached(&mut self, cx: &mut ToolContext, m: &mut Machine) -> Result<(), VmError> {
         self.advanced(m, Advance::Point, &cx.log.position())
     }
 
     /// A thread's exit ends the process when it is its last.
     fn event_raised(
         &mut self,
-        _cx: &mut Context,
+        _cx: &mut ToolContext,
         m: &mut Machine,
         raiser: EventRaiser,
     ) -> Result<(), VmError> {
@@ -281,7 +281,11 @@ impl ReplayTool for DebugTool {
         true
     }
 
-    fn debug_exit(&mut self, cx: &mut Context, m: &mut Machine) -> Result<Option<u64>, VmError> {
+    fn debug_exit(
+        &mut self,
+        cx: &mut ToolContext,
+        m: &mut Machine,
+    ) -> Result<Option<u64>, VmError> {
         self.control.debug_exit(m, cx.points, &mut self.finder)?;
         Ok(Some(0))
     }
@@ -295,7 +299,7 @@ impl ReplayTool for DebugTool {
     /// looked at.
     fn store(
         &mut self,
-        _cx: &mut Context,
+        _cx: &mut ToolContext,
         m: &mut Machine,
         gpa: u64,
         data: &[u8],
@@ -311,7 +315,7 @@ impl ReplayTool for DebugTool {
     /// as after the kernel's own write.
     fn wrote_for_guest(
         &mut self,
-        _cx: &mut Context,
+        _cx: &mut ToolContext,
         m: &mut Machine,
         written: &[u64],
     ) -> Result<(), VmError> {
@@ -322,7 +326,7 @@ impl ReplayTool for DebugTool {
     }
 
     /// A store to a watched page KVM could not emulate (a vector store).
-    fn unemulated(&mut self, _cx: &mut Context, m: &mut Machine) -> Result<bool, VmError> {
+    fn unemulated(&mut self, _cx: &mut ToolContext, m: &mut Machine) -> Result<bool, VmError> {
         self.control.unemulated(m)
     }
 

@@ -39,7 +39,7 @@ struct PendingCall {
 }
 
 /// A process the probes go into, from the start of its program.
-struct Followed {
+struct ProbedProcess {
     pid: u32,
     /// The program as it executed it, and whether it is the plan's.
     exe: String,
@@ -95,7 +95,7 @@ pub(super) struct ProbeState {
     exe_path: String,
     exe_entry: u64,
     /// The processes followed, by address space.
-    followed: HashMap<u64, Followed>,
+    followed: HashMap<u64, ProbedProcess>,
     /// Calls of `return` probes under way, per thread, innermost last.
     calls: HashMap<u32, Vec<PendingCall>>,
     /// The processes whose objects the events tool was told of.
@@ -192,7 +192,7 @@ impl ProbeState {
         };
         self.followed.insert(
             info.cr3,
-            Followed {
+            ProbedProcess {
                 pid: info.pid,
                 exe,
                 runs_program,
@@ -216,7 +216,7 @@ impl ProbeState {
             control.unfollow(pid);
             return false;
         };
-        let child = Followed {
+        let child = ProbedProcess {
             pid,
             exe: p.exe.clone(),
             runs_program: p.runs_program,
@@ -506,7 +506,7 @@ impl ProbeState {
 
 /// Each probe's object's load bias in the followed process `f`, where
 /// known and where the probe goes into it.
-fn bases(probes: &[PlannedProbe], f: &Followed) -> Vec<Option<u64>> {
+fn bases(probes: &[PlannedProbe], f: &ProbedProcess) -> Vec<Option<u64>> {
     (probes.iter().enumerate())
         .map(|(i, p)| match &p.object {
             _ if !f.probes[i] => None,

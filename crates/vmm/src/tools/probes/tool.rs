@@ -10,7 +10,7 @@ use crate::tools::control::{
     Advance, Arming, BreakpointHit, Control, KernelPoints, ProcessInfo, Scope, Supervisor, Verdict,
 };
 use crate::tools::events::EventTool;
-use crate::tools::tool::{Context, ReplayTool};
+use crate::tools::tool::{ReplayTool, ToolContext};
 use crate::vm::{Machine, VmError};
 use devices::control::EventRaiser;
 
@@ -133,21 +133,21 @@ impl ReplayTool for ProbeTool {
 
     fn exit(
         &mut self,
-        cx: &mut Context,
+        cx: &mut ToolContext,
         m: &mut Machine,
         kernel_entry: bool,
     ) -> Result<(), VmError> {
         self.advanced(m, Advance::Exit { kernel_entry }, cx.events.as_deref_mut())
     }
 
-    fn point_reached(&mut self, _cx: &mut Context, m: &mut Machine) -> Result<(), VmError> {
+    fn point_reached(&mut self, _cx: &mut ToolContext, m: &mut Machine) -> Result<(), VmError> {
         self.advanced(m, Advance::Point, None)
     }
 
     /// A followed process may have ended.
     fn event_raised(
         &mut self,
-        _cx: &mut Context,
+        _cx: &mut ToolContext,
         m: &mut Machine,
         raiser: EventRaiser,
     ) -> Result<(), VmError> {
@@ -158,7 +158,11 @@ impl ReplayTool for ProbeTool {
         true
     }
 
-    fn debug_exit(&mut self, cx: &mut Context, m: &mut Machine) -> Result<Option<u64>, VmError> {
+    fn debug_exit(
+        &mut self,
+        cx: &mut ToolContext,
+        m: &mut Machine,
+    ) -> Result<Option<u64>, VmError> {
         let ns = cx.event_ns();
         ProbeTool::debug_exit(self, m, cx.points, cx.events.as_deref_mut(), ns)?;
         Ok(Some(0))

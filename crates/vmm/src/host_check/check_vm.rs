@@ -1,4 +1,4 @@
-//! The probe guest: a 4 MiB guest in 64-bit mode with a GDT (kernel and
+//! The check guest: a 4 MiB guest in 64-bit mode with a GDT (kernel and
 //! user segments), a TSS, an IDT whose handlers report their vector, and
 //! identity page tables open to user mode; guest code reports progress by
 //! writing a marker byte to port 0xf1.
@@ -11,7 +11,7 @@ use crate::{cpuid, kvm_ext};
 use guest::boot::{descriptor_segment, gdt_entry};
 
 #[derive(Debug, thiserror::Error)]
-pub enum ProbeError {
+pub enum HostCheckError {
     #[error("cannot open /dev/kvm (is KVM available and accessible?)")]
     OpenKvm(#[source] kvm_ioctls::Error),
     #[error("KVM {op} failed in a host probe")]
@@ -26,13 +26,13 @@ pub enum ProbeError {
     UnknownSyscall(String),
 }
 
-pub(super) fn kvm_err(op: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> ProbeError {
-    move |source| ProbeError::Kvm { op, source }
+pub(super) fn kvm_err(op: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> HostCheckError {
+    move |source| HostCheckError::Kvm { op, source }
 }
 
-/// KVM, for a probe guest.
-pub(super) fn open_kvm() -> Result<Kvm, ProbeError> {
-    Kvm::new().map_err(ProbeError::OpenKvm)
+/// KVM, for a check guest.
+pub(super) fn open_kvm() -> Result<Kvm, HostCheckError> {
+    Kvm::new().map_err(HostCheckError::OpenKvm)
 }
 
 pub(super) const MEM_SIZE: usize = 4 << 20;
@@ -62,15 +62,15 @@ pub(super) const MSR_SFMASK: u32 = 0xc000_0084;
 pub(super) const EFER_SCE: u64 = 1;
 pub(super) const CR4_TSD: u64 = 1 << 2;
 
-/// Markers the probe programs write.
+/// Markers the check programs write.
 pub(super) const M_LSTAR: u8 = 0x01;
 pub(super) const M_AFTER: u8 = 0x02;
 /// Handlers write 0x80 | vector.
 pub(super) const M_VECTOR: u8 = 0x80;
 
-/// What a probe guest did.
+/// What a check guest did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum ProbeEvent {
+pub(super) enum CheckVmExit {
     /// Wrote `marker` to the marker port at privilege level `cpl`.
     Marker {
         marker: u8,
@@ -89,8 +89,8 @@ pub(super) enum ProbeEvent {
     Other,
 }
 
-/// One probe guest.
-pub(super) struct ProbeVm {
+/// One check guest.
+pub(super) struct CheckVm {
     pub(super) vcpu: VcpuFd,
     _vm: VmFd,
     pub(super) _mem: GuestMemoryMmap,
@@ -116,7 +116,7 @@ pub(super) fn enter_user_code() -> Vec<u8> {
     c
 }
 
-/// Descriptors of the probe GDT: (selector, flags, base, limit).
+/// Descriptors of the check GDT: (selector, flags, base, limit).
 pub(super) const KERNEL_CODE_DESC: (u16, u16, u32, u32) = (KERNEL_CS, 0xa09b, 0, 0xfffff);
 pub(super) const KERNEL_DATA_DESC: (u16, u16, u32, u32) = (KERNEL_DS, 0xc093, 0, 0xfffff);
 pub(super) const USER_DATA_DESC: (u16, u16, u32, u32) = (USER_DS, 0xc0f3, 0, 0xfffff);
@@ -124,22 +124,22 @@ pub(super) const USER_CODE_DESC: (u16, u16, u32, u32) = (USER_CS, 0xa0fb, 0, 0xf
 /// 64-bit TSS (available), byte-granular limit.
 pub(super) const TSS_DESC: (u16, u16, u32, u32) = (TSS_SEL, 0x0089, TSS as u32, 0x67);
 
-impl ProbeVm {
-    /// A probe that enters user mode and runs `user`; a SYSCALL lands on
+impl CheckVm {
+    /// A check that enters user mode and runs `user`; a SYSCALL lands on
     /// the M_LSTAR marker.
-    pub(super) fn user(kvm: &Kvm, user: &[u8], tsd: bool) -> Result<Self, ProbeError> {
-        ProbeVm::new(kvm, &enter_user_code(), user, &marker_code(M_LSTAR), tsd)
+    pub(super) fn user(kvm: &Kvm, user: &[u8], tsd: bool) -> Result<Self, HostCheckError> {
+        CheckVm::new(kvm, &enter_user_code(), user, &marker_code(M_LSTAR), tsd)
     }
 
-    /// A probe that runs `body` in `mode`, then writes M_AFTER.
+    /// A check that runs `body` in `mode`, then writes M_AFTER.
     pub(super) fn running(
         kvm: &Kvm,
         mode: Privilege,
         body: &[u8],
         tsd: bool,
-    ) -> Result<Self, ProbeError> {
+    ) -> Result<Self, HostCheckError> {
         let (k, u) = in_mode(mode, body);
-        ProbeVm::new(kvm, &k, &u, &marker_code(M_LSTAR), tsd)
+        CheckVm::new(kvm, &k, &u, &marker_code(M_LSTAR), tsd)
     }
 
     pub(super) fn new(
@@ -148,15 +148,15 @@ impl ProbeVm {
         user_code: &[u8],
         lstar_code: &[u8],
         tsd: bool,
-    ) -> Result<Self, ProbeError> {
+    ) -> Result<Self, HostCheckError> {
         let vm = kvm.create_vm().map_err(kvm_err("CREATE_VM"))?;
         vm.set_tss_address(0xfffb_d000)
             .map_err(kvm_err("SET_TSS_ADDR"))?;
         let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), MEM_SIZE)])
-            .map_err(|e| ProbeError::Memory(e.to_string()))?;
+            .map_err(|e| HostCheckError::Memory(e.to_string()))?;
         let w = |addr: u64, bytes: &[u8]| {
             mem.write_slice(bytes, GuestAddress(addr))
-                .map_err(|e| ProbeError::Memory(e.to_string()))
+                .map_err(|e| HostCheckError::Memory(e.to_string()))
         };
         // GDT: null, kernel code/data, user data/code, 16-byte TSS.
         let entry = |(_, flags, base, limit): (u16, u16, u32, u32)| gdt_entry(flags, base, limit);
@@ -244,16 +244,16 @@ impl ProbeVm {
                 ..Default::default()
             },
         ])
-        .map_err(|_| ProbeError::Memory("MSR list".into()))?;
+        .map_err(|_| HostCheckError::Memory("MSR list".into()))?;
         vcpu.set_msrs(&msrs).map_err(kvm_err("SET_MSRS"))?;
-        Ok(ProbeVm {
+        Ok(CheckVm {
             vcpu,
             _vm: vm,
             _mem: mem,
         })
     }
 
-    pub(super) fn debug(&self, control: u32, dr0: Option<u64>) -> Result<(), ProbeError> {
+    pub(super) fn debug(&self, control: u32, dr0: Option<u64>) -> Result<(), HostCheckError> {
         let mut dbg = kvm_guest_debug {
             control,
             ..Default::default()
@@ -275,35 +275,35 @@ impl ProbeVm {
     }
 
     /// Runs to the next event of interest.
-    pub(super) fn next_event(&mut self) -> Result<ProbeEvent, ProbeError> {
+    pub(super) fn next_event(&mut self) -> Result<CheckVmExit, HostCheckError> {
         for _ in 0..1000 {
             let exit = self.vcpu.run();
             let event = match exit {
                 Ok(VcpuExit::IoOut(port, data)) if port == MARKER_PORT => {
                     let marker = data.first().copied().unwrap_or(0);
-                    ProbeEvent::Marker { marker, cpl: 0 }
+                    CheckVmExit::Marker { marker, cpl: 0 }
                 }
-                Ok(VcpuExit::Debug(arch)) => ProbeEvent::Debug {
+                Ok(VcpuExit::Debug(arch)) => CheckVmExit::Debug {
                     exception: arch.exception,
                     pc: arch.pc,
                     cpl: 0,
                 },
-                Ok(VcpuExit::Hlt) => ProbeEvent::Halted,
-                Ok(VcpuExit::Shutdown) => ProbeEvent::TripleFault,
-                Ok(VcpuExit::InternalError) => ProbeEvent::EmulationFailure,
+                Ok(VcpuExit::Hlt) => CheckVmExit::Halted,
+                Ok(VcpuExit::Shutdown) => CheckVmExit::TripleFault,
+                Ok(VcpuExit::InternalError) => CheckVmExit::EmulationFailure,
                 Ok(VcpuExit::IoOut(..)) | Ok(VcpuExit::IoIn(..)) | Ok(VcpuExit::IrqWindowOpen) => {
                     continue
                 }
-                Ok(_) => ProbeEvent::Other,
+                Ok(_) => CheckVmExit::Other,
                 Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => continue,
                 Err(e) => return Err(kvm_err("RUN")(e)),
             };
             return Ok(match event {
-                ProbeEvent::Marker { marker, .. } => ProbeEvent::Marker {
+                CheckVmExit::Marker { marker, .. } => CheckVmExit::Marker {
                     marker,
                     cpl: self.cpl(),
                 },
-                ProbeEvent::Debug { exception, pc, .. } => ProbeEvent::Debug {
+                CheckVmExit::Debug { exception, pc, .. } => CheckVmExit::Debug {
                     exception,
                     pc,
                     cpl: self.cpl(),
@@ -311,11 +311,11 @@ impl ProbeVm {
                 e => e,
             });
         }
-        Ok(ProbeEvent::Other)
+        Ok(CheckVmExit::Other)
     }
 }
 
-/// Privilege of guest execution a probe targets.
+/// Privilege of guest execution a check targets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Privilege {
     Kernel,

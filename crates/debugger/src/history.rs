@@ -60,7 +60,7 @@ pub(crate) enum Back {
 }
 
 /// The replay's history as the debugger moves through it.
-pub(crate) struct Timeline {
+pub(crate) struct History {
     /// Where the program started: history begins there.
     pub(crate) start: Position,
     /// Where the replay stands.
@@ -70,9 +70,9 @@ pub(crate) struct Timeline {
     steps: HashMap<Position, Position>,
 }
 
-impl Timeline {
+impl History {
     pub(crate) fn new(start: Position) -> Self {
-        Timeline {
+        History {
             start,
             now: start,
             steps: HashMap::new(),
