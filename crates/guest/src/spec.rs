@@ -152,6 +152,54 @@ pub enum GuestError {
         unit: &'static str,
         limit: usize,
     },
+    #[error("the guest keeps its files in its memory, at most half of it: {files_mib} MiB of files (the guest image's {image_mib} MiB, {run_mib} MiB brought for this run) do not fit in {memory_mib} MiB; {hint}")]
+    FilesDoNotFit {
+        files_mib: u64,
+        image_mib: u64,
+        run_mib: u64,
+        memory_mib: u64,
+        hint: String,
+    },
+}
+
+/// What the guest kernel keeps of its memory before the root file system
+/// (which may hold half of the rest) can have any: its code and tables.
+const KERNEL_MIB: u64 = 24;
+
+/// Checks that the guest image's files and the run's archive fit in the
+/// guest's root file system (a tmpfs of half the memory the kernel leaves)
+/// before anything is copied into it, naming the memory that would do.
+fn check_files_fit(
+    image_bytes: usize,
+    run_bytes: usize,
+    memory_mib: u64,
+) -> Result<(), GuestError> {
+    const MIB: u64 = 1 << 20;
+    let files = (image_bytes + run_bytes) as u64;
+    let room = memory_mib.saturating_sub(KERNEL_MIB) * MIB / 2;
+    if files <= room {
+        return Ok(());
+    }
+    let files_mib = files.div_ceil(MIB);
+    // Room for the files twice over, the kernel, and the program's own
+    // memory, in steps of 64 MiB.
+    let suggest = (2 * files_mib + KERNEL_MIB + 64).div_ceil(64) * 64;
+    let hint = if suggest <= crate::config::MAX_MEMORY_MIB {
+        format!("give --memory {suggest} (memory_mib = {suggest} in a config)")
+    } else {
+        format!(
+            "bring fewer files: the largest guest ({} MiB) holds {} MiB",
+            crate::config::MAX_MEMORY_MIB,
+            (crate::config::MAX_MEMORY_MIB - KERNEL_MIB) / 2
+        )
+    };
+    Err(GuestError::FilesDoNotFit {
+        files_mib,
+        image_mib: (image_bytes as u64).div_ceil(MIB),
+        run_mib: (run_bytes as u64).div_ceil(MIB),
+        memory_mib,
+        hint,
+    })
 }
 
 /// The guest's `/init` (images/init/insight-init.c) reads at most this
@@ -347,6 +395,7 @@ pub fn prepare(config: &VmConfig, options: &BootOptions) -> Result<VmSpec, Guest
         (Start::Snapshot, Some((now.as_secs(), now.subsec_nanos())))
     };
     let archive = extra.finish();
+    check_files_fit(initramfs.len(), archive.len(), config.memory_mib)?;
     Ok(VmSpec {
         kernel,
         kernel_image,
@@ -788,6 +837,29 @@ mod tests {
         );
         // No snapshot was taken for this header: replay boots.
         assert_eq!(replayed.start, Start::Cold);
+    }
+
+    #[test]
+    fn files_that_do_not_fit_in_the_guests_memory_name_the_memory_that_would_do() {
+        let (dir, mut config) = config_with_stand_in_images("files-fit");
+        let big = dir.join("big");
+        std::fs::write(&big, vec![7u8; 60 << 20]).unwrap();
+        config.files.push(crate::config::FileSpec {
+            host: big.clone(),
+            guest: "/data/big".into(),
+        });
+        let err = prepare(&config, &OPTIONS).unwrap_err().to_string();
+        assert!(err.contains("61 MiB of files"), "{err}");
+        assert!(err.contains("do not fit in 128 MiB"), "{err}");
+        assert!(err.contains("give --memory 256 "), "{err}");
+        config.memory_mib = 256;
+        assert!(prepare(&config, &OPTIONS).is_ok());
+        std::fs::remove_dir_all(&dir).unwrap();
+        // Beyond the largest guest: fewer files.
+        let err = check_files_fit(6 << 20, 2000 << 20, 128)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("bring fewer files"), "{err}");
     }
 
     #[test]
