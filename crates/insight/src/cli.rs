@@ -19,8 +19,9 @@ Start with `insight run` (boots the built-in guest and runs a demo) and \
 (the probe library preloaded in the command) and `insight replay --diagnose locks`.",
     after_help = "Exit status: the guest command's status for `run` and `record`; for \
 `replay` 0 (faithful), 1 (diverged), 4 (prefix of an incomplete trace); 3 when a trace or \
-event database is damaged (a checksum, size or count does not match; any command); 125 \
-when insight itself fails; 2 for usage errors."
+event database is damaged (a checksum, size or count does not match; any command); 124 \
+when `record --timeout` ended a command that hung; 125 when insight itself fails; 2 for \
+usage errors."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -105,8 +106,13 @@ insight record --probes -- ./myprog 8          # your program, brought from the 
 insight record my-vm.toml                      # record your guest (into my-vm-0)\n  \
 insight record -- syn_cont                     # a workload of the built-in guest\n  \
 insight replay                                 # re-execute the latest\n  \
-insight record -o t1 -- syn_cont               # into trace directory t1\n\n\
-Exit status: the guest command's, as for `run`. The trace format is in \
+insight record -o t1 -- syn_cont               # into trace directory t1\n  \
+insight record --until-fail --timeout 30s -- ./flaky  # keep the first run that fails\n\n\
+With --until-fail the command is recorded again and again, each try from the boot \
+snapshot, until it exits with a non-zero status or hangs (no end within --timeout); only \
+that recording is kept.\n\n\
+Exit status: the guest command's, as for `run`; 124 for a hang (--timeout); with \
+--until-fail, 0 when no try failed. The trace format is in \
 docs/trace-format.md."
     )]
     Record(cmd::record::RecordArgs),

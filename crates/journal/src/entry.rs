@@ -130,6 +130,10 @@ pub enum EndReason {
     StoppedByUser,
     /// The run failed (guest crash, VMM error): the message.
     Failed(String),
+    /// The command had not ended when the recording's time limit (in
+    /// milliseconds of the host's time) ran out: taken as a hang, the
+    /// threads left where they stood.
+    Hung { limit_ms: u64 },
 }
 
 impl fmt::Display for EndReason {
@@ -139,6 +143,11 @@ impl fmt::Display for EndReason {
             EndReason::PowerOff => f.write_str("guest powered off"),
             EndReason::StoppedByUser => f.write_str("stopped by the user"),
             EndReason::Failed(m) => write!(f, "run failed: {m}"),
+            EndReason::Hung { limit_ms } => write!(
+                f,
+                "no end within the time limit of {:.3} s: a hang",
+                *limit_ms as f64 / 1e3
+            ),
         }
     }
 }

@@ -155,6 +155,9 @@ pub struct RecordOptions<'a> {
     /// VM time, where replay collects the thread and stack
     /// (docs/events.md, "Samples").
     pub sample_period: Option<Duration>,
+    /// A run that has not ended after this long (host time) ends as a
+    /// hang (`VmError::TimeLimit`, logged as `EndReason::Hung`).
+    pub time_limit: Option<Duration>,
 }
 
 /// A recording of `machine` into a new trace: the vCPU kept on one host
@@ -236,6 +239,9 @@ pub fn record(
     let mut session = RecordSession::new(machine, recorder, points);
     if let Some(progress) = options.progress {
         session.on_progress(progress);
+    }
+    if let Some(limit) = options.time_limit {
+        session.limit_time(limit);
     }
     Ok((session, notes))
 }

@@ -2,7 +2,8 @@
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use trace::ClockKind;
@@ -10,7 +11,7 @@ use vmm::builder::RecordOptions;
 use vmm::VmError;
 
 use super::{progress_report, user_rdtsc_traps};
-use crate::exit::EXIT_STOPPED_BY_USER;
+use crate::exit::{EXIT_HUNG, EXIT_STOPPED_BY_USER};
 use crate::guest_args::{net_problems, prepare_guest, start_machine, stdin_input, GuestArgs};
 use crate::status::{human_bytes, StatusLine};
 use crate::traces;
@@ -48,6 +49,21 @@ pub struct RecordArgs {
     /// 4ms (docs/BENCHMARKS.md, "Sample marks").
     #[arg(long, value_name = "PERIOD", default_value = "1ms", value_parser = parse_mark_period)]
     sample_period: MarkPeriod,
+    /// Record again and again, each try from the boot snapshot, until the
+    /// command fails: a non-zero exit status (a signal's included) or no
+    /// end within --timeout (a hang). Only the failing recording is kept
+    /// (named as usual, the latest); at most MAX tries (default 1000).
+    /// Standard input is not forwarded; the kept try's console output is
+    /// shown once it failed.
+    #[arg(long, value_name = "MAX", num_args = 0..=1, require_equals = true,
+          default_missing_value = "1000",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    until_fail: Option<u32>,
+    /// End the recording when the command has not ended after DURATION
+    /// of the host's time ("30s", "500ms"): it is taken as a hang, and the
+    /// trace ends with the threads where they stood (exit status 124).
+    #[arg(long, value_name = "DURATION", value_parser = crate::position::parse_duration)]
+    timeout: Option<Duration>,
     #[command(flatten)]
     guest: GuestArgs,
 }
@@ -133,12 +149,52 @@ fn discard_unstarted(dir: &Path, created: bool, hold: Option<&traces::TraceHold>
     );
 }
 
+/// Where the recording goes, and what a failed start may remove.
+struct Target {
+    output: PathBuf,
+    /// The trace store, when the trace goes into it.
+    store: Option<PathBuf>,
+    /// Whether this recording made the directory (and may remove it).
+    created: bool,
+    /// The directory was empty: what a failed start wrote may go.
+    fresh: bool,
+    hold: Option<traces::TraceHold>,
+}
+
+impl Target {
+    fn discard_unstarted(&self) {
+        if self.fresh {
+            discard_unstarted(&self.output, self.created, self.hold.as_ref())
+        }
+    }
+}
+
+/// How one recording ended.
+enum Ended {
+    /// The command exited (its status), or the guest powered off (none).
+    Exited(Box<vmm::RunOutcome>),
+    /// It had not ended within the time limit: a hang.
+    Hung(Duration),
+    /// The user stopped it.
+    StoppedByUser,
+}
+
+impl Ended {
+    /// Whether the command failed: a non-zero status (a signal's
+    /// included) or a hang.
+    fn failed(&self) -> bool {
+        match self {
+            Ended::Exited(o) => o.exit_status.is_some_and(|s| s != 0),
+            Ended::Hung(_) => true,
+            Ended::StoppedByUser => false,
+        }
+    }
+}
+
 pub fn record(args: RecordArgs) -> Result<ExitCode> {
     choose_clock(args.clock)?;
     let (spec, config) = prepare_guest(&args.guest)?;
-    // The store, when the trace goes into it.
     let mut store = None;
-    // Whether this recording made the directory (and may remove it).
     let mut created = true;
     let output = match &args.output {
         Some(dir) => {
@@ -163,55 +219,229 @@ pub fn record(args: RecordArgs) -> Result<ExitCode> {
     // What a failed start may remove: only what this recording wrote, into
     // a directory that was empty (a trace is recorded into no other).
     let fresh = created || traces::is_empty_dir(&output);
+    let target = Target {
+        output,
+        store,
+        created,
+        fresh,
+        hold,
+    };
+    match args.until_fail {
+        Some(max) => record_until_fail(&args, &spec, &config, &target, max),
+        None => record_once(&args, &spec, &config, &target),
+    }
+}
+
+/// One recording, kept whatever its end.
+fn record_once(
+    args: &RecordArgs,
+    spec: &guest::VmSpec,
+    config: &str,
+    target: &Target,
+) -> Result<ExitCode> {
     let status = StatusLine::for_stderr();
-    let (machine, snapshot) =
-        start_machine(&spec, status.console(Box::new(std::io::stdout())), || {
-            status.console(Box::new(std::io::stdout()))
-        })
-        .inspect_err(|_| {
-            if fresh {
-                discard_unstarted(&output, created, hold.as_ref())
-            }
-        })?;
+    let stdout = || status.console(Box::new(std::io::stdout()));
     let (input, _terminal) = stdin_input(args.guest.no_stdin).unzip();
-    let (session, notes) = vmm::builder::record(
-        machine,
-        RecordOptions {
-            spec: &spec,
-            snapshot: snapshot.as_ref(),
-            output: output.clone(),
-            config_text: config,
-            digest_every: args.digest_every,
-            user_rdtsc_traps: user_rdtsc_traps()?,
+    let progress = progress_report(&status, "record", None);
+    let ended = record_try(
+        args,
+        spec,
+        config,
+        target,
+        Try {
+            console: (stdout(), &stdout),
             input,
-            progress: progress_report(&status, "record", None),
-            sample_period: args.sample_period.0,
+            progress,
+            latest_at_start: true,
+            notes: true,
         },
-    )
-    .inspect_err(|_| {
-        if fresh {
-            discard_unstarted(&output, created, hold.as_ref())
-        }
-    })?;
-    // Its header is written: a trace, the latest one.
-    if let Some(store) = &store {
-        traces::set_latest(store, &output)?;
-    }
-    // Other runs may take the snapshot's lock from here on.
-    drop(snapshot);
-    for note in notes {
-        eprintln!("insight: {note}");
-    }
-    let result = session.run();
+    );
     status.clear();
-    let outcome = match result {
-        Err(VmError::StoppedByUser) => {
+    let output = &target.output;
+    match ended? {
+        Ended::StoppedByUser => {
             eprintln!(
                 "\ninsight: stopped by the user (Ctrl-A x); the trace in {} holds the run up to here",
                 output.display()
             );
-            return Ok(ExitCode::from(EXIT_STOPPED_BY_USER));
+            Ok(ExitCode::from(EXIT_STOPPED_BY_USER))
         }
+        Ended::Hung(limit) => {
+            eprintln!(
+                "insight: the command had not ended after {:.3} s (--timeout): recorded as a \
+                 hang; the trace in {} ends with its threads where they stood",
+                limit.as_secs_f64(),
+                output.display()
+            );
+            Ok(ExitCode::from(EXIT_HUNG))
+        }
+        Ended::Exited(outcome) => {
+            if args.summary || status.enabled() {
+                print_summary(&outcome, output);
+            }
+            Ok(ExitCode::from(outcome.exit_status.unwrap_or(0)))
+        }
+    }
+}
+
+/// `--until-fail`: records again and again, each try from the boot
+/// snapshot, until the command fails; keeps only that recording.
+fn record_until_fail(
+    args: &RecordArgs,
+    spec: &guest::VmSpec,
+    config: &str,
+    target: &Target,
+    max: u32,
+) -> Result<ExitCode> {
+    let started = Instant::now();
+    let status = StatusLine::for_stderr();
+    // Each try's console output waits here: only the kept try's is shown.
+    let held = HeldOutput::default();
+    let console = || status.console(Box::new(held.clone()));
+    let mut last_line = Instant::now();
+    for n in 1..=max {
+        held.clear();
+        let ended = record_try(
+            args,
+            spec,
+            config,
+            target,
+            Try {
+                console: (console(), &console),
+                input: None,
+                progress: None,
+                latest_at_start: false,
+                notes: n == 1,
+            },
+        )?;
+        let elapsed = started.elapsed().as_secs_f64();
+        if !ended.failed() {
+            trace::discard_unstarted(&target.output).with_context(|| {
+                format!(
+                    "cannot remove try {n}'s trace in {}",
+                    target.output.display()
+                )
+            })?;
+            if let Ended::StoppedByUser = ended {
+                status.clear();
+                eprintln!("insight: stopped by the user after {n} tries: no failure kept");
+                remove_target(target);
+                return Ok(ExitCode::from(EXIT_STOPPED_BY_USER));
+            }
+            let line = format!("[record --until-fail] try {n}/{max}: passed; {elapsed:.1} s");
+            if status.enabled() {
+                status.show(&line);
+            } else if last_line.elapsed() >= TRY_LINE_EVERY || n == 1 {
+                eprintln!("insight: {line}");
+                last_line = Instant::now();
+            }
+            continue;
+        }
+        status.clear();
+        held.write_to_stdout();
+        if let Some(store) = &target.store {
+            traces::set_latest(store, &target.output)?;
+        }
+        let (how, code) = match &ended {
+            Ended::Exited(o) => {
+                let s = o.exit_status.unwrap_or(0);
+                (format!("exited with status {s}"), s)
+            }
+            Ended::Hung(limit) => (
+                format!(
+                    "had not ended after {:.3} s (--timeout): a hang, its threads kept where \
+                     they stood",
+                    limit.as_secs_f64()
+                ),
+                EXIT_HUNG,
+            ),
+            Ended::StoppedByUser => unreachable!("a stop is not a failure"),
+        };
+        eprintln!(
+            "insight: try {n} failed after {elapsed:.1} s: the command {how}; its recording is \
+             kept in {}",
+            target.output.display()
+        );
+        if let (Ended::Exited(outcome), true) = (&ended, args.summary) {
+            print_summary(outcome, &target.output);
+        }
+        return Ok(ExitCode::from(code));
+    }
+    status.clear();
+    remove_target(target);
+    eprintln!(
+        "insight: no failure in {max} tries ({:.1} s): no recording kept",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// How often a try's line goes to a standard error that is no terminal.
+const TRY_LINE_EVERY: Duration = Duration::from_secs(10);
+
+/// Removes the trace directory of `--until-fail` tries that kept none,
+/// if this recording made it.
+fn remove_target(target: &Target) {
+    let _ = trace::discard_unstarted(&target.output);
+    if target.created && target.hold.as_ref().is_none_or(|h| h.is_at(&target.output)) {
+        let _ = std::fs::remove_dir(&target.output);
+    }
+}
+
+/// What differs between one recording and a try of several.
+struct Try<'a> {
+    /// The console, and how to make another (`start_machine`).
+    console: (vmm::vm::Console, &'a dyn Fn() -> vmm::vm::Console),
+    input: Option<vmm::console::ConsoleInput>,
+    progress: Option<vmm::ProgressFn>,
+    /// The trace becomes the latest as soon as its header is written.
+    latest_at_start: bool,
+    /// Print the builder's notes.
+    notes: bool,
+}
+
+/// Records one run into `target`, from the boot snapshot.
+fn record_try(
+    args: &RecordArgs,
+    spec: &guest::VmSpec,
+    config: &str,
+    target: &Target,
+    how: Try<'_>,
+) -> Result<Ended> {
+    let output = &target.output;
+    let (console, another) = how.console;
+    let (machine, snapshot) =
+        start_machine(spec, console, another).inspect_err(|_| target.discard_unstarted())?;
+    let (session, notes) = vmm::builder::record(
+        machine,
+        RecordOptions {
+            spec,
+            snapshot: snapshot.as_ref(),
+            output: output.clone(),
+            config_text: config.to_owned(),
+            digest_every: args.digest_every,
+            user_rdtsc_traps: user_rdtsc_traps()?,
+            input: how.input,
+            progress: how.progress,
+            sample_period: args.sample_period.0,
+            time_limit: args.timeout,
+        },
+    )
+    .inspect_err(|_| target.discard_unstarted())?;
+    // Its header is written: a trace, the latest one.
+    if let (Some(store), true) = (&target.store, how.latest_at_start) {
+        traces::set_latest(store, output)?;
+    }
+    // Other runs may take the snapshot's lock from here on.
+    drop(snapshot);
+    if how.notes {
+        for note in notes {
+            eprintln!("insight: {note}");
+        }
+    }
+    let outcome = match session.run() {
+        Err(VmError::StoppedByUser) => return Ok(Ended::StoppedByUser),
+        Err(VmError::TimeLimit { limit }) => return Ok(Ended::Hung(limit)),
         other => other.map_err(|e| {
             let e = anyhow::Error::from(e);
             let removed = e.chain().any(|c| {
@@ -233,40 +463,90 @@ pub fn record(args: RecordArgs) -> Result<ExitCode> {
     if let Some(problems) = net_problems(outcome.net.as_ref()) {
         eprintln!("insight: {problems}");
     }
-    if args.summary || status.enabled() {
-        let bytes = outcome
-            .trace
-            .map(|s| s.event_bytes + s.payload_bytes)
-            .unwrap_or(0);
+    Ok(Ended::Exited(Box::new(outcome)))
+}
+
+/// The recording's counts, on standard error.
+fn print_summary(outcome: &vmm::RunOutcome, output: &Path) {
+    let bytes = outcome
+        .trace
+        .map(|s| s.event_bytes + s.payload_bytes)
+        .unwrap_or(0);
+    eprintln!(
+        "insight: recorded {} deterministic exits, {} log entries, {:.2} s of guest time; \
+         trace {} ({}) in {}",
+        outcome.journal.exits,
+        outcome.journal.entries,
+        outcome.journal.guest_ns as f64 / 1e9,
+        human_bytes(bytes),
+        bytes,
+        output.display()
+    );
+    let p = &outcome.points.asynchronous;
+    if p.points + p.declined > 0 {
         eprintln!(
-            "insight: recorded {} deterministic exits, {} log entries, {:.2} s of guest time; \
-             trace {} ({}) in {}",
-            outcome.journal.exits,
-            outcome.journal.entries,
-            outcome.journal.guest_ns as f64 / 1e9,
-            human_bytes(bytes),
-            bytes,
-            output.display()
+            "insight: preempted user code at {} asynchronous points ({} at the task's next \
+             pass, {} positions declined; {:.2} s reading their state)",
+            p.points,
+            p.advanced,
+            p.declined,
+            p.busy_ns as f64 / 1e9
         );
-        let p = &outcome.points.asynchronous;
-        if p.points + p.declined > 0 {
-            eprintln!(
-                "insight: preempted user code at {} asynchronous points ({} at the task's next \
-                 pass, {} positions declined; {:.2} s reading their state)",
-                p.points,
-                p.advanced,
-                p.declined,
-                p.busy_ns as f64 / 1e9
-            );
-        }
-        let s = &outcome.points.samples;
-        if s.taken + s.missed > 0 {
-            eprintln!(
-                "insight: {} sample marks ({} kicks at positions a replay could not find again, \
-                 each tried again 50 us later)",
-                s.taken, s.missed
-            );
+    }
+    let s = &outcome.points.samples;
+    if s.taken + s.missed > 0 {
+        eprintln!(
+            "insight: {} sample marks ({} kicks at positions a replay could not find again, \
+             each tried again 50 us later)",
+            s.taken, s.missed
+        );
+    }
+}
+
+/// The console output of a try of `--until-fail`, held until it is known
+/// whether the try is kept: the first `HELD_OUTPUT_MAX` bytes.
+#[derive(Clone, Default)]
+struct HeldOutput(Arc<Mutex<(Vec<u8>, u64)>>);
+
+/// Console output held per try, at most (the trace has all of it).
+const HELD_OUTPUT_MAX: usize = 1 << 20;
+
+impl HeldOutput {
+    fn clear(&self) {
+        if let Ok(mut held) = self.0.lock() {
+            held.0.clear();
+            held.1 = 0;
         }
     }
-    Ok(ExitCode::from(outcome.exit_status.unwrap_or(0)))
+
+    fn write_to_stdout(&self) {
+        use std::io::Write as _;
+        if let Ok(held) = self.0.lock() {
+            let mut out = std::io::stdout().lock();
+            let _ = out.write_all(&held.0);
+            let _ = out.flush();
+            if held.1 > 0 {
+                eprintln!(
+                    "insight: {} more bytes of its output are in the trace (insight replay shows \
+                     them)",
+                    held.1
+                );
+            }
+        }
+    }
+}
+
+impl std::io::Write for HeldOutput {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if let Ok(mut held) = self.0.lock() {
+            let room = HELD_OUTPUT_MAX.saturating_sub(held.0.len()).min(buf.len());
+            held.0.extend_from_slice(&buf[..room]);
+            held.1 += (buf.len() - room) as u64;
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }

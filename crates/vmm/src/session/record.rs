@@ -2,6 +2,8 @@
 //! points (exits the guest makes, and asynchronous points in user code),
 //! and logged with where they were delivered.
 
+use std::time::{Duration, Instant};
+
 use devices::control::EventRaiser;
 use journal::{EndReason, Entry, Progress, Recorder};
 
@@ -22,6 +24,9 @@ struct Recording {
     recorder: Recorder,
     points: PointTaker,
     progress: ProgressReport,
+    /// The run ends as a hang when it has not ended by then (host time),
+    /// and the limit it was given.
+    time_limit: Option<(Instant, Duration)>,
 }
 
 impl RecordSession {
@@ -34,6 +39,7 @@ impl RecordSession {
                 recorder,
                 points,
                 progress: ProgressReport::new(),
+                time_limit: None,
             },
         }
     }
@@ -46,6 +52,13 @@ impl RecordSession {
     /// Reports progress while the recording goes on.
     pub(crate) fn on_progress(&mut self, progress: ProgressFn) {
         self.mode.progress.set(progress);
+    }
+
+    /// Ends the recording as a hang (`EndReason::Hung`, the run's error
+    /// `VmError::TimeLimit`) if the command has not ended within `limit`
+    /// of the host's time from now.
+    pub(crate) fn limit_time(&mut self, limit: Duration) {
+        self.mode.time_limit = Some((Instant::now() + limit, limit));
     }
 
     /// Records until the guest stops or fails. The trace is marked
@@ -67,6 +80,11 @@ impl Mode for Recording {
     }
 
     fn housekeeping(&mut self) -> Result<(), VmError> {
+        if let Some((end, limit)) = self.time_limit {
+            if Instant::now() >= end {
+                return Err(VmError::TimeLimit { limit });
+            }
+        }
         self.recorder.housekeeping()?;
         let recorder = &self.recorder;
         self.progress.tick(|| recorder.progress());
@@ -153,6 +171,9 @@ impl Mode for Recording {
                 _ => EndReason::PowerOff,
             },
             Err(VmError::StoppedByUser) => EndReason::StoppedByUser,
+            Err(VmError::TimeLimit { limit }) => EndReason::Hung {
+                limit_ms: u64::try_from(limit.as_millis()).unwrap_or(u64::MAX),
+            },
             Err(e) => EndReason::Failed(e.to_string()),
         };
         let dropped = m.vm.net.as_ref().map_or(0, |net| net.stats().rx_dropped());

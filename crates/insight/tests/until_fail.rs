@@ -1,0 +1,115 @@
+//! Recording until the command fails (`record --until-fail`, `--timeout`),
+//! end to end: the first failing try is kept, in the trace store as any
+//! recording and as the latest, and its replay fails the same way; passing
+//! tries leave nothing; a command that hangs is recorded up to the time
+//! limit and replays to the same hang.
+//!
+//! Like the other end-to-end tests they need /dev/kvm and the guest image
+//! (the test command builds it first).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use common::*;
+
+/// Records `command` with `extra` into the trace store `store`.
+fn record_in_store(store: &Path, extra: &[&str], command: &[&str]) -> Output {
+    let mut cmd = insight();
+    cmd.env("INSIGHT_TRACE_DIR", store)
+        .args(["record", "--no-stdin"])
+        .args(extra)
+        .arg("--")
+        .args(command);
+    output_within(cmd, std::time::Duration::from_secs(900))
+}
+
+/// The store's entries, by name (the `latest` link among them).
+fn store_entries(store: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(store)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+fn flaky_program(dir: &Path) -> PathBuf {
+    compile_test_program(dir, "flaky_exit", &["-O1", "-pthread"])
+}
+
+#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
+#[test]
+fn the_first_failing_try_is_kept_and_its_replay_fails_the_same_way() {
+    guest_ready();
+    let dir = scratch("until-fail");
+    let prog = flaky_program(&dir);
+    let store = dir.join("store");
+    // One run in three fails: 60 tries all pass one time in 10^10.
+    let out = record_in_store(&store, &["--until-fail=60"], &[prog.to_str().unwrap()]);
+    let stdout = expect_status(&out, 1);
+    let (_, stderr) = text(&out);
+    // Only the failing try's output is shown, and only its trace is left.
+    assert_eq!(stdout, "flaky_exit: fails\n", "{stderr}");
+    assert!(stderr.contains("failed after"), "{stderr}");
+    assert_eq!(
+        store_entries(&store),
+        ["flaky_exit-0", "latest"],
+        "{stderr}"
+    );
+    let latest = std::fs::read_link(store.join("latest")).unwrap();
+    assert_eq!(latest, Path::new("flaky_exit-0"));
+    let trace = store.join("flaky_exit-0");
+    let replayed = replay(&trace);
+    let (rout, rerr) = text(&replayed);
+    assert!(replayed.status.success(), "{rerr}");
+    assert!(rerr.contains("command exited with status 1"), "{rerr}");
+    assert_eq!(rout, "flaky_exit: fails\n", "{rerr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
+#[test]
+fn tries_that_all_pass_leave_nothing() {
+    guest_ready();
+    let dir = scratch("until-fail-none");
+    let store = dir.join("store");
+    let out = record_in_store(&store, &["--until-fail=3"], &["true"]);
+    expect_status(&out, 0);
+    let (_, stderr) = text(&out);
+    assert!(stderr.contains("no failure in 3 tries"), "{stderr}");
+    assert!(store_entries(&store).is_empty(), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
+#[test]
+fn a_hang_is_recorded_up_to_the_time_limit_and_replays_to_it() {
+    guest_ready();
+    let dir = scratch("until-fail-hang");
+    let prog = flaky_program(&dir);
+    let store = dir.join("store");
+    let out = record_in_store(
+        &store,
+        &["--until-fail=60", "--timeout", "3s"],
+        &[prog.to_str().unwrap(), "hang"],
+    );
+    let stdout = expect_status(&out, 124);
+    let (_, stderr) = text(&out);
+    assert_eq!(stdout, "flaky_exit: fails\n", "{stderr}");
+    assert!(stderr.contains("a hang"), "{stderr}");
+    let trace = store.join("flaky_exit-0");
+    let replayed = replay(&trace);
+    let (rout, rerr) = text(&replayed);
+    assert!(replayed.status.success(), "{rerr}");
+    assert!(
+        rerr.contains("the recording ended there: no end within the time limit of 3.000 s"),
+        "{rerr}"
+    );
+    assert_eq!(rout, "flaky_exit: fails\n", "{rerr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
