@@ -821,6 +821,7 @@ mod tests {
             boot,
             digest_interval: 1,
             sample_period_ns: 0,
+            chaos: None,
         };
         let trace_dir = dir.join("trace");
         let writer = trace::TraceWriter::<()>::create(&trace_dir, &header).unwrap();

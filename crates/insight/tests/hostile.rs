@@ -371,6 +371,7 @@ fn received_frames_whose_lengths_miss_their_payload_are_refused() {
         },
         digest_interval: 1,
         sample_period_ns: 0,
+        chaos: None,
     };
     // A frame of 40 bytes logged with lengths that cover 5 (shorter than
     // the virtio header) and then 35: before, dump wrote a 0-byte frame.

@@ -30,5 +30,6 @@ pub fn header(digest_interval: u64) -> trace::Header {
         },
         digest_interval,
         sample_period_ns: 0,
+        chaos: None,
     }
 }

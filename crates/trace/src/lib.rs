@@ -35,7 +35,7 @@ pub mod files;
 
 /// Format version, bumped on every change of the layout or of the types
 /// serialized in it.
-pub const TRACE_VERSION: u32 = 16;
+pub const TRACE_VERSION: u32 = 17;
 pub const MAGIC: [u8; 8] = *b"INSIGHT\0";
 
 const HEADER_FILE: &str = "header";
@@ -179,6 +179,22 @@ pub struct Header {
     /// The recording's sampling clock: a sample mark about every so many
     /// nanoseconds of the recording's time (0: none were taken).
     pub sample_period_ns: u64,
+    /// The chaos the recording's schedule was perturbed with (`record
+    /// --chaos`); `None`: none. For people and for recording again: a
+    /// replay needs none of it (every choice it made is in the log).
+    pub chaos: Option<ChaosSettings>,
+}
+
+/// Chaos settings (docs/chaos.md): preemptions forced at instants drawn
+/// from `seed`, a stretch of the guest's time apart drawn log-uniformly
+/// between `min_gap_ns` and `max_gap_ns`, each moving the guest's time
+/// on past its next tick by `slice_ns`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChaosSettings {
+    pub seed: u64,
+    pub min_gap_ns: u64,
+    pub max_gap_ns: u64,
+    pub slice_ns: u64,
 }
 
 /// The guest's initial state besides the image files.

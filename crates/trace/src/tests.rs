@@ -33,6 +33,7 @@ fn header() -> Header {
         },
         digest_interval: 64,
         sample_period_ns: 0,
+        chaos: None,
     }
 }
 

@@ -16,7 +16,7 @@ use journal::{Entry, HostMismatch, Recorder, ReplayPoint, Replayer};
 use trace::{ClockKind, Header, TraceReader, TraceWriter};
 
 use crate::console::ConsoleInput;
-use crate::points::{PointSearch, PointTaker};
+use crate::points::{Chaos, PointSearch, PointTaker};
 use crate::session::{LiveRun, ProgressFn, RecordSession, ReplaySession};
 use crate::snapshot_cache::{self, CacheStart, SnapshotError};
 use crate::tools::control::{KernelPoints, ProcessSelector};
@@ -158,6 +158,9 @@ pub struct RecordOptions<'a> {
     /// A run that has not ended after this long (host time) ends as a
     /// hang (`VmError::TimeLimit`, logged as `EndReason::Hung`).
     pub time_limit: Option<Duration>,
+    /// Preemptions forced at random instants drawn from these settings
+    /// (docs/chaos.md), written in the trace header.
+    pub chaos: Option<trace::ChaosSettings>,
 }
 
 /// A recording of `machine` into a new trace: the vCPU kept on one host
@@ -221,6 +224,7 @@ pub fn record(
         boot,
         digest_interval: options.digest_every,
         sample_period_ns: points.sample_period_ns(),
+        chaos: options.chaos,
     };
     let writer = TraceWriter::create(&options.output, &header).map_err(|source| {
         BuildError::CreateTrace {
@@ -242,6 +246,16 @@ pub fn record(
     }
     if let Some(limit) = options.time_limit {
         session.limit_time(limit);
+    }
+    if let Some(settings) = options.chaos {
+        if !preemption.works() {
+            notes.push(
+                "--chaos forces no preemption on this host: user code cannot be preempted \
+                 where it stands"
+                    .to_owned(),
+            );
+        }
+        session.perturb(Chaos::new(settings));
     }
     Ok((session, notes))
 }

@@ -23,7 +23,7 @@ pub mod unemulated;
 pub mod vm;
 
 pub use journal::ReplayPoint;
-pub use points::{PointCounts, PointStats, SampleStats};
+pub use points::{chaos_settings, ChaosStats, PointCounts, PointStats, SampleStats};
 pub use session::{
     LiveRun, NetReport, ProgressFn, RecordSession, ReplaySession, RunOutcome, StopReason,
 };

@@ -238,6 +238,7 @@ fn header_json(h: &Header, reader: &TraceReader<Entry>) -> serde_json::Value {
         "kvm_caps": h.kvm_caps,
         "user_rdtsc_traps": h.user_rdtsc_traps,
         "host_apic_id": h.host_apic_id,
+        "chaos": h.chaos,
     })
 }
 
@@ -248,6 +249,9 @@ fn print_header(out: &mut impl Write, h: &Header, reader: &TraceReader<Entry>) -
         trace::TRACE_VERSION
     )?;
     writeln!(out, "  clock:      {:?}", h.clock)?;
+    if let Some(c) = &h.chaos {
+        writeln!(out, "  chaos:      {}", chaos_text(c))?;
+    }
     writeln!(out, "  created:    {} (unix seconds)", h.created_unix_secs)?;
     match &reader.complete {
         Some(s) => writeln!(
@@ -335,4 +339,16 @@ fn print_header(out: &mut impl Write, h: &Header, reader: &TraceReader<Entry>) -
         writeln!(out, "    {}", printable(line))?;
     }
     Ok(())
+}
+
+/// A recording's chaos settings in words (`dump`, `ls`).
+pub fn chaos_text(c: &trace::ChaosSettings) -> String {
+    format!(
+        "seed {}, preemptions forced {:.0} us to {:.1} ms of guest time apart (log-uniform), \
+         each moving guest time {:.1} ms past its next tick",
+        c.seed,
+        c.min_gap_ns as f64 / 1e3,
+        c.max_gap_ns as f64 / 1e6,
+        c.slice_ns as f64 / 1e6
+    )
 }

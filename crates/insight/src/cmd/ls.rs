@@ -82,8 +82,13 @@ pub fn ls(_: LsArgs) -> Result<ExitCode> {
                     None if traces::being_recorded(&dir) => ("recording", "-".to_owned()),
                     None => ("incomplete", "-".to_owned()),
                 };
+                let chaos = r
+                    .header
+                    .chaos
+                    .map(|c| format!("  (chaos seed {})", c.seed))
+                    .unwrap_or_default();
                 println!(
-                    "{:<22} {:<16} {:>9} {:>10} {:<10} {:>9}  {}",
+                    "{:<22} {:<16} {:>9} {:>10} {:<10} {:>9}  {}{chaos}",
                     format!("{name}{mark}"),
                     utc(r.header.created_unix_secs),
                     guest,

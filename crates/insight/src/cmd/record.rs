@@ -64,8 +64,56 @@ pub struct RecordArgs {
     /// trace ends with the threads where they stood (exit status 124).
     #[arg(long, value_name = "DURATION", value_parser = crate::position::parse_duration)]
     timeout: Option<Duration>,
+    /// Perturb the recorded schedule (docs/chaos.md): preempt the running
+    /// thread at random instants, 20 us to 5 ms of guest time apart, drawn
+    /// from SEED (default: a random seed, printed). The seed goes in the
+    /// trace header; a replay needs none. With --until-fail try N draws
+    /// from SEED + N - 1.
+    #[arg(long, value_name = "SEED", num_args = 0..=1, require_equals = true,
+          default_missing_value = "random", value_parser = parse_seed)]
+    chaos: Option<Seed>,
     #[command(flatten)]
     guest: GuestArgs,
+}
+
+/// `--chaos`'s seed.
+#[derive(Clone, Copy, Debug)]
+enum Seed {
+    Random,
+    Given(u64),
+}
+
+fn parse_seed(text: &str) -> Result<Seed, String> {
+    if text == "random" {
+        return Ok(Seed::Random);
+    }
+    let parsed = match text.strip_prefix("0x") {
+        Some(hex) => u64::from_str_radix(hex, 16),
+        None => text.parse(),
+    };
+    parsed
+        .map(Seed::Given)
+        .map_err(|_| format!("'{text}' is not a seed (a number below 2^64, or 0x and hex digits)"))
+}
+
+impl Seed {
+    /// The seed itself: a random one drawn from the host's entropy.
+    fn value(self) -> u64 {
+        match self {
+            Seed::Given(seed) => seed,
+            Seed::Random => {
+                use std::hash::{BuildHasher, Hasher};
+                // std seeds each RandomState from the host's entropy.
+                let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+                h.write_u128(
+                    std::time::SystemTime::UNIX_EPOCH
+                        .elapsed()
+                        .map_or(0, |d| d.as_nanos()),
+                );
+                h.finish()
+            }
+        }
+    }
 }
 
 /// `--sample-period`: a period, or `off`.
@@ -243,6 +291,10 @@ fn record_once(
     let stdout = || status.console(Box::new(std::io::stdout()));
     let (input, _terminal) = stdin_input(args.guest.no_stdin).unzip();
     let progress = progress_report(&status, "record", None);
+    let chaos = args.chaos.map(|seed| vmm::chaos_settings(seed.value()));
+    if let Some(c) = &chaos {
+        eprintln!("insight: chaos: {}", super::dump::chaos_text(c));
+    }
     let ended = record_try(
         args,
         spec,
@@ -254,6 +306,7 @@ fn record_once(
             progress,
             latest_at_start: true,
             notes: true,
+            chaos,
         },
     );
     status.clear();
@@ -299,8 +352,16 @@ fn record_until_fail(
     let held = HeldOutput::default();
     let console = || status.console(Box::new(held.clone()));
     let mut last_line = Instant::now();
+    let base_seed = args.chaos.map(Seed::value);
+    if let Some(seed) = base_seed {
+        eprintln!(
+            "insight: chaos: {} (try N draws from seed {seed} + N - 1)",
+            super::dump::chaos_text(&vmm::chaos_settings(seed))
+        );
+    }
     for n in 1..=max {
         held.clear();
+        let chaos = base_seed.map(|s| vmm::chaos_settings(s.wrapping_add(u64::from(n) - 1)));
         let ended = record_try(
             args,
             spec,
@@ -312,6 +373,7 @@ fn record_until_fail(
                 progress: None,
                 latest_at_start: false,
                 notes: n == 1,
+                chaos,
             },
         )?;
         let elapsed = started.elapsed().as_secs_f64();
@@ -357,9 +419,12 @@ fn record_until_fail(
             ),
             Ended::StoppedByUser => unreachable!("a stop is not a failure"),
         };
+        let seed = chaos
+            .map(|c| format!(" (chaos seed {})", c.seed))
+            .unwrap_or_default();
         eprintln!(
-            "insight: try {n} failed after {elapsed:.1} s: the command {how}; its recording is \
-             kept in {}",
+            "insight: try {n}{seed} failed after {elapsed:.1} s: the command {how}; its \
+             recording is kept in {}",
             target.output.display()
         );
         if let (Ended::Exited(outcome), true) = (&ended, args.summary) {
@@ -398,6 +463,7 @@ struct Try<'a> {
     latest_at_start: bool,
     /// Print the builder's notes.
     notes: bool,
+    chaos: Option<trace::ChaosSettings>,
 }
 
 /// Records one run into `target`, from the boot snapshot.
@@ -425,6 +491,7 @@ fn record_try(
             progress: how.progress,
             sample_period: args.sample_period.0,
             time_limit: args.timeout,
+            chaos: how.chaos,
         },
     )
     .inspect_err(|_| target.discard_unstarted())?;
@@ -491,6 +558,16 @@ fn print_summary(outcome: &vmm::RunOutcome, output: &Path) {
             p.advanced,
             p.declined,
             p.busy_ns as f64 / 1e9
+        );
+    }
+    let c = &outcome.points.chaos;
+    if c.preemptions + c.skipped > 0 {
+        eprintln!(
+            "insight: chaos forced {} preemptions, moving guest time on by {:.2} s in all ({} \
+             chaos kicks found the guest kernel running or one task to run)",
+            c.preemptions,
+            c.moved_ns as f64 / 1e9,
+            c.skipped
         );
     }
     let s = &outcome.points.samples;

@@ -5,6 +5,7 @@
 //! and where a kicked task stands (its code or the kernel boundary) in
 //! `position.rs`.
 
+mod chaos;
 mod patch;
 mod position;
 mod search;
@@ -12,6 +13,8 @@ mod sites;
 mod taker;
 
 pub use crate::vm::state::PointStats;
+pub(crate) use chaos::Chaos;
+pub use chaos::{chaos_settings, ChaosStats};
 pub(crate) use patch::Patch;
 pub(crate) use position::user_position;
 pub(crate) use search::{Found, PointSearch};
@@ -22,6 +25,8 @@ pub(crate) use taker::PointTaker;
 pub struct PointCounts {
     pub asynchronous: PointStats,
     pub samples: SampleStats,
+    /// What a recording's chaos forced.
+    pub chaos: ChaosStats,
 }
 
 /// Sample marks: counts shown with a run's outcome (kept out of

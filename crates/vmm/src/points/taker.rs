@@ -73,8 +73,8 @@ pub(crate) struct PointTaker {
     trap: Option<Patch>,
     /// The trap is a sample mark's, not a point's.
     trap_for_mark: bool,
-    /// Deliver at deterministic exits only.
-    exits_only: bool,
+    /// When an interrupt is delivered where user code stands.
+    delivery: Delivery,
     /// The host TSC when the recording started.
     tsc_start: u64,
     /// The dirty bitmaps read since the log last started afresh, merged
@@ -95,6 +95,19 @@ pub(crate) struct PointTaker {
     sites: Sites,
     pub(crate) stats: PointStats,
     pub(crate) sample_stats: SampleStats,
+}
+
+/// When a pending interrupt is delivered where user code stands.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Delivery {
+    /// Once the code has run `PREEMPT_AFTER_NS` without an exit.
+    #[default]
+    AfterATick,
+    /// At the next kick (chaos: a preemption is forced at that instant).
+    AtOnce,
+    /// Never: at deterministic exits only (a host where user code cannot
+    /// be found again where it stands).
+    ExitsOnly,
 }
 
 /// The recording's sampling clock: a sample mark about every `period_ns`
@@ -151,8 +164,18 @@ impl PointTaker {
     /// exits only.
     pub(crate) fn at_exits_only() -> Self {
         PointTaker {
-            exits_only: true,
+            delivery: Delivery::ExitsOnly,
             ..Default::default()
+        }
+    }
+
+    /// Delivers a pending interrupt where user code stands at the next
+    /// kick, not only after it ran a tick without an exit: chaos forces
+    /// preemptions at instants of its choosing. None on a host that
+    /// delivers at exits only.
+    pub(crate) fn deliver_at_once(&mut self) {
+        if self.delivery != Delivery::ExitsOnly {
+            self.delivery = Delivery::AtOnce;
         }
     }
 
@@ -161,7 +184,7 @@ impl PointTaker {
     /// them either). `kernel_stack_top`: the guest kernel variable that
     /// tells user code just back from the kernel (`Sampling::every`).
     pub(crate) fn sample_every(&mut self, period_ns: u64, kernel_stack_top: Option<u64>) {
-        if !self.exits_only {
+        if self.delivery != Delivery::ExitsOnly {
             self.marks.period_ns = period_ns;
             self.kernel_stack_top = kernel_stack_top;
         }
@@ -657,7 +680,7 @@ impl PointTaker {
     /// must follow an exit, where replay puts its trampoline in place (a
     /// restored guest's first kick may come before its first exit).
     fn point_due(&self, announced: bool, interrupt: Option<u64>) -> u64 {
-        if !announced || self.exits_only {
+        if !announced || self.delivery == Delivery::ExitsOnly {
             return u64::MAX;
         }
         if let Some(trap) = &self.trap {
@@ -666,7 +689,11 @@ impl PointTaker {
         let Some(last_exit_ns) = self.last_exit_ns else {
             return u64::MAX;
         };
-        (last_exit_ns + PREEMPT_AFTER_NS)
+        let wait = match self.delivery {
+            Delivery::AtOnce => 0,
+            _ => PREEMPT_AFTER_NS,
+        };
+        (last_exit_ns + wait)
             .max(self.retry_ns)
             .max(interrupt.unwrap_or(u64::MAX))
     }
@@ -763,8 +790,28 @@ mod tests {
         assert_eq!(p.point_due(true, None), u64::MAX);
         p.retry_ns = 10_050_000_000;
         assert_eq!(p.point_due(true, Some(0)), 10_050_000_000);
-        p.exits_only = true;
+        p.delivery = Delivery::ExitsOnly;
         assert_eq!(p.point_due(true, Some(0)), u64::MAX);
+    }
+
+    #[test]
+    fn under_chaos_a_pending_interrupt_is_due_at_once_after_an_exit() {
+        let mut p = PointTaker {
+            last_exit_ns: Some(1_000_000),
+            ..Default::default()
+        };
+        assert_eq!(p.point_due(true, Some(0)), 1_000_000 + PREEMPT_AFTER_NS);
+        p.deliver_at_once();
+        assert_eq!(p.point_due(true, Some(0)), 1_000_000);
+        // Not before the interrupt is pending, nor before a retry.
+        assert_eq!(p.point_due(true, Some(5_000_000)), 5_000_000);
+        p.retry_ns = 7_000_000;
+        assert_eq!(p.point_due(true, Some(0)), 7_000_000);
+        // A host that delivers at exits only stays so.
+        let mut q = PointTaker::at_exits_only();
+        q.last_exit_ns = Some(0);
+        q.deliver_at_once();
+        assert_eq!(q.point_due(true, Some(0)), u64::MAX);
     }
 
     #[test]

@@ -139,7 +139,7 @@ impl DebugDriver {
             let kicker = &self.kicker;
             kicker.set_deadline(&clock, self.deadline_ns.get());
             let deadline = &self.deadline_ns;
-            let outcome = run::run(&mut s.machine, &mut s.mode, &|d| {
+            let outcome = run::run(&mut s.machine, &mut s.mode, &|d, _| {
                 deadline.set(d);
                 kicker.set_deadline(&clock, d);
             })?;

@@ -11,7 +11,7 @@ use super::inputs;
 use super::mode::{Mode, ProgressFn, ProgressReport, HOUSEKEEPING_NS};
 use super::outcome::{RunOutcome, StopReason};
 use super::threads::run_on_vcpu_thread;
-use crate::points::{PointCounts, PointTaker};
+use crate::points::{Chaos, PointCounts, PointTaker};
 use crate::vm::{Claimed, Machine, Resumed, VmError};
 
 /// A machine whose run is recorded into a trace.
@@ -27,6 +27,8 @@ struct Recording {
     /// The run ends as a hang when it has not ended by then (host time),
     /// and the limit it was given.
     time_limit: Option<(Instant, Duration)>,
+    /// Preemptions forced at random instants (`record --chaos`).
+    chaos: Option<Chaos>,
 }
 
 impl RecordSession {
@@ -40,6 +42,7 @@ impl RecordSession {
                 points,
                 progress: ProgressReport::new(),
                 time_limit: None,
+                chaos: None,
             },
         }
     }
@@ -61,6 +64,12 @@ impl RecordSession {
         self.mode.time_limit = Some((Instant::now() + limit, limit));
     }
 
+    /// Forces preemptions at instants drawn by `chaos`.
+    pub(crate) fn perturb(&mut self, chaos: Chaos) {
+        self.mode.points.deliver_at_once();
+        self.mode.chaos = Some(chaos);
+    }
+
     /// Records until the guest stops or fails. The trace is marked
     /// complete whatever the reason: everything up to the end is in it.
     pub fn run(self) -> Result<RunOutcome, VmError> {
@@ -76,6 +85,9 @@ impl Mode for Recording {
         // a mark's ~15 us of reading). `Vcpu::mark_run` keeps interrupt
         // bits of earlier exits out of that copy.
         m.vcpu.sync_sregs_at_exits();
+        if let Some(chaos) = &mut self.chaos {
+            chaos.start(m.vm.clock.now_ns());
+        }
         self.points.start(m)
     }
 
@@ -101,7 +113,10 @@ impl Mode for Recording {
     }
 
     fn kick_deadline(&self, m: &Machine, now: u64) -> u64 {
-        (now + HOUSEKEEPING_NS).min(self.points.deadline(m))
+        let chaos = self.chaos.as_ref().map_or(u64::MAX, Chaos::due_ns);
+        (now + HOUSEKEEPING_NS)
+            .min(self.points.deadline(m))
+            .min(chaos)
     }
 
     fn claims(&self, addr: u64) -> bool {
@@ -130,6 +145,9 @@ impl Mode for Recording {
         // The sampling clock's mark first: replay finds it before a point
         // taken at the same position.
         self.points.try_sample(m, &mut self.recorder, resumed)?;
+        if let Some(chaos) = &mut self.chaos {
+            force_preemption(m, chaos)?;
+        }
         // An interrupt that waited a tick for an exit may be delivered
         // where the guest's user code stands.
         self.points.try_point(m, &mut self.recorder)
@@ -155,6 +173,7 @@ impl Mode for Recording {
         outcome.points = PointCounts {
             asynchronous: self.points.stats,
             samples: self.points.sample_stats,
+            chaos: self.chaos.as_ref().map(|c| c.stats).unwrap_or_default(),
         };
     }
 
@@ -184,4 +203,29 @@ impl Mode for Recording {
             o
         })
     }
+}
+
+/// At a kick, if the chaos has a preemption due: with the vCPU in user
+/// code, VM time moves on past the guest kernel's next tick by a slice,
+/// so that the tick is due (delivered where the code stands, as at an
+/// asynchronous point) and the running thread's slice used up.
+fn force_preemption(m: &mut Machine, chaos: &mut Chaos) -> Result<(), VmError> {
+    let now = m.vm.clock.now_ns();
+    if now < chaos.due_ns() {
+        return Ok(());
+    }
+    let in_user = m.vcpu.interruptible() && m.vcpu.sregs()?.cs.selector & 3 == 3;
+    m.vm.platform.advance_to(now);
+    // A tick already pending is delivered here; the slice is used up all
+    // the same.
+    let tick = if m.vm.platform.pic.has_pending() {
+        Some(now)
+    } else {
+        m.vm.platform.next_timer_ns()
+    };
+    if let Some(by) = chaos.preempt(now, in_user, tick) {
+        m.vm.clock.move_on(by);
+        m.vm.platform.advance_to(m.vm.clock.now_ns());
+    }
+    Ok(())
 }

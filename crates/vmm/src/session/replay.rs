@@ -518,6 +518,7 @@ impl Mode for Replaying {
                 missed: (self.log.sample_marks_missed()).saturating_sub(self.samples_given_up),
                 given_up: self.samples_given_up,
             },
+            ..Default::default()
         };
         let report = self.tools.report();
         outcome.checkpoints = report.checkpoints;

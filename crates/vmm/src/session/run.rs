@@ -12,15 +12,15 @@ use kvm_ioctls::VcpuExit;
 use super::mode::{install_gates, Mode};
 use super::outcome::{NetReport, RunOutcome, StopReason};
 use crate::vm::dispatch::Next;
-use crate::vm::{kvm_err, Claimed, Machine, Resumed, VmError};
+use crate::vm::{kvm_err, Claimed, Machine, Resumed, VmClock, VmError};
 
 /// Runs the machine in `mode` until the guest stops, the mode stops it or
 /// something fails. `deadline` tells the kick thread when the vCPU must
-/// be out of KVM_RUN.
+/// be out of KVM_RUN (VM time, by the machine's clock, which it is given).
 pub(super) fn run<M: Mode>(
     m: &mut Machine,
     mode: &mut M,
-    deadline: &dyn Fn(u64),
+    deadline: &dyn Fn(u64, &VmClock),
 ) -> Result<RunOutcome, VmError> {
     if let Some(cpu) = m.vcpu.host_cpu {
         crate::sys::pin_to_cpu(cpu).map_err(|source| VmError::Pin { cpu, source })?;
@@ -34,7 +34,7 @@ pub(super) fn run<M: Mode>(
         if let Some(stop) = mode.before_run(m)? {
             return Ok(outcome(m, mode, stop));
         }
-        deadline(mode.kick_deadline(m, now));
+        deadline(mode.kick_deadline(m, now), &m.vm.clock);
 
         let resumed = Resumed {
             rip: m.vcpu.resume_rip.take(),
