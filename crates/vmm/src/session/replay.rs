@@ -496,6 +496,11 @@ impl Mode for Replaying {
             });
         }
         if !self.log.wakeup_due()? {
+            // The recording ended while the guest was idle (a hang ended
+            // by its time limit, the user's stop): the replay ends there.
+            if let Some(reason) = self.log.end_reached()? {
+                return Ok(Some(StopReason::RecordingEnded(reason)));
+            }
             // An incomplete trace may end right after the HLT.
             if self.log.log_exhausted()? {
                 return Ok(Some(StopReason::TraceEnded));
