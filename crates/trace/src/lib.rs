@@ -187,14 +187,16 @@ pub struct Header {
 
 /// Chaos settings (docs/chaos.md): preemptions forced at instants drawn
 /// from `seed`, a stretch of the guest's time apart drawn log-uniformly
-/// between `min_gap_ns` and `max_gap_ns`, each moving the guest's time
-/// on past its next tick by `slice_ns`.
+/// between `min_gap_ns` and `max_gap_ns`, and at one kernel entry from
+/// user mode in `one_entry_in` (0: none), each moving the guest's time on
+/// past its next tick by `slice_ns`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChaosSettings {
     pub seed: u64,
     pub min_gap_ns: u64,
     pub max_gap_ns: u64,
     pub slice_ns: u64,
+    pub one_entry_in: u32,
 }
 
 /// The guest's initial state besides the image files.

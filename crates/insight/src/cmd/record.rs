@@ -561,13 +561,16 @@ fn print_summary(outcome: &vmm::RunOutcome, output: &Path) {
         );
     }
     let c = &outcome.points.chaos;
-    if c.preemptions + c.skipped > 0 {
+    if c.preemptions + c.in_kernel + c.alone > 0 {
         eprintln!(
-            "insight: chaos forced {} preemptions, moving guest time on by {:.2} s in all ({} \
-             chaos kicks found the guest kernel running or one task to run)",
+            "insight: chaos forced {} preemptions ({} at kernel entries), moving guest time on \
+             by {:.2} s in all (other chaos kicks found the guest kernel running {} times, one \
+             task to run {})",
             c.preemptions,
+            c.at_entries,
             c.moved_ns as f64 / 1e9,
-            c.skipped
+            c.in_kernel,
+            c.alone
         );
     }
     let s = &outcome.points.samples;

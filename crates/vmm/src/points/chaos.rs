@@ -16,13 +16,19 @@ use trace::ChaosSettings;
 /// stretches (a race window a few instructions wide, hit by a kick that
 /// lands in it) are as likely per decade as long ones (a thread kept off
 /// the CPU for a while).
-const DEFAULT_MIN_GAP_NS: u64 = 20_000;
-const DEFAULT_MAX_GAP_NS: u64 = 5_000_000;
+const DEFAULT_MIN_GAP_NS: u64 = 5_000;
+const DEFAULT_MAX_GAP_NS: u64 = 500_000;
 /// How far past the guest's next tick its time moves at a chaos
 /// preemption by default: more than the guest scheduler's whole latency
 /// period (6 ms on one CPU, Linux's `sysctl_sched_latency`), so that the
 /// running thread has used up its slice whatever the other threads.
 const DEFAULT_SLICE_NS: u64 = 8_000_000;
+/// By default one kernel entry from user mode in this many ends the
+/// running thread's slice there (the tick is delivered after the entry's
+/// exit, and the thread is switched out when the kernel returns to user
+/// mode): a thread is then preempted at its system calls, where a thread
+/// just created, or just woken, often stands.
+const DEFAULT_ONE_ENTRY_IN: u32 = 8;
 /// A tick further away than this is not the periodic tick of a guest
 /// with more than one task to run (Linux stops it while one task runs in
 /// user mode: guest kernel patch 0008): no preemption is forced then, as
@@ -37,6 +43,7 @@ pub fn chaos_settings(seed: u64) -> ChaosSettings {
         min_gap_ns: DEFAULT_MIN_GAP_NS,
         max_gap_ns: DEFAULT_MAX_GAP_NS,
         slice_ns: DEFAULT_SLICE_NS,
+        one_entry_in: DEFAULT_ONE_ENTRY_IN,
     }
 }
 
@@ -57,11 +64,16 @@ pub(crate) struct Chaos {
 pub struct ChaosStats {
     /// Preemptions forced: the guest's time moved on, its tick delivered.
     pub preemptions: u64,
+    /// Kernel entries chosen to end the slice at (`preemptions` counts
+    /// those that had a tick near).
+    pub at_entries: u64,
     /// Times the guest's time moved on in all, ns.
     pub moved_ns: u64,
-    /// Chaos kicks that found the guest kernel running, or no tick due
-    /// soon (one task to run): nothing forced.
-    pub skipped: u64,
+    /// Chaos kicks that found the guest kernel running: nothing forced.
+    pub in_kernel: u64,
+    /// Chaos kicks that found no tick due soon (one task to run): nothing
+    /// forced.
+    pub alone: u64,
 }
 
 impl Chaos {
@@ -94,15 +106,34 @@ impl Chaos {
             return None;
         }
         self.due_ns = now.saturating_add(self.next_gap());
+        if !in_user {
+            self.stats.in_kernel += 1;
+            return None;
+        }
+        self.preempt_now(now, tick)
+    }
+
+    /// At a kernel entry from user mode: whether to end the slice here
+    /// (one entry in `one_entry_in`, drawn).
+    pub(crate) fn at_kernel_entry(&mut self) -> bool {
+        let n = u64::from(self.settings.one_entry_in);
+        let chosen = n > 0 && self.rng.next().is_multiple_of(n);
+        self.stats.at_entries += u64::from(chosen);
+        chosen
+    }
+
+    /// Ends the running thread's slice now (VM time `now`), the guest's
+    /// next tick at `tick`: how far to move VM time on, if a tick is near.
+    pub(crate) fn preempt_now(&mut self, now: u64, tick: Option<u64>) -> Option<u64> {
         match tick {
-            Some(t) if in_user && t.saturating_sub(now) <= MAX_TICK_WAIT_NS => {
+            Some(t) if t.saturating_sub(now) <= MAX_TICK_WAIT_NS => {
                 let by = t.saturating_sub(now) + self.settings.slice_ns;
                 self.stats.preemptions += 1;
                 self.stats.moved_ns += by;
                 Some(by)
             }
             _ => {
-                self.stats.skipped += 1;
+                self.stats.alone += 1;
                 None
             }
         }
@@ -181,9 +212,13 @@ mod tests {
         assert!(a
             .iter()
             .all(|&g| (DEFAULT_MIN_GAP_NS..=DEFAULT_MAX_GAP_NS).contains(&g)));
-        // Log-uniform over 20 us .. 5 ms: about 42 % below 200 us.
-        let short = a.iter().filter(|&&g| g < 200_000).count();
-        assert!((700..1000).contains(&short), "{short} of 2000 below 200 us");
+        // Log-uniform: half of them below the bounds' geometric mean.
+        let mean = ((DEFAULT_MIN_GAP_NS as f64) * (DEFAULT_MAX_GAP_NS as f64)).sqrt() as u64;
+        let short = a.iter().filter(|&&g| g < mean).count();
+        assert!(
+            (900..1100).contains(&short),
+            "{short} of 2000 below {mean} ns"
+        );
     }
 
     #[test]
@@ -203,6 +238,6 @@ mod tests {
         let due = c.due_ns();
         assert_eq!(c.preempt(due, false, Some(due + 1000)), None);
         assert_eq!(c.stats.preemptions, 1);
-        assert_eq!(c.stats.skipped, 2);
+        assert_eq!((c.stats.alone, c.stats.in_kernel), (1, 1));
     }
 }

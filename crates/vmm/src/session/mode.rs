@@ -135,6 +135,13 @@ pub(crate) trait Mode {
         Ok(())
     }
 
+    /// The guest kernel was entered from user mode (its deterministic
+    /// point there, at a system call or a user fault), at the exit just
+    /// handled.
+    fn kernel_entered(&mut self, _m: &mut Machine) -> Result<(), VmError> {
+        Ok(())
+    }
+
     /// The guest kernel announced its context-switch ring.
     fn switch_ring_announced(&mut self, _m: &mut Machine) {}
 

@@ -153,6 +153,24 @@ impl Mode for Recording {
         self.points.try_point(m, &mut self.recorder)
     }
 
+    fn kernel_entered(&mut self, m: &mut Machine) -> Result<(), VmError> {
+        // The chaos may end the task's slice here: the tick is delivered
+        // after this exit, and the scheduler switches at the kernel's
+        // return to user mode.
+        if let Some(chaos) = &mut self.chaos {
+            if chaos.at_kernel_entry() {
+                let now = m.vm.clock.now_ns();
+                m.vm.platform.advance_to(now);
+                let tick = next_tick(m, now);
+                if let Some(by) = chaos.preempt_now(now, tick) {
+                    m.vm.clock.move_on(by);
+                    m.vm.platform.advance_to(m.vm.clock.now_ns());
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn event_raised(&mut self, m: &mut Machine, _raiser: EventRaiser) -> Result<(), VmError> {
         Ok(self.recorder.event_raised(m.vm.clock.now_ns())?)
     }
@@ -216,16 +234,20 @@ fn force_preemption(m: &mut Machine, chaos: &mut Chaos) -> Result<(), VmError> {
     }
     let in_user = m.vcpu.interruptible() && m.vcpu.sregs()?.cs.selector & 3 == 3;
     m.vm.platform.advance_to(now);
-    // A tick already pending is delivered here; the slice is used up all
-    // the same.
-    let tick = if m.vm.platform.pic.has_pending() {
-        Some(now)
-    } else {
-        m.vm.platform.next_timer_ns()
-    };
+    let tick = next_tick(m, now);
     if let Some(by) = chaos.preempt(now, in_user, tick) {
         m.vm.clock.move_on(by);
         m.vm.platform.advance_to(m.vm.clock.now_ns());
     }
     Ok(())
+}
+
+/// When the guest's next tick is due: now if its interrupt is pending (it
+/// is delivered at once; the slice is used up all the same).
+fn next_tick(m: &Machine, now: u64) -> Option<u64> {
+    if m.vm.platform.pic.has_pending() {
+        Some(now)
+    } else {
+        m.vm.platform.next_timer_ns()
+    }
 }

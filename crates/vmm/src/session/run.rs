@@ -177,7 +177,8 @@ fn messages<M: Mode>(m: &mut Machine, mode: &mut M) -> Result<Option<StopReason>
             }
             ControlMessage::Terminal { virtio } => m.vm.status.terminal = Some(virtio),
             // (The platform loads the PIT with a wide count itself.)
-            ControlMessage::Sync | ControlMessage::PitCount(_) | ControlMessage::Unknown(_) => {}
+            ControlMessage::Sync => mode.kernel_entered(m)?,
+            ControlMessage::PitCount(_) | ControlMessage::Unknown(_) => {}
         }
     }
     Ok(None)
