@@ -347,6 +347,21 @@ fn record_until_fail(
     max: u32,
 ) -> Result<ExitCode> {
     let started = Instant::now();
+    // Ctrl-C ends the try under way and the tries, keeping nothing.
+    vmm::catch_interrupts().context("cannot catch SIGINT and SIGTERM")?;
+    let result = until_fail_tries(args, spec, config, target, max, started);
+    vmm::release_interrupts();
+    result
+}
+
+fn until_fail_tries(
+    args: &RecordArgs,
+    spec: &guest::VmSpec,
+    config: &str,
+    target: &Target,
+    max: u32,
+    started: Instant,
+) -> Result<ExitCode> {
     let status = StatusLine::for_stderr();
     // Each try's console output waits here: only the kept try's is shown.
     let held = HeldOutput::default();
@@ -386,7 +401,7 @@ fn record_until_fail(
             })?;
             if let Ended::StoppedByUser = ended {
                 status.clear();
-                eprintln!("insight: stopped by the user after {n} tries: no failure kept");
+                eprintln!("insight: stopped by the user in try {n}: no failure kept");
                 remove_target(target);
                 return Ok(ExitCode::from(EXIT_STOPPED_BY_USER));
             }
@@ -435,7 +450,8 @@ fn record_until_fail(
     status.clear();
     remove_target(target);
     eprintln!(
-        "insight: no failure in {max} tries ({:.1} s): no recording kept",
+        "insight: no failure in {max} {} ({:.1} s): no recording kept",
+        if max == 1 { "try" } else { "tries" },
         started.elapsed().as_secs_f64()
     );
     Ok(ExitCode::SUCCESS)

@@ -92,6 +92,11 @@ impl Mode for Recording {
     }
 
     fn housekeeping(&mut self) -> Result<(), VmError> {
+        // Ctrl-C, when the command asked for it (`catch_interrupts`:
+        // `record --until-fail`): the recording ends as the user's stop.
+        if crate::sys::interrupted() {
+            return Err(VmError::StoppedByUser);
+        }
         if let Some((end, limit)) = self.time_limit {
             if Instant::now() >= end {
                 return Err(VmError::TimeLimit { limit });
