@@ -109,7 +109,7 @@ insight replay                                 # re-execute the latest\n  \
 insight record -o t1 -- syn_cont               # into trace directory t1\n  \
 insight record --until-fail --timeout 30s -- ./flaky  # keep the first run that fails\n\n\
 With --until-fail the command is recorded again and again, each try from the boot \
-snapshot, until it exits with a non-zero status or hangs (no end within --timeout); only \
+snapshot, until it exits with a non-zero status or hangs (no progress for --timeout); only \
 that recording is kept.\n\n\
 Exit status: the guest command's, as for `run`; 124 for a hang (--timeout); with \
 --until-fail, 0 when no try failed. The trace format is in \

@@ -8,8 +8,8 @@ pub const EXIT_INSIGHT_ERROR: u8 = 125;
 /// Exit status when the user stopped the VM from the terminal.
 pub const EXIT_STOPPED_BY_USER: u8 = 130;
 
-/// `record` exit status when the command had not ended within
-/// `--timeout` (a hang), as timeout(1)'s.
+/// `record` exit status when the command made no progress for `--timeout`
+/// (a hang), as timeout(1)'s.
 pub const EXIT_HUNG: u8 = 124;
 
 /// `replay` exit status when the guest did not do what was recorded.

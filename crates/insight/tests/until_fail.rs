@@ -108,7 +108,7 @@ fn a_hang_is_recorded_up_to_the_time_limit_and_replays_to_it() {
     let (rout, rerr) = text(&replayed);
     assert!(replayed.status.success(), "{rerr}");
     assert!(
-        rerr.contains("the recording ended there: no end within the time limit of 20.000 s"),
+        rerr.contains("the recording ended there: no progress in user mode for 20.000 s"),
         "{rerr}"
     );
     assert_eq!(rout, "flaky_exit: fails\n", "{rerr}");

@@ -130,9 +130,10 @@ pub enum EndReason {
     StoppedByUser,
     /// The run failed (guest crash, VMM error): the message.
     Failed(String),
-    /// The command had not ended when the recording's time limit (in
-    /// milliseconds of the host's time) ran out: taken as a hang, the
-    /// threads left where they stood.
+    /// The guest's user code made no progress (no system call or fault
+    /// from user mode) for the recording's time limit (in milliseconds of
+    /// the host's time): taken as a hang, the threads left where they
+    /// stood.
     Hung { limit_ms: u64 },
 }
 
@@ -145,7 +146,7 @@ impl fmt::Display for EndReason {
             EndReason::Failed(m) => write!(f, "run failed: {m}"),
             EndReason::Hung { limit_ms } => write!(
                 f,
-                "no end within the time limit of {:.3} s: a hang",
+                "no progress in user mode for {:.3} s (the time limit): a hang",
                 *limit_ms as f64 / 1e3
             ),
         }

@@ -155,8 +155,9 @@ pub struct RecordOptions<'a> {
     /// VM time, where replay collects the thread and stack
     /// (docs/events.md, "Samples").
     pub sample_period: Option<Duration>,
-    /// A run that has not ended after this long (host time) ends as a
-    /// hang (`VmError::TimeLimit`, logged as `EndReason::Hung`).
+    /// A run whose guest user code makes no progress (no system call or
+    /// fault from user mode) for this long (host time) ends as a hang
+    /// (`VmError::TimeLimit`, logged as `EndReason::Hung`).
     pub time_limit: Option<Duration>,
     /// Preemptions forced at random instants drawn from these settings
     /// (docs/chaos.md), written in the trace header.

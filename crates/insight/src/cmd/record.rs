@@ -51,7 +51,7 @@ pub struct RecordArgs {
     sample_period: MarkPeriod,
     /// Record again and again, each try from the boot snapshot, until the
     /// command fails: a non-zero exit status (a signal's included) or no
-    /// end within --timeout (a hang). Only the failing recording is kept
+    /// progress for --timeout (a hang). Only the failing recording is kept
     /// (named as usual, the latest); at most MAX tries (default 1000).
     /// Standard input is not forwarded; the kept try's console output is
     /// shown once it failed.
@@ -59,9 +59,11 @@ pub struct RecordArgs {
           default_missing_value = "1000",
           value_parser = clap::value_parser!(u32).range(1..))]
     until_fail: Option<u32>,
-    /// End the recording when the command has not ended after DURATION
-    /// of the host's time ("30s", "500ms"): it is taken as a hang, and the
-    /// trace ends with the threads where they stood (exit status 124).
+    /// End the recording when the guest's user code has made no progress
+    /// (no system call or fault from user mode) for DURATION of the host's
+    /// time ("30s", "500ms"): it is taken as a hang (a deadlock, a spin
+    /// that never ends, or a sleep that long), and the trace ends with the
+    /// threads where they stood (exit status 124).
     #[arg(long, value_name = "DURATION", value_parser = crate::position::parse_duration)]
     timeout: Option<Duration>,
     /// Perturb the recorded schedule (docs/chaos.md): preempt the running
@@ -221,7 +223,7 @@ impl Target {
 enum Ended {
     /// The command exited (its status), or the guest powered off (none).
     Exited(Box<vmm::RunOutcome>),
-    /// It had not ended within the time limit: a hang.
+    /// It made no progress for the time limit: a hang.
     Hung(Duration),
     /// The user stopped it.
     StoppedByUser,
@@ -321,7 +323,7 @@ fn record_once(
         }
         Ended::Hung(limit) => {
             eprintln!(
-                "insight: the command had not ended after {:.3} s (--timeout): recorded as a \
+                "insight: the command made no progress for {:.3} s (--timeout): recorded as a \
                  hang; the trace in {} ends with its threads where they stood",
                 limit.as_secs_f64(),
                 output.display()
@@ -426,7 +428,7 @@ fn until_fail_tries(
             }
             Ended::Hung(limit) => (
                 format!(
-                    "had not ended after {:.3} s (--timeout): a hang, its threads kept where \
+                    "made no progress for {:.3} s (--timeout): a hang, its threads kept where \
                      they stood",
                     limit.as_secs_f64()
                 ),

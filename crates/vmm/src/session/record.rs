@@ -24,8 +24,8 @@ struct Recording {
     recorder: Recorder,
     points: PointTaker,
     progress: ProgressReport,
-    /// The run ends as a hang when it has not ended by then (host time),
-    /// and the limit it was given.
+    /// The run ends as a hang when the guest's user code has made no
+    /// progress for the limit (host time): when it last did, the limit.
     time_limit: Option<(Instant, Duration)>,
     /// Preemptions forced at random instants (`record --chaos`).
     chaos: Option<Chaos>,
@@ -58,10 +58,11 @@ impl RecordSession {
     }
 
     /// Ends the recording as a hang (`EndReason::Hung`, the run's error
-    /// `VmError::TimeLimit`) if the command has not ended within `limit`
-    /// of the host's time from now.
+    /// `VmError::TimeLimit`) when the guest's user code makes no progress
+    /// (enters the kernel by no system call or fault) for `limit` of the
+    /// host's time: a deadlock, a spin that never ends, an idle guest.
     pub(crate) fn limit_time(&mut self, limit: Duration) {
-        self.mode.time_limit = Some((Instant::now() + limit, limit));
+        self.mode.time_limit = Some((Instant::now(), limit));
     }
 
     /// Forces preemptions at instants drawn by `chaos`.
@@ -97,8 +98,8 @@ impl Mode for Recording {
         if crate::sys::interrupted() {
             return Err(VmError::StoppedByUser);
         }
-        if let Some((end, limit)) = self.time_limit {
-            if Instant::now() >= end {
+        if let Some((progress, limit)) = self.time_limit {
+            if progress.elapsed() >= limit {
                 return Err(VmError::TimeLimit { limit });
             }
         }
@@ -159,6 +160,9 @@ impl Mode for Recording {
     }
 
     fn kernel_entered(&mut self, m: &mut Machine) -> Result<(), VmError> {
+        if let Some((progress, _)) = &mut self.time_limit {
+            *progress = Instant::now();
+        }
         // The chaos may end the task's slice here: the tick is delivered
         // after this exit, and the scheduler switches at the kernel's
         // return to user mode.

@@ -108,8 +108,9 @@ pub enum VmError {
     VcpuThreadPanicked,
     #[error("stopped by the user (Ctrl-A x)")]
     StoppedByUser,
-    /// The run went on past the time limit it was given (a hang).
-    #[error("the command did not end within {:.3} s", limit.as_secs_f64())]
+    /// The guest's user code made no progress for the time limit the run
+    /// was given (a hang).
+    #[error("no progress in user mode for {:.3} s", limit.as_secs_f64())]
     TimeLimit { limit: Duration },
     #[error("guest {reason} at RIP {rip:#x}{detail}")]
     GuestFault {
