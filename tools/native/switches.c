@@ -1,18 +1,33 @@
 /*
- * How often the guest's scheduler switches between two CPU-bound threads:
- * each spins 20 million times and counts the times it finds the other one
- * ran last. Natively on one CPU (taskset -c 0) about 30; compare with
- * `insight record -- ./switches` and `insight record --chaos -- ./switches`
- * to see whether chaos's forced preemptions end the running thread's
- * slice (docs/chaos.md, "Measured").
+ * How often the scheduler switches between two CPU-bound threads: each
+ * spins 20 million times and counts the times it finds the other one ran
+ * last ("switches"), and prints how often it was preempted at all (its
+ * nonvoluntary context switches). Natively on one CPU (taskset -c 0)
+ * about 30 switches; compare `insight run`, `insight record` and
+ * `insight record --chaos` of it: whether chaos's forced preemptions hand
+ * the CPU to the other thread (docs/chaos.md, "Measured").
  *
  *   gcc -O1 -pthread -o switches tools/native/switches.c
  */
 #include <pthread.h>
 #include <stdio.h>
+#include <string.h>
 
 static volatile int last = -1;
 static volatile long switches;
+
+/* The calling thread's context switch counts, from /proc. */
+static void show(int me)
+{
+	char line[128];
+	FILE *f = fopen("/proc/thread-self/status", "r");
+	if (!f)
+		return;
+	while (fgets(line, sizeof line, f))
+		if (strstr(line, "ctxt_switches"))
+			printf("thread %d %s", me, line);
+	fclose(f);
+}
 
 static void *run(void *arg)
 {
@@ -23,6 +38,7 @@ static void *run(void *arg)
 			switches++;
 		}
 	}
+	show(me);
 	return NULL;
 }
 

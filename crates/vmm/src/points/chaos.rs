@@ -113,6 +113,14 @@ impl Chaos {
         self.preempt_now(now, tick)
     }
 
+    /// A preemption due at `now` is not forced (one is on its way): the
+    /// next one is drawn.
+    pub(crate) fn postpone(&mut self, now: u64) {
+        if now >= self.due_ns {
+            self.due_ns = now.saturating_add(self.next_gap());
+        }
+    }
+
     /// At a kernel entry from user mode: whether to end the slice here
     /// (one entry in `one_entry_in`, drawn).
     pub(crate) fn at_kernel_entry(&mut self) -> bool {

@@ -170,8 +170,8 @@ impl Mode for Recording {
             if chaos.at_kernel_entry() {
                 let now = m.vm.clock.now_ns();
                 m.vm.platform.advance_to(now);
-                let tick = next_tick(m, now);
-                if let Some(by) = chaos.preempt_now(now, tick) {
+                let tick = next_tick(m);
+                if let Some(by) = tick.ok().and_then(|t| chaos.preempt_now(now, t)) {
                     m.vm.clock.move_on(by);
                     m.vm.platform.advance_to(m.vm.clock.now_ns());
                 }
@@ -243,7 +243,10 @@ fn force_preemption(m: &mut Machine, chaos: &mut Chaos) -> Result<(), VmError> {
     }
     let in_user = m.vcpu.interruptible() && m.vcpu.sregs()?.cs.selector & 3 == 3;
     m.vm.platform.advance_to(now);
-    let tick = next_tick(m, now);
+    let Ok(tick) = next_tick(m) else {
+        chaos.postpone(now);
+        return Ok(());
+    };
     if let Some(by) = chaos.preempt(now, in_user, tick) {
         m.vm.clock.move_on(by);
         m.vm.platform.advance_to(m.vm.clock.now_ns());
@@ -251,12 +254,14 @@ fn force_preemption(m: &mut Machine, chaos: &mut Chaos) -> Result<(), VmError> {
     Ok(())
 }
 
-/// When the guest's next tick is due: now if its interrupt is pending (it
-/// is delivered at once; the slice is used up all the same).
-fn next_tick(m: &Machine, now: u64) -> Option<u64> {
+/// When the guest's next tick is due; `Err` while an interrupt is
+/// pending (a tick chaos forced, not delivered yet: moving the clock on
+/// again would charge the running thread slice after slice, and the
+/// scheduler would then keep it off the CPU far longer than the others).
+fn next_tick(m: &Machine) -> Result<Option<u64>, ()> {
     if m.vm.platform.pic.has_pending() {
-        Some(now)
+        Err(())
     } else {
-        m.vm.platform.next_timer_ns()
+        Ok(m.vm.platform.next_timer_ns())
     }
 }
