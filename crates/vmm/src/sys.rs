@@ -154,17 +154,6 @@ pub fn pin_to_cpu(cpu: usize) -> io::Result<()> {
     Ok(())
 }
 
-/// Has the host wake the calling thread from its sleeps within `ns` of
-/// the time asked for (Linux's timer slack, 50 us by default).
-pub fn set_timer_slack_ns(ns: u64) -> io::Result<()> {
-    // SAFETY: PR_SET_TIMERSLACK takes a number and touches no memory.
-    let rc = unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, ns as libc::c_ulong, 0, 0, 0) };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
 /// The host CPU the calling thread runs on now.
 pub fn current_cpu() -> Option<usize> {
     // SAFETY: sched_getcpu takes nothing and returns a number or -1.

@@ -18,9 +18,6 @@ use crate::vm::{Machine, VmClock, VmError};
 pub(crate) struct KickState {
     /// VM time at which the vCPU must be out of KVM_RUN (u64::MAX: none).
     deadline_ns: AtomicU64,
-    /// How many times the deadline was set: the vCPU thread sets it
-    /// before every KVM_RUN, so a change says a kick was seen.
-    deadlines_set: AtomicU64,
     /// Kick at once, whatever the deadline.
     now: AtomicBool,
     done: AtomicBool,
@@ -30,7 +27,6 @@ impl KickState {
     fn new() -> Arc<Self> {
         Arc::new(KickState {
             deadline_ns: AtomicU64::new(u64::MAX),
-            deadlines_set: AtomicU64::new(0),
             now: AtomicBool::new(false),
             done: AtomicBool::new(false),
         })
@@ -38,7 +34,6 @@ impl KickState {
 
     pub(crate) fn set_deadline(&self, ns: u64) {
         self.deadline_ns.store(ns, Ordering::Release);
-        self.deadlines_set.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Has the vCPU kicked out of KVM_RUN as soon as possible.
@@ -58,34 +53,17 @@ fn register_kick_handler() -> Result<(), VmError> {
     })
 }
 
-/// After a kick, how long the kick thread waits for the vCPU thread to
-/// set its next deadline before it kicks again (a kick that landed
-/// outside KVM_RUN is lost), and how often it looks meanwhile.
-const KICK_AGAIN_NS: u64 = 1_000_000;
-const KICK_SEEN_POLL: Duration = Duration::from_micros(10);
-
 /// Kicks the vCPU with `kick` whenever its deadline passes (or a kick is
 /// asked for), until `state` says done.
 fn kick_loop(state: &KickState, clock: VmClock, kick: impl Fn()) {
-    // Deadlines tens of microseconds apart (a recording's chaos) are met
-    // to a few microseconds, not to the default 50 us of slack.
-    let _ = crate::sys::set_timer_slack_ns(1_000);
     while !state.done.load(Ordering::Acquire) {
         let now = clock.now_ns();
         let deadline = state.deadline_ns.load(Ordering::Acquire);
         if deadline <= now || state.now.swap(false, Ordering::AcqRel) {
             // A kick that lands while the vCPU is outside KVM_RUN is
-            // harmless; the next one follows within a millisecond, or as
-            // soon as the vCPU thread has set its next deadline.
-            let set = state.deadlines_set.load(Ordering::Acquire);
+            // harmless; the next one follows within a millisecond.
             kick();
-            let kicked = clock.now_ns();
-            while state.deadlines_set.load(Ordering::Acquire) == set
-                && clock.now_ns() < kicked + KICK_AGAIN_NS
-                && !state.done.load(Ordering::Acquire)
-            {
-                std::thread::sleep(KICK_SEEN_POLL);
-            }
+            std::thread::sleep(Duration::from_millis(1));
         } else {
             let wait = (deadline - now).min(5_000_000);
             std::thread::sleep(Duration::from_nanos(wait));
