@@ -10,4 +10,5 @@ side, common.py is what the benchmarks share, cli.py the command line.
 BENCHMARKS = [
     "native", "boot", "snapshot", "replay", "checkpoints", "console", "net", "events", "heap",
     "probes", "samples", "expand", "debug", "analysis", "profile", "qemu", "locktools", "papers",
+    "chaos",
 ]

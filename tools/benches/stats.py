@@ -23,7 +23,7 @@ BEST = "best"
 # still counts as a difference: with three samples a side it is 0.1.
 SEPARATION_P = 0.1
 # Units of things counted, whole numbers shown as such.
-COUNTS = {"cycles", "datagrams", "programs"}
+COUNTS = {"cycles", "datagrams", "programs", "runs", "tries"}
 
 
 def rounds(sides, runs):

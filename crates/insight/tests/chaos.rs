@@ -2,7 +2,7 @@
 //! try names its seed in the trace header and its replay, given no seed,
 //! fails the same way; SCTBench's correct programs (tests/programs/sctbench)
 //! pass their chaos tries, which leave nothing behind. How often chaos
-//! makes SCTBench's buggy programs fail is measured by tools/bench-chaos
+//! makes SCTBench's buggy programs fail is measured by tools/bench chaos
 //! (docs/chaos.md, "Measured"), not here: it takes tens of tries.
 //!
 //! Like the other end-to-end tests they need /dev/kvm and the guest image
