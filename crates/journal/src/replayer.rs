@@ -327,6 +327,28 @@ impl Replayer {
         Err(self.diverged(expected, found))
     }
 
+    /// Checks what the last exit wrote of the command's standard stream
+    /// `stream` (`bytes` of digest `digest`) against the log.
+    pub fn stream_out(&mut self, stream: u8, bytes: u64, digest: u64) -> Result<(), JournalError> {
+        let written = Entry::StreamOut {
+            stream,
+            bytes,
+            digest,
+        };
+        let logged = self.take(|e| matches!(e, Entry::StreamOut { .. }).then(|| e.clone()))?;
+        match logged {
+            Some(logged) if logged == written => Ok(()),
+            // A killed recorder may have written the exit but not what
+            // followed.
+            None if self.peek()?.is_none() && !self.trace_complete() => Ok(()),
+            Some(logged) => Err(self.diverged(Some(logged), written.to_string().trim().to_owned())),
+            None => {
+                let expected = self.peek()?.cloned();
+                Err(self.diverged(expected, written.to_string().trim().to_owned()))
+            }
+        }
+    }
+
     pub fn progress(&self) -> Progress {
         Progress {
             exits: self.exits,

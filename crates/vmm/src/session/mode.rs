@@ -135,6 +135,12 @@ pub(crate) trait Mode {
         Ok(())
     }
 
+    /// The last exit relayed `bytes` bytes of the command's standard
+    /// `stream` to the host's, of FNV-1a digest `digest`.
+    fn stream_written(&mut self, _stream: u8, _bytes: u64, _digest: u64) -> Result<(), VmError> {
+        Ok(())
+    }
+
     /// The guest kernel announced its context-switch ring.
     fn switch_ring_announced(&mut self, _m: &mut Machine) {}
 

@@ -108,6 +108,10 @@ impl Mode for Recording {
         Ok(())
     }
 
+    fn stream_written(&mut self, stream: u8, bytes: u64, digest: u64) -> Result<(), VmError> {
+        Ok(self.recorder.stream_out(stream, bytes, digest)?)
+    }
+
     fn kicked(&mut self, m: &mut Machine, resumed: Resumed) -> Result<bool, VmError> {
         // The sampling clock's mark first: replay finds it before a point
         // taken at the same position.

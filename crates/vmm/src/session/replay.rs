@@ -428,6 +428,11 @@ impl Mode for Replaying {
         (self.tools).exit(m, kernel_entry, &self.log, &self.points)
     }
 
+    fn stream_written(&mut self, stream: u8, bytes: u64, digest: u64) -> Result<(), VmError> {
+        // The same bytes as the recording's, or the replay stops here.
+        Ok(self.log.stream_out(stream, bytes, digest)?)
+    }
+
     fn kicked(&mut self, m: &mut Machine, resumed: Resumed) -> Result<bool, VmError> {
         let patched = self.points.patched_code();
         if self.points.check_time(m, &mut self.log)? {

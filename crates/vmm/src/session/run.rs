@@ -176,6 +176,10 @@ fn messages<M: Mode>(m: &mut Machine, mode: &mut M) -> Result<Option<StopReason>
                 mode.wrote_for_guest(m, &written)?;
             }
             ControlMessage::Terminal { virtio } => m.vm.status.terminal = Some(virtio),
+            ControlMessage::Output { stream } => {
+                let (bytes, digest) = m.stream_output(stream)?;
+                mode.stream_written(stream, bytes, digest)?;
+            }
             // (The platform loads the PIT with a wide count itself.)
             ControlMessage::Sync | ControlMessage::PitCount(_) | ControlMessage::Unknown(_) => {}
         }

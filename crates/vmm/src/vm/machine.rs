@@ -2,6 +2,7 @@
 //! them between two `KVM_RUN`s (console input, the run's archive, waiting
 //! at HLT, injecting, dispatching an exit).
 
+use std::io::Write;
 use std::time::Duration;
 
 use introspect::gva;
@@ -9,7 +10,7 @@ use kvm_ioctls::VcpuExit;
 use vm_memory::{Bytes, GuestAddress};
 
 use super::dispatch::{dispatch, Bus, Next};
-use super::{kvm_err, Vcpu, Vm, VmError, BOOT_VCPU};
+use super::{kvm_err, HostStreams, Vcpu, Vm, VmError, BOOT_VCPU};
 use crate::console::ConsoleInput;
 use guest::config::ConsoleKind;
 use journal::{Entry, Replayer};
@@ -57,6 +58,12 @@ impl Machine {
         if let Some(net) = &mut self.vm.net {
             net.capture_tx(capture);
         }
+    }
+
+    /// Sends what `/init` relays of the command's standard output and
+    /// error to `streams` (else to the console).
+    pub fn set_streams(&mut self, streams: HostStreams) {
+        self.vm.streams = streams;
     }
 
     /// Dispatches `exit`; `log` answers the guest's reads at replay.
@@ -232,6 +239,54 @@ impl Machine {
             &archive[offset as usize..end as usize],
         )
         .map_err(|e| bad(format!("into a buffer at {gva:#x} it cannot write ({e})")))
+    }
+
+    /// `/init` relays what the command wrote to its standard `stream`
+    /// (1: output, 2: error), a pipe in the guest: RDI bytes at virtual
+    /// address RSI, read as user mode would (nothing in the guest
+    /// changes). They go to the host's stream (`set_streams`), else to the
+    /// console; returns how many bytes and their FNV-1a digest, which a
+    /// recording logs and a replay checks.
+    pub(crate) fn stream_output(&mut self, stream: u8) -> Result<(u64, u64), VmError> {
+        /// `/init`'s buffer: a larger piece is not one it relays.
+        const MAX_PIECE: u64 = 64 << 10;
+        let regs = self.vcpu.synced_regs();
+        let (gva, len) = (regs.rsi, regs.rdi);
+        let bad = |why: String| VmError::BadOutput {
+            what: journal::stream_name(stream),
+            why,
+        };
+        if len == 0 || len > MAX_PIECE {
+            return Err(bad(format!(
+                "in a piece of {len} bytes (1 to {MAX_PIECE})"
+            )));
+        }
+        let cr3 = self.vcpu.sregs()?.cr3;
+        let mut text = vec![0u8; len as usize];
+        let read = gva::peek_user(&self.vm.mem, cr3, gva, &mut text);
+        if read != text.len() {
+            return Err(bad(format!(
+                "from a buffer at {gva:#x} it cannot read past byte {read} of {len}"
+            )));
+        }
+        let streams = &mut self.vm.streams;
+        let sink = match stream {
+            1 => streams.out.as_mut(),
+            _ => streams.err.as_mut(),
+        };
+        let written = match sink {
+            Some(out) => out.write_all(&text).and_then(|()| out.flush()),
+            None => self
+                .vm
+                .console
+                .writer_mut()
+                .write_all(&text)
+                .and_then(|()| self.vm.console.writer_mut().flush()),
+        };
+        if written.is_err() {
+            self.vm.streams.errors += 1;
+        }
+        Ok((len, journal::output_digest(&text)))
     }
 
     /// The guest kernel hands a copy to or from user memory (guest kernel
