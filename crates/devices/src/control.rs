@@ -259,7 +259,10 @@ mod tests {
             ControlMessage::Output { stream: 2 }
         );
         for other in [0x0e00_0000, 0x0e00_0003] {
-            assert_eq!(ControlMessage::decode(other), ControlMessage::Unknown(other));
+            assert_eq!(
+                ControlMessage::decode(other),
+                ControlMessage::Unknown(other)
+            );
         }
         assert_eq!(
             ControlMessage::decode(0x7700_0000),

@@ -11,7 +11,10 @@ use vmm::VmError;
 
 use super::{progress_report, user_rdtsc_traps};
 use crate::exit::EXIT_STOPPED_BY_USER;
-use crate::guest_args::{net_problems, prepare_guest, start_machine, stdin_input, GuestArgs};
+use crate::guest_args::{
+    host_streams, net_problems, prepare_guest, start_machine, stdin_input, terminal_output,
+    GuestArgs,
+};
 use crate::status::{human_bytes, StatusLine};
 use crate::traces;
 
@@ -164,15 +167,15 @@ pub fn record(args: RecordArgs) -> Result<ExitCode> {
     // a directory that was empty (a trace is recorded into no other).
     let fresh = created || traces::is_empty_dir(&output);
     let status = StatusLine::for_stderr();
-    let (machine, snapshot) =
-        start_machine(&spec, status.console(Box::new(std::io::stdout())), || {
-            status.console(Box::new(std::io::stdout()))
-        })
-        .inspect_err(|_| {
-            if fresh {
-                discard_unstarted(&output, created, hold.as_ref())
-            }
-        })?;
+    let (mut machine, snapshot) = start_machine(&spec, status.console(terminal_output()), || {
+        status.console(terminal_output())
+    })
+    .inspect_err(|_| {
+        if fresh {
+            discard_unstarted(&output, created, hold.as_ref())
+        }
+    })?;
+    machine.set_streams(host_streams(|w| status.console(w)));
     let (input, _terminal) = stdin_input(args.guest.no_stdin).unzip();
     let (session, notes) = vmm::builder::record(
         machine,

@@ -257,9 +257,7 @@ impl Machine {
             why,
         };
         if len == 0 || len > MAX_PIECE {
-            return Err(bad(format!(
-                "in a piece of {len} bytes (1 to {MAX_PIECE})"
-            )));
+            return Err(bad(format!("in a piece of {len} bytes (1 to {MAX_PIECE})")));
         }
         let cr3 = self.vcpu.sregs()?.cr3;
         let mut text = vec![0u8; len as usize];
