@@ -172,7 +172,11 @@ fn console_output_is_checked_at_replay() {
     let (trace, out) = record(
         "console-tamper",
         &[],
-        &["sh", "-c", "exec >/dev/tty; echo first line; echo second line"],
+        &[
+            "sh",
+            "-c",
+            "exec >/dev/tty; echo first line; echo second line",
+        ],
     );
     let recorded = expect_status(&out, 0);
     let (header, log) = read_all(&trace);

@@ -181,7 +181,10 @@ fn run_gives_the_command_its_streams_as_insight_has_them() {
     // pigz by its host path, compressing a file brought along, into a
     // pipe: what it wrote decompresses to the file.
     let pigz = Path::new("/usr/bin/pigz");
-    assert!(pigz.exists(), "/usr/bin/pigz is missing: tools/test installs it");
+    assert!(
+        pigz.exists(),
+        "/usr/bin/pigz is missing: tools/test installs it"
+    );
     let data = dir.join("data.txt");
     let text_data: String = (0..20_000).map(|i| format!("line {i}\n")).collect();
     std::fs::write(&data, &text_data).unwrap();
@@ -190,12 +193,7 @@ fn run_gives_the_command_its_streams_as_insight_has_them() {
         .args(["run", "--no-stdin", "--file", "data.txt", "--"])
         .args(["/usr/bin/pigz", "-c", "data.txt"]);
     let compressed = output_within(cmd, Duration::from_secs(300));
-    assert_eq!(
-        compressed.status.code(),
-        Some(0),
-        "{}",
-        text(&compressed).1
-    );
+    assert_eq!(compressed.status.code(), Some(0), "{}", text(&compressed).1);
     let mut gunzip = Command::new("gzip")
         .args(["-dc"])
         .stdin(Stdio::piped())
@@ -209,7 +207,10 @@ fn run_gives_the_command_its_streams_as_insight_has_them() {
     }
     let plain = gunzip.wait_with_output().unwrap();
     assert!(plain.status.success(), "pigz's output is not gzip data");
-    assert!(plain.stdout == text_data.as_bytes(), "pigz's output is not the file's");
+    assert!(
+        plain.stdout == text_data.as_bytes(),
+        "pigz's output is not the file's"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -233,7 +234,11 @@ fn record_logs_each_stream_and_replay_writes_and_checks_it() {
     assert_eq!(recorded.status, Some(5), "{}", recorded.said);
     let seq: String = (1..=30_000).map(|i| format!("{i}\n")).collect();
     assert_eq!(recorded.out, format!("out\n{seq}"));
-    assert_eq!(recorded.err, "err\ndone\n", "insight said: {}", recorded.said);
+    assert_eq!(
+        recorded.err, "err\ndone\n",
+        "insight said: {}",
+        recorded.said
+    );
 
     let (streams, console) = logged_streams(&trace);
     assert!(!console, "the command's output went to its terminal");
@@ -251,7 +256,10 @@ fn record_logs_each_stream_and_replay_writes_and_checks_it() {
             "{}",
             replayed.said
         );
-        assert!(replayed.out == recorded.out, "replay {round}'s standard output differs");
+        assert!(
+            replayed.out == recorded.out,
+            "replay {round}'s standard output differs"
+        );
         assert_eq!(replayed.err, recorded.err);
     }
 
@@ -298,13 +306,9 @@ fn a_host_program_sees_pipes_or_the_terminal_as_insight_has_them() {
         .args(["--", "./two_streams", "3"]);
     let recorded = into_files(cmd, &dir, "record", false);
     assert_eq!(recorded.status, Some(3), "{}", recorded.said);
+    assert_eq!(recorded.out, "out 0\nout 1\nout 2\nstdout not a terminal\n");
     assert_eq!(
-        recorded.out,
-        "out 0\nout 1\nout 2\nstdout not a terminal\n"
-    );
-    assert_eq!(
-        recorded.err,
-        "err 0\nerr 1\nerr 2\nstderr not a terminal\n",
+        recorded.err, "err 0\nerr 1\nerr 2\nstderr not a terminal\n",
         "insight said: {}",
         recorded.said
     );
