@@ -175,10 +175,13 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
         };
         (sink(), streams)
     } else {
-        (
-            status.console(terminal_output()),
-            host_streams(|w| status.console(w)),
-        )
+        let mut streams = host_streams(|w| status.console(w));
+        if let Some(path) = &args.error_stream {
+            let file =
+                File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+            streams.err = Some(Box::new(file));
+        }
+        (status.console(terminal_output()), streams)
     };
     let events = match &args.capture.events {
         Some(path) => Some(event_options(&args, path, &trace, &reader)?),
