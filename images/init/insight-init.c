@@ -458,27 +458,34 @@ static void open_relays(struct relays *r)
 
 /*
  * Hands the hypervisor n bytes the command wrote to its standard stream:
- * a CTL_OUTPUT message with the buffer in RSI and its length in RDI, one
- * VM exit (outside insight, they go to this process's own stream).
+ * a CTL_OUTPUT message with the buffer in RSI, its length in RDI and in R8
+ * the address of a word the hypervisor sets to 1 if the host's stream
+ * takes no more (a pipe whose reader has gone), one VM exit. Outside
+ * insight, they go to this process's own stream. Returns false where the
+ * stream is closed.
  */
 static unsigned char relayed[64 * 1024];
+static volatile unsigned host_closed;
 
-static void relay(unsigned stream, size_t n)
+static bool relay(unsigned stream, size_t n)
 {
-	if (!have_port) {
-		if (write((int)stream, relayed, n) < 0)
-			fprintf(stderr, "insight-init: cannot write stream %u\n", stream);
-		return;
-	}
+	if (!have_port)
+		return write((int)stream, relayed, n) >= 0 || errno != EPIPE;
+	host_closed = 0;
+	register volatile unsigned *answer __asm__("r8") = &host_closed;
 	__asm__ volatile("outl %%eax, %%dx"
 			 :
-			 : "a"(CTL_MSG(CTL_OUTPUT, stream)), "d"(CTL_PORT), "S"(relayed), "D"(n)
+			 : "a"(CTL_MSG(CTL_OUTPUT, stream)), "d"(CTL_PORT), "S"(relayed), "D"(n),
+			   "r"(answer)
 			 : "memory");
+	return !host_closed;
 }
 
 /*
  * Reads what one pipe holds and relays it: 1 if it relayed bytes, 0 if it
- * had none now, -1 at its end (closed).
+ * had none now, -1 at its end (closed). Where the host's stream takes no
+ * more, the pipe is closed: the command's next write to it fails with
+ * EPIPE (and SIGPIPE), as when a reader such as `head` exits natively.
  */
 static int relay_once(struct relays *r, int i)
 {
@@ -486,12 +493,11 @@ static int relay_once(struct relays *r, int i)
 
 	if (n < 0 && (errno == EINTR || errno == EAGAIN))
 		return 0;
-	if (n <= 0) {
+	if (n <= 0 || !relay(r->stream[i], (size_t)n)) {
 		close(r->read_end[i].fd);
 		r->read_end[i].fd = -1;
 		return -1;
 	}
-	relay(r->stream[i], (size_t)n);
 	return 1;
 }
 

@@ -144,6 +144,33 @@ fn run_gives_the_command_its_streams_as_insight_has_them() {
     let piped = output_within(run(&["test", "-t", "2"]), Duration::from_secs(300));
     assert_eq!(piped.status.code(), Some(1), "{}", text(&piped).1);
 
+    // `insight run -- yes | head -n 1`: once the reader has gone, the
+    // command's next write fails as natively (SIGPIPE, status 128 + 13).
+    let mut yes = run(&["yes"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        let mut reader = std::io::BufReader::new(yes.stdout.take().unwrap());
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut reader, &mut line).unwrap();
+        assert_eq!(line, "y\n");
+    }
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = yes.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > Duration::from_secs(300) {
+            let _ = yes.kill();
+            panic!("yes went on writing into a closed pipe for 300 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(141));
+
     // Under a terminal, both are the command's terminal.
     let insight_bin = env!("CARGO_BIN_EXE_insight");
     let (status, screen) = under_terminal(

@@ -90,8 +90,15 @@ pub enum Entry {
     /// The preceding exit (`/init`'s control-port message) wrote `bytes`
     /// bytes of the command's standard output (`stream` 1) or error (2),
     /// a pipe in the guest, to the host's, whose FNV-1a digest is
-    /// `digest`: replay checks that it writes the same.
-    StreamOut { stream: u8, bytes: u64, digest: u64 },
+    /// `digest`: replay checks that it writes the same. `closed`: the
+    /// host's stream took no more (a pipe whose reader had gone), which
+    /// `/init` was told, and a replay tells it again.
+    StreamOut {
+        stream: u8,
+        bytes: u64,
+        digest: u64,
+        closed: bool,
+    },
     /// The guest's user code, running on after the preceding exit without
     /// one of its own, was stopped at this state and the interrupt of the
     /// `Interrupt` entry that follows delivered there (an asynchronous
@@ -355,10 +362,12 @@ impl fmt::Display for Entry {
                 stream,
                 bytes,
                 digest,
+                closed,
             } => write!(
                 f,
-                "  {}, {bytes} bytes, digest {digest:016x}",
-                stream_name(*stream)
+                "  {}, {bytes} bytes, digest {digest:016x}{}",
+                stream_name(*stream),
+                if *closed { ", closed on the host" } else { "" }
             ),
             Entry::AsyncPoint(p) => {
                 let s = &p.state;

@@ -175,12 +175,20 @@ impl Recorder {
     }
 
     /// Records what the last exit wrote of the command's standard stream
-    /// `stream` (1: output, 2: error): how many bytes, and their digest.
-    pub fn stream_out(&mut self, stream: u8, bytes: u64, digest: u64) -> Result<(), JournalError> {
+    /// `stream` (1: output, 2: error): how many bytes, their digest, and
+    /// whether the host's stream was `closed`.
+    pub fn stream_out(
+        &mut self,
+        stream: u8,
+        bytes: u64,
+        digest: u64,
+        closed: bool,
+    ) -> Result<(), JournalError> {
         self.push(Entry::StreamOut {
             stream,
             bytes,
             digest,
+            closed,
         })
     }
 

@@ -227,15 +227,15 @@ fn the_command_s_streams_replay_and_each_is_checked() {
         let writer = TraceWriter::create(&dir, &header(64)).unwrap();
         let mut r = Recorder::new(writer, 64);
         r.exit(message(0x100), &regs(0x100, 1)).unwrap();
-        r.stream_out(1, 4, 0xfeed).unwrap();
+        r.stream_out(1, 4, 0xfeed, false).unwrap();
         r.exit(message(0x104), &regs(0x104, 2)).unwrap();
-        r.stream_out(2, 4, 0xbeef).unwrap();
+        r.stream_out(2, 4, 0xbeef, true).unwrap();
         r.exit(message(0x108), &regs(0x108, 3)).unwrap();
         r.finish(EndReason::CommandExited(0), 0).unwrap();
     }
     let mut j = replayer(&dir);
     j.exit(message(0x100), &regs(0x100, 1)).unwrap();
-    j.stream_out(1, 4, 0xfeed).unwrap();
+    assert!(!j.stream_out(1, 4, 0xfeed).unwrap());
     j.exit(message(0x104), &regs(0x104, 2)).unwrap();
     // The same bytes on the other stream: a divergence at that exit.
     let err = j.stream_out(1, 4, 0xbeef).unwrap_err();
@@ -246,7 +246,8 @@ fn the_command_s_streams_replay_and_each_is_checked() {
     j.exit(message(0x100), &regs(0x100, 1)).unwrap();
     j.stream_out(1, 4, 0xfeed).unwrap();
     j.exit(message(0x104), &regs(0x104, 2)).unwrap();
-    j.stream_out(2, 4, 0xbeef).unwrap();
+    // The recording's standard error was closed there: so is the replay's.
+    assert!(j.stream_out(2, 4, 0xbeef).unwrap());
     j.exit(message(0x108), &regs(0x108, 3)).unwrap();
     let err = j.stream_out(2, 1, 0).unwrap_err();
     assert!(err.to_string().contains("standard error"), "{err}");

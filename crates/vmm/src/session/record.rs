@@ -10,7 +10,7 @@ use super::mode::{Mode, ProgressFn, ProgressReport, HOUSEKEEPING_NS};
 use super::outcome::{RunOutcome, StopReason};
 use super::threads::run_on_vcpu_thread;
 use crate::points::{PointCounts, PointTaker};
-use crate::vm::{Claimed, Machine, Resumed, VmError};
+use crate::vm::{Claimed, Machine, Resumed, StreamWritten, VmError};
 
 /// A machine whose run is recorded into a trace.
 pub struct RecordSession {
@@ -108,8 +108,10 @@ impl Mode for Recording {
         Ok(())
     }
 
-    fn stream_written(&mut self, stream: u8, bytes: u64, digest: u64) -> Result<(), VmError> {
-        Ok(self.recorder.stream_out(stream, bytes, digest)?)
+    fn stream_written(&mut self, stream: u8, w: StreamWritten) -> Result<bool, VmError> {
+        self.recorder
+            .stream_out(stream, w.bytes, w.digest, w.closed)?;
+        Ok(w.closed)
     }
 
     fn kicked(&mut self, m: &mut Machine, resumed: Resumed) -> Result<bool, VmError> {

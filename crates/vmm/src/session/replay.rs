@@ -24,7 +24,7 @@ use crate::points::{Found, PointCounts, PointSearch, SampleStats};
 use crate::tools::checkpoints;
 use crate::tools::exec;
 use crate::tools::{CheckpointEvery, CheckpointRestored, ReplayTools};
-use crate::vm::{Claimed, Machine, Resumed, Vm, VmError};
+use crate::vm::{Claimed, Machine, Resumed, StreamWritten, Vm, VmError};
 
 /// A machine re-executing a recording.
 pub struct ReplaySession {
@@ -428,9 +428,10 @@ impl Mode for Replaying {
         (self.tools).exit(m, kernel_entry, &self.log, &self.points)
     }
 
-    fn stream_written(&mut self, stream: u8, bytes: u64, digest: u64) -> Result<(), VmError> {
-        // The same bytes as the recording's, or the replay stops here.
-        Ok(self.log.stream_out(stream, bytes, digest)?)
+    fn stream_written(&mut self, stream: u8, w: StreamWritten) -> Result<bool, VmError> {
+        // The same bytes as the recording's, or the replay stops here; the
+        // guest is told what the recording's host stream did.
+        Ok(self.log.stream_out(stream, w.bytes, w.digest)?)
     }
 
     fn kicked(&mut self, m: &mut Machine, resumed: Resumed) -> Result<bool, VmError> {

@@ -177,8 +177,12 @@ fn messages<M: Mode>(m: &mut Machine, mode: &mut M) -> Result<Option<StopReason>
             }
             ControlMessage::Terminal { virtio } => m.vm.status.terminal = Some(virtio),
             ControlMessage::Output { stream } => {
-                let (bytes, digest) = m.stream_output(stream)?;
-                mode.stream_written(stream, bytes, digest)?;
+                let written = m.stream_output(stream)?;
+                if mode.stream_written(stream, written)? {
+                    if let Some(gpa) = m.answer_stream_closed()? {
+                        mode.wrote_for_guest(m, &[gpa])?;
+                    }
+                }
             }
             // (The platform loads the PIT with a wide count itself.)
             ControlMessage::Sync | ControlMessage::PitCount(_) | ControlMessage::Unknown(_) => {}

@@ -19,6 +19,16 @@ use journal::{Entry, Replayer};
 /// attached: keys are looked for every few milliseconds.
 const INPUT_POLL_NS: u64 = 5_000_000;
 
+/// A piece of the command's output relayed to the host's stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct StreamWritten {
+    pub(crate) bytes: u64,
+    /// FNV-1a, as `StreamOut` logs it.
+    pub(crate) digest: u64,
+    /// The host's stream takes no more (a pipe whose reader has gone).
+    pub(crate) closed: bool,
+}
+
 /// What the last exit left for interrupt delivery.
 pub(crate) struct Delivery {
     /// The vCPU is at a delivery point (a deterministic exit or an
@@ -245,9 +255,9 @@ impl Machine {
     /// (1: output, 2: error), a pipe in the guest: RDI bytes at virtual
     /// address RSI, read as user mode would (nothing in the guest
     /// changes). They go to the host's stream (`set_streams`), else to the
-    /// console; returns how many bytes and their FNV-1a digest, which a
-    /// recording logs and a replay checks.
-    pub(crate) fn stream_output(&mut self, stream: u8) -> Result<(u64, u64), VmError> {
+    /// console; returns what was written, which a recording logs and a
+    /// replay checks.
+    pub(crate) fn stream_output(&mut self, stream: u8) -> Result<StreamWritten, VmError> {
         /// `/init`'s buffer: a larger piece is not one it relays.
         const MAX_PIECE: u64 = 64 << 10;
         let regs = self.vcpu.synced_regs();
@@ -274,17 +284,53 @@ impl Machine {
         };
         let written = match sink {
             Some(out) => out.write_all(&text).and_then(|()| out.flush()),
-            None => self
-                .vm
-                .console
-                .writer_mut()
-                .write_all(&text)
-                .and_then(|()| self.vm.console.writer_mut().flush()),
+            None => {
+                let console = self.vm.console.writer_mut();
+                console.write_all(&text).and_then(|()| console.flush())
+            }
         };
         if written.is_err() {
             self.vm.streams.errors += 1;
         }
-        Ok((len, journal::output_digest(&text)))
+        Ok(StreamWritten {
+            bytes: len,
+            digest: journal::output_digest(&text),
+            closed: written.is_err_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe),
+        })
+    }
+
+    /// Tells `/init` that the host's stream of its last relayed piece
+    /// takes no more: 1 in the u32 at virtual address R8 (0: it asked for
+    /// no answer). Returns the guest-physical address written.
+    pub(crate) fn answer_stream_closed(&mut self) -> Result<Option<u64>, VmError> {
+        let at = self.vcpu.synced_regs().r8;
+        if at == 0 {
+            return Ok(None);
+        }
+        let cr3 = self.vcpu.sregs()?.cr3;
+        let bad = |why: String| VmError::BadOutput {
+            what: "output".to_owned(),
+            why,
+        };
+        if !at.is_multiple_of(4) {
+            return Err(bad(format!(
+                "with an answer word at {at:#x}, not 4-byte aligned"
+            )));
+        }
+        let gpa = gva::access(&self.vm.mem, cr3, at, true).map_err(|e| {
+            bad(format!(
+                "with an answer word at {at:#x} it cannot write ({e})"
+            ))
+        })?;
+        self.vm
+            .mem
+            .write_obj(1u32, GuestAddress(gpa))
+            .map_err(|e| {
+                bad(format!(
+                    "with an answer word at {at:#x} outside its memory ({e})"
+                ))
+            })?;
+        Ok(Some(gpa))
     }
 
     /// The guest kernel hands a copy to or from user memory (guest kernel

@@ -35,6 +35,7 @@ pub(crate) mod state;
 mod vcpu;
 
 pub use machine::Machine;
+pub(crate) use machine::StreamWritten;
 pub use state::VcpuState;
 pub use vcpu::Vcpu;
 pub(crate) use vcpu::{Claimed, Resumed};
