@@ -255,7 +255,7 @@ fn record_logs_each_stream_and_replay_writes_and_checks_it() {
         "--",
         "sh",
         "-c",
-        "echo out; echo err >&2; seq 1 30000; echo done >&2; exit 5",
+        "echo out; echo err >&2; seq 1 30000; sleep 1; echo done >&2; exit 5",
     ]);
     let recorded = into_files(cmd, &dir, "record", false);
     assert_eq!(recorded.status, Some(5), "{}", recorded.said);
@@ -273,9 +273,18 @@ fn record_logs_each_stream_and_replay_writes_and_checks_it() {
     assert_eq!(total(1) as usize, recorded.out.len());
     assert_eq!(total(2) as usize, recorded.err.len());
 
-    for round in 1..=2 {
+    // Plain, taking checkpoints, then in segments from them (each
+    // segment's standard error follows its standard output).
+    for (round, extra) in [
+        ["--checkpoint-every", "200ms"].as_slice(),
+        &[],
+        &["--jobs", "2"],
+    ]
+    .iter()
+    .enumerate()
+    {
         let mut cmd = insight();
-        cmd.arg("replay").arg(&trace);
+        cmd.arg("replay").arg(&trace).args(*extra);
         let replayed = into_files(cmd, &dir, &format!("replay-{round}"), false);
         assert_eq!(replayed.status, Some(0), "{}", replayed.said);
         assert!(
@@ -283,11 +292,18 @@ fn record_logs_each_stream_and_replay_writes_and_checks_it() {
             "{}",
             replayed.said
         );
+        if extra.contains(&"--jobs") {
+            assert!(
+                replayed.said.contains("segments replayed faithfully"),
+                "{}",
+                replayed.said
+            );
+        }
         assert!(
             replayed.out == recorded.out,
             "replay {round}'s standard output differs"
         );
-        assert_eq!(replayed.err, recorded.err);
+        assert_eq!(replayed.err, recorded.err, "replay {round}");
     }
 
     // Standard error's first piece with another digest: the replay stops
