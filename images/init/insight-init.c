@@ -40,6 +40,7 @@
 #include <sys/mount.h>
 #include <sys/reboot.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -597,8 +598,18 @@ static int session_leader(char **argv)
 	for (int fd = 1; fd <= 2; fd++)
 		if (relays.write_end[fd] >= 0 && (fd == 1 || relays.write_end[2] != relays.write_end[1]))
 			close(relays.write_end[fd]);
-	if (relays.count)
+	if (relays.count) {
+		/*
+		 * The relay yields to the command: woken at its every write, it
+		 * would take a few KiB a time, a poll and a read each (about a
+		 * millisecond apiece in an interpreted kernel); in the idle class
+		 * it runs when the command waits, on a full pipe among others,
+		 * and takes up to 64 KiB at once.
+		 */
+		struct sched_param idle = { 0 };
+		sched_setscheduler(0, SCHED_IDLE, &idle);
 		relay_until_exit(&relays, cmd);
+	}
 	while (waitpid(cmd, &status, 0) < 0) {
 		if (errno != EINTR)
 			return 125;
