@@ -30,6 +30,8 @@
 #include <linux/random.h>
 #include <net/if.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -39,8 +41,6 @@
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/reboot.h>
-#include <poll.h>
-#include <sched.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -526,6 +526,9 @@ static void relay_until_exit(struct relays *r, pid_t cmd)
 		if (exited->fd >= 0 && exited->revents)
 			break;
 	}
+	/* What is left goes out at once, whatever the command left running. */
+	struct sched_param normal = { 0 };
+	sched_setscheduler(0, SCHED_OTHER, &normal);
 	for (int i = 0; i < r->count; i++) {
 		if (r->read_end[i].fd < 0)
 			continue;
