@@ -31,7 +31,6 @@
 #include <net/if.h>
 #include <netinet/in.h>
 #include <poll.h>
-#include <sched.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -526,9 +525,6 @@ static void relay_until_exit(struct relays *r, pid_t cmd)
 		if (exited->fd >= 0 && exited->revents)
 			break;
 	}
-	/* What is left goes out at once, whatever the command left running. */
-	struct sched_param normal = { 0 };
-	sched_setscheduler(0, SCHED_OTHER, &normal);
 	for (int i = 0; i < r->count; i++) {
 		if (r->read_end[i].fd < 0)
 			continue;
@@ -601,18 +597,14 @@ static int session_leader(char **argv)
 	for (int fd = 1; fd <= 2; fd++)
 		if (relays.write_end[fd] >= 0 && (fd == 1 || relays.write_end[2] != relays.write_end[1]))
 			close(relays.write_end[fd]);
-	if (relays.count) {
-		/*
-		 * The relay yields to the command: woken at its every write, it
-		 * would take a few KiB a time, a poll and a read each (about a
-		 * millisecond apiece in an interpreted kernel); in the idle class
-		 * it runs when the command waits, on a full pipe among others,
-		 * and takes up to 64 KiB at once.
-		 */
-		struct sched_param idle = { 0 };
-		sched_setscheduler(0, SCHED_IDLE, &idle);
+	/*
+	 * The relay runs as soon as the command writes (a woken task that
+	 * slept preempts it): what the command wrote reaches the host before
+	 * it goes on, and a run that ends without its exit (poweroff -f)
+	 * keeps what it wrote before.
+	 */
+	if (relays.count)
 		relay_until_exit(&relays, cmd);
-	}
 	while (waitpid(cmd, &status, 0) < 0) {
 		if (errno != EINTR)
 			return 125;
