@@ -226,11 +226,11 @@ fn the_command_s_streams_replay_and_each_is_checked() {
     {
         let writer = TraceWriter::create(&dir, &header(64)).unwrap();
         let mut r = Recorder::new(writer, 64);
-        r.exit(message(0x100), &regs(0x100, 1)).unwrap();
+        r.exit(message(0x100), &regs(0x100, 1), 0).unwrap();
         r.stream_out(1, 4, 0xfeed, false).unwrap();
-        r.exit(message(0x104), &regs(0x104, 2)).unwrap();
+        r.exit(message(0x104), &regs(0x104, 2), 0).unwrap();
         r.stream_out(2, 4, 0xbeef, true).unwrap();
-        r.exit(message(0x108), &regs(0x108, 3)).unwrap();
+        r.exit(message(0x108), &regs(0x108, 3), 0).unwrap();
         r.finish(EndReason::CommandExited(0), 0).unwrap();
     }
     let mut j = replayer(&dir);
