@@ -14,6 +14,11 @@
  * powering off. Outside insight (QEMU), the files come appended to the
  * initramfs instead and nothing is fetched.
  *
+ * The command's standard output and error are its terminal, or, where the
+ * host's are not terminals (/etc/insight/streams says which), pipes whose
+ * bytes this process relays to the hypervisor, which writes them to the
+ * host's.
+ *
  * Exit status as a shell reports it: the code of a normal exit, 128+N for
  * death by signal N.
  */
@@ -25,6 +30,7 @@
 #include <linux/random.h>
 #include <net/if.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -36,6 +42,7 @@
 #include <sys/reboot.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <termios.h>
 #include <time.h>
@@ -51,6 +58,7 @@
 #define CTL_READY 0x09
 #define CTL_FETCH 0x0a
 #define CTL_TERMINAL 0x0b
+#define CTL_OUTPUT 0x0e
 #define CTL_INIT_ANNOUNCES_TERMINAL 1 /* CTL_INIT_REACHED's arg: CTL_TERMINAL comes */
 #define CTL_MSG(code, arg) (((unsigned)(code) << 24) | ((unsigned)(arg) & 0xffffff))
 
@@ -61,6 +69,7 @@
 #define DEVICES_FILE "/etc/insight/devices"
 #define SEED_FILE "/etc/insight/seed"
 #define CLOCK_FILE "/etc/insight/clock"
+#define STREAMS_FILE "/etc/insight/streams"
 #define MAX_ARGS 4096
 
 static int have_port;
@@ -401,6 +410,135 @@ static bool use_virtio_console(void)
 }
 
 /*
+ * The command's standard streams that are pipes to the host's: a line per
+ * stream, "1" or "2" for a pipe of its own, "2>&1" for standard error in
+ * standard output's. The write ends go to the command as its fds 1 and 2.
+ */
+struct relays {
+	int write_end[3];
+	struct pollfd read_end[3]; /* one per relayed stream, and the command */
+	unsigned stream[2];
+	int count;
+};
+
+static void open_relays(struct relays *r)
+{
+	char line[16];
+	bool out = false, err = false, err_with_out = false;
+	FILE *f = fopen(STREAMS_FILE, "r");
+
+	memset(r, 0, sizeof(*r));
+	r->write_end[1] = r->write_end[2] = -1;
+	if (!f)
+		return;
+	while (fgets(line, sizeof(line), f)) {
+		line[strcspn(line, "\n")] = 0;
+		out |= strcmp(line, "1") == 0;
+		err |= strcmp(line, "2") == 0;
+		err_with_out |= strcmp(line, "2>&1") == 0;
+	}
+	fclose(f);
+	for (unsigned stream = 1; stream <= 2; stream++) {
+		int p[2];
+		if (!(stream == 1 ? out : err))
+			continue;
+		if (pipe2(p, O_CLOEXEC) != 0) {
+			fprintf(stderr, "insight-init: no pipe for stream %u, the terminal instead: %s\n",
+				stream, strerror(errno));
+			continue;
+		}
+		r->write_end[stream] = p[1];
+		r->read_end[r->count].fd = p[0];
+		r->read_end[r->count].events = POLLIN;
+		r->stream[r->count++] = stream;
+	}
+	if (err_with_out)
+		r->write_end[2] = r->write_end[1];
+}
+
+/*
+ * Hands the hypervisor n bytes the command wrote to its standard stream:
+ * a CTL_OUTPUT message with the buffer in RSI, its length in RDI and in R8
+ * the address of a word the hypervisor sets to 1 if the host's stream
+ * takes no more (a pipe whose reader has gone), one VM exit. Outside
+ * insight, they go to this process's own stream. Returns false where the
+ * stream is closed.
+ */
+static unsigned char relayed[64 * 1024];
+static volatile unsigned host_closed;
+
+static bool relay(unsigned stream, size_t n)
+{
+	if (!have_port)
+		return write((int)stream, relayed, n) >= 0 || errno != EPIPE;
+	host_closed = 0;
+	register volatile unsigned *answer __asm__("r8") = &host_closed;
+	__asm__ volatile("outl %%eax, %%dx"
+			 :
+			 : "a"(CTL_MSG(CTL_OUTPUT, stream)), "d"(CTL_PORT), "S"(relayed), "D"(n),
+			   "r"(answer)
+			 : "memory");
+	return !host_closed;
+}
+
+/*
+ * Reads what one pipe holds and relays it: 1 if it relayed bytes, 0 if it
+ * had none now, -1 at its end (closed). Where the host's stream takes no
+ * more, the pipe is closed: the command's next write to it fails with
+ * EPIPE (and SIGPIPE), as when a reader such as `head` exits natively.
+ */
+static int relay_once(struct relays *r, int i)
+{
+	ssize_t n = read(r->read_end[i].fd, relayed, sizeof(relayed));
+
+	if (n < 0 && (errno == EINTR || errno == EAGAIN))
+		return 0;
+	if (n <= 0 || !relay(r->stream[i], (size_t)n)) {
+		close(r->read_end[i].fd);
+		r->read_end[i].fd = -1;
+		return -1;
+	}
+	return 1;
+}
+
+/*
+ * Relays the pipes until the command `cmd` exits, then what they still
+ * hold: a process it left running may keep them open, and the run ends
+ * with the command, as it does with a terminal.
+ */
+static void relay_until_exit(struct relays *r, pid_t cmd)
+{
+	int open_ends = r->count;
+	struct pollfd *exited = &r->read_end[r->count];
+
+	exited->fd = (int)syscall(SYS_pidfd_open, cmd, 0);
+	exited->events = POLLIN;
+	while (open_ends > 0) {
+		if (poll(r->read_end, (nfds_t)r->count + 1, -1) < 0) {
+			if (errno == EINTR)
+				continue;
+			break;
+		}
+		for (int i = 0; i < r->count; i++)
+			if (r->read_end[i].fd >= 0 && r->read_end[i].revents)
+				open_ends -= relay_once(r, i) < 0;
+		if (exited->fd >= 0 && exited->revents)
+			break;
+	}
+	for (int i = 0; i < r->count; i++) {
+		if (r->read_end[i].fd < 0)
+			continue;
+		fcntl(r->read_end[i].fd, F_SETFL, O_NONBLOCK);
+		while (relay_once(r, i) > 0)
+			;
+		if (r->read_end[i].fd >= 0)
+			close(r->read_end[i].fd);
+	}
+	if (exited->fd >= 0)
+		close(exited->fd);
+}
+
+/*
  * The command's session: this process leads it, with the console as
  * controlling tty, and runs the command as its child. When a session
  * leader exits, the kernel hangs up its terminal and discards output not
@@ -428,10 +566,15 @@ static int session_leader(char **argv)
 	}
 	/* Which terminal the command has: input goes there from now on. */
 	ctl(CTL_TERMINAL, virtio_console);
+	struct relays relays;
+	open_relays(&relays);
 	cmd = fork();
 	if (cmd < 0)
 		return 125;
 	if (cmd == 0) {
+		for (int fd = 1; fd <= 2; fd++)
+			if (relays.write_end[fd] >= 0 && dup2(relays.write_end[fd], fd) < 0)
+				_exit(126);
 		/* A program named by a relative path (a host program recorded
 		 * as ./prog) runs by its absolute one, argv[0] as given: the
 		 * path the hypervisor sees it execute names its file whatever
@@ -451,6 +594,17 @@ static int session_leader(char **argv)
 	signal(SIGQUIT, SIG_IGN);
 	signal(SIGTSTP, SIG_IGN);
 	signal(SIGHUP, SIG_IGN);
+	for (int fd = 1; fd <= 2; fd++)
+		if (relays.write_end[fd] >= 0 && (fd == 1 || relays.write_end[2] != relays.write_end[1]))
+			close(relays.write_end[fd]);
+	/*
+	 * The relay runs as soon as the command writes (a woken task that
+	 * slept preempts it): what the command wrote reaches the host before
+	 * it goes on, and a run that ends without its exit (poweroff -f)
+	 * keeps what it wrote before.
+	 */
+	if (relays.count)
+		relay_until_exit(&relays, cmd);
 	while (waitpid(cmd, &status, 0) < 0) {
 		if (errno != EINTR)
 			return 125;

@@ -12,7 +12,9 @@ round, into /dev/null:
           each, as a program that prints a line at a time.
 
 under `insight run` and `insight record` with the virtio console, `insight
-run --console serial`, and the anchors: QEMU 7.2 TCG with its serial port
+run --console serial`, `insight run` into a pipe (the command's standard
+output a pipe that /init relays, as where insight's is no terminal), and
+the anchors: QEMU 7.2 TCG with its serial port
 (the same kernel, initramfs and command, booted as tools/bench qemu boots
 it) and with a virtio console (QEMU's `microvm` machine, the only one with
 virtio-mmio: the guest kernel has no PCI; its CPU without a local APIC, so
@@ -50,12 +52,17 @@ def options(ap):
                     help="smaller sizes (1 MB blocks, 4000 bytes of lines), one round")
 
 
-def writer(kind, n, null):
-    """The guest command for one measurement: `timeit` around the writer."""
+def writer(kind, n, null, terminal=True):
+    """The guest command for one measurement: `timeit` around the writer,
+    both writing to the command's terminal (`terminal`: insight's standard
+    output here is a pipe, which would make the command's one too), else
+    to standard output, a pipe."""
     inner = f"head -c {n} /dev/zero" if kind == "blocks" else f"yes | head -c {n}"
     if null:
         inner += " > /dev/null"
-    return ["sh", "-c", f"timeit sh -c '{inner}'"]
+    # Standard input is the terminal, opened for reading and writing.
+    to = "exec >&0 2>&1; " if terminal else "exec 2>&1; "
+    return ["sh", "-c", f"{to}timeit sh -c '{inner}'"]
 
 
 def measure(argv, kind, expect, what, timeout=1800, console_file=None):
@@ -126,7 +133,11 @@ def measure_all(ctx, tmp):
          lambda cmd: [binary(), "record", "--no-stdin", "-o", fresh_trace(), "--"] + cmd),
         ("insight run, serial console", "serial",
          lambda cmd: [binary(), "run", "--no-stdin", "--console", "serial", "--"] + cmd),
+        ("insight run, pipe", "virtio",
+         lambda cmd: [binary(), "run", "--no-stdin", "--"] + cmd),
     ]
+    # The setups whose writer writes to its standard output, a pipe.
+    piped = {"insight run, pipe"}
     # QEMU's virtio console drops what its character device cannot take at
     # once (a pipe that is full): its output goes to a file.
     qemu_console = os.path.join(tmp, "qemu-console")
@@ -171,7 +182,8 @@ def measure_all(ctx, tmp):
                 n = sizes[kind][size_key]
                 for null in (False, True):
                     what = f"{name}, {kind}{' to /dev/null' if null else ''}"
-                    s = measure(argv(writer(kind, n, null)), kind, 0 if null else n, what,
+                    cmd = writer(kind, n, null, terminal=name not in piped)
+                    s = measure(argv(cmd), kind, 0 if null else n, what,
                                 console_file=qemu_console if size_key == "qemu-virtio" else None)
                     times.setdefault((name, kind, null), []).append(s)
                     log(f"round {i + 1}: {what}: {n} bytes in {s:.2f} s")

@@ -13,7 +13,9 @@
 //! guest kernel hands the VMM its larger copies to and from user memory
 //! (`CODE_COPY`), and loads the PIT's channel 0 with counts wider than 16
 //! bits (`CODE_PIT_COUNT`), where a 32-bit read of port 0x0f0c
-//! (`FEATURES_PORT`) says the VMM takes them.
+//! (`FEATURES_PORT`) says the VMM takes them. `/init` relays the
+//! command's standard output and error, where they are pipes, to the
+//! host's (`CODE_OUTPUT`).
 
 pub const CONTROL_PORT: u16 = 0x0f00;
 /// Ports the device decodes (four 32-bit registers).
@@ -45,6 +47,7 @@ const CODE_FETCH: u8 = 0x0a;
 const CODE_TERMINAL: u8 = 0x0b;
 const CODE_COPY: u8 = 0x0c;
 const CODE_PIT_COUNT: u8 = 0x0d;
+const CODE_OUTPUT: u8 = 0x0e;
 /// An argument flag of `CODE_INIT_REACHED`: `/init` will say which
 /// terminal the command has (`CODE_TERMINAL`). An `/init` from before that
 /// message gives its command the serial console.
@@ -112,6 +115,11 @@ pub enum ControlMessage {
     /// exit instead of two byte writes, and up to 14 s where 16 bits give
     /// 55 ms between the interrupts of a stopped tick.
     PitCount(u32),
+    /// `/init` relays what the command wrote to its standard output
+    /// (`stream` 1) or error (2), a pipe in the guest where the host's
+    /// is not a terminal: RDI bytes at virtual address RSI, for the
+    /// host's stream of that number.
+    Output { stream: u8 },
     /// A write this version does not understand.
     Unknown(u32),
 }
@@ -136,6 +144,7 @@ impl ControlMessage {
             CODE_TERMINAL if arg <= 1 => ControlMessage::Terminal { virtio: arg == 1 },
             CODE_COPY if arg == 0 => ControlMessage::Copy,
             CODE_PIT_COUNT if arg > 0 => ControlMessage::PitCount(arg),
+            CODE_OUTPUT if arg == 1 || arg == 2 => ControlMessage::Output { stream: arg as u8 },
             _ => ControlMessage::Unknown(value),
         }
     }
@@ -241,6 +250,20 @@ mod tests {
             ControlMessage::decode(0x0c00_0001),
             ControlMessage::Unknown(0x0c00_0001)
         );
+        assert_eq!(
+            ControlMessage::decode(0x0e00_0001),
+            ControlMessage::Output { stream: 1 }
+        );
+        assert_eq!(
+            ControlMessage::decode(0x0e00_0002),
+            ControlMessage::Output { stream: 2 }
+        );
+        for other in [0x0e00_0000, 0x0e00_0003] {
+            assert_eq!(
+                ControlMessage::decode(other),
+                ControlMessage::Unknown(other)
+            );
+        }
         assert_eq!(
             ControlMessage::decode(0x7700_0000),
             ControlMessage::Unknown(0x7700_0000)

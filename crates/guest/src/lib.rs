@@ -13,5 +13,6 @@ pub mod spec;
 pub use config::VmConfig;
 pub use spec::{
     command_env, delivered_archive, from_trace, prepare, sha256_hex, trace_images, with_archive,
-    BootOptions, DiskImage, GuestError, NetSpec, Start, VmSpec, PROBE_LIBRARY,
+    BootOptions, CommandStreams, DiskImage, GuestError, NetSpec, Start, StreamKind, VmSpec,
+    PROBE_LIBRARY,
 };

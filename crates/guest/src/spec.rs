@@ -103,6 +103,9 @@ pub const DEVICES_FILE: &str = "/etc/insight/devices";
 pub const SEED_FILE: &str = "/etc/insight/seed";
 /// Where `/init` looks for the wall-clock time ("SECONDS NANOSECONDS").
 pub const CLOCK_FILE: &str = "/etc/insight/clock";
+/// Which of the command's standard streams are pipes to the host's
+/// ([`CommandStreams::init_file`]); without it both are its terminal.
+pub const STREAMS_FILE: &str = "/etc/insight/streams";
 /// The platform devices the kernel command line declares for the disk and
 /// the network device, in its order: always declared, so that every run
 /// of an image boots the same, and attached by `/init` when the run has
@@ -229,6 +232,51 @@ pub struct BootOptions {
     /// Boot the kernel from power-on instead of restoring the cached boot
     /// snapshot.
     pub cold_boot: bool,
+    /// What the command's standard output and error are.
+    pub streams: CommandStreams,
+}
+
+/// What the command's standard output and error are in the guest: its
+/// terminal, or pipes whose bytes `/init` relays to the host's streams
+/// (where those are not terminals: `insight run -- prog | wc -c`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CommandStreams {
+    pub out: StreamKind,
+    pub err: StreamKind,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StreamKind {
+    /// The command's terminal, as its standard input is.
+    #[default]
+    Terminal,
+    /// A pipe of its own, relayed to the host's stream of that number.
+    Pipe,
+    /// Standard output's pipe (for standard error where the host's two
+    /// streams are one file or pipe: `>log 2>&1`), so that their bytes
+    /// stay in the order they were written.
+    WithOutput,
+}
+
+impl CommandStreams {
+    /// The file `/init` reads them from ([`STREAMS_FILE`]): a line per
+    /// stream that is not the terminal, `1` or `2` for a pipe of its own,
+    /// `2>&1` for standard error in standard output's; `None` where both
+    /// are the terminal.
+    pub fn init_file(&self) -> Option<String> {
+        let mut text = String::new();
+        if self.out == StreamKind::Pipe {
+            text += "1\n";
+        }
+        match self.err {
+            StreamKind::Terminal => {}
+            StreamKind::Pipe => text += "2\n",
+            StreamKind::WithOutput if self.out == StreamKind::Pipe => text += "2>&1\n",
+            // Standard output is the terminal: standard error with it.
+            StreamKind::WithOutput => {}
+        }
+        (!text.is_empty()).then_some(text)
+    }
 }
 
 /// NUL-terminated strings, the format `/init` reads.
@@ -383,6 +431,9 @@ pub fn prepare(config: &VmConfig, options: &BootOptions) -> Result<VmSpec, Guest
     }
     if !attach.is_empty() {
         extra.add_file(DEVICES_FILE.as_ref(), 0o644, attach.as_bytes())?;
+    }
+    if let Some(streams) = options.streams.init_file() {
+        extra.add_file(STREAMS_FILE.as_ref(), 0o644, streams.as_bytes())?;
     }
     let (start, wall_clock) = if options.cold_boot {
         (Start::Cold, None)
@@ -711,6 +762,7 @@ mod tests {
             },
             quiet: true,
             cold_boot: false,
+            streams: CommandStreams::default(),
         };
         let err = prepare(&config, &opts).unwrap_err().to_string();
         assert!(
@@ -790,6 +842,10 @@ mod tests {
         },
         quiet: true,
         cold_boot: false,
+        streams: CommandStreams {
+            out: StreamKind::Terminal,
+            err: StreamKind::Terminal,
+        },
     };
 
     #[test]
@@ -883,6 +939,23 @@ mod tests {
     }
 
     #[test]
+    fn the_streams_file_names_the_pipes_only() {
+        use StreamKind::*;
+        let file = |out, err| CommandStreams { out, err }.init_file();
+        assert_eq!(file(Terminal, Terminal), None);
+        assert_eq!(file(Pipe, Terminal).as_deref(), Some("1\n"));
+        assert_eq!(file(Terminal, Pipe).as_deref(), Some("2\n"));
+        assert_eq!(file(Pipe, Pipe).as_deref(), Some("1\n2\n"));
+        assert_eq!(file(Pipe, WithOutput).as_deref(), Some("1\n2>&1\n"));
+        assert_eq!(file(Terminal, WithOutput), None, "with the terminal");
+        // Both terminals: no file, the archive as before.
+        let (dir, config) = config_with_stand_in_images("streams");
+        let spec = prepare(&config, &OPTIONS).unwrap();
+        assert!(!contains(&spec.archive, "etc/insight/streams"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn appends_command_env_and_files_after_the_base_image() {
         let dir = std::env::temp_dir().join(format!("insight-guest-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -903,6 +976,10 @@ mod tests {
             quirks: GuestQuirks { syscall_trap: true },
             quiet: false,
             cold_boot: true,
+            streams: CommandStreams {
+                out: StreamKind::Pipe,
+                err: StreamKind::WithOutput,
+            },
         };
         let spec = prepare(&config, &opts).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
@@ -920,6 +997,8 @@ mod tests {
         // No disk, no network: /init attaches the console only.
         assert!(text.contains("etc/insight/devices") && text.contains("virtio-mmio.2\n"));
         assert!(!text.contains("virtio-mmio.0") && !text.contains("virtio-mmio.1"));
+        // Standard output a pipe, standard error in it.
+        assert!(text.contains("etc/insight/streams") && text.contains("1\n2>&1\n"));
         assert!(spec.cmdline.contains("insight.syscall=pf"));
         // The devices are always declared, in the order /init names them.
         let blk = spec

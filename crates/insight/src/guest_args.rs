@@ -1,13 +1,16 @@
 //! What to boot, as `run` and `record` take it: the config, overrides,
 //! the command; and what both do with the console and the network report.
 
+use std::io::IsTerminal;
+use std::os::fd::AsFd;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
 use guest::config::FileSpec;
 use guest::host_program::{absolute, HostCommand, PlacementReason};
-use guest::BootOptions;
 use guest::VmConfig;
+use guest::{BootOptions, CommandStreams, StreamKind};
 use vmm::console::ConsoleInput;
 use vmm::Machine;
 
@@ -152,6 +155,7 @@ pub fn prepare_guest(args: &GuestArgs) -> Result<(guest::VmSpec, String)> {
         quirks: vmm::host_check::guest_quirks()?,
         quiet: !args.verbose_boot,
         cold_boot: args.cold_boot,
+        streams: command_streams(),
     };
     let spec = guest::prepare(&config, &options)?;
     let mut description = describe(args.config.as_ref(), &config);
@@ -238,6 +242,59 @@ pub fn start_machine(
         );
     }
     Ok((machine, started))
+}
+
+/// What the command's standard output and error are, after insight's
+/// own: the guest's terminal where insight's is a terminal, else a pipe
+/// whose bytes reach insight's stream of that number; standard error in
+/// standard output's pipe where both of insight's are one file or pipe
+/// (`>log 2>&1`), so that they keep their order.
+fn command_streams() -> CommandStreams {
+    let out = std::io::stdout();
+    let err = std::io::stderr();
+    let same_file = || {
+        let id = |fd: std::os::fd::BorrowedFd<'_>| {
+            let file = std::fs::File::from(fd.try_clone_to_owned().ok()?);
+            let meta = file.metadata().ok()?;
+            Some((meta.dev(), meta.ino()))
+        };
+        matches!((id(out.as_fd()), id(err.as_fd())), (Some(a), Some(b)) if a == b)
+    };
+    let kind = |terminal: bool| match terminal {
+        true => StreamKind::Terminal,
+        false => StreamKind::Pipe,
+    };
+    let mut streams = CommandStreams {
+        out: kind(out.is_terminal()),
+        err: kind(err.is_terminal()),
+    };
+    if streams.out == StreamKind::Pipe && streams.err == StreamKind::Pipe && same_file() {
+        streams.err = StreamKind::WithOutput;
+    }
+    streams
+}
+
+/// Where the guest's terminal writes on the host: insight's standard
+/// output if that is a terminal, else its standard error if that is one
+/// (`insight run -- prog | wc -c`: what the command writes to its
+/// terminal, and the guest's messages, are not in the pipe), else
+/// standard output.
+pub fn terminal_output() -> vmm::vm::Console {
+    if !std::io::stdout().is_terminal() && std::io::stderr().is_terminal() {
+        Box::new(std::io::stderr())
+    } else {
+        Box::new(std::io::stdout())
+    }
+}
+
+/// insight's standard output and error, for the command's relayed ones,
+/// each through `wrap`.
+pub fn host_streams(wrap: impl Fn(vmm::vm::Console) -> vmm::vm::Console) -> vmm::vm::HostStreams {
+    vmm::vm::HostStreams {
+        out: Some(wrap(Box::new(std::io::stdout()))),
+        err: Some(wrap(Box::new(std::io::stderr()))),
+        errors: 0,
+    }
 }
 
 /// Standard input for the guest unless told not to, and the guard that

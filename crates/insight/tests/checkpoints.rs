@@ -230,18 +230,18 @@ fn events_with_stacks(db: &Path) -> Vec<(events::db::Row, Option<Vec<u64>>)> {
     all
 }
 
-/// A copy of `trace`, its checkpoints included, whose last console
-/// output has another digest, and the exit that logged it: a replay
-/// diverges there.
+/// A copy of `trace`, its checkpoints included, whose last output (to
+/// the console or a relayed stream) has another digest, and the exit that
+/// logged it: a replay diverges there.
 fn tampered_last_output(trace: &Path) -> (std::path::PathBuf, u64) {
     use journal::Entry;
     let (header, mut log) = read_all(trace);
     let at = log
         .iter()
-        .rposition(|e| matches!(e, Entry::ConsoleOut { .. }))
-        .expect("no console output logged");
+        .rposition(|e| matches!(e, Entry::ConsoleOut { .. } | Entry::StreamOut { .. }))
+        .expect("no output logged");
     let exit = exit_ordinal(&log, at);
-    if let Entry::ConsoleOut { digest, .. } = &mut log[at] {
+    if let Entry::ConsoleOut { digest, .. } | Entry::StreamOut { digest, .. } = &mut log[at] {
         *digest ^= 1;
     }
     let bad = trace.parent().unwrap().join("bad-output");
@@ -316,7 +316,7 @@ fn segments_merge_into_the_replay_from_boot() {
     );
     assert!(
         stderr.contains("replaying it again on the recording's CPU")
-            && stderr.contains("console output")
+            && (stderr.contains("console output") || stderr.contains("standard output"))
             && stderr.contains(&format!("insight: {which} failed")),
         "{stderr}"
     );

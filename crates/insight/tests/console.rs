@@ -22,7 +22,9 @@ use journal::Entry;
 fn ten_million_bytes_reach_the_host_and_replay_identically() {
     guest_ready();
     const BYTES: usize = 10_000_000;
-    let command = ["sh", "-c", "yes | head -c 10000000 | cat"];
+    // To the terminal: insight's standard output here is a pipe, which
+    // the command's would be too (streams.rs).
+    let command = ["sh", "-c", "exec >/dev/tty; yes | head -c 10000000 | cat"];
     let check = |stdout: &[u8], what: &str| {
         assert_eq!(stdout.len(), BYTES, "{what} printed another length");
         assert!(
@@ -89,7 +91,7 @@ fn the_guest_writes_its_output_through_the_console_register() {
     // The features, then text that is different on every page of a
     // write: `cat` writes what `seq` piped to it in 4 KiB pieces, each read
     // by the device through the program's page tables.
-    let script = "for d in /sys/bus/virtio/devices/*; do \
+    let script = "exec >/dev/tty; for d in /sys/bus/virtio/devices/*; do \
                   [ \"$(cat $d/device)\" = 0x0003 ] && echo \"features $(cat $d/features)\"; \
                   done; seq 1 100000 | cat; console_writes";
     let mut run = insight();
@@ -170,7 +172,11 @@ fn console_output_is_checked_at_replay() {
     let (trace, out) = record(
         "console-tamper",
         &[],
-        &["sh", "-c", "echo first line; echo second line"],
+        &[
+            "sh",
+            "-c",
+            "exec >/dev/tty; echo first line; echo second line",
+        ],
     );
     let recorded = expect_status(&out, 0);
     let (header, log) = read_all(&trace);

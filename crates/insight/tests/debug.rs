@@ -674,7 +674,8 @@ fn a_session_opens_where_the_program_failed_and_steps_back_from_it() {
         .args(["--", "./aborts"]);
     let out = output_within(record, SESSION_LIMIT);
     assert!(
-        text(&out).0.contains("aborts: bad value 41"),
+        // Its standard error, as insight's.
+        text(&out).1.contains("aborts: bad value 41"),
         "{:?}",
         text(&out)
     );

@@ -63,6 +63,7 @@ fn run_under_tcg(name: &str, extra: &str) -> Vec<String> {
         },
         quiet: true,
         cold_boot: true,
+        streams: Default::default(),
     };
     let spec = guest::prepare(&config, &options).unwrap();
     assert!(

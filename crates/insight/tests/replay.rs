@@ -156,11 +156,17 @@ fn nth_exit(events: &[Entry], n: usize, pick: impl Fn(&Entry) -> bool) -> (usize
 fn tampered_truncated_and_foreign_traces() {
     guest_ready();
     // On the UART, whose every byte is an exit with its value logged
-    // (the virtio console's output: console.rs).
+    // (the virtio console's output: console.rs): to the terminal, standard
+    // input, since standard output here is a pipe, which would make the
+    // command's one too (streams.rs).
     let (trace, out) = record(
         "tamper",
         &["--digest-every", "1", "--console", "serial"],
-        &["sh", "-c", "echo some output to tamper with; sleep 0.3"],
+        &[
+            "sh",
+            "-c",
+            "exec >&0; echo some output to tamper with; sleep 0.3",
+        ],
     );
     let recorded = expect_status(&out, 0);
     let dir = trace.parent().unwrap().to_owned();

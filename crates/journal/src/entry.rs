@@ -87,6 +87,18 @@ pub enum Entry {
     /// The guest was told after the preceding exit that its virtio
     /// console's terminal is `cols` columns by `rows` rows.
     ConsoleSize { cols: u16, rows: u16 },
+    /// The preceding exit (`/init`'s control-port message) wrote `bytes`
+    /// bytes of the command's standard output (`stream` 1) or error (2),
+    /// a pipe in the guest, to the host's, whose FNV-1a digest is
+    /// `digest`: replay checks that it writes the same. `closed`: the
+    /// host's stream took no more (a pipe whose reader had gone), which
+    /// `/init` was told, and a replay tells it again.
+    StreamOut {
+        stream: u8,
+        bytes: u64,
+        digest: u64,
+        closed: bool,
+    },
     /// The guest's user code, running on after the preceding exit without
     /// one of its own, was stopped at this state and the interrupt of the
     /// `Interrupt` entry that follows delivered there (an asynchronous
@@ -166,6 +178,7 @@ impl Entry {
                 | Entry::ConsoleOut { .. }
                 | Entry::ConsoleRx { .. }
                 | Entry::ConsoleSize { .. }
+                | Entry::StreamOut { .. }
                 | Entry::AsyncPoint(_)
                 | Entry::Sample(_)
                 | Entry::Time { .. }
@@ -192,6 +205,7 @@ impl Entry {
             Entry::ConsoleOut { .. } => "ConsoleOut",
             Entry::ConsoleRx { .. } => "ConsoleRx",
             Entry::ConsoleSize { .. } => "ConsoleSize",
+            Entry::StreamOut { .. } => "StreamOut",
             Entry::AsyncPoint(_) => "AsyncPoint",
             Entry::Sample(_) => "Sample",
             Entry::Time { .. } => "Time",
@@ -218,6 +232,7 @@ impl Entry {
             | Entry::ConsoleOut { .. }
             | Entry::ConsoleRx { .. }
             | Entry::ConsoleSize { .. }
+            | Entry::StreamOut { .. }
             | Entry::AsyncPoint(_)
             | Entry::Sample(_)
             | Entry::Time { .. }
@@ -353,6 +368,17 @@ impl fmt::Display for Entry {
             Entry::ConsoleSize { cols, rows } => {
                 write!(f, "  console size {cols}x{rows}")
             }
+            Entry::StreamOut {
+                stream,
+                bytes,
+                digest,
+                closed,
+            } => write!(
+                f,
+                "  {}, {bytes} bytes, digest {digest:016x}{}",
+                stream_name(*stream),
+                if *closed { ", closed on the host" } else { "" }
+            ),
             Entry::AsyncPoint(p) => {
                 let s = &p.state;
                 write!(
@@ -384,6 +410,23 @@ impl fmt::Display for Entry {
             Entry::Time { ns } => write!(f, "  time {ns} ns"),
             Entry::End(reason) => write!(f, "end: {reason}"),
         }
+    }
+}
+
+/// The digest `StreamOut` logs of output: FNV-1a (64-bit), as the
+/// virtio console's of its own.
+pub fn output_digest(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// What the command's standard stream `stream` is called.
+pub fn stream_name(stream: u8) -> String {
+    match stream {
+        1 => "standard output".to_owned(),
+        2 => "standard error".to_owned(),
+        n => format!("stream {n}"),
     }
 }
 

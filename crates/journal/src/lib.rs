@@ -27,7 +27,7 @@ pub mod testing;
 #[cfg(test)]
 mod tests;
 
-pub use entry::{register_digest, EndReason, Entry, Input};
+pub use entry::{output_digest, register_digest, stream_name, EndReason, Entry, Input};
 pub use recorder::Recorder;
 pub use replayer::{
     check_host, regs_text, CpuidEntry, Divergence, HostMismatch, LogPosition, ReplayPoint,

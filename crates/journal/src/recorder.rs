@@ -174,6 +174,24 @@ impl Recorder {
         self.push(Entry::ConsoleOut { bytes, digest })
     }
 
+    /// Records what the last exit wrote of the command's standard stream
+    /// `stream` (1: output, 2: error): how many bytes, their digest, and
+    /// whether the host's stream was `closed`.
+    pub fn stream_out(
+        &mut self,
+        stream: u8,
+        bytes: u64,
+        digest: u64,
+        closed: bool,
+    ) -> Result<(), JournalError> {
+        self.push(Entry::StreamOut {
+            stream,
+            bytes,
+            digest,
+            closed,
+        })
+    }
+
     /// Records typed input made visible to the virtio console after the
     /// last exit.
     pub fn console_rx(&mut self, bytes: Vec<u8>) -> Result<(), JournalError> {

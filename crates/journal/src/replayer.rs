@@ -327,6 +327,51 @@ impl Replayer {
         Err(self.diverged(expected, found))
     }
 
+    /// Checks what the last exit wrote of the command's standard stream
+    /// `stream` (`bytes` of digest `digest`) against the log; returns
+    /// whether the recording's host stream was closed there.
+    pub fn stream_out(
+        &mut self,
+        stream: u8,
+        bytes: u64,
+        digest: u64,
+    ) -> Result<bool, JournalError> {
+        let logged = self.take(|e| match e {
+            Entry::StreamOut {
+                stream,
+                bytes,
+                digest,
+                closed,
+            } => Some((*stream, *bytes, *digest, *closed)),
+            _ => None,
+        })?;
+        let found = || {
+            format!(
+                "{}, {bytes} bytes, digest {digest:016x}",
+                crate::entry::stream_name(stream)
+            )
+        };
+        match logged {
+            Some((s, b, d, closed)) if (s, b, d) == (stream, bytes, digest) => Ok(closed),
+            // A killed recorder may have written the exit but not what
+            // followed.
+            None if self.peek()?.is_none() && !self.trace_complete() => Ok(false),
+            Some((stream, bytes, digest, closed)) => {
+                let logged = Entry::StreamOut {
+                    stream,
+                    bytes,
+                    digest,
+                    closed,
+                };
+                Err(self.diverged(Some(logged), found()))
+            }
+            None => {
+                let expected = self.peek()?.cloned();
+                Err(self.diverged(expected, found()))
+            }
+        }
+    }
+
     pub fn progress(&self) -> Progress {
         Progress {
             exits: self.exits,

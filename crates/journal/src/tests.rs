@@ -215,6 +215,47 @@ fn console_output_input_and_size_replay_and_output_is_checked() {
 }
 
 #[test]
+fn the_command_s_streams_replay_and_each_is_checked() {
+    let dir = temp_trace("streams");
+    let message = |rip| Entry::Out {
+        port: 0x0f00,
+        size: 4,
+        rip,
+        value: 0x0e00_0001,
+    };
+    {
+        let writer = TraceWriter::create(&dir, &header(64)).unwrap();
+        let mut r = Recorder::new(writer, 64);
+        r.exit(message(0x100), &regs(0x100, 1), 0).unwrap();
+        r.stream_out(1, 4, 0xfeed, false).unwrap();
+        r.exit(message(0x104), &regs(0x104, 2), 0).unwrap();
+        r.stream_out(2, 4, 0xbeef, true).unwrap();
+        r.exit(message(0x108), &regs(0x108, 3), 0).unwrap();
+        r.finish(EndReason::CommandExited(0), 0).unwrap();
+    }
+    let mut j = replayer(&dir);
+    j.exit(message(0x100), &regs(0x100, 1)).unwrap();
+    assert!(!j.stream_out(1, 4, 0xfeed).unwrap());
+    j.exit(message(0x104), &regs(0x104, 2)).unwrap();
+    // The same bytes on the other stream: a divergence at that exit.
+    let err = j.stream_out(1, 4, 0xbeef).unwrap_err();
+    assert!(err.to_string().contains("standard output"), "{err}");
+    assert_eq!(diverged_at(err), 2);
+    // Output where the recording had none.
+    let mut j = replayer(&dir);
+    j.exit(message(0x100), &regs(0x100, 1)).unwrap();
+    j.stream_out(1, 4, 0xfeed).unwrap();
+    j.exit(message(0x104), &regs(0x104, 2)).unwrap();
+    // The recording's standard error was closed there: so is the replay's.
+    assert!(j.stream_out(2, 4, 0xbeef).unwrap());
+    j.exit(message(0x108), &regs(0x108, 3)).unwrap();
+    let err = j.stream_out(2, 1, 0).unwrap_err();
+    assert!(err.to_string().contains("standard error"), "{err}");
+    assert_eq!(diverged_at(err), 3);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn entries_after_the_end_are_damage() {
     let dir = temp_trace("after-end");
     let mut w = TraceWriter::create(&dir, &header(64)).unwrap();

@@ -309,6 +309,8 @@ pub struct ReplayOptions {
     /// The trace directory.
     pub trace: PathBuf,
     pub console: Console,
+    /// Where the command's relayed standard output and error go.
+    pub streams: crate::vm::HostStreams,
     /// Run on any host CPU, not only one reporting the APIC ID the
     /// recording ran on.
     pub any_cpu: bool,
@@ -362,6 +364,7 @@ pub fn replay(
     let mut notes = Notes::new();
     let spec = guest::from_trace(&reader.header, &trace)?;
     let mut machine = Machine::new(&spec, options.console)?;
+    machine.set_streams(options.streams);
     if let (Some(apic_id), false) = (reader.header.host_apic_id, options.any_cpu) {
         match crate::host_cpu::with_apic_id(apic_id).map_err(BuildError::HostCpu)? {
             Some(cpu) => machine.run_on_host_cpu(cpu.cpu),

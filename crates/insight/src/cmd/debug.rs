@@ -116,6 +116,11 @@ fn prepare(
     let options = ReplayOptions {
         trace: trace.to_owned(),
         console: Box::new(std::io::sink()),
+        streams: vmm::vm::HostStreams {
+            out: Some(Box::new(std::io::sink())),
+            err: Some(Box::new(std::io::sink())),
+            errors: 0,
+        },
         any_cpu,
         user_rdtsc_traps: user_rdtsc_traps()?,
         registers_only: false,

@@ -12,7 +12,10 @@ use vmm::VmError;
 
 use super::{progress_report, user_rdtsc_traps};
 use crate::exit::{EXIT_HUNG, EXIT_STOPPED_BY_USER};
-use crate::guest_args::{net_problems, prepare_guest, start_machine, stdin_input, GuestArgs};
+use crate::guest_args::{
+    host_streams, net_problems, prepare_guest, start_machine, stdin_input, terminal_output,
+    GuestArgs,
+};
 use crate::status::{human_bytes, StatusLine};
 use crate::traces;
 
@@ -290,7 +293,7 @@ fn record_once(
     target: &Target,
 ) -> Result<ExitCode> {
     let status = StatusLine::for_stderr();
-    let stdout = || status.console(Box::new(std::io::stdout()));
+    let stdout = || status.console(terminal_output());
     let (input, _terminal) = stdin_input(args.guest.no_stdin).unzip();
     let progress = progress_report(&status, "record", None);
     let chaos = args.chaos.map(|seed| vmm::chaos_settings(seed.value()));
@@ -304,6 +307,7 @@ fn record_once(
         target,
         Try {
             console: (stdout(), &stdout),
+            streams: host_streams(|w| status.console(w)),
             input,
             progress,
             latest_at_start: true,
@@ -367,6 +371,7 @@ fn until_fail_tries(
     let status = StatusLine::for_stderr();
     // Each try's console output waits here: only the kept try's is shown.
     let held = HeldOutput::default();
+    let held_errors = HeldOutput::default();
     let console = || status.console(Box::new(held.clone()));
     let mut last_line = Instant::now();
     let base_seed = args.chaos.map(Seed::value);
@@ -378,6 +383,7 @@ fn until_fail_tries(
     }
     for n in 1..=max {
         held.clear();
+        held_errors.clear();
         let chaos = base_seed.map(|s| vmm::chaos_settings(s.wrapping_add(u64::from(n) - 1)));
         let ended = record_try(
             args,
@@ -386,6 +392,11 @@ fn until_fail_tries(
             target,
             Try {
                 console: (console(), &console),
+                streams: vmm::vm::HostStreams {
+                    out: Some(status.console(Box::new(held.clone()))),
+                    err: Some(status.console(Box::new(held_errors.clone()))),
+                    errors: 0,
+                },
                 input: None,
                 progress: None,
                 latest_at_start: false,
@@ -417,7 +428,8 @@ fn until_fail_tries(
             continue;
         }
         status.clear();
-        held.write_to_stdout();
+        held.write_to(&mut std::io::stdout().lock());
+        held_errors.write_to(&mut std::io::stderr().lock());
         if let Some(store) = &target.store {
             traces::set_latest(store, &target.output)?;
         }
@@ -475,6 +487,8 @@ fn remove_target(target: &Target) {
 struct Try<'a> {
     /// The console, and how to make another (`start_machine`).
     console: (vmm::vm::Console, &'a dyn Fn() -> vmm::vm::Console),
+    /// Where the command's relayed standard output and error go.
+    streams: vmm::vm::HostStreams,
     input: Option<vmm::console::ConsoleInput>,
     progress: Option<vmm::ProgressFn>,
     /// The trace becomes the latest as soon as its header is written.
@@ -494,8 +508,9 @@ fn record_try(
 ) -> Result<Ended> {
     let output = &target.output;
     let (console, another) = how.console;
-    let (machine, snapshot) =
+    let (mut machine, snapshot) =
         start_machine(spec, console, another).inspect_err(|_| target.discard_unstarted())?;
+    machine.set_streams(how.streams);
     let (session, notes) = vmm::builder::record(
         machine,
         RecordOptions {
@@ -617,10 +632,8 @@ impl HeldOutput {
         }
     }
 
-    fn write_to_stdout(&self) {
-        use std::io::Write as _;
+    fn write_to(&self, out: &mut dyn std::io::Write) {
         if let Ok(held) = self.0.lock() {
-            let mut out = std::io::stdout().lock();
             let _ = out.write_all(&held.0);
             let _ = out.flush();
             if held.1 > 0 {

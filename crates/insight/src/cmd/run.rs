@@ -8,7 +8,10 @@ use clap::Parser;
 use vmm::VmError;
 
 use crate::exit::EXIT_STOPPED_BY_USER;
-use crate::guest_args::{net_problems, prepare_guest, start_machine, stdin_input, GuestArgs};
+use crate::guest_args::{
+    host_streams, net_problems, prepare_guest, start_machine, stdin_input, terminal_output,
+    GuestArgs,
+};
 
 #[derive(Parser)]
 pub struct RunArgs {
@@ -22,8 +25,8 @@ pub struct RunArgs {
 pub fn run(args: RunArgs) -> Result<ExitCode> {
     let started = std::time::Instant::now();
     let (spec, _) = prepare_guest(&args.guest)?;
-    let console: vmm::vm::Console = Box::new(std::io::stdout());
-    let (machine, snapshot) = start_machine(&spec, console, || Box::new(std::io::stdout()))?;
+    let (mut machine, snapshot) = start_machine(&spec, terminal_output(), terminal_output)?;
+    machine.set_streams(host_streams(|w| w));
     let restored_in = started.elapsed();
     // Other runs may take the snapshot's lock from here on.
     let snapshot = snapshot.map(|s| s.restored);

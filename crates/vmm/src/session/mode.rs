@@ -10,7 +10,7 @@ use introspect::probe_gate;
 use journal::{EndReason, Entry, Progress, Replayer};
 
 use super::outcome::{RunOutcome, StopReason};
-use crate::vm::{Claimed, Machine, Resumed, Vm, VmError};
+use crate::vm::{Claimed, Machine, Resumed, StreamWritten, Vm, VmError};
 
 /// Receives progress counts while a recording or replay runs.
 pub type ProgressFn = Box<dyn FnMut(&Progress) + Send>;
@@ -140,6 +140,13 @@ pub(crate) trait Mode {
     /// handled.
     fn kernel_entered(&mut self, _m: &mut Machine) -> Result<(), VmError> {
         Ok(())
+    }
+
+    /// The last exit relayed a piece of the command's standard `stream`
+    /// to the host's: whether to tell `/init` that the stream is closed
+    /// (as it was here, or in the recording).
+    fn stream_written(&mut self, _stream: u8, written: StreamWritten) -> Result<bool, VmError> {
+        Ok(written.closed)
     }
 
     /// The guest kernel announced its context-switch ring.

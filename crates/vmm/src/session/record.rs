@@ -12,7 +12,7 @@ use super::mode::{Mode, ProgressFn, ProgressReport, HOUSEKEEPING_NS};
 use super::outcome::{RunOutcome, StopReason};
 use super::threads::run_on_vcpu_thread;
 use crate::points::{Chaos, PointCounts, PointTaker};
-use crate::vm::{Claimed, Machine, Resumed, VmError};
+use crate::vm::{Claimed, Machine, Resumed, StreamWritten, VmError};
 
 /// A machine whose run is recorded into a trace.
 pub struct RecordSession {
@@ -145,6 +145,12 @@ impl Mode for Recording {
             self.recorder.console_out(bytes, digest)?;
         }
         Ok(())
+    }
+
+    fn stream_written(&mut self, stream: u8, w: StreamWritten) -> Result<bool, VmError> {
+        self.recorder
+            .stream_out(stream, w.bytes, w.digest, w.closed)?;
+        Ok(w.closed)
     }
 
     fn kicked(&mut self, m: &mut Machine, resumed: Resumed) -> Result<bool, VmError> {

@@ -24,7 +24,7 @@ use crate::points::{Found, PointCounts, PointSearch, SampleStats};
 use crate::tools::checkpoints;
 use crate::tools::exec;
 use crate::tools::{CheckpointEvery, CheckpointRestored, ReplayTools};
-use crate::vm::{Claimed, Machine, Resumed, Vm, VmError};
+use crate::vm::{Claimed, Machine, Resumed, StreamWritten, Vm, VmError};
 
 /// A machine re-executing a recording.
 pub struct ReplaySession {
@@ -426,6 +426,12 @@ impl Mode for Replaying {
         // same bytes as the recording's, or the replay stops here.
         self.log.console_out(m.vm.console.take_transmitted())?;
         (self.tools).exit(m, kernel_entry, &self.log, &self.points)
+    }
+
+    fn stream_written(&mut self, stream: u8, w: StreamWritten) -> Result<bool, VmError> {
+        // The same bytes as the recording's, or the replay stops here; the
+        // guest is told what the recording's host stream did.
+        Ok(self.log.stream_out(stream, w.bytes, w.digest)?)
     }
 
     fn kicked(&mut self, m: &mut Machine, resumed: Resumed) -> Result<bool, VmError> {

@@ -176,6 +176,14 @@ fn messages<M: Mode>(m: &mut Machine, mode: &mut M) -> Result<Option<StopReason>
                 mode.wrote_for_guest(m, &written)?;
             }
             ControlMessage::Terminal { virtio } => m.vm.status.terminal = Some(virtio),
+            ControlMessage::Output { stream } => {
+                let written = m.stream_output(stream)?;
+                if mode.stream_written(stream, written)? {
+                    if let Some(gpa) = m.answer_stream_closed()? {
+                        mode.wrote_for_guest(m, &[gpa])?;
+                    }
+                }
+            }
             // (The platform loads the PIT with a wide count itself.)
             ControlMessage::Sync => mode.kernel_entered(m)?,
             ControlMessage::PitCount(_) | ControlMessage::Unknown(_) => {}

@@ -2,6 +2,7 @@
 //! them between two `KVM_RUN`s (console input, the run's archive, waiting
 //! at HLT, injecting, dispatching an exit).
 
+use std::io::Write;
 use std::time::Duration;
 
 use introspect::gva;
@@ -9,7 +10,7 @@ use kvm_ioctls::VcpuExit;
 use vm_memory::{Bytes, GuestAddress};
 
 use super::dispatch::{dispatch, Bus, Next};
-use super::{kvm_err, Vcpu, Vm, VmError, BOOT_VCPU};
+use super::{kvm_err, HostStreams, Vcpu, Vm, VmError, BOOT_VCPU};
 use crate::console::ConsoleInput;
 use guest::config::ConsoleKind;
 use journal::{Entry, Replayer};
@@ -17,6 +18,16 @@ use journal::{Entry, Replayer};
 /// How long a halted vCPU sleeps at most while console input is
 /// attached: keys are looked for every few milliseconds.
 const INPUT_POLL_NS: u64 = 5_000_000;
+
+/// A piece of the command's output relayed to the host's stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct StreamWritten {
+    pub(crate) bytes: u64,
+    /// FNV-1a, as `StreamOut` logs it.
+    pub(crate) digest: u64,
+    /// The host's stream takes no more (a pipe whose reader has gone).
+    pub(crate) closed: bool,
+}
 
 /// What the last exit left for interrupt delivery.
 pub(crate) struct Delivery {
@@ -57,6 +68,12 @@ impl Machine {
         if let Some(net) = &mut self.vm.net {
             net.capture_tx(capture);
         }
+    }
+
+    /// Sends what `/init` relays of the command's standard output and
+    /// error to `streams` (else to the console).
+    pub fn set_streams(&mut self, streams: HostStreams) {
+        self.vm.streams = streams;
     }
 
     /// Dispatches `exit`; `log` answers the guest's reads at replay.
@@ -232,6 +249,88 @@ impl Machine {
             &archive[offset as usize..end as usize],
         )
         .map_err(|e| bad(format!("into a buffer at {gva:#x} it cannot write ({e})")))
+    }
+
+    /// `/init` relays what the command wrote to its standard `stream`
+    /// (1: output, 2: error), a pipe in the guest: RDI bytes at virtual
+    /// address RSI, read as user mode would (nothing in the guest
+    /// changes). They go to the host's stream (`set_streams`), else to the
+    /// console; returns what was written, which a recording logs and a
+    /// replay checks.
+    pub(crate) fn stream_output(&mut self, stream: u8) -> Result<StreamWritten, VmError> {
+        /// `/init`'s buffer: a larger piece is not one it relays.
+        const MAX_PIECE: u64 = 64 << 10;
+        let regs = self.vcpu.synced_regs();
+        let (gva, len) = (regs.rsi, regs.rdi);
+        let bad = |why: String| VmError::BadOutput {
+            what: journal::stream_name(stream),
+            why,
+        };
+        if len == 0 || len > MAX_PIECE {
+            return Err(bad(format!("in a piece of {len} bytes (1 to {MAX_PIECE})")));
+        }
+        let cr3 = self.vcpu.sregs()?.cr3;
+        let mut text = vec![0u8; len as usize];
+        let read = gva::peek_user(&self.vm.mem, cr3, gva, &mut text);
+        if read != text.len() {
+            return Err(bad(format!(
+                "from a buffer at {gva:#x} it cannot read past byte {read} of {len}"
+            )));
+        }
+        let streams = &mut self.vm.streams;
+        let sink = match stream {
+            1 => streams.out.as_mut(),
+            _ => streams.err.as_mut(),
+        };
+        let written = match sink {
+            Some(out) => out.write_all(&text).and_then(|()| out.flush()),
+            None => {
+                let console = self.vm.console.writer_mut();
+                console.write_all(&text).and_then(|()| console.flush())
+            }
+        };
+        if written.is_err() {
+            self.vm.streams.errors += 1;
+        }
+        Ok(StreamWritten {
+            bytes: len,
+            digest: journal::output_digest(&text),
+            closed: written.is_err_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe),
+        })
+    }
+
+    /// Tells `/init` that the host's stream of its last relayed piece
+    /// takes no more: 1 in the u32 at virtual address R8 (0: it asked for
+    /// no answer). Returns the guest-physical address written.
+    pub(crate) fn answer_stream_closed(&mut self) -> Result<Option<u64>, VmError> {
+        let at = self.vcpu.synced_regs().r8;
+        if at == 0 {
+            return Ok(None);
+        }
+        let cr3 = self.vcpu.sregs()?.cr3;
+        let bad = |why: String| VmError::BadOutput {
+            what: "output".to_owned(),
+            why,
+        };
+        if !at.is_multiple_of(4) {
+            return Err(bad(format!(
+                "with an answer word at {at:#x}, not 4-byte aligned"
+            )));
+        }
+        let gpa = gva::access(&self.vm.mem, cr3, at, true).map_err(|e| {
+            bad(format!(
+                "with an answer word at {at:#x} it cannot write ({e})"
+            ))
+        })?;
+        self.vm
+            .mem
+            .write_obj(1u32, GuestAddress(gpa))
+            .map_err(|e| {
+                bad(format!(
+                    "with an answer word at {at:#x} outside its memory ({e})"
+                ))
+            })?;
+        Ok(Some(gpa))
     }
 
     /// The guest kernel hands a copy to or from user memory (guest kernel

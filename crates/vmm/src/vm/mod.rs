@@ -35,6 +35,7 @@ pub(crate) mod state;
 mod vcpu;
 
 pub use machine::Machine;
+pub(crate) use machine::StreamWritten;
 pub use state::VcpuState;
 pub use vcpu::Vcpu;
 pub(crate) use vcpu::{Claimed, Resumed};
@@ -156,6 +157,8 @@ pub enum VmError {
     ArchiveTooLarge { bytes: usize },
     #[error("the guest's /init asked for the run's archive {why}")]
     BadFetch { why: String },
+    #[error("the guest's /init relayed {what} {why}")]
+    BadOutput { what: String, why: String },
     #[error("the guest powered off or failed before /init was ready for a boot snapshot")]
     NoSnapshotPoint,
 }
@@ -309,6 +312,20 @@ pub struct Vm {
     pub(crate) status: GuestStatus,
     /// The run's archive, for `/init` to fetch.
     pub(crate) archive: Vec<u8>,
+    /// Where the command's standard output and error go on the host
+    /// where they are pipes in the guest.
+    pub(crate) streams: HostStreams,
+}
+
+/// The host's standard output and error, for what `/init` relays of the
+/// command's (`ControlMessage::Output`); either unset writes to the
+/// console.
+#[derive(Default)]
+pub struct HostStreams {
+    pub out: Option<Console>,
+    pub err: Option<Console>,
+    /// Writes to them that failed (the guest saw them succeed).
+    pub errors: u64,
 }
 
 /// The command's terminal as the host sees it: which guest device it is,

@@ -189,6 +189,7 @@ impl Machine {
                 },
                 status: GuestStatus::default(),
                 archive,
+                streams: super::HostStreams::default(),
             },
         })
     }

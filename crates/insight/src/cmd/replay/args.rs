@@ -16,9 +16,15 @@ pub struct ReplayArgs {
     /// Trace directory written by `insight record`, or a recording's name
     /// in the trace store (`insight ls`); default: the latest recording.
     pub trace: Option<PathBuf>,
-    /// Do not print the guest's console output.
+    /// Do not print the guest's console output, nor the command's
+    /// standard output and error.
     #[arg(long)]
     pub no_console: bool,
+    /// Write the command's relayed standard error to FILE instead of
+    /// standard error (a segment of `--jobs`, whose standard error is
+    /// insight's messages).
+    #[arg(long, value_name = "FILE", hide = true)]
+    pub error_stream: Option<PathBuf>,
     /// Write the Ethernet frames the guest sends to FILE (pcap). At replay
     /// they go nowhere else: no network is used.
     #[arg(long, value_name = "FILE")]

@@ -31,7 +31,7 @@ use vmm::{ReplayPoint, StopReason, VmError};
 use super::report::diagnose;
 use super::{open_trace, progress_report, user_rdtsc_traps};
 use crate::exit::{EXIT_DIVERGED, EXIT_PREFIX_ONLY};
-use crate::guest_args::net_problems;
+use crate::guest_args::{host_streams, net_problems, terminal_output};
 use crate::outputs::{self, OutputKind};
 use crate::pcap::PcapWriter;
 use crate::status::{printable, StatusLine};
@@ -164,10 +164,24 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
         }
     };
     let status = StatusLine::for_stderr();
-    let console: Box<dyn Write + Send> = if args.no_console {
-        Box::new(std::io::sink())
+    // The guest's terminal and the command's relayed streams, as the
+    // recording wrote them: each to this replay's own.
+    let (console, streams): (Box<dyn Write + Send>, _) = if args.no_console {
+        let sink = || -> Box<dyn Write + Send> { Box::new(std::io::sink()) };
+        let streams = vmm::vm::HostStreams {
+            out: Some(sink()),
+            err: Some(sink()),
+            errors: 0,
+        };
+        (sink(), streams)
     } else {
-        status.console(Box::new(std::io::stdout()))
+        let mut streams = host_streams(|w| status.console(w));
+        if let Some(path) = &args.error_stream {
+            let file =
+                File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+            streams.err = Some(Box::new(file));
+        }
+        (status.console(terminal_output()), streams)
     };
     let events = match &args.capture.events {
         Some(path) => Some(event_options(&args, path, &trace, &reader)?),
@@ -202,6 +216,7 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
     let options = ReplayOptions {
         trace: trace.clone(),
         console,
+        streams,
         any_cpu: args.window.any_cpu,
         user_rdtsc_traps: user_rdtsc_traps()?,
         registers_only: args.match_registers_only,

@@ -189,6 +189,8 @@ struct Running {
     child: Child,
     stdout: PathBuf,
     stderr: PathBuf,
+    /// The command's standard error, as the segment replayed it.
+    error_stream: PathBuf,
 }
 
 /// Replays every segment of `trace`, `jobs` at a time; prints their
@@ -240,6 +242,7 @@ pub fn replay_in_parallel(
     let spawn = |k: usize, any_cpu: bool| -> Result<Running> {
         let stdout = work.join(format!("segment-{k}.out"));
         let stderr = work.join(format!("segment-{k}.err"));
+        let error_stream = work.join(format!("segment-{k}.stream2"));
         let mut cmd = Command::new(&exe);
         cmd.arg("replay")
             .arg(trace)
@@ -254,6 +257,8 @@ pub fn replay_in_parallel(
         }
         if args.no_console {
             cmd.arg("--no-console");
+        } else {
+            cmd.arg("--error-stream").arg(&error_stream);
         }
         if args.capture.events.is_some() {
             cmd.arg("--events")
@@ -282,6 +287,7 @@ pub fn replay_in_parallel(
             child,
             stdout,
             stderr,
+            error_stream,
         })
     };
     // Ctrl-C or SIGTERM: the segments are stopped, and what finished is
@@ -331,6 +337,8 @@ pub fn replay_in_parallel(
             }
             let out = std::fs::read(&r.stdout).unwrap_or_default();
             std::io::stdout().write_all(&out)?;
+            let errors = std::fs::read(&r.error_stream).unwrap_or_default();
+            std::io::stderr().write_all(&errors)?;
             if !status.success() {
                 eprint!("{}", printable(&err));
                 eprintln!("insight: segment {}/{segments} failed", r.k);
