@@ -17,18 +17,12 @@ use common::*;
 
 /// SCTBench's program `name`, built as SCTBench builds it.
 fn sctbench(dir: &Path, name: &str) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/programs/sctbench")
-        .join(format!("{name}.c"));
-    let prog = dir.join(name);
-    let cc = std::process::Command::new("gcc")
-        .args(["-pthread", "-g", "-O0", "-w", "-o"])
-        .arg(&prog)
-        .arg(&src)
-        .status()
-        .expect("gcc is needed to build the test program");
-    assert!(cc.success(), "gcc failed on {}", src.display());
-    prog
+    std::fs::create_dir_all(dir.join("sctbench")).unwrap();
+    compile_test_program(
+        dir,
+        &format!("sctbench/{name}"),
+        &["-pthread", "-g", "-O0", "-w"],
+    )
 }
 
 /// Records `prog` with chaos from `seed` until it fails, at most `max`
