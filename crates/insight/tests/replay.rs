@@ -286,6 +286,39 @@ fn tampered_truncated_and_foreign_traces() {
         "{replayed:?} / {recorded:?}"
     );
 
+    // Cut right after an interrupt delivered to a running guest: the
+    // guest's next exit is past the log, and the replay ends there.
+    let (at, ordinal) = events
+        .iter()
+        .enumerate()
+        .scan(0u64, |exits, (i, e)| {
+            *exits += u64::from(e.is_exit());
+            Some((i, *exits, e))
+        })
+        .find(|&(i, _, e)| {
+            matches!(e, Entry::Interrupt { .. })
+                && i > 0
+                && !matches!(events[i - 1], Entry::Halt { .. })
+                && events.get(i + 1).is_some_and(Entry::is_exit)
+        })
+        .map(|(i, exits, _)| (i, exits))
+        .expect("no interrupt delivered to a running guest");
+    let after_interrupt = dir.join("cut-after-interrupt");
+    let mut writer = trace::TraceWriter::create(&after_interrupt, &header).unwrap();
+    for e in &events[..=at] {
+        writer.push(e.clone()).unwrap();
+    }
+    writer.flush().unwrap();
+    drop(writer);
+    copy_snapshot(&trace, &after_interrupt);
+    let out = replay(&after_interrupt);
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(4), "{stderr}");
+    assert!(
+        stderr.contains(&format!("all {ordinal} deterministic exits it holds")),
+        "{stderr}"
+    );
+
     // A future format version is refused, naming the versions.
     let future = dir.join("future");
     std::fs::create_dir_all(&future).unwrap();

@@ -57,6 +57,10 @@ pub enum JournalError {
     Diverged(Box<Divergence>),
     #[error("trace")]
     Trace(#[from] TraceError),
+    /// The log of an incomplete trace (a killed recorder's) ended before
+    /// the exit the guest made: the replay ends there, as far as it goes.
+    #[error("the log of the incomplete trace ended")]
+    LogEnded,
     /// Recording could not write on: how far it got.
     #[error("writing the trace failed at exit {exits} ({:.2} s of guest time)", *guest_ns as f64 / 1e9)]
     Write {

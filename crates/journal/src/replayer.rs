@@ -212,8 +212,13 @@ impl Replayer {
         } else {
             observed.to_string()
         };
+        let complete = self.trace_complete();
         let logged = match self.peek()? {
             Some(e) if e.is_exit() => self.next()?.unwrap_or_else(|| observed.clone()),
+            // A killed recorder's log may end anywhere after an exit: the
+            // replay ends where it does, whatever came in between (an
+            // interrupt delivered, a mark reached).
+            None if !complete => return Err(JournalError::LogEnded),
             _ => {
                 let expected = self.peek()?.cloned();
                 return Err(self.diverged_at(ordinal, expected, found));
@@ -264,11 +269,12 @@ impl Replayer {
         if let Some(ns) = clock_read(&observed) {
             self.time_reached(ns);
         }
-        self.exits += 1;
+        let ordinal = self.exits + 1;
         let logged = match self.current.take() {
             Some(l) => l,
-            None => self.take_exit(&observed, self.exits)?,
+            None => self.take_exit(&observed, ordinal)?,
         };
+        self.exits = ordinal;
         if logged != observed {
             return Err(self.diverged(Some(logged), observed.to_string()));
         }

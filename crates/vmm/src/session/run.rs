@@ -6,7 +6,7 @@ use std::time::Duration;
 use devices::ControlMessage;
 use introspect::guest_events::KERNEL_START;
 use introspect::stub_area::GuestArea;
-use journal::{EndReason, Entry};
+use journal::{EndReason, Entry, JournalError};
 use kvm_ioctls::VcpuExit;
 
 use super::mode::{install_gates, Mode};
@@ -18,6 +18,21 @@ use crate::vm::{kvm_err, Claimed, Machine, Resumed, VmClock, VmError};
 /// something fails. `deadline` tells the kick thread when the vCPU must
 /// be out of KVM_RUN (VM time, by the machine's clock, which it is given).
 pub(super) fn run<M: Mode>(
+    m: &mut Machine,
+    mode: &mut M,
+    deadline: &dyn Fn(u64, &VmClock),
+) -> Result<RunOutcome, VmError> {
+    match run_until_stopped(m, mode, deadline) {
+        // An incomplete trace's log ran out at an exit, not only where
+        // the loop looks before running the vCPU.
+        Err(VmError::Journal(JournalError::LogEnded)) => {
+            Ok(outcome(m, mode, StopReason::TraceEnded))
+        }
+        other => other,
+    }
+}
+
+fn run_until_stopped<M: Mode>(
     m: &mut Machine,
     mode: &mut M,
     deadline: &dyn Fn(u64, &VmClock),
