@@ -17,7 +17,8 @@
  * The command's standard output and error are its terminal, or, where the
  * host's are not terminals (/etc/insight/streams says which), pipes whose
  * bytes this process relays to the hypervisor, which writes them to the
- * host's.
+ * host's. Its standard input likewise: a pipe this process fills with what
+ * it asks the hypervisor for, where the host's is no terminal.
  *
  * Exit status as a shell reports it: the code of a normal exit, 128+N for
  * death by signal N.
@@ -59,6 +60,7 @@
 #define CTL_FETCH 0x0a
 #define CTL_TERMINAL 0x0b
 #define CTL_OUTPUT 0x0e
+#define CTL_INPUT 0x0f
 #define CTL_INIT_ANNOUNCES_TERMINAL 1 /* CTL_INIT_REACHED's arg: CTL_TERMINAL comes */
 #define CTL_MSG(code, arg) (((unsigned)(code) << 24) | ((unsigned)(arg) & 0xffffff))
 
@@ -410,15 +412,32 @@ static bool use_virtio_console(void)
 }
 
 /*
+ * The command's standard input where it is a pipe: what the hypervisor
+ * gave (input[off..len)) and not yet written to the pipe, whether the
+ * host's input ended, and how long to wait before asking again when it
+ * had nothing (ms, doubling up to INPUT_WAIT_MAX_MS).
+ */
+#define INPUT_WAIT_MAX_MS 64
+static unsigned char input[64 * 1024] __attribute__((aligned(4096)));
+static size_t input_len, input_off;
+static bool input_ended;
+static int input_wait_ms = 1;
+static volatile unsigned long long input_answer;
+
+/*
  * The command's standard streams that are pipes to the host's: a line per
- * stream, "1" or "2" for a pipe of its own, "2>&1" for standard error in
- * standard output's. The write ends go to the command as its fds 1 and 2.
+ * stream, "0" for standard input, "1" or "2" for a pipe of its own, "2>&1"
+ * for standard error in standard output's. The write ends of 1 and 2 go to
+ * the command as its fds 1 and 2, the read end of 0 as its fd 0 (kept in
+ * write_end[0], the end the command gets); input_fd is where this process
+ * writes the command's input (-1 once it ended or nobody reads it).
  */
 struct relays {
 	int write_end[3];
 	struct pollfd read_end[3]; /* one per relayed stream, and the command */
 	unsigned stream[2];
 	int count;
+	int input_fd;
 };
 
 static void open_relays(struct relays *r)
@@ -427,12 +446,15 @@ static void open_relays(struct relays *r)
 	bool out = false, err = false, err_with_out = false;
 	FILE *f = fopen(STREAMS_FILE, "r");
 
+	bool in = false;
+
 	memset(r, 0, sizeof(*r));
-	r->write_end[1] = r->write_end[2] = -1;
+	r->write_end[0] = r->write_end[1] = r->write_end[2] = r->input_fd = -1;
 	if (!f)
 		return;
 	while (fgets(line, sizeof(line), f)) {
 		line[strcspn(line, "\n")] = 0;
+		in |= strcmp(line, "0") == 0;
 		out |= strcmp(line, "1") == 0;
 		err |= strcmp(line, "2") == 0;
 		err_with_out |= strcmp(line, "2>&1") == 0;
@@ -454,6 +476,90 @@ static void open_relays(struct relays *r)
 	}
 	if (err_with_out)
 		r->write_end[2] = r->write_end[1];
+	if (in) {
+		int p[2];
+		if (pipe2(p, O_CLOEXEC) != 0) {
+			fprintf(stderr, "insight-init: no pipe for standard input, the terminal instead: %s\n",
+				strerror(errno));
+			return;
+		}
+		r->write_end[0] = p[0];
+		r->input_fd = p[1];
+		fcntl(p[1], F_SETFL, O_NONBLOCK);
+	}
+}
+
+/*
+ * Asks the hypervisor for the command's standard input: a CTL_INPUT
+ * message with the buffer in RSI, its size in RDI and in R8 the address
+ * of a word it sets to the count of bytes it wrote, bit 63 set where the
+ * host's input ended after them. One VM exit.
+ */
+static void ask_for_input(void)
+{
+	if (!have_port) {
+		input_len = input_off = 0;
+		input_ended = true;
+		return;
+	}
+	/* The hypervisor writes only into pages that are there and this
+	 * process's own (not shared copy-on-write since the fork): one store
+	 * a page makes them so. */
+	for (size_t i = 0; i < sizeof(input); i += 4096)
+		((volatile unsigned char *)input)[i] = 0;
+	((volatile unsigned char *)input)[sizeof(input) - 1] = 0;
+	input_answer = 0;
+	register volatile unsigned long long *answer __asm__("r8") = &input_answer;
+	__asm__ volatile("outl %%eax, %%dx"
+			 :
+			 : "a"(CTL_MSG(CTL_INPUT, 0)), "d"(CTL_PORT), "S"(input),
+			   "D"(sizeof(input)), "r"(answer)
+			 : "memory");
+	input_len = (size_t)(input_answer & 0xffffffff);
+	if (input_len > sizeof(input))
+		input_len = 0;
+	input_off = 0;
+	input_ended = input_answer >> 63;
+	input_wait_ms = input_len ? 1 : (input_wait_ms * 2 > INPUT_WAIT_MAX_MS ? INPUT_WAIT_MAX_MS
+									 : input_wait_ms * 2);
+}
+
+/*
+ * Moves the command's standard input on: asks for more when all it had is
+ * written, writes what the pipe takes, closes the pipe at the end of the
+ * input (or when the command closed its end: EPIPE). Returns the poll
+ * timeout it needs (ms, -1: none), and sets *writable to wait for room in
+ * the pipe.
+ */
+static int feed_input(struct relays *r, bool *writable)
+{
+	*writable = false;
+	if (r->input_fd < 0)
+		return -1;
+	if (input_off == input_len && !input_ended)
+		ask_for_input();
+	while (input_off < input_len) {
+		ssize_t n = write(r->input_fd, input + input_off, input_len - input_off);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0 && errno == EAGAIN) {
+			*writable = true;
+			return -1;
+		}
+		if (n <= 0) {
+			input_ended = true;
+			input_off = input_len;
+			break;
+		}
+		input_off += (size_t)n;
+	}
+	if (input_ended) {
+		close(r->input_fd);
+		r->input_fd = -1;
+		return -1;
+	}
+	/* Written out: ask again at once if the host gave some, else later. */
+	return input_len ? 0 : input_wait_ms;
 }
 
 /*
@@ -510,20 +616,34 @@ static void relay_until_exit(struct relays *r, pid_t cmd)
 {
 	int open_ends = r->count;
 	struct pollfd *exited = &r->read_end[r->count];
+	struct pollfd fds[4];
 
 	exited->fd = (int)syscall(SYS_pidfd_open, cmd, 0);
 	exited->events = POLLIN;
-	while (open_ends > 0) {
-		if (poll(r->read_end, (nfds_t)r->count + 1, -1) < 0) {
+	while (open_ends > 0 || r->input_fd >= 0) {
+		bool writable;
+		int timeout = feed_input(r, &writable);
+		nfds_t n = (nfds_t)r->count + 1;
+		memcpy(fds, r->read_end, n * sizeof(fds[0]));
+		fds[n].fd = writable ? r->input_fd : -1;
+		fds[n].events = POLLOUT;
+		fds[n].revents = 0;
+		if (poll(fds, n + 1, timeout) < 0) {
 			if (errno == EINTR)
 				continue;
 			break;
 		}
+		for (nfds_t i = 0; i < n; i++)
+			r->read_end[i].revents = fds[i].revents;
 		for (int i = 0; i < r->count; i++)
 			if (r->read_end[i].fd >= 0 && r->read_end[i].revents)
 				open_ends -= relay_once(r, i) < 0;
 		if (exited->fd >= 0 && exited->revents)
 			break;
+	}
+	if (r->input_fd >= 0) {
+		close(r->input_fd);
+		r->input_fd = -1;
 	}
 	for (int i = 0; i < r->count; i++) {
 		if (r->read_end[i].fd < 0)
@@ -572,7 +692,7 @@ static int session_leader(char **argv)
 	if (cmd < 0)
 		return 125;
 	if (cmd == 0) {
-		for (int fd = 1; fd <= 2; fd++)
+		for (int fd = 0; fd <= 2; fd++)
 			if (relays.write_end[fd] >= 0 && dup2(relays.write_end[fd], fd) < 0)
 				_exit(126);
 		/* A program named by a relative path (a host program recorded
@@ -594,6 +714,10 @@ static int session_leader(char **argv)
 	signal(SIGQUIT, SIG_IGN);
 	signal(SIGTSTP, SIG_IGN);
 	signal(SIGHUP, SIG_IGN);
+	/* A command that stops reading its input: EPIPE here, not a signal. */
+	signal(SIGPIPE, SIG_IGN);
+	if (relays.write_end[0] >= 0)
+		close(relays.write_end[0]);
 	for (int fd = 1; fd <= 2; fd++)
 		if (relays.write_end[fd] >= 0 && (fd == 1 || relays.write_end[2] != relays.write_end[1]))
 			close(relays.write_end[fd]);
@@ -603,7 +727,7 @@ static int session_leader(char **argv)
 	 * it goes on, and a run that ends without its exit (poweroff -f)
 	 * keeps what it wrote before.
 	 */
-	if (relays.count)
+	if (relays.count || relays.input_fd >= 0)
 		relay_until_exit(&relays, cmd);
 	while (waitpid(cmd, &status, 0) < 0) {
 		if (errno != EINTR)

@@ -15,7 +15,8 @@
 //! bits (`CODE_PIT_COUNT`), where a 32-bit read of port 0x0f0c
 //! (`FEATURES_PORT`) says the VMM takes them. `/init` relays the
 //! command's standard output and error, where they are pipes, to the
-//! host's (`CODE_OUTPUT`).
+//! host's (`CODE_OUTPUT`), and asks for its standard input, where that is
+//! a pipe (`CODE_INPUT`).
 
 pub const CONTROL_PORT: u16 = 0x0f00;
 /// Ports the device decodes (four 32-bit registers).
@@ -48,6 +49,7 @@ const CODE_TERMINAL: u8 = 0x0b;
 const CODE_COPY: u8 = 0x0c;
 const CODE_PIT_COUNT: u8 = 0x0d;
 const CODE_OUTPUT: u8 = 0x0e;
+const CODE_INPUT: u8 = 0x0f;
 /// An argument flag of `CODE_INIT_REACHED`: `/init` will say which
 /// terminal the command has (`CODE_TERMINAL`). An `/init` from before that
 /// message gives its command the serial console.
@@ -120,6 +122,12 @@ pub enum ControlMessage {
     /// is not a terminal: RDI bytes at virtual address RSI, for the
     /// host's stream of that number.
     Output { stream: u8 },
+    /// `/init` asks for the command's standard input, a pipe in the guest
+    /// where the host's is not a terminal: at most RDI bytes into its
+    /// buffer at virtual address RSI, and in the u64 at virtual address R8
+    /// how many were written, bit 63 set where the input ended after them
+    /// (0: none yet).
+    Input,
     /// A write this version does not understand.
     Unknown(u32),
 }
@@ -145,6 +153,7 @@ impl ControlMessage {
             CODE_COPY if arg == 0 => ControlMessage::Copy,
             CODE_PIT_COUNT if arg > 0 => ControlMessage::PitCount(arg),
             CODE_OUTPUT if arg == 1 || arg == 2 => ControlMessage::Output { stream: arg as u8 },
+            CODE_INPUT if arg == 0 => ControlMessage::Input,
             _ => ControlMessage::Unknown(value),
         }
     }
@@ -258,7 +267,8 @@ mod tests {
             ControlMessage::decode(0x0e00_0002),
             ControlMessage::Output { stream: 2 }
         );
-        for other in [0x0e00_0000, 0x0e00_0003] {
+        assert_eq!(ControlMessage::decode(0x0f00_0000), ControlMessage::Input);
+        for other in [0x0e00_0000, 0x0e00_0003, 0x0f00_0001] {
             assert_eq!(
                 ControlMessage::decode(other),
                 ControlMessage::Unknown(other)

@@ -241,6 +241,10 @@ pub struct BootOptions {
 /// (where those are not terminals: `insight run -- prog | wc -c`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CommandStreams {
+    /// Standard input a pipe whose bytes `/init` asks the hypervisor for
+    /// (where the host's is no terminal: `prog < file`, `cmd | insight
+    /// run -- prog`), else the terminal.
+    pub input_pipe: bool,
     pub out: StreamKind,
     pub err: StreamKind,
 }
@@ -260,11 +264,14 @@ pub enum StreamKind {
 
 impl CommandStreams {
     /// The file `/init` reads them from ([`STREAMS_FILE`]): a line per
-    /// stream that is not the terminal, `1` or `2` for a pipe of its own,
-    /// `2>&1` for standard error in standard output's; `None` where both
-    /// are the terminal.
+    /// stream that is not the terminal, `0` for standard input's pipe, `1`
+    /// or `2` for a pipe of its own, `2>&1` for standard error in standard
+    /// output's; `None` where all are the terminal.
     pub fn init_file(&self) -> Option<String> {
         let mut text = String::new();
+        if self.input_pipe {
+            text += "0\n";
+        }
         if self.out == StreamKind::Pipe {
             text += "1\n";
         }
@@ -843,6 +850,7 @@ mod tests {
         quiet: true,
         cold_boot: false,
         streams: CommandStreams {
+            input_pipe: false,
             out: StreamKind::Terminal,
             err: StreamKind::Terminal,
         },
@@ -941,13 +949,26 @@ mod tests {
     #[test]
     fn the_streams_file_names_the_pipes_only() {
         use StreamKind::*;
-        let file = |out, err| CommandStreams { out, err }.init_file();
+        let file = |out, err| {
+            CommandStreams {
+                input_pipe: false,
+                out,
+                err,
+            }
+            .init_file()
+        };
         assert_eq!(file(Terminal, Terminal), None);
         assert_eq!(file(Pipe, Terminal).as_deref(), Some("1\n"));
         assert_eq!(file(Terminal, Pipe).as_deref(), Some("2\n"));
         assert_eq!(file(Pipe, Pipe).as_deref(), Some("1\n2\n"));
         assert_eq!(file(Pipe, WithOutput).as_deref(), Some("1\n2>&1\n"));
         assert_eq!(file(Terminal, WithOutput), None, "with the terminal");
+        let input = CommandStreams {
+            input_pipe: true,
+            out: Pipe,
+            err: Terminal,
+        };
+        assert_eq!(input.init_file().as_deref(), Some("0\n1\n"));
         // Both terminals: no file, the archive as before.
         let (dir, config) = config_with_stand_in_images("streams");
         let spec = prepare(&config, &OPTIONS).unwrap();
@@ -977,6 +998,7 @@ mod tests {
             quiet: false,
             cold_boot: true,
             streams: CommandStreams {
+                input_pipe: false,
                 out: StreamKind::Pipe,
                 err: StreamKind::WithOutput,
             },

@@ -42,7 +42,8 @@ pub struct GuestArgs {
     /// cache` lists and clears them).
     #[arg(long)]
     pub cold_boot: bool,
-    /// Do not forward standard input to the guest console.
+    /// Do not forward standard input: the command keeps the guest terminal, without input (else a
+    /// terminal forwards keys to it, and a file or pipe becomes its standard input, a pipe).
     #[arg(long)]
     pub no_stdin: bool,
     /// The command's terminal: `virtio` (hvc0, a VM exit per buffer of
@@ -155,7 +156,7 @@ pub fn prepare_guest(args: &GuestArgs) -> Result<(guest::VmSpec, String)> {
         quirks: vmm::host_check::guest_quirks()?,
         quiet: !args.verbose_boot,
         cold_boot: args.cold_boot,
-        streams: command_streams(),
+        streams: command_streams(args.no_stdin),
     };
     let spec = guest::prepare(&config, &options)?;
     let mut description = describe(args.config.as_ref(), &config);
@@ -244,12 +245,13 @@ pub fn start_machine(
     Ok((machine, started))
 }
 
-/// What the command's standard output and error are, after insight's
-/// own: the guest's terminal where insight's is a terminal, else a pipe
-/// whose bytes reach insight's stream of that number; standard error in
-/// standard output's pipe where both of insight's are one file or pipe
-/// (`>log 2>&1`), so that they keep their order.
-fn command_streams() -> CommandStreams {
+/// What the command's standard streams are, after insight's own: the
+/// guest's terminal where insight's is a terminal, else a pipe whose bytes
+/// come from insight's standard input (unless `no_stdin`) or reach its
+/// stream of that number; standard error in standard output's pipe where
+/// both of insight's are one file or pipe (`>log 2>&1`), so that they keep
+/// their order.
+fn command_streams(no_stdin: bool) -> CommandStreams {
     let out = std::io::stdout();
     let err = std::io::stderr();
     let same_file = || {
@@ -265,6 +267,7 @@ fn command_streams() -> CommandStreams {
         false => StreamKind::Pipe,
     };
     let mut streams = CommandStreams {
+        input_pipe: !no_stdin && !std::io::stdin().is_terminal(),
         out: kind(out.is_terminal()),
         err: kind(err.is_terminal()),
     };
@@ -288,19 +291,47 @@ pub fn terminal_output() -> vmm::vm::Console {
 }
 
 /// insight's standard output and error, for the command's relayed ones,
-/// each through `wrap`.
-pub fn host_streams(wrap: impl Fn(vmm::vm::Console) -> vmm::vm::Console) -> vmm::vm::HostStreams {
+/// each through `wrap`, and its standard input for the command's where
+/// that is a pipe.
+pub fn host_streams(
+    wrap: impl Fn(vmm::vm::Console) -> vmm::vm::Console,
+    input: Option<ConsoleInput>,
+) -> vmm::vm::HostStreams {
     vmm::vm::HostStreams {
         out: Some(wrap(Box::new(std::io::stdout()))),
         err: Some(wrap(Box::new(std::io::stderr()))),
         errors: 0,
+        input,
     }
 }
 
-/// Standard input for the guest unless told not to, and the guard that
-/// keeps the terminal raw until the run ends.
-pub fn stdin_input(no_stdin: bool) -> Option<(ConsoleInput, vmm::console::TerminalGuard)> {
-    (!no_stdin).then(ConsoleInput::from_stdin)
+/// insight's standard input for the guest, unless told not to.
+pub struct HostInput {
+    /// For the command's terminal.
+    pub terminal: Option<ConsoleInput>,
+    /// For the command's standard input, a pipe (`spec.streams`).
+    pub pipe: Option<ConsoleInput>,
+    /// Keeps the terminal raw until the run ends.
+    _raw: Option<vmm::console::TerminalGuard>,
+}
+
+/// Standard input for the guest unless `no_stdin`: where the command has
+/// a pipe (insight's is no terminal, [`command_streams`]), for that pipe,
+/// else for its terminal.
+pub fn stdin_input(no_stdin: bool) -> HostInput {
+    let (input, raw) = match no_stdin {
+        true => (None, None),
+        false => {
+            let (input, raw) = ConsoleInput::from_stdin();
+            (Some(input), Some(raw))
+        }
+    };
+    let pipe = !std::io::stdin().is_terminal();
+    HostInput {
+        terminal: input.clone().filter(|_| !pipe),
+        pipe: input.filter(|_| pipe),
+        _raw: raw,
+    }
 }
 
 /// What went wrong on the network device, in words (None: nothing did).

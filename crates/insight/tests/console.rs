@@ -208,23 +208,42 @@ fn console_output_is_checked_at_replay() {
 
 /// Typed input through the UART, as for a guest kernel without
 /// virtio-console (the default console's input is
-/// `replay.rs`'s `typed_input_is_recorded_and_replayed`).
+/// `a_terminal_gives_its_size_and_its_ctrl_c_and_both_replay`).
 #[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
 #[test]
 fn a_serial_console_takes_typed_input_and_replays_it() {
     guest_ready();
     let trace = scratch("typed-serial").join("trace");
-    let mut cmd = insight();
-    cmd.args(["record", "--console", "serial", "-o"])
-        .arg(&trace)
-        .args([
-            "--",
-            "sh",
-            "-c",
-            "readlink /proc/self/fd/0; read line; echo got-$line",
-        ]);
-    let out = output_with_input(cmd, b"serial-input\n");
-    let stdout = expect_status(&out, 0);
+    // Typed at a terminal (`script` makes one): input piped to insight
+    // would be the command's standard input, a pipe.
+    let inner = format!(
+        "{} record --console serial -o {} -- sh -c 'readlink /proc/self/fd/0; read line; echo got-$line'",
+        env!("CARGO_BIN_EXE_insight"),
+        trace.display()
+    );
+    let mut script = Command::new("script")
+        .args(["-q", "-e", "-c", &inner, "/dev/null"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("script (util-linux) runs a command under a terminal");
+    // The keys wait on the host until the serial console takes them;
+    // standard input stays open (script ends its session at its end)
+    // until the command has ended.
+    let mut keys = script.stdin.take().unwrap();
+    keys.write_all(b"serial-input\r").unwrap();
+    let mut screen = Vec::new();
+    script
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_end(&mut screen)
+        .unwrap();
+    drop(keys);
+    let status = script.wait().unwrap();
+    let stdout = String::from_utf8_lossy(&screen).replace("\r\n", "\n");
+    assert_eq!(status.code(), Some(0), "{stdout}");
     assert!(stdout.contains("/dev/console\n"), "{stdout}");
     assert!(stdout.contains("got-serial-input\n"), "{stdout}");
     let (_, log) = read_all(&trace);
@@ -235,9 +254,14 @@ fn a_serial_console_takes_typed_input_and_replays_it() {
         )),
         "the serial console's run used the virtio console"
     );
+    // What the guest wrote, the typed line's echo included (the host
+    // terminal's line ends aside).
     let out = replay(&trace);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out).1);
-    assert_eq!(text(&out).0, stdout);
+    let replayed = text(&out).0.replace("\r\n", "\n");
+    assert!(replayed.contains("/dev/console\n"), "{replayed}");
+    assert!(replayed.contains("serial-input"), "{replayed}");
+    assert!(replayed.contains("got-serial-input\n"), "{replayed}");
     let _ = std::fs::remove_dir_all(trace.parent().unwrap());
 }
 

@@ -288,9 +288,11 @@ fn guest_faults_give_one_line_errors_with_rip() {
     assert_one_line_error(&out, &["RIP 0x100000"]);
 }
 
+/// Input piped to insight is the command's standard input: here a
+/// script the shell reads.
 #[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
 #[test]
-fn standard_input_reaches_the_guest_console() {
+fn piped_standard_input_reaches_the_command() {
     guest_ready();
     let mut cmd = insight();
     cmd.args(["run", "--", "sh"]);

@@ -110,7 +110,7 @@ fn urandom_replays_and_differs_between_recordings() {
 
 #[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
 #[test]
-fn typed_input_is_recorded_and_replayed() {
+fn piped_input_is_recorded_and_replayed() {
     guest_ready();
     let trace = scratch("typed").join("trace");
     let mut cmd = insight();
@@ -118,8 +118,8 @@ fn typed_input_is_recorded_and_replayed() {
     let out = output_with_input(cmd, b"echo typed-$((6*7))\nexit 5\n");
     let stdout = expect_status(&out, 5);
     assert!(stdout.contains("typed-42\n"), "{stdout}");
-    // Replay reads nothing from its standard input: the keys come from
-    // the log.
+    // Replay reads nothing from its standard input: the command's comes
+    // from the log.
     assert_replays_identically(&trace, &stdout);
     let _ = std::fs::remove_dir_all(trace.parent().unwrap());
 }

@@ -1,7 +1,9 @@
-//! The command's standard output and error as the user gave them to
-//! insight: each a terminal only where insight's is, else a pipe whose
-//! bytes reach insight's stream of the same number (files, pipes), logged
-//! as `StreamOut` entries and written again, and checked, by a replay.
+//! The command's standard streams as the user gave them to insight: each
+//! a terminal only where insight's is, else a pipe whose bytes reach
+//! insight's stream of the same number (files, pipes), logged as
+//! `StreamOut` entries and written again, and checked, by a replay; or,
+//! for standard input, come from insight's, logged as `StreamIn` entries
+//! and given again by a replay.
 
 mod common;
 
@@ -28,7 +30,18 @@ struct Streams {
 /// Runs `cmd` (standard input closed) with standard output in
 /// `dir/name.out` and standard error in `dir/name.err`, or in one file,
 /// `dir/name.out`, opened once for both (`>log 2>&1`) with `one_file`.
-fn into_files(mut cmd: Command, dir: &Path, name: &str, one_file: bool) -> Streams {
+fn into_files(cmd: Command, dir: &Path, name: &str, one_file: bool) -> Streams {
+    into_files_from(cmd, Stdio::null(), dir, name, one_file)
+}
+
+/// [`into_files`] with `input` as standard input.
+fn into_files_from(
+    mut cmd: Command,
+    input: Stdio,
+    dir: &Path,
+    name: &str,
+    one_file: bool,
+) -> Streams {
     let (out_path, err_path) = (
         dir.join(format!("{name}.out")),
         dir.join(format!("{name}.err")),
@@ -38,12 +51,7 @@ fn into_files(mut cmd: Command, dir: &Path, name: &str, one_file: bool) -> Strea
         true => out.try_clone().unwrap(),
         false => File::create(&err_path).unwrap(),
     };
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(out)
-        .stderr(err)
-        .spawn()
-        .unwrap();
+    let mut child = cmd.stdin(input).stdout(out).stderr(err).spawn().unwrap();
     let started = Instant::now();
     let status = loop {
         if let Some(status) = child.try_wait().unwrap() {
@@ -383,5 +391,115 @@ fn a_host_program_sees_pipes_or_the_terminal_as_insight_has_them() {
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     assert!(stdout.contains("out 0"), "{stdout}");
     assert!(stdout.contains("stderr terminal"), "{stdout}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A program compiled on the host and recorded by its path
+/// (tests/programs/stdin_digest.c) reads a file given to insight as its
+/// standard input, in reads of changing sizes: it gets every byte, in
+/// order, and the end, as natively, from a pipe and not a terminal; the
+/// recording logs the input and a replay, given none, gives it the same.
+/// `insight run` gives a shell script its input, a command that stops
+/// reading early ends as natively, and `--no-stdin` keeps the terminal.
+#[ignore = "needs /dev/kvm, the guest image and gcc (tools/test runs it)"]
+#[test]
+fn standard_input_is_a_pipe_from_insights_where_that_is_no_terminal() {
+    guest_ready();
+    let dir = scratch("streams-input");
+    let prog = compile_test_program(&dir, "stdin_digest", &["-O2"]);
+    // 300 kB: several of /init's 64 KiB pieces, none of them full.
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let data: Vec<u8> = (0..300_000)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect();
+    let input = dir.join("input.bin");
+    std::fs::write(&input, &data).unwrap();
+    let native = Command::new(&prog)
+        .stdin(File::open(&input).unwrap())
+        .output()
+        .unwrap();
+    let native = String::from_utf8(native.stdout).unwrap();
+    assert!(native.contains("300000 bytes"), "{native}");
+
+    let trace = dir.join("trace");
+    let mut cmd = insight();
+    cmd.current_dir(&dir)
+        .args(["record", "-o"])
+        .arg(&trace)
+        .args(["--", "./stdin_digest"]);
+    let input_file = || Stdio::from(File::open(&input).unwrap());
+    let recorded = into_files_from(cmd, input_file(), &dir, "record", false);
+    assert_eq!(recorded.status, Some(0), "{}", recorded.said);
+    assert_eq!(recorded.out, native, "{}", recorded.said);
+    let (_, log) = read_all(&trace);
+    let pieces: Vec<(usize, bool)> = log
+        .iter()
+        .filter_map(|e| match e {
+            Entry::StreamIn { bytes, end } => Some((bytes.len(), *end)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        pieces.iter().map(|p| p.0).sum::<usize>(),
+        data.len(),
+        "{pieces:?}"
+    );
+    assert_eq!(pieces.iter().filter(|p| p.1).count(), 1, "{pieces:?}");
+    assert!(pieces.last().is_some_and(|p| p.1), "{pieces:?}");
+
+    // No input at all for the replay: it comes from the log.
+    let mut cmd = insight();
+    cmd.arg("replay").arg(&trace);
+    let replayed = into_files(cmd, &dir, "replay", false);
+    assert_eq!(replayed.status, Some(0), "{}", replayed.said);
+    assert!(
+        replayed.said.contains("replay matched the recording"),
+        "{}",
+        replayed.said
+    );
+    assert_eq!(replayed.out, recorded.out);
+
+    let run = |args: &[&str], input: Stdio, name: &str| {
+        let mut cmd = insight();
+        cmd.current_dir(&dir).args(["run", "--"]).args(args);
+        into_files_from(cmd, input, &dir, name, false)
+    };
+    std::fs::write(dir.join("lines"), "one\ntwo\n").unwrap();
+    let lines = || Stdio::from(File::open(dir.join("lines")).unwrap());
+    let got = run(
+        &["sh", "-c", "while read l; do echo \"<$l>\"; done; echo end"],
+        lines(),
+        "script",
+    );
+    assert_eq!(got.status, Some(0), "{}", got.said);
+    assert_eq!(got.out, "<one>\n<two>\nend\n", "{}", got.said);
+    // Standard input closed on the host: the end at once, no terminal.
+    let got = run(&["test", "-t", "0"], Stdio::null(), "null");
+    assert_eq!(got.status, Some(1), "{}", got.said);
+    let got = run(&["./stdin_digest"], Stdio::null(), "empty");
+    assert_eq!(got.status, Some(0), "{}", got.said);
+    assert!(
+        got.out.contains("\n0 bytes, digest cbf29ce484222325"),
+        "{}",
+        got.out
+    );
+    // A reader that stops early: its status as natively, and /init
+    // neither blocks nor fails on the input left.
+    let numbers: String = (1..=100_000).map(|i| format!("{i}\n")).collect();
+    std::fs::write(dir.join("numbers"), numbers).unwrap();
+    let numbers = Stdio::from(File::open(dir.join("numbers")).unwrap());
+    let got = run(&["head", "-n", "2"], numbers, "head");
+    assert_eq!(got.status, Some(0), "{}", got.said);
+    assert_eq!(got.out, "1\n2\n", "{}", got.said);
+    // Told not to take insight's input, the command keeps the terminal.
+    let mut cmd = insight();
+    cmd.args(["run", "--no-stdin", "--", "test", "-t", "0"]);
+    let got = into_files_from(cmd, input_file(), &dir, "no-stdin", false);
+    assert_eq!(got.status, Some(0), "{}", got.said);
     let _ = std::fs::remove_dir_all(&dir);
 }

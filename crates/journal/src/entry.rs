@@ -99,6 +99,12 @@ pub enum Entry {
         digest: u64,
         closed: bool,
     },
+    /// The preceding exit (`/init`'s control-port message 0x0f) asked for
+    /// the command's standard input, a pipe in the guest where the
+    /// recording's own was no terminal: these bytes were written to
+    /// `/init`'s buffer, and `end`: the host's input had ended after them.
+    /// Replay writes the same.
+    StreamIn { bytes: Vec<u8>, end: bool },
     /// The guest's user code, running on after the preceding exit without
     /// one of its own, was stopped at this state and the interrupt of the
     /// `Interrupt` entry that follows delivered there (an asynchronous
@@ -179,6 +185,7 @@ impl Entry {
                 | Entry::ConsoleRx { .. }
                 | Entry::ConsoleSize { .. }
                 | Entry::StreamOut { .. }
+                | Entry::StreamIn { .. }
                 | Entry::AsyncPoint(_)
                 | Entry::Sample(_)
                 | Entry::Time { .. }
@@ -206,6 +213,7 @@ impl Entry {
             Entry::ConsoleRx { .. } => "ConsoleRx",
             Entry::ConsoleSize { .. } => "ConsoleSize",
             Entry::StreamOut { .. } => "StreamOut",
+            Entry::StreamIn { .. } => "StreamIn",
             Entry::AsyncPoint(_) => "AsyncPoint",
             Entry::Sample(_) => "Sample",
             Entry::Time { .. } => "Time",
@@ -233,6 +241,7 @@ impl Entry {
             | Entry::ConsoleRx { .. }
             | Entry::ConsoleSize { .. }
             | Entry::StreamOut { .. }
+            | Entry::StreamIn { .. }
             | Entry::AsyncPoint(_)
             | Entry::Sample(_)
             | Entry::Time { .. }
@@ -378,6 +387,13 @@ impl fmt::Display for Entry {
                 "  {}, {bytes} bytes, digest {digest:016x}{}",
                 stream_name(*stream),
                 if *closed { ", closed on the host" } else { "" }
+            ),
+            Entry::StreamIn { bytes, end } => write!(
+                f,
+                "  standard input, {} byte{}{}",
+                bytes.len(),
+                if bytes.len() == 1 { "" } else { "s" },
+                if *end { ", then its end" } else { "" }
             ),
             Entry::AsyncPoint(p) => {
                 let s = &p.state;

@@ -192,6 +192,12 @@ impl Recorder {
         })
     }
 
+    /// Records what the last exit gave `/init` of the command's standard
+    /// input (`end`: the host's input ended after these bytes).
+    pub fn stream_in(&mut self, bytes: Vec<u8>, end: bool) -> Result<(), JournalError> {
+        self.push(Entry::StreamIn { bytes, end })
+    }
+
     /// Records typed input made visible to the virtio console after the
     /// last exit.
     pub fn console_rx(&mut self, bytes: Vec<u8>) -> Result<(), JournalError> {

@@ -378,6 +378,26 @@ impl Replayer {
         }
     }
 
+    /// What the recording gave `/init` of the command's standard input at
+    /// the last exit, which asked for at most `max` bytes: the bytes, and
+    /// whether the input ended after them.
+    pub fn stream_in(&mut self, max: usize) -> Result<(Vec<u8>, bool), JournalError> {
+        let logged = self.take(|e| match e {
+            Entry::StreamIn { bytes, end } => Some((bytes.clone(), *end)),
+            _ => None,
+        })?;
+        let found = || format!("standard input asked for, at most {max} bytes");
+        match logged {
+            Some((bytes, end)) if bytes.len() <= max => Ok((bytes, end)),
+            Some((bytes, end)) => Err(self.diverged(Some(Entry::StreamIn { bytes, end }), found())),
+            None if self.peek()?.is_none() && !self.trace_complete() => Err(JournalError::LogEnded),
+            None => {
+                let expected = self.peek()?.cloned();
+                Err(self.diverged(expected, found()))
+            }
+        }
+    }
+
     pub fn progress(&self) -> Progress {
         Progress {
             exits: self.exits,

@@ -35,7 +35,7 @@ pub mod files;
 
 /// Format version, bumped on every change of the layout or of the types
 /// serialized in it.
-pub const TRACE_VERSION: u32 = 18;
+pub const TRACE_VERSION: u32 = 19;
 pub const MAGIC: [u8; 8] = *b"INSIGHT\0";
 
 const HEADER_FILE: &str = "header";

@@ -20,12 +20,17 @@ const CTRL_A: u8 = 0x01;
 /// How often the terminal's size is looked up (a window being resized
 /// is followed within this long).
 const SIZE_POLL_NS: u64 = 100_000_000;
+/// How much of a file or pipe on standard input is read ahead of what the
+/// guest took.
+const MAX_READ_AHEAD: usize = 4 << 20;
 
 struct Shared {
     pending: Mutex<VecDeque<u8>>,
     quit: AtomicBool,
     /// Standard input is a terminal, whose size the guest is told.
     terminal: bool,
+    /// Standard input ended (all it gave is in `pending`).
+    ended: AtomicBool,
     since: Instant,
     /// Nanoseconds after `since` when the size is next looked up.
     next_size_poll: AtomicU64,
@@ -52,6 +57,7 @@ impl ConsoleInput {
                 pending: Mutex::default(),
                 quit: AtomicBool::new(false),
                 terminal: escapes,
+                ended: AtomicBool::new(false),
                 since: Instant::now(),
                 next_size_poll: AtomicU64::new(0),
             }),
@@ -62,9 +68,20 @@ impl ConsoleInput {
             .name("console-input".into())
             .spawn(move || {
                 let mut filter = EscapeFilter::new(escapes);
-                let mut buf = [0u8; 256];
                 let mut stdin = std::io::stdin().lock();
-                while let Ok(n @ 1..) = stdin.read(&mut buf) {
+                let mut buf = vec![0u8; if escapes { 256 } else { 64 << 10 }];
+                loop {
+                    // A file or pipe is read ahead only so far.
+                    while shared
+                        .pending
+                        .lock()
+                        .is_ok_and(|q| q.len() >= MAX_READ_AHEAD)
+                    {
+                        std::thread::sleep(std::time::Duration::from_millis(1));
+                    }
+                    let Ok(n @ 1..) = stdin.read(&mut buf) else {
+                        break;
+                    };
                     let bytes = filter.feed(&buf[..n]);
                     if filter.quit {
                         shared.quit.store(true, Ordering::Release);
@@ -74,6 +91,7 @@ impl ConsoleInput {
                         q.extend(bytes);
                     }
                 }
+                shared.ended.store(true, Ordering::Release);
             });
         (input, TerminalGuard { _raw: raw })
     }
@@ -87,6 +105,26 @@ impl ConsoleInput {
             }
             Err(_) => Vec::new(),
         }
+    }
+
+    /// Up to `max` pending bytes, and whether standard input ended after
+    /// them (for the command's standard input where it is a pipe).
+    pub fn take_stream(&self, max: usize) -> (Vec<u8>, bool) {
+        // Everything read is pending once the end is seen.
+        let ended = self.shared.ended.load(Ordering::Acquire);
+        match self.shared.pending.lock() {
+            Ok(mut q) => {
+                let n = max.min(q.len());
+                let bytes = q.drain(..n).collect();
+                (bytes, ended && q.is_empty())
+            }
+            Err(_) => (Vec::new(), true),
+        }
+    }
+
+    /// Whether standard input is a terminal.
+    pub fn is_terminal(&self) -> bool {
+        self.shared.terminal
     }
 
     /// The terminal's size (columns, rows), looked up at most every

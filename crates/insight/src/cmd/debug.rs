@@ -120,6 +120,7 @@ fn prepare(
             out: Some(Box::new(std::io::sink())),
             err: Some(Box::new(std::io::sink())),
             errors: 0,
+            input: None,
         },
         any_cpu,
         user_rdtsc_traps: user_rdtsc_traps()?,

@@ -294,7 +294,7 @@ fn record_once(
 ) -> Result<ExitCode> {
     let status = StatusLine::for_stderr();
     let stdout = || status.console(terminal_output());
-    let (input, _terminal) = stdin_input(args.guest.no_stdin).unzip();
+    let input = stdin_input(args.guest.no_stdin);
     let progress = progress_report(&status, "record", None);
     let chaos = args.chaos.map(|seed| vmm::chaos_settings(seed.value()));
     if let Some(c) = &chaos {
@@ -307,8 +307,8 @@ fn record_once(
         target,
         Try {
             console: (stdout(), &stdout),
-            streams: host_streams(|w| status.console(w)),
-            input,
+            streams: host_streams(|w| status.console(w), input.pipe.clone()),
+            input: input.terminal.clone(),
             progress,
             latest_at_start: true,
             notes: true,
@@ -396,6 +396,9 @@ fn until_fail_tries(
                     out: Some(status.console(Box::new(held.clone()))),
                     err: Some(status.console(Box::new(held_errors.clone()))),
                     errors: 0,
+                    // Every try gets the same: none (an empty pipe where
+                    // insight's standard input is no terminal).
+                    input: None,
                 },
                 input: None,
                 progress: None,

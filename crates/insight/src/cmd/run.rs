@@ -26,12 +26,12 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     let started = std::time::Instant::now();
     let (spec, _) = prepare_guest(&args.guest)?;
     let (mut machine, snapshot) = start_machine(&spec, terminal_output(), terminal_output)?;
-    machine.set_streams(host_streams(|w| w));
+    let input = stdin_input(args.guest.no_stdin);
+    machine.set_streams(host_streams(|w| w, input.pipe.clone()));
     let restored_in = started.elapsed();
     // Other runs may take the snapshot's lock from here on.
     let snapshot = snapshot.map(|s| s.restored);
-    let (input, _terminal) = stdin_input(args.guest.no_stdin).unzip();
-    let outcome = match vmm::builder::live(machine, input).run() {
+    let outcome = match vmm::builder::live(machine, input.terminal.clone()).run() {
         Err(VmError::StoppedByUser) => {
             eprintln!("\ninsight: stopped by the user (Ctrl-A x)");
             return Ok(ExitCode::from(EXIT_STOPPED_BY_USER));

@@ -149,6 +149,12 @@ pub(crate) trait Mode {
         Ok(written.closed)
     }
 
+    /// `/init` asked for at most `max` bytes of the command's standard
+    /// input: what it gets, and whether the input ended after them.
+    fn stream_input(&mut self, m: &mut Machine, max: usize) -> Result<(Vec<u8>, bool), VmError> {
+        Ok(m.host_stdin(max))
+    }
+
     /// The guest kernel announced its context-switch ring.
     fn switch_ring_announced(&mut self, _m: &mut Machine) {}
 

@@ -153,6 +153,12 @@ impl Mode for Recording {
         Ok(w.closed)
     }
 
+    fn stream_input(&mut self, m: &mut Machine, max: usize) -> Result<(Vec<u8>, bool), VmError> {
+        let (bytes, end) = m.host_stdin(max);
+        self.recorder.stream_in(bytes.clone(), end)?;
+        Ok((bytes, end))
+    }
+
     fn kicked(&mut self, m: &mut Machine, resumed: Resumed) -> Result<bool, VmError> {
         // The sampling clock's mark first: replay finds it before a point
         // taken at the same position.

@@ -434,6 +434,11 @@ impl Mode for Replaying {
         Ok(self.log.stream_out(stream, w.bytes, w.digest)?)
     }
 
+    fn stream_input(&mut self, _m: &mut Machine, max: usize) -> Result<(Vec<u8>, bool), VmError> {
+        // What the recording's host gave, whatever this one's holds.
+        Ok(self.log.stream_in(max)?)
+    }
+
     fn kicked(&mut self, m: &mut Machine, resumed: Resumed) -> Result<bool, VmError> {
         let patched = self.points.patched_code();
         if self.points.check_time(m, &mut self.log)? {

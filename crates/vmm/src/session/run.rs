@@ -199,6 +199,12 @@ fn messages<M: Mode>(m: &mut Machine, mode: &mut M) -> Result<Option<StopReason>
                     }
                 }
             }
+            ControlMessage::Input => {
+                let max = m.stdin_request()?;
+                let (bytes, end) = mode.stream_input(m, max)?;
+                let written = m.answer_stdin(&bytes, end)?;
+                mode.wrote_for_guest(m, &written)?;
+            }
             // (The platform loads the PIT with a wide count itself.)
             ControlMessage::Sync => mode.kernel_entered(m)?,
             ControlMessage::PitCount(_) | ControlMessage::Unknown(_) => {}

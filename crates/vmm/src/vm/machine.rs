@@ -333,6 +333,84 @@ impl Machine {
         Ok(Some(gpa))
     }
 
+    /// `/init` asks for the command's standard input
+    /// (`ControlMessage::Input`): at most RDI bytes (1 to 64 KiB) into its
+    /// buffer at virtual address RSI, the answer to the u64 at R8. Checks
+    /// that all of them can be written before anything is taken from the
+    /// host; returns how many bytes it takes.
+    pub(crate) fn stdin_request(&mut self) -> Result<usize, VmError> {
+        const MAX_PIECE: u64 = 64 << 10;
+        let regs = self.vcpu.synced_regs();
+        let (gva, len, answer) = (regs.rsi, regs.rdi, regs.r8);
+        let bad = |why: String| VmError::BadInput { why };
+        if len == 0 || len > MAX_PIECE {
+            return Err(bad(format!("in a piece of {len} bytes (1 to {MAX_PIECE})")));
+        }
+        if !answer.is_multiple_of(8) {
+            return Err(bad(format!(
+                "with an answer word at {answer:#x}, not 8-byte aligned"
+            )));
+        }
+        let end = gva
+            .checked_add(len)
+            .ok_or_else(|| bad(format!("into a buffer at {gva:#x} that wraps around")))?;
+        let cr3 = self.vcpu.sregs()?.cr3;
+        let writable = |at: u64| {
+            gva::translate_user_access(&self.vm.mem, cr3, at, true)
+                .map(|_| ())
+                .map_err(|e| bad(format!("into memory at {at:#x} it cannot write ({e})")))
+        };
+        let mut at = gva;
+        while at < end {
+            writable(at)?;
+            at = (at & !(gva::PAGE_SIZE - 1)) + gva::PAGE_SIZE;
+        }
+        writable(answer)?;
+        Ok(len as usize)
+    }
+
+    /// The host's standard input for the command, at most `max` bytes of
+    /// it, and whether it ended after them (an empty one where the run has
+    /// none).
+    pub(crate) fn host_stdin(&self, max: usize) -> (Vec<u8>, bool) {
+        match &self.vm.streams.input {
+            Some(input) => input.take_stream(max),
+            None => (Vec::new(), true),
+        }
+    }
+
+    /// Gives `/init` the `bytes` of standard input it asked for
+    /// ([`Machine::stdin_request`]) and the answer word: their count, bit
+    /// 63 set if the input `ended` after them. Returns the guest-physical
+    /// addresses written, each within one page.
+    pub(crate) fn answer_stdin(&mut self, bytes: &[u8], ended: bool) -> Result<Vec<u64>, VmError> {
+        const PAGE: u64 = gva::PAGE_SIZE;
+        let regs = self.vcpu.synced_regs();
+        let (to, answer) = (regs.rsi, regs.r8);
+        let cr3 = self.vcpu.sregs()?.cr3;
+        let mem = &self.vm.mem;
+        let bad = |at: u64, why: String| VmError::BadInput {
+            why: format!("into memory at {at:#x} it cannot write ({why})"),
+        };
+        let mut written = Vec::new();
+        let mut done = 0usize;
+        while done < bytes.len() {
+            let dst = to + done as u64;
+            let n = (bytes.len() - done).min((PAGE - dst % PAGE) as usize);
+            let gpa = gva::access(mem, cr3, dst, true).map_err(|e| bad(dst, e.to_string()))?;
+            mem.write_slice(&bytes[done..done + n], GuestAddress(gpa))
+                .map_err(|e| bad(dst, e.to_string()))?;
+            written.push(gpa);
+            done += n;
+        }
+        let word = bytes.len() as u64 | (u64::from(ended) << 63);
+        let gpa = gva::access(mem, cr3, answer, true).map_err(|e| bad(answer, e.to_string()))?;
+        mem.write_obj(word, GuestAddress(gpa))
+            .map_err(|e| bad(answer, e.to_string()))?;
+        written.push(gpa);
+        Ok(written)
+    }
+
     /// The guest kernel hands a copy to or from user memory (guest kernel
     /// patch 0013), or a page it clears or copies (patch 0015), to the VMM
     /// (`ControlMessage::Copy`): RCX bytes from virtual address RSI to

@@ -159,6 +159,8 @@ pub enum VmError {
     BadFetch { why: String },
     #[error("the guest's /init relayed {what} {why}")]
     BadOutput { what: String, why: String },
+    #[error("the guest's /init asked for standard input {why}")]
+    BadInput { why: String },
     #[error("the guest powered off or failed before /init was ready for a boot snapshot")]
     NoSnapshotPoint,
 }
@@ -326,6 +328,9 @@ pub struct HostStreams {
     pub err: Option<Console>,
     /// Writes to them that failed (the guest saw them succeed).
     pub errors: u64,
+    /// The command's standard input where it is a pipe in the guest
+    /// (`ControlMessage::Input`): the host's, or none for an empty one.
+    pub input: Option<ConsoleInput>,
 }
 
 /// The command's terminal as the host sees it: which guest device it is,

@@ -172,10 +172,11 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
             out: Some(sink()),
             err: Some(sink()),
             errors: 0,
+            input: None,
         };
         (sink(), streams)
     } else {
-        let mut streams = host_streams(|w| status.console(w));
+        let mut streams = host_streams(|w| status.console(w), None);
         if let Some(path) = &args.error_stream {
             let file =
                 File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
