@@ -2,7 +2,8 @@
 //! end to end: the first failing try is kept, in the trace store as any
 //! recording and as the latest, and its replay fails the same way; passing
 //! tries leave nothing; a command that hangs is recorded up to the time
-//! limit and replays to the same hang.
+//! limit and replays to the same hang; a kept deadlock is where the
+//! deadlock report and the debugger start.
 //!
 //! Like the other end-to-end tests they need /dev/kvm and the guest image
 //! (the test command builds it first).
@@ -112,5 +113,71 @@ fn a_hang_is_recorded_up_to_the_time_limit_and_replays_to_it() {
         "{rerr}"
     );
     assert_eq!(rout, "flaky_exit: fails\n", "{rerr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A program compiled on the host and recorded by its path
+/// (tests/programs/lock_order.c) deadlocks every run: two threads take two
+/// mutexes in opposite orders. The kept recording, replayed with the
+/// deadlock report, names the cycle the threads ended in, with the lines
+/// where each waits; the debugger opened at its end shows each thread in
+/// its lock call, on the mutex the other holds.
+#[ignore = "needs /dev/kvm, the guest image, gcc and gdb (tools/test runs it)"]
+#[test]
+fn a_kept_deadlock_is_named_and_the_debugger_opens_where_its_threads_wait() {
+    guest_ready();
+    let dir = scratch("until-fail-deadlock");
+    compile_test_program(&dir, "lock_order", &["-O0", "-g", "-pthread"]);
+    let store = dir.join("store");
+    let mut cmd = insight();
+    cmd.current_dir(&dir)
+        .env("INSIGHT_TRACE_DIR", &store)
+        .args(["record", "--no-stdin", "--probes", "--until-fail=3"])
+        .args(["--timeout", "20s", "--", "./lock_order"]);
+    let out = output_within(cmd, std::time::Duration::from_secs(900));
+    expect_status(&out, 124);
+    let trace = store.join("lock_order-0");
+
+    let mut cmd = insight();
+    cmd.arg("replay")
+        .arg(&trace)
+        .args(["--diagnose", "deadlock"]);
+    let out = output_within(cmd, std::time::Duration::from_secs(900));
+    let report = expect_status(&out, 0);
+    let (_, said) = text(&out);
+    assert!(
+        report
+            .contains("1 deadlock the recording ended in (threads waiting for good), 0 potential"),
+        "{report}\n{said}"
+    );
+    assert!(
+        report
+            .contains("accounts(T1) -> journal(T1) -> journal(T2) -> accounts(T2) -> accounts(T1)"),
+        "{report}"
+    );
+    for (held, waits) in [("accounts", "journal"), ("journal", "accounts")] {
+        assert!(
+            report.contains(&format!("holds {held} and waits for {waits} at take_both")),
+            "{report}"
+        );
+    }
+    // Each waits where it asks for its second lock, line 22.
+    assert_eq!(report.matches("(lock_order.c:22)\n").count(), 4, "{report}");
+
+    let mut cmd = insight();
+    cmd.arg("debug")
+        .arg(&trace)
+        .args(["--at", "end", "--", "-batch", "-nx"])
+        .args(["-ex", "info threads", "-ex", "thread apply all bt"]);
+    let out = output_within(cmd, std::time::Duration::from_secs(900));
+    let (gdb, said) = text(&out);
+    assert!(out.status.success(), "{gdb}\n{said}");
+    for lock in ["accounts", "journal"] {
+        let waits =
+            |l: &str| l.contains("pthread_mutex_lock (mutex=") && l.contains(&format!("<{lock}>"));
+        assert!(gdb.lines().any(waits), "{gdb}\n{said}");
+    }
+    // Thread 21 asked for journal, thread 22 for accounts, in take_both.
+    assert_eq!(gdb.matches("in take_both (").count(), 2, "{gdb}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -15,6 +15,12 @@
 //! - failed trylock and timedlock calls leave no trace;
 //! - a lock held by every thread of the cycle above its edge is a gate:
 //!   the cycle is reported as protected by it, not as a deadlock.
+//!
+//! Apart from those, a deadlock that happened: threads still waiting when
+//! the events end (a request without its return: a recording kept as a
+//! hang), each for a lock another of them holds, in a cycle (the wait-for
+//! graph at the end). Trylock never waits and a timed request gives up,
+//! so neither takes part.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
@@ -152,6 +158,10 @@ impl Cycle {
 /// Cycles found, smallest first; deadlocks and gate-protected ones apart.
 #[derive(Clone, Debug, Default)]
 pub struct DeadlockReport {
+    /// Threads deadlocked when the events end: each step's thread holds
+    /// `held` (which the step before waits for) and waits for `acquired`
+    /// (requested at `acquired_at`, `site`, `time`, never returned).
+    pub blocked: Vec<Cycle>,
     pub deadlocks: Vec<Cycle>,
     pub protected: Vec<Cycle>,
     /// Releases of locks the thread did not hold (ignored).
@@ -184,7 +194,7 @@ pub fn analyze<'a>(events: impl IntoIterator<Item = &'a Event> + Clone) -> Deadl
     // request that took it).
     let mut held: HashMap<u32, Vec<(u64, bool, u64)>> = HashMap::new();
     // Per thread: its pending request.
-    let mut requests: HashMap<u32, u64> = HashMap::new();
+    let mut requests: HashMap<u32, LockEvent> = HashMap::new();
     let mut edges: Vec<Edge> = Vec::new();
     let mut seen: HashSet<EdgeKey> = HashSet::new();
 
@@ -240,7 +250,7 @@ pub fn analyze<'a>(events: impl IntoIterator<Item = &'a Event> + Clone) -> Deadl
             }
             Event::Lock(le) => match le.kind {
                 LockEventKind::Request(_) => {
-                    requests.insert(le.thread, le.seq);
+                    requests.insert(le.thread, le);
                 }
                 LockEventKind::Return(_, _) | LockEventKind::CondWake(_) => {
                     // A condition variable's wait takes its mutex again as
@@ -249,7 +259,7 @@ pub fn analyze<'a>(events: impl IntoIterator<Item = &'a Event> + Clone) -> Deadl
                         LockEventKind::Return(op, result) => (op, result),
                         _ => (LockOp::Lock, 0),
                     };
-                    let request = requests.remove(&le.thread).unwrap_or(le.seq);
+                    let request = requests.remove(&le.thread).map_or(le.seq, |r| r.seq);
                     if result != 0 {
                         continue; // failed trylock / timedlock: no node
                     }
@@ -296,6 +306,8 @@ pub fn analyze<'a>(events: impl IntoIterator<Item = &'a Event> + Clone) -> Deadl
         }
     }
 
+    report.blocked = waits_for_cycles(&requests, &held);
+
     let mut by_from: HashMap<u64, Vec<usize>> = HashMap::new();
     for (i, e) in edges.iter().enumerate() {
         by_from.entry(e.from).or_default().push(i);
@@ -330,6 +342,89 @@ pub fn analyze<'a>(events: impl IntoIterator<Item = &'a Event> + Clone) -> Deadl
         }
     }
     report
+}
+
+/// The cycles of the wait-for graph when the events end: `requests`, the
+/// requests still waiting per thread, and `held`, the locks each thread
+/// holds then (lock, by trylock, the request that took it). Smallest
+/// first, each once, starting at its smallest thread.
+fn waits_for_cycles(
+    requests: &HashMap<u32, LockEvent>,
+    held: &HashMap<u32, Vec<(u64, bool, u64)>>,
+) -> Vec<Cycle> {
+    // Blocking requests only: a trylock never waits, a timed one gives up.
+    let waiting: HashMap<u32, &LockEvent> = requests
+        .iter()
+        .filter(|(_, r)| matches!(r.kind, LockEventKind::Request(op) if !op.tries() && !op.timed()))
+        .map(|(&t, r)| (t, r))
+        .collect();
+    // Who holds a lock, and the request that took it.
+    let holders = |lock: u64, waiter: u32| -> Vec<(u32, u64)> {
+        let mut h: Vec<(u32, u64)> = held
+            .iter()
+            .filter(|&(&t, _)| t != waiter)
+            .filter_map(|(&t, stack)| {
+                let &(_, _, at) = stack.iter().find(|&&(l, _, _)| l == lock)?;
+                Some((t, at))
+            })
+            .collect();
+        h.sort_unstable();
+        h
+    };
+    let mut found: BTreeSet<Vec<u32>> = BTreeSet::new();
+    let mut threads: Vec<u32> = waiting.keys().copied().collect();
+    threads.sort_unstable();
+    // Depth-first from each waiting thread along "waits for a lock held
+    // by", at most MAX_CYCLE threads.
+    let mut stack: Vec<Vec<u32>> = threads.iter().map(|&t| vec![t]).collect();
+    while let Some(path) = stack.pop() {
+        let last = path[path.len() - 1];
+        let Some(request) = waiting.get(&last) else {
+            continue;
+        };
+        for (holder, _) in holders(request.lock, last) {
+            if holder == path[0] {
+                let min = (0..path.len()).min_by_key(|&i| path[i]).unwrap_or(0);
+                found.insert(path[min..].iter().chain(&path[..min]).copied().collect());
+            } else if path.len() < MAX_CYCLE && !path.contains(&holder) && holder > path[0] {
+                let mut longer = path.clone();
+                longer.push(holder);
+                stack.push(longer);
+            }
+        }
+    }
+    let mut cycles: Vec<Cycle> = found
+        .into_iter()
+        .map(|threads| {
+            let k = threads.len();
+            let steps = (0..k)
+                .map(|i| {
+                    let t = threads[i];
+                    let before = waiting[&threads[(i + k - 1) % k]];
+                    let waits = waiting[&t];
+                    let held_at = holders(before.lock, threads[(i + k - 1) % k])
+                        .into_iter()
+                        .find(|&(h, _)| h == t)
+                        .map_or(0, |(_, at)| at);
+                    CycleStep {
+                        thread: t,
+                        held: before.lock,
+                        acquired: waits.lock,
+                        site: waits.site,
+                        time: waits.time,
+                        held_at,
+                        acquired_at: waits.seq,
+                    }
+                })
+                .collect();
+            Cycle {
+                steps,
+                gates: BTreeSet::new(),
+            }
+        })
+        .collect();
+    cycles.sort_by_key(|c| c.steps.len());
+    cycles
 }
 
 /// The edges, indexed by the lock they start from.
@@ -528,6 +623,54 @@ mod tests {
             same_cycle(&n, "L2(T2) -> L1(T2) -> L1(T1) -> L2(T1) -> L2(T2)"),
             "{n}"
         );
+    }
+
+    #[test]
+    fn threads_still_waiting_in_a_cycle_when_the_events_end_are_deadlocked() {
+        // T1 holds L1 and waits for L2; T2 holds L2 and waits for L1 (no
+        // return: the recording ended there). T3 waits for L3, which
+        // nobody holds, and T4 holds L1 by trylock while it trylocks L2
+        // (it would not wait): neither is in a cycle.
+        let mut p = Prog::default();
+        p.create(0, 1).create(0, 2).create(0, 3);
+        p.lock(1, L1).lock(2, L2);
+        p.push(1, L2, LockEventKind::Request(LockOp::Lock));
+        p.push(2, L1, LockEventKind::Request(LockOp::Lock));
+        p.push(3, L3, LockEventKind::Request(LockOp::Lock));
+        let r = p.report();
+        assert_eq!(r.blocked.len(), 1, "{:?}", r.blocked);
+        let c = &r.blocked[0];
+        assert!(
+            same_cycle(
+                &c.notation(name),
+                "L1(T1) -> L2(T1) -> L2(T2) -> L1(T2) -> L1(T1)"
+            ),
+            "{}",
+            c.notation(name)
+        );
+        // Thread 1's step: it holds L1 (which thread 2 waits for) and waits
+        // for L2, requested at event 8.
+        let step = c.steps.iter().find(|s| s.thread == 1).unwrap();
+        assert_eq!((step.held, step.acquired, step.acquired_at), (L1, L2, 8));
+        assert_eq!(step.held_at, 4, "the request that took L1");
+        // Never having acquired, the lock-order analysis has no edge.
+        assert!(r.deadlocks.is_empty());
+
+        // A timed request gives up: no deadlock.
+        let mut p = Prog::default();
+        p.create(0, 1).create(0, 2);
+        p.lock(1, L1).lock(2, L2);
+        p.push(1, L2, LockEventKind::Request(LockOp::TimedLock));
+        p.push(2, L1, LockEventKind::Request(LockOp::Lock));
+        assert!(p.report().blocked.is_empty());
+        // Once one of them returns, nothing is blocked.
+        let mut p = Prog::default();
+        p.create(0, 1).create(0, 2);
+        p.lock(1, L1).lock(2, L2);
+        p.push(1, L2, LockEventKind::Request(LockOp::Lock));
+        p.push(2, L1, LockEventKind::Request(LockOp::Lock));
+        p.push(2, L1, LockEventKind::Return(LockOp::Lock, 0));
+        assert!(p.report().blocked.is_empty());
     }
 
     #[test]

@@ -76,13 +76,16 @@ impl Plugin for Deadlock {
         let mut sym = Symbolizer::new(cx.files);
         let mut text = String::new();
         let mut html = String::new();
-        let (mut deadlocks, mut protected) = (0, 0);
+        let (mut blocked, mut deadlocks, mut protected) = (0, 0, 0);
         let mut cycles_json = Vec::new();
         let input = std::mem::take(&mut self.input);
         let spawned_at = input.spawned_at().clone();
         for (pid, events) in input.finish() {
             let report = lock_order::analyze(&events);
-            if report.deadlocks.is_empty() && report.protected.is_empty() {
+            if report.blocked.is_empty()
+                && report.deadlocks.is_empty()
+                && report.protected.is_empty()
+            {
                 continue;
             }
             let objects = db.objects(pid)?;
@@ -100,12 +103,18 @@ impl Plugin for Deadlock {
             let _ = writeln!(text, "Process {pid}{process}");
             let _ = writeln!(html, "<h2>Process {pid}{}</h2>", xml_escape(&process));
             let groups = [
-                ("Potential deadlock", &report.deadlocks),
-                ("Protected by a gate lock", &report.protected),
+                ("Deadlocked when the recording ended", &report.blocked, true),
+                ("Potential deadlock", &report.deadlocks, false),
+                ("Protected by a gate lock", &report.protected, false),
             ];
-            for (title, cycles) in groups {
+            for (title, cycles, waiting) in groups {
                 for (i, c) in cycles.iter().enumerate() {
-                    let d = describe_cycle(c, pid, &mut sym, &names, &self.stacks, &spawned_at);
+                    let known = Known {
+                        names: &names,
+                        stacks: &self.stacks,
+                        spawned_at: &spawned_at,
+                    };
+                    let d = describe_cycle(c, pid, &mut sym, known, waiting);
                     let gate = if d.gates.is_empty() {
                         String::new()
                     } else {
@@ -154,6 +163,7 @@ impl Plugin for Deadlock {
                     cycles_json.push(serde_json::json!({
                         "pid": pid,
                         "program": program,
+                        "deadlocked": waiting,
                         "protected": c.is_protected(),
                         "gates": d.gates,
                         "notation": d.notation,
@@ -171,11 +181,17 @@ impl Plugin for Deadlock {
                     }));
                 }
             }
+            blocked += report.blocked.len();
             deadlocks += report.deadlocks.len();
             protected += report.protected.len();
         }
+        let ended_in = match blocked {
+            0 => String::new(),
+            1 => "1 deadlock the recording ended in (threads waiting for good), ".to_owned(),
+            n => format!("{n} deadlocks the recording ended in (threads waiting for good), "),
+        };
         let summary = format!(
-            "{} potential deadlock{}, {} cycle{} protected by a gate lock",
+            "{ended_in}{} potential deadlock{}, {} cycle{} protected by a gate lock",
             deadlocks,
             if deadlocks == 1 { "" } else { "s" },
             protected,
@@ -211,6 +227,7 @@ impl Plugin for Deadlock {
         Ok(Output {
             text: out_text,
             json: Some(serde_json::json!({
+                "deadlocked": blocked,
                 "deadlocks": deadlocks,
                 "protected": protected,
                 "cycles": cycles_json,
@@ -281,14 +298,30 @@ fn stack_html(frames: &[String]) -> String {
     ol
 }
 
+/// What a cycle's description draws on besides the cycle.
+struct Known<'a> {
+    /// Threads' names by (pid, lwpid).
+    names: &'a HashMap<(u32, u32), String>,
+    /// The stacks of lock requests and thread spawns.
+    stacks: &'a EventStacks,
+    /// Per created thread, the THREADSPAWN that created it.
+    spawned_at: &'a HashMap<(u32, u32), u64>,
+}
+
+/// Describes cycle `c` of process `pid`; `waiting`: its threads still
+/// wait for the locks they asked for.
 fn describe_cycle(
     c: &Cycle,
     pid: u32,
     sym: &mut Symbolizer,
-    names: &HashMap<(u32, u32), String>,
-    stacks: &EventStacks,
-    spawned_at: &HashMap<(u32, u32), u64>,
+    known: Known,
+    waiting: bool,
 ) -> CycleText {
+    let Known {
+        names,
+        stacks,
+        spawned_at,
+    } = known;
     let mut lwpids: Vec<u32> = c.steps.iter().map(|s| s.thread).collect();
     lwpids.sort_unstable();
     lwpids.dedup();
@@ -367,9 +400,14 @@ fn describe_cycle(
             };
             StepText {
                 line: format!(
-                    "{} holds {} while taking {}{at}",
+                    "{} holds {} {} {}{at}",
                     t(s.thread),
                     name(s.held),
+                    if waiting {
+                        "and waits for"
+                    } else {
+                        "while taking"
+                    },
                     name(s.acquired)
                 ),
                 acquired: name(s.acquired),
