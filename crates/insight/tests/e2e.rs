@@ -73,6 +73,24 @@ fn host_check_measures_guest_user_code_and_the_tick() {
             && !skipped.contains("speed against native"),
         "{skipped}"
     );
+    // The PVM line says what the probes find, asked here directly.
+    let pvm = skipped
+        .lines()
+        .find_map(|l| l.trim_start().strip_prefix("PVM guest ABI:"))
+        .unwrap_or_else(|| panic!("no PVM line in\n{skipped}"));
+    let abi = vmm::host_check::check_pvm_guest_abi().unwrap();
+    assert_eq!(
+        pvm.trim_start().starts_with("offered"),
+        abi.present(),
+        "{pvm} against {abi:?}"
+    );
+    assert!(
+        pvm.contains(&format!(
+            "KVM's PVM signature: {}",
+            if abi.kvm_signature { "yes" } else { "no" }
+        )),
+        "{pvm} against {abi:?}"
+    );
 }
 
 #[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use vmm::host_check::{self, Int3Behaviour, Privilege, SyscallBehaviour};
+use vmm::host_check::{self, Int3Behaviour, Privilege, PvmProbe, SyscallBehaviour};
 
 /// Fails if /dev/kvm does not exist: these tests were asked to run where
 /// they cannot.
@@ -82,6 +82,7 @@ fn host_report_is_consistent() {
                 r.user_tsd,
                 r.user_xcr0,
                 &r.pmu,
+                &r.pvm_guest_abi,
             )
         )
     };
@@ -204,4 +205,44 @@ fn user_code_stepped_in_kernel_mode_runs_as_in_user_mode() {
     let report = host_check::check_kernel_steps().unwrap();
     assert!(report.differences.is_empty(), "{:#?}", report.differences);
     assert!(report.steps > 150, "{report:?}");
+}
+
+#[ignore = "needs /dev/kvm (tools/test runs it)"]
+#[test]
+fn pvm_guest_abi_probes_end_in_a_known_way() {
+    kvm_present();
+    let abi = host_check::check_pvm_guest_abi().unwrap();
+    for p in [&abi.linear_range_msr, &abi.synthetic_cpuid] {
+        assert!(!matches!(p, PvmProbe::Unknown(_)), "{abi:?}");
+        // A host without the ABI refuses both with #GP, as the
+        // architecture does for an unknown MSR and for INVLPG in ring 3.
+        if let PvmProbe::Faulted(vector) = p {
+            assert_eq!(*vector, 13, "{abi:?}");
+        }
+    }
+    // What KVM tells the VMM agrees with what the guest meets: the PVM
+    // signature in the vendor leaf exactly where the guest can read the
+    // PVM MSR.
+    assert_eq!(
+        abi.kvm_signature,
+        abi.linear_range_msr == PvmProbe::Answered,
+        "{abi:?}"
+    );
+    // The VMM's view agrees with the guest's: where the guest cannot read
+    // the MSR, KVM_GET_MSRS reads none of it either (and the other way
+    // round).
+    let kvm = kvm_ioctls::Kvm::new().unwrap();
+    let vm = kvm.create_vm().unwrap();
+    let vcpu = vm.create_vcpu(0).unwrap();
+    let mut msrs = kvm_bindings::Msrs::from_entries(&[kvm_bindings::kvm_msr_entry {
+        index: host_check::MSR_PVM_LINEAR_ADDRESS_RANGE,
+        ..Default::default()
+    }])
+    .unwrap();
+    let read = vcpu.get_msrs(&mut msrs).unwrap();
+    assert_eq!(
+        read == 1,
+        abi.linear_range_msr == PvmProbe::Answered,
+        "{abi:?}, KVM_GET_MSRS read {read}"
+    );
 }

@@ -18,11 +18,13 @@ use crate::{kvm_ext, sys};
 
 mod check_vm;
 mod kernel_steps;
+mod pvm_abi;
 mod state_match;
 
 use check_vm::*;
 pub use check_vm::{HostCheckError, Privilege};
 pub use kernel_steps::{check_kernel_steps, KernelStepReport};
+pub use pvm_abi::{check_pvm_guest_abi, PvmGuestAbi, PvmProbe, MSR_PVM_LINEAR_ADDRESS_RANGE};
 pub use state_match::{check_state_match, StateMatchReport};
 
 /// Where a user-mode SYSCALL lands.
@@ -287,6 +289,8 @@ pub struct HostReport {
     /// Whether user code stepped in kernel mode runs as in user mode (the
     /// replay-time tracer's fast steps).
     pub kernel_steps: KernelStepReport,
+    /// Whether a PVM-enlightened guest kernel could run natively here.
+    pub pvm_guest_abi: PvmGuestAbi,
 }
 
 impl HostReport {
@@ -306,6 +310,7 @@ impl HostReport {
             delivery: check_interrupt_delivery(20)?,
             state_match: check_state_match()?,
             kernel_steps: check_kernel_steps()?,
+            pvm_guest_abi: check_pvm_guest_abi()?,
         })
     }
 

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use anyhow::Result;
 use clap::Args;
 use trace::ClockKind;
-use vmm::host_check::{HostReport, Int3Behaviour, SyscallBehaviour};
+use vmm::host_check::{HostReport, Int3Behaviour, PvmProbe, SyscallBehaviour};
 
 fn yes_no(b: bool) -> &'static str {
     if b {
@@ -37,6 +37,14 @@ pub struct HostCheckArgs {
 }
 
 /// The guest measurement's lines.
+fn pvm_probe_text(p: &PvmProbe) -> String {
+    match p {
+        PvmProbe::Answered => "answered".to_string(),
+        PvmProbe::Faulted(vector) => format!("exception {vector}"),
+        PvmProbe::Unknown(what) => format!("unexpected: {what}"),
+    }
+}
+
 fn print_guest_speed(args: &HostCheckArgs) {
     if args.no_guest {
         println!("guest user code: not measured (--no-guest)");
@@ -188,6 +196,18 @@ pub fn host_check(args: HostCheckArgs) -> Result<ExitCode> {
             ),
             Some(first) => format!("differs from user mode: {first}"),
         }
+    );
+    let pvm = &r.pvm_guest_abi;
+    println!(
+        "  PVM guest ABI:                   {} (KVM's PVM signature: {}; MSR_PVM_LINEAR_ADDRESS_RANGE: {}; synthetic CPUID: {})",
+        if pvm.present() {
+            "offered: a PVM-enlightened guest kernel could run natively"
+        } else {
+            "not offered: a PVM-enlightened guest kernel would be interpreted like any other"
+        },
+        yes_no(pvm.kvm_signature),
+        pvm_probe_text(&pvm.linear_range_msr),
+        pvm_probe_text(&pvm.synthetic_cpuid)
     );
     println!("  host branch counter (PMU):       {pmu}");
     println!(
