@@ -344,12 +344,8 @@ fn print_header(out: &mut impl Write, h: &Header, reader: &TraceReader<Entry>) -
 /// A recording's chaos settings in words (`dump`, `ls`).
 pub fn chaos_text(c: &trace::ChaosSettings) -> String {
     format!(
-        "seed {}, preemptions forced {:.0} us to {:.1} ms of guest time apart (log-uniform) \
-         and at one kernel entry in {}, each moving guest time {:.1} ms past its next tick",
-        c.seed,
-        c.min_gap_ns as f64 / 1e3,
-        c.max_gap_ns as f64 / 1e6,
-        c.one_entry_in,
-        c.slice_ns as f64 / 1e6
+        "seed {}, a new priority at one kernel point in {} and one tick in {}, user code \
+         single-stepped runs of up to twice a mean of at most {} instructions ({} a thread)",
+        c.seed, c.entry_one_in, c.tick_one_in, c.step_max, c.step_budget
     )
 }
