@@ -189,16 +189,19 @@ pub struct Header {
 /// scheduler: its draws come from `seed`; one system-call entry or return
 /// to user mode in `entry_one_in`, and one tick in `tick_one_in`, gives
 /// the running task a new random priority (0: never); a thread is
-/// single-stepped runs of user instructions drawn up to twice a mean of
-/// at most `step_max` (0: none), each ending in a switch, `step_budget`
-/// instructions in all.
+/// single-stepped in runs up to a priority change point, each drawn below
+/// twice a mean, the mean a power of two between `1 << step_log_min` and
+/// `1 << step_log_max` (0: no stepping); a thread steps at most
+/// `thread_budget` instructions, a process `process_budget`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChaosSettings {
     pub seed: u64,
     pub entry_one_in: u8,
     pub tick_one_in: u8,
-    pub step_max: u16,
-    pub step_budget: u32,
+    pub step_log_min: u8,
+    pub step_log_max: u8,
+    pub thread_budget: u16,
+    pub process_budget: u16,
 }
 
 /// The guest's initial state besides the image files.

@@ -344,8 +344,14 @@ fn print_header(out: &mut impl Write, h: &Header, reader: &TraceReader<Entry>) -
 /// A recording's chaos settings in words (`dump`, `ls`).
 pub fn chaos_text(c: &trace::ChaosSettings) -> String {
     format!(
-        "seed {}, a new priority at one kernel point in {} and one tick in {}, user code \
-         single-stepped runs of up to twice a mean of at most {} instructions ({} a thread)",
-        c.seed, c.entry_one_in, c.tick_one_in, c.step_max, c.step_budget
+        "seed {}, a new priority at one kernel point in {} and one tick in {}, a change point \
+         every {} to {} single-stepped user instructions on average ({} a thread, {} a process)",
+        c.seed,
+        c.entry_one_in,
+        c.tick_one_in,
+        1u32 << c.step_log_min.min(31),
+        1u32 << c.step_log_max.min(31),
+        c.thread_budget,
+        c.process_budget
     )
 }

@@ -1,11 +1,11 @@
 //! Chaos while recording (`record --chaos`): the guest kernel's scheduler
 //! decides by random draws (guest kernel patch 0031: random task
-//! priorities, priority changes at random kernel points, user code
-//! single-stepped a random number of instructions and then switched out).
-//! The VMM hands the guest the seed of those draws at every exec, and the
-//! settings, as the answers to two MSR reads; the recording logs them like
-//! every value the guest reads, so a replay makes the same draws and needs
-//! no seed.
+//! priorities, priority change points at random single-stepped user
+//! instructions, new priorities at random system calls and ticks). The
+//! VMM hands the guest the seed of those draws at every exec, and the
+//! settings, as the answers to two MSR reads; the recording logs them
+//! like every value the guest reads, so a replay makes the same draws and
+//! needs no seed.
 
 use journal::{MSR_INSIGHT_CHAOS_SEED, MSR_INSIGHT_CHAOS_SETTINGS};
 use trace::ChaosSettings;
@@ -13,24 +13,27 @@ use trace::ChaosSettings;
 use crate::vm::GuestMsrs;
 
 /// By default one system-call entry or return to user mode in this many
-/// gives the running task a new random priority: about every other
-/// system call of a thread is a place where another may run first.
+/// gives the running task a new random priority.
 const DEFAULT_ENTRY_ONE_IN: u8 = 4;
 /// By default one scheduler tick in this many (while more than one task
 /// can run) does: a task spinning for another of lower priority is not
 /// kept waiting for good.
 const DEFAULT_TICK_ONE_IN: u8 = 2;
-/// By default a run of single-stepped user instructions before a forced
-/// switch is drawn uniformly below twice a mean, itself drawn
-/// log-uniformly among the powers of two up to this: a race window a few
-/// instructions wide, tens or hundreds of instructions into a thread's
-/// code, is hit in a few tries.
-const DEFAULT_STEP_MAX: u16 = 256;
-/// By default a thread single-steps at most this many user instructions
-/// in all: what chaos costs a long-running program is bounded (each step
-/// is a trap into the guest kernel), while the short threads of a test
-/// program are stepped all through.
-const DEFAULT_STEP_BUDGET: u32 = 20_000;
+/// By default a run of single-stepped user instructions up to a change
+/// point is drawn uniformly below twice a mean, the mean a power of two
+/// between these (base-2 logarithms): 64 to 4096 instructions, so that a
+/// race window a few instructions wide, tens or thousands of instructions
+/// into a thread's code, is hit in a few tries, while a thread often gets
+/// through the few hundred instructions of a `pthread_create` unswitched.
+const DEFAULT_STEP_LOG_MIN: u8 = 6;
+const DEFAULT_STEP_LOG_MAX: u8 = 12;
+/// By default a thread single-steps at most this many user instructions,
+/// and a process this many in all: a step is a trap into the guest kernel
+/// (about 0.6 ms interpreted), so this bounds what chaos costs a
+/// long-running program, while the short threads of a test program are
+/// stepped all through.
+const DEFAULT_THREAD_BUDGET: u16 = 4096;
+const DEFAULT_PROCESS_BUDGET: u16 = 12288;
 
 /// The chaos settings of `record --chaos=SEED`: the defaults, drawn from
 /// `seed`.
@@ -39,19 +42,24 @@ pub fn chaos_settings(seed: u64) -> ChaosSettings {
         seed,
         entry_one_in: DEFAULT_ENTRY_ONE_IN,
         tick_one_in: DEFAULT_TICK_ONE_IN,
-        step_max: DEFAULT_STEP_MAX,
-        step_budget: DEFAULT_STEP_BUDGET,
+        step_log_min: DEFAULT_STEP_LOG_MIN,
+        step_log_max: DEFAULT_STEP_LOG_MAX,
+        thread_budget: DEFAULT_THREAD_BUDGET,
+        process_budget: DEFAULT_PROCESS_BUDGET,
     }
 }
 
 /// The settings as the guest kernel reads them from
 /// `MSR_INSIGHT_CHAOS_SETTINGS`: bits 0-7 `entry_one_in`, 8-15
-/// `tick_one_in`, 16-31 `step_max`, 32-63 `step_budget`.
+/// `tick_one_in`, 16-23 `step_log_max`, 24-31 `step_log_min`, 32-47
+/// `thread_budget`, 48-63 `process_budget`.
 pub fn settings_word(s: &ChaosSettings) -> u64 {
     u64::from(s.entry_one_in)
         | u64::from(s.tick_one_in) << 8
-        | u64::from(s.step_max) << 16
-        | u64::from(s.step_budget) << 32
+        | u64::from(s.step_log_max) << 16
+        | u64::from(s.step_log_min) << 24
+        | u64::from(s.thread_budget) << 32
+        | u64::from(s.process_budget) << 48
 }
 
 /// A recording's chaos: the draws handed to the guest.
@@ -162,14 +170,16 @@ mod tests {
             seed: 1,
             entry_one_in: 0x12,
             tick_one_in: 0x34,
-            step_max: 0x5678,
-            step_budget: 0x9abc_def0,
+            step_log_max: 0x56,
+            step_log_min: 0x78,
+            thread_budget: 0x9abc,
+            process_budget: 0xdef0,
         };
-        assert_eq!(settings_word(&s), 0x9abc_def0_5678_3412);
+        assert_eq!(settings_word(&s), 0xdef0_9abc_7856_3412);
         let mut c = Chaos::new(s);
         assert_eq!(
             c.read_msr(MSR_INSIGHT_CHAOS_SETTINGS),
-            Some(0x9abc_def0_5678_3412)
+            Some(0xdef0_9abc_7856_3412)
         );
     }
 }
