@@ -6,10 +6,13 @@
   * under insight: `insight record --chaos=SEED --until-fail=MAX
     --timeout T` for each seed, the try that failed (MAX + 1 where none
     did) and how (exit status or hang). docs/chaos.md says what the
-    figures mean.
+    figures mean;
+  * what chaos costs a program that does not fail: `insight record` of
+    `syn_cont 1000 2000` with and without `--chaos`, alternating, wall
+    time (boot snapshot restore included).
 
 Usage: tools/bench chaos [--runs N] [--max-tries N] [--native-runs N]
-                         [--timeout D] [--programs P,...]
+                         [--timeout D] [--programs P,...] [--no-cost]
 Runs N seeds (1000, 2000, ...). Needs a built guest (tools/build-guest).
 """
 import os
@@ -18,13 +21,16 @@ import subprocess
 import tempfile
 
 from .common import REPO, die, insight, log
+from . import stats
 from .stats import Row
 
 TITLE = "Chaos"
 DURATION = "30-60 min"
 RUNS = 3
 
-PROGRAMS = "deadlock01_bad,stack_bad,account_bad,carter01_bad"
+PROGRAMS = ("account_bad,bluetooth_driver_bad,carter01_bad,circular_buffer_bad,deadlock01_bad,"
+            "queue_bad,stack_bad,token_ring_bad")
+COST = "syn_cont 1000 2000"
 
 
 def options(ap):
@@ -36,6 +42,8 @@ def options(ap):
                     help="no progress for this long is a hang (default 30s)")
     ap.add_argument("--programs", default=PROGRAMS,
                     help=f"SCTBench programs, comma-separated (default {PROGRAMS})")
+    ap.add_argument("--no-cost", action="store_true",
+                    help=f"leave out what chaos costs a recording of {COST}")
 
 
 def native_failures(prog, runs):
@@ -51,6 +59,7 @@ def native_failures(prog, runs):
 
 
 TRY = re.compile(r"insight: try (\d+) \(chaos seed \d+\) failed")
+HOW = re.compile(r"insight: try \d+ \(chaos seed \d+\) failed[^\n]*")
 
 
 def run(ctx):
@@ -80,11 +89,27 @@ def measure(ctx, tmp):
                             "--timeout", a.timeout, "--", prog], check=False)
             m = TRY.search(p.stderr)
             tries.append(int(m.group(1)) if m else a.max_tries + 1)
-            print(f"{name}, seed {seed}: " + (f"failed at try {m.group(1)}" if m
+            how = HOW.search(p.stderr)
+            print(f"{name}, seed {seed}: " + (f"failed at try {m.group(1)} (status {p.returncode}; "
+                                             f"{how.group(0)})" if m
                                              else f"no failure in {a.max_tries} tries"))
             subprocess.run(["rm", "-rf", os.environ["INSIGHT_TRACE_DIR"]], check=False)
         rows.append(Row.computed(f"{name}: native failures on one CPU, of {a.native_runs}",
                                  fails, unit="runs", n=a.native_runs))
         rows.append(Row(f"{name}: chaos tries to failure ({a.max_tries + 1}: none)", tries,
                         unit="tries"))
+    if not a.no_cost:
+        rows.append(cost(ctx.runs, tmp))
     return rows
+
+
+def cost(runs, tmp):
+    """`record` of COST with chaos against without, alternating."""
+    def record(mode, i):
+        chaos = [f"--chaos={1000 * (i + 1)}"] if mode == "chaos" else []
+        _, wall = insight(["record", "--no-stdin", "-o", os.path.join(tmp, f"cost-{mode}-{i}"),
+                           *chaos, "--", *COST.split()])
+        subprocess.run(["rm", "-rf", os.path.join(tmp, f"cost-{mode}-{i}")], check=False)
+        return wall
+    walls = stats.alternate(["plain", "chaos"], runs, record)
+    return Row(f"record {COST}, wall: without chaos, with", walls["chaos"], walls["plain"])

@@ -40,6 +40,12 @@ pub const DEFAULT_DIGEST_INTERVAL: u64 = 64;
 
 /// MSR index of the guest kernel's paravirtual clock (asm/insight.h).
 pub const MSR_INSIGHT_CLOCK: u32 = 0x4953_4e00;
+/// MSR the guest kernel reads at every exec (asm/insight.h): the seed of
+/// its chaos scheduler's draws, 0 when chaos is off (docs/chaos.md).
+pub const MSR_INSIGHT_CHAOS_SEED: u32 = 0x4953_4e01;
+/// MSR the guest kernel reads after a seed that is not 0: the chaos
+/// settings, packed (docs/chaos.md).
+pub const MSR_INSIGHT_CHAOS_SETTINGS: u32 = 0x4953_4e02;
 /// IA32_TSC, which the VMM filters so that it never returns host time.
 pub const MSR_IA32_TSC: u32 = 0x10;
 /// How far the VM's time moves on past the latest time the log gives

@@ -35,7 +35,7 @@ pub mod files;
 
 /// Format version, bumped on every change of the layout or of the types
 /// serialized in it.
-pub const TRACE_VERSION: u32 = 19;
+pub const TRACE_VERSION: u32 = 20;
 pub const MAGIC: [u8; 8] = *b"INSIGHT\0";
 
 const HEADER_FILE: &str = "header";
@@ -185,18 +185,23 @@ pub struct Header {
     pub chaos: Option<ChaosSettings>,
 }
 
-/// Chaos settings (docs/chaos.md): preemptions forced at instants drawn
-/// from `seed`, a stretch of the guest's time apart drawn log-uniformly
-/// between `min_gap_ns` and `max_gap_ns`, and at one kernel entry from
-/// user mode in `one_entry_in` (0: none), each moving the guest's time on
-/// past its next tick by `slice_ns`.
+/// Chaos settings (docs/chaos.md), handed to the guest kernel's chaos
+/// scheduler: its draws come from `seed`; one system-call entry or return
+/// to user mode in `entry_one_in`, and one tick in `tick_one_in`, gives
+/// the running task a new random priority (0: never); a thread is
+/// single-stepped in runs up to a priority change point, each drawn below
+/// twice a mean, the mean a power of two between `1 << step_log_min` and
+/// `1 << step_log_max` (0: no stepping); a thread steps at most
+/// `thread_budget` instructions, a process `process_budget`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChaosSettings {
     pub seed: u64,
-    pub min_gap_ns: u64,
-    pub max_gap_ns: u64,
-    pub slice_ns: u64,
-    pub one_entry_in: u32,
+    pub entry_one_in: u8,
+    pub tick_one_in: u8,
+    pub step_log_min: u8,
+    pub step_log_max: u8,
+    pub thread_budget: u16,
+    pub process_budget: u16,
 }
 
 /// The guest's initial state besides the image files.

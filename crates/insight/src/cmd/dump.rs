@@ -344,12 +344,14 @@ fn print_header(out: &mut impl Write, h: &Header, reader: &TraceReader<Entry>) -
 /// A recording's chaos settings in words (`dump`, `ls`).
 pub fn chaos_text(c: &trace::ChaosSettings) -> String {
     format!(
-        "seed {}, preemptions forced {:.0} us to {:.1} ms of guest time apart (log-uniform) \
-         and at one kernel entry in {}, each moving guest time {:.1} ms past its next tick",
+        "seed {}, a new priority at one kernel point in {} and one tick in {}, a change point \
+         every {} to {} single-stepped user instructions on average ({} a thread, {} a process)",
         c.seed,
-        c.min_gap_ns as f64 / 1e3,
-        c.max_gap_ns as f64 / 1e6,
-        c.one_entry_in,
-        c.slice_ns as f64 / 1e6
+        c.entry_one_in,
+        c.tick_one_in,
+        1u32 << c.step_log_min.min(31),
+        1u32 << c.step_log_max.min(31),
+        c.thread_budget,
+        c.process_budget
     )
 }

@@ -69,11 +69,12 @@ pub struct RecordArgs {
     /// threads where they stood (exit status 124).
     #[arg(long, value_name = "DURATION", value_parser = crate::position::parse_duration)]
     timeout: Option<Duration>,
-    /// Perturb the recorded schedule (docs/chaos.md): preempt the running
-    /// thread at random instants, 20 us to 5 ms of guest time apart, drawn
-    /// from SEED (default: a random seed, printed). The seed goes in the
-    /// trace header; a replay needs none. With --until-fail try N draws
-    /// from SEED + N - 1.
+    /// Perturb the recorded schedule (docs/chaos.md): the guest's scheduler
+    /// runs threads by random priorities, changes them at random system
+    /// calls, and switches threads a random number of user instructions
+    /// in, drawn from SEED (default: a random seed, printed). The seed goes
+    /// in the trace header; a replay needs none. With --until-fail try N
+    /// draws from SEED + N - 1.
     #[arg(long, value_name = "SEED", num_args = 0..=1, require_equals = true,
           default_missing_value = "random", value_parser = parse_seed)]
     chaos: Option<Seed>,
@@ -597,16 +598,10 @@ fn print_summary(outcome: &vmm::RunOutcome, output: &Path) {
         );
     }
     let c = &outcome.points.chaos;
-    if c.preemptions + c.in_kernel + c.alone > 0 {
+    if c.seeds > 0 {
         eprintln!(
-            "insight: chaos forced {} preemptions ({} at kernel entries), moving guest time on \
-             by {:.2} s in all (other chaos kicks found the guest kernel running {} times, one \
-             task to run {})",
-            c.preemptions,
-            c.at_entries,
-            c.moved_ns as f64 / 1e9,
-            c.in_kernel,
-            c.alone
+            "insight: chaos seeded the guest's scheduler {} times (once an exec)",
+            c.seeds
         );
     }
     let s = &outcome.points.samples;

@@ -1,79 +1,81 @@
-//! Chaos while recording (`record --chaos`): the schedule perturbed from
-//! a seed. At instants drawn at random, down to tens of microseconds of
-//! the guest's time apart, the kick that looks for an asynchronous point
-//! finds user code where it stands, and VM time moves on past the guest
-//! kernel's next tick by a whole time slice: the tick's interrupt is then
-//! due, delivered there, and the guest's scheduler finds the running
-//! thread's slice used up and switches to another one if any can run.
-//! Every choice reaches the guest as an input the recording already logs
-//! (where the interrupt was delivered, what the clock read), so a replay
+//! Chaos while recording (`record --chaos`): the guest kernel's scheduler
+//! decides by random draws (guest kernel patch 0031: random task
+//! priorities, priority change points at random single-stepped user
+//! instructions, new priorities at random system calls and ticks). The
+//! VMM hands the guest the seed of those draws at every exec, and the
+//! settings, as the answers to two MSR reads; the recording logs them
+//! like every value the guest reads, so a replay makes the same draws and
 //! needs no seed.
 
+use journal::{MSR_INSIGHT_CHAOS_SEED, MSR_INSIGHT_CHAOS_SETTINGS};
 use trace::ChaosSettings;
 
-/// The default least and greatest stretch of the guest's time between
-/// two chaos preemptions: drawn log-uniformly between them, so that short
-/// stretches (a race window a few instructions wide, hit by a kick that
-/// lands in it) are as likely per decade as long ones (a thread kept off
-/// the CPU for a while).
-const DEFAULT_MIN_GAP_NS: u64 = 5_000;
-const DEFAULT_MAX_GAP_NS: u64 = 500_000;
-/// How far past the guest's next tick its time moves at a chaos
-/// preemption by default: more than the guest scheduler's whole latency
-/// period (6 ms on one CPU, Linux's `sysctl_sched_latency`), so that the
-/// running thread has used up its slice whatever the other threads.
-const DEFAULT_SLICE_NS: u64 = 8_000_000;
-/// By default one kernel entry from user mode in this many ends the
-/// running thread's slice there (the tick is delivered after the entry's
-/// exit, and the thread is switched out when the kernel returns to user
-/// mode): a thread is then preempted at its system calls, where a thread
-/// just created, or just woken, often stands.
-const DEFAULT_ONE_ENTRY_IN: u32 = 8;
-/// A tick further away than this is not the periodic tick of a guest
-/// with more than one task to run (Linux stops it while one task runs in
-/// user mode: guest kernel patch 0008): no preemption is forced then, as
-/// nothing else would run, and the guest's time is not moved that far.
-const MAX_TICK_WAIT_NS: u64 = 12_000_000;
+use crate::vm::GuestMsrs;
 
-/// The chaos settings of `record --chaos=SEED`: the default gaps and
-/// slice, drawn from `seed`.
+/// By default one system-call entry or return to user mode in this many
+/// gives the running task a new random priority.
+const DEFAULT_ENTRY_ONE_IN: u8 = 4;
+/// By default one scheduler tick in this many (while more than one task
+/// can run) does: a task spinning for another of lower priority is not
+/// kept waiting for good.
+const DEFAULT_TICK_ONE_IN: u8 = 2;
+/// By default a run of single-stepped user instructions up to a change
+/// point is drawn uniformly below twice a mean, the mean a power of two
+/// between these (base-2 logarithms): 1 to 4096 instructions, so that a
+/// race window a few instructions wide, a few or thousands of
+/// instructions into a thread's code, is hit in a few tries (measured:
+/// with means of 64 and more, bluetooth_driver_bad failed at try 5 of
+/// seed 1, with means from 1 at the first).
+const DEFAULT_STEP_LOG_MIN: u8 = 0;
+const DEFAULT_STEP_LOG_MAX: u8 = 12;
+/// By default a thread single-steps at most this many user instructions,
+/// and a process this many in all: a step is a trap into the interpreted
+/// guest kernel (about 0.6 ms), so this bounds what chaos costs a
+/// long-running program (a budget of 12288 a process made a recording of
+/// `syn_cont 1000 2000` 2.2 to 3 times as long), while the short threads
+/// of a test program are stepped nearly all through.
+const DEFAULT_THREAD_BUDGET: u16 = 2048;
+const DEFAULT_PROCESS_BUDGET: u16 = 4096;
+
+/// The chaos settings of `record --chaos=SEED`: the defaults, drawn from
+/// `seed`.
 pub fn chaos_settings(seed: u64) -> ChaosSettings {
     ChaosSettings {
         seed,
-        min_gap_ns: DEFAULT_MIN_GAP_NS,
-        max_gap_ns: DEFAULT_MAX_GAP_NS,
-        slice_ns: DEFAULT_SLICE_NS,
-        one_entry_in: DEFAULT_ONE_ENTRY_IN,
+        entry_one_in: DEFAULT_ENTRY_ONE_IN,
+        tick_one_in: DEFAULT_TICK_ONE_IN,
+        step_log_min: DEFAULT_STEP_LOG_MIN,
+        step_log_max: DEFAULT_STEP_LOG_MAX,
+        thread_budget: DEFAULT_THREAD_BUDGET,
+        process_budget: DEFAULT_PROCESS_BUDGET,
     }
 }
 
-/// The recording's chaos: when the next preemption is due, and the
-/// pseudo-random draws.
+/// The settings as the guest kernel reads them from
+/// `MSR_INSIGHT_CHAOS_SETTINGS`: bits 0-7 `entry_one_in`, 8-15
+/// `tick_one_in`, 16-23 `step_log_max`, 24-31 `step_log_min`, 32-47
+/// `thread_budget`, 48-63 `process_budget`.
+pub fn settings_word(s: &ChaosSettings) -> u64 {
+    u64::from(s.entry_one_in)
+        | u64::from(s.tick_one_in) << 8
+        | u64::from(s.step_log_max) << 16
+        | u64::from(s.step_log_min) << 24
+        | u64::from(s.thread_budget) << 32
+        | u64::from(s.process_budget) << 48
+}
+
+/// A recording's chaos: the draws handed to the guest.
 pub(crate) struct Chaos {
     settings: ChaosSettings,
     rng: Xoshiro256,
-    /// VM time at which the next preemption is due.
-    due_ns: u64,
-    /// Preemptions forced, and kicks due that found no other task to run
-    /// or no user code.
     pub(crate) stats: ChaosStats,
 }
 
 /// What the chaos did in a recording.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ChaosStats {
-    /// Preemptions forced: the guest's time moved on, its tick delivered.
-    pub preemptions: u64,
-    /// Kernel entries chosen to end the slice at (`preemptions` counts
-    /// those that had a tick near).
-    pub at_entries: u64,
-    /// Times the guest's time moved on in all, ns.
-    pub moved_ns: u64,
-    /// Chaos kicks that found the guest kernel running: nothing forced.
-    pub in_kernel: u64,
-    /// Chaos kicks that found no tick due soon (one task to run): nothing
-    /// forced.
-    pub alone: u64,
+    /// Seeds handed to the guest kernel (one at each exec).
+    pub seeds: u64,
 }
 
 impl Chaos {
@@ -81,82 +83,24 @@ impl Chaos {
         Chaos {
             settings,
             rng: Xoshiro256::seeded(settings.seed),
-            due_ns: u64::MAX,
             stats: ChaosStats::default(),
         }
     }
+}
 
-    /// The run starts at VM time `now`: the first preemption is drawn.
-    pub(crate) fn start(&mut self, now: u64) {
-        self.due_ns = now.saturating_add(self.next_gap());
-    }
-
-    /// When the next preemption is due (VM time).
-    pub(crate) fn due_ns(&self) -> u64 {
-        self.due_ns
-    }
-
-    /// At a kick at VM time `now` with the vCPU in user code (`in_user`)
-    /// and the guest's next tick at `tick`: if a preemption is due, how
-    /// far to move VM time on so that the tick is due and the running
-    /// thread's slice used up (`None`: nothing to force now). The next
-    /// one is drawn either way.
-    pub(crate) fn preempt(&mut self, now: u64, in_user: bool, tick: Option<u64>) -> Option<u64> {
-        if now < self.due_ns {
-            return None;
-        }
-        self.due_ns = now.saturating_add(self.next_gap());
-        if !in_user {
-            self.stats.in_kernel += 1;
-            return None;
-        }
-        self.preempt_now(now, tick)
-    }
-
-    /// A preemption due at `now` is not forced (one is on its way): the
-    /// next one is drawn.
-    pub(crate) fn postpone(&mut self, now: u64) {
-        if now >= self.due_ns {
-            self.due_ns = now.saturating_add(self.next_gap());
-        }
-    }
-
-    /// At a kernel entry from user mode: whether to end the slice here
-    /// (one entry in `one_entry_in`, drawn).
-    pub(crate) fn at_kernel_entry(&mut self) -> bool {
-        let n = u64::from(self.settings.one_entry_in);
-        let chosen = n > 0 && self.rng.next().is_multiple_of(n);
-        self.stats.at_entries += u64::from(chosen);
-        chosen
-    }
-
-    /// Ends the running thread's slice now (VM time `now`), the guest's
-    /// next tick at `tick`: how far to move VM time on, if a tick is near.
-    pub(crate) fn preempt_now(&mut self, now: u64, tick: Option<u64>) -> Option<u64> {
-        match tick {
-            Some(t) if t.saturating_sub(now) <= MAX_TICK_WAIT_NS => {
-                let by = t.saturating_sub(now) + self.settings.slice_ns;
-                self.stats.preemptions += 1;
-                self.stats.moved_ns += by;
-                Some(by)
+impl GuestMsrs for Chaos {
+    /// The answer to the guest's read of MSR `index`, if it is one of
+    /// chaos's.
+    fn read_msr(&mut self, index: u32) -> Option<u64> {
+        match index {
+            MSR_INSIGHT_CHAOS_SEED => {
+                self.stats.seeds += 1;
+                // Never 0 (chaos off), nor a state xorshift cannot leave.
+                Some(self.rng.next() | 1)
             }
-            _ => {
-                self.stats.alone += 1;
-                None
-            }
+            MSR_INSIGHT_CHAOS_SETTINGS => Some(settings_word(&self.settings)),
+            _ => None,
         }
-    }
-
-    /// A stretch of VM time drawn log-uniformly between the least and the
-    /// greatest gap.
-    fn next_gap(&mut self) -> u64 {
-        let (lo, hi) = (self.settings.min_gap_ns.max(1), self.settings.max_gap_ns);
-        if hi <= lo {
-            return lo;
-        }
-        let unit = (self.rng.next() >> 11) as f64 / (1u64 << 53) as f64;
-        let (ln_lo, ln_hi) = ((lo as f64).ln(), (hi as f64).ln());
-        ((ln_lo + unit * (ln_hi - ln_lo)).exp() as u64).clamp(lo, hi)
     }
 }
 
@@ -195,10 +139,6 @@ impl Xoshiro256 {
 mod tests {
     use super::*;
 
-    fn settings(seed: u64) -> ChaosSettings {
-        chaos_settings(seed)
-    }
-
     #[test]
     fn xoshiro_matches_the_reference_output() {
         // The reference implementation's first outputs from the state
@@ -209,43 +149,39 @@ mod tests {
     }
 
     #[test]
-    fn gaps_follow_the_seed_and_spread_over_the_decades_between_the_bounds() {
+    fn seeds_follow_the_chaos_seed_and_are_never_zero() {
         let draw = |seed| {
-            let mut c = Chaos::new(settings(seed));
-            (0..2000).map(|_| c.next_gap()).collect::<Vec<u64>>()
+            let mut c = Chaos::new(chaos_settings(seed));
+            (0..1000)
+                .map(|_| c.read_msr(MSR_INSIGHT_CHAOS_SEED).unwrap())
+                .collect::<Vec<u64>>()
         };
         let a = draw(7);
         assert_eq!(a, draw(7));
         assert_ne!(a, draw(8));
-        assert!(a
-            .iter()
-            .all(|&g| (DEFAULT_MIN_GAP_NS..=DEFAULT_MAX_GAP_NS).contains(&g)));
-        // Log-uniform: half of them below the bounds' geometric mean.
-        let mean = ((DEFAULT_MIN_GAP_NS as f64) * (DEFAULT_MAX_GAP_NS as f64)).sqrt() as u64;
-        let short = a.iter().filter(|&&g| g < mean).count();
-        assert!(
-            (900..1100).contains(&short),
-            "{short} of 2000 below {mean} ns"
-        );
+        assert!(a.iter().all(|&s| s != 0));
+        let mut c = Chaos::new(chaos_settings(7));
+        c.read_msr(MSR_INSIGHT_CHAOS_SEED);
+        assert_eq!(c.stats.seeds, 1);
+        assert_eq!(c.read_msr(0x10), None);
     }
 
     #[test]
-    fn a_preemption_moves_time_past_the_next_tick_only_when_one_is_near() {
-        let mut c = Chaos::new(settings(1));
-        c.start(0);
-        let due = c.due_ns();
-        assert_eq!(c.preempt(due - 1, true, Some(due + 1000)), None);
+    fn the_settings_word_packs_every_field_where_the_guest_kernel_reads_it() {
+        let s = ChaosSettings {
+            seed: 1,
+            entry_one_in: 0x12,
+            tick_one_in: 0x34,
+            step_log_max: 0x56,
+            step_log_min: 0x78,
+            thread_budget: 0x9abc,
+            process_budget: 0xdef0,
+        };
+        assert_eq!(settings_word(&s), 0xdef0_9abc_7856_3412);
+        let mut c = Chaos::new(s);
         assert_eq!(
-            c.preempt(due, true, Some(due + 3_000_000)),
-            Some(3_000_000 + DEFAULT_SLICE_NS)
+            c.read_msr(MSR_INSIGHT_CHAOS_SETTINGS),
+            Some(0xdef0_9abc_7856_3412)
         );
-        assert!(c.due_ns() > due);
-        // No tick near (one task runs), or the guest kernel runs: nothing.
-        let due = c.due_ns();
-        assert_eq!(c.preempt(due, true, Some(due + 1_000_000_000)), None);
-        let due = c.due_ns();
-        assert_eq!(c.preempt(due, false, Some(due + 1000)), None);
-        assert_eq!(c.stats.preemptions, 1);
-        assert_eq!((c.stats.alone, c.stats.in_kernel), (1, 1));
     }
 }

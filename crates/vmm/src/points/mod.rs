@@ -25,7 +25,7 @@ pub(crate) use taker::PointTaker;
 pub struct PointCounts {
     pub asynchronous: PointStats,
     pub samples: SampleStats,
-    /// What a recording's chaos forced.
+    /// What a recording's chaos handed the guest.
     pub chaos: ChaosStats,
 }
 

@@ -51,6 +51,13 @@ const SAMPLE_RETRY_NS: u64 = 50_000;
 /// points need a window, so it starts afresh only before one: GNU sort
 /// records in 1.2 times its run's time.
 const WINDOW_MAX_NS: u64 = 50_000_000;
+/// RFLAGS.TF: the guest kernel single-steps the task (chaos, guest kernel
+/// patch 0031). No point or mark is taken there: replay would step
+/// through its patch and trampoline, where the recording stepped the
+/// program's own instructions, and the guest would count other steps.
+/// The guest kernel exits at the end of each run of steps, so that no
+/// point is taken after a step before the next exit either.
+const TRAP_FLAG: u64 = 1 << 8;
 
 /// Taking asynchronous points while recording: at a kick, the state where
 /// user code stands, or a trap that stops the task where replay can find
@@ -103,8 +110,6 @@ enum Delivery {
     /// Once the code has run `PREEMPT_AFTER_NS` without an exit.
     #[default]
     AfterATick,
-    /// At the next kick (chaos: a preemption is forced at that instant).
-    AtOnce,
     /// Never: at deterministic exits only (a host where user code cannot
     /// be found again where it stands).
     ExitsOnly,
@@ -166,16 +171,6 @@ impl PointTaker {
         PointTaker {
             delivery: Delivery::ExitsOnly,
             ..Default::default()
-        }
-    }
-
-    /// Delivers a pending interrupt where user code stands at the next
-    /// kick, not only after it ran a tick without an exit: chaos forces
-    /// preemptions at instants of its choosing. None on a host that
-    /// delivers at exits only.
-    pub(crate) fn deliver_at_once(&mut self) {
-        if self.delivery != Delivery::ExitsOnly {
-            self.delivery = Delivery::AtOnce;
         }
     }
 
@@ -331,6 +326,9 @@ impl PointTaker {
         let regs = m.vcpu.regs()?;
         if sregs.cs.selector & 3 != 3 {
             return Ok(MarkVerdict::Take(MarkAt::Kernel { rip: regs.rip }));
+        }
+        if regs.rflags & TRAP_FLAG != 0 {
+            return Ok(MarkVerdict::Decline);
         }
         let mem = &m.vm.mem;
         let cr3 = sregs.cr3 & state::CR3_ROOT;
@@ -518,6 +516,9 @@ impl PointTaker {
             return Ok(PointVerdict::NotNow);
         }
         let regs = m.vcpu.regs()?;
+        if regs.rflags & TRAP_FLAG != 0 {
+            return Ok(PointVerdict::NotNow);
+        }
         let cr3 = sregs.cr3 & state::CR3_ROOT;
         let area = match m.stub_area() {
             Some(a) if a.cr3 == cr3 => a,
@@ -689,11 +690,7 @@ impl PointTaker {
         let Some(last_exit_ns) = self.last_exit_ns else {
             return u64::MAX;
         };
-        let wait = match self.delivery {
-            Delivery::AtOnce => 0,
-            _ => PREEMPT_AFTER_NS,
-        };
-        (last_exit_ns + wait)
+        (last_exit_ns + PREEMPT_AFTER_NS)
             .max(self.retry_ns)
             .max(interrupt.unwrap_or(u64::MAX))
     }
@@ -792,26 +789,6 @@ mod tests {
         assert_eq!(p.point_due(true, Some(0)), 10_050_000_000);
         p.delivery = Delivery::ExitsOnly;
         assert_eq!(p.point_due(true, Some(0)), u64::MAX);
-    }
-
-    #[test]
-    fn under_chaos_a_pending_interrupt_is_due_at_once_after_an_exit() {
-        let mut p = PointTaker {
-            last_exit_ns: Some(1_000_000),
-            ..Default::default()
-        };
-        assert_eq!(p.point_due(true, Some(0)), 1_000_000 + PREEMPT_AFTER_NS);
-        p.deliver_at_once();
-        assert_eq!(p.point_due(true, Some(0)), 1_000_000);
-        // Not before the interrupt is pending, nor before a retry.
-        assert_eq!(p.point_due(true, Some(5_000_000)), 5_000_000);
-        p.retry_ns = 7_000_000;
-        assert_eq!(p.point_due(true, Some(0)), 7_000_000);
-        // A host that delivers at exits only stays so.
-        let mut q = PointTaker::at_exits_only();
-        q.last_exit_ns = Some(0);
-        q.deliver_at_once();
-        assert_eq!(q.point_due(true, Some(0)), u64::MAX);
     }
 
     #[test]

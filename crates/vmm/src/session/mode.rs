@@ -10,7 +10,7 @@ use introspect::probe_gate;
 use journal::{EndReason, Entry, Progress, Replayer};
 
 use super::outcome::{RunOutcome, StopReason};
-use crate::vm::{Claimed, Machine, Resumed, StreamWritten, Vm, VmError};
+use crate::vm::{Claimed, GuestMsrs, Machine, Resumed, StreamWritten, Vm, VmError};
 
 /// Receives progress counts while a recording or replay runs.
 pub type ProgressFn = Box<dyn FnMut(&Progress) + Send>;
@@ -106,6 +106,12 @@ pub(crate) trait Mode {
     /// The log that answers the guest's reads (replay).
     fn log(&mut self) -> Option<&mut Replayer> {
         None
+    }
+
+    /// What answers the guest's reads: the log (replay), and MSRs beyond
+    /// the VMM's own (a recording's chaos).
+    fn answers(&mut self) -> (Option<&mut Replayer>, Option<&mut dyn GuestMsrs>) {
+        (self.log(), None)
     }
 
     /// A deterministic exit (RIP filled in), with the registers at it.

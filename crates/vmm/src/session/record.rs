@@ -5,14 +5,14 @@
 use std::time::{Duration, Instant};
 
 use devices::control::EventRaiser;
-use journal::{EndReason, Entry, Progress, Recorder};
+use journal::{EndReason, Entry, Progress, Recorder, Replayer};
 
 use super::inputs;
 use super::mode::{Mode, ProgressFn, ProgressReport, HOUSEKEEPING_NS};
 use super::outcome::{RunOutcome, StopReason};
 use super::threads::run_on_vcpu_thread;
 use crate::points::{Chaos, PointCounts, PointTaker};
-use crate::vm::{Claimed, Machine, Resumed, StreamWritten, VmError};
+use crate::vm::{Claimed, GuestMsrs, Machine, Resumed, StreamWritten, VmError};
 
 /// A machine whose run is recorded into a trace.
 pub struct RecordSession {
@@ -27,7 +27,7 @@ struct Recording {
     /// The run ends as a hang when the guest's user code has made no
     /// progress for the limit (host time): when it last did, the limit.
     time_limit: Option<(Instant, Duration)>,
-    /// Preemptions forced at random instants (`record --chaos`).
+    /// The guest scheduler's draws (`record --chaos`).
     chaos: Option<Chaos>,
 }
 
@@ -65,9 +65,9 @@ impl RecordSession {
         self.mode.time_limit = Some((Instant::now(), limit));
     }
 
-    /// Forces preemptions at instants drawn by `chaos`.
+    /// Hands the guest kernel's scheduler the draws of `chaos`: it
+    /// decides the schedule by them (docs/chaos.md).
     pub(crate) fn perturb(&mut self, chaos: Chaos) {
-        self.mode.points.deliver_at_once();
         self.mode.chaos = Some(chaos);
     }
 
@@ -86,9 +86,6 @@ impl Mode for Recording {
         // a mark's ~15 us of reading). `Vcpu::mark_run` keeps interrupt
         // bits of earlier exits out of that copy.
         m.vcpu.sync_sregs_at_exits();
-        if let Some(chaos) = &mut self.chaos {
-            chaos.start(m.vm.clock.now_ns());
-        }
         self.points.start(m)
     }
 
@@ -119,10 +116,11 @@ impl Mode for Recording {
     }
 
     fn kick_deadline(&self, m: &Machine, now: u64) -> u64 {
-        let chaos = self.chaos.as_ref().map_or(u64::MAX, Chaos::due_ns);
-        (now + HOUSEKEEPING_NS)
-            .min(self.points.deadline(m))
-            .min(chaos)
+        (now + HOUSEKEEPING_NS).min(self.points.deadline(m))
+    }
+
+    fn answers(&mut self) -> (Option<&mut Replayer>, Option<&mut dyn GuestMsrs>) {
+        (None, self.chaos.as_mut().map(|c| c as &mut dyn GuestMsrs))
     }
 
     fn claims(&self, addr: u64) -> bool {
@@ -163,31 +161,14 @@ impl Mode for Recording {
         // The sampling clock's mark first: replay finds it before a point
         // taken at the same position.
         self.points.try_sample(m, &mut self.recorder, resumed)?;
-        if let Some(chaos) = &mut self.chaos {
-            force_preemption(m, chaos)?;
-        }
         // An interrupt that waited a tick for an exit may be delivered
         // where the guest's user code stands.
         self.points.try_point(m, &mut self.recorder)
     }
 
-    fn kernel_entered(&mut self, m: &mut Machine) -> Result<(), VmError> {
+    fn kernel_entered(&mut self, _m: &mut Machine) -> Result<(), VmError> {
         if let Some((progress, _)) = &mut self.time_limit {
             *progress = Instant::now();
-        }
-        // The chaos may end the task's slice here: the tick is delivered
-        // after this exit, and the scheduler switches at the kernel's
-        // return to user mode.
-        if let Some(chaos) = &mut self.chaos {
-            if chaos.at_kernel_entry() {
-                let now = m.vm.clock.now_ns();
-                m.vm.platform.advance_to(now);
-                let tick = next_tick(m);
-                if let Some(by) = tick.ok().and_then(|t| chaos.preempt_now(now, t)) {
-                    m.vm.clock.move_on(by);
-                    m.vm.platform.advance_to(m.vm.clock.now_ns());
-                }
-            }
         }
         Ok(())
     }
@@ -241,39 +222,5 @@ impl Mode for Recording {
             o.journal = progress;
             o
         })
-    }
-}
-
-/// At a kick, if the chaos has a preemption due: with the vCPU in user
-/// code, VM time moves on past the guest kernel's next tick by a slice,
-/// so that the tick is due (delivered where the code stands, as at an
-/// asynchronous point) and the running thread's slice used up.
-fn force_preemption(m: &mut Machine, chaos: &mut Chaos) -> Result<(), VmError> {
-    let now = m.vm.clock.now_ns();
-    if now < chaos.due_ns() {
-        return Ok(());
-    }
-    let in_user = m.vcpu.interruptible() && m.vcpu.sregs()?.cs.selector & 3 == 3;
-    m.vm.platform.advance_to(now);
-    let Ok(tick) = next_tick(m) else {
-        chaos.postpone(now);
-        return Ok(());
-    };
-    if let Some(by) = chaos.preempt(now, in_user, tick) {
-        m.vm.clock.move_on(by);
-        m.vm.platform.advance_to(m.vm.clock.now_ns());
-    }
-    Ok(())
-}
-
-/// When the guest's next tick is due; `Err` while an interrupt is
-/// pending (a tick chaos forced, not delivered yet: moving the clock on
-/// again would charge the running thread slice after slice, and the
-/// scheduler would then keep it off the CPU far longer than the others).
-fn next_tick(m: &Machine) -> Result<Option<u64>, ()> {
-    if m.vm.platform.pic.has_pending() {
-        Err(())
-    } else {
-        Ok(m.vm.platform.next_timer_ns())
     }
 }

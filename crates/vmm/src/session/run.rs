@@ -80,12 +80,12 @@ fn run_until_stopped<M: Mode>(
                 }
                 Claimed::Passed => continue,
                 Claimed::NotOurs => {
-                    Machine::dispatch(&mut m.vm, mode.log(), VcpuExit::MmioWrite(addr, &data))?
+                    Machine::dispatch(&mut m.vm, mode.answers(), VcpuExit::MmioWrite(addr, &data))?
                 }
             }
         } else {
             match exit {
-                Ok(exit) => Machine::dispatch(&mut m.vm, mode.log(), exit)?,
+                Ok(exit) => Machine::dispatch(&mut m.vm, mode.answers(), exit)?,
                 Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
                     m.vm.exits.kicks += 1;
                     (Next::Continue, None)

@@ -23,14 +23,22 @@ pub(crate) enum Next {
     Fault(String, String),
 }
 
+/// MSRs a recording answers beyond the VMM's own (`record --chaos`: the
+/// seed and settings of the guest scheduler's draws).
+pub(crate) trait GuestMsrs {
+    /// The value the guest reads from MSR `index`, if it is one of these.
+    fn read_msr(&mut self, index: u32) -> Option<u64>;
+}
+
 /// The single choke point for VM exits: every exit of every vCPU passes
 /// here with the vCPU's id. Recording and replay hook in here only: a
 /// deterministic exit comes back as the event it is (its RIP still to be
 /// filled in), and at replay every value the guest reads comes from the
-/// `log` instead of the devices.
+/// `log` instead of the devices (and of `msrs`, a recording's).
 pub(crate) fn dispatch<W: Write>(
     bus: &mut Bus<'_, W>,
     mut log: Option<&mut Replayer>,
+    msrs: Option<&mut dyn GuestMsrs>,
     clock: &VmClock,
     counts: &mut ExitCounts,
     _vcpu: u8,
@@ -134,8 +142,13 @@ pub(crate) fn dispatch<W: Write>(
                 {
                     (clock.now_ns(), false)
                 }
-                // Anything else KVM does not know faults, as on hardware.
-                _ => (0, true),
+                _ => match msrs.and_then(|m| m.read_msr(msr.index)) {
+                    Some(value) => (value, false),
+                    // The chaos seed without chaos: 0, chaos off.
+                    None if msr.index == journal::MSR_INSIGHT_CHAOS_SEED => (0, false),
+                    // Anything else KVM does not know faults, as on hardware.
+                    None => (0, true),
+                },
             };
             *msr.data = value;
             *msr.error = u8::from(fault);
@@ -367,6 +380,7 @@ mod tests {
             dispatch(
                 &mut bus,
                 journal.log(),
+                None,
                 &self.clock,
                 &mut self.counts,
                 0,

@@ -9,7 +9,7 @@ use introspect::gva;
 use kvm_ioctls::VcpuExit;
 use vm_memory::{Bytes, GuestAddress};
 
-use super::dispatch::{dispatch, Bus, Next};
+use super::dispatch::{dispatch, Bus, GuestMsrs, Next};
 use super::{kvm_err, HostStreams, Vcpu, Vm, VmError, BOOT_VCPU};
 use crate::console::ConsoleInput;
 use guest::config::ConsoleKind;
@@ -79,7 +79,7 @@ impl Machine {
     /// Dispatches `exit`; `log` answers the guest's reads at replay.
     pub(crate) fn dispatch(
         vm: &mut Vm,
-        log: Option<&mut Replayer>,
+        (log, msrs): (Option<&mut Replayer>, Option<&mut dyn GuestMsrs>),
         exit: VcpuExit<'_>,
     ) -> Result<(Next, Option<Entry>), VmError> {
         let attached = vm.status.devices_attached;
@@ -92,6 +92,7 @@ impl Machine {
                 mem: &vm.mem,
             },
             log,
+            msrs,
             &vm.clock,
             &mut vm.exits,
             BOOT_VCPU,

@@ -34,6 +34,7 @@ mod setup;
 pub(crate) mod state;
 mod vcpu;
 
+pub(crate) use dispatch::GuestMsrs;
 pub use machine::Machine;
 pub(crate) use machine::StreamWritten;
 pub use state::VcpuState;
@@ -179,19 +180,16 @@ pub(crate) fn kvm_err(op: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmE
 }
 
 /// VM time: nanoseconds since the VM was created, from the host's
-/// monotonic clock, plus what a recording's chaos moved it on by.
+/// monotonic clock.
 #[derive(Clone, Copy, Debug)]
 pub struct VmClock {
     start: Instant,
-    /// How far VM time was moved on past the host's (`move_on`).
-    moved_ns: u64,
 }
 
 impl VmClock {
     pub fn new() -> Self {
         VmClock {
             start: Instant::now(),
-            moved_ns: 0,
         }
     }
 
@@ -200,30 +198,17 @@ impl VmClock {
         let now = Instant::now();
         VmClock {
             start: now.checked_sub(Duration::from_nanos(ns)).unwrap_or(now),
-            moved_ns: 0,
         }
     }
 
     pub fn now_ns(&self) -> u64 {
-        (self.start.elapsed().as_nanos() as u64).saturating_add(self.moved_ns)
+        self.start.elapsed().as_nanos() as u64
     }
 
     /// The clock stood still for `paused` (a replay stopped in a
     /// debugger): VM time goes on from where it was.
     pub(crate) fn skip(&mut self, paused: Duration) {
         self.start += paused;
-    }
-
-    /// Moves VM time on by `ns` at once (a recording's chaos: the guest
-    /// reads its clock, logged, so no replay needs to).
-    pub(crate) fn move_on(&mut self, ns: u64) {
-        self.moved_ns = self.moved_ns.saturating_add(ns);
-    }
-
-    /// How far VM time was moved on in all: a copy of the clock taken
-    /// before reads that much less.
-    pub(crate) fn moved_ns(&self) -> u64 {
-        self.moved_ns
     }
 }
 
