@@ -266,6 +266,10 @@ pub struct VmConfig {
     pub net: Option<NetConfig>,
     /// The guest command's terminal.
     pub console: ConsoleKind,
+    /// The host's directories the guest sees at their host paths,
+    /// read-only, its writes kept in memory (docs/host-files.md); `None`:
+    /// the image's files only.
+    pub host_files: Option<Vec<PathBuf>>,
 }
 
 impl VmConfig {
@@ -363,6 +367,7 @@ impl VmConfig {
             files,
             workdir: raw.workdir,
             host_command: None,
+            host_files: None,
             disk: raw.disk.map(resolve),
             net: raw.net.map(RawNet::validate).transpose()?,
             console: raw.console,

@@ -51,6 +51,9 @@ pub struct VmSpec {
     /// Directories of brought libraries added to the command's
     /// `LD_LIBRARY_PATH` (the guest's loader searches no others).
     pub library_dirs: Vec<PathBuf>,
+    /// The host's files device, if `/init` attaches it: the host's
+    /// directories it serves (none at replay, where the log answers).
+    pub host_files: Option<Vec<PathBuf>>,
 }
 
 /// Where a run begins.
@@ -115,6 +118,12 @@ const NET_PLATFORM_DEVICE: &str = "virtio-mmio.1";
 /// The virtio console, declared after them: with it attached, `/init`
 /// gives the command `/dev/hvc0` as its terminal.
 const CONSOLE_PLATFORM_DEVICE: &str = "virtio-mmio.2";
+/// The host's files (virtio 9P), declared after the console.
+const HOST_FILES_PLATFORM_DEVICE: &str = "virtio-mmio.3";
+/// Where `/init` looks for the host's directories to show at their paths
+/// (one a line): it mounts the host's files and an overlay over them and
+/// runs the command in that tree.
+pub const HOST_FILES_FILE: &str = "/etc/insight/host-files";
 /// The probe library in the built guest image (`probes/`,
 /// tools/build-guest), which `probes = true` or `--probes` preloads.
 pub const PROBE_LIBRARY: &str = "/usr/lib/libinsight-probes.so";
@@ -429,6 +438,15 @@ pub fn prepare(config: &VmConfig, options: &BootOptions) -> Result<VmSpec, Guest
     if config.console == ConsoleKind::Virtio {
         attach += &format!("{CONSOLE_PLATFORM_DEVICE}\n");
     }
+    if let Some(exports) = &config.host_files {
+        attach += &format!("{HOST_FILES_PLATFORM_DEVICE}\n");
+        let mut list = Vec::new();
+        for dir in exports {
+            list.extend_from_slice(dir.as_os_str().as_encoded_bytes());
+            list.push(b'\n');
+        }
+        extra.add_file(HOST_FILES_FILE.as_ref(), 0o644, &list)?;
+    }
     if !attach.is_empty() {
         extra.add_file(DEVICES_FILE.as_ref(), 0o644, attach.as_bytes())?;
     }
@@ -466,34 +484,40 @@ pub fn prepare(config: &VmConfig, options: &BootOptions) -> Result<VmSpec, Guest
         rng_seed,
         brought,
         library_dirs,
+        host_files: config.host_files.clone(),
     })
 }
 
 /// The terminal a run's archive gives the command: the virtio console if
 /// it has `/init` attach it.
 pub fn console_of_archive(archive: &[u8]) -> ConsoleKind {
-    let mut files = ArchiveFiles::default();
-    files.add(archive);
-    let attached = files.file(DEVICES_FILE.as_ref()).is_some_and(|list| {
-        list.split(|&b| b == b'\n')
-            .any(|line| line == CONSOLE_PLATFORM_DEVICE.as_bytes())
-    });
-    if attached {
+    if attached(archive, CONSOLE_PLATFORM_DEVICE) {
         ConsoleKind::Virtio
     } else {
         ConsoleKind::Serial
     }
 }
 
+/// Whether a run's archive has `/init` attach platform device `device`.
+fn attached(archive: &[u8], device: &str) -> bool {
+    let mut files = ArchiveFiles::default();
+    files.add(archive);
+    files.file(DEVICES_FILE.as_ref()).is_some_and(|list| {
+        list.split(|&b| b == b'\n')
+            .any(|line| line == device.as_bytes())
+    })
+}
+
 /// The kernel command line of every run of an image: the disk and network
 /// devices are always declared (and answer once `/init` attaches them).
 fn base_cmdline(options: &BootOptions, extra: &str) -> String {
     format!(
-        "{} {} {} {}",
+        "{} {} {} {} {}",
         image::kernel_cmdline(options.quirks, options.quiet, extra),
         devices::virtio_blk::kernel_cmdline(),
         devices::virtio_net::kernel_cmdline(),
-        devices::virtio_console::kernel_cmdline()
+        devices::virtio_console::kernel_cmdline(),
+        devices::virtio_9p::kernel_cmdline()
     )
 }
 
@@ -651,6 +675,7 @@ pub fn from_trace(header: &trace::Header, dir: &Path) -> Result<VmSpec, GuestErr
         rng_seed,
         brought: Vec::new(),
         library_dirs: Vec::new(),
+        host_files: attached(&header.boot.archive, HOST_FILES_PLATFORM_DEVICE).then(Vec::new),
     })
 }
 

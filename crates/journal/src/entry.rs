@@ -99,6 +99,19 @@ pub enum Entry {
         digest: u64,
         closed: bool,
     },
+    /// The host's files (the 9P device) answered a request the preceding
+    /// exit made available with this reply, in the payload stream;
+    /// `request` is the FNV-1a digest of the request's bytes.
+    HostFiles { request: u64, reply: PayloadRef },
+    /// The host's files answered a read request (`request`, as above) with
+    /// `count` bytes from `offset` of the stored file `object` (the
+    /// SHA-256 of its bytes: `objects/<hex>` in the trace).
+    HostFileRead {
+        request: u64,
+        object: [u8; 32],
+        offset: u64,
+        count: u32,
+    },
     /// The guest's user code, running on after the preceding exit without
     /// one of its own, was stopped at this state and the interrupt of the
     /// `Interrupt` entry that follows delivered there (an asynchronous
@@ -179,6 +192,8 @@ impl Entry {
                 | Entry::ConsoleRx { .. }
                 | Entry::ConsoleSize { .. }
                 | Entry::StreamOut { .. }
+                | Entry::HostFiles { .. }
+                | Entry::HostFileRead { .. }
                 | Entry::AsyncPoint(_)
                 | Entry::Sample(_)
                 | Entry::Time { .. }
@@ -206,6 +221,8 @@ impl Entry {
             Entry::ConsoleRx { .. } => "ConsoleRx",
             Entry::ConsoleSize { .. } => "ConsoleSize",
             Entry::StreamOut { .. } => "StreamOut",
+            Entry::HostFiles { .. } => "HostFiles",
+            Entry::HostFileRead { .. } => "HostFileRead",
             Entry::AsyncPoint(_) => "AsyncPoint",
             Entry::Sample(_) => "Sample",
             Entry::Time { .. } => "Time",
@@ -233,6 +250,8 @@ impl Entry {
             | Entry::ConsoleRx { .. }
             | Entry::ConsoleSize { .. }
             | Entry::StreamOut { .. }
+            | Entry::HostFiles { .. }
+            | Entry::HostFileRead { .. }
             | Entry::AsyncPoint(_)
             | Entry::Sample(_)
             | Entry::Time { .. }
@@ -378,6 +397,21 @@ impl fmt::Display for Entry {
                 "  {}, {bytes} bytes, digest {digest:016x}{}",
                 stream_name(*stream),
                 if *closed { ", closed on the host" } else { "" }
+            ),
+            Entry::HostFiles { request, reply } => write!(
+                f,
+                "  host files: reply of {} bytes to request {request:016x} (payload {})",
+                reply.len, reply.offset
+            ),
+            Entry::HostFileRead {
+                request,
+                object,
+                offset,
+                count,
+            } => write!(
+                f,
+                "  host files: {count} bytes at {offset} of {} to request {request:016x}",
+                trace::objects::object_name(object)
             ),
             Entry::AsyncPoint(p) => {
                 let s = &p.state;

@@ -172,6 +172,7 @@ pub fn restore_cached(
         rng_seed: spec.rng_seed,
         brought: Vec::new(),
         library_dirs: Vec::new(),
+        host_files: None,
     };
     let boot = Machine::new(&builder, build_console).map_err(SnapshotError::Build)?;
     let target = SnapshotTarget {
@@ -380,6 +381,7 @@ mod tests {
             rng_seed: [0; 32],
             brought: Vec::new(),
             library_dirs: Vec::new(),
+            host_files: None,
         };
         let cpuid = [(1, 0, 2, 3, 4, 5)];
         let base = key(&spec(128, "a", b"k1"), &cpuid, &[]);

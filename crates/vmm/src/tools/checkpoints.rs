@@ -229,12 +229,14 @@ impl ReplayTool for CheckpointTaker {
 }
 
 /// Whether the machine is at rest for a checkpoint: no disk request in
-/// flight, no frame waiting, no exception on its way (the caller checks
-/// that no trampoline is in place).
+/// flight, no frame waiting, no exception on its way, and the host's
+/// files untouched by the guest (checkpoints do not hold that device's
+/// state yet) (the caller checks that no trampoline is in place).
 pub(crate) fn at_rest(m: &Machine) -> bool {
     !m.vcpu.exception_pending
         && m.vm.block.as_ref().is_none_or(VirtioBlock::at_rest)
         && m.vm.net.as_ref().is_none_or(|n| n.pending_frames() == 0)
+        && m.vm.host_files.as_ref().is_none_or(|d| d.untouched())
 }
 
 /// The trace's checkpoint a replay from `point` starts at: the latest at

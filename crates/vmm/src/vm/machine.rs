@@ -89,6 +89,7 @@ impl Machine {
                 block: vm.block.as_mut().filter(|_| attached),
                 net: vm.net.as_mut().filter(|_| attached),
                 console: Some(&mut vm.console).filter(|_| attached),
+                host_files: vm.host_files.as_mut().filter(|_| attached),
                 mem: &vm.mem,
             },
             log,

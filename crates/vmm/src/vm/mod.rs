@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 
 use devices::cow_disk::DiskError;
 use devices::doorbell::Doorbell;
+use devices::host_files::HostFiles;
+use devices::virtio_9p::Virtio9p;
 use devices::virtio_blk::{BlockError, VirtioBlock};
 use devices::virtio_console::VirtioConsole;
 use devices::virtio_net::{NetError, VirtioNet};
@@ -304,6 +306,10 @@ pub struct Vm {
     pub(crate) block: Option<VirtioBlock>,
     /// The virtio network device.
     pub(crate) net: Option<VirtioNet>,
+    /// The host's files (virtio 9P), and what serves them when the run
+    /// reads the host (not at replay, where the log answers).
+    pub(crate) host_files: Option<Virtio9p>,
+    pub(crate) host_server: Option<HostFiles>,
     /// Rung by device threads when they have something for the guest.
     pub(crate) doorbell: Doorbell,
     pub(crate) clock: VmClock,

@@ -6,6 +6,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use devices::cow_disk::{CowDisk, DiskError};
 use devices::doorbell::Doorbell;
+use devices::host_files::HostFiles;
+use devices::virtio_9p::Virtio9p;
 use devices::virtio_blk::VirtioBlock;
 use devices::virtio_console::VirtioConsole;
 use devices::virtio_net::{NetBackend, VirtioNet};
@@ -178,6 +180,12 @@ impl Machine {
                 },
                 block,
                 net,
+                host_files: spec.host_files.as_ref().map(|_| Virtio9p::new()),
+                host_server: spec
+                    .host_files
+                    .as_deref()
+                    .filter(|exports| !exports.is_empty())
+                    .map(HostFiles::new),
                 doorbell,
                 clock: VmClock::new(),
                 exits: ExitCounts::default(),
