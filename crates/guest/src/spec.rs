@@ -45,15 +45,22 @@ pub struct VmSpec {
     pub memory_mib: u64,
     /// Seed for the guest kernel's random number generator.
     pub rng_seed: [u8; boot::RNG_SEED_LEN],
-    /// Host files the archive brings for a program named by its host
-    /// path (`crate::host_program`); empty for a replay.
-    pub brought: Vec<Brought>,
-    /// Directories of brought libraries added to the command's
-    /// `LD_LIBRARY_PATH` (the guest's loader searches no others).
-    pub library_dirs: Vec<PathBuf>,
+    /// What the archive brings for a program named by its host path
+    /// (`crate::host_program`); nothing for a replay.
+    pub brought: BroughtProgram,
     /// The host's files device, if `/init` attaches it: the host's
     /// directories it serves (none at replay, where the log answers).
     pub host_files: Option<Vec<PathBuf>>,
+}
+
+/// The host files a run's archive brings for its program.
+#[derive(Debug, Default)]
+pub struct BroughtProgram {
+    /// The program and the libraries the image lacks.
+    pub files: Vec<Brought>,
+    /// Directories of brought libraries added to the command's
+    /// `LD_LIBRARY_PATH` (the guest's loader searches no others).
+    pub library_dirs: Vec<PathBuf>,
 }
 
 /// Where a run begins.
@@ -482,8 +489,10 @@ pub fn prepare(config: &VmConfig, options: &BootOptions) -> Result<VmSpec, Guest
         cmdline: base_cmdline(options, &config.cmdline),
         memory_mib: config.memory_mib,
         rng_seed,
-        brought,
-        library_dirs,
+        brought: BroughtProgram {
+            files: brought,
+            library_dirs,
+        },
         host_files: config.host_files.clone(),
     })
 }
@@ -673,8 +682,7 @@ pub fn from_trace(header: &trace::Header, dir: &Path) -> Result<VmSpec, GuestErr
         cmdline: header.boot.cmdline.clone(),
         memory_mib: header.boot.memory_mib,
         rng_seed,
-        brought: Vec::new(),
-        library_dirs: Vec::new(),
+        brought: BroughtProgram::default(),
         host_files: attached(&header.boot.archive, HOST_FILES_PLATFORM_DEVICE).then(Vec::new),
     })
 }

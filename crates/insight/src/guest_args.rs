@@ -208,15 +208,16 @@ pub fn prepare_guest(args: &GuestArgs) -> Result<(guest::VmSpec, String)> {
     };
     let spec = guest::prepare(&config, &options)?;
     let mut description = describe(args.config.as_ref(), &config);
-    if !spec.brought.is_empty() {
-        let brought = brought(&spec.brought);
+    if !spec.brought.files.is_empty() {
+        let brought = brought(&spec.brought.files);
         eprintln!("insight: brought from the host: {}", brought.join(", "));
         for line in brought {
             description += &format!("# brought from the host: {line}\n");
         }
     }
-    if !spec.library_dirs.is_empty() {
+    if !spec.brought.library_dirs.is_empty() {
         let dirs: Vec<_> = spec
+            .brought
             .library_dirs
             .iter()
             .map(|d| d.display().to_string())

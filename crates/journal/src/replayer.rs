@@ -57,7 +57,6 @@ impl ReplayPoint {
 
 pub struct Replayer {
     reader: TraceReader<Entry>,
-    digest_interval: u64,
     peeked: Option<Entry>,
     /// The exit entry matched for the exit in progress, if taken early
     /// (reads take theirs before the RIP is known).
@@ -99,7 +98,6 @@ impl Replayer {
     pub fn new(reader: TraceReader<Entry>) -> Self {
         let trace_dir = reader.dir().to_owned();
         Replayer {
-            digest_interval: reader.header.digest_interval.max(1),
             reader,
             peeked: None,
             current: None,
@@ -277,7 +275,10 @@ impl Replayer {
         if logged != observed {
             return Err(self.diverged(Some(logged), observed.to_string()));
         }
-        if self.exits.is_multiple_of(self.digest_interval) {
+        if self
+            .exits
+            .is_multiple_of(self.reader.header.digest_interval.max(1))
+        {
             let digest = register_digest(regs);
             match self.next()? {
                 Some(Entry::Registers { digest: d }) if d == digest => {}

@@ -170,8 +170,7 @@ pub fn restore_cached(
         cmdline: spec.cmdline.clone(),
         memory_mib: spec.memory_mib,
         rng_seed: spec.rng_seed,
-        brought: Vec::new(),
-        library_dirs: Vec::new(),
+        brought: Default::default(),
         host_files: None,
     };
     let boot = Machine::new(&builder, build_console).map_err(SnapshotError::Build)?;
@@ -379,8 +378,7 @@ mod tests {
             cmdline: cmdline.into(),
             memory_mib,
             rng_seed: [0; 32],
-            brought: Vec::new(),
-            library_dirs: Vec::new(),
+            brought: Default::default(),
             host_files: None,
         };
         let cpuid = [(1, 0, 2, 3, 4, 5)];

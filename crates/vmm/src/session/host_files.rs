@@ -6,12 +6,16 @@
 use devices::host_files::Answer;
 use journal::{output_digest, Recorder, Replayer};
 
-use crate::vm::{Machine, VmError};
+use crate::vm::{HostFilesDevice, Machine, VmError};
 
 /// A plain run: the server answers.
 pub(super) fn serve_live(m: &mut Machine) {
     let vm = &mut m.vm;
-    let (Some(device), Some(server)) = (&mut vm.host_files, &mut vm.host_server) else {
+    let Some(HostFilesDevice {
+        device,
+        server: Some(server),
+    }) = &mut vm.host_files
+    else {
         return;
     };
     for request in device.take_requests(&vm.mem) {
@@ -26,7 +30,11 @@ pub(super) fn serve_live(m: &mut Machine) {
 /// Recording: the server answers and each reply is logged.
 pub(super) fn serve_recorded(m: &mut Machine, recorder: &mut Recorder) -> Result<(), VmError> {
     let vm = &mut m.vm;
-    let (Some(device), Some(server)) = (&mut vm.host_files, &mut vm.host_server) else {
+    let Some(HostFilesDevice {
+        device,
+        server: Some(server),
+    }) = &mut vm.host_files
+    else {
         return Ok(());
     };
     for request in device.take_requests(&vm.mem) {
@@ -56,7 +64,7 @@ pub(super) fn serve_recorded(m: &mut Machine, recorder: &mut Recorder) -> Result
 /// Replay: the recording's replies, from the log and the trace's files.
 pub(super) fn serve_replayed(m: &mut Machine, log: &mut Replayer) -> Result<(), VmError> {
     let vm = &mut m.vm;
-    let Some(device) = &mut vm.host_files else {
+    let Some(HostFilesDevice { device, .. }) = &mut vm.host_files else {
         return Ok(());
     };
     for request in device.take_requests(&vm.mem) {

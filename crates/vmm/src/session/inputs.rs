@@ -141,7 +141,7 @@ fn pulse_irqs(m: &mut Machine) {
     if vm.console.take_irq() {
         vm.platform.pic.pulse_irq(virtio_console::IRQ);
     }
-    if vm.host_files.as_mut().is_some_and(|d| d.take_irq()) {
+    if vm.host_files.as_mut().is_some_and(|h| h.device.take_irq()) {
         vm.platform.pic.pulse_irq(virtio_9p::IRQ);
     }
 }

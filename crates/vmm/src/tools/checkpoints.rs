@@ -236,7 +236,10 @@ pub(crate) fn at_rest(m: &Machine) -> bool {
     !m.vcpu.exception_pending
         && m.vm.block.as_ref().is_none_or(VirtioBlock::at_rest)
         && m.vm.net.as_ref().is_none_or(|n| n.pending_frames() == 0)
-        && m.vm.host_files.as_ref().is_none_or(|d| d.untouched())
+        && m.vm
+            .host_files
+            .as_ref()
+            .is_none_or(|h| h.device.untouched())
 }
 
 /// The trace's checkpoint a replay from `point` starts at: the latest at

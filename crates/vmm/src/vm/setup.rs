@@ -16,8 +16,8 @@ use kvm_ioctls::Kvm;
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 
 use super::{
-    kvm_err, Console, ConsoleSink, ExitCounts, GuestCpu, GuestStatus, HostTerminal, Machine, Vcpu,
-    Vm, VmClock, VmError, BOOT_VCPU,
+    kvm_err, Console, ConsoleSink, ExitCounts, GuestCpu, GuestStatus, HostFilesDevice,
+    HostTerminal, Machine, Vcpu, Vm, VmClock, VmError, BOOT_VCPU,
 };
 use crate::{cpuid, kvm_ext};
 use guest::boot;
@@ -177,15 +177,14 @@ impl Machine {
                     kind: spec.console,
                     input: None,
                     size: None,
+                    streams: super::HostStreams::default(),
                 },
                 block,
                 net,
-                host_files: spec.host_files.as_ref().map(|_| Virtio9p::new()),
-                host_server: spec
-                    .host_files
-                    .as_deref()
-                    .filter(|exports| !exports.is_empty())
-                    .map(HostFiles::new),
+                host_files: spec.host_files.as_deref().map(|exports| HostFilesDevice {
+                    device: Virtio9p::new(),
+                    server: (!exports.is_empty()).then(|| HostFiles::new(exports)),
+                }),
                 doorbell,
                 clock: VmClock::new(),
                 exits: ExitCounts::default(),
@@ -197,7 +196,6 @@ impl Machine {
                 },
                 status: GuestStatus::default(),
                 archive,
-                streams: super::HostStreams::default(),
             },
         })
     }
