@@ -395,13 +395,15 @@ static void enter_workdir(void)
  * The host's files, where the run asks for them: the hypervisor's 9P
  * device (read-only, what it serves recorded) under an overlay whose
  * upper layer is a tmpfs, so the command writes where it likes and the
- * host's files never change. The guest's own /proc, /sys, /dev, /tmp and
- * /run are bound into that tree, which becomes the root: the command's
- * path, working directory and environment resolve as on the host.
+ * host's files never change. The guest's own /proc, /sys and /dev are
+ * bound into that tree, which becomes the root: the command's path,
+ * working directory and environment resolve as on the host. /tmp and /run
+ * are the overlay's (in memory too): a working directory under the host's
+ * /tmp stays visible.
  */
 static void enter_host_files(void)
 {
-	static const char *own[] = { "/proc", "/sys", "/dev", "/tmp", "/run" };
+	static const char *own[] = { "/proc", "/sys", "/dev" };
 	char path[64];
 
 	if (access(HOST_FILES_FILE, F_OK) != 0)
@@ -426,6 +428,8 @@ static void enter_host_files(void)
 			fprintf(stderr, "insight-init: cannot bind %s: %s\n", own[i],
 				strerror(errno));
 	}
+	mkdir("/merged/tmp", 01777);
+	mkdir("/merged/run", 0755);
 	if (chdir("/merged") != 0 || chroot(".") != 0 || chdir("/") != 0)
 		die("enter the host's files");
 }
