@@ -3,7 +3,8 @@
 //! and their ancestors showing only the way to them.
 //!
 //! A regular file is read whole when the guest opens it and served from
-//! that copy, named by its SHA-256 digest ([`FileContent`]): what the
+//! that copy (an x86-64 ELF file with its RDTSC instructions made NOPs, as
+//! the image's are: `no_rdtsc`), named by its SHA-256 digest ([`FileContent`]): what the
 //! guest reads of it is one version of the file, and a recording stores
 //! those bytes once, by digest, instead of each read. Everything that
 //! would change a file is refused (`EROFS`); a file that is not regular or
@@ -389,6 +390,8 @@ impl HostFiles {
         if bytes.len() as u64 > MAX_FILE_BYTES {
             return Err(EFBIG);
         }
+        // Programs as the image carries its own: no RDTSC.
+        crate::no_rdtsc::patch(&mut bytes);
         let content = Arc::new(FileContent::new(bytes));
         self.contents.insert(version, content.clone());
         Ok(content)

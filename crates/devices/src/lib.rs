@@ -13,6 +13,7 @@ pub mod control;
 pub mod cow_disk;
 pub mod doorbell;
 pub mod host_files;
+pub mod no_rdtsc;
 pub mod p9;
 pub mod pic;
 pub mod pit;

@@ -117,7 +117,8 @@ fn guest_config(args: &GuestArgs) -> Result<VmConfig> {
         if args.host_path {
             bail!("--host-path brings a program into the guest image; with --host-fs the guest runs it from the host's files already");
         }
-        let mut exports = default_host_dirs(&cwd);
+        let mut exports = config.host_files.take().unwrap_or_default();
+        exports.extend(default_host_dirs(&cwd));
         exports.extend(args.host_dirs.iter().map(|d| absolute(&cwd, d)));
         config.host_files = Some(exports);
         config.workdir = Some(cwd.clone());

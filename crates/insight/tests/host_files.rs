@@ -241,7 +241,7 @@ fn a_second_recording_of_the_same_command_stores_no_file_again() {
     let traces: Vec<_> = std::fs::read_dir(&store)
         .unwrap()
         .map(|e| e.unwrap().path())
-        .filter(|p| p.join("header").exists())
+        .filter(|p| !p.is_symlink() && p.join("header").exists())
         .collect();
     assert_eq!(traces.len(), 2, "{traces:?}");
     let second = traces
