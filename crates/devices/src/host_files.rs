@@ -778,4 +778,54 @@ mod tests {
         );
         std::fs::remove_dir_all(dir).unwrap();
     }
+
+    #[test]
+    fn random_requests_are_answered_never_fatal() {
+        let dir = tree("random");
+        let mut s = attached(&[dir.join("shown")]);
+        walk(&mut s, 1, &dir.join("shown"));
+        // A simple generator: the same requests in every run.
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let kinds = [
+            p9::TVERSION,
+            p9::TATTACH,
+            p9::TWALK,
+            p9::TGETATTR,
+            p9::TLOPEN,
+            p9::TREAD,
+            p9::TREADDIR,
+            p9::TREADLINK,
+            p9::TCLUNK,
+            p9::TSTATFS,
+            p9::TXATTRWALK,
+            p9::TWRITE,
+            0,
+            255,
+        ];
+        for _ in 0..20_000 {
+            let kind = kinds[(next() % kinds.len() as u64) as usize];
+            let len = (next() % 40) as usize;
+            let mut w = Writer::new(kind, next() as u16);
+            for _ in 0..len {
+                // Small fids and lengths, so that some requests make sense.
+                w.u8((next() % 4) as u8);
+            }
+            let mut msg = w.finish();
+            if next() % 8 == 0 {
+                msg.truncate((next() % 8) as usize);
+            }
+            let room = (next() % 200) as u32;
+            let reply = s.answer(&msg, room).bytes();
+            assert!(reply.len() >= p9::HEADER_BYTES, "{reply:?}");
+            let size = u32::from_le_bytes(reply[..4].try_into().unwrap()) as usize;
+            assert_eq!(size, reply.len());
+        }
+        std::fs::remove_dir_all(dir).unwrap();
+    }
 }

@@ -69,7 +69,7 @@ pub(super) fn serve_replayed(m: &mut Machine, log: &mut Replayer) -> Result<(), 
     };
     for request in device.take_requests(&vm.mem) {
         let reply = match request.message.as_deref() {
-            Some(message) => Some(log.host_files(message, request.room)?),
+            Some(message) => Some(log.host_files(message)?),
             None => None,
         };
         device.complete(request, reply.as_deref(), &vm.mem);
