@@ -269,5 +269,22 @@ fn a_second_recording_of_the_same_command_stores_no_file_again() {
         after - before
     );
     assert_replays(&dir, second, &first);
+    // Both removed, nothing is left in the store's objects.
+    let names: Vec<String> = traces
+        .iter()
+        .map(|t| t.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    let rm = [
+        &["rm"],
+        &names.iter().map(String::as_str).collect::<Vec<_>>()[..],
+    ]
+    .concat();
+    let out = insight_in(&dir, Some(&store), &rm);
+    let said = expect_status(&out, 0);
+    assert!(said.contains("stored host files"), "{said}");
+    assert_eq!(
+        std::fs::read_dir(store.join(".objects")).unwrap().count(),
+        0
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -108,6 +108,33 @@ fn write_object(path: &Path, bytes: &[u8]) -> Result<u64, TraceError> {
     Ok(compressed.len() as u64)
 }
 
+/// Removes the objects of a store's `shared` directory that no trace links
+/// any more (their only name is the store's); returns how many. A
+/// recording storing one at the same time writes its own copy if the
+/// store's is gone before it links it.
+pub fn prune_shared(shared: &Path) -> Result<usize, TraceError> {
+    use std::os::unix::fs::MetadataExt;
+    let io = |source| TraceError::Io {
+        path: shared.to_owned(),
+        source,
+    };
+    let entries = match std::fs::read_dir(shared) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(io(e)),
+    };
+    let mut removed = 0;
+    for entry in entries {
+        let entry = entry.map_err(io)?;
+        let meta = entry.metadata().map_err(io)?;
+        if meta.is_file() && meta.nlink() == 1 {
+            std::fs::remove_file(entry.path()).map_err(io)?;
+            removed += 1;
+        }
+    }
+    Ok(removed)
+}
+
 /// Reads a trace's objects, each checked against its digest, keeping the
 /// ones read.
 pub struct ObjectReader {
@@ -193,6 +220,13 @@ mod tests {
         std::fs::write(&path, zstd::bulk::compress(b"other", 3).unwrap()).unwrap();
         let err = ObjectReader::new(&b).get(&digest).unwrap_err().to_string();
         assert!(err.contains("damaged") && err.contains("SHA-256"), "{err}");
+        // Once no trace links it, pruning the store removes it.
+        assert_eq!(prune_shared(&shared).unwrap(), 0);
+        std::fs::remove_dir_all(&a).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(prune_shared(&shared).unwrap(), 1);
+        assert_eq!(std::fs::read_dir(&shared).unwrap().count(), 0);
+        std::fs::write(&path, zstd::bulk::compress(b"other", 3).unwrap()).unwrap();
         // A missing one, and garbage, are errors too.
         assert!(ObjectReader::new(&root.join("c")).get(&digest).is_err());
         std::fs::write(&path, b"not zstd").unwrap();
