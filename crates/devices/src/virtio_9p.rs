@@ -112,12 +112,6 @@ impl Virtio9p {
         Ok(())
     }
 
-    /// Whether the driver has not touched the device since it was made
-    /// (or reset it).
-    pub fn untouched(&self) -> bool {
-        self.transport.state().status == 0
-    }
-
     /// Whether the device raised its interrupt since the last call.
     pub fn take_irq(&mut self) -> bool {
         std::mem::take(&mut self.irq)
