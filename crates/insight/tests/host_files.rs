@@ -144,6 +144,10 @@ fn a_script_and_its_data_replay_after_the_host_files_change() {
     std::fs::write(dir.join("data.txt"), "changed\n").unwrap();
     assert_ne!(native(&dir, &["./count.sh"]), expected);
     assert_replays(&dir, &trace, &expected);
+    // Checkpoints hold the device: replays from them match too.
+    let out = replay_with(&trace, &["--checkpoint-every", CHECKPOINT_EVERY]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out).1);
+    assert_checkpoints_replay_faithfully(&trace, &expected);
 
     // A copy of the trace elsewhere, without the directory it was
     // recorded in, replays the same.
