@@ -72,6 +72,7 @@
 #define STREAMS_FILE "/etc/insight/streams"
 #define HOST_FILES_FILE "/etc/insight/host-files"
 #define HOST_FILES_TAG "insight-host"
+#define PROBE_LIBRARY "/usr/lib/libinsight-probes.so"
 #define MAX_ARGS 4096
 
 static int have_port;
@@ -391,6 +392,27 @@ static void enter_workdir(void)
 			strerror(errno), getenv("HOME"));
 }
 
+/* Copies the file `from` to `to` (made with `mode`); false if it cannot. */
+static bool copy_file(const char *from, const char *to, mode_t mode)
+{
+	char buf[64 * 1024];
+	ssize_t n = 0;
+	int in = open(from, O_RDONLY | O_CLOEXEC), out = -1;
+
+	if (in >= 0)
+		out = open(to, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+	while (out >= 0 && (n = read(in, buf, sizeof(buf))) > 0)
+		if (write(out, buf, (size_t)n) != n) {
+			n = -1;
+			break;
+		}
+	if (in >= 0)
+		close(in);
+	if (out >= 0 && close(out) != 0)
+		n = -1;
+	return in >= 0 && out >= 0 && n == 0;
+}
+
 /*
  * The host's files, where the run asks for them: the hypervisor's 9P
  * device (read-only, what it serves recorded) under an overlay whose
@@ -426,6 +448,14 @@ static void enter_host_files(void)
 		mkdir(path, 0755);
 		if (mount(own[i], path, NULL, MS_BIND | MS_REC, NULL) != 0)
 			fprintf(stderr, "insight-init: cannot bind %s: %s\n", own[i],
+				strerror(errno));
+	}
+	/* The probe library (`--probes`) is the image's: it goes into the
+	 * overlay at its path, over whatever the host has there. */
+	if (access(PROBE_LIBRARY, F_OK) == 0) {
+		snprintf(path, sizeof(path), "/merged%s", PROBE_LIBRARY);
+		if (!copy_file(PROBE_LIBRARY, path, 0755))
+			fprintf(stderr, "insight-init: cannot place %s: %s\n", PROBE_LIBRARY,
 				strerror(errno));
 	}
 	mkdir("/merged/tmp", 01777);
