@@ -72,6 +72,9 @@
 #define SEED_FILE "/etc/insight/seed"
 #define CLOCK_FILE "/etc/insight/clock"
 #define STREAMS_FILE "/etc/insight/streams"
+#define HOST_FILES_FILE "/etc/insight/host-files"
+#define HOST_FILES_TAG "insight-host"
+#define PROBE_LIBRARY "/usr/lib/libinsight-probes.so"
 #define MAX_ARGS 4096
 
 static int have_port;
@@ -369,21 +372,98 @@ static void read_env(void)
 		putenv(vars[i]);
 }
 
-/* The command's working directory, if the host chose one. */
-static void enter_workdir(void)
+/* The command's working directory, if the host chose one (read before
+ * the host's files replace the root). */
+static char workdir[PATH_MAX + 1];
+
+static void read_workdir(void)
 {
-	static char dir[PATH_MAX + 1];
 	FILE *f = fopen(WORKDIR_FILE, "r");
 
 	if (!f)
 		return;
-	if (fgets(dir, sizeof(dir), f)) {
-		dir[strcspn(dir, "\n")] = 0;
-		if (chdir(dir) != 0)
-			fprintf(stderr, "insight-init: cannot enter %s (%s): running in %s\n",
-				dir, strerror(errno), getenv("HOME"));
-	}
+	if (fgets(workdir, sizeof(workdir), f))
+		workdir[strcspn(workdir, "\n")] = 0;
 	fclose(f);
+}
+
+static void enter_workdir(void)
+{
+	if (workdir[0] && chdir(workdir) != 0)
+		fprintf(stderr, "insight-init: cannot enter %s (%s): running in %s\n", workdir,
+			strerror(errno), getenv("HOME"));
+}
+
+/* Copies the file `from` to `to` (made with `mode`); false if it cannot. */
+static bool copy_file(const char *from, const char *to, mode_t mode)
+{
+	char buf[64 * 1024];
+	ssize_t n = 0;
+	int in = open(from, O_RDONLY | O_CLOEXEC), out = -1;
+
+	if (in >= 0)
+		out = open(to, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+	while (out >= 0 && (n = read(in, buf, sizeof(buf))) > 0)
+		if (write(out, buf, (size_t)n) != n) {
+			n = -1;
+			break;
+		}
+	if (in >= 0)
+		close(in);
+	if (out >= 0 && close(out) != 0)
+		n = -1;
+	return in >= 0 && out >= 0 && n == 0;
+}
+
+/*
+ * The host's files, where the run asks for them: the hypervisor's 9P
+ * device (read-only, what it serves recorded) under an overlay whose
+ * upper layer is a tmpfs, so the command writes where it likes and the
+ * host's files never change. The guest's own /proc, /sys and /dev are
+ * bound into that tree, which becomes the root: the command's path,
+ * working directory and environment resolve as on the host. /tmp and /run
+ * are the overlay's (in memory too): a working directory under the host's
+ * /tmp stays visible.
+ */
+static void enter_host_files(void)
+{
+	static const char *own[] = { "/proc", "/sys", "/dev" };
+	char path[64];
+
+	if (access(HOST_FILES_FILE, F_OK) != 0)
+		return;
+	mkdir("/host", 0755);
+	mkdir("/host-rw", 0755);
+	mkdir("/merged", 0755);
+	if (mount(HOST_FILES_TAG, "/host", "9p", MS_RDONLY,
+		  "trans=virtio,version=9p2000.L,cache=loose,msize=262144") != 0)
+		die("mount the host's files (9p)");
+	if (mount("tmpfs", "/host-rw", "tmpfs", 0, "mode=0755") != 0)
+		die("mount the host files' overlay (tmpfs)");
+	mkdir("/host-rw/upper", 0755);
+	mkdir("/host-rw/work", 0755);
+	if (mount("overlay", "/merged", "overlay", 0,
+		  "lowerdir=/host,upperdir=/host-rw/upper,workdir=/host-rw/work") != 0)
+		die("mount the host files' overlay");
+	for (size_t i = 0; i < sizeof(own) / sizeof(own[0]); i++) {
+		snprintf(path, sizeof(path), "/merged%s", own[i]);
+		mkdir(path, 0755);
+		if (mount(own[i], path, NULL, MS_BIND | MS_REC, NULL) != 0)
+			fprintf(stderr, "insight-init: cannot bind %s: %s\n", own[i],
+				strerror(errno));
+	}
+	/* The probe library (`--probes`) is the image's: it goes into the
+	 * overlay at its path, over whatever the host has there. */
+	if (access(PROBE_LIBRARY, F_OK) == 0) {
+		snprintf(path, sizeof(path), "/merged%s", PROBE_LIBRARY);
+		if (!copy_file(PROBE_LIBRARY, path, 0755))
+			fprintf(stderr, "insight-init: cannot place %s: %s\n", PROBE_LIBRARY,
+				strerror(errno));
+	}
+	mkdir("/merged/tmp", 01777);
+	mkdir("/merged/run", 0755);
+	if (chdir("/merged") != 0 || chroot(".") != 0 || chdir("/") != 0)
+		die("enter the host's files");
 }
 
 /*
@@ -440,11 +520,27 @@ struct relays {
 	int input_fd;
 };
 
+/* The streams file as read before the root may change. */
+static char streams_text[256];
+static size_t streams_len;
+
+static void read_streams(void)
+{
+	int fd = open(STREAMS_FILE, O_RDONLY | O_CLOEXEC);
+	ssize_t n;
+
+	if (fd < 0)
+		return;
+	n = read(fd, streams_text, sizeof(streams_text) - 1);
+	streams_len = n > 0 ? (size_t)n : 0;
+	close(fd);
+}
+
 static void open_relays(struct relays *r)
 {
 	char line[16];
 	bool out = false, err = false, err_with_out = false;
-	FILE *f = fopen(STREAMS_FILE, "r");
+	FILE *f = streams_len ? fmemopen(streams_text, streams_len, "r") : NULL;
 
 	bool in = false;
 
@@ -827,11 +923,14 @@ int main(void)
 	setenv("TERM", "linux", 0);
 	read_env();
 	setup_network();
+	read_workdir();
+	read_streams();
+	char **argv = read_command();
+	enter_host_files();
 	if (chdir("/root") != 0 && chdir("/") != 0)
 		die("chdir");
 	enter_workdir();
 
-	char **argv = read_command();
 	pid_t child = fork();
 	if (child < 0)
 		die("fork");

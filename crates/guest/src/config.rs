@@ -114,6 +114,7 @@ struct RawConfig {
     net: Option<RawNet>,
     #[serde(default)]
     console: ConsoleKind,
+    host_files: Option<Vec<PathBuf>>,
 }
 
 /// The guest command's terminal.
@@ -266,6 +267,10 @@ pub struct VmConfig {
     pub net: Option<NetConfig>,
     /// The guest command's terminal.
     pub console: ConsoleKind,
+    /// The host's directories the guest sees at their host paths,
+    /// read-only, its writes kept in memory (docs/host-files.md); `None`:
+    /// the image's files only.
+    pub host_files: Option<Vec<PathBuf>>,
 }
 
 impl VmConfig {
@@ -352,6 +357,12 @@ impl VmConfig {
             FileSpec::check_guest(dir)
                 .map_err(|why| ParseError::Invalid(format!("workdir: {why}")))?;
         }
+        if let Some(dir) = raw.host_files.iter().flatten().find(|d| !d.is_absolute()) {
+            return Err(ParseError::Invalid(format!(
+                "host_files: {} is not an absolute path",
+                dir.display()
+            )));
+        }
         Ok(VmConfig {
             kernel: raw.kernel.map(resolve),
             initramfs: raw.initramfs.map(resolve),
@@ -363,6 +374,7 @@ impl VmConfig {
             files,
             workdir: raw.workdir,
             host_command: None,
+            host_files: raw.host_files,
             disk: raw.disk.map(resolve),
             net: raw.net.map(RawNet::validate).transpose()?,
             console: raw.console,

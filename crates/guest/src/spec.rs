@@ -45,9 +45,19 @@ pub struct VmSpec {
     pub memory_mib: u64,
     /// Seed for the guest kernel's random number generator.
     pub rng_seed: [u8; boot::RNG_SEED_LEN],
-    /// Host files the archive brings for a program named by its host
-    /// path (`crate::host_program`); empty for a replay.
-    pub brought: Vec<Brought>,
+    /// What the archive brings for a program named by its host path
+    /// (`crate::host_program`); nothing for a replay.
+    pub brought: BroughtProgram,
+    /// The host's files device, if `/init` attaches it: the host's
+    /// directories it serves (none at replay, where the log answers).
+    pub host_files: Option<Vec<PathBuf>>,
+}
+
+/// The host files a run's archive brings for its program.
+#[derive(Debug, Default)]
+pub struct BroughtProgram {
+    /// The program and the libraries the image lacks.
+    pub files: Vec<Brought>,
     /// Directories of brought libraries added to the command's
     /// `LD_LIBRARY_PATH` (the guest's loader searches no others).
     pub library_dirs: Vec<PathBuf>,
@@ -115,6 +125,12 @@ const NET_PLATFORM_DEVICE: &str = "virtio-mmio.1";
 /// The virtio console, declared after them: with it attached, `/init`
 /// gives the command `/dev/hvc0` as its terminal.
 const CONSOLE_PLATFORM_DEVICE: &str = "virtio-mmio.2";
+/// The host's files (virtio 9P), declared after the console.
+const HOST_FILES_PLATFORM_DEVICE: &str = "virtio-mmio.3";
+/// Where `/init` looks for the host's directories to show at their paths
+/// (one a line): it mounts the host's files and an overlay over them and
+/// runs the command in that tree.
+pub const HOST_FILES_FILE: &str = "/etc/insight/host-files";
 /// The probe library in the built guest image (`probes/`,
 /// tools/build-guest), which `probes = true` or `--probes` preloads.
 pub const PROBE_LIBRARY: &str = "/usr/lib/libinsight-probes.so";
@@ -436,6 +452,15 @@ pub fn prepare(config: &VmConfig, options: &BootOptions) -> Result<VmSpec, Guest
     if config.console == ConsoleKind::Virtio {
         attach += &format!("{CONSOLE_PLATFORM_DEVICE}\n");
     }
+    if let Some(exports) = &config.host_files {
+        attach += &format!("{HOST_FILES_PLATFORM_DEVICE}\n");
+        let mut list = Vec::new();
+        for dir in exports {
+            list.extend_from_slice(dir.as_os_str().as_encoded_bytes());
+            list.push(b'\n');
+        }
+        extra.add_file(HOST_FILES_FILE.as_ref(), 0o644, &list)?;
+    }
     if !attach.is_empty() {
         extra.add_file(DEVICES_FILE.as_ref(), 0o644, attach.as_bytes())?;
     }
@@ -471,36 +496,44 @@ pub fn prepare(config: &VmConfig, options: &BootOptions) -> Result<VmSpec, Guest
         cmdline: base_cmdline(options, &config.cmdline),
         memory_mib: config.memory_mib,
         rng_seed,
-        brought,
-        library_dirs,
+        brought: BroughtProgram {
+            files: brought,
+            library_dirs,
+        },
+        host_files: config.host_files.clone(),
     })
 }
 
 /// The terminal a run's archive gives the command: the virtio console if
 /// it has `/init` attach it.
 pub fn console_of_archive(archive: &[u8]) -> ConsoleKind {
-    let mut files = ArchiveFiles::default();
-    files.add(archive);
-    let attached = files.file(DEVICES_FILE.as_ref()).is_some_and(|list| {
-        list.split(|&b| b == b'\n')
-            .any(|line| line == CONSOLE_PLATFORM_DEVICE.as_bytes())
-    });
-    if attached {
+    if attached(archive, CONSOLE_PLATFORM_DEVICE) {
         ConsoleKind::Virtio
     } else {
         ConsoleKind::Serial
     }
 }
 
+/// Whether a run's archive has `/init` attach platform device `device`.
+fn attached(archive: &[u8], device: &str) -> bool {
+    let mut files = ArchiveFiles::default();
+    files.add(archive);
+    files.file(DEVICES_FILE.as_ref()).is_some_and(|list| {
+        list.split(|&b| b == b'\n')
+            .any(|line| line == device.as_bytes())
+    })
+}
+
 /// The kernel command line of every run of an image: the disk and network
 /// devices are always declared (and answer once `/init` attaches them).
 fn base_cmdline(options: &BootOptions, extra: &str) -> String {
     format!(
-        "{} {} {} {}",
+        "{} {} {} {} {}",
         image::kernel_cmdline(options.quirks, options.quiet, extra),
         devices::virtio_blk::kernel_cmdline(),
         devices::virtio_net::kernel_cmdline(),
-        devices::virtio_console::kernel_cmdline()
+        devices::virtio_console::kernel_cmdline(),
+        devices::virtio_9p::kernel_cmdline()
     )
 }
 
@@ -656,8 +689,8 @@ pub fn from_trace(header: &trace::Header, dir: &Path) -> Result<VmSpec, GuestErr
         cmdline: header.boot.cmdline.clone(),
         memory_mib: header.boot.memory_mib,
         rng_seed,
-        brought: Vec::new(),
-        library_dirs: Vec::new(),
+        brought: BroughtProgram::default(),
+        host_files: attached(&header.boot.archive, HOST_FILES_PLATFORM_DEVICE).then(Vec::new),
     })
 }
 

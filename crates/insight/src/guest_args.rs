@@ -56,6 +56,17 @@ pub struct GuestArgs {
     /// and bring it into the guest, as a path (`./prog`) is brought.
     #[arg(long)]
     host_path: bool,
+    /// Run the command in the host's files: the guest sees the host's
+    /// /usr, /lib*, /bin, /sbin, /etc, /opt, $HOME and the working
+    /// directory at their paths, read-only (its writes stay in its
+    /// memory), with the host's environment; a recording stores what the
+    /// guest reads, each file once in the trace store (docs/host-files.md).
+    #[arg(long)]
+    host_fs: bool,
+    /// A host directory the guest sees besides those of --host-fs (which it
+    /// implies); repeatable.
+    #[arg(long = "host-dir", value_name = "DIR")]
+    host_dirs: Vec<PathBuf>,
     /// A host file or directory (recursively) to place in the guest at
     /// GUEST, by default at the same absolute path; repeatable. As a
     /// config's `[[files]]`.
@@ -103,7 +114,28 @@ fn guest_config(args: &GuestArgs) -> Result<VmConfig> {
     let mut config = load_config(args.config.as_ref())?;
     let cwd = std::env::current_dir().context("cannot read the working directory")?;
     let mut relative = false;
-    if !args.command.is_empty() {
+    if args.host_fs || !args.host_dirs.is_empty() {
+        if args.host_path {
+            bail!("--host-path brings a program into the guest image; with --host-fs the guest runs it from the host's files already");
+        }
+        let mut exports = config.host_files.take().unwrap_or_default();
+        exports.extend(default_host_dirs(&cwd));
+        exports.extend(args.host_dirs.iter().map(|d| absolute(&cwd, d)));
+        config.host_files = Some(exports);
+        config.workdir = Some(cwd.clone());
+        // The host's environment, under the config's own settings.
+        for (key, value) in std::env::vars_os() {
+            if let (Some(k), Some(v)) = (key.to_str(), value.to_str()) {
+                config
+                    .env
+                    .entry(k.to_owned())
+                    .or_insert_with(|| v.to_owned());
+            }
+        }
+        if !args.command.is_empty() {
+            config.command = args.command.clone();
+        }
+    } else if !args.command.is_empty() {
         config.command = args.command.clone();
         let program = &args.command[0];
         relative = program.contains('/') && !program.starts_with('/');
@@ -148,6 +180,24 @@ fn guest_config(args: &GuestArgs) -> Result<VmConfig> {
     Ok(config)
 }
 
+/// The host directories `--host-fs` shows the guest, those that exist:
+/// the system's programs, libraries and settings, the home directory and
+/// the working directory `cwd`.
+pub fn default_host_dirs(cwd: &Path) -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = [
+        "/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin", "/etc", "/opt",
+    ]
+    .iter()
+    .map(PathBuf::from)
+    .collect();
+    if let Some(home) = std::env::var_os("HOME").filter(|h| !h.is_empty()) {
+        dirs.push(absolute(cwd, Path::new(&home)));
+    }
+    dirs.push(cwd.to_owned());
+    dirs.retain(|d| std::fs::symlink_metadata(d).is_ok());
+    dirs
+}
+
 /// The boot specification for `args`, and a description of the config
 /// for trace headers.
 pub fn prepare_guest(args: &GuestArgs) -> Result<(guest::VmSpec, String)> {
@@ -160,15 +210,16 @@ pub fn prepare_guest(args: &GuestArgs) -> Result<(guest::VmSpec, String)> {
     };
     let spec = guest::prepare(&config, &options)?;
     let mut description = describe(args.config.as_ref(), &config);
-    if !spec.brought.is_empty() {
-        let brought = brought(&spec.brought);
+    if !spec.brought.files.is_empty() {
+        let brought = brought(&spec.brought.files);
         eprintln!("insight: brought from the host: {}", brought.join(", "));
         for line in brought {
             description += &format!("# brought from the host: {line}\n");
         }
     }
-    if !spec.library_dirs.is_empty() {
+    if !spec.brought.library_dirs.is_empty() {
         let dirs: Vec<_> = spec
+            .brought
             .library_dirs
             .iter()
             .map(|d| d.display().to_string())

@@ -105,6 +105,19 @@ pub enum Entry {
     /// `/init`'s buffer, and `end`: the host's input had ended after them.
     /// Replay writes the same.
     StreamIn { bytes: Vec<u8>, end: bool },
+    /// The host's files (the 9P device) answered a request the preceding
+    /// exit made available with this reply, in the payload stream;
+    /// `request` is the FNV-1a digest of the request's bytes.
+    HostFiles { request: u64, reply: PayloadRef },
+    /// The host's files answered a read request (`request`, as above) with
+    /// `count` bytes from `offset` of the stored file `object` (the
+    /// SHA-256 of its bytes: `objects/<hex>` in the trace).
+    HostFileRead {
+        request: u64,
+        object: [u8; 32],
+        offset: u64,
+        count: u32,
+    },
     /// The guest's user code, running on after the preceding exit without
     /// one of its own, was stopped at this state and the interrupt of the
     /// `Interrupt` entry that follows delivered there (an asynchronous
@@ -186,6 +199,8 @@ impl Entry {
                 | Entry::ConsoleSize { .. }
                 | Entry::StreamOut { .. }
                 | Entry::StreamIn { .. }
+                | Entry::HostFiles { .. }
+                | Entry::HostFileRead { .. }
                 | Entry::AsyncPoint(_)
                 | Entry::Sample(_)
                 | Entry::Time { .. }
@@ -214,6 +229,8 @@ impl Entry {
             Entry::ConsoleSize { .. } => "ConsoleSize",
             Entry::StreamOut { .. } => "StreamOut",
             Entry::StreamIn { .. } => "StreamIn",
+            Entry::HostFiles { .. } => "HostFiles",
+            Entry::HostFileRead { .. } => "HostFileRead",
             Entry::AsyncPoint(_) => "AsyncPoint",
             Entry::Sample(_) => "Sample",
             Entry::Time { .. } => "Time",
@@ -242,6 +259,8 @@ impl Entry {
             | Entry::ConsoleSize { .. }
             | Entry::StreamOut { .. }
             | Entry::StreamIn { .. }
+            | Entry::HostFiles { .. }
+            | Entry::HostFileRead { .. }
             | Entry::AsyncPoint(_)
             | Entry::Sample(_)
             | Entry::Time { .. }
@@ -394,6 +413,21 @@ impl fmt::Display for Entry {
                 bytes.len(),
                 if bytes.len() == 1 { "" } else { "s" },
                 if *end { ", then its end" } else { "" }
+            ),
+            Entry::HostFiles { request, reply } => write!(
+                f,
+                "  host files: reply of {} bytes to request {request:016x} (payload {})",
+                reply.len, reply.offset
+            ),
+            Entry::HostFileRead {
+                request,
+                object,
+                offset,
+                count,
+            } => write!(
+                f,
+                "  host files: {count} bytes at {offset} of {} to request {request:016x}",
+                trace::objects::object_name(object)
             ),
             Entry::AsyncPoint(p) => {
                 let s = &p.state;

@@ -3,6 +3,7 @@
 
 use std::time::{Duration, Instant};
 
+use trace::objects::{ObjectDigest, ObjectWriter};
 use trace::{Summary, TraceWriter};
 
 use super::entry::register_digest;
@@ -21,21 +22,37 @@ pub struct Recorder {
     async_points: u64,
     last_flush: Instant,
     guest_ns: u64,
+    /// The host files the guest read, stored by content.
+    objects: ObjectWriter,
 }
 
 impl Recorder {
     /// Records into `writer`, digesting registers every `digest_interval`
     /// exits (as its header says).
     pub fn new(writer: TraceWriter<Entry>, digest_interval: u64) -> Self {
+        let writer_dir = &writer.dir().to_owned();
         Recorder {
-            writer,
             digest_interval: digest_interval.max(1),
             exits: 0,
             entries: 0,
             async_points: 0,
             last_flush: Instant::now(),
             guest_ns: 0,
+            objects: ObjectWriter::new(writer_dir, None),
+            writer,
         }
+    }
+
+    /// Stores the host files the guest reads once in `shared` (the trace
+    /// store's objects), linked into the trace.
+    pub fn share_objects(&mut self, shared: std::path::PathBuf) {
+        self.objects = ObjectWriter::new(self.writer.dir(), Some(shared));
+    }
+
+    /// Compressed bytes of host files this recording stored that were not
+    /// stored before.
+    pub fn new_object_bytes(&self) -> u64 {
+        self.objects.new_bytes()
     }
 
     fn push(&mut self, entry: Entry) -> Result<(), JournalError> {
@@ -196,6 +213,35 @@ impl Recorder {
     /// input (`end`: the host's input ended after these bytes).
     pub fn stream_in(&mut self, bytes: Vec<u8>, end: bool) -> Result<(), JournalError> {
         self.push(Entry::StreamIn { bytes, end })
+    }
+
+    /// Records the host files' reply to a request (of FNV-1a digest
+    /// `request`) the last exit made available.
+    pub fn host_files(&mut self, request: u64, reply: &[u8]) -> Result<(), JournalError> {
+        let reply = self.writer.payload(reply).map_err(|e| self.failed(e))?;
+        self.push(Entry::HostFiles { request, reply })
+    }
+
+    /// Records the host files' answer to a read request: `count` bytes
+    /// from `offset` of the file `bytes` (of SHA-256 `object`), which is
+    /// stored unless the trace has it.
+    pub fn host_file_read(
+        &mut self,
+        request: u64,
+        object: &ObjectDigest,
+        bytes: &[u8],
+        offset: u64,
+        count: u32,
+    ) -> Result<(), JournalError> {
+        self.objects
+            .put(object, bytes)
+            .map_err(|e| self.failed(e))?;
+        self.push(Entry::HostFileRead {
+            request,
+            object: *object,
+            offset,
+            count,
+        })
     }
 
     /// Records typed input made visible to the virtio console after the

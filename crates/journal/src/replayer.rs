@@ -7,6 +7,7 @@
 use std::collections::VecDeque;
 use std::fmt;
 
+use trace::objects::ObjectReader;
 use trace::{Header, TraceError, TraceReader};
 
 use super::entry::{register_digest, rip_of};
@@ -56,7 +57,6 @@ impl ReplayPoint {
 
 pub struct Replayer {
     reader: TraceReader<Entry>,
-    digest_interval: u64,
     peeked: Option<Entry>,
     /// The exit entry matched for the exit in progress, if taken early
     /// (reads take theirs before the RIP is known).
@@ -82,6 +82,8 @@ pub struct Replayer {
     /// The recording's time at the last mark found in user code, if it is
     /// later than the last clock read (`event_ns`).
     mark_ns: Option<u64>,
+    /// The host files the recording's guest read.
+    objects: ObjectReader,
 }
 
 /// What replay looks for next between exits: a recorded sample's position
@@ -94,8 +96,8 @@ pub enum Sought {
 
 impl Replayer {
     pub fn new(reader: TraceReader<Entry>) -> Self {
+        let trace_dir = reader.dir().to_owned();
         Replayer {
-            digest_interval: reader.header.digest_interval.max(1),
             reader,
             peeked: None,
             current: None,
@@ -110,6 +112,7 @@ impl Replayer {
             marks: VecDeque::new(),
             marks_missed: 0,
             mark_ns: None,
+            objects: ObjectReader::new(&trace_dir),
         }
     }
 
@@ -278,7 +281,10 @@ impl Replayer {
         if logged != observed {
             return Err(self.diverged(Some(logged), observed.to_string()));
         }
-        if self.exits.is_multiple_of(self.digest_interval) {
+        if self
+            .exits
+            .is_multiple_of(self.reader.header.digest_interval.max(1))
+        {
             let digest = register_digest(regs);
             match self.next()? {
                 Some(Entry::Registers { digest: d }) if d == digest => {}
@@ -407,6 +413,81 @@ impl Replayer {
             trace_bytes: 0,
         }
     }
+
+    /// The reply the host's files gave, at the recording, to `request`
+    /// (made available at the last exit): from the log and, for a read,
+    /// the trace's stored file. (A reply larger than the guest's buffers
+    /// is not written, at the recording as at replay.)
+    pub fn host_files(&mut self, request: &[u8]) -> Result<Vec<u8>, JournalError> {
+        let digest = crate::entry::output_digest(request);
+        let found = || {
+            format!(
+                "a host-files request of {} bytes, digest {digest:016x}",
+                request.len()
+            )
+        };
+        let logged = self.take(|e| match e {
+            Entry::HostFiles { .. } | Entry::HostFileRead { .. } => Some(e.clone()),
+            _ => None,
+        })?;
+        let reply = match &logged {
+            Some(Entry::HostFiles { request: r, reply }) if *r == digest => {
+                self.reader.payload(*reply)?
+            }
+            Some(Entry::HostFileRead {
+                request: r,
+                object,
+                offset,
+                count,
+            }) if *r == digest => {
+                let bytes = self.objects.get(object)?;
+                let start = usize::try_from(*offset).unwrap_or(usize::MAX);
+                let Some(data) = start
+                    .checked_add(*count as usize)
+                    .and_then(|end| bytes.get(start..end))
+                else {
+                    let why = format!(
+                        "{found}, answered with {count} bytes at {offset} of a stored file of {} bytes",
+                        bytes.len(),
+                        found = found()
+                    );
+                    return Err(self.diverged(logged, why));
+                };
+                let tag = devices_tag(request);
+                let mut reply = read_header(tag, *count).to_vec();
+                reply.extend_from_slice(data);
+                reply
+            }
+            // (A log cut short by a killed recorder ends here too: the
+            // guest cannot go on without the reply.)
+            None => {
+                let expected = self.peek()?.cloned();
+                return Err(self.diverged(expected, found()));
+            }
+            Some(_) => return Err(self.diverged(logged, found())),
+        };
+        Ok(reply)
+    }
+}
+
+/// A 9P message's tag (0xffff, NOTAG, if it has none).
+fn devices_tag(message: &[u8]) -> u16 {
+    match message.get(5..7) {
+        Some(t) => u16::from_le_bytes([t[0], t[1]]),
+        None => u16::MAX,
+    }
+}
+
+/// The header of a 9P `Rread` of `count` bytes: size[4] type[1] tag[2]
+/// count[4].
+fn read_header(tag: u16, count: u32) -> [u8; 11] {
+    const RREAD: u8 = 117;
+    let mut h = [0u8; 11];
+    h[..4].copy_from_slice(&(11 + count).to_le_bytes());
+    h[4] = RREAD;
+    h[5..7].copy_from_slice(&tag.to_le_bytes());
+    h[7..].copy_from_slice(&count.to_le_bytes());
+    h
 }
 
 /// What replay takes from the log after an exit, and the divergences

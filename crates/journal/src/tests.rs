@@ -626,3 +626,57 @@ fn exits_log_the_time_when_it_has_moved_on_and_replay_times_events_by_it() {
     assert!(j.end_reached().unwrap().is_some());
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The MMIO write that notifies the host files' queue, as an exit.
+fn notify(rip: u64) -> Entry {
+    Entry::MmioWrite {
+        addr: 0xd000_0650,
+        size: 4,
+        rip,
+        value: 0,
+    }
+}
+
+#[test]
+fn host_file_replies_come_back_from_the_log_and_the_stored_file() {
+    let dir = temp_trace("host-files");
+    let file = b"the file's bytes, stored once".to_vec();
+    let digest: [u8; 32] = {
+        use sha2::Digest;
+        sha2::Sha256::digest(&file).into()
+    };
+    // A getattr-like request answered by a message, and two reads of the
+    // same file: one object.
+    let (ask, read_a, read_b) = (
+        b"\x0b\0\0\0\x18\x01\0request".to_vec(),
+        b"\x0b\0\0\0\x74\x02\0read-a".to_vec(),
+        b"\x0b\0\0\0\x74\x03\0read-b".to_vec(),
+    );
+    let writer = TraceWriter::create(&dir, &header(1)).unwrap();
+    let mut r = Recorder::new(writer, 1);
+    r.exit(notify(0x100), &regs(0x100, 0), 0).unwrap();
+    r.host_files(output_digest(&ask), b"reply bytes").unwrap();
+    r.host_file_read(output_digest(&read_a), &digest, &file, 4, 4)
+        .unwrap();
+    r.exit(notify(0x200), &regs(0x200, 0), 0).unwrap();
+    r.host_file_read(output_digest(&read_b), &digest, &file, 11, 5)
+        .unwrap();
+    r.finish(EndReason::PowerOff, 0).unwrap();
+    let objects = std::fs::read_dir(dir.join("objects")).unwrap().count();
+    assert_eq!(objects, 1, "the file is stored once");
+
+    let mut j = replayer(&dir);
+    j.exit(notify(0x100), &regs(0x100, 0)).unwrap();
+    assert_eq!(j.host_files(&ask).unwrap(), b"reply bytes");
+    let reply = j.host_files(&read_a).unwrap();
+    // Rread: size 15, type 117, the request's tag (2), count 4, data.
+    assert_eq!(&reply[..11], b"\x0f\0\0\0\x75\x02\0\x04\0\0\0");
+    assert_eq!(&reply[11..], b"file");
+    // Another request than the recording's: a divergence at that exit.
+    j.exit(notify(0x200), &regs(0x200, 0)).unwrap();
+    match j.host_files(&read_a) {
+        Err(JournalError::Diverged(d)) => assert_eq!(d.exit, 2),
+        other => panic!("expected a divergence, got {other:?}"),
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -29,7 +29,7 @@ use crate::{files, io_err, TraceError, HEADER_FILE, MAX_HEADER_BYTES};
 
 /// Format version of checkpoint files, bumped on every change of their
 /// layout or of the state they hold.
-pub const CHECKPOINT_VERSION: u32 = 4;
+pub const CHECKPOINT_VERSION: u32 = 5;
 pub const CHECKPOINT_MAGIC: [u8; 8] = *b"INSCKPT\0";
 /// The subdirectory of a trace that holds its checkpoints.
 pub const CHECKPOINTS_DIR: &str = "checkpoints";

@@ -32,10 +32,11 @@ use serde::{Deserialize, Serialize};
 
 pub mod checkpoints;
 pub mod files;
+pub mod objects;
 
 /// Format version, bumped on every change of the layout or of the types
 /// serialized in it.
-pub const TRACE_VERSION: u32 = 20;
+pub const TRACE_VERSION: u32 = 21;
 pub const MAGIC: [u8; 8] = *b"INSIGHT\0";
 
 const HEADER_FILE: &str = "header";
@@ -339,6 +340,11 @@ impl<E: Serialize> TraceWriter<E> {
     }
 
     /// Appends a large payload; returns where it is.
+    /// The trace directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     pub fn payload(&mut self, bytes: &[u8]) -> Result<PayloadRef, TraceError> {
         let len = u32::try_from(bytes.len()).map_err(|_| TraceError::Encode {
             what: "payload",

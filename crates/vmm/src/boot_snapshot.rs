@@ -73,6 +73,7 @@ pub(crate) fn take(m: &mut Machine, target: &SnapshotTarget) -> Result<SnapshotT
         overlay: Vec::new(),
         net: None,
         console: m.vm.console.state(),
+        host_files: None,
         vm: VmState::of(&m.vm, &m.vcpu, PointStats::default()),
         events: None,
     };
@@ -135,7 +136,12 @@ pub(crate) fn restore(
         )));
     }
     check_memory(&c, m.vm.ram_bytes())?;
-    if c.block.is_some() || c.net.is_some() || c.events.is_some() || c.vm.devices_attached {
+    if c.block.is_some()
+        || c.net.is_some()
+        || c.host_files.is_some()
+        || c.events.is_some()
+        || c.vm.devices_attached
+    {
         return Err(VmError::Restore(format!(
             "{} holds device or event state a boot snapshot never has",
             path.display()

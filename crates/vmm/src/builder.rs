@@ -162,6 +162,9 @@ pub struct RecordOptions<'a> {
     /// Preemptions forced at random instants drawn from these settings
     /// (docs/chaos.md), written in the trace header.
     pub chaos: Option<trace::ChaosSettings>,
+    /// Where the trace store keeps the host files its recordings read
+    /// (`trace::objects`), if the trace goes into one: each file once.
+    pub shared_objects: Option<PathBuf>,
 }
 
 /// A recording of `machine` into a new trace: the vCPU kept on one host
@@ -240,7 +243,10 @@ pub fn record(
     if let Some(input) = options.input {
         machine.attach_input(input);
     }
-    let recorder = Recorder::new(writer, options.digest_every);
+    let mut recorder = Recorder::new(writer, options.digest_every);
+    if let Some(shared) = options.shared_objects {
+        recorder.share_objects(shared);
+    }
     let mut session = RecordSession::new(machine, recorder, points);
     if let Some(progress) = options.progress {
         session.on_progress(progress);

@@ -170,8 +170,8 @@ pub fn restore_cached(
         cmdline: spec.cmdline.clone(),
         memory_mib: spec.memory_mib,
         rng_seed: spec.rng_seed,
-        brought: Vec::new(),
-        library_dirs: Vec::new(),
+        brought: Default::default(),
+        host_files: None,
     };
     let boot = Machine::new(&builder, build_console).map_err(SnapshotError::Build)?;
     let target = SnapshotTarget {
@@ -378,8 +378,8 @@ mod tests {
             cmdline: cmdline.into(),
             memory_mib,
             rng_seed: [0; 32],
-            brought: Vec::new(),
-            library_dirs: Vec::new(),
+            brought: Default::default(),
+            host_files: None,
         };
         let cpuid = [(1, 0, 2, 3, 4, 5)];
         let base = key(&spec(128, "a", b"k1"), &cpuid, &[]);

@@ -119,15 +119,31 @@ pub fn ls(_: LsArgs) -> Result<ExitCode> {
 pub fn rm(args: RmArgs) -> Result<ExitCode> {
     let store = traces::store()?;
     let mut failed = false;
+    let mut removed_any = false;
     for name in &args.traces {
         let removed = traces::resolve(Some(name)).and_then(|dir| {
             traces::remove(&store, &dir)?;
             Ok(dir)
         });
         match removed {
-            Ok(dir) => println!("removed {}", dir.display()),
+            Ok(dir) => {
+                println!("removed {}", dir.display());
+                removed_any = true;
+            }
             Err(e) => {
                 eprintln!("insight: {}", crate::exit::error_chain(&e));
+                failed = true;
+            }
+        }
+    }
+    // The host files only removed traces read (docs/host-files.md).
+    if removed_any {
+        let shared = store.join(trace::objects::SHARED_OBJECTS_DIR);
+        match trace::objects::prune_shared(&shared) {
+            Ok(0) => {}
+            Ok(n) => println!("removed {n} stored host files no recording reads any more"),
+            Err(e) => {
+                eprintln!("insight: {}", crate::exit::error_chain(&e.into()));
                 failed = true;
             }
         }

@@ -529,6 +529,8 @@ fn record_try(
             sample_period: args.sample_period.0,
             time_limit: args.timeout,
             chaos: how.chaos,
+            shared_objects: (target.store.as_ref())
+                .map(|s| s.join(trace::objects::SHARED_OBJECTS_DIR)),
         },
     )
     .inspect_err(|_| target.discard_unstarted())?;

@@ -4,7 +4,7 @@
 //! deterministic exit when recording (and logged), and where the log says
 //! when replaying.
 
-use devices::{virtio_blk, virtio_console, virtio_net};
+use devices::{virtio_9p, virtio_blk, virtio_console, virtio_net};
 use journal::{Input, Recorder, Replayer};
 
 use crate::vm::{Machine, VmError};
@@ -140,5 +140,8 @@ fn pulse_irqs(m: &mut Machine) {
     }
     if vm.console.take_irq() {
         vm.platform.pic.pulse_irq(virtio_console::IRQ);
+    }
+    if vm.host_files.as_mut().is_some_and(|h| h.device.take_irq()) {
+        vm.platform.pic.pulse_irq(virtio_9p::IRQ);
     }
 }

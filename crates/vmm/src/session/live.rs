@@ -4,6 +4,7 @@
 
 use journal::Entry;
 
+use super::host_files;
 use super::inputs;
 use super::mode::Mode;
 use super::outcome::{RunOutcome, StopReason};
@@ -68,6 +69,7 @@ impl Mode for Live {
     ) -> Result<(), VmError> {
         // Nothing checks the console's output here.
         m.vm.console.take_transmitted();
+        host_files::serve_live(m);
         Ok(())
     }
 

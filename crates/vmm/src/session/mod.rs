@@ -11,6 +11,7 @@
 //! guest runs without exiting.
 
 mod debug;
+mod host_files;
 mod inputs;
 mod live;
 mod mode;

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use devices::control::EventRaiser;
 use journal::{EndReason, Entry, Progress, Recorder, Replayer};
 
+use super::host_files;
 use super::inputs;
 use super::mode::{Mode, ProgressFn, ProgressReport, HOUSEKEEPING_NS};
 use super::outcome::{RunOutcome, StopReason};
@@ -142,7 +143,7 @@ impl Mode for Recording {
         if let Some((bytes, digest)) = m.vm.console.take_transmitted() {
             self.recorder.console_out(bytes, digest)?;
         }
-        Ok(())
+        host_files::serve_recorded(m, &mut self.recorder)
     }
 
     fn stream_written(&mut self, stream: u8, w: StreamWritten) -> Result<bool, VmError> {

@@ -15,6 +15,7 @@ use introspect::probe_gate;
 use journal::preempt::MarkAt;
 use journal::{EndReason, Entry, JournalError, Progress, ReplayPoint, Replayer, Sought};
 
+use super::host_files;
 use super::inputs;
 use super::mode::{Mode, ProgressFn, ProgressReport, HOUSEKEEPING_NS};
 use super::outcome::{RunOutcome, StopReason};
@@ -425,6 +426,7 @@ impl Mode for Replaying {
         // The virtio console writes at its transmit notification: the
         // same bytes as the recording's, or the replay stops here.
         self.log.console_out(m.vm.console.take_transmitted())?;
+        host_files::serve_replayed(m, &mut self.log)?;
         (self.tools).exit(m, kernel_entry, &self.log, &self.points)
     }
 

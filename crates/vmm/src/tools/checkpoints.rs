@@ -180,6 +180,7 @@ impl CheckpointTaker {
             overlay,
             net: m.vm.net.as_ref().map(|n| n.state()),
             console: m.vm.console.state(),
+            host_files: m.vm.host_files.as_ref().map(|h| h.device.state()),
             vm: VmState::of(&m.vm, &m.vcpu, points),
             events,
         };
@@ -230,7 +231,8 @@ impl ReplayTool for CheckpointTaker {
 
 /// Whether the machine is at rest for a checkpoint: no disk request in
 /// flight, no frame waiting, no exception on its way (the caller checks
-/// that no trampoline is in place).
+/// that no trampoline is in place). The host files' requests are all
+/// answered at the exit that made them.
 pub(crate) fn at_rest(m: &Machine) -> bool {
     !m.vcpu.exception_pending
         && m.vm.block.as_ref().is_none_or(VirtioBlock::at_rest)
@@ -377,6 +379,9 @@ pub(crate) fn check_shape(c: &Checkpoint, m: &Machine) -> Result<(), VmError> {
     }
     if c.net.is_some() != net {
         return refuse("its network device differs from the trace's".into());
+    }
+    if c.host_files.is_some() != m.vm.host_files.is_some() {
+        return refuse("its host files' device differs from the trace's".into());
     }
     Ok(())
 }

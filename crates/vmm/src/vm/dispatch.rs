@@ -3,6 +3,7 @@
 
 use std::io::Write;
 
+use devices::virtio_9p::{self, Virtio9p};
 use devices::virtio_blk::{self, VirtioBlock};
 use devices::virtio_console::{self, VirtioConsole};
 use devices::virtio_net::{self, VirtioNet};
@@ -205,6 +206,7 @@ pub(crate) struct Bus<'a, W: Write> {
     pub(crate) block: Option<&'a mut VirtioBlock>,
     pub(crate) net: Option<&'a mut VirtioNet>,
     pub(crate) console: Option<&'a mut VirtioConsole<W>>,
+    pub(crate) host_files: Option<&'a mut Virtio9p>,
     pub(crate) mem: &'a GuestMemoryMmap,
 }
 
@@ -214,6 +216,7 @@ enum Mmio {
     Block(u64),
     Net(u64),
     Console(u64),
+    HostFiles(u64),
     Unmapped,
 }
 
@@ -227,6 +230,8 @@ impl Mmio {
             window(addr, virtio_console::MMIO_BASE, virtio_console::MMIO_SIZE)
         {
             Mmio::Console(offset)
+        } else if let Some(offset) = window(addr, virtio_9p::MMIO_BASE, virtio_9p::MMIO_SIZE) {
+            Mmio::HostFiles(offset)
         } else {
             Mmio::Unmapped
         }
@@ -240,6 +245,10 @@ impl<W: Write> Bus<'_, W> {
             Mmio::Net(offset) => self.net.as_deref_mut().map(|d| d.mmio_read(offset, data)),
             Mmio::Console(offset) => self
                 .console
+                .as_deref_mut()
+                .map(|d| d.mmio_read(offset, data)),
+            Mmio::HostFiles(offset) => self
+                .host_files
                 .as_deref_mut()
                 .map(|d| d.mmio_read(offset, data)),
             Mmio::Unmapped => None,
@@ -265,6 +274,12 @@ impl<W: Write> Bus<'_, W> {
             }
             Mmio::Console(offset) => {
                 if let Some(d) = self.console.as_deref_mut() {
+                    d.mmio_write(offset, data, mem);
+                }
+            }
+            // Requests wait for the session, right after this exit.
+            Mmio::HostFiles(offset) => {
+                if let Some(d) = self.host_files.as_deref_mut() {
                     d.mmio_write(offset, data, mem);
                 }
             }
@@ -375,6 +390,7 @@ mod tests {
                 block: None,
                 net: None,
                 console: None,
+                host_files: None,
                 mem: &self.mem,
             };
             dispatch(

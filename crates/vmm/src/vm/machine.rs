@@ -73,7 +73,7 @@ impl Machine {
     /// Sends what `/init` relays of the command's standard output and
     /// error to `streams` (else to the console).
     pub fn set_streams(&mut self, streams: HostStreams) {
-        self.vm.streams = streams;
+        self.vm.terminal.streams = streams;
     }
 
     /// Dispatches `exit`; `log` answers the guest's reads at replay.
@@ -89,6 +89,9 @@ impl Machine {
                 block: vm.block.as_mut().filter(|_| attached),
                 net: vm.net.as_mut().filter(|_| attached),
                 console: Some(&mut vm.console).filter(|_| attached),
+                host_files: (vm.host_files.as_mut())
+                    .map(|h| &mut h.device)
+                    .filter(|_| attached),
                 mem: &vm.mem,
             },
             log,
@@ -278,7 +281,7 @@ impl Machine {
                 "from a buffer at {gva:#x} it cannot read past byte {read} of {len}"
             )));
         }
-        let streams = &mut self.vm.streams;
+        let streams = &mut self.vm.terminal.streams;
         let sink = match stream {
             1 => streams.out.as_mut(),
             _ => streams.err.as_mut(),
@@ -291,7 +294,7 @@ impl Machine {
             }
         };
         if written.is_err() {
-            self.vm.streams.errors += 1;
+            self.vm.terminal.streams.errors += 1;
         }
         Ok(StreamWritten {
             bytes: len,

@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 
 use devices::cow_disk::DiskError;
 use devices::doorbell::Doorbell;
+use devices::host_files::HostFiles;
+use devices::virtio_9p::Virtio9p;
 use devices::virtio_blk::{BlockError, VirtioBlock};
 use devices::virtio_console::VirtioConsole;
 use devices::virtio_net::{NetError, VirtioNet};
@@ -291,6 +293,8 @@ pub struct Vm {
     pub(crate) block: Option<VirtioBlock>,
     /// The virtio network device.
     pub(crate) net: Option<VirtioNet>,
+    /// The host's files (virtio 9P).
+    pub(crate) host_files: Option<HostFilesDevice>,
     /// Rung by device threads when they have something for the guest.
     pub(crate) doorbell: Doorbell,
     pub(crate) clock: VmClock,
@@ -299,9 +303,13 @@ pub struct Vm {
     pub(crate) status: GuestStatus,
     /// The run's archive, for `/init` to fetch.
     pub(crate) archive: Vec<u8>,
-    /// Where the command's standard output and error go on the host
-    /// where they are pipes in the guest.
-    pub(crate) streams: HostStreams,
+}
+
+/// The host's files' device, and what serves them when the run reads the
+/// host (not at replay, where the log answers).
+pub(crate) struct HostFilesDevice {
+    pub(crate) device: Virtio9p,
+    pub(crate) server: Option<HostFiles>,
 }
 
 /// The host's standard output and error, for what `/init` relays of the
@@ -321,6 +329,9 @@ pub struct HostStreams {
 /// The command's terminal as the host sees it: which guest device it is,
 /// the host input that goes there, and the host terminal's size.
 pub(crate) struct HostTerminal {
+    /// Where the command's standard output and error go on the host
+    /// where they are pipes in the guest.
+    pub(crate) streams: HostStreams,
     /// The guest device that is the command's terminal: where host input
     /// goes.
     pub(crate) kind: ConsoleKind,

@@ -6,6 +6,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use devices::cow_disk::{CowDisk, DiskError};
 use devices::doorbell::Doorbell;
+use devices::host_files::HostFiles;
+use devices::virtio_9p::Virtio9p;
 use devices::virtio_blk::VirtioBlock;
 use devices::virtio_console::VirtioConsole;
 use devices::virtio_net::{NetBackend, VirtioNet};
@@ -14,8 +16,8 @@ use kvm_ioctls::Kvm;
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 
 use super::{
-    kvm_err, Console, ConsoleSink, ExitCounts, GuestCpu, GuestStatus, HostTerminal, Machine, Vcpu,
-    Vm, VmClock, VmError, BOOT_VCPU,
+    kvm_err, Console, ConsoleSink, ExitCounts, GuestCpu, GuestStatus, HostFilesDevice,
+    HostTerminal, Machine, Vcpu, Vm, VmClock, VmError, BOOT_VCPU,
 };
 use crate::{cpuid, kvm_ext};
 use guest::boot;
@@ -175,9 +177,14 @@ impl Machine {
                     kind: spec.console,
                     input: None,
                     size: None,
+                    streams: super::HostStreams::default(),
                 },
                 block,
                 net,
+                host_files: spec.host_files.as_deref().map(|exports| HostFilesDevice {
+                    device: Virtio9p::new(),
+                    server: (!exports.is_empty()).then(|| HostFiles::new(exports)),
+                }),
                 doorbell,
                 clock: VmClock::new(),
                 exits: ExitCounts::default(),
@@ -189,7 +196,6 @@ impl Machine {
                 },
                 status: GuestStatus::default(),
                 archive,
-                streams: super::HostStreams::default(),
             },
         })
     }

@@ -5,6 +5,7 @@
 
 use devices::cow_disk::SectorRun;
 use devices::platform::PlatformState;
+use devices::virtio_9p::NinePState;
 use devices::virtio_blk::BlockState;
 use devices::virtio_console::ConsoleState;
 use devices::virtio_net::NetState;
@@ -128,6 +129,7 @@ pub(crate) struct Checkpoint {
     pub(crate) overlay: Vec<SectorRun>,
     pub(crate) net: Option<NetState>,
     pub(crate) console: ConsoleState,
+    pub(crate) host_files: Option<NinePState>,
     pub(crate) vm: VmState,
     pub(crate) events: Option<EventsState>,
 }
@@ -141,6 +143,7 @@ pub(crate) struct MachineState<'a> {
     pub(crate) block: Option<&'a BlockState>,
     pub(crate) net: Option<&'a NetState>,
     pub(crate) console: &'a ConsoleState,
+    pub(crate) host_files: Option<&'a NinePState>,
     pub(crate) vm: &'a VmState,
     pub(crate) vm_ns: u64,
 }
@@ -165,6 +168,9 @@ impl MachineState<'_> {
         m.vm.console
             .restore(self.console)
             .map_err(|e| VmError::Restore(format!("console: {e}")))?;
+        if let (Some(h), Some(state)) = (&mut m.vm.host_files, self.host_files) {
+            (h.device.restore(state)).map_err(|e| VmError::Restore(format!("host files: {e}")))?;
+        }
         self.vm.restore(&mut m.vm, &mut m.vcpu, self.vm_ns);
         Ok(())
     }
@@ -179,6 +185,7 @@ impl Checkpoint {
             block: self.block.as_ref(),
             net: self.net.as_ref(),
             console: &self.console,
+            host_files: self.host_files.as_ref(),
             vm: &self.vm,
             vm_ns: self.vm_ns,
         }

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use devices::platform::PlatformState;
+use devices::virtio_9p::NinePState;
 use devices::virtio_console::ConsoleState;
 use devices::virtio_net::NetState;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
@@ -113,6 +114,7 @@ pub struct Snapshot {
     pub(crate) platform: PlatformState,
     pub(crate) net: Option<NetState>,
     pub(crate) console: ConsoleState,
+    pub(crate) host_files: Option<NinePState>,
     pub(crate) vm: VmState,
     pub(crate) tasks: Tasks,
 }
@@ -154,6 +156,7 @@ impl Snapshot {
             platform: m.vm.platform.state(),
             net: m.vm.net.as_ref().map(|n| n.state()),
             console: m.vm.console.state(),
+            host_files: m.vm.host_files.as_ref().map(|h| h.device.state()),
             vm: VmState::of(&m.vm, &m.vcpu, points),
             tasks: tasks.clone(),
         })
@@ -176,6 +179,7 @@ impl Snapshot {
             block: None,
             net: self.net.as_ref(),
             console: &self.console,
+            host_files: self.host_files.as_ref(),
             vm: &self.vm,
             vm_ns: self.vm_ns,
         }
