@@ -377,7 +377,7 @@ impl Machine {
     /// it, and whether it ended after them (an empty one where the run has
     /// none).
     pub(crate) fn host_stdin(&self, max: usize) -> (Vec<u8>, bool) {
-        match &self.vm.streams.input {
+        match &self.vm.terminal.streams.input {
             Some(input) => input.take_stream(max),
             None => (Vec::new(), true),
         }
