@@ -458,8 +458,11 @@ impl Replayer {
                 reply.extend_from_slice(data);
                 reply
             }
-            // (A log cut short by a killed recorder ends here too: the
-            // guest cannot go on without the reply.)
+            // A log cut short by a killed recorder: the replay ends here
+            // (the guest cannot go on without the reply).
+            None if self.peek()?.is_none() && !self.trace_complete() => {
+                return Err(JournalError::LogEnded)
+            }
             None => {
                 let expected = self.peek()?.cloned();
                 return Err(self.diverged(expected, found()));

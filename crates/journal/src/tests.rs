@@ -679,4 +679,17 @@ fn host_file_replies_come_back_from_the_log_and_the_stored_file() {
         other => panic!("expected a divergence, got {other:?}"),
     }
     std::fs::remove_dir_all(&dir).unwrap();
+
+    // A killed recorder's log that ends before a request's reply: the
+    // replay ends there, as an incomplete trace does.
+    let writer = TraceWriter::create(&dir, &header(1)).unwrap();
+    let mut r = Recorder::new(writer, 1);
+    r.exit(notify(0x100), &regs(0x100, 0), 0).unwrap();
+    r.host_files(output_digest(&ask), b"reply bytes").unwrap();
+    r.abandon();
+    let mut j = replayer(&dir);
+    j.exit(notify(0x100), &regs(0x100, 0)).unwrap();
+    assert_eq!(j.host_files(&ask).unwrap(), b"reply bytes");
+    assert!(matches!(j.host_files(&read_a), Err(JournalError::LogEnded)));
+    std::fs::remove_dir_all(&dir).unwrap();
 }
