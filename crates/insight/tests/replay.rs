@@ -265,13 +265,7 @@ fn tampered_truncated_and_foreign_traces() {
     // the natural end of a killed recording of an idle guest.
     let (at, ordinal) = nth_exit(&events, 1, |e| matches!(e, Entry::Halt { .. }));
     let after_hlt = dir.join("cut-after-hlt");
-    let mut writer = trace::TraceWriter::create(&after_hlt, &header).unwrap();
-    for e in &events[..=at] {
-        writer.push(e.clone()).unwrap();
-    }
-    writer.flush().unwrap();
-    drop(writer);
-    copy_snapshot(&trace, &after_hlt);
+    write_prefix(&after_hlt, &trace, &header, &events[..=at]);
     let out = replay(&after_hlt);
     let (replayed, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(4), "{stderr}");
@@ -288,29 +282,16 @@ fn tampered_truncated_and_foreign_traces() {
 
     // Cut right after an interrupt delivered to a running guest: the
     // guest's next exit is past the log, and the replay ends there.
-    let (at, ordinal) = events
-        .iter()
-        .enumerate()
-        .scan(0u64, |exits, (i, e)| {
-            *exits += u64::from(e.is_exit());
-            Some((i, *exits, e))
-        })
-        .find(|&(i, _, e)| {
-            matches!(e, Entry::Interrupt { .. })
-                && i > 0
+    let at = (1..events.len())
+        .find(|&i| {
+            matches!(events[i], Entry::Interrupt { .. })
                 && !matches!(events[i - 1], Entry::Halt { .. })
                 && events.get(i + 1).is_some_and(Entry::is_exit)
         })
-        .map(|(i, exits, _)| (i, exits))
         .expect("no interrupt delivered to a running guest");
+    let ordinal = exit_ordinal(&events, at);
     let after_interrupt = dir.join("cut-after-interrupt");
-    let mut writer = trace::TraceWriter::create(&after_interrupt, &header).unwrap();
-    for e in &events[..=at] {
-        writer.push(e.clone()).unwrap();
-    }
-    writer.flush().unwrap();
-    drop(writer);
-    copy_snapshot(&trace, &after_interrupt);
+    write_prefix(&after_interrupt, &trace, &header, &events[..=at]);
     let out = replay(&after_interrupt);
     let (_, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(4), "{stderr}");

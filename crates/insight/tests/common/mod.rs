@@ -413,6 +413,23 @@ pub fn write_all(
     copy_snapshot(original, trace);
 }
 
+/// Writes `events` as the log of an incomplete trace `trace` (a killed
+/// recorder's: no completion marker), with `original`'s boot snapshot.
+pub fn write_prefix(
+    trace: &Path,
+    original: &Path,
+    header: &trace::Header,
+    events: &[journal::Entry],
+) {
+    let mut writer = trace::TraceWriter::create(trace, header).unwrap();
+    for e in events {
+        writer.push(e.clone()).unwrap();
+    }
+    writer.flush().unwrap();
+    drop(writer);
+    copy_snapshot(original, trace);
+}
+
 /// Copies the boot snapshot of trace `from`, if it has one, into `to`.
 pub fn copy_snapshot(from: &Path, to: &Path) {
     let snapshot = from.join(trace::SNAPSHOT_FILE);
