@@ -221,29 +221,10 @@ fn a_serial_console_takes_typed_input_and_replays_it() {
         env!("CARGO_BIN_EXE_insight"),
         trace.display()
     );
-    let mut script = Command::new("script")
-        .args(["-q", "-e", "-c", &inner, "/dev/null"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("script (util-linux) runs a command under a terminal");
-    // The keys wait on the host until the serial console takes them;
-    // standard input stays open (script ends its session at its end)
-    // until the command has ended.
-    let mut keys = script.stdin.take().unwrap();
-    keys.write_all(b"serial-input\r").unwrap();
-    let mut screen = Vec::new();
-    script
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_end(&mut screen)
-        .unwrap();
-    drop(keys);
-    let status = script.wait().unwrap();
-    let stdout = String::from_utf8_lossy(&screen).replace("\r\n", "\n");
-    assert_eq!(status.code(), Some(0), "{stdout}");
+    // The keys wait on the host until the serial console takes them.
+    let (status, screen) = under_terminal(&inner, trace.parent().unwrap(), b"serial-input\r");
+    let stdout = screen.replace("\r\n", "\n");
+    assert_eq!(status, Some(0), "{stdout}");
     assert!(stdout.contains("/dev/console\n"), "{stdout}");
     assert!(stdout.contains("got-serial-input\n"), "{stdout}");
     let (_, log) = read_all(&trace);

@@ -8,7 +8,6 @@
 mod common;
 
 use std::fs::File;
-use std::io::Read;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -78,31 +77,6 @@ fn into_files_from(
         err: err.concat(),
         said: [said, said_out].concat().concat(),
     }
-}
-
-/// Runs `inner`, a shell command line, under a terminal that `script`
-/// (util-linux) makes; returns its status and what the terminal showed.
-fn under_terminal(inner: &str, dir: &Path) -> (Option<i32>, String) {
-    let mut script = Command::new("script")
-        .args(["-q", "-e", "-c", inner, "/dev/null"])
-        .current_dir(dir)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("script (util-linux) runs a command under a terminal");
-    // Standard input stays open (script ends its session at its end)
-    // until the command has ended.
-    let _keys = script.stdin.take();
-    let mut screen = Vec::new();
-    script
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_end(&mut screen)
-        .unwrap();
-    let status = script.wait().unwrap();
-    (status.code(), String::from_utf8_lossy(&screen).into_owned())
 }
 
 /// The `StreamOut` entries of a trace: (stream, bytes) in order, and
@@ -186,6 +160,7 @@ fn run_gives_the_command_its_streams_as_insight_has_them() {
             "{insight_bin} run --no-stdin -- sh -c 'test -t 1 && test -t 2 && echo both-terminals'"
         ),
         &dir,
+        b"",
     );
     assert_eq!(status, Some(0), "{screen}");
     assert!(screen.contains("both-terminals"), "{screen}");
@@ -196,6 +171,7 @@ fn run_gives_the_command_its_streams_as_insight_has_them() {
              echo to-the-file >&2' 2>errors.txt"
         ),
         &dir,
+        b"",
     );
     assert_eq!(status, Some(0), "{screen}");
     assert!(screen.contains("out-only"), "{screen}");
@@ -380,6 +356,7 @@ fn a_host_program_sees_pipes_or_the_terminal_as_insight_has_them() {
             tty_trace.display()
         ),
         &dir,
+        b"",
     );
     assert_eq!(status, Some(3), "{screen}");
     assert!(screen.contains("stdout terminal"), "{screen}");

@@ -443,3 +443,31 @@ pub fn copy_snapshot(from: &Path, to: &Path) {
 pub fn exit_ordinal(log: &[journal::Entry], at: usize) -> u64 {
     log[..=at].iter().filter(|e| e.is_exit()).count() as u64
 }
+
+/// Runs `inner`, a shell command line, in `dir` under a terminal that
+/// `script` (util-linux) makes, typing `keys` at it; returns its status
+/// and what the terminal showed. Standard input stays open (script ends
+/// its session at its end) until the command has ended.
+pub fn under_terminal(inner: &str, dir: &Path, keys: &[u8]) -> (Option<i32>, String) {
+    use std::io::{Read, Write};
+    let mut script = Command::new("script")
+        .args(["-q", "-e", "-c", inner, "/dev/null"])
+        .current_dir(dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("script (util-linux) runs a command under a terminal");
+    let mut typing = script.stdin.take().unwrap();
+    typing.write_all(keys).unwrap();
+    let mut screen = Vec::new();
+    script
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_end(&mut screen)
+        .unwrap();
+    drop(typing);
+    let status = script.wait().unwrap();
+    (status.code(), String::from_utf8_lossy(&screen).into_owned())
+}
