@@ -301,11 +301,25 @@ pub fn write_virt(
     gva: u64,
     buf: &[u8],
 ) -> Result<(), TranslateError> {
+    write_virt_pieces(mem, cr3, gva, buf).map(|_| ())
+}
+
+/// [`write_virt`], returning the guest-physical address of each piece
+/// written (each within one page), for who tracks the pages written.
+pub fn write_virt_pieces(
+    mem: &GuestMemoryMmap,
+    cr3: u64,
+    gva: u64,
+    buf: &[u8],
+) -> Result<Vec<u64>, TranslateError> {
     let translate = |va| access(mem, cr3, va, true);
+    let mut pieces = Vec::new();
     for_each_page(gva, buf.len(), translate, |off, n, pa| {
+        pieces.push(pa);
         mem.write_slice(&buf[off..off + n], GuestAddress(pa))
     })
     .1
+    .map(|()| pieces)
 }
 
 #[cfg(test)]

@@ -388,7 +388,6 @@ impl Machine {
     /// 63 set if the input `ended` after them. Returns the guest-physical
     /// addresses written, each within one page.
     pub(crate) fn answer_stdin(&mut self, bytes: &[u8], ended: bool) -> Result<Vec<u64>, VmError> {
-        const PAGE: u64 = gva::PAGE_SIZE;
         let regs = self.vcpu.synced_regs();
         let (to, answer) = (regs.rsi, regs.r8);
         let cr3 = self.vcpu.sregs()?.cr3;
@@ -396,22 +395,13 @@ impl Machine {
         let bad = |at: u64, why: String| VmError::BadInput {
             why: format!("into memory at {at:#x} it cannot write ({why})"),
         };
-        let mut written = Vec::new();
-        let mut done = 0usize;
-        while done < bytes.len() {
-            let dst = to + done as u64;
-            let n = (bytes.len() - done).min((PAGE - dst % PAGE) as usize);
-            let gpa = gva::access(mem, cr3, dst, true).map_err(|e| bad(dst, e.to_string()))?;
-            mem.write_slice(&bytes[done..done + n], GuestAddress(gpa))
-                .map_err(|e| bad(dst, e.to_string()))?;
-            written.push(gpa);
-            done += n;
-        }
+        let mut written =
+            gva::write_virt_pieces(mem, cr3, to, bytes).map_err(|e| bad(to, e.to_string()))?;
         let word = bytes.len() as u64 | (u64::from(ended) << 63);
-        let gpa = gva::access(mem, cr3, answer, true).map_err(|e| bad(answer, e.to_string()))?;
-        mem.write_obj(word, GuestAddress(gpa))
-            .map_err(|e| bad(answer, e.to_string()))?;
-        written.push(gpa);
+        written.extend(
+            gva::write_virt_pieces(mem, cr3, answer, &word.to_le_bytes())
+                .map_err(|e| bad(answer, e.to_string()))?,
+        );
         Ok(written)
     }
 
