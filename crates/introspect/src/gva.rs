@@ -214,9 +214,6 @@ fn walk(
     Err(TranslateError::NotMapped(gva))
 }
 
-/// Calls `f(offset, len, physical address)` for each page-sized piece of
-/// `len` bytes at `gva`, translating for a read or a write; stops at the
-/// first piece that does not translate.
 /// Translates `gva` like [`translate_access`] and, as the CPU does for an
 /// access it performs, sets the accessed bit at every level and, for a
 /// write, the dirty bit of the leaf (Linux relies on it, e.g. to keep a
@@ -276,6 +273,19 @@ fn for_each_page<E>(
         done += n;
     }
     (done, Ok(()))
+}
+
+/// Checks that user code could write `len` bytes at `gva`: every page
+/// present, open to user mode and writable. Touches nothing; the error
+/// names the first page that is not.
+pub fn user_writable(
+    mem: &GuestMemoryMmap,
+    cr3: u64,
+    gva: u64,
+    len: usize,
+) -> Result<(), TranslateError> {
+    let translate = |va| translate_user_access(mem, cr3, va, true);
+    for_each_page(gva, len, translate, |_, _, _| Ok::<(), ()>(())).1
 }
 
 /// Reads `buf.len()` bytes at `gva`, page by page.
@@ -409,6 +419,23 @@ mod tests {
         assert_eq!(peek_user(&m, 0x1000, 0x20_4000, &mut buf), 0);
         assert_eq!(peek_user(&m, 0x1000, 0x20_0000, &mut []), 0);
         // No byte of the tables changed: no accessed bit set.
+        let mut entry = [0u8; 8];
+        m.read_slice(&mut entry, GuestAddress(0x8000)).unwrap();
+        assert_eq!(u64::from_le_bytes(entry), 0x9000 | 7);
+    }
+
+    #[test]
+    fn user_writable_names_the_first_page_user_code_cannot_write() {
+        let m = mem();
+        tables(&m);
+        // Writable user pages, a read-only user page, a supervisor page.
+        user_tables(&m, &[0x9000 | 7, 0xa000 | 7, 0xb000 | 5, 0xc000 | 3]);
+        assert_eq!(user_writable(&m, 0x1000, 0x20_0800, 0x1800), Ok(()));
+        let read_only = user_writable(&m, 0x1000, 0x20_1ff8, 16);
+        assert!(read_only.is_err_and(|e| e.to_string().contains("0x202000")));
+        assert!(user_writable(&m, 0x1000, 0x20_3000, 1).is_err());
+        assert_eq!(user_writable(&m, 0x1000, 0x20_2000, 0), Ok(()));
+        // Nothing was touched: no accessed bit set.
         let mut entry = [0u8; 8];
         m.read_slice(&mut entry, GuestAddress(0x8000)).unwrap();
         assert_eq!(u64::from_le_bytes(entry), 0x9000 | 7);

@@ -355,21 +355,16 @@ impl Machine {
                 "with an answer word at {answer:#x}, not 8-byte aligned"
             )));
         }
-        let end = gva
-            .checked_add(len)
-            .ok_or_else(|| bad(format!("into a buffer at {gva:#x} that wraps around")))?;
+        if gva.checked_add(len).is_none() {
+            return Err(bad(format!("into a buffer at {gva:#x} that wraps around")));
+        }
         let cr3 = self.vcpu.sregs()?.cr3;
-        let writable = |at: u64| {
-            gva::translate_user_access(&self.vm.mem, cr3, at, true)
-                .map(|_| ())
+        let writable = |at: u64, len: u64| {
+            gva::user_writable(&self.vm.mem, cr3, at, len as usize)
                 .map_err(|e| bad(format!("into memory at {at:#x} it cannot write ({e})")))
         };
-        let mut at = gva;
-        while at < end {
-            writable(at)?;
-            at = (at & !(gva::PAGE_SIZE - 1)) + gva::PAGE_SIZE;
-        }
-        writable(answer)?;
+        writable(gva, len)?;
+        writable(answer, 8)?;
         Ok(len as usize)
     }
 
