@@ -53,6 +53,10 @@ pub const MSR_INSIGHT_CHAOS_POINT: u32 = 0x4953_4e03;
 pub const MSR_INSIGHT_CHAOS_WHERE: u32 = 0x4953_4e04;
 /// MSR it then reads the decision from.
 pub const MSR_INSIGHT_CHAOS_DECISION: u32 = 0x4953_4e05;
+/// MSR it writes the start of the asking task's program code to, before
+/// the point, when that changed since it last did: where a user position
+/// lies in the program.
+pub const MSR_INSIGHT_CHAOS_CODE: u32 = 0x4953_4e06;
 /// IA32_TSC, which the VMM filters so that it never returns host time.
 pub const MSR_IA32_TSC: u32 = 0x10;
 /// How far the VM's time moves on past the latest time the log gives

@@ -23,6 +23,7 @@ pub mod replay;
 pub mod report;
 pub mod run;
 pub mod schedule;
+pub mod why;
 
 pub(crate) fn open_trace(dir: &std::path::Path) -> Result<TraceReader<Entry>> {
     TraceReader::open(dir).with_context(|| format!("cannot open trace {}", dir.display()))

@@ -40,6 +40,8 @@ pub struct Recorded {
     pub trace: PathBuf,
     pub settings: trace::ChaosSettings,
     pub schedule: Schedule,
+    /// How the recording ended, if its log says.
+    pub end: Option<journal::EndReason>,
 }
 
 /// Reads the settings and schedule of the chaos recording `name` (a
@@ -58,8 +60,12 @@ pub fn read_schedule(name: &Path) -> Result<Recorded> {
         Ok(None) => None,
         Err(e) => Some(Err(e)),
     });
-    let mut failure = None;
+    let (mut failure, mut end) = (None, None);
     let schedule = Schedule::from_log(entries.map_while(|e| match e {
+        Ok(journal::Entry::End(reason)) => {
+            end = Some(reason.clone());
+            Some(Ok::<_, ScheduleError>(journal::Entry::End(reason)))
+        }
         Ok(e) => Some(Ok::<_, ScheduleError>(e)),
         Err(e) => {
             failure = Some(e);
@@ -75,6 +81,7 @@ pub fn read_schedule(name: &Path) -> Result<Recorded> {
         trace,
         settings,
         schedule,
+        end,
     })
 }
 

@@ -182,6 +182,7 @@ impl GuestMsrs for Chaos {
                 let decision = Decision {
                     point,
                     user_ip: self.user_ip,
+                    code_start: 0,
                     value,
                 };
                 self.stats.choices += u64::from(decision.is_choice());

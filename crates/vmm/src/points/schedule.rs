@@ -11,7 +11,8 @@ use std::fmt;
 use std::ops::RangeInclusive;
 
 use journal::{
-    Entry, MSR_INSIGHT_CHAOS_DECISION, MSR_INSIGHT_CHAOS_POINT, MSR_INSIGHT_CHAOS_WHERE,
+    Entry, MSR_INSIGHT_CHAOS_CODE, MSR_INSIGHT_CHAOS_DECISION, MSR_INSIGHT_CHAOS_POINT,
+    MSR_INSIGHT_CHAOS_WHERE,
 };
 
 /// Priorities below this are a change point's drops; drawn ones lie
@@ -100,11 +101,13 @@ impl ChaosPoint {
 }
 
 /// One decision: the point, the task's user instruction pointer there
-/// (where it entered the kernel last), and the answer.
+/// (where it entered the kernel last), where its program's code starts
+/// (0: not told), and the answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Decision {
     pub point: ChaosPoint,
     pub user_ip: u64,
+    pub code_start: u64,
     pub value: u64,
 }
 
@@ -183,7 +186,7 @@ impl Schedule {
         entries: impl IntoIterator<Item = Result<Entry, ScheduleError>>,
     ) -> Result<Self, ScheduleError> {
         let mut decisions = Vec::new();
-        let (mut point, mut user_ip) = (None, 0);
+        let (mut point, mut user_ip, mut code_start) = (None, 0, 0);
         for (n, entry) in entries.into_iter().enumerate() {
             let entry_no = n as u64 + 1;
             match entry? {
@@ -207,6 +210,12 @@ impl Schedule {
                     fault: false,
                     ..
                 } if index == MSR_INSIGHT_CHAOS_WHERE => user_ip = value,
+                Entry::WrMsr {
+                    index,
+                    value,
+                    fault: false,
+                    ..
+                } if index == MSR_INSIGHT_CHAOS_CODE => code_start = value,
                 Entry::RdMsr {
                     index,
                     value,
@@ -219,6 +228,7 @@ impl Schedule {
                     decisions.push(Decision {
                         point,
                         user_ip,
+                        code_start,
                         value,
                     });
                 }
@@ -403,7 +413,13 @@ mod tests {
 
     #[test]
     fn the_log_gives_the_decisions_and_their_choices() {
-        let mut log = asked(point(1, PointKind::New, 0), 0x40, DEFAULT_PRIORITY);
+        let mut log = vec![Ok(Entry::WrMsr {
+            index: MSR_INSIGHT_CHAOS_CODE,
+            rip: 0,
+            value: 0x5555_0000_1000,
+            fault: false,
+        })];
+        log.extend(asked(point(1, PointKind::New, 0), 0x40, DEFAULT_PRIORITY));
         log.extend(asked(point(2, PointKind::New, 0), 0x41, 0x7777_0000));
         log.extend(asked(point(2, PointKind::Steps, 1), 0x42, 17));
         log.extend(asked(point(2, PointKind::Drop, 2), 0x43, 0x99));
@@ -420,6 +436,7 @@ mod tests {
         let s = Schedule::from_log(log).unwrap();
         assert_eq!(s.decisions.len(), 5);
         assert_eq!(s.decisions[3].user_ip, 0x43);
+        assert_eq!(s.decisions[4].code_start, 0x5555_0000_1000);
         let choices: Vec<_> = s
             .choices()
             .map(|(n, d)| (n, d.point.task, d.value))

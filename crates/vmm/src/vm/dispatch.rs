@@ -34,11 +34,12 @@ pub(crate) trait GuestMsrs {
 }
 
 /// MSRs the guest may write (others fault, as on hardware): the chaos
-/// scheduler's point of a decision and its user position. Recording and
-/// replay accept them alike.
-const WRITABLE_MSRS: [u32; 2] = [
+/// scheduler's point of a decision, its user position and where the
+/// program's code starts. Recording and replay accept them alike.
+const WRITABLE_MSRS: [u32; 3] = [
     journal::MSR_INSIGHT_CHAOS_POINT,
     journal::MSR_INSIGHT_CHAOS_WHERE,
+    journal::MSR_INSIGHT_CHAOS_CODE,
 ];
 
 /// The single choke point for VM exits: every exit of every vCPU passes
