@@ -324,7 +324,13 @@ impl ProgramSymbols {
         let data = self.data.as_deref()?;
         let image = guestfiles::elf::LoadImage::parse(data).ok()?;
         let first_code = image.code().map(|(vaddr, _)| vaddr).min()?;
-        let rel = user_ip.checked_sub(code_start)?.checked_add(first_code)?;
+        // Not told where the code starts: only a program that is not
+        // position-independent (ET_EXEC) lies where its file says.
+        let rel = match code_start {
+            0 if data.get(16..18) == Some(&[2, 0]) => user_ip,
+            0 => return None,
+            start => user_ip.checked_sub(start)?.checked_add(first_code)?,
+        };
         let elf = ElfSymbols::parse(data)?;
         let function = elf.function(rel)?;
         Some(match elf.line(rel) {
