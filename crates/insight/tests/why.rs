@@ -1,9 +1,10 @@
 //! A chaos recording's schedule as data, end to end (docs/chaos.md, "Why
 //! it failed"): SCTBench programs that failed under chaos fail again when
-//! their recording's decisions are forced (`record --schedule TRACE`), and
-//! pass with all of its choices left out (`TRACE:keep=`, the schedule
-//! without chaos, under which they never fail natively); `dump --schedule`
-//! lists the choices.
+//! their recording's decisions are forced (`record --schedule TRACE`);
+//! `dump --schedule` lists the choices, and a run with all of them left
+//! out (`TRACE:keep=`) takes none. Whether that run passes is not checked:
+//! preemptions by kernel threads, and ties of priority broken by CFS's
+//! virtual runtime, are not insight's decisions yet (docs/chaos.md).
 //!
 //! Like the other end-to-end tests they need /dev/kvm and the guest image
 //! (the test command builds it first).
@@ -58,7 +59,7 @@ fn choices(trace: &Path) -> Vec<String> {
 
 /// Records SCTBench's `name` with chaos until it fails (an assert: 134),
 /// then checks its schedule forced again fails the same way `again`
-/// times, and passes with every choice left out.
+/// times, and that with every choice left out none is taken.
 fn assert_schedule_fails_again(dir: &Path, name: &str, again: usize) {
     let prog = sctbench(dir, name);
     let trace = dir.join(format!("{name}-trace"));
@@ -81,10 +82,9 @@ fn assert_schedule_fails_again(dir: &Path, name: &str, again: usize) {
     let quiet = dir.join(format!("{name}-none"));
     let out = record_with(&quiet, &["--schedule", &format!("{from}:keep=")], &prog);
     let (_, stderr) = text(&out);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{name}: with no choice it failed: {stderr}"
+    assert!(
+        matches!(out.status.code(), Some(0 | 134)),
+        "{name}: with no choice: {stderr}"
     );
     assert!(
         choices(&quiet).is_empty(),
@@ -94,7 +94,7 @@ fn assert_schedule_fails_again(dir: &Path, name: &str, again: usize) {
 
 #[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
 #[test]
-fn sctbench_failures_come_back_with_their_schedule_and_go_without_its_choices() {
+fn sctbench_failures_come_back_with_their_schedule_forced_again() {
     guest_ready();
     let dir = scratch("why-schedule");
     for name in ["bluetooth_driver_bad", "stack_bad"] {
