@@ -1,6 +1,7 @@
 //! A chaos recording's schedule as data, end to end (docs/chaos.md, "Why
 //! it failed"): SCTBench programs that failed under chaos fail again when
-//! their recording's decisions are forced (`record --schedule TRACE`);
+//! their recording's decisions are forced (`record --schedule TRACE`),
+//! and such a recording replays;
 //! `dump --schedule` lists the choices, and a run with all of them left
 //! out (`TRACE:keep=`) takes none. Whether that run passes is not checked:
 //! preemptions by kernel threads, and ties of priority broken by CFS's
@@ -78,6 +79,16 @@ fn assert_schedule_fails_again(dir: &Path, name: &str, seed: u64, again: usize) 
             Some(134),
             "{name}: the schedule forced again (run {n}) did not fail: {stderr}"
         );
+        if n == 0 {
+            // A forced schedule's recording replays like any other.
+            let replayed = replay(&rerun);
+            let (_, rerr) = text(&replayed);
+            assert!(replayed.status.success(), "{name}: {rerr}");
+            assert!(
+                rerr.contains("command exited with status 134"),
+                "{name}: {rerr}"
+            );
+        }
         let _ = std::fs::remove_dir_all(&rerun);
     }
     let quiet = dir.join(format!("{name}-none"));
