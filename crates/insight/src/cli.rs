@@ -156,6 +156,19 @@ Examples:
 Exit status: gdb's."
     )]
     Debug(cmd::debug::DebugArgs),
+    /// Which choices of a failing chaos recording's schedule make it fail.
+    #[command(
+        long_about = "Which choices of a failing chaos recording's schedule make \
+the command fail (docs/chaos.md, \"Why it failed\").\n\n\
+The command, given as it was recorded, is recorded again with the recording's scheduling \
+decisions forced (`record --schedule TRACE:keep=LIST`), some of its choices left out; delta \
+debugging narrows them to a set with which it still fails and without any one of which it \
+passes. For each such choice: the task, where it stood (function and source line of the \
+program), and where the other tasks ran to meanwhile.\n\n\
+Example:\n  insight record --chaos=1 --until-fail=200 -o t1 -- ./stack_bad\n  \
+insight why t1 -- ./stack_bad"
+    )]
+    Why(cmd::why::WhyArgs),
     /// Print a trace's header and event log (text or JSON lines).
     #[command(long_about = "Print a trace's header and event log.\n\n\
 Text: one line per log entry, deterministic exits numbered by ordinal, interrupts and \
@@ -240,6 +253,7 @@ pub fn main() -> Result<ExitCode> {
         },
         Command::Debug(args) => cmd::debug::debug(args),
         Command::Dump(args) => cmd::dump::dump(args),
+        Command::Why(args) => cmd::why::why(args),
         Command::Diff(args) => cmd::diff::diff(args),
         Command::Report(args) => cmd::report::report(args),
         Command::Convert(args) => cmd::convert::convert(&args),

@@ -46,6 +46,17 @@ pub const MSR_INSIGHT_CHAOS_SEED: u32 = 0x4953_4e01;
 /// MSR the guest kernel reads after a seed that is not 0: the chaos
 /// settings, packed (docs/chaos.md).
 pub const MSR_INSIGHT_CHAOS_SETTINGS: u32 = 0x4953_4e02;
+/// MSR the guest kernel's chaos scheduler writes the point of a decision
+/// to (kind, task, count; docs/chaos.md).
+pub const MSR_INSIGHT_CHAOS_POINT: u32 = 0x4953_4e03;
+/// MSR it writes the task's user instruction pointer to, after the point.
+pub const MSR_INSIGHT_CHAOS_WHERE: u32 = 0x4953_4e04;
+/// MSR it then reads the decision from.
+pub const MSR_INSIGHT_CHAOS_DECISION: u32 = 0x4953_4e05;
+/// MSR it writes the start of the asking task's program code to, before
+/// the point, when that changed since it last did: where a user position
+/// lies in the program.
+pub const MSR_INSIGHT_CHAOS_CODE: u32 = 0x4953_4e06;
 /// IA32_TSC, which the VMM filters so that it never returns host time.
 pub const MSR_IA32_TSC: u32 = 0x10;
 /// How far the VM's time moves on past the latest time the log gives

@@ -159,9 +159,12 @@ pub struct RecordOptions<'a> {
     /// fault from user mode) for this long (host time) ends as a hang
     /// (`VmError::TimeLimit`, logged as `EndReason::Hung`).
     pub time_limit: Option<Duration>,
-    /// Preemptions forced at random instants drawn from these settings
+    /// The guest scheduler's chaos, decided from these settings
     /// (docs/chaos.md), written in the trace header.
     pub chaos: Option<trace::ChaosSettings>,
+    /// With `chaos`, a recording's decisions taken again instead of the
+    /// seed's (`record --schedule`, docs/chaos.md).
+    pub schedule: Option<crate::ForcedDecisions>,
     /// Where the trace store keeps the host files its recordings read
     /// (`trace::objects`), if the trace goes into one: each file once.
     pub shared_objects: Option<PathBuf>,
@@ -262,7 +265,10 @@ pub fn record(
                     .to_owned(),
             );
         }
-        session.perturb(Chaos::new(settings));
+        session.perturb(match options.schedule {
+            Some(forced) => Chaos::forced(settings, forced),
+            None => Chaos::new(settings),
+        });
     }
     Ok((session, notes))
 }

@@ -23,7 +23,10 @@ pub mod unemulated;
 pub mod vm;
 
 pub use journal::ReplayPoint;
-pub use points::{chaos_settings, ChaosStats, PointCounts, PointStats, SampleStats};
+pub use points::{
+    chaos_settings, ChaosPoint, ChaosStats, Decision, ForcedDecisions, PointCounts, PointKind,
+    PointStats, SampleStats, Schedule, ScheduleEdits, ScheduleError,
+};
 pub use session::{
     LiveRun, NetReport, ProgressFn, RecordSession, ReplaySession, RunOutcome, StopReason,
 };

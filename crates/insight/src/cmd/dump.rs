@@ -38,6 +38,11 @@ pub struct DumpArgs {
     /// FILE (pcap, stamped with guest time) instead of printing the log.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["json", "header", "limit"])]
     rx_pcap: Option<PathBuf>,
+    /// Print the chaos schedule instead: every decision of the guest's
+    /// chaos scheduler, its choices numbered as `record --schedule
+    /// TRACE:EDITS` names them (docs/chaos.md, "Why it failed").
+    #[arg(long, conflicts_with_all = ["json", "header", "limit", "stats", "rx_pcap"])]
+    schedule: bool,
     /// Replace an existing --rx-pcap file even if it is not a pcap capture
     /// (never a device, link, directory, or a file of a trace).
     #[arg(long, requires = "rx_pcap")]
@@ -46,6 +51,13 @@ pub struct DumpArgs {
 
 pub fn dump(args: DumpArgs) -> Result<ExitCode> {
     let trace = traces::resolve(args.trace.as_deref())?;
+    if args.schedule {
+        let recorded = super::schedule::read_schedule(&trace)?;
+        let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+        super::schedule::print_schedule(&mut out, &recorded)?;
+        out.flush()?;
+        return Ok(ExitCode::SUCCESS);
+    }
     if let Some(path) = &args.rx_pcap {
         outputs::check(path, OutputKind::Pcap, args.force)?;
     }

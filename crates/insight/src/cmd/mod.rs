@@ -22,6 +22,8 @@ pub mod record;
 pub mod replay;
 pub mod report;
 pub mod run;
+pub mod schedule;
+pub mod why;
 
 pub(crate) fn open_trace(dir: &std::path::Path) -> Result<TraceReader<Entry>> {
     TraceReader::open(dir).with_context(|| format!("cannot open trace {}", dir.display()))

@@ -78,6 +78,14 @@ pub struct RecordArgs {
     #[arg(long, value_name = "SEED", num_args = 0..=1, require_equals = true,
           default_missing_value = "random", value_parser = parse_seed)]
     chaos: Option<Seed>,
+    /// Take the decisions of chaos recording TRACE again (docs/chaos.md,
+    /// "Why it failed"): the same schedule, as far as the run goes the same
+    /// way, with the choices EDITS names left out (`drop=LIST`) or only
+    /// those taken (`keep=LIST`); LIST is numbers and ranges (`3,7,10-12`)
+    /// of the choices `insight dump --schedule TRACE` numbers.
+    #[arg(long, value_name = "TRACE[:EDITS]", conflicts_with_all = ["chaos", "until_fail"],
+          value_parser = super::schedule::parse_schedule_arg)]
+    schedule: Option<super::schedule::ScheduleArg>,
     #[command(flatten)]
     guest: GuestArgs,
 }
@@ -297,8 +305,26 @@ fn record_once(
     let stdout = || status.console(terminal_output());
     let input = stdin_input(args.guest.no_stdin);
     let progress = progress_report(&status, "record", None);
-    let chaos = args.chaos.map(|seed| vmm::chaos_settings(seed.value()));
-    if let Some(c) = &chaos {
+    let mut chaos = args.chaos.map(|seed| vmm::chaos_settings(seed.value()));
+    let mut schedule = None;
+    if let Some(arg) = &args.schedule {
+        let recorded = super::schedule::read_schedule(&arg.trace)?;
+        let forced = recorded
+            .schedule
+            .forced(&arg.edits)
+            .with_context(|| format!("cannot edit the schedule of {}", recorded.trace.display()))?;
+        eprintln!(
+            "insight: chaos: the schedule of {}{} ({} choices)",
+            recorded.trace.display(),
+            match &arg.edits {
+                vmm::ScheduleEdits::None => String::new(),
+                edits => format!(", {edits}"),
+            },
+            recorded.schedule.choices().count()
+        );
+        chaos = Some(recorded.settings);
+        schedule = Some(forced);
+    } else if let Some(c) = &chaos {
         eprintln!("insight: chaos: {}", super::dump::chaos_text(c));
     }
     let ended = record_try(
@@ -314,6 +340,7 @@ fn record_once(
             latest_at_start: true,
             notes: true,
             chaos,
+            schedule,
         },
     );
     status.clear();
@@ -406,6 +433,7 @@ fn until_fail_tries(
                 latest_at_start: false,
                 notes: n == 1,
                 chaos,
+                schedule: None,
             },
         )?;
         let elapsed = started.elapsed().as_secs_f64();
@@ -500,6 +528,8 @@ struct Try<'a> {
     /// Print the builder's notes.
     notes: bool,
     chaos: Option<trace::ChaosSettings>,
+    /// With `chaos`, a recording's decisions taken again.
+    schedule: Option<vmm::ForcedDecisions>,
 }
 
 /// Records one run into `target`, from the boot snapshot.
@@ -529,6 +559,7 @@ fn record_try(
             sample_period: args.sample_period.0,
             time_limit: args.timeout,
             chaos: how.chaos,
+            schedule: how.schedule,
             shared_objects: (target.store.as_ref())
                 .map(|s| s.join(trace::objects::SHARED_OBJECTS_DIR)),
         },
@@ -602,8 +633,9 @@ fn print_summary(outcome: &vmm::RunOutcome, output: &Path) {
     let c = &outcome.points.chaos;
     if c.seeds > 0 {
         eprintln!(
-            "insight: chaos seeded the guest's scheduler {} times (once an exec)",
-            c.seeds
+            "insight: chaos seeded the guest's scheduler {} times (once an exec) and took {} \
+             decisions, {} of them choices (`insight dump --schedule`)",
+            c.seeds, c.decisions, c.choices
         );
     }
     let s = &outcome.points.samples;

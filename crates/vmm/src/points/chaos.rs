@@ -1,15 +1,22 @@
 //! Chaos while recording (`record --chaos`): the guest kernel's scheduler
-//! decides by random draws (guest kernel patch 0031: random task
-//! priorities, priority change points at random single-stepped user
-//! instructions, new priorities at random system calls and ticks). The
-//! VMM hands the guest the seed of those draws at every exec, and the
-//! settings, as the answers to two MSR reads; the recording logs them
-//! like every value the guest reads, so a replay makes the same draws and
-//! needs no seed.
+//! decides by the VMM's decisions (guest kernel patch 0031: task
+//! priorities, priority change points at single-stepped user
+//! instructions, new priorities at system calls and ticks). At each point
+//! the kernel names the point and asks; the VMM answers from the chaos
+//! seed, a hash of seed and point, so that a point is given the same
+//! decision whenever a run reaches it, whatever came before it; or it
+//! answers a recording's decisions again (`record --schedule`). The
+//! recording logs each question and answer like every MSR access, so a
+//! replay takes the same decisions and the trace holds its schedule
+//! (`schedule.rs`).
 
-use journal::{MSR_INSIGHT_CHAOS_SEED, MSR_INSIGHT_CHAOS_SETTINGS};
+use journal::{
+    MSR_INSIGHT_CHAOS_DECISION, MSR_INSIGHT_CHAOS_POINT, MSR_INSIGHT_CHAOS_SEED,
+    MSR_INSIGHT_CHAOS_SETTINGS, MSR_INSIGHT_CHAOS_WHERE,
+};
 use trace::ChaosSettings;
 
+use super::schedule::{ChaosPoint, Decision, ForcedDecisions, PointKind, DROPPED_BELOW};
 use crate::vm::GuestMsrs;
 
 /// By default one system-call entry or return to user mode in this many
@@ -64,10 +71,15 @@ pub fn settings_word(s: &ChaosSettings) -> u64 {
         | u64::from(s.process_budget) << 48
 }
 
-/// A recording's chaos: the draws handed to the guest.
+/// A recording's chaos: the decisions handed to the guest.
 pub(crate) struct Chaos {
     settings: ChaosSettings,
     rng: Xoshiro256,
+    /// A recording's decisions taken again, instead of the seed's.
+    forced: Option<ForcedDecisions>,
+    /// The point the guest kernel named last, and its user position.
+    point: Option<ChaosPoint>,
+    user_ip: u64,
     pub(crate) stats: ChaosStats,
 }
 
@@ -76,6 +88,10 @@ pub(crate) struct Chaos {
 pub struct ChaosStats {
     /// Seeds handed to the guest kernel (one at each exec).
     pub seeds: u64,
+    /// Decisions the guest kernel asked for.
+    pub decisions: u64,
+    /// Those that are choices of the schedule (`Decision::is_choice`).
+    pub choices: u64,
 }
 
 impl Chaos {
@@ -83,9 +99,68 @@ impl Chaos {
         Chaos {
             settings,
             rng: Xoshiro256::seeded(settings.seed),
+            forced: None,
+            point: None,
+            user_ip: 0,
             stats: ChaosStats::default(),
         }
     }
+
+    /// Chaos that takes `forced`'s decisions (`record --schedule`).
+    pub(crate) fn forced(settings: ChaosSettings, forced: ForcedDecisions) -> Self {
+        Chaos {
+            forced: Some(forced),
+            ..Chaos::new(settings)
+        }
+    }
+
+    /// The decision at `point`.
+    fn decide(&self, point: ChaosPoint) -> u64 {
+        if let Some(forced) = &self.forced {
+            return forced.answer(point);
+        }
+        seeded_decision(&self.settings, point)
+    }
+}
+
+/// The decision chaos from `settings.seed` takes at `point`: drawn from a
+/// hash of the seed and the point alone.
+fn seeded_decision(s: &ChaosSettings, point: ChaosPoint) -> u64 {
+    let draw = |salt: u64| {
+        splitmix64(
+            s.seed
+                ^ point.word().wrapping_mul(0x9e37_79b9_7f4a_7c15)
+                ^ salt.wrapping_mul(0xd6e8_feb8_6659_fd93),
+        )
+    };
+    // A drawn priority: above every dropped one.
+    let priority = |x: u64| (x >> 34) + DROPPED_BELOW;
+    let one_in = |n: u8, x: u64| n != 0 && x.is_multiple_of(u64::from(n));
+    match point.kind {
+        PointKind::New => priority(draw(1)),
+        PointKind::Entry if one_in(s.entry_one_in, draw(1)) => priority(draw(2)),
+        PointKind::Tick if one_in(s.tick_one_in, draw(1)) => priority(draw(2)),
+        PointKind::Entry | PointKind::Tick => 0,
+        // Uniformly below twice a mean, the mean a power of two between
+        // the least and the greatest (as the guest kernel caps them).
+        PointKind::Steps => {
+            let max = u64::from(s.step_log_max.min(20));
+            if max == 0 {
+                return 0;
+            }
+            let min = u64::from(s.step_log_min).min(max);
+            let mean = 1u64 << (min + draw(1) % (max - min + 1));
+            1 + draw(2) % (2 * mean)
+        }
+        PointKind::Drop => 1 + draw(1) % (DROPPED_BELOW - 1),
+    }
+}
+
+fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 impl GuestMsrs for Chaos {
@@ -95,11 +170,36 @@ impl GuestMsrs for Chaos {
         match index {
             MSR_INSIGHT_CHAOS_SEED => {
                 self.stats.seeds += 1;
-                // Never 0 (chaos off), nor a state xorshift cannot leave.
+                // Never 0 (chaos off).
                 Some(self.rng.next() | 1)
             }
             MSR_INSIGHT_CHAOS_SETTINGS => Some(settings_word(&self.settings)),
+            MSR_INSIGHT_CHAOS_DECISION => {
+                // Asked with no point named: the read faults.
+                let point = self.point.take()?;
+                let value = self.decide(point);
+                self.stats.decisions += 1;
+                let decision = Decision {
+                    point,
+                    user_ip: self.user_ip,
+                    code_start: 0,
+                    value,
+                };
+                self.stats.choices += u64::from(decision.is_choice());
+                Some(value)
+            }
             _ => None,
+        }
+    }
+
+    fn write_msr(&mut self, index: u32, value: u64) {
+        match index {
+            MSR_INSIGHT_CHAOS_POINT => {
+                self.point = ChaosPoint::from_word(value);
+                self.user_ip = 0;
+            }
+            MSR_INSIGHT_CHAOS_WHERE => self.user_ip = value,
+            _ => {}
         }
     }
 }
@@ -183,5 +283,101 @@ mod tests {
             c.read_msr(MSR_INSIGHT_CHAOS_SETTINGS),
             Some(0xdef0_9abc_7856_3412)
         );
+    }
+
+    fn ask(c: &mut Chaos, task: u16, kind: PointKind, count: u64) -> Option<u64> {
+        let point = ChaosPoint { task, kind, count };
+        c.write_msr(MSR_INSIGHT_CHAOS_POINT, point.word());
+        c.write_msr(MSR_INSIGHT_CHAOS_WHERE, 0x40_1000);
+        c.read_msr(MSR_INSIGHT_CHAOS_DECISION)
+    }
+
+    #[test]
+    fn a_seeded_decision_depends_on_its_point_alone() {
+        let mut a = Chaos::new(chaos_settings(5));
+        let mut b = Chaos::new(chaos_settings(5));
+        // Asked in another order, with a tick between: the same answers.
+        let first = ask(&mut a, 2, PointKind::Drop, 7).unwrap();
+        ask(&mut b, 1, PointKind::Tick, 3 << 8);
+        assert_eq!(ask(&mut b, 2, PointKind::Drop, 7), Some(first));
+        assert!((1..DROPPED_BELOW).contains(&first));
+        assert_ne!(
+            (0..20)
+                .map(|n| ask(&mut a, 1, PointKind::New, n).unwrap())
+                .collect::<Vec<_>>(),
+            (0..20)
+                .map(|n| ask(&mut Chaos::new(chaos_settings(6)), 1, PointKind::New, n).unwrap())
+                .collect::<Vec<_>>()
+        );
+        // About one kernel point in `entry_one_in` gets a new priority,
+        // above every dropped one; the others none.
+        let entries: Vec<u64> = (0..4000)
+            .map(|n| ask(&mut a, 3, PointKind::Entry, n).unwrap())
+            .collect();
+        let changed = entries.iter().filter(|&&v| v != 0).count();
+        assert!((800..1200).contains(&changed), "{changed}");
+        assert!(entries.iter().all(|&v| v == 0 || v >= DROPPED_BELOW));
+        // Runs of steps: 1 to twice the greatest mean.
+        let max = 2u64 << DEFAULT_STEP_LOG_MAX;
+        assert!((0..500)
+            .map(|n| ask(&mut a, 3, PointKind::Steps, n).unwrap())
+            .all(|v| (1..=max).contains(&v)));
+        assert_eq!(a.stats.decisions, 1 + 20 + 4000 + 500);
+        assert_eq!(
+            a.stats.choices,
+            1 + 20 + changed as u64,
+            "drops, new priorities and changes are choices"
+        );
+        // No point named: the read faults.
+        assert_eq!(a.read_msr(MSR_INSIGHT_CHAOS_DECISION), None);
+    }
+
+    #[test]
+    fn forced_decisions_are_answered_and_the_rest_changes_nothing() {
+        let mut log = Vec::new();
+        let mut c = Chaos::new(chaos_settings(9));
+        let points = [
+            (1, PointKind::New, 0),
+            (2, PointKind::New, 0),
+            (2, PointKind::Steps, 1),
+            (2, PointKind::Drop, 2),
+        ];
+        for (task, kind, count) in points {
+            let point = ChaosPoint { task, kind, count };
+            let value = ask(&mut c, task, kind, count).unwrap();
+            for (index, value) in [
+                (MSR_INSIGHT_CHAOS_POINT, point.word()),
+                (MSR_INSIGHT_CHAOS_WHERE, 0x40_1000),
+            ] {
+                log.push(Ok(journal::Entry::WrMsr {
+                    index,
+                    rip: 0,
+                    value,
+                    fault: false,
+                }));
+            }
+            log.push(Ok(journal::Entry::RdMsr {
+                index: MSR_INSIGHT_CHAOS_DECISION,
+                rip: 0,
+                value,
+                fault: false,
+            }));
+        }
+        let schedule = super::super::Schedule::from_log(log).unwrap();
+        assert_eq!(schedule.choices().count(), 3);
+        let edits = super::super::ScheduleEdits::parse("drop=3").unwrap();
+        let mut again = Chaos::forced(chaos_settings(1), schedule.forced(&edits).unwrap());
+        for (n, (task, kind, count)) in points.into_iter().enumerate() {
+            let want = match n {
+                3 => 0,
+                _ => schedule.decisions[n].value,
+            };
+            assert_eq!(ask(&mut again, task, kind, count), Some(want), "{n}");
+        }
+        assert_eq!(
+            ask(&mut again, 3, PointKind::New, 0),
+            Some(super::super::schedule::DEFAULT_PRIORITY)
+        );
+        assert_eq!(ask(&mut again, 1, PointKind::Tick, 0), Some(0));
     }
 }

@@ -8,6 +8,7 @@
 mod chaos;
 mod patch;
 mod position;
+mod schedule;
 mod search;
 mod sites;
 mod taker;
@@ -17,6 +18,9 @@ pub(crate) use chaos::Chaos;
 pub use chaos::{chaos_settings, ChaosStats};
 pub(crate) use patch::Patch;
 pub(crate) use position::user_position;
+pub use schedule::{
+    ChaosPoint, Decision, ForcedDecisions, PointKind, Schedule, ScheduleEdits, ScheduleError,
+};
 pub(crate) use search::{Found, PointSearch};
 pub(crate) use taker::PointTaker;
 

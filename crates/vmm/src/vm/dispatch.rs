@@ -25,11 +25,22 @@ pub(crate) enum Next {
 }
 
 /// MSRs a recording answers beyond the VMM's own (`record --chaos`: the
-/// seed and settings of the guest scheduler's draws).
+/// seed and settings of the guest scheduler's chaos, and its decisions).
 pub(crate) trait GuestMsrs {
     /// The value the guest reads from MSR `index`, if it is one of these.
     fn read_msr(&mut self, index: u32) -> Option<u64>;
+    /// The guest wrote `value` to MSR `index`, one of `WRITABLE_MSRS`.
+    fn write_msr(&mut self, index: u32, value: u64);
 }
+
+/// MSRs the guest may write (others fault, as on hardware): the chaos
+/// scheduler's point of a decision, its user position and where the
+/// program's code starts. Recording and replay accept them alike.
+const WRITABLE_MSRS: [u32; 3] = [
+    journal::MSR_INSIGHT_CHAOS_POINT,
+    journal::MSR_INSIGHT_CHAOS_WHERE,
+    journal::MSR_INSIGHT_CHAOS_CODE,
+];
 
 /// The single choke point for VM exits: every exit of every vCPU passes
 /// here with the vCPU's id. Recording and replay hook in here only: a
@@ -163,12 +174,16 @@ pub(crate) fn dispatch<W: Write>(
         }
         VcpuExit::X86Wrmsr(msr) => {
             counts.msr += 1;
-            *msr.error = 1;
+            let fault = !WRITABLE_MSRS.contains(&msr.index);
+            if let (false, Some(m)) = (fault, msrs) {
+                m.write_msr(msr.index, msr.data);
+            }
+            *msr.error = u8::from(fault);
             let event = Entry::WrMsr {
                 index: msr.index,
                 rip: 0,
                 value: msr.data,
-                fault: true,
+                fault,
             };
             (Next::Continue, Some(event))
         }
@@ -520,6 +535,24 @@ mod tests {
             Some(Entry::WrMsr {
                 value: 5,
                 fault: true,
+                ..
+            })
+        ));
+        // But the chaos scheduler's points, with or without chaos.
+        let mut error = 1u8;
+        let exit = VcpuExit::X86Wrmsr(WriteMsrExit {
+            error: &mut error,
+            reason: MsrExitReason::Unknown,
+            index: journal::MSR_INSIGHT_CHAOS_POINT,
+            data: 0x102,
+        });
+        let (_, entry) = h.run(&mut live, exit);
+        assert_eq!(error, 0);
+        assert!(matches!(
+            entry,
+            Some(Entry::WrMsr {
+                value: 0x102,
+                fault: false,
                 ..
             })
         ));

@@ -1,0 +1,486 @@
+//! `insight why TRACE -- COMMAND`: which choices of a failing chaos
+//! recording's schedule make the command fail (docs/chaos.md, "Why it
+//! failed"). The command is recorded again with the schedule's choices
+//! forced, some left out (`record --schedule TRACE:keep=LIST`), and delta
+//! debugging (Zeller's ddmin) narrows them to a set that still fails while
+//! each of its choices left out alone makes a passing neighbour.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use guestfiles::ElfSymbols;
+use journal::EndReason;
+use vmm::{Decision, PointKind, Schedule, ScheduleEdits};
+
+use super::schedule::{read_schedule, Recorded};
+use crate::exit::EXIT_HUNG;
+
+#[derive(clap::Args)]
+pub struct WhyArgs {
+    /// The failing chaos recording (`record --chaos --until-fail`): a
+    /// trace directory or a recording's name in the trace store.
+    trace: PathBuf,
+    /// Record the command again at most this many times.
+    #[arg(long, value_name = "N", default_value_t = 80)]
+    max_runs: u32,
+    /// Each run's `record --timeout` (a hang fails as the recording's did).
+    #[arg(long, value_name = "DURATION", default_value = "20s",
+          value_parser = crate::position::parse_duration)]
+    timeout: Duration,
+    /// Print the report as one JSON object.
+    #[arg(long)]
+    json: bool,
+    /// The recording's command, as it was recorded (checked against the
+    /// trace header).
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    command: Vec<String>,
+}
+
+pub fn why(args: WhyArgs) -> Result<ExitCode> {
+    let recorded = read_schedule(&args.trace)?;
+    let Some(end) = recorded.end.clone() else {
+        bail!(
+            "{} has no end: an incomplete recording has no failure to explain",
+            recorded.trace.display()
+        );
+    };
+    let failing_status = match &end {
+        EndReason::CommandExited(s) if *s != 0 => *s,
+        EndReason::Hung { .. } => EXIT_HUNG,
+        other => bail!(
+            "{} did not fail ({other}): nothing to explain",
+            recorded.trace.display()
+        ),
+    };
+    let choices = recorded.schedule.choices().count();
+    let scratch = std::env::temp_dir().join(format!("insight-why-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch)
+        .with_context(|| format!("cannot create {}", scratch.display()))?;
+    let started = Instant::now();
+    let mut runner = Runner {
+        recorded: &recorded,
+        command: &args.command,
+        timeout: args.timeout,
+        scratch: &scratch,
+        failing_status,
+        runs: 0,
+        max_runs: args.max_runs,
+        known: HashMap::new(),
+    };
+    let result = explain(&mut runner, choices);
+    let _ = std::fs::remove_dir_all(&scratch);
+    let explained = result?;
+    let elapsed = started.elapsed();
+    let symbols = ProgramSymbols::read(&args.command);
+    let report = Report::new(&recorded, &explained, &symbols);
+    if args.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "trace": recorded.trace,
+                "end": end.to_string(),
+                "choices": choices,
+                "runs": runner.runs,
+                "seconds": elapsed.as_secs_f64(),
+                "minimal": report.json(),
+                "reproduced": explained.reproduced,
+                "complete": explained.complete,
+            })
+        );
+    } else {
+        println!(
+            "{} ended: {end}. Its schedule has {choices} choices; {} re-runs in {:.1} s.",
+            recorded.trace.display(),
+            runner.runs,
+            elapsed.as_secs_f64()
+        );
+        print!("{}", report.text(&explained));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What the runs found.
+struct Explained {
+    /// The forced schedule, all choices kept, failed again.
+    reproduced: bool,
+    /// The choices that still fail, and the schedule of the run that took
+    /// them.
+    minimal: Vec<usize>,
+    minimal_run: Option<Schedule>,
+    /// Each choice of `minimal` left out alone passed (1-minimal), within
+    /// the runs allowed.
+    complete: bool,
+}
+
+fn explain(runner: &mut Runner<'_>, choices: usize) -> Result<Explained> {
+    let all: Vec<usize> = (1..=choices).collect();
+    if !runner.fails(&all)? {
+        return Ok(Explained {
+            reproduced: false,
+            minimal: all,
+            minimal_run: None,
+            complete: false,
+        });
+    }
+    let mut complete = true;
+    let minimal = ddmin(&all, |set| match runner.fails(set) {
+        Ok(f) => Ok(f),
+        Err(e) if e.is::<OutOfRuns>() => {
+            complete = false;
+            Ok(false)
+        }
+        Err(e) => Err(e),
+    })?;
+    // The run of the minimal set, again, for the positions it reached.
+    let minimal_run = runner.schedule_of(&minimal)?;
+    Ok(Explained {
+        reproduced: true,
+        minimal,
+        minimal_run,
+        complete,
+    })
+}
+
+/// The runs were used up.
+#[derive(Debug)]
+struct OutOfRuns;
+
+impl std::fmt::Display for OutOfRuns {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("no runs left (--max-runs)")
+    }
+}
+
+impl std::error::Error for OutOfRuns {}
+
+/// Records the command with some of the schedule's choices.
+struct Runner<'a> {
+    recorded: &'a Recorded,
+    command: &'a [String],
+    timeout: Duration,
+    scratch: &'a Path,
+    failing_status: u8,
+    runs: u32,
+    max_runs: u32,
+    known: HashMap<Vec<usize>, bool>,
+}
+
+impl Runner<'_> {
+    /// Whether the command fails as recorded with only the choices `kept`.
+    fn fails(&mut self, kept: &[usize]) -> Result<bool> {
+        if let Some(&f) = self.known.get(kept) {
+            return Ok(f);
+        }
+        let (fails, _) = self.run(kept, false)?;
+        self.known.insert(kept.to_vec(), fails);
+        Ok(fails)
+    }
+
+    /// The schedule a run with only the choices `kept` took, if it failed.
+    fn schedule_of(&mut self, kept: &[usize]) -> Result<Option<Schedule>> {
+        self.max_runs = self.max_runs.max(self.runs + 1);
+        let (fails, schedule) = self.run(kept, true)?;
+        Ok(schedule.filter(|_| fails))
+    }
+
+    fn run(&mut self, kept: &[usize], keep_schedule: bool) -> Result<(bool, Option<Schedule>)> {
+        if self.runs >= self.max_runs {
+            return Err(OutOfRuns.into());
+        }
+        self.runs += 1;
+        let out = self.scratch.join(format!("run-{}", self.runs));
+        let edits = ScheduleEdits::keep_only(kept);
+        let exe = std::env::current_exe().context("cannot find insight's own executable")?;
+        let status = Command::new(exe)
+            .args(["record", "--no-stdin", "--sample-period", "off", "-o"])
+            .arg(&out)
+            .arg("--timeout")
+            .arg(format!("{}ms", self.timeout.as_millis()))
+            .arg("--schedule")
+            .arg(format!("{}:{edits}", self.recorded.trace.display()))
+            .arg("--")
+            .args(self.command)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .output()
+            .context("cannot run insight record")?;
+        let code = status.status.code();
+        if code == Some(125) || code.is_none() {
+            bail!(
+                "insight record failed: {}",
+                String::from_utf8_lossy(&status.stderr).trim()
+            );
+        }
+        if self.runs == 1 {
+            check_same_command(&self.recorded.trace, &out)?;
+        }
+        let fails = code == Some(i32::from(self.failing_status));
+        let schedule = match keep_schedule {
+            true => Some(read_schedule(&out)?.schedule),
+            false => None,
+        };
+        let _ = std::fs::remove_dir_all(&out);
+        Ok((fails, schedule))
+    }
+}
+
+/// The re-run recorded the recording's command (the trace headers' configs
+/// agree).
+fn check_same_command(recorded: &Path, rerun: &Path) -> Result<()> {
+    let a = super::open_trace(recorded)?.header.config.clone();
+    let b = super::open_trace(rerun)?.header.config.clone();
+    if a != b {
+        bail!(
+            "the command given is not the recording's: {} recorded\n{a}\nbut this runs\n{b}",
+            recorded.display()
+        );
+    }
+    Ok(())
+}
+
+/// Zeller's ddmin: a subset of `all` for which `fails` holds (it holds for
+/// `all`) that is 1-minimal: left out any one element, it no longer does.
+pub(crate) fn ddmin(
+    all: &[usize],
+    mut fails: impl FnMut(&[usize]) -> Result<bool>,
+) -> Result<Vec<usize>> {
+    let mut current = all.to_vec();
+    let mut parts = 2;
+    if !current.is_empty() && fails(&[])? {
+        return Ok(Vec::new());
+    }
+    while current.len() >= 2 {
+        let chunks = split(&current, parts);
+        let mut reduced = false;
+        for chunk in &chunks {
+            if fails(chunk)? {
+                current = chunk.clone();
+                parts = 2;
+                reduced = true;
+                break;
+            }
+        }
+        if !reduced && parts > 2 {
+            for chunk in &chunks {
+                let rest: Vec<usize> = current
+                    .iter()
+                    .copied()
+                    .filter(|c| !chunk.contains(c))
+                    .collect();
+                if fails(&rest)? {
+                    current = rest;
+                    parts = (parts - 1).max(2);
+                    reduced = true;
+                    break;
+                }
+            }
+        }
+        if !reduced {
+            if parts >= current.len() {
+                break;
+            }
+            parts = (parts * 2).min(current.len());
+        }
+    }
+    Ok(current)
+}
+
+/// `items` in `parts` nearly equal runs.
+fn split(items: &[usize], parts: usize) -> Vec<Vec<usize>> {
+    let mut chunks = Vec::new();
+    let mut start = 0;
+    for i in 0..parts {
+        let end = start + (items.len() - start) / (parts - i);
+        chunks.push(items[start..end].to_vec());
+        start = end;
+    }
+    chunks.retain(|c| !c.is_empty());
+    chunks
+}
+
+/// The command's program, for functions and lines: its ELF file on the
+/// host.
+struct ProgramSymbols {
+    data: Option<Vec<u8>>,
+}
+
+impl ProgramSymbols {
+    fn read(command: &[String]) -> Self {
+        let data = command
+            .first()
+            .map(PathBuf::from)
+            .filter(|p| p.is_file())
+            .and_then(|p| std::fs::read(p).ok());
+        ProgramSymbols { data }
+    }
+
+    /// "function (file.c:42)" for a user position of the program whose
+    /// code starts at `code_start`, if it lies in the program.
+    fn describe(&self, user_ip: u64, code_start: u64) -> Option<String> {
+        let data = self.data.as_deref()?;
+        let image = guestfiles::elf::LoadImage::parse(data).ok()?;
+        let first_code = image.code().map(|(vaddr, _)| vaddr).min()?;
+        // Not told where the code starts: only a program that is not
+        // position-independent (ET_EXEC) lies where its file says.
+        let rel = match code_start {
+            0 if data.get(16..18) == Some(&[2, 0]) => user_ip,
+            0 => return None,
+            start => user_ip.checked_sub(start)?.checked_add(first_code)?,
+        };
+        let elf = ElfSymbols::parse(data)?;
+        let function = elf.function(rel)?;
+        Some(match elf.line(rel) {
+            Some(line) => format!("{function} ({line})"),
+            None => function.to_owned(),
+        })
+    }
+}
+
+/// One choice of the minimal set, and where the other tasks ran to.
+struct Finding {
+    choice: usize,
+    decision: Decision,
+    at: String,
+    others: Vec<(u16, String)>,
+}
+
+struct Report {
+    findings: Vec<Finding>,
+}
+
+impl Report {
+    fn new(recorded: &Recorded, explained: &Explained, symbols: &ProgramSymbols) -> Self {
+        let where_of = |d: &Decision| {
+            symbols
+                .describe(d.user_ip, d.code_start)
+                .unwrap_or_else(|| format!("{:#x} (not in the program)", d.user_ip))
+        };
+        let chosen: Vec<(usize, Decision)> = recorded
+            .schedule
+            .choices()
+            .filter(|(n, _)| explained.minimal.contains(n))
+            .map(|(n, d)| (n, *d))
+            .collect();
+        let mut findings = Vec::new();
+        for (choice, decision) in chosen {
+            let mut others = Vec::new();
+            if let Some(run) = &explained.minimal_run {
+                // Where each other task next asked in the program's code
+                // after this choice, in the minimal run: how far it ran
+                // while this task was switched out.
+                if let Some(i) = run.decisions.iter().position(|d| d.point == decision.point) {
+                    let mut seen = Vec::new();
+                    for d in &run.decisions[i + 1..] {
+                        if d.point.task == decision.point.task {
+                            break;
+                        }
+                        if seen.contains(&d.point.task) {
+                            continue;
+                        }
+                        if let Some(at) = symbols.describe(d.user_ip, d.code_start) {
+                            seen.push(d.point.task);
+                            others.push((d.point.task, at));
+                        }
+                    }
+                }
+            }
+            findings.push(Finding {
+                choice,
+                decision,
+                at: where_of(&decision),
+                others,
+            });
+        }
+        Report { findings }
+    }
+
+    fn text(&self, explained: &Explained) -> String {
+        let mut s = String::new();
+        if !explained.reproduced {
+            s += "The schedule forced again did not fail: the failure depends on more than \
+                  the schedule's decisions (ticks fall where the host's time puts them); \
+                  nothing narrowed.\n";
+            return s;
+        }
+        if self.findings.is_empty() {
+            s += "It fails with none of the schedule's choices: not an interleaving of chaos.\n";
+            return s;
+        }
+        s += &format!(
+            "It fails with {} of them{}; each left out alone, it passes:\n",
+            self.findings.len(),
+            if explained.complete {
+                ""
+            } else {
+                " (the runs ran out before that was checked)"
+            }
+        );
+        for f in &self.findings {
+            let d = &f.decision;
+            let what = match d.point.kind {
+                PointKind::New => "starts with a priority that orders it",
+                PointKind::Drop => "is switched out (change point)",
+                PointKind::Entry => "gets a new priority at a kernel entry or exit",
+                PointKind::Tick => "gets a new priority at a tick",
+                PointKind::Steps => "steps",
+            };
+            s += &format!(
+                "  choice {}: task {} {what} at {}\n",
+                f.choice, d.point.task, f.at
+            );
+            for (task, at) in &f.others {
+                s += &format!("      then task {task} ran to {at}\n");
+            }
+        }
+        s
+    }
+
+    fn json(&self) -> serde_json::Value {
+        self.findings
+            .iter()
+            .map(|f| {
+                serde_json::json!({
+                    "choice": f.choice,
+                    "task": f.decision.point.task,
+                    "kind": format!("{:?}", f.decision.point.kind),
+                    "user_ip": f.decision.user_ip,
+                    "at": f.at,
+                    "others": f.others.iter().map(|(t, at)| serde_json::json!({"task": t, "at": at})).collect::<Vec<_>>(),
+                })
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ddmin_finds_the_pair_that_fails() {
+        // Runs are remembered by the set they kept (`Runner::fails`).
+        let mut tested = std::collections::HashSet::new();
+        let found = ddmin(&(1..=40).collect::<Vec<_>>(), |set| {
+            tested.insert(set.to_vec());
+            Ok(set.contains(&7) && set.contains(&31))
+        })
+        .unwrap();
+        assert_eq!(found, [7, 31]);
+        assert!(tested.len() < 60, "{} runs", tested.len());
+        assert!(tested.contains(&vec![7]) && tested.contains(&vec![31]));
+        let one = ddmin(&[1, 2, 3], |set| Ok(set.contains(&2))).unwrap();
+        assert_eq!(one, [2]);
+        let none = ddmin(&[1, 2, 3], |_| Ok(true)).unwrap();
+        assert!(none.is_empty());
+    }
+
+    #[test]
+    fn split_makes_nearly_equal_runs() {
+        assert_eq!(split(&[1, 2, 3, 4, 5], 2), [vec![1, 2], vec![3, 4, 5]]);
+        assert_eq!(split(&[1, 2], 4), [vec![1], vec![2]]);
+    }
+}
