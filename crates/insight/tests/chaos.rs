@@ -3,7 +3,10 @@
 //! fails the same way; each of SCTBench's buggy programs
 //! (tests/programs/sctbench) fails under chaos within its tries, and the
 //! kept recording replays to the same failure; the correct twins pass
-//! their chaos tries, which leave nothing behind. How many tries the bugs
+//! their chaos tries, which leave nothing behind; a chaos recording of a
+//! multi-threaded program replays exactly, from boot and from its
+//! checkpoints, and its `--jobs 2` segments merge into the replay from
+//! boot as any recording's do. How many tries the bugs
 //! take over several seeds is measured by tools/bench chaos
 //! (docs/chaos.md, "Measured").
 //!
@@ -132,6 +135,58 @@ fn a_failing_chaos_try_is_kept_and_replays_the_same_failure_with_no_seed() {
     assert!(replayed.status.success(), "{rerr}");
     assert!(rerr.contains("command exited with status 1"), "{rerr}");
     assert_eq!(rout, stdout, "{rerr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
+#[test]
+fn a_chaos_recording_replays_exactly_and_its_segments_merge() {
+    guest_ready();
+    // syn_cont's 16 threads take and release locks (probe events) and are
+    // single-stepped from their start, switched out at change points, as
+    // far as their budgets go: the determinism suite's checks, and
+    // checkpoints.rs's of `--jobs 2`, made of a chaos recording.
+    let (trace, out) = record(
+        "chaos-replay",
+        &["--chaos=5", "--probes", "--summary"],
+        &["syn_cont", "1000", "2000"],
+    );
+    let recorded = expect_status(&out, 0);
+    let (_, stderr) = text(&out);
+    assert!(
+        stderr.contains("chaos seeded the guest's scheduler"),
+        "{stderr}"
+    );
+    // Two replays from boot (the first taking checkpoints), and from the
+    // middle and the last checkpoint to the end.
+    assert_replays_identically(&trace, &recorded);
+
+    let dir = trace.parent().unwrap().to_owned();
+    let db = |name: &str| dir.join(name).to_str().unwrap().to_owned();
+    let out = replay_with(
+        &trace,
+        &["--checkpoint-every", "100ms", "--events", &db("whole.db")],
+    );
+    expect_status(&out, 0);
+    let whole = events_with_stacks(Path::new(&db("whole.db")));
+    assert!(
+        whole
+            .iter()
+            .any(|(r, s)| r.kind == events::abi::Kind::Lock && s.is_some()),
+        "no lock event with a stack"
+    );
+    let stored = trace::checkpoints::list(&trace).unwrap();
+    assert!(stored.len() >= 3, "{} checkpoints", stored.len());
+
+    // Every segment in a process of its own, merged: the same console
+    // output and the same events as the replay from boot.
+    let out = replay_with(&trace, &["--jobs", "2", "--events", &db("jobs.db")]);
+    let stdout = expect_status(&out, 0);
+    let (_, stderr) = text(&out);
+    assert!(stderr.contains("segments replayed faithfully"), "{stderr}");
+    assert!(stderr.contains("replay matched the recording"), "{stderr}");
+    assert_eq!(stdout, recorded, "the segments' console output, in order");
+    assert!(events_with_stacks(Path::new(&db("jobs.db"))) == whole);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
