@@ -1,6 +1,6 @@
 //! Chaos while recording (`record --chaos`), end to end: a kept failing
 //! try names its seed in the trace header and its replay, given no seed,
-//! fails the same way; each of SCTBench's buggy programs
+//! fails the same way; each of SCTBench's buggy programs but account_bad
 //! (tests/programs/sctbench) fails under chaos within its tries, and the
 //! kept recording replays to the same failure; the correct twins pass
 //! their chaos tries, which leave nothing behind; a chaos recording of a
@@ -157,17 +157,19 @@ fn a_chaos_recording_replays_exactly_and_its_segments_merge() {
         stderr.contains("chaos seeded the guest's scheduler"),
         "{stderr}"
     );
-    // Two replays from boot (the first taking checkpoints), and from the
-    // middle and the last checkpoint to the end.
-    assert_replays_identically(&trace, &recorded);
-
+    // From boot, taking checkpoints; then from the middle and the last
+    // checkpoint to the end.
     let dir = trace.parent().unwrap().to_owned();
     let db = |name: &str| dir.join(name).to_str().unwrap().to_owned();
     let out = replay_with(
         &trace,
         &["--checkpoint-every", "100ms", "--events", &db("whole.db")],
     );
-    expect_status(&out, 0);
+    let stdout = expect_status(&out, 0);
+    let (_, stderr) = text(&out);
+    assert!(stderr.contains("replay matched the recording"), "{stderr}");
+    assert_eq!(stdout, recorded, "{stderr}");
+    assert_checkpoints_replay_faithfully(&trace, &recorded);
     let whole = events_with_stacks(Path::new(&db("whole.db")));
     assert!(
         whole
@@ -195,9 +197,9 @@ fn a_chaos_recording_replays_exactly_and_its_segments_merge() {
 fn sctbench_assertion_bugs_fail_under_chaos_and_replay_their_failure() {
     guest_ready();
     let dir = scratch("chaos-asserts");
-    // account_bad failed at tries 1 and 6 of two seeds but in none of 20
-    // of a third: too seldom yet for a check that must not fail now and
-    // then, and is left out (docs/chaos.md, "Measured").
+    // account_bad is left out: once it hung under chaos instead of
+    // failing its assert, which is not understood yet (docs/chaos.md,
+    // "What is not there yet").
     for name in [
         "bluetooth_driver_bad",
         "circular_buffer_bad",
@@ -215,10 +217,8 @@ fn sctbench_assertion_bugs_fail_under_chaos_and_replay_their_failure() {
 fn sctbench_deadlocks_hang_under_chaos_and_replay_to_the_hang() {
     guest_ready();
     let dir = scratch("chaos-deadlocks");
-    // deadlock01_bad hung at try 3 of one seed but in none of 20 of
-    // another: too seldom yet, and is left out (docs/chaos.md,
-    // "Measured").
     assert_bug_found_and_replayed(&dir, "carter01_bad", 124);
+    assert_bug_found_and_replayed(&dir, "deadlock01_bad", 124);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
