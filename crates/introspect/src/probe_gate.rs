@@ -5,9 +5,8 @@
 //! guest kernel maps into every process (`crate::stub_area::GuestArea`). The
 //! VMM writes it once, when the kernel announces that page, with a header
 //! the probe library checks, and code that differs by mode:
-//! - recording and plain runs: a 7-byte `nop`, then `ret` — a probe's
-//!   `call` to the gate comes straight back without leaving the guest, in
-//!   as many instructions as the exit form;
+//! - recording and plain runs: `ret` — a probe's `call` to the gate comes
+//!   straight back without leaving the guest;
 //! - replay, the ring form: a copy of the event and of the top of the
 //!   caller's stack into the event ring (`crate::event_ring`), which the
 //!   VMM reads at its next exit;
@@ -23,10 +22,13 @@
 //!
 //! No form changes a register, the flags or memory the program can read
 //! but the gate's own bytes and the ring, which nothing but the probe
-//! library reads. The silent and the exit form run the same number of
-//! instructions: a thread the guest kernel single-steps (`record
-//! --chaos`) counts each, and the replay of a chaos recording, which
-//! takes the exit form, must count what the recording counted. The exits the gate makes at replay are not the
+//! library reads. A thread the guest kernel single-steps (`record
+//! --chaos`) takes as many single-step traps through the silent form as
+//! through the exit form: one, after the `ret`, since KVM, which
+//! completes the exit form's MMIO store once the VMM has taken it, never
+//! raises the trap flag's #DB for such a store. The replay of a chaos
+//! recording therefore takes the exit form (the ring form's copy would
+//! add traps the recording did not take). The exits the gate makes at replay are not the
 //! recording's: they never advance the exit clock, never deliver
 //! interrupts, and are not compared with the log.
 
@@ -64,16 +66,11 @@ pub const STORE_OFFSET: u64 = 8;
 pub const STORE_GPA: u64 = EXIT_PAGE_GPA + STORE_OFFSET;
 /// Length of the replay gate's store: `48 89 05 disp32`.
 const STORE_LEN: u64 = 7;
-/// The silent gate's first instruction, `nop dword [rax + 0]`: one
-/// instruction where the exit form stores, so that a single-stepped
-/// thread counts as many steps through either.
-const SILENT_NOP: [u8; STORE_LEN as usize] = [0x0f, 0x1f, 0x80, 0, 0, 0, 0];
 
 /// What the gate does in a run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GateMode {
-    /// Returns at once (recording, plain runs): a `nop` as long as the
-    /// exit form's store, then `ret`.
+    /// Returns at once (recording, plain runs).
     Silent,
     /// Leaves the guest with the event's address (replay).
     Exit,
@@ -114,10 +111,7 @@ pub fn bytes(mode: GateMode, heap: GateMode, ring: Option<EventRing>) -> Vec<u8>
         // int3 between the header and the gates: nothing jumps there.
         b.resize((offset - CODE_START) as usize, 0xcc);
         match mode {
-            GateMode::Silent => {
-                b.extend(SILENT_NOP);
-                b.push(0xc3);
-            }
+            GateMode::Silent => b.push(0xc3),
             GateMode::Exit => {
                 store_to_exit_page(&mut b, offset);
                 b.push(0xc3);
@@ -391,7 +385,7 @@ mod tests {
     }
 
     #[test]
-    fn silent_gate_returns_in_as_many_instructions_as_the_exit_gate_which_stores_rax() {
+    fn silent_gate_returns_and_the_exit_gate_stores_rax_to_the_exit_page() {
         for (offset, silent_one, exit_one) in [
             (
                 CODE_OFFSET,
@@ -404,12 +398,9 @@ mod tests {
                 bytes(GateMode::Silent, GateMode::Exit, None),
             ),
         ] {
-            // As many instructions as the exit form, the first a nop.
             let silent = decode(&silent_one, offset);
-            assert_eq!(silent.len(), 2, "{silent:?}");
+            assert_eq!(silent.len(), 1);
             assert_eq!(silent[0].ip(), STUB + offset);
-            assert_eq!(silent[0].mnemonic(), Mnemonic::Nop);
-            assert_eq!(silent[0].len() as u64, STORE_LEN);
 
             let exit = decode(&exit_one, offset);
             assert_eq!(exit.len(), 2, "{exit:?}");

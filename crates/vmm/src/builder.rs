@@ -482,9 +482,9 @@ pub fn replay(
     if take_marks {
         log.take_sample_marks();
     }
-    // A chaos recording's threads were single-stepped by the guest kernel,
-    // which counted every instruction of the silent gate; the exit form
-    // runs as many, the ring form's copy more (docs/chaos.md).
+    // A chaos recording's threads were single-stepped by the guest kernel:
+    // through the silent gate they took one single-step trap, as through
+    // the exit form; the ring form's copy would take more (docs/chaos.md).
     event_exits |= chaos_recording;
     let mut session = ReplaySession::new(machine, log, points, tools, heap_events);
     if event_exits {
