@@ -218,18 +218,6 @@ fn windows_and_refused_checkpoints() {
     }
 }
 
-/// Every event of the database at `db`, with its stack.
-fn events_with_stacks(db: &Path) -> Vec<(events::db::Row, Option<Vec<u64>>)> {
-    let db = events::db::EventDb::open(db).unwrap();
-    let mut all = Vec::new();
-    db.for_each_with_stacks(&[], |r, stack| {
-        all.push((r, stack.map(<[u64]>::to_vec)));
-        Ok(())
-    })
-    .unwrap();
-    all
-}
-
 /// A copy of `trace`, its checkpoints included, whose last output (to
 /// the console or a relayed stream) has another digest, and the exit that
 /// logged it: a replay diverges there.

@@ -22,7 +22,13 @@
 //!
 //! No form changes a register, the flags or memory the program can read
 //! but the gate's own bytes and the ring, which nothing but the probe
-//! library reads. The exits the gate makes at replay are not the
+//! library reads. A thread the guest kernel single-steps (`record
+//! --chaos`) takes as many single-step traps through the silent form as
+//! through the exit form: one, after the `ret`, since KVM, which
+//! completes the exit form's MMIO store once the VMM has taken it, never
+//! raises the trap flag's #DB for such a store. The replay of a chaos
+//! recording therefore takes the exit form (the ring form's copy would
+//! add traps the recording did not take). The exits the gate makes at replay are not the
 //! recording's: they never advance the exit clock, never deliver
 //! interrupts, and are not compared with the log.
 

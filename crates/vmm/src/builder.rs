@@ -483,10 +483,15 @@ pub fn replay(
     } else {
         PointSearch::default()
     };
+    let chaos_recording = reader.header.chaos.is_some();
     let mut log = Replayer::new(reader);
     if take_marks {
         log.take_sample_marks();
     }
+    // A chaos recording's threads were single-stepped by the guest kernel:
+    // through the silent gate they took one single-step trap, as through
+    // the exit form; the ring form's copy would take more (docs/chaos.md).
+    event_exits |= chaos_recording;
     let mut session = ReplaySession::new(machine, log, points, tools, heap_events);
     if event_exits {
         session.events_by_exit();

@@ -203,6 +203,18 @@ pub fn rows(db: &Path) -> Vec<events::db::Row> {
     rows
 }
 
+/// Every event of the database at `db`, with its stack.
+pub fn events_with_stacks(db: &Path) -> Vec<(events::db::Row, Option<Vec<u64>>)> {
+    let db = events::db::EventDb::open(db).unwrap();
+    let mut all = Vec::new();
+    db.for_each_with_stacks(&[], |r, stack| {
+        all.push((r, stack.map(<[u64]>::to_vec)));
+        Ok(())
+    })
+    .unwrap();
+    all
+}
+
 /// How many times the end-to-end tests replay a recording: once taking
 /// checkpoints and once as a user's plain replay (each must match the
 /// recording at every exit, so a third adds nothing the two do not check).

@@ -20,29 +20,34 @@ use super::schedule::{ChaosPoint, Decision, ForcedDecisions, PointKind, DROPPED_
 use crate::vm::GuestMsrs;
 
 /// By default one system-call entry or return to user mode in this many
-/// gives the running task a new random priority.
-const DEFAULT_ENTRY_ONE_IN: u8 = 4;
+/// gives the running task a new random priority. Such a draw lifts a task
+/// above every task that has dropped at a change point: one in 4 undid
+/// the drops a program's main thread needs to let its threads run first
+/// (account_bad, token_ring_bad).
+const DEFAULT_ENTRY_ONE_IN: u8 = 8;
 /// By default one scheduler tick in this many (while more than one task
 /// can run) does: a task spinning for another of lower priority is not
 /// kept waiting for good.
 const DEFAULT_TICK_ONE_IN: u8 = 2;
 /// By default a run of single-stepped user instructions up to a change
 /// point is drawn uniformly below twice a mean, the mean a power of two
-/// between these (base-2 logarithms): 1 to 4096 instructions, so that a
-/// race window a few instructions wide, a few or thousands of
-/// instructions into a thread's code, is hit in a few tries (measured:
-/// with means of 64 and more, bluetooth_driver_bad failed at try 5 of
-/// seed 1, with means from 1 at the first).
+/// between these (base-2 logarithms): 1 to 256 instructions, so that a
+/// race window a few instructions wide, such as deadlock01_bad's twenty
+/// between two `pthread_mutex_lock` calls, holds a change point in one
+/// try in five or so (with means up to 4096 most stepped instructions lay
+/// in long runs: one try in 40).
 const DEFAULT_STEP_LOG_MIN: u8 = 0;
-const DEFAULT_STEP_LOG_MAX: u8 = 12;
+const DEFAULT_STEP_LOG_MAX: u8 = 8;
 /// By default a thread single-steps at most this many user instructions,
 /// and a process this many in all: a step is a trap into the interpreted
 /// guest kernel (about 0.6 ms), so this bounds what chaos costs a
-/// long-running program (a budget of 12288 a process made a recording of
-/// `syn_cont 1000 2000` 2.2 to 3 times as long), while the short threads
-/// of a test program are stepped nearly all through.
-const DEFAULT_THREAD_BUDGET: u16 = 2048;
-const DEFAULT_PROCESS_BUDGET: u16 = 4096;
+/// long-running program, while the short threads of a test program are
+/// stepped all through: a main thread's `pthread_create` calls and its
+/// way from `main` to `exit_group` take about 3,500 user instructions,
+/// and the first thread to take a lock 1,500 more in the dynamic linker
+/// (2048 a thread had left both unstepped).
+const DEFAULT_THREAD_BUDGET: u16 = 4096;
+const DEFAULT_PROCESS_BUDGET: u16 = 6144;
 
 /// The chaos settings of `record --chaos=SEED`: the defaults, drawn from
 /// `seed`.

@@ -30,7 +30,7 @@ pub(crate) fn user_position(
 ) -> SampleMode {
     // In the probe gate's code: the vCPU is copying an event into the
     // ring or on its way back from the gate's exit, replay's own time (the
-    // gate is a bare `ret` while recording). The sample is the probe's, at
+    // gate only returns while recording). The sample is the probe's, at
     // its return address, as at a kernel boundary.
     let at_gate = probe_gate::in_gate_code(regs.rip, stubs);
     if let Some(probe) = at_gate
