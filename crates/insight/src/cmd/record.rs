@@ -218,7 +218,18 @@ struct Target {
 impl Target {
     fn discard_unstarted(&self) {
         if self.fresh {
-            discard_unstarted(&self.output, self.created, self.hold.as_ref())
+            discard_unstarted(&self.output, self.created, self.hold.as_ref());
+            self.prune_store();
+        }
+    }
+
+    /// Removes the host files the store keeps that no trace links any
+    /// more, after a trace that stored some was discarded.
+    fn prune_store(&self) {
+        let Some(store) = &self.store else { return };
+        let shared = store.join(trace::objects::SHARED_OBJECTS_DIR);
+        if let Err(e) = trace::objects::prune_shared(&shared) {
+            eprintln!("insight: {}", crate::exit::error_chain(&e.into()));
         }
     }
 }
@@ -416,6 +427,7 @@ fn until_fail_tries(
                     target.output.display()
                 )
             })?;
+            target.prune_store();
             if let Ended::StoppedByUser = ended {
                 status.clear();
                 eprintln!("insight: stopped by the user in try {n}: no failure kept");
@@ -482,6 +494,7 @@ const TRY_LINE_EVERY: Duration = Duration::from_secs(10);
 /// if this recording made it.
 fn remove_target(target: &Target) {
     let _ = trace::discard_unstarted(&target.output);
+    target.prune_store();
     if target.created && target.hold.as_ref().is_none_or(|h| h.is_at(&target.output)) {
         let _ = std::fs::remove_dir(&target.output);
     }
