@@ -459,15 +459,11 @@ pub fn is_trace(dir: &Path) -> bool {
 }
 
 /// Removes the files a recording writes into `dir` (header, log,
-/// payloads, completion summary, boot snapshot, the host files it stored
-/// in `objects/`), for a recording that failed before its run began or a
-/// try `--until-fail` does not keep: nothing in them is worth keeping.
-/// Other files, and the directory, stay.
+/// payloads, completion summary, boot snapshot), for a recording that
+/// failed before its run began: nothing in them is worth keeping. Other
+/// files, and the directory, stay (`objects::discard` removes the host
+/// files it stored).
 pub fn discard_unstarted(dir: &Path) -> std::io::Result<()> {
-    let absent = |r: std::io::Result<()>| match r {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-        _ => Ok(()),
-    };
     for name in [
         HEADER_FILE,
         EVENTS_FILE,
@@ -475,17 +471,10 @@ pub fn discard_unstarted(dir: &Path) -> std::io::Result<()> {
         COMPLETE_FILE,
         SNAPSHOT_FILE,
     ] {
-        absent(std::fs::remove_file(dir.join(name)))?;
-    }
-    let objects = dir.join(objects::OBJECTS_DIR);
-    if let Ok(entries) = std::fs::read_dir(&objects) {
-        for entry in entries {
-            let entry = entry?;
-            if entry.file_type()?.is_file() {
-                absent(std::fs::remove_file(entry.path()))?;
-            }
+        match std::fs::remove_file(dir.join(name)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
         }
-        absent(std::fs::remove_dir(&objects))?;
     }
     Ok(())
 }

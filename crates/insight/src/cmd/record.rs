@@ -187,7 +187,7 @@ fn discard_unstarted(dir: &Path, created: bool, hold: Option<&traces::TraceHold>
         );
         return;
     }
-    if let Err(e) = trace::discard_unstarted(dir) {
+    if let Err(e) = trace::discard_unstarted(dir).and_then(|()| trace::objects::discard(dir)) {
         eprintln!(
             "insight: cannot remove the unstarted trace in {}: {e}",
             dir.display()
@@ -421,12 +421,14 @@ fn until_fail_tries(
         )?;
         let elapsed = started.elapsed().as_secs_f64();
         if !ended.failed() {
-            trace::discard_unstarted(&target.output).with_context(|| {
-                format!(
-                    "cannot remove try {n}'s trace in {}",
-                    target.output.display()
-                )
-            })?;
+            trace::discard_unstarted(&target.output)
+                .and_then(|()| trace::objects::discard(&target.output))
+                .with_context(|| {
+                    format!(
+                        "cannot remove try {n}'s trace in {}",
+                        target.output.display()
+                    )
+                })?;
             target.prune_store();
             if let Ended::StoppedByUser = ended {
                 status.clear();
@@ -494,6 +496,7 @@ const TRY_LINE_EVERY: Duration = Duration::from_secs(10);
 /// if this recording made it.
 fn remove_target(target: &Target) {
     let _ = trace::discard_unstarted(&target.output);
+    let _ = trace::objects::discard(&target.output);
     target.prune_store();
     if target.created && target.hold.as_ref().is_none_or(|h| h.is_at(&target.output)) {
         let _ = std::fs::remove_dir(&target.output);
