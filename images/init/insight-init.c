@@ -75,6 +75,8 @@
 #define HOST_FILES_FILE "/etc/insight/host-files"
 #define HOST_FILES_TAG "insight-host"
 #define PROBE_LIBRARY "/usr/lib/libinsight-probes.so"
+#define IMAGE_DIR "/.insight-image"
+#define IMAGE_PROGRAMS IMAGE_DIR "/bin"
 #define MAX_ARGS 4096
 
 static int have_port;
@@ -460,6 +462,14 @@ static void enter_host_files(void)
 			fprintf(stderr, "insight-init: cannot place %s: %s\n", PROBE_LIBRARY,
 				strerror(errno));
 	}
+	/* The image's own programs (its /usr/bin: the workloads), for the end
+	 * of the command's PATH (crates/guest IMAGE_PROGRAMS): the host's
+	 * programs of the same name come first. */
+	mkdir("/merged" IMAGE_DIR, 0755);
+	mkdir("/merged" IMAGE_PROGRAMS, 0755);
+	if (mount("/usr/bin", "/merged" IMAGE_PROGRAMS, NULL, MS_BIND, NULL) != 0)
+		fprintf(stderr, "insight-init: cannot bind the image's programs: %s\n",
+			strerror(errno));
 	mkdir("/merged/tmp", 01777);
 	mkdir("/merged/run", 0755);
 	if (chdir("/merged") != 0 || chroot(".") != 0 || chdir("/") != 0)

@@ -174,7 +174,8 @@ pub fn absolute(cwd: &Path, word: &Path) -> PathBuf {
     out
 }
 
-fn on_host_path(name: &str) -> Result<PathBuf, HostProgramError> {
+/// The executable file `name` is on the host's PATH.
+pub fn on_host_path(name: &str) -> Result<PathBuf, HostProgramError> {
     let path = std::env::var("PATH").unwrap_or_default();
     path.split(':')
         .filter(|d| d.starts_with('/'))

@@ -14,5 +14,5 @@ pub use config::VmConfig;
 pub use spec::{
     command_env, delivered_archive, from_trace, prepare, sha256_hex, trace_images, with_archive,
     BootOptions, CommandStreams, DiskImage, GuestError, NetSpec, Start, StreamKind, VmSpec,
-    PROBE_LIBRARY,
+    DEFAULT_PATH, IMAGE_PROGRAMS, PROBE_LIBRARY,
 };

@@ -134,6 +134,11 @@ pub const HOST_FILES_FILE: &str = "/etc/insight/host-files";
 /// The probe library in the built guest image (`probes/`,
 /// tools/build-guest), which `probes = true` or `--probes` preloads.
 pub const PROBE_LIBRARY: &str = "/usr/lib/libinsight-probes.so";
+/// Where `/init` shows the image's own programs (its `/usr/bin`: the
+/// workloads) in the host's files, for the end of the command's PATH.
+pub const IMAGE_PROGRAMS: &str = guestfiles::IMAGE_PROGRAMS;
+/// The PATH `/init` gives a command whose environment names none.
+pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 #[derive(Debug, thiserror::Error)]
 pub enum GuestError {

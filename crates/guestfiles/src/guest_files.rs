@@ -23,6 +23,10 @@ pub struct GuestFiles {
     kernel: Option<Vec<u8>>,
 }
 
+/// Where a run in the host's files has the image's programs
+/// (`guest::IMAGE_PROGRAMS`, which `/init` binds there).
+pub const IMAGE_PROGRAMS: &str = "/.insight-image/bin";
+
 /// Debug files larger than this are not read (1 GiB).
 const MAX_DEBUG_FILE: u64 = 1 << 30;
 
@@ -35,9 +39,18 @@ impl GuestFiles {
         g
     }
 
-    /// The contents of the file at `path`, following symbolic links.
+    /// The contents of the file at `path`, following symbolic links. In
+    /// the host's files, `/init` shows the image's `/usr/bin` at
+    /// [`IMAGE_PROGRAMS`]: a program there is the image's.
     pub fn get(&self, path: &str) -> Option<&[u8]> {
-        self.tree.get(path).map(Vec::as_slice)
+        let image = path
+            .trim_start_matches('/')
+            .strip_prefix(IMAGE_PROGRAMS.trim_start_matches('/'))
+            .and_then(|rest| rest.strip_prefix('/'))
+            .map(|name| format!("/usr/bin/{name}"));
+        self.tree
+            .get(image.as_deref().unwrap_or(path))
+            .map(Vec::as_slice)
     }
 
     /// The paths of its regular files (without the leading `/`).

@@ -19,6 +19,6 @@ pub mod symbolizer;
 pub mod symbols;
 
 pub use archive::ArchiveFiles;
-pub use guest_files::GuestFiles;
+pub use guest_files::{GuestFiles, IMAGE_PROGRAMS};
 pub use symbolizer::{CodeLocation, Symbolizer, KERNEL};
 pub use symbols::ElfSymbols;

@@ -41,14 +41,19 @@ Ctrl-A x stops the VM, Ctrl-A Ctrl-A sends Ctrl-A). insight exits with the guest
 command's exit status (128+N if a signal N killed it; 130 if you stopped the VM).\n\n\
 --probes preloads the probe library in the command, as `insight record --probes` does \
 (events are collected when a recording is replayed).\n\n\
+A command whose program is a bare name on the host's PATH runs in the host's files \
+(read-only, writes kept in the guest's memory; the image's programs last on PATH); \
+--image runs the built-in guest alone, as a config, --file, --host-path, a program named \
+by its path and a bare name only the image has do (docs/host-files.md).\n\n\
 The guest starts from a snapshot of its boot, restored in about a second: the first run of \
 a kernel, initramfs, memory size and command line boots it and takes the snapshot \
 (`insight cache` lists them). --cold-boot boots the kernel instead.\n\n\
 Examples:\n  \
 insight run --probes -- syn_cont 1000 2000   # a workload with the probe library\n  \
 insight run                                  # built-in guest, demo workload\n  \
-insight run -- sh                            # an interactive shell in the guest\n  \
+insight run -- sh                            # the host's shell, in the host's files\n  \
 insight run -- sh -c 'uname -r; exit 3'      # exits with status 3\n  \
+insight run --image -- sh                    # the built-in guest's busybox shell\n  \
 insight run -- ./myprog --flag               # a host program, with its libraries\n  \
 insight run my-vm.toml                       # your kernel, files, command\n  \
 insight run my-vm.toml -- /usr/local/bin/prog --flag\n\n\
@@ -102,6 +107,7 @@ from the config or the command, and becomes the latest recording, which `replay`
 Examples:\n  \
 insight record --probes -- syn_cont 1000 2000  # a workload, with the probe library\n  \
 insight replay --diagnose locks                # replay the latest, diagnose its locks\n  \
+insight record --probes -- sysbench mutex     # a host program, in the host's files\n  \
 insight record --probes -- ./myprog 8          # your program, brought from the host\n  \
 insight record my-vm.toml                      # record your guest (into my-vm-0)\n  \
 insight record -- syn_cont                     # a workload of the built-in guest\n  \

@@ -56,17 +56,25 @@ pub struct GuestArgs {
     /// and bring it into the guest, as a path (`./prog`) is brought.
     #[arg(long)]
     host_path: bool,
-    /// Run the command in the host's files: the guest sees the host's
-    /// /usr, /lib*, /bin, /sbin, /etc, /opt, $HOME and the working
-    /// directory at their paths, read-only (its writes stay in its
-    /// memory), with the host's environment; a recording stores what the
-    /// guest reads, each file once in the trace store (docs/host-files.md).
-    #[arg(long)]
+    /// Run the command in the host's files, which a command given on the
+    /// command line does by default (without a config, --file or
+    /// --host-path): the guest sees the host's /usr, /lib*, /bin, /sbin,
+    /// /etc, /opt, $HOME and the working directory at their paths,
+    /// read-only (its writes stay in its memory), with the host's
+    /// environment, the image's programs last on PATH; a recording stores
+    /// what the guest reads, each file once in the trace store
+    /// (docs/host-files.md).
+    #[arg(long, conflicts_with = "image")]
     host_fs: bool,
-    /// A host directory the guest sees besides those of --host-fs (which it
-    /// implies); repeatable.
-    #[arg(long = "host-dir", value_name = "DIR")]
+    /// A host directory the guest sees besides those of the host's files
+    /// (which it implies); repeatable.
+    #[arg(long = "host-dir", value_name = "DIR", conflicts_with = "image")]
     host_dirs: Vec<PathBuf>,
+    /// Run the command in the built-in guest alone, without the host's
+    /// files: the image's programs (its workloads, busybox) and what
+    /// --file or a brought program adds.
+    #[arg(long)]
+    image: bool,
     /// A host file or directory (recursively) to place in the guest at
     /// GUEST, by default at the same absolute path; repeatable. As a
     /// config's `[[files]]`.
@@ -114,7 +122,7 @@ fn guest_config(args: &GuestArgs) -> Result<VmConfig> {
     let mut config = load_config(args.config.as_ref())?;
     let cwd = std::env::current_dir().context("cannot read the working directory")?;
     let mut relative = false;
-    if args.host_fs || !args.host_dirs.is_empty() {
+    if uses_host_files(args) {
         if args.host_path {
             bail!("--host-path brings a program into the guest image; with --host-fs the guest runs it from the host's files already");
         }
@@ -132,6 +140,12 @@ fn guest_config(args: &GuestArgs) -> Result<VmConfig> {
                     .or_insert_with(|| v.to_owned());
             }
         }
+        // The image's programs by their bare names, after the host's.
+        let path = config
+            .env
+            .entry("PATH".to_owned())
+            .or_insert_with(|| guest::DEFAULT_PATH.to_owned());
+        *path = format!("{path}:{}", guest::IMAGE_PROGRAMS);
         if !args.command.is_empty() {
             config.command = args.command.clone();
         }
@@ -180,7 +194,26 @@ fn guest_config(args: &GuestArgs) -> Result<VmConfig> {
     Ok(config)
 }
 
-/// The host directories `--host-fs` shows the guest, those that exist:
+/// Whether the command runs in the host's files: where asked to
+/// (`--host-fs`, `--host-dir`), and by default for a command given on the
+/// command line whose program is a bare name on the host's PATH, unless
+/// the built-in guest is asked for (`--image`) or given content (a config,
+/// `--file`, `--host-path`). Another bare name is the image's (its
+/// workloads); a program named by its path is brought into the image, with
+/// its symbols for reports and the debugger.
+fn uses_host_files(args: &GuestArgs) -> bool {
+    let asked = args.host_fs || !args.host_dirs.is_empty();
+    let by_default = !args.image
+        && args.config.is_none()
+        && args.files.is_empty()
+        && !args.host_path
+        && args.command.first().is_some_and(|program| {
+            !program.contains('/') && guest::host_program::on_host_path(program).is_ok()
+        });
+    asked || by_default
+}
+
+/// The host directories the host's files show the guest, those that exist:
 /// the system's programs, libraries and settings, the home directory and
 /// the working directory `cwd`.
 pub fn default_host_dirs(cwd: &Path) -> Vec<PathBuf> {
@@ -460,14 +493,21 @@ mod tests {
     #[test]
     fn the_probes_flag_preloads_the_library_and_nothing_else_does() {
         assert_eq!(
-            env_for(&["--probes", "--", "syn_cont", "1000", "2000"]),
+            env_for(&["--image", "--probes", "--", "syn_cont", "1000", "2000"]),
             [PROBES_PRELOADED]
         );
-        assert!(env_for(&["--", "syn_cont", "1000", "2000"]).is_empty());
+        assert!(env_for(&["--image", "--", "syn_cont", "1000", "2000"]).is_empty());
         assert!(env_for(&[]).is_empty());
         // The env form is a command like any other, passed on unchanged.
-        let cli =
-            Cli::try_parse_from(["insight", "--", "env", PROBES_PRELOADED, "syn_cont"]).unwrap();
+        let cli = Cli::try_parse_from([
+            "insight",
+            "--image",
+            "--",
+            "env",
+            PROBES_PRELOADED,
+            "syn_cont",
+        ])
+        .unwrap();
         let config = guest_config(&cli.guest).unwrap();
         assert_eq!(config.command, ["env", PROBES_PRELOADED, "syn_cont"]);
         assert!(guest::command_env(&config).is_empty());
@@ -495,6 +535,56 @@ mod tests {
                 "LD_PRELOAD=/opt/mine.so:/usr/lib/libinsight-probes.so"
             ]
         );
+    }
+
+    /// The config `argv` gives.
+    fn config_for(argv: &[&str]) -> VmConfig {
+        let cli =
+            Cli::try_parse_from(std::iter::once("insight").chain(argv.iter().copied())).unwrap();
+        guest_config(&cli.guest).unwrap()
+    }
+
+    #[test]
+    fn a_host_program_runs_in_the_host_files_unless_the_image_is_asked_for() {
+        let host = config_for(&["--probes", "--", "sh", "-c", "true"]);
+        let exports = host.host_files.as_deref().unwrap_or_default();
+        assert!(
+            exports.iter().any(|d| d == Path::new("/usr")),
+            "{exports:?}"
+        );
+        let cwd = std::env::current_dir().unwrap();
+        assert_eq!(host.workdir.as_deref(), Some(cwd.as_path()));
+        // The host's PATH first, the image's programs last.
+        let path = &host.env["PATH"];
+        assert!(
+            path.ends_with(&format!(":{}", guest::IMAGE_PROGRAMS)),
+            "{path}"
+        );
+        if let Ok(own) = std::env::var("PATH") {
+            assert!(path.starts_with(&own), "{path}");
+        }
+        assert!(host.probes);
+        // The built-in guest alone: asked for, or given content of its own.
+        let (dir, vm) = config_file("host-files-config", "command = \"true\"\n");
+        let image = [
+            config_for(&["--image", "--", "sh"]),
+            // Not a host program: the image's.
+            config_for(&["--", "insight-image-only-program"]),
+            // Named by its path: brought.
+            config_for(&["--", "./insight-brought-program"]),
+            config_for(&["--file", "Cargo.toml", "--", "cat", "Cargo.toml"]),
+            config_for(&["--host-path", "--", "sh"]),
+            config_for(&[&vm, "--", "true"]),
+            config_for(&[]),
+        ];
+        std::fs::remove_dir_all(&dir).unwrap();
+        for config in image {
+            assert!(config.host_files.is_none(), "{:?}", config.command);
+            assert!(!config.env.contains_key("PATH"), "{:?}", config.command);
+        }
+        // The two are exclusive.
+        let cli = Cli::try_parse_from(["insight", "--image", "--host-fs", "--", "true"]);
+        assert!(cli.is_err(), "--image and --host-fs together");
     }
 
     #[test]

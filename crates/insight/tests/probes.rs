@@ -320,11 +320,12 @@ fn bad_probes_are_refused_before_the_replay_boots_naming_the_nearest() {
 /// (one child), and replays it probing `parse_request` and
 /// `libc.so.6:write`: each run counted from its own start, its library
 /// at its own address (2 x 5, 2 x 7 and the child's 10), and every write
-/// of both (the shell is static: it has no libc.so.6). The trace, the
-/// event database and the replay's standard error.
+/// of both (the shell is static: it has no libc.so.6; the image's
+/// busybox, so `--image`). The trace, the event database and the replay's
+/// standard error.
 fn two_runs_probed(name: &str, command: &str) -> (PathBuf, PathBuf, String) {
     guest_ready();
-    let (trace, out) = record(name, &[], &["sh", "-c", command]);
+    let (trace, out) = record(name, &["--image"], &["sh", "-c", command]);
     let stdout = expect_status(&out, 0);
     let writes: u64 = (0..2).map(|i| field(&stdout, "writes", i, "writes")).sum();
     let db = trace.with_file_name("events.db");

@@ -234,13 +234,17 @@ fn record_logs_each_stream_and_replay_writes_and_checks_it() {
     guest_ready();
     let dir = scratch("streams-record");
     let trace = dir.join("trace");
+    // The built-in guest: the log is rewritten below, which keeps no
+    // host-files replies (their payloads and stored files).
     let mut cmd = insight();
-    cmd.args(["record", "--no-stdin", "-o"]).arg(&trace).args([
-        "--",
-        "sh",
-        "-c",
-        "echo out; echo err >&2; seq 1 30000; sleep 1; echo done >&2; exit 5",
-    ]);
+    cmd.args(["record", "--no-stdin", "--image", "-o"])
+        .arg(&trace)
+        .args([
+            "--",
+            "sh",
+            "-c",
+            "echo out; echo err >&2; seq 1 30000; sleep 1; echo done >&2; exit 5",
+        ]);
     let recorded = into_files(cmd, &dir, "record", false);
     assert_eq!(recorded.status, Some(5), "{}", recorded.said);
     let seq: String = (1..=30_000).map(|i| format!("{i}\n")).collect();

@@ -461,7 +461,8 @@ pub fn is_trace(dir: &Path) -> bool {
 /// Removes the files a recording writes into `dir` (header, log,
 /// payloads, completion summary, boot snapshot), for a recording that
 /// failed before its run began: nothing in them is worth keeping. Other
-/// files, and the directory, stay.
+/// files, and the directory, stay (`objects::discard` removes the host
+/// files it stored).
 pub fn discard_unstarted(dir: &Path) -> std::io::Result<()> {
     for name in [
         HEADER_FILE,

@@ -108,6 +108,28 @@ fn write_object(path: &Path, bytes: &[u8]) -> Result<u64, TraceError> {
     Ok(compressed.len() as u64)
 }
 
+/// Removes the host files a trace in `trace_dir` stored (its `objects/`
+/// directory, whose files are links to the store's copies or its own),
+/// for a trace that is discarded.
+pub fn discard(trace_dir: &Path) -> std::io::Result<()> {
+    let absent = |r: std::io::Result<()>| match r {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    };
+    let objects = trace_dir.join(OBJECTS_DIR);
+    let entries = match std::fs::read_dir(&objects) {
+        Ok(entries) => entries,
+        Err(e) => return absent(Err(e)),
+    };
+    for entry in entries {
+        let entry = entry?;
+        if entry.file_type()?.is_file() {
+            absent(std::fs::remove_file(entry.path()))?;
+        }
+    }
+    absent(std::fs::remove_dir(&objects))
+}
+
 /// Removes the objects of a store's `shared` directory that no trace links
 /// any more (their only name is the store's); returns how many. A
 /// recording storing one at the same time writes its own copy if the

@@ -195,7 +195,7 @@ fn discard_unstarted(dir: &Path, created: bool, hold: Option<&traces::TraceHold>
         );
         return;
     }
-    if let Err(e) = trace::discard_unstarted(dir) {
+    if let Err(e) = trace::discard_unstarted(dir).and_then(|()| trace::objects::discard(dir)) {
         eprintln!(
             "insight: cannot remove the unstarted trace in {}: {e}",
             dir.display()
@@ -226,7 +226,18 @@ struct Target {
 impl Target {
     fn discard_unstarted(&self) {
         if self.fresh {
-            discard_unstarted(&self.output, self.created, self.hold.as_ref())
+            discard_unstarted(&self.output, self.created, self.hold.as_ref());
+            self.prune_store();
+        }
+    }
+
+    /// Removes the host files the store keeps that no trace links any
+    /// more, after a trace that stored some was discarded.
+    fn prune_store(&self) {
+        let Some(store) = &self.store else { return };
+        let shared = store.join(trace::objects::SHARED_OBJECTS_DIR);
+        if let Err(e) = trace::objects::prune_shared(&shared) {
+            eprintln!("insight: {}", crate::exit::error_chain(&e.into()));
         }
     }
 }
@@ -438,12 +449,15 @@ fn until_fail_tries(
         )?;
         let elapsed = started.elapsed().as_secs_f64();
         if !ended.failed() {
-            trace::discard_unstarted(&target.output).with_context(|| {
-                format!(
-                    "cannot remove try {n}'s trace in {}",
-                    target.output.display()
-                )
-            })?;
+            trace::discard_unstarted(&target.output)
+                .and_then(|()| trace::objects::discard(&target.output))
+                .with_context(|| {
+                    format!(
+                        "cannot remove try {n}'s trace in {}",
+                        target.output.display()
+                    )
+                })?;
+            target.prune_store();
             if let Ended::StoppedByUser = ended {
                 status.clear();
                 eprintln!("insight: stopped by the user in try {n}: no failure kept");
@@ -510,6 +524,8 @@ const TRY_LINE_EVERY: Duration = Duration::from_secs(10);
 /// if this recording made it.
 fn remove_target(target: &Target) {
     let _ = trace::discard_unstarted(&target.output);
+    let _ = trace::objects::discard(&target.output);
+    target.prune_store();
     if target.created && target.hold.as_ref().is_none_or(|h| h.is_at(&target.output)) {
         let _ = std::fs::remove_dir(&target.output);
     }
