@@ -15,21 +15,11 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Output;
 use std::time::Duration;
 
 use common::*;
-
-/// SCTBench's program `name`, built as SCTBench builds it.
-fn sctbench(dir: &Path, name: &str) -> PathBuf {
-    std::fs::create_dir_all(dir.join("sctbench")).unwrap();
-    compile_test_program(
-        dir,
-        &format!("sctbench/{name}"),
-        &["-pthread", "-g", "-O0", "-w"],
-    )
-}
 
 /// Records `prog` with chaos from `seed` until it fails, at most `max`
 /// tries, into `trace`.
@@ -172,25 +162,14 @@ fn a_chaos_recording_replays_exactly_and_its_segments_merge() {
     assert!(stderr.contains("replay matched the recording"), "{stderr}");
     assert_eq!(stdout, recorded, "{stderr}");
     assert_checkpoints_replay_faithfully(&trace, &recorded);
-    let whole = events_with_stacks(Path::new(&db("whole.db")));
-    assert!(
-        whole
-            .iter()
-            .any(|(r, s)| r.kind == events::abi::Kind::Lock && s.is_some()),
-        "no lock event with a stack"
-    );
-    let stored = trace::checkpoints::list(&trace).unwrap();
-    assert!(stored.len() >= 3, "{} checkpoints", stored.len());
-
     // Every segment in a process of its own, merged: the same console
     // output and the same events as the replay from boot.
-    let out = replay_with(&trace, &["--jobs", "2", "--events", &db("jobs.db")]);
-    let stdout = expect_status(&out, 0);
-    let (_, stderr) = text(&out);
-    assert!(stderr.contains("segments replayed faithfully"), "{stderr}");
-    assert!(stderr.contains("replay matched the recording"), "{stderr}");
-    assert_eq!(stdout, recorded, "the segments' console output, in order");
-    assert!(events_with_stacks(Path::new(&db("jobs.db"))) == whole);
+    assert_segments_replay_as_the_whole(
+        &trace,
+        &recorded,
+        &dir.join("whole.db"),
+        &dir.join("jobs.db"),
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -264,25 +264,13 @@ fn segments_merge_into_the_replay_from_boot() {
         &["--checkpoint-every", "250ms", "--events", &db("whole.db")],
     );
     expect_status(&out, 0);
-    let whole = events_with_stacks(Path::new(&db("whole.db")));
-    assert!(
-        whole
-            .iter()
-            .any(|(r, s)| r.kind == events::abi::Kind::Lock && s.is_some()),
-        "no lock event with a stack"
-    );
-
-    let stored = trace::checkpoints::list(&trace).unwrap();
-    assert!(stored.len() >= 3, "{} checkpoints", stored.len());
-
     // --jobs 2: every segment in a process of its own, merged.
-    let out = replay_with(&trace, &["--jobs", "2", "--events", &db("jobs.db")]);
-    let stdout = expect_status(&out, 0);
-    let stderr = text(&out).1;
-    assert!(stderr.contains("segments replayed faithfully"), "{stderr}");
-    assert!(stderr.contains("replay matched the recording"), "{stderr}");
-    assert_eq!(stdout, recorded, "the segments' console output, in order");
-    assert!(events_with_stacks(Path::new(&db("jobs.db"))) == whole);
+    let (whole, stored) = assert_segments_replay_as_the_whole(
+        &trace,
+        &recorded,
+        &dir.join("whole.db"),
+        &dir.join("jobs.db"),
+    );
 
     // A segment that diverges is replayed once more on the recording's
     // CPU (segments run on any), and a divergence there fails the whole.

@@ -12,20 +12,10 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use common::*;
-
-/// SCTBench's program `name`, built as SCTBench builds it.
-fn sctbench(dir: &Path, name: &str) -> PathBuf {
-    std::fs::create_dir_all(dir.join("sctbench")).unwrap();
-    compile_test_program(
-        dir,
-        &format!("sctbench/{name}"),
-        &["-pthread", "-g", "-O0", "-w"],
-    )
-}
 
 /// No progress for this long is a hang (`record --timeout`).
 const HANG: &str = "20s";

@@ -203,8 +203,11 @@ pub fn rows(db: &Path) -> Vec<events::db::Row> {
     rows
 }
 
+/// Events in order, each with its stack if replay unwound one.
+pub type EventsWithStacks = Vec<(events::db::Row, Option<Vec<u64>>)>;
+
 /// Every event of the database at `db`, with its stack.
-pub fn events_with_stacks(db: &Path) -> Vec<(events::db::Row, Option<Vec<u64>>)> {
+pub fn events_with_stacks(db: &Path) -> EventsWithStacks {
     let db = events::db::EventDb::open(db).unwrap();
     let mut all = Vec::new();
     db.for_each_with_stacks(&[], |r, stack| {
@@ -482,4 +485,48 @@ pub fn under_terminal(inner: &str, dir: &Path, keys: &[u8]) -> (Option<i32>, Str
     drop(typing);
     let status = script.wait().unwrap();
     (status.code(), String::from_utf8_lossy(&screen).into_owned())
+}
+
+/// SCTBench's program `name` (tests/programs/sctbench), built as SCTBench
+/// builds it.
+pub fn sctbench(dir: &Path, name: &str) -> PathBuf {
+    std::fs::create_dir_all(dir.join("sctbench")).unwrap();
+    compile_test_program(
+        dir,
+        &format!("sctbench/{name}"),
+        &["-pthread", "-g", "-O0", "-w"],
+    )
+}
+
+/// The events of `whole_db`, a replay from boot, hold a lock event with
+/// its stack and the trace at least 3 checkpoints; a `--jobs 2` replay
+/// into `jobs_db` gives the `recorded` console output and the same
+/// events. Returns the events and the checkpoints.
+pub fn assert_segments_replay_as_the_whole(
+    trace: &Path,
+    recorded: &str,
+    whole_db: &Path,
+    jobs_db: &Path,
+) -> (EventsWithStacks, Vec<trace::checkpoints::StoredCheckpoint>) {
+    let whole = events_with_stacks(whole_db);
+    assert!(
+        whole
+            .iter()
+            .any(|(r, s)| r.kind == events::abi::Kind::Lock && s.is_some()),
+        "no lock event with a stack"
+    );
+    let stored = trace::checkpoints::list(trace).unwrap();
+    assert!(stored.len() >= 3, "{} checkpoints", stored.len());
+    // Every segment in a process of its own, merged.
+    let out = replay_with(
+        trace,
+        &["--jobs", "2", "--events", jobs_db.to_str().unwrap()],
+    );
+    let stdout = expect_status(&out, 0);
+    let stderr = text(&out).1;
+    assert!(stderr.contains("segments replayed faithfully"), "{stderr}");
+    assert!(stderr.contains("replay matched the recording"), "{stderr}");
+    assert_eq!(stdout, recorded, "the segments' console output, in order");
+    assert!(events_with_stacks(jobs_db) == whole);
+    (whole, stored)
 }
