@@ -39,7 +39,9 @@ use vmm::tools::debug::{Resume, Stop, StopKind};
 use vmm::VmError;
 
 use crate::arch::X86_64Linux;
-use crate::files::{link_map, read_from_files, unrecordable_text, MappedObjects, OpenFiles};
+use crate::files::{
+    link_map, read_from_files, unrecordable_text, MappedObjects, OpenFiles, Unrecordable,
+};
 use crate::history::{Back, History};
 
 pub(crate) type GdbStopReason = MultiThreadStopReason<u64>;
@@ -237,14 +239,14 @@ impl ReplayTarget {
         let action = self.action.take().unwrap_or(Action::Continue);
         let from = self.history.now;
         match action {
-            Action::Continue => {
-                let event = self.driver.resume(Resume::Continue)?;
-                Ok(self.forward_stop(event, None, from))
-            }
-            Action::Step(lwpid) => {
-                let event = self.driver.resume(Resume::Step(lwpid))?;
-                Ok(self.forward_stop(event, Some(lwpid), from))
-            }
+            Action::Continue => match self.driver.resume(Resume::Continue) {
+                Ok(event) => Ok(self.forward_stop(event, None, from)),
+                Err(e) => self.forward_failed(e, from),
+            },
+            Action::Step(lwpid) => match self.driver.resume(Resume::Step(lwpid)) {
+                Ok(event) => Ok(self.forward_stop(event, Some(lwpid), from)),
+                Err(e) => self.forward_failed(e, from),
+            },
             Action::ReverseContinue | Action::ReverseStep(_) => {
                 let map = self.mapped_objects();
                 let files = &self.files;
@@ -283,14 +285,44 @@ impl ReplayTarget {
         if found.is_empty() {
             eprintln!("insight: {e}");
         } else {
-            eprintln!(
-                "insight: diverged: the program's registers differ from the recorded run's after \
-                 {}: an instruction whose result insight cannot record on this host (its user \
-                 code runs natively, unseen), so positions after it cannot be reached again \
-                 ({e})",
-                unrecordable_text(&found)
-            );
+            eprintln!("insight: {}", diverged_text(&found, &e));
         }
+        self.stand_reachable(from)
+    }
+
+    /// Going forward, the replay met what the recording does not have.
+    /// After an instruction whose result this host cannot record (see
+    /// [`Self::back_failed`]) that is the replay giving the program
+    /// another result, not a broken recording: it is said, and the
+    /// replay stays where it can still stand, for going back. Any other
+    /// divergence ends the session.
+    fn forward_failed(
+        &mut self,
+        e: VmError,
+        from: vmm::tools::debug::Position,
+    ) -> Result<GdbStopReason, Error> {
+        if !e.is_divergence() {
+            return Err(e);
+        }
+        let found = self.mapped_objects().unrecordable(&self.files);
+        if found.is_empty() {
+            return Err(e);
+        }
+        eprintln!(
+            "insight: {}; going forward, the replay cannot pass that point: go back with \
+             reverse-continue or reverse-stepi",
+            diverged_text(&found, &e)
+        );
+        self.stand_reachable(from)
+    }
+
+    /// Takes the replay to `from` or, where that cannot be found again,
+    /// to the latest snapshot at or before it; the stop gdb hears of
+    /// there (an interruption).
+    fn stand_reachable(
+        &mut self,
+        from: vmm::tools::debug::Position,
+    ) -> Result<GdbStopReason, Error> {
         let at = match self.history.seek(&mut self.driver, from) {
             Ok(()) => from,
             Err(VmError::Debug(_)) => {
@@ -447,6 +479,18 @@ impl Target for ReplayTarget {
     fn use_vforkdone_stop_reason(&self) -> bool {
         false
     }
+}
+
+/// What the debugger says of a replay whose registers left the
+/// recording's after one of `found`, the instructions of the process
+/// whose result the host cannot record.
+fn diverged_text(found: &[Unrecordable], e: &VmError) -> String {
+    format!(
+        "diverged: the program's registers differ from the recorded run's after {}: an \
+         instruction whose result insight cannot record on this host (its user code runs \
+         natively, unseen), so positions after it cannot be reached again ({e})",
+        unrecordable_text(found)
+    )
 }
 
 #[cfg(test)]

@@ -175,6 +175,12 @@ impl VmError {
     pub fn is_damage(&self) -> bool {
         matches!(self, VmError::Checkpoint(t) if t.is_damage())
     }
+
+    /// Whether replay found the guest doing other than the recording
+    /// did.
+    pub fn is_divergence(&self) -> bool {
+        matches!(self, VmError::Journal(JournalError::Diverged(_)))
+    }
 }
 
 pub(crate) fn kvm_err(op: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
