@@ -19,6 +19,17 @@ use common::*;
 /// (`extra`: more `record` arguments), replays it into an event database
 /// and returns what the program printed and `report locks --json`.
 fn record_locks(dir: &Path, extra: &[&str], command: &[&str]) -> (String, serde_json::Value) {
+    record_locks_sampled(dir, extra, &[], command)
+}
+
+/// [`record_locks`], the replay given `replay` too (`--diagnose profile`
+/// for samples in the database).
+fn record_locks_sampled(
+    dir: &Path,
+    extra: &[&str],
+    replay: &[&str],
+    command: &[&str],
+) -> (String, serde_json::Value) {
     let trace = dir.join("trace");
     let mut cmd = insight();
     cmd.current_dir(dir)
@@ -30,7 +41,7 @@ fn record_locks(dir: &Path, extra: &[&str], command: &[&str]) -> (String, serde_
     let out = output_within(cmd, std::time::Duration::from_secs(900));
     let stdout = expect_status(&out, 0);
     let db = dir.join("events.db");
-    let replayed = replay_into(&trace, &db, &[]);
+    let replayed = replay_into(&trace, &db, replay);
     expect_status(&replayed, 0);
     let report = report_json("locks", &db, &[]);
     std::fs::remove_dir_all(&trace).unwrap();
@@ -192,9 +203,11 @@ fn pigz_and_sysbench_keep_every_lock_consistent() {
     std::fs::write(dir.join("data.txt"), data).unwrap();
     let input = dir.join("data.txt");
     let input = input.to_str().unwrap();
-    let (_, report) = record_locks(
+    let sampled = ["--diagnose", "profile"];
+    let (_, report) = record_locks_sampled(
         &dir,
         &["--file", input],
+        &sampled,
         &[&pigz, "-p", "4", "-k", "-f", input],
     );
     assert_consistent(&report);
@@ -227,13 +240,15 @@ fn pigz_and_sysbench_keep_every_lock_consistent() {
         names.iter().filter(|n| n.contains(" ← pigz+0x")).count() >= 2,
         "{names:#?}"
     );
+    assert_reads_as_a_newcomer_would(&dir, "pigz");
 
     // sysbench threads: its threads meet at a barrier of its own (a mutex
     // and a condition variable) before they lock and yield.
     let sysbench = installed("sysbench");
-    let (stdout, report) = record_locks(
+    let (stdout, report) = record_locks_sampled(
         &dir,
         &[],
+        &sampled,
         &[
             &sysbench,
             "threads",
@@ -260,7 +275,66 @@ fn pigz_and_sysbench_keep_every_lock_consistent() {
         barrier["hold"]["total_ns"].as_u64() < barrier["cond_waits"]["total_ns"].as_u64(),
         "{barrier:#}"
     );
+    assert_reads_as_a_newcomer_would(&dir, "sysbench");
+
+    // Recorded without the probe library, the reports say what to do.
+    let trace = dir.join("plain");
+    let mut cmd = insight();
+    cmd.current_dir(&dir)
+        .args(["record", "--no-stdin", "-o"])
+        .arg(&trace)
+        .args(["--", &sysbench, "--version"]);
+    expect_status(&output_within(cmd, std::time::Duration::from_secs(300)), 0);
+    let mut cmd = insight();
+    cmd.arg("replay")
+        .arg(&trace)
+        .args(["--diagnose", "locks", "--diagnose", "profile"]);
+    let out = output_within(cmd, std::time::Duration::from_secs(300));
+    let said = expect_status(&out, 0) + &text(&out).1;
+    for hint in [
+        "(no lock events: lock calls raise events in programs recorded with `insight record \
+         --probes`)",
+        "record the program with `insight record --probes`",
+    ] {
+        assert!(said.contains(hint), "no hint {hint:?}: {said}");
+    }
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The text reports of `dir/events.db` (a replay of `program` recorded
+/// with `--probes`): durations with their units, never raw counts of
+/// microseconds; the note that on one vCPU contention comes from
+/// preemption; a user-code profile that names the program's share of
+/// the guest kernel in one line.
+fn assert_reads_as_a_newcomer_would(dir: &Path, program: &str) {
+    let db = dir.join("events.db");
+    let report = |args: &[&str]| {
+        let mut cmd = insight();
+        cmd.arg("report").args(args).arg(&db);
+        expect_status(&output_within(cmd, std::time::Duration::from_secs(300)), 0)
+    };
+    let locks = report(&["locks"]);
+    let unit = regex_like_duration(&locks);
+    assert!(unit, "{program}: no duration with its unit: {locks}");
+    assert!(
+        locks.contains("The guest has one vCPU: a thread finds a lock held only where its holder"),
+        "{program}: {locks}"
+    );
+    let profile = report(&["profile", "--user"]);
+    assert!(
+        profile.contains(", user code only: ") && profile.contains("more in the guest kernel, "),
+        "{program}: {profile}"
+    );
+}
+
+/// Whether `text` has a duration as the reports write them: a number and
+/// one of ns, µs, ms, s.
+fn regex_like_duration(text: &str) -> bool {
+    let words: Vec<&str> = text.split_whitespace().collect();
+    words.windows(2).any(|w| {
+        w[0].parse::<f64>().is_ok()
+            && ["ns", "µs", "ms", "s"].contains(&w[1].trim_end_matches([',', ';', ')']))
+    })
 }
 
 #[ignore = "needs /dev/kvm and the guest image (tools/test runs it)"]
