@@ -23,7 +23,8 @@ import subprocess
 import tempfile
 import time
 
-from . import cli, common, harness, stats
+from . import common, harness, stats
+from .selection import Selection, usage_error
 
 GUEST_INPUTS = ["guest-kernel-patches", "images", "probes", "tools/build-guest"]
 
@@ -94,11 +95,11 @@ def main(tokens):
         return 0 if tokens[:1] in (["-h"], ["--help"]) else 2
     rev_a, rev_b = tokens[:2]
     try:
-        sel = cli.Selection(tokens[2:])
+        sel = Selection(tokens[2:])
     except KeyError as e:
-        return cli.usage_error(f"no benchmark {e}")
+        return usage_error(f"no benchmark {e}")
     if not sel.chosen:
-        return cli.usage_error("name one benchmark or more to compare (tools/bench --list)")
+        return usage_error("name one benchmark or more to compare (tools/bench --list)")
     tmp = tempfile.mkdtemp(prefix="insight-bench-compare-")
     sides = []
     saved_env = os.environ.get("INSIGHT_SNAPSHOT_DIR")

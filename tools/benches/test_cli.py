@@ -5,18 +5,18 @@ module and docs/BENCHMARKS.md must declare; no KVM, no guest.
 """
 import unittest
 
-from benches import BENCHMARKS, cli, doc, harness
+from benches import BENCHMARKS, cli, doc, harness, selection
 
 
 class CommandLine(unittest.TestCase):
     def test_options_follow_their_benchmark(self):
-        first, named = cli.groups(["--runs", "2", "profile", "--sampled-at", "replay", "replay",
+        first, named = selection.groups(["--runs", "2", "profile", "--sampled-at", "replay", "replay",
                                    "--quick"])
         self.assertEqual(first, ["--runs", "2"])
         self.assertEqual(named, [("profile", ["--sampled-at", "replay"]), ("replay", ["--quick"])])
 
     def test_runs_default_per_benchmark_and_harness_options_anywhere(self):
-        sel = cli.Selection(["snapshot", "--no-write", "replay", "--runs", "1", "--quick"])
+        sel = selection.Selection(["snapshot", "--no-write", "replay", "--runs", "1", "--quick"])
         self.assertFalse(sel.write)
         self.assertEqual([(n, r) for n, r, _, _ in sel.chosen], [("snapshot", 3), ("replay", 1)])
         self.assertTrue(sel.chosen[1][2].quick)
