@@ -178,9 +178,9 @@ fn a_chaos_recording_replays_exactly_and_its_segments_merge() {
 fn sctbench_assertion_bugs_fail_under_chaos_and_replay_their_failure() {
     guest_ready();
     let dir = scratch("chaos-asserts");
-    // account_bad is left out: once it hung under chaos instead of
-    // failing its assert, which is not understood yet (docs/chaos.md,
-    // "What is not there yet").
+    // account_bad is left out for the time its tries take: seed 1 fails
+    // at try 12 (docs/chaos.md, "Measured"). Its hang of once was the
+    // loaded host's: `--timeout` counted the host's time, not the vCPU's.
     for name in [
         "bluetooth_driver_bad",
         "circular_buffer_bad",

@@ -161,6 +161,25 @@ pub fn current_cpu() -> Option<usize> {
     usize::try_from(cpu).ok()
 }
 
+/// The host CPU time the calling thread has had (user and system,
+/// a vCPU thread's time in the guest included), if the host tells.
+pub fn thread_cpu_time() -> Option<std::time::Duration> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes only the timespec it is given, which
+    // lives on this frame.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return None;
+    }
+    Some(std::time::Duration::new(
+        u64::try_from(ts.tv_sec).ok()?,
+        u32::try_from(ts.tv_nsec).ok()?,
+    ))
+}
+
 /// A thread of this process that can be sent a signal (to make its
 /// `KVM_RUN` return): the thread that ran [`ThreadHandle::current`].
 #[derive(Clone, Copy, Debug)]

@@ -63,8 +63,9 @@ pub struct RecordArgs {
           value_parser = clap::value_parser!(u32).range(1..))]
     until_fail: Option<u32>,
     /// End the recording when the guest's user code has made no progress
-    /// (no system call or fault from user mode) for DURATION of the host's
-    /// time ("30s", "500ms"): it is taken as a hang (a deadlock, a spin
+    /// (no system call or fault from user mode) for DURATION of the vCPU's
+    /// time ("30s", "500ms"; its CPU time while the guest runs, the
+    /// host's time while it idles): it is taken as a hang (a deadlock, a spin
     /// that never ends, or a sleep that long), and the trace ends with the
     /// threads where they stood (exit status 124).
     #[arg(long, value_name = "DURATION", value_parser = crate::position::parse_duration)]

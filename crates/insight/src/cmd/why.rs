@@ -426,6 +426,7 @@ impl Report {
                 PointKind::Drop => "is switched out (change point)",
                 PointKind::Entry => "gets a new priority at a kernel entry or exit",
                 PointKind::Tick => "gets a new priority at a tick",
+                PointKind::Exit => "is switched out at its exit_group",
                 PointKind::Steps => "steps",
             };
             s += &format!(

@@ -25,6 +25,12 @@ use crate::vm::GuestMsrs;
 /// the drops a program's main thread needs to let its threads run first
 /// (account_bad, token_ring_bad).
 const DEFAULT_ENTRY_ONE_IN: u8 = 8;
+/// At the entry of `exit_group` from a thread whose process has other
+/// threads, one time in this many the thread drops (a change point), so
+/// that the threads it started may all run before the process ends: a
+/// main thread that returns right after starting them (account_bad,
+/// token_ring_bad) was otherwise stepped to its `exit_group` for a drop.
+const EXIT_DROP_ONE_IN: u8 = 2;
 /// By default one scheduler tick in this many (while more than one task
 /// can run) does: a task spinning for another of lower priority is not
 /// kept waiting for good.
@@ -158,6 +164,8 @@ fn seeded_decision(s: &ChaosSettings, point: ChaosPoint) -> u64 {
             1 + draw(2) % (2 * mean)
         }
         PointKind::Drop => 1 + draw(1) % (DROPPED_BELOW - 1),
+        PointKind::Exit if one_in(EXIT_DROP_ONE_IN, draw(1)) => 1 + draw(2) % (DROPPED_BELOW - 1),
+        PointKind::Exit => 0,
     }
 }
 
@@ -339,6 +347,22 @@ mod tests {
         );
         // No point named: the read faults.
         assert_eq!(a.read_msr(MSR_INSIGHT_CHAOS_DECISION), None);
+    }
+
+    #[test]
+    fn about_one_exit_group_in_exit_drop_one_in_drops() {
+        let mut c = Chaos::new(chaos_settings(11));
+        let exits: Vec<u64> = (0..2000)
+            .map(|n| ask(&mut c, 1 + (n % 7) as u16, PointKind::Exit, n).unwrap())
+            .collect();
+        let dropped = exits.iter().filter(|&&v| v != 0).count();
+        let expected = 2000 / usize::from(EXIT_DROP_ONE_IN);
+        assert!(
+            (expected * 4 / 5..expected * 6 / 5).contains(&dropped),
+            "{dropped} of 2000, about {expected} expected"
+        );
+        assert!(exits.iter().all(|&v| v < DROPPED_BELOW), "drops only");
+        assert_eq!(c.stats.choices, dropped as u64);
     }
 
     #[test]

@@ -40,6 +40,10 @@ pub enum PointKind {
     Drop,
     /// A tick: no change, or a new priority.
     Tick,
+    /// The entry of `exit_group` from a thread whose process has other
+    /// threads: no change, or the priority the thread drops to, so that
+    /// they may run before the process ends.
+    Exit,
 }
 
 impl PointKind {
@@ -50,6 +54,7 @@ impl PointKind {
             3 => PointKind::Steps,
             4 => PointKind::Drop,
             5 => PointKind::Tick,
+            6 => PointKind::Exit,
             _ => return None,
         })
     }
@@ -61,6 +66,7 @@ impl PointKind {
             PointKind::Steps => 3,
             PointKind::Drop => 4,
             PointKind::Tick => 5,
+            PointKind::Exit => 6,
         }
     }
 
@@ -142,6 +148,14 @@ impl fmt::Display for Decision {
             PointKind::Drop => write!(
                 f,
                 "{at}: change point {}, drops to {:#x}",
+                p.count, self.value
+            ),
+            PointKind::Exit if self.value == 0 => {
+                write!(f, "{at}: exit_group at point {}, no drop", p.count)
+            }
+            PointKind::Exit => write!(
+                f,
+                "{at}: exit_group at point {}, drops to {:#x}",
                 p.count, self.value
             ),
             PointKind::Tick => write!(
@@ -408,7 +422,10 @@ mod tests {
         assert_eq!(p, point(0x0203, PointKind::Drop, 0x0001_2300));
         assert_eq!(p.word(), 0x0000_0123_0002_0304);
         assert_eq!(ChaosPoint::from_word(0x0100), None);
-        assert_eq!(ChaosPoint::from_word(6), None);
+        assert_eq!(ChaosPoint::from_word(7), None);
+        let exit = ChaosPoint::from_word(0x0000_0009_0003_0106).unwrap();
+        assert_eq!(exit, point(0x0301, PointKind::Exit, 0x0900));
+        assert_eq!(exit.word(), 0x0000_0009_0003_0106);
     }
 
     #[test]
@@ -424,6 +441,8 @@ mod tests {
         log.extend(asked(point(2, PointKind::Steps, 1), 0x42, 17));
         log.extend(asked(point(2, PointKind::Drop, 2), 0x43, 0x99));
         log.extend(asked(point(1, PointKind::Entry, 1), 0x44, 0));
+        log.extend(asked(point(1, PointKind::Exit, 2), 0x45, 0x55));
+        log.extend(asked(point(2, PointKind::Exit, 3), 0x46, 0));
         log.insert(
             3,
             Ok(Entry::RdMsr {
@@ -434,17 +453,21 @@ mod tests {
             }),
         );
         let s = Schedule::from_log(log).unwrap();
-        assert_eq!(s.decisions.len(), 5);
+        assert_eq!(s.decisions.len(), 7);
         assert_eq!(s.decisions[3].user_ip, 0x43);
         assert_eq!(s.decisions[4].code_start, 0x5555_0000_1000);
         let choices: Vec<_> = s
             .choices()
             .map(|(n, d)| (n, d.point.task, d.value))
             .collect();
-        assert_eq!(choices, [(1, 2, 0x7777_0000), (2, 2, 0x99)]);
+        assert_eq!(choices, [(1, 2, 0x7777_0000), (2, 2, 0x99), (3, 1, 0x55)]);
         assert_eq!(
             s.decisions[3].to_string(),
             "task 2 at user 0x43: change point 2, drops to 0x99"
+        );
+        assert_eq!(
+            s.decisions[5].to_string(),
+            "task 1 at user 0x45: exit_group at point 2, drops to 0x55"
         );
 
         let all = s.forced(&ScheduleEdits::None).unwrap();
@@ -453,6 +476,7 @@ mod tests {
         // A point the schedule never reached: no change.
         assert_eq!(all.answer(point(3, PointKind::New, 0)), DEFAULT_PRIORITY);
         assert_eq!(all.answer(point(2, PointKind::Drop, 9)), 0);
+        assert_eq!(all.answer(point(1, PointKind::Exit, 2)), 0x55);
 
         let dropped = s.forced(&ScheduleEdits::parse("drop=2").unwrap()).unwrap();
         assert_eq!(dropped.answer(point(2, PointKind::New, 0)), 0x7777_0000);
@@ -461,11 +485,12 @@ mod tests {
         let kept = s.forced(&ScheduleEdits::keep_only(&[2])).unwrap();
         assert_eq!(kept.answer(point(2, PointKind::New, 0)), DEFAULT_PRIORITY);
         assert_eq!(kept.answer(point(2, PointKind::Drop, 2)), 0x99);
+        assert_eq!(kept.answer(point(1, PointKind::Exit, 2)), 0);
         assert_eq!(
-            s.forced(&ScheduleEdits::parse("drop=1-3").unwrap()),
+            s.forced(&ScheduleEdits::parse("drop=1-4").unwrap()),
             Err(ScheduleError::NoSuchChoice {
-                wanted: 3,
-                choices: 2
+                wanted: 4,
+                choices: 3
             })
         );
     }

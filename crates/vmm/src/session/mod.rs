@@ -11,6 +11,7 @@
 //! guest runs without exiting.
 
 mod debug;
+mod hang_clock;
 mod host_files;
 mod inputs;
 mod live;

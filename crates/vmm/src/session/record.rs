@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use devices::control::EventRaiser;
 use journal::{EndReason, Entry, Progress, Recorder, Replayer};
 
+use super::hang_clock::HangClock;
 use super::host_files;
 use super::inputs;
 use super::mode::{Mode, ProgressFn, ProgressReport, HOUSEKEEPING_NS};
@@ -26,8 +27,8 @@ struct Recording {
     points: PointTaker,
     progress: ProgressReport,
     /// The run ends as a hang when the guest's user code has made no
-    /// progress for the limit (host time): when it last did, the limit.
-    time_limit: Option<(Instant, Duration)>,
+    /// progress for the limit (the vCPU's time, `hang_clock.rs`).
+    time_limit: Option<HangClock>,
     /// The guest scheduler's draws (`record --chaos`).
     chaos: Option<Chaos>,
 }
@@ -61,9 +62,10 @@ impl RecordSession {
     /// Ends the recording as a hang (`EndReason::Hung`, the run's error
     /// `VmError::TimeLimit`) when the guest's user code makes no progress
     /// (enters the kernel by no system call or fault) for `limit` of the
-    /// host's time: a deadlock, a spin that never ends, an idle guest.
+    /// vCPU's time (CPU time while the guest runs, the host's while it
+    /// idles): a deadlock, a spin that never ends, an idle guest.
     pub(crate) fn limit_time(&mut self, limit: Duration) {
-        self.mode.time_limit = Some((Instant::now(), limit));
+        self.mode.time_limit = Some(HangClock::new(limit, Instant::now()));
     }
 
     /// Hands the guest kernel's scheduler the draws of `chaos`: it
@@ -96,9 +98,11 @@ impl Mode for Recording {
         if crate::sys::interrupted() {
             return Err(VmError::StoppedByUser);
         }
-        if let Some((progress, limit)) = self.time_limit {
-            if progress.elapsed() >= limit {
-                return Err(VmError::TimeLimit { limit });
+        if let Some(clock) = &mut self.time_limit {
+            if clock.hung(Instant::now(), crate::sys::thread_cpu_time) {
+                return Err(VmError::TimeLimit {
+                    limit: clock.limit(),
+                });
             }
         }
         self.recorder.housekeeping()?;
@@ -168,8 +172,8 @@ impl Mode for Recording {
     }
 
     fn kernel_entered(&mut self, _m: &mut Machine) -> Result<(), VmError> {
-        if let Some((progress, _)) = &mut self.time_limit {
-            *progress = Instant::now();
+        if let Some(clock) = &mut self.time_limit {
+            clock.progressed();
         }
         Ok(())
     }
@@ -179,10 +183,17 @@ impl Mode for Recording {
     }
 
     fn halted(&mut self, m: &mut Machine) -> Result<Option<StopReason>, VmError> {
-        m.wait_for_interrupt(HOUSEKEEPING_NS, |m| {
+        if let Some(clock) = &mut self.time_limit {
+            clock.idles(Instant::now());
+        }
+        let waited = m.wait_for_interrupt(HOUSEKEEPING_NS, |m| {
             self.housekeeping()?;
             inputs::publish_recorded(m, &mut self.recorder)
-        })?;
+        });
+        if let Some(clock) = &mut self.time_limit {
+            clock.woke(Instant::now());
+        }
+        waited?;
         Ok(None)
     }
 
