@@ -1,6 +1,6 @@
 //! Chaos while recording (`record --chaos`), end to end: a kept failing
 //! try names its seed in the trace header and its replay, given no seed,
-//! fails the same way; each of SCTBench's buggy programs but account_bad
+//! fails the same way; each of SCTBench's eight buggy programs
 //! (tests/programs/sctbench) fails under chaos within its tries, and the
 //! kept recording replays to the same failure; the correct twins pass
 //! their chaos tries, which leave nothing behind; a chaos recording of a
@@ -48,8 +48,24 @@ const OK_TRIES: u32 = 5;
 /// No progress for this long is a hang (`record --timeout`).
 const HANG: &str = "20s";
 
-/// The chaos seed the buggy programs are recorded with.
+/// The chaos seed the correct twins are recorded with.
 const SEED: u64 = 1;
+
+/// Each buggy program's seed: try N of seed S draws as seed S + N - 1,
+/// and these are draws at which the program failed in the tries measured
+/// (docs/chaos.md, "Measured", (6)), so that the test's tries fit its
+/// budget; how many tries the bugs take from other seeds is tools/bench
+/// chaos's to measure. A draw fixes the schedule only as far as the
+/// guest's timer interrupts fall in the same places: `--until-fail=200`
+/// goes on to later draws where it does not fail.
+fn seed_of(name: &str) -> u64 {
+    match name {
+        "account_bad" => 12,
+        "token_ring_bad" => 13,
+        "deadlock01_bad" => 67,
+        _ => 1,
+    }
+}
 
 /// Records SCTBench's buggy program `name` with chaos until it fails (at
 /// most 200 tries), checks it failed as its bug makes it (`status`: 134,
@@ -58,10 +74,11 @@ const SEED: u64 = 1;
 fn assert_bug_found_and_replayed(dir: &Path, name: &str, status: i32) {
     let prog = sctbench(dir, name);
     let trace = dir.join(format!("{name}-trace"));
-    let out = record_until_fail(&trace, SEED, 200, &prog);
+    let seed = seed_of(name);
+    let out = record_until_fail(&trace, seed, 200, &prog);
     let stdout = expect_status(&out, status);
     let (_, stderr) = text(&out);
-    assert_header_names_the_seed(&trace, SEED, &stderr);
+    assert_header_names_the_seed(&trace, seed, &stderr);
     let replayed = replay(&trace);
     let (rout, rerr) = text(&replayed);
     assert!(replayed.status.success(), "{name}: {rerr}");
@@ -178,10 +195,8 @@ fn a_chaos_recording_replays_exactly_and_its_segments_merge() {
 fn sctbench_assertion_bugs_fail_under_chaos_and_replay_their_failure() {
     guest_ready();
     let dir = scratch("chaos-asserts");
-    // account_bad is left out for the time its tries take: seed 1 fails
-    // at try 12 (docs/chaos.md, "Measured"). Its hang of once was the
-    // loaded host's: `--timeout` counted the host's time, not the vCPU's.
     for name in [
+        "account_bad",
         "bluetooth_driver_bad",
         "circular_buffer_bad",
         "queue_bad",
