@@ -200,7 +200,8 @@ const BUGS: &[Bug] = &[
 ];
 
 /// The report's lines of the program, each with its task: of the
-/// choices, and of where the other tasks ran to.
+/// choices, of where the other tasks ran to, and of where each task
+/// stood at the end.
 fn lines_named(report: &Value, program: &str) -> Vec<(u64, u32)> {
     let mut named = Vec::new();
     let mut add = |task: &Value, line: &Value| {
@@ -216,6 +217,9 @@ fn lines_named(report: &Value, program: &str) -> Vec<(u64, u32)> {
         for other in choice["others"].as_array().unwrap() {
             add(&other["task"], &other["line"]);
         }
+    }
+    for task in report["at_end"].as_array().unwrap() {
+        add(&task["task"], &task["line"]);
     }
     named
 }

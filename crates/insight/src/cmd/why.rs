@@ -97,6 +97,7 @@ pub fn why(args: WhyArgs) -> Result<ExitCode> {
                 "runs": runner.runs,
                 "seconds": elapsed.as_secs_f64(),
                 "minimal": report.json(),
+                "at_end": report.at_end_json(),
                 "reproduced": explained.reproduced,
                 "complete": explained.complete,
             })
@@ -325,6 +326,8 @@ struct Place {
     /// The program's own source line ("file.c:42"): of its first frame on
     /// the task's stack.
     line: Option<String>,
+    /// The whole stack, each frame described as `at` is, innermost first.
+    stack: Vec<String>,
 }
 
 /// Where the decisions of the run recorded in `dir` (its `schedule`)
@@ -362,8 +365,8 @@ fn places(
         samples.push((row.pid, stack.unwrap_or_default().to_vec()));
         Ok(())
     })?;
-    let header = super::open_trace(dir)?.header.clone();
-    let files = crate::traces::guest_files(&header, dir)?;
+    let debug_dir = Path::new(super::report::DEFAULT_DEBUG_DIR);
+    let files = super::report::files_of_events(&events, Some(dir), debug_dir)?;
     let mut sym = Symbolizer::new(&files);
     let mut pids: Vec<u32> = samples.iter().map(|s| s.0).collect();
     pids.sort_unstable();
@@ -403,6 +406,9 @@ fn place(sym: &mut Symbolizer, pid: u32, stack: &[u64], program: &str) -> Place 
     // A return address is described at its call, the byte before it.
     let code = |i: usize, addr: u64| if i == 0 { addr } else { addr.saturating_sub(1) };
     let at = sym.describe_code(pid, stack[0]);
+    let frames = (stack.iter().enumerate())
+        .map(|(i, &a)| sym.describe_code(pid, code(i, a)))
+        .collect();
     let in_program = (stack.iter().enumerate())
         .map(|(i, &a)| code(i, a))
         .position(|a| sym.object(pid, a).is_some_and(|o| file_name(o) == program));
@@ -410,15 +416,21 @@ fn place(sym: &mut Symbolizer, pid: u32, stack: &[u64], program: &str) -> Place 
         Some(0) => Place {
             line: sym.line(pid, stack[0]),
             at,
+            stack: frames,
         },
         Some(i) => {
             let call = code(i, stack[i]);
             Place {
                 at: format!("{at}, called from {}", sym.describe_code(pid, call)),
                 line: sym.line(pid, call),
+                stack: frames,
             }
         }
-        None => Place { at, line: None },
+        None => Place {
+            at,
+            line: None,
+            stack: frames,
+        },
     }
 }
 
@@ -432,6 +444,9 @@ struct Finding {
 
 struct Report {
     findings: Vec<Finding>,
+    /// Where each task of the minimal run last stood in the program before
+    /// it failed (a deadlock's tasks: where they wait).
+    at_end: Vec<(u16, Place)>,
 }
 
 impl Report {
@@ -477,7 +492,19 @@ impl Report {
                 others,
             });
         }
-        Report { findings }
+        let mut at_end: Vec<(u16, Place)> = Vec::new();
+        if let Some((run, _)) = &explained.minimal_run {
+            for (i, d) in run.decisions.iter().enumerate().rev() {
+                if at_end.iter().any(|(t, _)| *t == d.point.task) {
+                    continue;
+                }
+                if let Some(place) = places.get(&i).filter(|p| p.line.is_some()) {
+                    at_end.push((d.point.task, place.clone()));
+                }
+            }
+            at_end.sort_by_key(|(t, _)| *t);
+        }
+        Report { findings, at_end }
     }
 
     fn text(&self, explained: &Explained) -> String {
@@ -522,7 +549,19 @@ impl Report {
                 s += &format!("      then task {task} ran to {}\n", place.at);
             }
         }
+        if !self.at_end.is_empty() {
+            s += "Where each task last stood in the program before the end:\n";
+            for (task, place) in &self.at_end {
+                s += &format!("  task {task} at {}\n", place.at);
+            }
+        }
         s
+    }
+
+    fn at_end_json(&self) -> serde_json::Value {
+        (self.at_end.iter())
+            .map(|(t, p)| serde_json::json!({"task": t, "at": p.at, "line": p.line}))
+            .collect()
     }
 
     fn json(&self) -> serde_json::Value {
@@ -536,6 +575,7 @@ impl Report {
                     "user_ip": f.decision.user_ip,
                     "at": f.at.as_ref().map(|p| &p.at),
                     "line": f.at.as_ref().and_then(|p| p.line.as_ref()),
+                    "stack": f.at.as_ref().map_or(&[][..], |p| &p.stack[..]),
                     "others": f.others.iter().map(|(t, p)| serde_json::json!({
                         "task": t, "at": p.at, "line": p.line,
                     })).collect::<Vec<_>>(),
