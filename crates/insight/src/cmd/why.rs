@@ -72,7 +72,7 @@ pub fn why(args: WhyArgs) -> Result<ExitCode> {
         max_runs: args.max_runs,
         known: HashMap::new(),
     };
-    let result = explain(&mut runner, choices).and_then(|explained| {
+    let result = explain(&mut runner, choices).map(|explained| {
         // Without them the positions are addresses: still an answer.
         let places = match &explained.minimal_run {
             Some((run, dir)) => places(dir, run, &args.command, &scratch).unwrap_or_else(|e| {
@@ -81,7 +81,7 @@ pub fn why(args: WhyArgs) -> Result<ExitCode> {
             }),
             None => HashMap::new(),
         };
-        Ok((explained, places))
+        (explained, places)
     });
     let _ = std::fs::remove_dir_all(&scratch);
     let (explained, places) = result?;
