@@ -123,7 +123,8 @@ struct Bug {
     threads: [&'static [u32]; 2],
 }
 
-/// The bugs the programs' sources describe (tests/programs/sctbench).
+/// The bugs the programs' sources describe (tests/programs/sctbench),
+/// with seeds that failed within 15 tries.
 const BUGS: &[Bug] = &[
     // deposit and withdraw (lines 12-15, 20-23) both run before
     // check_result (28-30) takes the lock: its assert sees both done.
@@ -160,13 +161,10 @@ const BUGS: &[Bug] = &[
             &[28, 30, 32, 33, 37, 78, 80, 81, 83, 84, 85, 87],
         ],
     },
-    // thread1 holds a (8) and thread2 b (20), each waiting for the other
-    // (9, 21).
-    Bug {
-        name: "deadlock01_bad",
-        seed: 2,
-        threads: [&[8, 9], &[20, 21]],
-    },
+    // deadlock01_bad (thread1 holding a at 8 and waiting for b at 9,
+    // thread2 holding b at 20 and waiting for a at 21) is not here: no
+    // seed of 1, 2 and 4 made it fail within 15 tries (docs/BENCHMARKS.md,
+    // "Why it failed").
     // t2's loop (117-126, dequeue 73-82) runs iterations while t1
     // (96-107) is switched out.
     Bug {
@@ -230,7 +228,7 @@ fn assert_why_names_the_bug(dir: &Path, bug: &Bug) {
     let prog = sctbench(dir, bug.name);
     let trace = dir.join(format!("{}-trace", bug.name));
     let chaos = format!("--chaos={}", bug.seed);
-    let out = record_with(&trace, &[&chaos, "--until-fail=30"], &prog);
+    let out = record_with(&trace, &[&chaos, "--until-fail=15"], &prog);
     let (_, stderr) = text(&out);
     assert!(
         matches!(out.status.code(), Some(134 | 124)),
@@ -310,8 +308,8 @@ fn why_names_the_two_lines_of_each_sctbench_bug() {
             missed.push((bug.name, panic_text(&e)));
         }
     }
-    // The product's promise: at least 6 of the 8.
-    assert!(missed.len() <= 2, "missed: {missed:#?}");
+    // At least 6 of SCTBench's 8 (one is not in the list).
+    assert!(missed.len() < BUGS.len() - 5, "missed: {missed:#?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
