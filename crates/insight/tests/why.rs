@@ -124,13 +124,15 @@ struct Bug {
 }
 
 /// The bugs the programs' sources describe (tests/programs/sctbench),
-/// with seeds that failed within 15 tries.
+/// each with the seed of a try that failed (`--until-fail=15` from seeds
+/// 1 to 4, docs/BENCHMARKS.md, "Why it failed"): its first try fails
+/// again, unless the host's time moves a tick that mattered.
 const BUGS: &[Bug] = &[
     // deposit and withdraw (lines 12-15, 20-23) both run before
     // check_result (28-30) takes the lock: its assert sees both done.
     Bug {
         name: "account_bad",
-        seed: 1,
+        seed: 12,
         threads: [&[28, 29, 30], &[12, 13, 14, 15, 20, 21, 22, 23]],
     },
     // main passes BCSP_IoIncrement's stoppingFlag check (21-26, from 48)
@@ -138,7 +140,7 @@ const BUGS: &[Bug] = &[
     // device: the assert at 52 sees it stopped.
     Bug {
         name: "bluetooth_driver_bad",
-        seed: 4,
+        seed: 8,
         threads: [
             &[21, 22, 24, 25, 26, 28, 48, 49, 52],
             &[35, 36, 37, 38, 40, 41, 62, 63, 64, 67],
@@ -155,7 +157,7 @@ const BUGS: &[Bug] = &[
     // (61-70) is switched out: its count falls behind what it removes.
     Bug {
         name: "circular_buffer_bad",
-        seed: 2,
+        seed: 5,
         threads: [
             &[61, 63, 64, 66, 67, 68, 70],
             &[28, 30, 32, 33, 37, 78, 80, 81, 83, 84, 85, 87],
@@ -169,7 +171,7 @@ const BUGS: &[Bug] = &[
     // (96-107) is switched out.
     Bug {
         name: "queue_bad",
-        seed: 3,
+        seed: 5,
         threads: [
             &[89, 90, 91, 93, 94, 96, 98, 99, 101, 102, 103, 107],
             &[73, 74, 75, 80, 82, 117, 119, 120, 122, 123, 124, 126],
@@ -179,7 +181,7 @@ const BUGS: &[Bug] = &[
     // out, more than t1 pushed: underflow.
     Bug {
         name: "stack_bad",
-        seed: 16,
+        seed: 17,
         threads: [
             &[19, 39, 46, 47, 71, 73, 74, 75, 76],
             &[24, 29, 54, 61, 62, 84, 86, 87, 88, 89],
@@ -189,7 +191,7 @@ const BUGS: &[Bug] = &[
     // order that leaves the tokens unequal.
     Bug {
         name: "token_ring_bad",
-        seed: 1,
+        seed: 13,
         threads: [
             &[40, 41, 42, 43],
             &[16, 17, 18, 19, 24, 25, 26, 27, 32, 33, 34, 35],
@@ -228,7 +230,7 @@ fn assert_why_names_the_bug(dir: &Path, bug: &Bug) {
     let prog = sctbench(dir, bug.name);
     let trace = dir.join(format!("{}-trace", bug.name));
     let chaos = format!("--chaos={}", bug.seed);
-    let out = record_with(&trace, &[&chaos, "--until-fail=15"], &prog);
+    let out = record_with(&trace, &[&chaos, "--until-fail=5"], &prog);
     let (_, stderr) = text(&out);
     assert!(
         matches!(out.status.code(), Some(134 | 124)),
