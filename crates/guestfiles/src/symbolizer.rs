@@ -65,6 +65,18 @@ impl<'a> Symbolizer<'a> {
         })
     }
 
+    /// The path of the object of process `pid` that covers `addr`.
+    pub fn object(&self, pid: u32, addr: u64) -> Option<&str> {
+        self.object_at(pid, addr).map(|(path, _, _)| path)
+    }
+
+    /// The source line of code address `addr` of process `pid`
+    /// ("file.c:42"), where DWARF tells.
+    pub fn line(&self, pid: u32, addr: u64) -> Option<String> {
+        let (_, elf, rel) = self.object_at(pid, addr)?;
+        elf.line(rel)
+    }
+
     /// The global variable at `addr` of process `pid` ("L1", or
     /// "table+0x10"), if a symbol covers it.
     pub fn variable(&mut self, pid: u32, addr: u64) -> Option<String> {

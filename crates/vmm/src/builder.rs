@@ -292,6 +292,9 @@ pub struct EventOptions {
     pub sample_period: Option<Duration>,
     /// Sample by host time even where the recording took sample marks.
     pub replay_time_samples: bool,
+    /// Also a SAMPLE at each of a chaos recording's decisions, of the task
+    /// that asked (tracked or not): its user position and stack.
+    pub decision_samples: bool,
     /// The window ends at the first event of this kind (of this thread, or
     /// any): nothing after it is stored.
     pub end_after: Option<(events::abi::Kind, Option<u32>)>,
@@ -439,6 +442,11 @@ pub fn replay(
                 false => sampling,
             }
         });
+        let sampling = match (sampling, events.decision_samples) {
+            (Some(s), true) => Some(s.with_decisions()),
+            (None, true) => Some(Sampling::at_decisions_only(kernel_stack_top)),
+            (s, false) => s,
+        };
         let sample_marks = sampling.as_ref().and_then(Sampling::marks_period);
         tools.capture(EventTool::new(capture, stacks), sample_marks);
         if let Some(sampling) = sampling {

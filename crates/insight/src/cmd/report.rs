@@ -510,13 +510,8 @@ pub fn run_plugins(
     debug_dir: &Path,
 ) -> Result<Vec<Output>> {
     let events = EventDb::open(db)?;
-    let (files, files_missing) = match guest_files(&events, trace) {
-        Ok(mut f) => {
-            // Only for the objects the processes loaded.
-            let paths = events.object_paths()?;
-            f.add_debug_files(debug_dir, paths.iter().map(String::as_str));
-            (f, None)
-        }
+    let (files, files_missing) = match files_of_events(&events, trace, debug_dir) {
+        Ok(f) => (f, None),
         Err(e) => (GuestFiles::default(), Some(crate::exit::error_chain(&e))),
     };
     let cx = plugin::PluginContext {
@@ -530,6 +525,19 @@ pub fn run_plugins(
         eprintln!("insight: {w}");
     }
     Ok(outs)
+}
+
+/// The guest's files of the trace `events` came from (or `trace`), with
+/// the debug files under `debug_dir` of the objects its processes loaded.
+pub fn files_of_events(
+    events: &EventDb,
+    trace: Option<&Path>,
+    debug_dir: &Path,
+) -> Result<GuestFiles> {
+    let mut files = guest_files(events, trace)?;
+    let paths = events.object_paths()?;
+    files.add_debug_files(debug_dir, paths.iter().map(String::as_str));
+    Ok(files)
 }
 
 /// The guest's files, from the initramfs of the trace `db` came from.

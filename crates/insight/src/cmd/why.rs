@@ -11,7 +11,9 @@ use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use guestfiles::ElfSymbols;
+use events::abi::Kind;
+use events::db::EventDb;
+use guestfiles::Symbolizer;
 use journal::EndReason;
 use vmm::{Decision, PointKind, Schedule, ScheduleEdits};
 
@@ -70,12 +72,21 @@ pub fn why(args: WhyArgs) -> Result<ExitCode> {
         max_runs: args.max_runs,
         known: HashMap::new(),
     };
-    let result = explain(&mut runner, choices);
+    let result = explain(&mut runner, choices).map(|explained| {
+        // Without them the positions are addresses: still an answer.
+        let places = match &explained.minimal_run {
+            Some((run, dir)) => places(dir, run, &args.command, &scratch).unwrap_or_else(|e| {
+                eprintln!("insight: the positions are not placed in the program: {e:#}");
+                HashMap::new()
+            }),
+            None => HashMap::new(),
+        };
+        (explained, places)
+    });
     let _ = std::fs::remove_dir_all(&scratch);
-    let explained = result?;
+    let (explained, places) = result?;
     let elapsed = started.elapsed();
-    let symbols = ProgramSymbols::read(&args.command);
-    let report = Report::new(&recorded, &explained, &symbols);
+    let report = Report::new(&recorded, &explained, &places);
     if args.json {
         println!(
             "{}",
@@ -86,6 +97,7 @@ pub fn why(args: WhyArgs) -> Result<ExitCode> {
                 "runs": runner.runs,
                 "seconds": elapsed.as_secs_f64(),
                 "minimal": report.json(),
+                "at_end": report.at_end_json(),
                 "reproduced": explained.reproduced,
                 "complete": explained.complete,
             })
@@ -107,9 +119,9 @@ struct Explained {
     /// The forced schedule, all choices kept, failed again.
     reproduced: bool,
     /// The choices that still fail, and the schedule of the run that took
-    /// them.
+    /// them, with its recording.
     minimal: Vec<usize>,
-    minimal_run: Option<Schedule>,
+    minimal_run: Option<(Schedule, PathBuf)>,
     /// Each choice of `minimal` left out alone passed (1-minimal), within
     /// the runs allowed.
     complete: bool,
@@ -135,7 +147,10 @@ fn explain(runner: &mut Runner<'_>, choices: usize) -> Result<Explained> {
         Err(e) => Err(e),
     })?;
     // The run of the minimal set, again, for the positions it reached.
-    let minimal_run = runner.schedule_of(&minimal)?;
+    let minimal_run = match minimal.is_empty() {
+        true => None,
+        false => runner.recording_of(&minimal)?,
+    };
     Ok(Explained {
         reproduced: true,
         minimal,
@@ -179,14 +194,15 @@ impl Runner<'_> {
         Ok(fails)
     }
 
-    /// The schedule a run with only the choices `kept` took, if it failed.
-    fn schedule_of(&mut self, kept: &[usize]) -> Result<Option<Schedule>> {
+    /// The schedule a run with only the choices `kept` took and its
+    /// recording, if it failed.
+    fn recording_of(&mut self, kept: &[usize]) -> Result<Option<(Schedule, PathBuf)>> {
         self.max_runs = self.max_runs.max(self.runs + 1);
-        let (fails, schedule) = self.run(kept, true)?;
-        Ok(schedule.filter(|_| fails))
+        let (fails, kept_run) = self.run(kept, true)?;
+        Ok(kept_run.filter(|_| fails))
     }
 
-    fn run(&mut self, kept: &[usize], keep_schedule: bool) -> Result<(bool, Option<Schedule>)> {
+    fn run(&mut self, kept: &[usize], keep: bool) -> Result<(bool, Option<(Schedule, PathBuf)>)> {
         if self.runs >= self.max_runs {
             return Err(OutOfRuns.into());
         }
@@ -219,12 +235,11 @@ impl Runner<'_> {
             check_same_command(&self.recorded.trace, &out)?;
         }
         let fails = code == Some(i32::from(self.failing_status));
-        let schedule = match keep_schedule {
-            true => Some(read_schedule(&out)?.schedule),
-            false => None,
-        };
+        if keep {
+            return Ok((fails, Some((read_schedule(&out)?.schedule, out))));
+        }
         let _ = std::fs::remove_dir_all(&out);
-        Ok((fails, schedule))
+        Ok((fails, None))
     }
 }
 
@@ -302,41 +317,120 @@ fn split(items: &[usize], parts: usize) -> Vec<Vec<usize>> {
     chunks
 }
 
-/// The command's program, for functions and lines: its ELF file on the
-/// host.
-struct ProgramSymbols {
-    data: Option<Vec<u8>>,
+/// Where a decision of a run stood.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Place {
+    /// "function+0x1f in object (file.c:42)", and, in a library, the
+    /// program's frame that called into it.
+    at: String,
+    /// The program's own source line ("file.c:42"): of its first frame on
+    /// the task's stack.
+    line: Option<String>,
+    /// The whole stack, each frame described as `at` is, innermost first.
+    stack: Vec<String>,
 }
 
-impl ProgramSymbols {
-    fn read(command: &[String]) -> Self {
-        let data = command
-            .first()
-            .map(PathBuf::from)
-            .filter(|p| p.is_file())
-            .and_then(|p| std::fs::read(p).ok());
-        ProgramSymbols { data }
+/// Where the decisions of the run recorded in `dir` (its `schedule`)
+/// stood, by their index: a replay of it samples the task at each
+/// decision (`replay --decision-samples`), its user stack unwound by the
+/// call-frame information of the program and the libraries it loaded,
+/// as the process's memory shows them. Decisions without a sample
+/// (kernel threads') have no place.
+fn places(
+    dir: &Path,
+    schedule: &Schedule,
+    command: &[String],
+    scratch: &Path,
+) -> Result<HashMap<usize, Place>> {
+    let db = scratch.join("places.db");
+    let exe = std::env::current_exe().context("cannot find insight's own executable")?;
+    let out = Command::new(exe)
+        .args(["replay", "--decision-samples", "--events"])
+        .arg(&db)
+        .arg(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .context("cannot run insight replay")?;
+    if !out.status.success() {
+        bail!(
+            "the replay that finds the positions' lines failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
     }
-
-    /// "function (file.c:42)" for a user position of the program whose
-    /// code starts at `code_start`, if it lies in the program.
-    fn describe(&self, user_ip: u64, code_start: u64) -> Option<String> {
-        let data = self.data.as_deref()?;
-        let image = guestfiles::elf::LoadImage::parse(data).ok()?;
-        let first_code = image.code().map(|(vaddr, _)| vaddr).min()?;
-        // Not told where the code starts: only a program that is not
-        // position-independent (ET_EXEC) lies where its file says.
-        let rel = match code_start {
-            0 if data.get(16..18) == Some(&[2, 0]) => user_ip,
-            0 => return None,
-            start => user_ip.checked_sub(start)?.checked_add(first_code)?,
+    let events = EventDb::open(&db)?;
+    let mut samples: Vec<(u32, Vec<u64>)> = Vec::new();
+    events.for_each_with_stacks(&[Kind::Sample], |row, stack| {
+        samples.push((row.pid, stack.unwrap_or_default().to_vec()));
+        Ok(())
+    })?;
+    let debug_dir = Path::new(super::report::DEFAULT_DEBUG_DIR);
+    let files = super::report::files_of_events(&events, Some(dir), debug_dir)?;
+    let mut sym = Symbolizer::new(&files);
+    let mut pids: Vec<u32> = samples.iter().map(|s| s.0).collect();
+    pids.sort_unstable();
+    pids.dedup();
+    for pid in pids {
+        sym.add_process(pid, events.objects(pid)?);
+    }
+    let program = command.first().map(|p| file_name(p)).unwrap_or_default();
+    // The samples come in the decisions' order, one for each decision of
+    // a task of a process, its user position first.
+    let mut found = HashMap::new();
+    let mut next = 0;
+    for (pid, stack) in &samples {
+        let Some(&ip) = stack.first() else {
+            continue;
         };
-        let elf = ElfSymbols::parse(data)?;
-        let function = elf.function(rel)?;
-        Some(match elf.line(rel) {
-            Some(line) => format!("{function} ({line})"),
-            None => function.to_owned(),
-        })
+        let Some(i) =
+            (next..schedule.decisions.len()).find(|&i| schedule.decisions[i].user_ip == ip)
+        else {
+            continue;
+        };
+        next = i + 1;
+        found.insert(i, place(&mut sym, *pid, stack, program));
+    }
+    Ok(found)
+}
+
+/// The last part of a path.
+fn file_name(path: &str) -> &str {
+    path.rsplit('/').next().unwrap_or(path)
+}
+
+/// Where a task of process `pid` stood, by its user `stack` (its position,
+/// then return addresses): there, and in a library, the first frame in
+/// the `program` that called into it, whose line is the program's.
+fn place(sym: &mut Symbolizer, pid: u32, stack: &[u64], program: &str) -> Place {
+    // A return address is described at its call, the byte before it.
+    let code = |i: usize, addr: u64| if i == 0 { addr } else { addr.saturating_sub(1) };
+    let at = sym.describe_code(pid, stack[0]);
+    let frames = (stack.iter().enumerate())
+        .map(|(i, &a)| sym.describe_code(pid, code(i, a)))
+        .collect();
+    let in_program = (stack.iter().enumerate())
+        .map(|(i, &a)| code(i, a))
+        .position(|a| sym.object(pid, a).is_some_and(|o| file_name(o) == program));
+    match in_program {
+        Some(0) => Place {
+            line: sym.line(pid, stack[0]),
+            at,
+            stack: frames,
+        },
+        Some(i) => {
+            let call = code(i, stack[i]);
+            Place {
+                at: format!("{at}, called from {}", sym.describe_code(pid, call)),
+                line: sym.line(pid, call),
+                stack: frames,
+            }
+        }
+        None => Place {
+            at,
+            line: None,
+            stack: frames,
+        },
     }
 }
 
@@ -344,21 +438,21 @@ impl ProgramSymbols {
 struct Finding {
     choice: usize,
     decision: Decision,
-    at: String,
-    others: Vec<(u16, String)>,
+    at: Option<Place>,
+    others: Vec<(u16, Place)>,
 }
 
 struct Report {
     findings: Vec<Finding>,
+    /// Where each task of the minimal run last stood in the program before
+    /// it failed (a deadlock's tasks: where they wait).
+    at_end: Vec<(u16, Place)>,
 }
 
 impl Report {
-    fn new(recorded: &Recorded, explained: &Explained, symbols: &ProgramSymbols) -> Self {
-        let where_of = |d: &Decision| {
-            symbols
-                .describe(d.user_ip, d.code_start)
-                .unwrap_or_else(|| format!("{:#x} (not in the program)", d.user_ip))
-        };
+    /// The minimal set's choices, placed by the decisions of its run
+    /// (`places`, by their index there).
+    fn new(recorded: &Recorded, explained: &Explained, places: &HashMap<usize, Place>) -> Self {
         let chosen: Vec<(usize, Decision)> = recorded
             .schedule
             .choices()
@@ -368,34 +462,49 @@ impl Report {
         let mut findings = Vec::new();
         for (choice, decision) in chosen {
             let mut others = Vec::new();
-            if let Some(run) = &explained.minimal_run {
+            let mut at = None;
+            let run = explained.minimal_run.as_ref().map(|(run, _)| run);
+            let index =
+                run.and_then(|r| r.decisions.iter().position(|d| d.point == decision.point));
+            if let (Some(run), Some(i)) = (run, index) {
+                at = places.get(&i).cloned();
                 // Where each other task next asked in the program's code
                 // after this choice, in the minimal run: how far it ran
                 // while this task was switched out.
-                if let Some(i) = run.decisions.iter().position(|d| d.point == decision.point) {
-                    let mut seen = Vec::new();
-                    for d in &run.decisions[i + 1..] {
-                        if d.point.task == decision.point.task {
-                            break;
-                        }
-                        if seen.contains(&d.point.task) {
-                            continue;
-                        }
-                        if let Some(at) = symbols.describe(d.user_ip, d.code_start) {
-                            seen.push(d.point.task);
-                            others.push((d.point.task, at));
-                        }
+                let mut seen = Vec::new();
+                for (j, d) in run.decisions.iter().enumerate().skip(i + 1) {
+                    if d.point.task == decision.point.task {
+                        break;
+                    }
+                    if seen.contains(&d.point.task) {
+                        continue;
+                    }
+                    if let Some(place) = places.get(&j).filter(|p| p.line.is_some()) {
+                        seen.push(d.point.task);
+                        others.push((d.point.task, place.clone()));
                     }
                 }
             }
             findings.push(Finding {
                 choice,
                 decision,
-                at: where_of(&decision),
+                at,
                 others,
             });
         }
-        Report { findings }
+        let mut at_end: Vec<(u16, Place)> = Vec::new();
+        if let Some((run, _)) = &explained.minimal_run {
+            for (i, d) in run.decisions.iter().enumerate().rev() {
+                if at_end.iter().any(|(t, _)| *t == d.point.task) {
+                    continue;
+                }
+                if let Some(place) = places.get(&i).filter(|p| p.line.is_some()) {
+                    at_end.push((d.point.task, place.clone()));
+                }
+            }
+            at_end.sort_by_key(|(t, _)| *t);
+        }
+        Report { findings, at_end }
     }
 
     fn text(&self, explained: &Explained) -> String {
@@ -429,15 +538,31 @@ impl Report {
                 PointKind::Exit => "is switched out at its exit_group",
                 PointKind::Steps => "steps",
             };
+            let at = match &f.at {
+                Some(place) => place.at.clone(),
+                None => format!("{:#x} (where, not found)", d.user_ip),
+            };
             s += &format!(
-                "  choice {}: task {} {what} at {}\n",
-                f.choice, d.point.task, f.at
+                "  choice {}: task {} {what} at {at}\n",
+                f.choice, d.point.task
             );
-            for (task, at) in &f.others {
-                s += &format!("      then task {task} ran to {at}\n");
+            for (task, place) in &f.others {
+                s += &format!("      then task {task} ran to {}\n", place.at);
+            }
+        }
+        if !self.at_end.is_empty() {
+            s += "Where each task last stood in the program before the end:\n";
+            for (task, place) in &self.at_end {
+                s += &format!("  task {task} at {}\n", place.at);
             }
         }
         s
+    }
+
+    fn at_end_json(&self) -> serde_json::Value {
+        (self.at_end.iter())
+            .map(|(t, p)| serde_json::json!({"task": t, "at": p.at, "line": p.line}))
+            .collect()
     }
 
     fn json(&self) -> serde_json::Value {
@@ -449,8 +574,12 @@ impl Report {
                     "task": f.decision.point.task,
                     "kind": format!("{:?}", f.decision.point.kind),
                     "user_ip": f.decision.user_ip,
-                    "at": f.at,
-                    "others": f.others.iter().map(|(t, at)| serde_json::json!({"task": t, "at": at})).collect::<Vec<_>>(),
+                    "at": f.at.as_ref().map(|p| &p.at),
+                    "line": f.at.as_ref().and_then(|p| p.line.as_ref()),
+                    "stack": f.at.as_ref().map_or(&[][..], |p| &p.stack[..]),
+                    "others": f.others.iter().map(|(t, p)| serde_json::json!({
+                        "task": t, "at": p.at, "line": p.line,
+                    })).collect::<Vec<_>>(),
                 })
             })
             .collect()

@@ -13,7 +13,10 @@ use introspect::event_ring::EventRing;
 use introspect::instructions::TF;
 use introspect::probe_gate;
 use journal::preempt::MarkAt;
-use journal::{EndReason, Entry, JournalError, Progress, ReplayPoint, Replayer, Sought};
+use journal::{
+    EndReason, Entry, JournalError, Progress, ReplayPoint, Replayer, Sought,
+    MSR_INSIGHT_CHAOS_DECISION,
+};
 
 use super::host_files;
 use super::inputs;
@@ -422,12 +425,18 @@ impl Mode for Replaying {
         self.points.abandon_mark(m);
         self.patch_changed(m, patched);
         let kernel_entry = exec::is_kernel_entry(&entry);
+        let decision =
+            matches!(entry, Entry::RdMsr { index, .. } if index == MSR_INSIGHT_CHAOS_DECISION);
         self.log.exit(entry, regs)?;
         // The virtio console writes at its transmit notification: the
         // same bytes as the recording's, or the replay stops here.
         self.log.console_out(m.vm.console.take_transmitted())?;
         host_files::serve_replayed(m, &mut self.log)?;
-        (self.tools).exit(m, kernel_entry, &self.log, &self.points)
+        (self.tools).exit(m, kernel_entry, &self.log, &self.points)?;
+        if decision {
+            (self.tools).chaos_decision(m, &self.log, &self.points)?;
+        }
+        Ok(())
     }
 
     fn stream_written(&mut self, stream: u8, w: StreamWritten) -> Result<bool, VmError> {

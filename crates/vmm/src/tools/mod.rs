@@ -15,6 +15,7 @@ pub(crate) mod events;
 pub(crate) mod exec;
 pub(crate) mod frames;
 pub(crate) mod kernel_steps;
+pub(crate) mod objects;
 pub mod probes;
 pub(crate) mod report;
 pub(crate) mod samples;
@@ -163,6 +164,16 @@ impl ReplayTools {
     /// When the vCPU must next be out of KVM_RUN for the tools.
     pub(crate) fn deadline(&self) -> u64 {
         (self.tools.iter()).fold(u64::MAX, |at, t| at.min(t.deadline()))
+    }
+
+    /// The exit just checked was the guest kernel reading a chaos decision.
+    pub(crate) fn chaos_decision(
+        &mut self,
+        m: &mut Machine,
+        log: &Replayer,
+        points: &PointSearch,
+    ) -> Result<(), VmError> {
+        self.each(log, points, |t, cx| t.chaos_decision(cx, m))
     }
 
     /// A deterministic exit, checked: the context switches before it are

@@ -10,6 +10,7 @@ use introspect::guest_events::{self, UserMemory};
 use unwind::Regs;
 
 use super::events::{EventTool, MAX_STACK_FRAMES};
+use super::objects::FoundObjects;
 use super::tool::{ReplayTool, ToolContext};
 use crate::points::{user_position, PointSearch};
 use crate::vm::{Machine, Resumed, VmError};
@@ -25,6 +26,10 @@ pub(crate) struct Sampling {
     /// Where the guest kernel keeps the top of the current task's kernel
     /// stack, so that samples in the kernel find the user registers.
     kernel_stack_top: Option<u64>,
+    /// Also a sample at each of a chaos recording's decisions, of the
+    /// task that asked (where `insight why` finds its line), unwound
+    /// through the objects found in each process's memory.
+    at_decisions: Option<FoundObjects>,
 }
 
 impl Sampling {
@@ -41,6 +46,21 @@ impl Sampling {
             next_ns: period_ns,
             recorded_ns: None,
             kernel_stack_top,
+            at_decisions: None,
+        }
+    }
+
+    /// Samples at a chaos recording's decisions only: the task that asked,
+    /// its user registers as it entered the kernel and its user stack.
+    pub(crate) fn at_decisions_only(kernel_stack_top: Option<u64>) -> Self {
+        Sampling::every(Duration::MAX, kernel_stack_top).with_decisions()
+    }
+
+    /// Also a sample at each chaos decision.
+    pub(crate) fn with_decisions(self) -> Self {
+        Sampling {
+            at_decisions: Some(FoundObjects::default()),
+            ..self
         }
     }
 
@@ -101,7 +121,7 @@ impl Sampling {
             return Ok(());
         }
         self.next_ns = now.saturating_add(self.period_ns);
-        self.sample(m, events, search, resumed, guest_ns, None)
+        self.sample(m, events, search, resumed, guest_ns, None, false)
     }
 
     /// A SAMPLE of the task on the vCPU where a recording's mark put it:
@@ -122,11 +142,21 @@ impl Sampling {
             mode: recorded,
             rip,
         };
-        self.sample(m, events, search, Resumed::default(), guest_ns, Some(at))
+        self.sample(
+            m,
+            events,
+            search,
+            Resumed::default(),
+            guest_ns,
+            Some(at),
+            false,
+        )
     }
 
     /// A SAMPLE of the task on the vCPU, where it was as `mode` says or as
-    /// its state shows.
+    /// its state shows; of a tracked task only, unless `any_task` (a
+    /// decision's: every task of the recording asks for them).
+    #[allow(clippy::too_many_arguments)]
     fn sample(
         &mut self,
         m: &Machine,
@@ -135,6 +165,7 @@ impl Sampling {
         resumed: Resumed,
         guest_ns: u64,
         recorded: Option<Recorded>,
+        any_task: bool,
     ) -> Result<(), VmError> {
         let mode = recorded.map(|r| r.mode);
         let mem = &m.vm.mem;
@@ -144,7 +175,7 @@ impl Sampling {
         let Some((pid, lwpid)) = capture.current() else {
             return Ok(());
         };
-        if !capture.is_tracked(lwpid) {
+        if !any_task && !capture.is_tracked(lwpid) {
             return Ok(());
         }
         let mut regs = m.vcpu.regs()?;
@@ -226,6 +257,52 @@ impl ReplayTool for Sampling {
 
     fn wants_mark(&mut self, ns: u64) -> bool {
         Sampling::wants_mark(self, ns)
+    }
+
+    /// A task entering `execve` names its program, for the objects of
+    /// the samples at decisions.
+    fn exit(
+        &mut self,
+        cx: &mut ToolContext,
+        m: &mut Machine,
+        kernel_entry: bool,
+    ) -> Result<(), VmError> {
+        let (Some(objects), Some(events), Some(var)) = (
+            self.at_decisions.as_mut(),
+            cx.events.as_deref_mut(),
+            cx.kernel_stack_top,
+        ) else {
+            return Ok(());
+        };
+        if let (true, Some((pid, _))) = (kernel_entry, events.capture.current()) {
+            objects.kernel_entry(&m.vm.mem, m.vcpu.sregs()?.cr3, var, pid);
+        }
+        Ok(())
+    }
+
+    fn chaos_decision(&mut self, cx: &mut ToolContext, m: &mut Machine) -> Result<(), VmError> {
+        let guest_ns = cx.event_ns();
+        let (Some(objects), Some(events)) = (self.at_decisions.as_mut(), cx.events.as_deref_mut())
+        else {
+            return Ok(());
+        };
+        events.drain_switches(&m.vm.mem, guest_ns)?;
+        let cr3 = m.vcpu.sregs()?.cr3;
+        let user = self
+            .kernel_stack_top
+            .and_then(|top| guest_events::user_regs_in_kernel(&m.vm.mem, cr3, top));
+        if let (Some((pid, _)), Some([_, rsp, _])) = (events.capture.current(), user) {
+            objects.look(&m.vm.mem, cr3, pid, rsp, events)?;
+        }
+        self.sample(
+            m,
+            events,
+            cx.points,
+            Resumed::default(),
+            guest_ns,
+            None,
+            true,
+        )
     }
 
     fn mark_sample(

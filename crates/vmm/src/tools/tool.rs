@@ -80,6 +80,13 @@ pub(crate) trait ReplayTool: Any + Send {
         Ok(())
     }
 
+    /// The deterministic exit just checked was the guest kernel reading a
+    /// chaos decision (`MSR_INSIGHT_CHAOS_DECISION`): the task asking is
+    /// on the vCPU, in the kernel.
+    fn chaos_decision(&mut self, _cx: &mut ToolContext, _m: &mut Machine) -> Result<(), VmError> {
+        Ok(())
+    }
+
     /// After a deterministic exit and the messages it carried.
     fn exit_handled(&mut self, _cx: &mut ToolContext, _m: &mut Machine) -> Result<(), VmError> {
         Ok(())

@@ -138,6 +138,11 @@ pub struct CaptureArgs {
     /// last reading (docs/events.md, "Event times").
     #[arg(long)]
     pub replay_time_samples: bool,
+    /// Of a chaos recording: also sample the task at each decision of its
+    /// schedule (`insight dump --schedule`), tracked or not: its user
+    /// position and stack, where `insight why` finds its source line.
+    #[arg(long)]
+    pub decision_samples: bool,
     /// How the user stacks of samples and lock events are found: cfi
     /// (the call-frame information of the guest's executables and
     /// libraries, their .eh_frame, as exceptions and `perf --call-graph

@@ -109,6 +109,9 @@ pub fn replay(mut args: ReplayArgs) -> Result<ExitCode> {
     if args.capture.sample_period.is_some() && args.capture.events.is_none() {
         bail!("--sample-period needs somewhere to put the samples: --events FILE or --diagnose");
     }
+    if args.capture.decision_samples && args.capture.events.is_none() {
+        bail!("--decision-samples needs somewhere to put the samples: --events FILE or --diagnose");
+    }
     // Outputs are checked before anything runs: a replay can be long.
     if let Some(path) = &args.capture.events {
         outputs::check_event_db(path, args.force)?;
@@ -453,6 +456,7 @@ fn event_options(
         cfi_files,
         sample_period: args.capture.sample_period,
         replay_time_samples: args.capture.replay_time_samples,
+        decision_samples: args.capture.decision_samples,
         end_after,
         exits: args.capture.event_exits,
     })

@@ -24,7 +24,7 @@ const MAX_PHDRS: u64 = 128;
 /// load bias (where the headers are, less where `PT_PHDR` says they are)
 /// and its dynamic section (`None`: a static program). `None` while the
 /// headers are not in memory.
-pub(super) fn loaded_program(
+pub(crate) fn loaded_program(
     read: &dyn Fn(u64, &mut [u8]) -> usize,
     auxv: &[u8],
 ) -> Option<(Option<u64>, Option<u64>)> {
@@ -70,7 +70,7 @@ const MAX_LIBRARIES: usize = 1024;
 /// executable's dynamic section is at `dynamic`, read with `read`:
 /// (path, load bias). Empty until the dynamic linker has made the list;
 /// a list the program damaged ends where it stops making sense.
-pub(super) fn loaded_libraries(
+pub(crate) fn loaded_libraries(
     read: &dyn Fn(u64, &mut [u8]) -> usize,
     dynamic: u64,
 ) -> Vec<(String, u64)> {

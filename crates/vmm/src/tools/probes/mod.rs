@@ -18,7 +18,7 @@
 //! are told apart). A call left by `longjmp` or an exception is dropped
 //! when the thread returns to an outer frame.
 
-mod loaded;
+pub(crate) mod loaded;
 mod plan;
 mod state;
 mod tool;
