@@ -77,12 +77,15 @@ impl Control {
         status: i32,
         sup: &mut dyn Supervisor,
     ) -> Result<(), VmError> {
+        // The switches so far: the thread on the CPU, which a stop at the
+        // process's end names, is the one exiting now, not the last one
+        // seen before (whose registers may be gone with it).
+        self.tasks.follow_switches(&m.vm.mem);
         if self.scope == Scope::Every {
             // A task that dies executing a program never starts it; a
             // child that dies before it runs is never followed.
             self.tasks.execs.retain(|e| e.lwpid != lwpid);
             (self.tasks.forks).retain(|f| f.lwpid != lwpid && f.child != Some(lwpid));
-            self.tasks.follow_switches(&m.vm.mem);
             let Some(followed) = self.tasks.followed.get_mut(&pid) else {
                 return self.update_returns(m);
             };
