@@ -12,13 +12,13 @@ use introspect::gva;
 use journal::preempt::state::CR3_ROOT;
 use vm_memory::GuestMemoryMmap;
 
+use super::control::tasks::auxv_from;
 use super::events::EventTool;
 use super::exec;
 use super::probes::loaded::{loaded_libraries, loaded_program};
 use crate::vm::VmError;
 
-/// Auxiliary vector keys: the page size, and the end.
-const AT_NULL: u64 = 0;
+/// The auxiliary vector's key of the page size.
 const AT_PAGESZ: u64 = 6;
 /// How far above a thread's stack pointer its auxiliary vector is
 /// looked for (the arguments and environment lie between).
@@ -105,16 +105,7 @@ fn auxv_above(read: &dyn Fn(u64, &mut [u8]) -> usize, rsp: u64) -> Option<Vec<u8
     let end = rsp.saturating_add(MAX_SCAN);
     while at < end {
         if word(at)? == AT_PAGESZ && word(at + 8)? == 4096 {
-            let mut auxv = Vec::new();
-            for i in 0..64 {
-                let (key, value) = (word(at + 16 * i)?, word(at + 16 * i + 8)?);
-                auxv.extend(key.to_le_bytes());
-                auxv.extend(value.to_le_bytes());
-                if key == AT_NULL {
-                    return Some(auxv);
-                }
-            }
-            return None;
+            return auxv_from(&word, at);
         }
         at += 8;
     }

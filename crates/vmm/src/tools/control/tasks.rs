@@ -348,7 +348,13 @@ pub(crate) fn auxv_at_start(mem: &GuestMemoryMmap, cr3: u64, rsp: u64) -> Option
         }
         at += 8;
     }
-    at += 8;
+    auxv_from(&word, at + 8)
+}
+
+/// The auxiliary vector whose first pair is at `at`, `word` reading the
+/// process's memory: pairs of words through AT_NULL (at most 64 pairs),
+/// as bytes.
+pub(crate) fn auxv_from(word: &dyn Fn(u64) -> Option<u64>, mut at: u64) -> Option<Vec<u8>> {
     let mut auxv = Vec::new();
     for _ in 0..64 {
         let (key, value) = (word(at)?, word(at + 8)?);
