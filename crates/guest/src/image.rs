@@ -54,8 +54,14 @@ pub struct GuestQuirks {
 ///   its buffer overflowed, and a recording lost datagrams a plain run
 ///   received (docs/BENCHMARKS.md, "Network"). The guest kernel also gives
 ///   a deterministic point after every received frame (patch 0007), so
-///   that under the exit clock a due tick arrives there and time passes.
-pub fn kernel_cmdline(quirks: GuestQuirks, quiet: bool, extra: &str) -> String {
+///   that under the exit clock a due tick arrives there and time passes;
+/// - `insight.probes`, only for a run with the probe library: a
+///   deterministic point after each context switch to a user task (patch
+///   0032), so that a tick due during the switch is delivered before the
+///   task's first probe event rather than at its first clock read, and
+///   lock hold times start where the program started them. Runs without
+///   probes keep their exits and so their schedules (a chaos seed's).
+pub fn kernel_cmdline(quirks: GuestQuirks, probes: bool, quiet: bool, extra: &str) -> String {
     let mut parts = vec![
         "console=ttyS0",
         "noapic",
@@ -75,6 +81,9 @@ pub fn kernel_cmdline(quirks: GuestQuirks, quiet: bool, extra: &str) -> String {
     ];
     if quirks.syscall_trap {
         parts.push("insight.syscall=pf");
+    }
+    if probes {
+        parts.push("insight.probes");
     }
     if quiet {
         // Errors and above only: panics and oopses still show, the noise
@@ -106,18 +115,26 @@ mod tests {
 
     #[test]
     fn cmdline_carries_quirks_and_user_text_last() {
-        let c = kernel_cmdline(GuestQuirks { syscall_trap: true }, true, " loglevel=7 ");
+        let c = kernel_cmdline(
+            GuestQuirks { syscall_trap: true },
+            true,
+            true,
+            " loglevel=7 ",
+        );
         assert!(c.starts_with("console=ttyS0 "));
         assert!(c.contains(" insight.syscall=pf "));
+        assert!(c.contains(" insight.probes "));
         assert!(c.ends_with(" quiet loglevel=3 loglevel=7"));
         let c = kernel_cmdline(
             GuestQuirks {
                 syscall_trap: false,
             },
             false,
+            false,
             "",
         );
         assert!(!c.contains("insight.syscall"));
+        assert!(!c.contains("insight.probes"));
         assert!(!c.contains("quiet"));
     }
 }

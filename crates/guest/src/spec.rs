@@ -498,7 +498,7 @@ pub fn prepare(config: &VmConfig, options: &BootOptions) -> Result<VmSpec, Guest
             tap: Some((n.tap.clone(), n.host_address)),
         }),
         console: config.console,
-        cmdline: base_cmdline(options, &config.cmdline),
+        cmdline: base_cmdline(options, config.probes, &config.cmdline),
         memory_mib: config.memory_mib,
         rng_seed,
         brought: BroughtProgram {
@@ -531,10 +531,12 @@ fn attached(archive: &[u8], device: &str) -> bool {
 
 /// The kernel command line of every run of an image: the disk and network
 /// devices are always declared (and answer once `/init` attaches them).
-fn base_cmdline(options: &BootOptions, extra: &str) -> String {
+/// A run with probes has its own (`insight.probes`), hence its own boot
+/// snapshot.
+fn base_cmdline(options: &BootOptions, probes: bool, extra: &str) -> String {
     format!(
         "{} {} {} {} {}",
-        image::kernel_cmdline(options.quirks, options.quiet, extra),
+        image::kernel_cmdline(options.quirks, probes, options.quiet, extra),
         devices::virtio_blk::kernel_cmdline(),
         devices::virtio_net::kernel_cmdline(),
         devices::virtio_console::kernel_cmdline(),
@@ -899,8 +901,11 @@ mod tests {
         let (dir, mut config) = config_with_stand_in_images("probes-trace");
         let without = prepare(&config, &OPTIONS).unwrap();
         assert!(!contains(&without.archive, "LD_PRELOAD"));
+        assert!(!without.cmdline.contains("insight.probes"));
         config.probes = true;
         let spec = prepare(&config, &OPTIONS).unwrap();
+        // The kernel's deterministic point after each switch, for probes only.
+        assert!(spec.cmdline.contains(" insight.probes "));
         let entry = format!("{PROBES_PRELOADED}\0");
         assert!(contains(&spec.archive, &entry));
         assert!(
@@ -932,6 +937,7 @@ mod tests {
         let replayed = from_trace(&reader.header, &trace_dir).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
         assert_eq!(replayed.archive, spec.archive);
+        assert_eq!(replayed.cmdline, spec.cmdline);
         assert_eq!(replayed.wall_clock, spec.wall_clock);
         assert_eq!(replayed.rng_seed, spec.rng_seed);
         assert!(
