@@ -407,12 +407,28 @@ fn hold_times_cover_the_programs_own_and_say_what_the_holder_spent_off_the_cpu()
         excess.push((r.1 - r.0) - (o.1 - o.0));
     }
     // What the measure adds to a hold, typically: the interpreted
-    // kernel's way back to user mode after its last exit (0.12 to 0.35
-    // ms here; timed by the last clock reading instead, as before exits
-    // logged their time, 1.0 to 1.1 ms), microseconds natively.
+    // kernel's way back to user mode after the exit that times the
+    // acquisition (0.12 to 0.35 ms on these hosts, microseconds
+    // natively). Host load stretches that path, and no bound in
+    // nanoseconds holds on a loaded host (medians of 0.77 and 2.3 ms
+    // were seen). It stretches the program's own holds alike: a stall of
+    // the vCPU in a hold's last loop ends it late, and the program counts
+    // that (its median 2-ms hold measured 2.06 to 8.1 ms in four
+    // recordings on a host at load 3 to 10, where the median excess was
+    // 0.16 to 0.30 ms). So the median excess is held to a quarter of the
+    // program's median hold, measured in the same run: about 0.5 ms where
+    // the host stalls the program's loop little, which an acquisition
+    // timed by an exit before the holder's wait or sleep (a millisecond
+    // or more early) fails.
     excess.sort_unstable();
     let median_excess = excess[excess.len() / 2];
-    assert!(median_excess < 750_000, "excess per hold (ns): {excess:?}");
+    let mut own_holds: Vec<i64> = own.iter().map(|o| o.1 - o.0).collect();
+    own_holds.sort_unstable();
+    let own_median = own_holds[own_holds.len() / 2];
+    assert!(
+        4 * median_excess < own_median,
+        "excess per hold (ns): {excess:?}, the program's holds: {own_holds:?}"
+    );
     eprintln!(
         "hold_clock: the program's own average {own_avg} ns, max {own_max} ns; the report's \
          {avg} ns, max {max} ns, {} % of the hold time off the CPU; median hold {} us longer \
