@@ -168,7 +168,8 @@ const BUGS: &[Bug] = &[
             &[35, 36, 37, 38, 40, 41, 62, 63, 64, 67],
         ],
     },
-    // In the suite: about 4 to 6 minutes (a failing run waits DEADLOCK).
+    // In the suite: 6 minutes when a failing run waited 20 s, less with
+    // DEADLOCK.
     // t1 holds l (7-10) while t2, holding m, waits for l (16-18): t1's
     // lock of m at 10 never returns.
     Bug {
