@@ -230,6 +230,11 @@ pub(crate) struct Control {
     /// That instruction is a system call: the breakpoint goes back at the
     /// next return to user mode.
     pub(super) lifted_until_return: bool,
+    /// The thread stepped over that breakpoint had the trap flag set
+    /// already: the guest kernel single-steps it (`record --chaos`), so the
+    /// trap that ends the step is the guest's too, and goes to its #DB
+    /// handler as in the recording.
+    pub(super) lifted_in_guest_step: bool,
     /// The kernel changed watched bytes for this thread (the watch's
     /// address): the change is told at its return to user mode.
     pub(super) kernel_wrote: Option<(u32, u64)>,
@@ -257,6 +262,7 @@ impl Control {
             stepping: None,
             lifted: None,
             lifted_until_return: false,
+            lifted_in_guest_step: false,
             kernel_wrote: None,
             watch_step: false,
             avoid: None,
@@ -318,6 +324,7 @@ impl Control {
         self.breakpoints.set_internal(position);
         self.lifted = None;
         self.lifted_until_return = false;
+        self.lifted_in_guest_step = false;
         self.sync_breakpoints(m);
         self.sync_watches(m, true)
     }
@@ -598,6 +605,7 @@ impl Control {
         self.stepping = None;
         self.lifted = None;
         self.lifted_until_return = false;
+        self.lifted_in_guest_step = false;
         self.kernel_wrote = None;
         self.watch_step = false;
         self.sync_watches(m, true)?;
