@@ -87,8 +87,9 @@ impl Control {
         }
         self.tasks.follow_switches(&m.vm.mem);
         let cr3 = sregs.cr3 & CR3_ROOT;
-        let lifted = self.lifted.take().is_some();
-        let in_guest_step = std::mem::take(&mut self.lifted_in_guest_step);
+        let lifted = self.lifted.take();
+        let in_guest_step = lifted.is_some_and(|l| l.in_guest_step);
+        let lifted = lifted.is_some();
         if lifted {
             self.sync_breakpoints(m);
         }
@@ -101,11 +102,11 @@ impl Control {
             _ => None,
         };
         let stepping = step.is_some();
-        // A trap the engine did not ask for is the guest's: the guest
-        // kernel single-steps the thread (`record --chaos`), and counts
-        // its steps as the recording did. So is the trap that ends a step
+        // Where the guest kernel single-steps threads (`record --chaos`),
+        // a trap the engine did not ask for is the guest's, which counts
+        // its steps as the recording did; so is the trap that ends a step
         // over a breakpoint in such a thread, once the breakpoint is back.
-        if !stepping && !self.watch_step && (!lifted || in_guest_step) {
+        if self.guest_steps && !stepping && !self.watch_step && (!lifted || in_guest_step) {
             return self.traps.pass(m);
         }
         // Inside a trampoline that searches for an asynchronous point, the

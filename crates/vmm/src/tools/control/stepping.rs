@@ -5,7 +5,7 @@
 
 use kvm_bindings::kvm_regs;
 
-use super::engine::{Control, Stepping};
+use super::engine::{Control, Lifted, Stepping};
 use super::tasks::UserPoint;
 use crate::tools::kernel_steps;
 use crate::vm::{Machine, VmError};
@@ -177,8 +177,10 @@ impl Control {
         let n = peek_user(&m.vm.mem, cr3, va, &mut code);
         self.breakpoints.hide(&m.vm.mem, cr3, va, &mut code[..n]);
         self.breakpoints.lift(&m.vm.mem, gpa);
-        self.lifted = Some(gpa);
-        self.lifted_in_guest_step = rflags & TF != 0;
+        self.lifted = Some(Lifted {
+            gpa,
+            in_guest_step: rflags & TF != 0,
+        });
         self.lifted_until_return = code == SYSCALL;
         !self.lifted_until_return
     }
