@@ -2,7 +2,8 @@
 //! try names its seed in the trace header and its replay, given no seed,
 //! fails the same way; each of SCTBench's eight buggy programs
 //! (tests/programs/sctbench) fails under chaos within its tries, and the
-//! kept recording replays to the same failure; the correct twins pass
+//! kept recording replays to the same failure, with a probe at replay on
+//! a function its single-stepped threads run; the correct twins pass
 //! their chaos tries, which leave nothing behind; a chaos recording of a
 //! multi-threaded program replays exactly, from boot and from its
 //! checkpoints, and its `--jobs 2` segments merge into the replay from
@@ -67,10 +68,26 @@ fn seed_of(name: &str) -> u64 {
     }
 }
 
+/// A function of SCTBench's buggy program `name` that one of its threads
+/// runs before the failure, single-stepped by the guest kernel.
+fn probed_in(name: &str) -> &'static str {
+    match name {
+        "account_bad" => "withdraw",
+        "bluetooth_driver_bad" => "BCSP_PnpStop",
+        "deadlock01_bad" => "thread2",
+        "stack_bad" => "pop",
+        _ => "t2",
+    }
+}
+
 /// Records SCTBench's buggy program `name` with chaos until it fails (at
 /// most 200 tries), checks it failed as its bug makes it (`status`: 134,
 /// the abort of a failed assert; 124, the hang of a deadlock), and that
-/// the kept recording, replayed with no seed, fails the same way.
+/// the kept recording, replayed with no seed, fails the same way. The
+/// replay puts a probe on a function a thread runs while the guest kernel
+/// single-steps it: the probe's breakpoint must leave the guest's own
+/// single-step traps to the guest, or the steps the guest kernel counts,
+/// and the schedule with them, would differ from the recording's.
 fn assert_bug_found_and_replayed(dir: &Path, name: &str, status: i32) {
     let prog = sctbench(dir, name);
     let trace = dir.join(format!("{name}-trace"));
@@ -79,8 +96,21 @@ fn assert_bug_found_and_replayed(dir: &Path, name: &str, status: i32) {
     let stdout = expect_status(&out, status);
     let (_, stderr) = text(&out);
     assert_header_names_the_seed(&trace, seed, &stderr);
-    let replayed = replay(&trace);
+    let probed = probed_in(name);
+    let replayed = replay_with(&trace, &["--probe", probed]);
     let (rout, rerr) = text(&replayed);
+    // The console's output, then the probes' report.
+    let (rout, report) = rout.split_at(
+        rout.find("Probes in ")
+            .unwrap_or_else(|| panic!("{name}: no probes' report in: {rout}\n{rerr}")),
+    );
+    let calls = report
+        .split_once(&format!("Probe 1: {probed}\n  calls: "))
+        .and_then(|(_, rest)| rest.split_whitespace().next()?.parse::<u64>().ok());
+    assert!(
+        calls.is_some_and(|n| n > 0),
+        "{name}: no call of {probed} in: {report}\n{rerr}"
+    );
     assert!(replayed.status.success(), "{name}: {rerr}");
     let end = match status {
         124 => format!("the recording ended there: no progress in user mode for {HANG}"),

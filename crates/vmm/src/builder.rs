@@ -464,6 +464,8 @@ pub fn replay(
         event_exits = events.exits || events.end_after.is_some();
         take_marks = reader.header.sample_period_ns > 0 && !events.replay_time_samples;
     }
+    // A chaos recording's guest kernel single-stepped its threads.
+    let chaos_recording = reader.header.chaos.is_some();
     let traced = options.tracing.is_some();
     if let Some(spec) = options.tracing {
         tools.attach(ProcessTracer::new(spec));
@@ -476,14 +478,14 @@ pub fn replay(
             return Err(BuildError::ProbesAndTools);
         }
         (events.capture.probes(&probes::probe_rows(plan))).map_err(VmError::from)?;
-        let kernel = kernel_points(&spec.kernel_image, kernel_stack_top);
+        let kernel = kernel_points(&spec.kernel_image, kernel_stack_top, chaos_recording);
         tools.attach(ProbeTool::new(plan, kernel));
     }
     if let Some(selector) = options.debug {
         if tools.events_mut().is_some() || traced {
             return Err(BuildError::DebugAndTools);
         }
-        let kernel = kernel_points(&spec.kernel_image, kernel_stack_top);
+        let kernel = kernel_points(&spec.kernel_image, kernel_stack_top, chaos_recording);
         tools.attach(DebugTool::new(selector, kernel));
     }
     let points = if options.registers_only {
@@ -491,7 +493,6 @@ pub fn replay(
     } else {
         PointSearch::default()
     };
-    let chaos_recording = reader.header.chaos.is_some();
     let mut log = Replayer::new(reader);
     if take_marks {
         log.take_sample_marks();
@@ -532,11 +533,14 @@ pub fn replay(
     Ok((session, ReplayStart { restored, notes }))
 }
 
-/// The guest kernel's code and data the debugger's engine uses.
-fn kernel_points(image: &[u8], stack_top_var: Option<u64>) -> KernelPoints {
+/// The guest kernel's code and data the debugger's engine uses, and
+/// whether it single-steps user threads (`guest_steps`: a chaos
+/// recording).
+fn kernel_points(image: &[u8], stack_top_var: Option<u64>, guest_steps: bool) -> KernelPoints {
     KernelPoints {
         stack_top_var,
         iret: kernel_instruction(image, KERNEL_USER_IRET, &SWAPGS, 128),
         sysret: kernel_code(image, KERNEL_SYSRET),
+        guest_steps,
     }
 }

@@ -29,6 +29,11 @@ pub struct KernelPoints {
     /// The `swapgs; sysretq` of fast system-call returns
     /// (`entry_SYSRETQ_unsafe_stack`).
     pub sysret: Option<u64>,
+    /// The guest kernel single-steps user threads (a chaos recording,
+    /// docs/chaos.md): a single-step trap the engine did not ask for is
+    /// the guest's own. Otherwise it is what is left of one of the
+    /// engine's steps (a stop ended it), and the engine takes it.
+    pub guest_steps: bool,
 }
 
 /// Which processes the engine holds.
@@ -213,12 +218,25 @@ pub(super) enum Stepping {
     ReturnThenTrap(u32),
 }
 
+/// A breakpoint out of memory for one step of the instruction under it.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Lifted {
+    pub(super) gpa: u64,
+    /// The thread stepped over it had the trap flag set already: the
+    /// guest kernel single-steps it (`record --chaos`), so the trap that
+    /// ends the step is the guest's too, and goes to its #DB handler as in
+    /// the recording.
+    pub(super) in_guest_step: bool,
+}
+
 /// The engine on a replay.
 pub(crate) struct Control {
     pub(super) scope: Scope,
     /// The guest kernel variable with the top of the current task's
     /// kernel stack.
     pub(super) stack_top_var: Option<u64>,
+    /// `KernelPoints::guest_steps`.
+    pub(super) guest_steps: bool,
     pub(super) traps: KernelTraps,
     pub(super) tasks: Tasks,
     pub(super) breakpoints: Breakpoints,
@@ -226,7 +244,7 @@ pub(crate) struct Control {
     pub(super) stepping: Option<Stepping>,
     /// The breakpoint under the instruction a thread is being stepped
     /// over, out of memory until the step ends.
-    pub(super) lifted: Option<u64>,
+    pub(super) lifted: Option<Lifted>,
     /// That instruction is a system call: the breakpoint goes back at the
     /// next return to user mode.
     pub(super) lifted_until_return: bool,
@@ -250,6 +268,7 @@ impl Control {
         Control {
             scope,
             stack_top_var: kernel.stack_top_var,
+            guest_steps: kernel.guest_steps,
             traps: KernelTraps::new(kernel.iret, kernel.sysret),
             tasks: Tasks::default(),
             breakpoints: Breakpoints::default(),
@@ -454,7 +473,7 @@ impl Control {
         let cr3 = self.tasks.process.as_ref().map(|p| p.cr3);
         self.breakpoints.sync(&m.vm.mem, cr3, self.avoid);
         // The one a thread is stepped over stays out until it is.
-        if let Some(gpa) = self.lifted {
+        if let Some(Lifted { gpa, .. }) = self.lifted {
             self.breakpoints.lift(&m.vm.mem, gpa);
         }
     }

@@ -64,8 +64,10 @@ impl Control {
             mem: &m.vm.mem,
         };
         let stop = sup.breakpoint(self, &hit) == Verdict::Stop;
-        if !stop && self.lift_for_one(m, cr3, addr, gpa) {
-            // Not a stop: the instruction under it runs once, alone.
+        if !stop && self.lift_for_one(m, cr3, (addr, frame.rflags), gpa) {
+            // Not a stop: the instruction under it runs once, alone (the
+            // frame's flags are the thread's: a thread the guest kernel
+            // single-steps has the trap flag already).
             user.rflags |= TF;
         }
         return_by_iret(m, &frame, user)
@@ -85,7 +87,10 @@ impl Control {
         }
         self.tasks.follow_switches(&m.vm.mem);
         let cr3 = sregs.cr3 & CR3_ROOT;
-        if self.lifted.take().is_some() {
+        let lifted = self.lifted.take();
+        let in_guest_step = lifted.is_some_and(|l| l.in_guest_step);
+        let lifted = lifted.is_some();
+        if lifted {
             self.sync_breakpoints(m);
         }
         let mut user = frame.user_regs(&regs);
@@ -97,6 +102,13 @@ impl Control {
             _ => None,
         };
         let stepping = step.is_some();
+        // Where the guest kernel single-steps threads (`record --chaos`),
+        // a trap the engine did not ask for is the guest's, which counts
+        // its steps as the recording did; so is the trap that ends a step
+        // over a breakpoint in such a thread, once the breakpoint is back.
+        if self.guest_steps && !stepping && !self.watch_step && (!lifted || in_guest_step) {
+            return self.traps.pass(m);
+        }
         // Inside a trampoline that searches for an asynchronous point, the
         // step goes on until the program's next instruction (one the
         // trampoline moved, or the code it returns to).

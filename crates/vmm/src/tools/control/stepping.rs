@@ -5,7 +5,7 @@
 
 use kvm_bindings::kvm_regs;
 
-use super::engine::{Control, Stepping};
+use super::engine::{Control, Lifted, Stepping};
 use super::tasks::UserPoint;
 use crate::tools::kernel_steps;
 use crate::vm::{Machine, VmError};
@@ -159,18 +159,28 @@ impl Control {
         if self.breakpoints.at(gpa).is_none() {
             return Ok(false);
         }
-        Ok(self.lift_for_one(m, cr3, regs.rip, gpa))
+        Ok(self.lift_for_one(m, cr3, (regs.rip, regs.rflags), gpa))
     }
 
-    /// Takes the breakpoint at `gpa` (at `va` in address space `cr3`) out
-    /// for one run of the instruction under it: whether the trap flag must
-    /// end that (not for a system call, whose return puts it back).
-    pub(super) fn lift_for_one(&mut self, m: &Machine, cr3: u64, va: u64, gpa: u64) -> bool {
+    /// Takes the breakpoint at `gpa` (at `va` in address space `cr3`, the
+    /// thread's flags `rflags`) out for one run of the instruction under
+    /// it: whether the trap flag must end that (not for a system call,
+    /// whose return puts it back).
+    pub(super) fn lift_for_one(
+        &mut self,
+        m: &Machine,
+        cr3: u64,
+        (va, rflags): (u64, u64),
+        gpa: u64,
+    ) -> bool {
         let mut code = [0u8; 2];
         let n = peek_user(&m.vm.mem, cr3, va, &mut code);
         self.breakpoints.hide(&m.vm.mem, cr3, va, &mut code[..n]);
         self.breakpoints.lift(&m.vm.mem, gpa);
-        self.lifted = Some(gpa);
+        self.lifted = Some(Lifted {
+            gpa,
+            in_guest_step: rflags & TF != 0,
+        });
         self.lifted_until_return = code == SYSCALL;
         !self.lifted_until_return
     }
