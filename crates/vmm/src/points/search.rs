@@ -19,6 +19,10 @@ use journal::Replayer;
 /// and the event's capture (or the step's logging) a few more.
 const GATE_EXIT_ALLOWANCE: Duration = Duration::from_micros(200);
 
+/// How many times a search's bound (of the vCPU's time) it may take by the
+/// host's clock: a vCPU that halted makes no progress and has no CPU time.
+const WALL_PATIENCE: u32 = 20;
+
 /// How many times a point search's bound a mark's search may take.
 const MARK_PATIENCE: u32 = 10;
 
@@ -508,7 +512,7 @@ impl PointSearch {
             return Ok(Found::Mark);
         }
         self.stats.points += 1;
-        self.stats.busy_ns += search.patch.started.elapsed().as_nanos() as u64;
+        self.stats.busy_ns += search.patch.started.wall().as_nanos() as u64;
         log.async_point_reached()?;
         Ok(Found::Point)
     }
@@ -520,16 +524,21 @@ impl PointSearch {
         let Some(search) = &self.search else {
             return Ok(false);
         };
-        if search.patch.started.elapsed() <= search.bound() {
+        // The vCPU's time, not the host's: on a loaded host the vCPU's
+        // thread may wait seconds for a CPU. The host's time bounds it
+        // too, far above, for a vCPU that stopped running (halted).
+        let (cpu, wall) = (search.patch.started.cpu(), search.patch.started.wall());
+        if cpu <= search.bound() && wall <= search.bound().saturating_mul(WALL_PATIENCE) {
             return Ok(false);
         }
         if search.mark {
             return self.give_up_mark(m);
         }
         let why = format!(
-            "the recorded state was not reached within {:.1} s (the recording got there {:.3} s \
-             after the exit); {}",
-            search.bound().as_secs_f64(),
+            "the recorded state was not reached within {:.1} s of the vCPU's time ({:.1} s of the \
+             host's; the recording got there {:.3} s after the exit); {}",
+            cpu.as_secs_f64(),
+            wall.as_secs_f64(),
             search.point.run_ns as f64 / 1e9,
             search.progress(&m.vm.mem)
         );
@@ -540,6 +549,7 @@ impl PointSearch {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::points::patch::Started;
     use vm_memory::{Bytes, GuestAddress};
 
     /// Where the searched position's code page is, virtual and physical.
@@ -570,7 +580,7 @@ mod tests {
                 stub: 0x7f00_0010_0000,
                 exit_rips: [0; 2],
                 saved: Vec::new(),
-                started: std::time::Instant::now(),
+                started: Started::now(),
             },
             candidates: 2,
             rejected: 2,
