@@ -3,7 +3,7 @@
 //! probe gate, in the pages the guest kernel maps into every process
 //! (`introspect::stub_area`).
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use vm_memory::{Bytes, GuestAddress};
 
@@ -28,41 +28,7 @@ pub(crate) struct Patch {
     pub(crate) exit_rips: [u64; 2],
     /// Guest bytes it overwrote, to put back: (address, bytes).
     pub(crate) saved: Vec<(u64, Vec<u8>)>,
-    pub(crate) started: Started,
-}
-
-/// When a trampoline was put in place, by the host's clock and by the CPU
-/// time of the thread that put it there (the vCPU's), for how long the
-/// vCPU has run since.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Started {
-    wall: Instant,
-    cpu: Option<Duration>,
-}
-
-impl Started {
-    /// Now; on the vCPU's thread.
-    pub(crate) fn now() -> Self {
-        Started {
-            wall: Instant::now(),
-            cpu: crate::sys::thread_cpu_time(),
-        }
-    }
-
-    /// The host's time since.
-    pub(crate) fn wall(&self) -> Duration {
-        self.wall.elapsed()
-    }
-
-    /// The CPU time the vCPU's thread has had since (on that thread): the
-    /// time a loaded host left it waiting for a CPU is not counted. The
-    /// host's time where the host does not tell.
-    pub(crate) fn cpu(&self) -> Duration {
-        match (self.cpu, crate::sys::thread_cpu_time()) {
-            (Some(then), Some(now)) => now.saturating_sub(then),
-            _ => self.wall(),
-        }
-    }
+    pub(crate) started: Instant,
 }
 
 impl Machine {
@@ -153,7 +119,7 @@ impl Machine {
             stub,
             exit_rips: [pages.code + code.exit_at, pages.code + code.exit_end],
             saved,
-            started: Started::now(),
+            started: Instant::now(),
         })
     }
 

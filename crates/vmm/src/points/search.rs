@@ -49,6 +49,9 @@ struct Search {
     /// A sample mark's position (found by its registers alone), not an
     /// asynchronous point.
     mark: bool,
+    /// The CPU time of the vCPU's thread when the search began (on that
+    /// thread), if the host tells.
+    cpu_at_start: Option<Duration>,
 }
 
 /// How much slower than the recording replay may run the code before a
@@ -75,6 +78,16 @@ impl Search {
             bound.saturating_mul(MARK_PATIENCE)
         } else {
             bound
+        }
+    }
+
+    /// The CPU time the vCPU's thread has had since the search began (on
+    /// that thread): the time a loaded host left it waiting for a CPU is
+    /// not counted. The host's time where the host does not tell.
+    fn vcpu_time(&self) -> Duration {
+        match (self.cpu_at_start, crate::sys::thread_cpu_time()) {
+            (Some(then), Some(now)) => now.saturating_sub(then),
+            _ => self.patch.started.elapsed(),
         }
     }
 
@@ -377,6 +390,7 @@ impl PointSearch {
             site,
             code,
             mark,
+            cpu_at_start: crate::sys::thread_cpu_time(),
         });
         Ok(())
     }
@@ -512,7 +526,7 @@ impl PointSearch {
             return Ok(Found::Mark);
         }
         self.stats.points += 1;
-        self.stats.busy_ns += search.patch.started.wall().as_nanos() as u64;
+        self.stats.busy_ns += search.patch.started.elapsed().as_nanos() as u64;
         log.async_point_reached()?;
         Ok(Found::Point)
     }
@@ -527,7 +541,7 @@ impl PointSearch {
         // The vCPU's time, not the host's: on a loaded host the vCPU's
         // thread may wait seconds for a CPU. The host's time bounds it
         // too, far above, for a vCPU that stopped running (halted).
-        let (cpu, wall) = (search.patch.started.cpu(), search.patch.started.wall());
+        let (cpu, wall) = (search.vcpu_time(), search.patch.started.elapsed());
         if cpu <= search.bound() && wall <= search.bound().saturating_mul(WALL_PATIENCE) {
             return Ok(false);
         }
@@ -549,7 +563,6 @@ impl PointSearch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::points::patch::Started;
     use vm_memory::{Bytes, GuestAddress};
 
     /// Where the searched position's code page is, virtual and physical.
@@ -580,7 +593,7 @@ mod tests {
                 stub: 0x7f00_0010_0000,
                 exit_rips: [0; 2],
                 saved: Vec::new(),
-                started: Started::now(),
+                started: std::time::Instant::now(),
             },
             candidates: 2,
             rejected: 2,
@@ -590,6 +603,7 @@ mod tests {
             site: site::choose(rip, code, &[]).unwrap(),
             code: code.to_vec(),
             mark: false,
+            cpu_at_start: None,
         }
     }
 

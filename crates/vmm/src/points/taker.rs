@@ -766,7 +766,6 @@ fn without_timestamps(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::points::patch::Started;
 
     #[test]
     fn points_are_due_a_tick_after_an_exit_and_never_before_the_first() {
@@ -822,7 +821,7 @@ mod tests {
             stub: 0,
             exit_rips: [0; 2],
             saved: Vec::new(),
-            started: Started::now(),
+            started: Instant::now(),
         });
         assert_eq!(p.sample_due(true), u64::MAX);
         // A host that delivers at exits only takes none.
@@ -860,7 +859,7 @@ mod tests {
             stub: 0,
             exit_rips: [0; 2],
             saved: Vec::new(),
-            started: Started::now(),
+            started: Instant::now(),
         });
         assert_eq!(p.window_due(point), u64::MAX);
     }

@@ -88,9 +88,7 @@ impl Control {
         self.tasks.follow_switches(&m.vm.mem);
         let cr3 = sregs.cr3 & CR3_ROOT;
         let lifted = self.lifted.take();
-        let in_guest_step = lifted.is_some_and(|l| l.in_guest_step);
-        let lifted = lifted.is_some();
-        if lifted {
+        if lifted.is_some() {
             self.sync_breakpoints(m);
         }
         let mut user = frame.user_regs(&regs);
@@ -106,7 +104,11 @@ impl Control {
         // a trap the engine did not ask for is the guest's, which counts
         // its steps as the recording did; so is the trap that ends a step
         // over a breakpoint in such a thread, once the breakpoint is back.
-        if self.guest_steps && !stepping && !self.watch_step && (!lifted || in_guest_step) {
+        if self.guest_steps
+            && !stepping
+            && !self.watch_step
+            && lifted.is_none_or(|l| l.in_guest_step)
+        {
             return self.traps.pass(m);
         }
         // Inside a trampoline that searches for an asynchronous point, the
