@@ -682,7 +682,7 @@ impl Control {
                 running: true,
             });
         }
-        let mut saved = self.tasks.saved_regs(&m.vm.mem, lwpid)?;
+        let mut saved = (self.tasks).saved_regs(&m.vm.mem, sregs.cr3 & CR3_ROOT, lwpid)?;
         saved.regs.rip = search.program_rip(cr3, saved.regs.rip);
         Some(ThreadRegs {
             regs: saved.regs,

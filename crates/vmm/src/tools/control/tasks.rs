@@ -206,9 +206,17 @@ impl Tasks {
     }
 
     /// The user registers thread `lwpid` saved on its way into the kernel
-    /// (a thread not on the CPU, or on it in the kernel).
-    pub(crate) fn saved_regs(&self, mem: &GuestMemoryMmap, lwpid: u32) -> Option<SavedUserRegs> {
-        let cr3 = self.process.as_ref()?.cr3;
+    /// (a thread not on the CPU, or on it in the kernel), read through
+    /// `cr3`, the address space the vCPU runs in: kernel stacks are mapped
+    /// alike in every one, and the process's own may already be freed and
+    /// reused when its last thread exits.
+    pub(crate) fn saved_regs(
+        &self,
+        mem: &GuestMemoryMmap,
+        cr3: u64,
+        lwpid: u32,
+    ) -> Option<SavedUserRegs> {
+        self.process.as_ref()?;
         let top = self.threads.get(&lwpid)?.stack_top?;
         guest_events::saved_user_regs(mem, cr3, top)
     }
