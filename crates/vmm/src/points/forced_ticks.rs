@@ -139,6 +139,9 @@ impl TickForcer {
     /// A deterministic exit, the vCPU's kernel stack pointer `rsp`.
     pub(crate) fn exited(&mut self, entry: &Entry, rsp: u64) {
         let decided = self.decided.take();
+        if self.ticks.is_empty() {
+            return;
+        }
         if let (Entry::RdMsr { index, .. }, Some(point)) = (entry, decided) {
             // A task's decision is asked on its own kernel stack, but a
             // new task's (its parent's) and a tick's (the interrupt's).
