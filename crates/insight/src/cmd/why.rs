@@ -725,6 +725,36 @@ mod tests {
     }
 
     #[test]
+    fn confirmed_runs_count_failures_as_recorded_and_passes() {
+        let mut o = Outcomes::default();
+        for status in [Some(134), Some(0), Some(124), None, Some(134)] {
+            o.add(status, 134);
+        }
+        assert_eq!((o.failed, o.passed), (2, 1));
+        let c = Confirmed {
+            runs: 5,
+            minimal: o,
+            neighbours: vec![(
+                3,
+                Outcomes {
+                    failed: 0,
+                    passed: 5,
+                },
+            )],
+        };
+        assert_eq!(
+            c.json(),
+            serde_json::json!({"runs": 5, "minimal": {"failed": 2, "passed": 1},
+                "neighbours": [{"left_out": 3, "failed": 0, "passed": 5}]})
+        );
+        assert!(
+            c.text().contains("without choice 3: passed 5 times"),
+            "{}",
+            c.text()
+        );
+    }
+
+    #[test]
     fn split_makes_nearly_equal_runs() {
         assert_eq!(split(&[1, 2, 3, 4, 5], 2), [vec![1, 2], vec![3, 4, 5]]);
         assert_eq!(split(&[1, 2], 4), [vec![1], vec![2]]);
