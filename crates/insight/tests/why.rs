@@ -139,7 +139,9 @@ const CONFIRM: u32 = 10;
 /// answer comes soonest (docs/BENCHMARKS.md, "Why it failed"; the
 /// others take 9 to 10 minutes each, account_bad's and token_ring_bad's
 /// lines are not always named: docs/chaos.md, "What is not there yet"),
-/// the longest first.
+/// in the order the two workers take them: deadlock01_bad (about 7
+/// minutes) beside stack_bad (3 to 4 with its confirmation) and then
+/// carter01_bad (6), so that the workers end about together.
 const SUITE: &[&str] = &[
     "deadlock01_bad",
     "stack_bad",
@@ -407,8 +409,8 @@ fn why_names_the_two_lines_of_each_sctbench_bug() {
         !suite.is_empty(),
         "INSIGHT_WHY_PROGRAMS={asked} names no bug of BUGS"
     );
-    // Each worker takes the next program, the longest first (SUITE's
-    // order), so that the short ones fill in beside the long.
+    // Each worker takes the next program in SUITE's order, so that the
+    // short ones fill in beside the long.
     let mut suite = suite;
     suite.sort_by_key(|b| SUITE.iter().position(|n| *n == b.name));
     let next = std::sync::atomic::AtomicUsize::new(0);
