@@ -170,9 +170,10 @@ The command, given as it was recorded, is recorded again with the recording's sc
 decisions forced (`record --schedule TRACE:keep=LIST`), some of its choices left out; delta \
 debugging narrows them to a set with which it still fails and without any one of which it \
 passes. For each such choice: the task, where it stood (function and source line of the \
-program), and where the other tasks ran to meanwhile.\n\n\
+program), and where the other tasks ran to meanwhile. --confirm N then records the minimal \
+set and each neighbour again N times and counts how often each failed and passed.\n\n\
 Example:\n  insight record --chaos=1 --until-fail=200 -o t1 -- ./stack_bad\n  \
-insight why t1 -- ./stack_bad"
+insight why t1 --confirm 10 -- ./stack_bad"
     )]
     Why(cmd::why::WhyArgs),
     /// Print a trace's header and event log (text or JSON lines).

@@ -24,8 +24,8 @@ pub mod vm;
 
 pub use journal::ReplayPoint;
 pub use points::{
-    chaos_settings, ChaosPoint, ChaosStats, Decision, ForcedDecisions, PointCounts, PointKind,
-    PointStats, SampleStats, Schedule, ScheduleEdits, ScheduleError,
+    chaos_settings, ChaosPoint, ChaosStats, Decision, ForcedDecisions, ForcedTick, PointCounts,
+    PointKind, PointStats, SampleStats, Schedule, ScheduleEdits, ScheduleError, TickAt,
 };
 pub use session::{
     LiveRun, NetReport, ProgressFn, RecordSession, ReplaySession, RunOutcome, StopReason,

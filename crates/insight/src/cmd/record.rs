@@ -655,6 +655,13 @@ fn print_summary(outcome: &vmm::RunOutcome, output: &Path) {
             c.seeds, c.decisions, c.choices
         );
     }
+    if c.ticks_forced + c.ticks_given_up > 0 {
+        eprintln!(
+            "insight: chaos: {} tick choices taken at the exits where the recording took \
+             them, {} not (the run went elsewhere first)",
+            c.ticks_forced, c.ticks_given_up
+        );
+    }
     let s = &outcome.points.samples;
     if s.taken + s.missed > 0 {
         eprintln!(

@@ -32,6 +32,12 @@ pub struct WhyArgs {
     #[arg(long, value_name = "DURATION", default_value = "20s",
           value_parser = crate::position::parse_duration)]
     timeout: Duration,
+    /// Then record the minimal set's schedule again this many times, and
+    /// each of its passing neighbours (one choice left out) as many, one
+    /// after the other, and count how often each failed as recorded and
+    /// how often it passed: whether the answer holds run after run.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    confirm: u32,
     /// Print the report as one JSON object.
     #[arg(long)]
     json: bool,
@@ -71,6 +77,7 @@ pub fn why(args: WhyArgs) -> Result<ExitCode> {
         runs: 0,
         max_runs: args.max_runs,
         known: HashMap::new(),
+        confirm_runs: 0,
     };
     let result = explain(&mut runner, choices).map(|explained| {
         // Without them the positions are addresses: still an answer.
@@ -83,8 +90,15 @@ pub fn why(args: WhyArgs) -> Result<ExitCode> {
         };
         (explained, places)
     });
+    let result = result.and_then(|(explained, places)| {
+        let confirmed = match explained.reproduced && explained.complete {
+            true => confirm(&mut runner, &explained.minimal, args.confirm)?,
+            false => None,
+        };
+        Ok((explained, places, confirmed))
+    });
     let _ = std::fs::remove_dir_all(&scratch);
-    let (explained, places) = result?;
+    let (explained, places, confirmed) = result?;
     let elapsed = started.elapsed();
     let report = Report::new(&recorded, &explained, &places);
     if args.json {
@@ -100,6 +114,7 @@ pub fn why(args: WhyArgs) -> Result<ExitCode> {
                 "at_end": report.at_end_json(),
                 "reproduced": explained.reproduced,
                 "complete": explained.complete,
+                "confirmed": confirmed.as_ref().map(Confirmed::json),
             })
         );
     } else {
@@ -110,6 +125,9 @@ pub fn why(args: WhyArgs) -> Result<ExitCode> {
             elapsed.as_secs_f64()
         );
         print!("{}", report.text(&explained));
+        if let Some(c) = &confirmed {
+            print!("{}", c.text());
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -159,6 +177,86 @@ fn explain(runner: &mut Runner<'_>, choices: usize) -> Result<Explained> {
     })
 }
 
+/// The minimal set and its neighbours recorded again (`--confirm N`).
+struct Confirmed {
+    runs: u32,
+    /// The minimal set's runs that failed as recorded, and those that
+    /// exited 0.
+    minimal: Outcomes,
+    /// Each neighbour by the choice left out.
+    neighbours: Vec<(usize, Outcomes)>,
+}
+
+#[derive(Clone, Copy, Default)]
+struct Outcomes {
+    failed: u32,
+    passed: u32,
+}
+
+impl Outcomes {
+    fn add(&mut self, status: Option<i32>, failing: u8) {
+        match status {
+            Some(0) => self.passed += 1,
+            s if s == Some(i32::from(failing)) => self.failed += 1,
+            _ => {}
+        }
+    }
+
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({"failed": self.failed, "passed": self.passed})
+    }
+}
+
+impl Confirmed {
+    fn text(&self) -> String {
+        let mut s = format!(
+            "Recorded again {} times each: the minimal set failed as recorded {} times \
+             (passed {});\n",
+            self.runs, self.minimal.failed, self.minimal.passed
+        );
+        for (left_out, o) in &self.neighbours {
+            s += &format!(
+                "  without choice {left_out}: passed {} times (failed as recorded {})\n",
+                o.passed, o.failed
+            );
+        }
+        s
+    }
+
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "runs": self.runs,
+            "minimal": self.minimal.json(),
+            "neighbours": (self.neighbours.iter())
+                .map(|(c, o)| serde_json::json!({"left_out": c, "failed": o.failed, "passed": o.passed}))
+                .collect::<Vec<_>>(),
+        })
+    }
+}
+
+/// `runs` rounds of the minimal set's run and each neighbour's, in turns
+/// (a host's load then weighs on them alike); none without runs or a set.
+fn confirm(runner: &mut Runner<'_>, minimal: &[usize], runs: u32) -> Result<Option<Confirmed>> {
+    if runs == 0 || minimal.is_empty() {
+        return Ok(None);
+    }
+    let mut confirmed = Confirmed {
+        runs,
+        minimal: Outcomes::default(),
+        neighbours: minimal.iter().map(|&c| (c, Outcomes::default())).collect(),
+    };
+    let failing = runner.failing_status;
+    for _ in 0..runs {
+        let status = runner.status(minimal)?;
+        confirmed.minimal.add(status, failing);
+        for (left_out, outcomes) in &mut confirmed.neighbours {
+            let rest: Vec<usize> = minimal.iter().copied().filter(|c| c != left_out).collect();
+            outcomes.add(runner.status(&rest)?, failing);
+        }
+    }
+    Ok(Some(confirmed))
+}
+
 /// The runs were used up.
 #[derive(Debug)]
 struct OutOfRuns;
@@ -181,6 +279,8 @@ struct Runner<'a> {
     runs: u32,
     max_runs: u32,
     known: HashMap<Vec<usize>, bool>,
+    /// Runs of `--confirm`, beyond `runs`.
+    confirm_runs: u32,
 }
 
 impl Runner<'_> {
@@ -202,12 +302,36 @@ impl Runner<'_> {
         Ok(kept_run.filter(|_| fails))
     }
 
+    /// The exit status of a run with only the choices `kept` (`--confirm`,
+    /// beyond `--max-runs`).
+    fn status(&mut self, kept: &[usize]) -> Result<Option<i32>> {
+        self.confirm_runs += 1;
+        let (code, out) = self.record(kept, &format!("confirm-{}", self.confirm_runs))?;
+        let _ = std::fs::remove_dir_all(&out);
+        Ok(code)
+    }
+
     fn run(&mut self, kept: &[usize], keep: bool) -> Result<(bool, Option<(Schedule, PathBuf)>)> {
         if self.runs >= self.max_runs {
             return Err(OutOfRuns.into());
         }
         self.runs += 1;
-        let out = self.scratch.join(format!("run-{}", self.runs));
+        let (code, out) = self.record(kept, &format!("run-{}", self.runs))?;
+        if self.runs == 1 {
+            check_same_command(&self.recorded.trace, &out)?;
+        }
+        let fails = code == Some(i32::from(self.failing_status));
+        if keep {
+            return Ok((fails, Some((read_schedule(&out)?.schedule, out))));
+        }
+        let _ = std::fs::remove_dir_all(&out);
+        Ok((fails, None))
+    }
+
+    /// Records the run `name` with only the choices `kept`: its exit
+    /// status and its trace.
+    fn record(&mut self, kept: &[usize], name: &str) -> Result<(Option<i32>, PathBuf)> {
+        let out = self.scratch.join(name);
         let edits = ScheduleEdits::keep_only(kept);
         let exe = std::env::current_exe().context("cannot find insight's own executable")?;
         let status = Command::new(exe)
@@ -231,15 +355,7 @@ impl Runner<'_> {
                 String::from_utf8_lossy(&status.stderr).trim()
             );
         }
-        if self.runs == 1 {
-            check_same_command(&self.recorded.trace, &out)?;
-        }
-        let fails = code == Some(i32::from(self.failing_status));
-        if keep {
-            return Ok((fails, Some((read_schedule(&out)?.schedule, out))));
-        }
-        let _ = std::fs::remove_dir_all(&out);
-        Ok((fails, None))
+        Ok((code, out))
     }
 }
 
@@ -606,6 +722,36 @@ mod tests {
         assert_eq!(one, [2]);
         let none = ddmin(&[1, 2, 3], |_| Ok(true)).unwrap();
         assert!(none.is_empty());
+    }
+
+    #[test]
+    fn confirmed_runs_count_failures_as_recorded_and_passes() {
+        let mut o = Outcomes::default();
+        for status in [Some(134), Some(0), Some(124), None, Some(134)] {
+            o.add(status, 134);
+        }
+        assert_eq!((o.failed, o.passed), (2, 1));
+        let c = Confirmed {
+            runs: 5,
+            minimal: o,
+            neighbours: vec![(
+                3,
+                Outcomes {
+                    failed: 0,
+                    passed: 5,
+                },
+            )],
+        };
+        assert_eq!(
+            c.json(),
+            serde_json::json!({"runs": 5, "minimal": {"failed": 2, "passed": 1},
+                "neighbours": [{"left_out": 3, "failed": 0, "passed": 5}]})
+        );
+        assert!(
+            c.text().contains("without choice 3: passed 5 times"),
+            "{}",
+            c.text()
+        );
     }
 
     #[test]

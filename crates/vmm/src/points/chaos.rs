@@ -16,6 +16,7 @@ use journal::{
 };
 use trace::ChaosSettings;
 
+use super::forced_ticks::TickForcer;
 use super::schedule::{ChaosPoint, Decision, ForcedDecisions, PointKind, DROPPED_BELOW};
 use crate::vm::GuestMsrs;
 
@@ -91,6 +92,8 @@ pub(crate) struct Chaos {
     /// The point the guest kernel named last, and its user position.
     point: Option<ChaosPoint>,
     user_ip: u64,
+    /// The tick choices of `forced` taken where the recording took them.
+    pub(crate) ticks: TickForcer,
     pub(crate) stats: ChaosStats,
 }
 
@@ -103,9 +106,22 @@ pub struct ChaosStats {
     pub decisions: u64,
     /// Those that are choices of the schedule (`Decision::is_choice`).
     pub choices: u64,
+    /// `record --schedule`: tick choices forced where the recording took
+    /// them, and forcings given up (the run went elsewhere first).
+    pub ticks_forced: u64,
+    pub ticks_given_up: u64,
 }
 
 impl Chaos {
+    /// What the chaos did so far.
+    pub(crate) fn stats(&self) -> ChaosStats {
+        ChaosStats {
+            ticks_forced: self.ticks.stats.forced,
+            ticks_given_up: self.ticks.stats.given_up,
+            ..self.stats
+        }
+    }
+
     pub(crate) fn new(settings: ChaosSettings) -> Self {
         Chaos {
             settings,
@@ -113,6 +129,7 @@ impl Chaos {
             forced: None,
             point: None,
             user_ip: 0,
+            ticks: TickForcer::default(),
             stats: ChaosStats::default(),
         }
     }
@@ -120,6 +137,7 @@ impl Chaos {
     /// Chaos that takes `forced`'s decisions (`record --schedule`).
     pub(crate) fn forced(settings: ChaosSettings, forced: ForcedDecisions) -> Self {
         Chaos {
+            ticks: TickForcer::new(forced.ticks.clone()),
             forced: Some(forced),
             ..Chaos::new(settings)
         }
@@ -190,7 +208,11 @@ impl GuestMsrs for Chaos {
             MSR_INSIGHT_CHAOS_DECISION => {
                 // Asked with no point named: the read faults.
                 let point = self.point.take()?;
-                let value = self.decide(point);
+                let value = match self.ticks.answer(point) {
+                    Some(value) => value,
+                    None => self.decide(point),
+                };
+                self.ticks.decided(point);
                 self.stats.decisions += 1;
                 let decision = Decision {
                     point,
@@ -210,6 +232,9 @@ impl GuestMsrs for Chaos {
             MSR_INSIGHT_CHAOS_POINT => {
                 self.point = ChaosPoint::from_word(value);
                 self.user_ip = 0;
+                if let Some(point) = self.point {
+                    self.ticks.point_named(point);
+                }
             }
             MSR_INSIGHT_CHAOS_WHERE => self.user_ip = value,
             _ => {}

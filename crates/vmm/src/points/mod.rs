@@ -6,6 +6,7 @@
 //! `position.rs`.
 
 mod chaos;
+mod forced_ticks;
 mod patch;
 mod position;
 mod schedule;
@@ -19,7 +20,8 @@ pub use chaos::{chaos_settings, ChaosStats};
 pub(crate) use patch::Patch;
 pub(crate) use position::user_position;
 pub use schedule::{
-    ChaosPoint, Decision, ForcedDecisions, PointKind, Schedule, ScheduleEdits, ScheduleError,
+    ChaosPoint, Decision, ForcedDecisions, ForcedTick, PointKind, Schedule, ScheduleEdits,
+    ScheduleError, TickAt,
 };
 pub(crate) use search::{Found, PointSearch};
 pub(crate) use taker::PointTaker;

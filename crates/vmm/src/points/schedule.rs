@@ -186,10 +186,84 @@ pub enum ScheduleError {
     NoSuchChoice { wanted: usize, choices: usize },
 }
 
+/// Where a recording delivered the interrupt that made a tick: at a
+/// deterministic exit the task made after its last decision that was no
+/// tick's (the *anchor*), so that a re-run can deliver it at the task's
+/// next such exit (`record --schedule`, docs/chaos.md). A single-stepped
+/// task takes its ticks at exits only, most often the one that ends its
+/// run of steps.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TickAt {
+    /// The task's last decision before the tick that was no tick's.
+    pub anchor: ChaosPoint,
+    /// The exit the interrupt followed (its kind, place and operands).
+    pub exit: Entry,
+}
+
+/// Whether two exits are the same instruction doing the same thing: the
+/// same kind, RIP, port, MSR or address, and the value written.
+pub fn same_exit(a: &Entry, b: &Entry) -> bool {
+    match (a, b) {
+        (
+            Entry::Out {
+                port, rip, value, ..
+            },
+            Entry::Out {
+                port: p,
+                rip: r,
+                value: v,
+                ..
+            },
+        ) => (port, rip, value) == (p, r, v),
+        (
+            Entry::In { port, rip, .. },
+            Entry::In {
+                port: p, rip: r, ..
+            },
+        ) => (port, rip) == (p, r),
+        (
+            Entry::WrMsr {
+                index, rip, value, ..
+            },
+            Entry::WrMsr {
+                index: i,
+                rip: r,
+                value: v,
+                ..
+            },
+        ) => (index, rip, value) == (i, r, v),
+        (
+            Entry::RdMsr { index, rip, .. },
+            Entry::RdMsr {
+                index: i, rip: r, ..
+            },
+        ) => (index, rip) == (i, r),
+        (
+            Entry::MmioRead { addr, rip, .. },
+            Entry::MmioRead {
+                addr: a, rip: r, ..
+            },
+        )
+        | (
+            Entry::MmioWrite { addr, rip, .. },
+            Entry::MmioWrite {
+                addr: a, rip: r, ..
+            },
+        ) => (addr, rip) == (a, r),
+        (Entry::Halt { rip }, Entry::Halt { rip: r })
+        | (Entry::Completed { rip }, Entry::Completed { rip: r }) => rip == r,
+        _ => false,
+    }
+}
+
 /// A recording's decisions, in the order the guest asked.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Schedule {
     pub decisions: Vec<Decision>,
+    /// Where each tick's interrupt came, by the tick's point: only ticks
+    /// whose interrupt came at a deterministic exit (not at an
+    /// asynchronous point, which is no exit) after the task's anchor.
+    pub ticks: HashMap<ChaosPoint, TickAt>,
 }
 
 impl Schedule {
@@ -200,10 +274,24 @@ impl Schedule {
         entries: impl IntoIterator<Item = Result<Entry, ScheduleError>>,
     ) -> Result<Self, ScheduleError> {
         let mut decisions = Vec::new();
+        let mut ticks = HashMap::new();
         let (mut point, mut user_ip, mut code_start) = (None, 0, 0);
+        // Each task's last decision that was no tick's, with its entry's
+        // number; the last exit, and the last interrupt: the exit it
+        // followed (none at an asynchronous point) and its entry's number.
+        let mut anchors: HashMap<u16, (ChaosPoint, u64)> = HashMap::new();
+        let mut last_exit: Option<Entry> = None;
+        let mut delivered: Option<(Option<Entry>, u64)> = None;
         for (n, entry) in entries.into_iter().enumerate() {
             let entry_no = n as u64 + 1;
-            match entry? {
+            let entry = entry?;
+            match &entry {
+                e if e.is_exit() => last_exit = Some(e.clone()),
+                Entry::AsyncPoint(_) => last_exit = None,
+                Entry::Interrupt { .. } => delivered = Some((last_exit.clone(), entry_no)),
+                _ => {}
+            }
+            match entry {
                 Entry::WrMsr {
                     index,
                     value,
@@ -239,6 +327,18 @@ impl Schedule {
                     let point = point
                         .take()
                         .ok_or(ScheduleError::NoPoint { entry: entry_no })?;
+                    match (point.kind, anchors.get(&point.task), &delivered) {
+                        (PointKind::Tick, Some(&(anchor, at)), Some((Some(exit), after)))
+                            if *after > at =>
+                        {
+                            let exit = exit.clone();
+                            ticks.insert(point, TickAt { anchor, exit });
+                        }
+                        (PointKind::Tick, ..) => {}
+                        _ => {
+                            anchors.insert(point.task, (point, entry_no));
+                        }
+                    }
                     decisions.push(Decision {
                         point,
                         user_ip,
@@ -249,7 +349,7 @@ impl Schedule {
                 _ => {}
             }
         }
-        Ok(Schedule { decisions })
+        Ok(Schedule { decisions, ticks })
     }
 
     /// The decisions that are choices (`Decision::is_choice`), numbered
@@ -263,11 +363,14 @@ impl Schedule {
     }
 
     /// The decisions to force in a new run: all of them, but the choices
-    /// `edits` leaves out (given their default).
+    /// `edits` leaves out (given their default). A tick's choice whose
+    /// interrupt came at a deterministic exit is forced there
+    /// ([`ForcedTick`]); another, whenever a tick comes at its point.
     pub fn forced(&self, edits: &ScheduleEdits) -> Result<ForcedDecisions, ScheduleError> {
         let choices = self.choices().count();
         let kept = edits.kept(choices)?;
         let mut answers = HashMap::new();
+        let mut ticks = Vec::new();
         let mut choice = 0;
         for d in &self.decisions {
             if d.is_choice() {
@@ -275,18 +378,37 @@ impl Schedule {
                 if !kept[choice - 1] {
                     continue;
                 }
+                if let Some(at) = self.ticks.get(&d.point) {
+                    ticks.push(ForcedTick {
+                        point: d.point,
+                        value: d.value,
+                        at: at.clone(),
+                    });
+                    continue;
+                }
             }
             answers.insert(d.point, d.value);
         }
-        Ok(ForcedDecisions { answers })
+        Ok(ForcedDecisions { answers, ticks })
     }
 }
 
+/// A tick's choice forced where the recording took it: after the
+/// decision at `at.anchor`, the task's next exit like `at.exit` is given
+/// the timer's interrupt, and the task's next tick takes `value`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ForcedTick {
+    pub point: ChaosPoint,
+    pub value: u64,
+    pub at: TickAt,
+}
+
 /// The answers a re-run gives: at a point of the schedule its decision,
-/// elsewhere the default (no change).
+/// elsewhere the default (no change); and the ticks to force.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ForcedDecisions {
     answers: HashMap<ChaosPoint, u64>,
+    pub ticks: Vec<ForcedTick>,
 }
 
 impl ForcedDecisions {
@@ -493,6 +615,52 @@ mod tests {
                 choices: 3
             })
         );
+    }
+
+    fn sync() -> Entry {
+        Entry::Out {
+            port: 0xf00,
+            size: 4,
+            rip: 9,
+            value: 0x500_0000,
+        }
+    }
+
+    #[test]
+    fn a_ticks_interrupt_is_placed_at_the_exit_it_followed() {
+        let tick = |task: u16, n: u64| point(task, PointKind::Tick, 5 << 8 | n);
+        let mut log = asked(point(2, PointKind::Steps, 4), 0x40, 9);
+        // Another task's decision between: the anchor stays task 2's.
+        log.extend(asked(point(3, PointKind::Entry, 7), 0x50, 0));
+        log.extend([Ok(sync()), Ok(Entry::Interrupt { vector: 0x30 })]);
+        log.extend(asked(tick(2, 0), 0x41, 0x7000_0000));
+        // A tick whose interrupt came before the task's anchor is not
+        // placed, nor one of a task with no anchor.
+        log.extend(asked(point(2, PointKind::Drop, 5), 0x42, 0x99));
+        log.extend(asked(point(2, PointKind::Tick, 6 << 8), 0x43, 0x6000_0000));
+        log.extend(asked(tick(4, 0), 0x44, 0x5000_0000));
+        let s = Schedule::from_log(log).unwrap();
+        assert_eq!(s.ticks.len(), 1);
+        let at = &s.ticks[&tick(2, 0)];
+        assert_eq!(at.anchor, point(2, PointKind::Steps, 4));
+        assert!(same_exit(&at.exit, &sync()));
+        let mut other = sync();
+        if let Entry::Out { value, .. } = &mut other {
+            *value = 0x500_0001;
+        }
+        assert!(!same_exit(&at.exit, &other));
+        // Forced there, not by its point; the unplaced ones by their point.
+        let forced = s.forced(&ScheduleEdits::None).unwrap();
+        assert_eq!(forced.ticks.len(), 1);
+        assert_eq!(forced.ticks[0].point, tick(2, 0));
+        assert_eq!(forced.ticks[0].value, 0x7000_0000);
+        assert_eq!(forced.answer(tick(2, 0)), 0);
+        assert_eq!(
+            forced.answer(point(2, PointKind::Tick, 6 << 8)),
+            0x6000_0000
+        );
+        let none = s.forced(&ScheduleEdits::parse("keep=").unwrap()).unwrap();
+        assert!(none.ticks.is_empty());
     }
 
     #[test]

@@ -114,7 +114,15 @@ impl Mode for Recording {
     fn before_run(&mut self, m: &mut Machine) -> Result<Option<StopReason>, VmError> {
         inputs::publish_recorded(m, &mut self.recorder)?;
         let delivery = m.take_delivery(true);
-        if let Some(vector) = m.inject_pending(delivery.can_inject, true)? {
+        // Forcing a recording's tick (`record --schedule`): the timer's
+        // interrupt at the exit where the recording delivered it.
+        let forced = match &mut self.chaos {
+            Some(chaos) => chaos
+                .ticks
+                .before_run(m, delivery.at_point, delivery.can_inject)?,
+            None => None,
+        };
+        if let Some(vector) = m.inject_pending(forced.unwrap_or(delivery.can_inject), true)? {
             self.recorder.interrupt(vector)?;
         }
         Ok(None)
@@ -142,6 +150,9 @@ impl Mode for Recording {
         entry: Entry,
         regs: &kvm_bindings::kvm_regs,
     ) -> Result<(), VmError> {
+        if let Some(chaos) = &mut self.chaos {
+            chaos.ticks.exited(&entry, regs.rsp);
+        }
         self.points.after_exit(m, m.vm.clock.now_ns());
         self.recorder.exit(entry, regs, m.vm.clock.now_ns())?;
         if let Some((bytes, digest)) = m.vm.console.take_transmitted() {
@@ -205,7 +216,7 @@ impl Mode for Recording {
         outcome.points = PointCounts {
             asynchronous: self.points.stats,
             samples: self.points.sample_stats,
-            chaos: self.chaos.as_ref().map(|c| c.stats).unwrap_or_default(),
+            chaos: self.chaos.as_ref().map(Chaos::stats).unwrap_or_default(),
         };
     }
 
