@@ -374,6 +374,14 @@ fn hold_times_cover_the_programs_own_and_say_what_the_holder_spent_off_the_cpu()
         off > 0 && off < hold["total_ns"].as_u64().unwrap(),
         "{held:#}"
     );
+    // The longest hold is the maximum, by one of the two threads, and
+    // says its time off the CPU, no more than it lasted.
+    let longest = &held["longest_hold"];
+    assert_eq!(longest["ns"], hold["max_ns"], "{held:#}");
+    assert!(
+        longest["off_cpu_ns"].as_u64() <= longest["ns"].as_u64(),
+        "{held:#}"
+    );
     // Hold by hold, against the timeline's slices (one lock: its holds
     // follow one another). The program's clock is the guest's
     // CLOCK_MONOTONIC, the report's the VM's: they differ by a constant,
@@ -389,6 +397,18 @@ fn hold_times_cover_the_programs_own_and_say_what_the_holder_spent_off_the_cpu()
         .collect();
     let reported = hold_slices(&dir);
     assert_eq!(reported.len(), own.len(), "{reported:?}\n{stdout}");
+    // The longest hold is one of the timeline's (which has microseconds
+    // with three decimals).
+    let (start, ns) = (
+        longest["start_ns"].as_i64().unwrap(),
+        longest["ns"].as_i64().unwrap(),
+    );
+    assert!(
+        reported
+            .iter()
+            .any(|r| (r.0 - start).abs() <= 1 && (r.1 - start - ns).abs() <= 1),
+        "{longest:#} in {reported:?}"
+    );
     let mut offsets: Vec<i64> = reported.iter().zip(&own).map(|(r, o)| r.1 - o.1).collect();
     offsets.sort_unstable();
     let offset = offsets[offsets.len() / 2];
