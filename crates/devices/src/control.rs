@@ -85,7 +85,8 @@ pub enum ControlMessage {
     /// The guest kernel panicked.
     Panic,
     /// A deterministic point the guest kernel adds on entries from user
-    /// mode; nothing else happens.
+    /// mode (and, with probes, on the way back to user mode after a
+    /// switch, argument 1: no kernel entry); nothing else happens.
     Sync,
     /// An event was raised (docs/events.md).
     Event(EventRaiser),
@@ -220,6 +221,7 @@ mod tests {
         );
         assert_eq!(ControlMessage::decode(0x0400_0000), ControlMessage::Panic);
         assert_eq!(ControlMessage::decode(0x0500_0000), ControlMessage::Sync);
+        assert_eq!(ControlMessage::decode(0x0500_0001), ControlMessage::Sync);
         assert_eq!(
             ControlMessage::decode(0x0700_0000),
             ControlMessage::SwitchRing

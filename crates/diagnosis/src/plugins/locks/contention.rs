@@ -76,6 +76,20 @@ pub struct LockStats {
     pub cond_waits: Durations,
     /// Those that gave up at their deadline (ETIMEDOUT).
     pub cond_timeouts: u64,
+    /// The longest hold, where there was one.
+    pub longest_hold: Option<LongestHold>,
+}
+
+/// The longest hold of a lock: when, by whom, and how much of it the
+/// holder spent off the CPU (what the holder's own clock cannot have
+/// seen, if it was preempted before it read it).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LongestHold {
+    pub thread: u32,
+    /// When it was acquired (the VM's time).
+    pub start: u64,
+    pub time: u64,
+    pub off_cpu: u64,
 }
 
 impl LockStats {
@@ -112,10 +126,11 @@ struct ThreadMoment {
     off_cpu: u64,
 }
 
-/// A hold that ended: how long, and how much of it the holder spent off
-/// the CPU.
+/// A hold that ended: since when, how long, and how much of it the
+/// holder spent off the CPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Held {
+    start: u64,
     time: u64,
     off_cpu: u64,
 }
@@ -123,6 +138,7 @@ struct Held {
 impl ThreadMoment {
     fn until(self, end: ThreadMoment) -> Held {
         Held {
+            start: self.time,
             time: end.time.saturating_sub(self.time),
             off_cpu: end.off_cpu.saturating_sub(self.off_cpu),
         }
@@ -393,6 +409,14 @@ fn add_hold(report: &mut ContentionReport, ev: &LockEvent, held: Held) {
     for s in [l, t] {
         s.hold.add(held.time);
         s.hold_off_cpu = s.hold_off_cpu.saturating_add(held.off_cpu);
+        if s.longest_hold.is_none_or(|l| held.time > l.time) {
+            s.longest_hold = Some(LongestHold {
+                thread: ev.thread,
+                start: held.start,
+                time: held.time,
+                off_cpu: held.off_cpu,
+            });
+        }
     }
 }
 
@@ -730,5 +754,13 @@ mod tests {
         let r = c.finish();
         let l = &r.locks[&0xa];
         assert_eq!((l.hold.total, l.hold_off_cpu), (12, 6));
+        // The longest hold says who held it, since when, and its share.
+        let longest = LongestHold {
+            thread: 1,
+            start: 0,
+            time: 10,
+            off_cpu: 6,
+        };
+        assert_eq!(l.longest_hold, Some(longest));
     }
 }

@@ -178,6 +178,7 @@ impl Plugin for Locks {
             self.events
         );
         text.push_str(&table(&report, &ranked, &names, threads));
+        text.push_str(&longest_holds(&ranked, &names));
         if report.locks.is_empty() {
             // Objects loaded: the probe library ran, and the program took
             // no lock; none: it did not run.
@@ -533,6 +534,33 @@ fn csv(
     out
 }
 
+/// For each lock of the table, its longest hold: by whom, when, and how
+/// much of it the holder spent off the CPU. A holder preempted between
+/// its acquisition and its first look at the clock held the lock for
+/// time its own measure cannot see: this says where that went.
+fn longest_holds(ranked: &[(u64, &LockStats)], names: &HashMap<u64, String>) -> String {
+    let mut text = String::new();
+    for (lock, s) in ranked {
+        let Some(l) = s.longest_hold else {
+            continue;
+        };
+        if text.is_empty() {
+            text.push_str("\nLongest holds:\n");
+        }
+        let name = names.get(lock).map(|n| format!(" {n}")).unwrap_or_default();
+        let _ = writeln!(
+            text,
+            "  {lock:#x}{name}: {} by thread {} from {:.6} s, {} of it off the CPU ({:.0} %)",
+            duration(l.time),
+            l.thread,
+            l.start as f64 / 1e9,
+            duration(l.off_cpu),
+            percent(l.off_cpu, l.time)
+        );
+    }
+    text
+}
+
 fn stats_json(s: &LockStats) -> serde_json::Value {
     let d = |d: &Durations| serde_json::json!({"count": d.count, "total_ns": d.total, "avg_ns": d.avg(), "max_ns": d.max});
     serde_json::json!({
@@ -548,6 +576,9 @@ fn stats_json(s: &LockStats) -> serde_json::Value {
         "hold": d(&s.hold),
         "wait": d(&s.wait),
         "hold_off_cpu_ns": s.hold_off_cpu,
+        "longest_hold": s.longest_hold.map(|l| serde_json::json!({
+            "lwpid": l.thread, "start_ns": l.start, "ns": l.time, "off_cpu_ns": l.off_cpu,
+        })),
         "rwlock": s.rwlock,
         "shared_acquisitions": s.shared_acquisitions,
         "cond_waits": {"count": s.cond_waits.count, "total_ns": s.cond_waits.total,
