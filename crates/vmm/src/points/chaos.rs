@@ -48,7 +48,7 @@ const DEFAULT_STEP_LOG_MAX: u8 = 8;
 /// By default a thread single-steps at most this many user instructions,
 /// and a process this many in all: a step is a trap into the interpreted
 /// guest kernel (its entry and exit only, but for a run's last: guest
-/// kernel patch 0033), so this bounds what chaos costs a
+/// kernel patch 0034), so this bounds what chaos costs a
 /// long-running program, while the short threads of a test program are
 /// stepped all through: a main thread's `pthread_create` calls and its
 /// way from `main` to `exit_group` take about 3,500 user instructions,
