@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use journal::{Entry, MSR_INSIGHT_CHAOS_DECISION};
 
-use super::schedule::{same_exit, ChaosPoint, ForcedTick, PointKind};
+use super::schedule::{ChaosPoint, ForcedTick, PointKind};
 use crate::vm::{Machine, VmError};
 
 /// How long to wait at a forced tick's exit for the timer to fire (VM
@@ -156,7 +156,7 @@ impl TickForcer {
         self.deliver = (0..self.ticks.len()).find(|&i| {
             let t = &self.ticks[i];
             self.states[i] == State::Armed
-                && same_exit(entry, &t.at.exit)
+                && t.at.exit.same_exit(entry)
                 && self.stacks.get(&t.point.task) == Some(&stack)
         });
     }

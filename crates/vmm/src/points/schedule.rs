@@ -196,64 +196,8 @@ pub enum ScheduleError {
 pub struct TickAt {
     /// The task's last decision before the tick that was no tick's.
     pub anchor: ChaosPoint,
-    /// The exit the interrupt followed (its kind, place and operands).
+    /// The exit the interrupt followed, compared by `Entry::same_exit`.
     pub exit: Entry,
-}
-
-/// Whether two exits are the same instruction doing the same thing: the
-/// same kind, RIP, port, MSR or address, and the value written.
-pub fn same_exit(a: &Entry, b: &Entry) -> bool {
-    match (a, b) {
-        (
-            Entry::Out {
-                port, rip, value, ..
-            },
-            Entry::Out {
-                port: p,
-                rip: r,
-                value: v,
-                ..
-            },
-        ) => (port, rip, value) == (p, r, v),
-        (
-            Entry::In { port, rip, .. },
-            Entry::In {
-                port: p, rip: r, ..
-            },
-        ) => (port, rip) == (p, r),
-        (
-            Entry::WrMsr {
-                index, rip, value, ..
-            },
-            Entry::WrMsr {
-                index: i,
-                rip: r,
-                value: v,
-                ..
-            },
-        ) => (index, rip, value) == (i, r, v),
-        (
-            Entry::RdMsr { index, rip, .. },
-            Entry::RdMsr {
-                index: i, rip: r, ..
-            },
-        ) => (index, rip) == (i, r),
-        (
-            Entry::MmioRead { addr, rip, .. },
-            Entry::MmioRead {
-                addr: a, rip: r, ..
-            },
-        )
-        | (
-            Entry::MmioWrite { addr, rip, .. },
-            Entry::MmioWrite {
-                addr: a, rip: r, ..
-            },
-        ) => (addr, rip) == (a, r),
-        (Entry::Halt { rip }, Entry::Halt { rip: r })
-        | (Entry::Completed { rip }, Entry::Completed { rip: r }) => rip == r,
-        _ => false,
-    }
 }
 
 /// A recording's decisions, in the order the guest asked.
@@ -643,12 +587,12 @@ mod tests {
         assert_eq!(s.ticks.len(), 1);
         let at = &s.ticks[&tick(2, 0)];
         assert_eq!(at.anchor, point(2, PointKind::Steps, 4));
-        assert!(same_exit(&at.exit, &sync()));
+        assert!(at.exit.same_exit(&sync()));
         let mut other = sync();
         if let Entry::Out { value, .. } = &mut other {
             *value = 0x500_0001;
         }
-        assert!(!same_exit(&at.exit, &other));
+        assert!(!at.exit.same_exit(&other));
         // Forced there, not by its point; the unplaced ones by their point.
         let forced = s.forced(&ScheduleEdits::None).unwrap();
         assert_eq!(forced.ticks.len(), 1);
