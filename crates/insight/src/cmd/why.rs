@@ -228,7 +228,11 @@ impl Confirmed {
             "runs": self.runs,
             "minimal": self.minimal.json(),
             "neighbours": (self.neighbours.iter())
-                .map(|(c, o)| serde_json::json!({"left_out": c, "failed": o.failed, "passed": o.passed}))
+                .map(|(c, o)| {
+                    let mut neighbour = o.json();
+                    neighbour["left_out"] = (*c).into();
+                    neighbour
+                })
                 .collect::<Vec<_>>(),
         })
     }
