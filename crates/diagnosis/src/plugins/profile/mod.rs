@@ -96,8 +96,12 @@ impl Plugin for Profile {
         let p = functions::profile(&self.samples, &self.stacks, cx.db, cx.files)?;
         if p.samples == 0 {
             let why = if self.all > 0 {
+                // The same first line as a profile with user samples: a
+                // program that spends its time in system calls is an
+                // answer, not an error.
                 format!(
-                    "No samples in user code in {} ({} in the guest kernel)",
+                    "Profile of {}, user code only: 0 samples ({} more in the guest kernel, \
+                     100.0 % of all): no sample found a sampled thread in its user code",
                     cx.label, self.all
                 )
             } else {
@@ -294,6 +298,35 @@ mod tests {
         assert!(
             folded.contains("lwpid 4;[unknown];[unknown];[kernel] 2\n"),
             "{folded}"
+        );
+    }
+
+    #[test]
+    fn a_program_sampled_only_in_the_kernel_gets_the_same_first_line() {
+        let kernel = Row {
+            seq: 0,
+            time: 1,
+            kind: Kind::Sample,
+            source: Source::Host,
+            pid: 3,
+            lwpid: 4,
+            addr: Some(0xffff_ffff_8100_0000),
+            caller: None,
+            value: Some(SampleMode::Kernel as i64),
+        };
+        let db = TestDb::with_stacks("profile-kernel-only", &[kernel.clone(), kernel], &[]);
+        let user = ProfileOptions {
+            user_only: true,
+            ..ProfileOptions::default()
+        };
+        let mut plugins: Vec<Box<dyn Plugin>> = vec![Box::new(Profile::new(user))];
+        let out = run(&mut plugins, &db.context()).unwrap().remove(0);
+        assert_eq!(out.json.as_ref().unwrap()["samples"], 0);
+        assert!(
+            out.text
+                .contains("user code only: 0 samples (2 more in the guest kernel, 100.0 % of all)"),
+            "{}",
+            out.text
         );
     }
 }
