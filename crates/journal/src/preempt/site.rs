@@ -17,7 +17,7 @@
 
 use iced_x86::{
     BlockEncoder, BlockEncoderOptions, Decoder, DecoderOptions, FlowControl, Instruction,
-    InstructionBlock, InstructionInfoFactory, OpAccess, OpKind, Register,
+    InstructionBlock, InstructionInfoFactory, Mnemonic, OpAccess, OpKind, Register,
 };
 
 /// Bytes a `jmp rel32` takes.
@@ -41,6 +41,11 @@ pub const LOOP_WINDOW: u64 = 64;
 /// of the jump, and the program went wrong or died where the recording's
 /// did not).
 pub const ENTRY_WINDOW: u64 = 256;
+/// How far after a position the recorder looks for a `switch`'s dispatch
+/// (`jump_tables`); before it, ENTRY_WINDOW.
+pub const TABLE_WINDOW: usize = 256;
+/// How many entries of a jump table the recorder reads.
+pub const TABLE_ENTRIES: usize = 512;
 
 /// Why a position cannot be patched.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -410,6 +415,116 @@ fn address_from(
     )
 }
 
+/// A `switch`'s jump table as gcc lays them out: where it is and what
+/// its entries hold. Its targets enter the code anywhere a case begins,
+/// which no direct branch shows (`Site::entered_inside`): in busybox's
+/// `bc` a position right after a dispatch covered two cases, the table
+/// sent the thread to the second, inside the patch, and the replay ran
+/// the middle of the `jmp rel32`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JumpTable {
+    /// 32-bit offsets from the table's own address, in position-independent
+    /// code: `lea table(%rip), %rT; movslq (%rT,%rI,4), %rX; add %rT, %rX;
+    /// jmp *%rX`.
+    Relative(u64),
+    /// 64-bit addresses: `jmp *table(,%rI,8)`.
+    Absolute(u64),
+}
+
+impl JumpTable {
+    /// The table's address.
+    pub fn address(&self) -> u64 {
+        match *self {
+            JumpTable::Relative(a) | JumpTable::Absolute(a) => a,
+        }
+    }
+
+    /// Bytes an entry takes.
+    pub fn entry_len(&self) -> usize {
+        match self {
+            JumpTable::Relative(_) => 4,
+            JumpTable::Absolute(_) => 8,
+        }
+    }
+
+    /// Where the entries in `bytes`, read at the table's address, send a
+    /// thread.
+    pub fn targets<'a>(&self, bytes: &'a [u8]) -> impl Iterator<Item = u64> + 'a {
+        let table = *self;
+        bytes
+            .chunks_exact(self.entry_len())
+            .map(move |e| match table {
+                JumpTable::Relative(a) => {
+                    let offset = i32::from_le_bytes([e[0], e[1], e[2], e[3]]);
+                    a.wrapping_add(offset as i64 as u64)
+                }
+                JumpTable::Absolute(_) => {
+                    u64::from_le_bytes([e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7]])
+                }
+            })
+    }
+}
+
+/// The jump tables of the dispatches in `before` (the bytes that end at
+/// `rip`) and in the first TABLE_WINDOW bytes of `code` (from `rip` on),
+/// decoded at every offset whose bytes can start one: a RIP-relative
+/// `lea` whose register a `movsxd` of 4-byte entries takes as its base
+/// within the next 16 bytes, or a `jmp` through 8-byte entries at an
+/// absolute address. Something else of that shape (a table of data) only
+/// makes the recorder decline a position more often.
+pub fn jump_tables(rip: u64, code: &[u8], before: &[u8]) -> Vec<JumpTable> {
+    let after = &code[..code.len().min(TABLE_WINDOW)];
+    let bytes: Vec<u8> = before.iter().chain(after).copied().collect();
+    let base = rip.wrapping_sub(before.len() as u64);
+    let mut d = Decoder::with_ip(64, &bytes, base, DecoderOptions::NONE);
+    let mut at = |offset: usize| -> Option<Instruction> {
+        d.set_position(offset).ok()?;
+        d.set_ip(base.wrapping_add(offset as u64));
+        let i = d.decode();
+        (!i.is_invalid()).then_some(i)
+    };
+    let byte = |o: usize| bytes.get(o).copied().unwrap_or(0);
+    let mut tables = Vec::new();
+    for o in 0..bytes.len() {
+        // REX.W 8d /r with mod 00, r/m 101: `lea reg, [rip + disp32]`.
+        if byte(o) & 0xf8 == 0x48 && byte(o + 1) == 0x8d && byte(o + 2) & 0xc7 == 0x05 {
+            let Some(lea) = at(o) else { continue };
+            let reg = lea.op0_register();
+            let end = o + lea.len();
+            let dispatches = (end..(end + 16).min(bytes.len())).any(|m| {
+                at(m).is_some_and(|i| {
+                    i.mnemonic() == Mnemonic::Movsxd
+                        && i.op1_kind() == OpKind::Memory
+                        && i.memory_base() == reg
+                        && i.memory_index_scale() == 4
+                })
+            });
+            if dispatches {
+                tables.push(JumpTable::Relative(lea.ip_rel_memory_address()));
+            }
+        }
+        // ff /4 with a SIB of scale 8 and no base: `jmp [index*8 + disp32]`.
+        if byte(o) == 0xff && byte(o + 1) == 0x24 && byte(o + 2) & 0xc7 == 0xc5 {
+            let start = if o > 0 && byte(o - 1) & 0xf0 == 0x40 {
+                o - 1
+            } else {
+                o
+            };
+            if let Some(jmp) = at(start) {
+                if jmp.flow_control() == FlowControl::IndirectBranch
+                    && jmp.op0_kind() == OpKind::Memory
+                    && jmp.memory_base() == Register::None
+                {
+                    tables.push(JumpTable::Absolute(jmp.memory_displacement64()));
+                }
+            }
+        }
+    }
+    tables.sort_unstable_by_key(JumpTable::address);
+    tables.dedup();
+    tables
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -418,6 +533,56 @@ mod tests {
 
     fn site(code: &[u8]) -> Result<Site, Decline> {
         choose(AT, code, &[])
+    }
+
+    #[test]
+    fn a_switch_dispatch_names_its_table_and_the_cases_it_jumps_to() {
+        // busybox bc, the bytes before a recorded position (0x...d4e2):
+        // cmp $0x25,%r13; ja; lea 0x18c47(%rip),%rsi; movslq
+        // (%rsi,%r13,4),%rax; add %rsi,%rax; jmp *%rax.
+        let rip = 0x7efe_f9f6_d4e2;
+        let before = [
+            0x49, 0x83, 0xfd, 0x25, 0x0f, 0x87, 0x6e, 0x07, 0x00, 0x00, 0x48, 0x8d, 0x35, 0x47,
+            0x8c, 0x01, 0x00, 0x4a, 0x63, 0x04, 0xae, 0x48, 0x01, 0xf0, 0xff, 0xe0,
+        ];
+        // A case of one `mov` and then the next case.
+        let code = [0x4c, 0x89, 0x08, 0x8b, 0x43, 0x08, 0x48, 0x83, 0xf8, 0x07];
+        let tables = jump_tables(rip, &code, &before);
+        assert_eq!(tables, vec![JumpTable::Relative(0x7efe_f9f8_6120)]);
+        // Entries are offsets from the table: the second sends a thread 3
+        // bytes into a patch at `rip`.
+        let table = tables[0];
+        let mut entries = Vec::new();
+        for target in [rip, rip + 3, rip + 0x100] {
+            let offset = (target as i64 - table.address() as i64) as i32;
+            entries.extend(offset.to_le_bytes());
+        }
+        let targets: Vec<u64> = table.targets(&entries).collect();
+        assert_eq!(targets, vec![rip, rip + 3, rip + 0x100]);
+        // Without the `movsxd` the `lea` is no dispatch.
+        let lea_alone = [0x48, 0x8d, 0x35, 0x47, 0x8c, 0x01, 0x00, 0x90, 0x90];
+        assert!(jump_tables(rip, &code, &lea_alone).is_empty());
+        // Non-PIC code: `jmp *0x601000(,%rax,8)` and, with an index of
+        // r8 and up, its REX prefix; absolute 8-byte entries.
+        for jmp in [
+            &[0xff, 0x24, 0xc5, 0x00, 0x10, 0x60, 0x00][..],
+            &[0x42, 0xff, 0x24, 0xc5, 0x00, 0x10, 0x60, 0x00][..],
+        ] {
+            assert_eq!(
+                jump_tables(AT, &[0x90; 8], jmp),
+                vec![JumpTable::Absolute(0x60_1000)]
+            );
+        }
+        let absolute: Vec<u8> = [AT + 2, AT + 9]
+            .iter()
+            .flat_map(|a| a.to_le_bytes())
+            .collect();
+        assert_eq!(
+            JumpTable::Absolute(0x60_1000)
+                .targets(&absolute)
+                .collect::<Vec<_>>(),
+            vec![AT + 2, AT + 9]
+        );
     }
 
     #[test]

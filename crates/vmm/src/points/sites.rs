@@ -14,7 +14,7 @@ use vm_memory::GuestMemoryMmap;
 
 use introspect::probe_gate;
 use journal::preempt::guest_code::{self, build_stub, code_around};
-use journal::preempt::site::{self, Site};
+use journal::preempt::site::{self, JumpTable, Site};
 use journal::preempt::CodePages;
 
 /// How many instructions after an unpatchable position `next_patchable`
@@ -37,18 +37,27 @@ struct Code {
     before: Vec<u8>,
     /// The `site::ENTRY_WINDOW` bytes before it.
     entries: Vec<u8>,
+    /// The jump tables of the dispatches around it (`site::jump_tables`),
+    /// each with the entries readable at its address (up to
+    /// `site::TABLE_ENTRIES`).
+    tables: Vec<(JumpTable, Vec<u8>)>,
 }
 
 impl Code {
     fn read(mem: &GuestMemoryMmap, map: &dyn CodePages, rip: u64, stubs: &[u64]) -> Self {
         let (after, before) = code_around(mem, map, rip);
         let entries = guest_code::code_before(mem, map, rip, site::ENTRY_WINDOW);
+        let tables = site::jump_tables(rip, &after, &entries)
+            .into_iter()
+            .map(|t| (t, table_entries(mem, map, t)))
+            .collect();
         Code {
             rip,
             stubs: stubs.to_vec(),
             after,
             before,
             entries,
+            tables,
         }
     }
 
@@ -67,6 +76,15 @@ impl Code {
         if site.entered_inside(&self.after, &self.entries) {
             return None;
         }
+        // A `switch` nearby may send a thread into the covered bytes; one
+        // whose table cannot be read is taken to.
+        let inside = site.rip + 1..site.rip + site.len as u64;
+        let entered = |(table, bytes): &(JumpTable, Vec<u8>)| {
+            bytes.is_empty() || table.targets(bytes).any(|t| inside.contains(&t))
+        };
+        if self.tables.iter().any(entered) {
+            return None;
+        }
         let stub = self
             .stubs
             .iter()
@@ -75,6 +93,24 @@ impl Code {
             .find(|&s| build_stub(&site, s, &[]).is_ok())?;
         Some((site, stub))
     }
+}
+
+/// The entries of `table` readable at its address, up to
+/// `site::TABLE_ENTRIES`, page by page (none where its first page is not
+/// mapped).
+fn table_entries(mem: &GuestMemoryMmap, map: &dyn CodePages, table: JumpTable) -> Vec<u8> {
+    let len = site::TABLE_ENTRIES * table.entry_len();
+    let mut bytes = Vec::with_capacity(len);
+    let mut at = table.address();
+    while bytes.len() < len {
+        let mut part = vec![0u8; ((0x1000 - (at & 0xfff)) as usize).min(len - bytes.len())];
+        if !guest_code::read_code(mem, map, at, &mut part) {
+            break;
+        }
+        at += part.len() as u64;
+        bytes.extend(part);
+    }
+    bytes
 }
 
 /// The verdicts on the positions judged last, the newest first.
@@ -203,6 +239,39 @@ mod tests {
         let stubs = [0, 0];
         assert!(sites.patchable(&mem, &map, rip, &STUBS).is_some());
         assert!(sites.patchable(&mem, &map, rip, &stubs).is_none());
+    }
+
+    #[test]
+    fn a_switch_whose_table_jumps_into_the_patch_is_refused() {
+        // Before the position: `lea table(%rip),%rsi; movslq
+        // (%rsi,%r13,4),%rax; add %rsi,%rax; jmp *%rax`, the table at
+        // 0x500000 (guest-physical 0x3000); the position is a case of
+        // adds, two of which the patch covers.
+        let (mem, mut map) = guest(&[]);
+        let rip = CODE_VA + 0x100;
+        let table: u64 = 0x50_0000;
+        map.push((table, 0x3000));
+        let disp = (table as i64 - (rip - 9) as i64) as i32;
+        let mut dispatch = vec![0x48, 0x8d, 0x35];
+        dispatch.extend(disp.to_le_bytes());
+        dispatch.extend([0x4a, 0x63, 0x04, 0xae, 0x48, 0x01, 0xf0, 0xff, 0xe0]);
+        assert_eq!(dispatch.len(), 16);
+        mem.write_slice(&dispatch, GuestAddress(0x2100 - 16))
+            .unwrap();
+        let cases = |targets: &[u64]| {
+            let entries: Vec<u8> = (targets.iter())
+                .flat_map(|&t| ((t as i64 - table as i64) as i32).to_le_bytes())
+                .collect();
+            mem.write_slice(&entries, GuestAddress(0x3000)).unwrap();
+            fresh(&mem, &map, rip)
+        };
+        // Cases at the position and past the patch: taken.
+        assert!(cases(&[rip, rip + 8, rip + 0x40]).is_some());
+        // A case at the second add, inside the patch: refused.
+        assert_eq!(cases(&[rip, rip + 4, rip + 0x40]), None);
+        // A table that cannot be read: refused too.
+        map.pop();
+        assert_eq!(fresh(&mem, &map, rip), None);
     }
 
     #[test]
