@@ -107,8 +107,12 @@ fn table_entries(mem: &GuestMemoryMmap, map: &dyn CodePages, table: JumpTable) -
         if !guest_code::read_code(mem, map, at, &mut part) {
             break;
         }
-        at += part.len() as u64;
-        bytes.extend(part);
+        bytes.extend(&part);
+        // A table the code names at the top of the address space ends there.
+        let Some(next) = at.checked_add(part.len() as u64) else {
+            break;
+        };
+        at = next;
     }
     bytes
 }
