@@ -235,9 +235,9 @@ mod tests {
     use crate::test_db::TestDb;
     use events::abi::{SampleMode, Source};
 
-    #[test]
-    fn samples_at_kernel_boundaries_count_as_kernel_time_under_their_user_stack() {
-        let sample = |rip, mode: SampleMode| Row {
+    /// A SAMPLE of thread 4 (pid 3) at `rip`.
+    fn sample(rip: u64, mode: SampleMode) -> Row {
+        Row {
             seq: 0,
             time: 1,
             kind: Kind::Sample,
@@ -247,7 +247,21 @@ mod tests {
             addr: Some(rip),
             caller: None,
             value: Some(mode as i64),
+        }
+    }
+
+    /// The profile of `db`'s user code alone.
+    fn user_profile(db: &TestDb) -> Output {
+        let user = ProfileOptions {
+            user_only: true,
+            ..ProfileOptions::default()
         };
+        let mut plugins: Vec<Box<dyn Plugin>> = vec![Box::new(Profile::new(user))];
+        run(&mut plugins, &db.context()).unwrap().remove(0)
+    }
+
+    #[test]
+    fn samples_at_kernel_boundaries_count_as_kernel_time_under_their_user_stack() {
         let rows = [
             sample(0x40_1000, SampleMode::User),
             sample(0x40_1000, SampleMode::User),
@@ -273,12 +287,7 @@ mod tests {
             out.text
         );
         // User code alone: the two user samples, the kernel's share said.
-        let user = ProfileOptions {
-            user_only: true,
-            ..ProfileOptions::default()
-        };
-        let mut plugins: Vec<Box<dyn Plugin>> = vec![Box::new(Profile::new(user))];
-        let out_user = run(&mut plugins, &db.context()).unwrap().remove(0);
+        let out_user = user_profile(&db);
         assert_eq!(out_user.json.as_ref().unwrap()["samples"], 2);
         assert!(
             out_user
@@ -303,24 +312,9 @@ mod tests {
 
     #[test]
     fn a_program_sampled_only_in_the_kernel_gets_the_same_first_line() {
-        let kernel = Row {
-            seq: 0,
-            time: 1,
-            kind: Kind::Sample,
-            source: Source::Host,
-            pid: 3,
-            lwpid: 4,
-            addr: Some(0xffff_ffff_8100_0000),
-            caller: None,
-            value: Some(SampleMode::Kernel as i64),
-        };
+        let kernel = sample(0xffff_ffff_8100_0000, SampleMode::Kernel);
         let db = TestDb::with_stacks("profile-kernel-only", &[kernel.clone(), kernel], &[]);
-        let user = ProfileOptions {
-            user_only: true,
-            ..ProfileOptions::default()
-        };
-        let mut plugins: Vec<Box<dyn Plugin>> = vec![Box::new(Profile::new(user))];
-        let out = run(&mut plugins, &db.context()).unwrap().remove(0);
+        let out = user_profile(&db);
         assert_eq!(out.json.as_ref().unwrap()["samples"], 0);
         assert!(
             out.text
