@@ -113,18 +113,29 @@ pub fn read_code(mem: &GuestMemoryMmap, map: &dyn CodePages, va: u64, buf: &mut 
 /// and the LOOP_WINDOW bytes before it (`code_before`), from the pages
 /// `map` finds (read without touching the page tables' accessed bits).
 pub fn code_around(mem: &GuestMemoryMmap, map: &dyn CodePages, rip: u64) -> (Vec<u8>, Vec<u8>) {
-    let mut code = Vec::with_capacity(CODE_WINDOW);
-    let mut at = rip;
-    while code.len() < CODE_WINDOW {
+    let code = read_readable(mem, map, rip, CODE_WINDOW);
+    (code, code_before(mem, map, rip, LOOP_WINDOW))
+}
+
+/// Up to `len` bytes from `va` on, page by page, as far as they are
+/// readable (none where `va`'s page is not mapped; they end at the top of
+/// the address space).
+pub fn read_readable(mem: &GuestMemoryMmap, map: &dyn CodePages, va: u64, len: usize) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(len);
+    let mut at = va;
+    while bytes.len() < len {
         let room = (0x1000 - (at & 0xfff)) as usize;
-        let mut part = vec![0u8; room.min(CODE_WINDOW - code.len())];
+        let mut part = vec![0u8; room.min(len - bytes.len())];
         if !read_code(mem, map, at, &mut part) {
             break;
         }
-        at += part.len() as u64;
-        code.extend(part);
+        bytes.extend(&part);
+        let Some(next) = at.checked_add(part.len() as u64) else {
+            break;
+        };
+        at = next;
     }
-    (code, code_before(mem, map, rip, LOOP_WINDOW))
+    bytes
 }
 
 /// The `len` bytes of code before `rip`; where the page before is not

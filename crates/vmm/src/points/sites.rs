@@ -6,8 +6,9 @@
 //! offset, encoding a trampoline) took about 18 us of a sample mark's
 //! ~70 us on nested hosts, where reading its bytes again to compare
 //! takes about 2. A verdict depends on nothing but the position, the
-//! process's trampoline mappings and those bytes, so a verdict found
-//! with the same three is the same verdict.
+//! process's trampoline mappings and those bytes (and the jump tables
+//! the code names, its constant data, read only when judging), so a
+//! verdict found with the same three is the same verdict.
 
 use iced_x86::{Decoder, DecoderOptions, FlowControl};
 use vm_memory::GuestMemoryMmap;
@@ -37,27 +38,18 @@ struct Code {
     before: Vec<u8>,
     /// The `site::ENTRY_WINDOW` bytes before it.
     entries: Vec<u8>,
-    /// The jump tables of the dispatches around it (`site::jump_tables`),
-    /// each with the entries readable at its address (up to
-    /// `site::TABLE_ENTRIES`).
-    tables: Vec<(JumpTable, Vec<u8>)>,
 }
 
 impl Code {
     fn read(mem: &GuestMemoryMmap, map: &dyn CodePages, rip: u64, stubs: &[u64]) -> Self {
         let (after, before) = code_around(mem, map, rip);
         let entries = guest_code::code_before(mem, map, rip, site::ENTRY_WINDOW);
-        let tables = site::jump_tables(rip, &after, &entries)
-            .into_iter()
-            .map(|t| (t, table_entries(mem, map, t)))
-            .collect();
         Code {
             rip,
             stubs: stubs.to_vec(),
             after,
             before,
             entries,
-            tables,
         }
     }
 
@@ -66,9 +58,10 @@ impl Code {
     /// probe gate runs there, silently while recording, otherwise at
     /// replay, so no position there can be found again. Never where a
     /// branch nearby enters the patch in its middle
-    /// (`Site::entered_inside`): the recorder takes the position at
-    /// another pass instead.
-    fn verdict(&self) -> Option<(Site, u64)> {
+    /// (`Site::entered_inside`), or a `switch`'s jump table nearby can
+    /// (`site::jump_tables`): the recorder takes the position at another
+    /// pass instead.
+    fn verdict(&self, mem: &GuestMemoryMmap, map: &dyn CodePages) -> Option<(Site, u64)> {
         if probe_gate::in_stub_pages(self.rip, &self.stubs) {
             return None;
         }
@@ -77,12 +70,19 @@ impl Code {
             return None;
         }
         // A `switch` nearby may send a thread into the covered bytes; one
-        // whose table cannot be read is taken to.
+        // whose table cannot be read is taken to. Its table is read here,
+        // once per verdict: a remembered verdict (on the same code) keeps
+        // it, as the table is the code's constant data.
         let inside = site.rip + 1..site.rip + site.len as u64;
-        let entered = |(table, bytes): &(JumpTable, Vec<u8>)| {
-            bytes.is_empty() || table.targets(bytes).any(|t| inside.contains(&t))
+        let entered = |table: JumpTable| {
+            let len = site::TABLE_ENTRIES * table.entry_len();
+            let bytes = guest_code::read_readable(mem, map, table.address(), len);
+            bytes.is_empty() || table.targets(&bytes).any(|t| inside.contains(&t))
         };
-        if self.tables.iter().any(entered) {
+        if site::jump_tables(self.rip, &self.after, &self.entries)
+            .into_iter()
+            .any(entered)
+        {
             return None;
         }
         let stub = self
@@ -93,28 +93,6 @@ impl Code {
             .find(|&s| build_stub(&site, s, &[]).is_ok())?;
         Some((site, stub))
     }
-}
-
-/// The entries of `table` readable at its address, up to
-/// `site::TABLE_ENTRIES`, page by page (none where its first page is not
-/// mapped).
-fn table_entries(mem: &GuestMemoryMmap, map: &dyn CodePages, table: JumpTable) -> Vec<u8> {
-    let len = site::TABLE_ENTRIES * table.entry_len();
-    let mut bytes = Vec::with_capacity(len);
-    let mut at = table.address();
-    while bytes.len() < len {
-        let mut part = vec![0u8; ((0x1000 - (at & 0xfff)) as usize).min(len - bytes.len())];
-        if !guest_code::read_code(mem, map, at, &mut part) {
-            break;
-        }
-        bytes.extend(&part);
-        // A table the code names at the top of the address space ends there.
-        let Some(next) = at.checked_add(part.len() as u64) else {
-            break;
-        };
-        at = next;
-    }
-    bytes
 }
 
 /// The verdicts on the positions judged last, the newest first.
@@ -139,7 +117,7 @@ impl Sites {
         let entry = match known {
             Some(i) => self.recent.remove(i),
             None => {
-                let verdict = code.verdict();
+                let verdict = code.verdict(mem, map);
                 self.recent.truncate(REMEMBERED - 1);
                 (code, verdict)
             }
@@ -202,7 +180,7 @@ mod tests {
 
     fn fresh(mem: &GuestMemoryMmap, map: &Vec<(u64, u64)>, rip: u64) -> Option<(u64, usize, u64)> {
         Code::read(mem, map, rip, &STUBS)
-            .verdict()
+            .verdict(mem, map)
             .map(|(site, stub)| (site.rip, site.len, stub))
     }
 
